@@ -1,0 +1,71 @@
+"""A JMS-style publish/subscribe broker on Redis.
+
+Publishers ``XADD`` publications to ``{qm}:publish``; a pool of workers fans
+each one out, in per-publisher order and in one atomic unit of work, to every
+subscriber queue whose filter matches its topic or a topic linked from it.
+The wire protocol is documented in ``broker.keys``.
+"""
+
+from broker.admin import explain, link, list_links, status, unlink
+from broker.config import Settings, load_settings
+from broker.connection import connect
+from broker.errors import (
+    BrokerError,
+    ConfigError,
+    ConnectionLost,
+    InvalidLink,
+    InvalidMessage,
+    InvalidTopic,
+    InvalidTopicFilter,
+    LinkCycle,
+    NoSuchLink,
+    NoSuchSubscription,
+    PublicationRefused,
+    ReplyTimeout,
+    ServerError,
+    ServerNotFound,
+    SubscriptionConflict,
+)
+from broker.keys import PROTOCOL_VERSION
+from broker.models import Message
+from broker.publish import Publisher, PublishResult
+from broker.subscriptions import Delivery, Subscriber, list_subscriptions, subscribe, unsubscribe
+from broker.topics import matches, validate_filter, validate_topic
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "BrokerError",
+    "ConfigError",
+    "ConnectionLost",
+    "Delivery",
+    "InvalidLink",
+    "InvalidMessage",
+    "InvalidTopic",
+    "InvalidTopicFilter",
+    "LinkCycle",
+    "Message",
+    "NoSuchLink",
+    "NoSuchSubscription",
+    "PublicationRefused",
+    "PublishResult",
+    "Publisher",
+    "ReplyTimeout",
+    "ServerError",
+    "ServerNotFound",
+    "Settings",
+    "Subscriber",
+    "SubscriptionConflict",
+    "connect",
+    "explain",
+    "link",
+    "list_links",
+    "list_subscriptions",
+    "load_settings",
+    "matches",
+    "status",
+    "subscribe",
+    "unlink",
+    "unsubscribe",
+    "validate_filter",
+    "validate_topic",
+]

@@ -1,0 +1,144 @@
+"""The broker's settings: one pydantic model, from a TOML file then ``BROKER_*`` variables.
+
+Precedence, highest first: keyword overrides (the command line), ``BROKER_*``
+environment variables, the TOML file (``--config``, else ``$BROKER_CONFIG``,
+else ``configs/broker.toml`` in the working directory when it exists), then the
+defaults below. Every duration is in milliseconds and every size in bytes.
+Nothing is read at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from broker.errors import ConfigError
+
+DEFAULT_CONFIG_FILE = Path("configs") / "broker.toml"
+
+_file_values: ContextVar[dict[str, Any]] = ContextVar("_file_values", default={})
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return _file_values.get().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_file_values.get())
+
+
+class Settings(BaseSettings):
+    """Everything a worker, publisher or command needs to know.
+
+    Attributes:
+        redis_url: the Redis server (``redis://host:port/db``); default the
+            embedded server that ``broker server`` runs on port 6380.
+        qm: queue manager name; every key is under the hash tag ``{qm}``.
+        concurrency: worker processes in the pool.
+        batch_size: most publication entries one dequeue reads.
+        heads: most FIFO entries handled per owned publisher per round.
+        lease_ms: lease of a publisher's turn, ms; a dead worker's turn is
+            taken over after at most this long.
+        block_ms: how long an idle worker blocks waiting for entries, ms.
+        reclaim_interval_ms: how often a worker sweeps for orphaned publishers, ms.
+        dedup_window_ms: how long a delivered message id is remembered, ms.
+        reply_ttl_ms: how long a publication's result is kept for its publisher, ms.
+        max_body_bytes: largest body accepted, bytes; larger ones are dead-lettered.
+        stop_grace_ms: how long the pool waits for workers after SIGTERM, ms.
+        server_port: TCP port of the embedded server.
+        server_dir: data directory of the embedded server.
+        server_config: a redis.conf for the embedded server (used when it exists).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="BROKER_", extra="forbid")
+
+    redis_url: str = "redis://127.0.0.1:6380/0"
+    qm: str = Field(default="QM1", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    concurrency: int = Field(default=2, ge=1, le=64)
+    batch_size: int = Field(default=500, ge=1, le=10_000)
+    heads: int = Field(default=500, ge=1, le=10_000)
+    lease_ms: int = Field(default=30_000, ge=10)
+    block_ms: int = Field(default=1_000, ge=1)
+    reclaim_interval_ms: int = Field(default=1_000, ge=1)
+    dedup_window_ms: int = Field(default=86_400_000, ge=1)
+    reply_ttl_ms: int = Field(default=60_000, ge=1)
+    max_body_bytes: int = Field(default=1_048_576, ge=0, le=512 * 1024 * 1024)
+    stop_grace_ms: int = Field(default=10_000, ge=0)
+    server_port: int = Field(default=6380, ge=1, le=65535)
+    server_dir: str = ".broker"
+    server_config: str = "configs/redis.conf"
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlSource(settings_cls))
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Load and validate the settings.
+
+    Args:
+        config_file: a TOML file; None means ``$BROKER_CONFIG``, else
+            ``configs/broker.toml`` if it exists, else no file.
+        **overrides: values that win over the file and the environment
+            (None values are ignored).
+
+    Returns:
+        The validated ``Settings``.
+
+    Raises:
+        ConfigError: the file is missing, unreadable or not TOML, names an
+            unknown setting, or a value (from the file or the environment) is invalid.
+    """
+    path: Path | None
+    if config_file is not None:
+        path = Path(config_file)
+    elif os.environ.get("BROKER_CONFIG"):
+        path = Path(os.environ["BROKER_CONFIG"])
+    else:
+        path = DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with path.open("rb") as handle:
+                values = tomllib.load(handle)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {str(path)!r} does not exist") from exc
+        except OSError as exc:
+            raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+        unknown = sorted(set(values) - set(Settings.model_fields))
+        if unknown:
+            raise ConfigError(f"config file {str(path)!r}: unknown setting(s) {', '.join(unknown)}")
+    token = _file_values.set(values)
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        where = f"config file {str(path)!r} / BROKER_* environment" if path else "BROKER_* environment"
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid settings ({where}): {problems}") from exc
+    finally:
+        _file_values.reset(token)

@@ -1,0 +1,36 @@
+"""Opening a Redis connection the way every part of the broker needs it."""
+
+from __future__ import annotations
+
+import redis
+
+from broker.errors import ConnectionLost, ServerError
+
+#: Oldest server the broker supports (XAUTOCLAIM, LMOVE, SET ... GET, Lua 5.1 + cjson).
+MIN_SERVER_VERSION = (7, 0)
+
+
+def connect(url: str, check: bool = False) -> redis.Redis:
+    """A redis-py client for ``url``: bytes replies, publisher ids round-trip as bytes.
+
+    Args:
+        url: ``redis://host:port/db``.
+        check: PING the server and check its version now.
+
+    Returns:
+        The client (``decode_responses=False``, ``encoding_errors="surrogateescape"``).
+
+    Raises:
+        ConnectionLost: ``check`` and the server cannot be reached.
+        ServerError: ``check`` and the server is older than Redis 7.0.
+    """
+    client = redis.Redis.from_url(url, encoding_errors="surrogateescape", health_check_interval=30)
+    if check:
+        try:
+            info = client.info("server")
+        except redis.ConnectionError as exc:
+            raise ConnectionLost(f"cannot reach Redis at {url}: {exc}") from exc
+        version = tuple(int(x) for x in str(info["redis_version"]).split(".")[:2])
+        if version < MIN_SERVER_VERSION:
+            raise ServerError(f"Redis {info['redis_version']} at {url} is too old; the broker needs >= 7.0")
+    return client

@@ -1,0 +1,180 @@
+"""Every error the broker raises, under one base class.
+
+Each error says when it is raised and carries the data a caller needs (the
+offending topic, a suggested correction, the cycle a link would close). Each
+has an ``exit_code`` that the command line uses (click's
+``ClickException.exit_code`` convention): 1 for a generic failure, 2 for bad
+input, 3 for a broker-side refusal, 4 for a lost or unreachable server.
+
+Errors from redis-py are translated at the boundary (``raise ConnectionLost(...)
+from exc``) so that callers never need to import redis-py's exception types.
+"""
+
+from __future__ import annotations
+
+
+class BrokerError(Exception):
+    """Base class of every error the broker raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(BrokerError, ValueError):
+    """A configuration file or ``BROKER_*`` environment variable is invalid.
+
+    Raised at start-up by ``broker.config.load_settings``; the message names the
+    file and the field.
+    """
+
+    exit_code = 2
+
+
+class InvalidTopic(BrokerError, ValueError):
+    """A topic string (the name a publication is published on) is invalid.
+
+    Rules are MQTT 5 §4.7: at least one character, at most 65,535 bytes of
+    UTF-8, no U+0000, and no wildcard character (``+`` or ``#``) anywhere.
+
+    Attributes:
+        topic: the rejected topic string.
+        reason: why it was rejected, one short sentence.
+        suggestion: a corrected topic string the publisher could use instead,
+            or None when none can be proposed (seed 001: "informing the
+            publisher about the incorrectness and how the topic can be
+            amended").
+    """
+
+    exit_code = 2
+
+    def __init__(self, topic: str, reason: str, suggestion: str | None = None) -> None:
+        self.topic = topic
+        self.reason = reason
+        self.suggestion = suggestion
+        text = f"invalid topic {topic!r}: {reason}"
+        if suggestion is not None:
+            text += f" (did you mean {suggestion!r}?)"
+        super().__init__(text)
+
+
+class InvalidTopicFilter(BrokerError, ValueError):
+    """A topic filter (what a subscription names) is invalid.
+
+    Rules are MQTT 5 §4.7.1: ``#`` only as the whole last level, ``+`` only as a
+    whole level, at least one character, at most 65,535 bytes, no U+0000.
+
+    Attributes:
+        topic_filter: the rejected filter.
+        reason: why it was rejected.
+    """
+
+    exit_code = 2
+
+    def __init__(self, topic_filter: str, reason: str) -> None:
+        self.topic_filter = topic_filter
+        self.reason = reason
+        super().__init__(f"invalid topic filter {topic_filter!r}: {reason}")
+
+
+class LinkCycle(BrokerError, ValueError):
+    """A link from ``source`` to ``target`` would close a cycle of links.
+
+    Raised by ``broker.admin.link`` unless the link is requested as a backward
+    link (seed 000: "unless the backwards link is explicitly requested ... the
+    cyclic dependency checking is performed at link time").
+
+    Attributes:
+        source: the link's source topic.
+        target: the link's target topic.
+        path: the existing chain of links from ``target`` back to ``source``,
+            both ends included.
+    """
+
+    exit_code = 2
+
+    def __init__(self, source: str, target: str, path: list[str]) -> None:
+        self.source = source
+        self.target = target
+        self.path = path
+        chain = " -> ".join(path)
+        super().__init__(
+            f"linking {source!r} -> {target!r} would close a cycle ({source} -> {chain}); "
+            "request it as a backward link to allow it"
+        )
+
+
+class InvalidLink(BrokerError, ValueError):
+    """A link request is malformed: a topic is invalid, or source equals target."""
+
+    exit_code = 2
+
+
+class NoSuchLink(BrokerError, LookupError):
+    """``unlink`` named a link that does not exist."""
+
+    exit_code = 2
+
+
+class NoSuchSubscription(BrokerError, LookupError):
+    """A subscription id names no subscription of this queue manager."""
+
+    exit_code = 2
+
+
+class SubscriptionConflict(BrokerError, ValueError):
+    """A durable subscription exists already with a different topic filter.
+
+    Jakarta Messaging §6.11.1: re-subscribing with the same name and a different
+    topic is an unsubscribe followed by a new subscribe; we refuse it instead
+    and ask for an explicit ``unsubscribe`` so no message is dropped by accident.
+    """
+
+    exit_code = 2
+
+
+class InvalidMessage(BrokerError, ValueError):
+    """A publication is malformed: a missing or badly typed field, or a body too large."""
+
+    exit_code = 2
+
+
+class PublicationRefused(BrokerError):
+    """The broker refused a publication the publisher waited for.
+
+    Attributes:
+        reason: the broker's reason.
+        suggestion: a corrected topic, when the topic was invalid.
+    """
+
+    exit_code = 3
+
+    def __init__(self, reason: str, suggestion: str | None = None) -> None:
+        self.reason = reason
+        self.suggestion = suggestion
+        text = f"publication refused: {reason}"
+        if suggestion is not None:
+            text += f" (did you mean {suggestion!r}?)"
+        super().__init__(text)
+
+
+class ReplyTimeout(BrokerError, TimeoutError):
+    """A publisher waited for its publication's result longer than it asked to."""
+
+    exit_code = 3
+
+
+class ConnectionLost(BrokerError):
+    """The Redis server could not be reached, or the connection broke mid-call."""
+
+    exit_code = 4
+
+
+class ServerError(BrokerError):
+    """The Redis server answered with an error the broker cannot handle (OOM, wrong version)."""
+
+    exit_code = 4
+
+
+class ServerNotFound(BrokerError):
+    """No redis-server / valkey-server binary could be found to start."""
+
+    exit_code = 4

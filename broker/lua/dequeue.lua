@@ -1,0 +1,82 @@
+-- The queue mutex (seed 004): read the next publication requests and file each
+-- entry id in its publisher's FIFO, in stream order, in one atomic call.
+-- Then take the turn of every publisher that has no owner, and return the FIFO
+-- heads of every publisher whose turn this worker holds.
+--
+-- KEYS[1] publish stream            "{qm}:publish"
+-- KEYS[2] index version counter     "{qm}:version"
+-- KEYS[3] active publishers set     "{qm}:publishers"
+-- ARGV[1] consumer group
+-- ARGV[2] consumer name, also the worker's fencing token
+-- ARGV[3] count: the most entries to read
+-- ARGV[4] per-publisher key prefix  "{qm}:pub:"  (keys are prefix .. publisher .. ":fifo" / ":owner")
+-- ARGV[5] lease_ms of a publisher's turn
+-- ARGV[6] heads: the most FIFO entry ids to return per owned publisher
+-- ARGV[7] malformed publisher id, for entries without a valid "publisher" field
+-- ARGV[8..] publishers whose turn the worker believes it holds
+-- returns {version, last_delivered_id or "", entries, owned}
+--   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}
+--   owned:   {publisher, {head ids...}, publisher, {head ids...}, ...}
+
+local stream, group, token = KEYS[1], ARGV[1], ARGV[2]
+local prefix, lease_ms, heads = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local malformed = ARGV[7]
+
+local reply = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', ARGV[3], 'STREAMS', stream, '>')
+local entries = {}
+if reply then entries = reply[1][2] end
+
+local candidates, seen = {}, {}
+local function consider(pub)
+  if not seen[pub] then
+    seen[pub] = true
+    candidates[#candidates + 1] = pub
+  end
+end
+for i = 8, #ARGV do consider(ARGV[i]) end
+
+for _, entry in ipairs(entries) do
+  local fields, pub = entry[2], nil
+  for j = 1, #fields, 2 do
+    if fields[j] == 'publisher' then pub = fields[j + 1] end
+  end
+  if pub == nil or #pub == 0 or #pub > 256 then pub = malformed end
+  redis.call('RPUSH', prefix .. pub .. ':fifo', entry[1])
+  redis.call('SADD', KEYS[3], pub)
+  consider(pub)
+end
+
+local owned = {}
+for _, pub in ipairs(candidates) do
+  local owner_key, fifo_key = prefix .. pub .. ':owner', prefix .. pub .. ':fifo'
+  local owner = redis.call('GET', owner_key)
+  local mine = owner == token
+  if not owner then
+    mine = redis.call('SET', owner_key, token, 'NX', 'PX', lease_ms) ~= false
+  end
+  if mine then
+    local ids = redis.call('LRANGE', fifo_key, 0, heads - 1)
+    if #ids == 0 then
+      redis.call('DEL', owner_key)
+      redis.call('SREM', KEYS[3], pub)
+    else
+      redis.call('PEXPIRE', owner_key, lease_ms)
+      owned[#owned + 1] = pub
+      owned[#owned + 1] = ids
+    end
+  end
+end
+
+local last_id = ''
+if #entries == 0 then
+  for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local name, last = nil, nil
+    for j = 1, #info, 2 do
+      if info[j] == 'name' then name = info[j + 1] end
+      if info[j] == 'last-delivered-id' then last = info[j + 1] end
+    end
+    if name == group then last_id = last end
+  end
+end
+
+return {redis.call('GET', KEYS[2]) or '0', last_id, entries, owned}

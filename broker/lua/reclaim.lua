@@ -1,0 +1,25 @@
+-- Orphan sweep: take the turn of publishers whose FIFO still holds entries but
+-- whose owner is gone (a worker that died or stopped gave up its turn, or its
+-- lease ran out). The worker then claims the entries (XCLAIM) as it drains.
+--
+-- KEYS[1] active publishers set     "{qm}:publishers"
+-- ARGV[1] per-publisher key prefix  "{qm}:pub:"
+-- ARGV[2] the worker's fencing token
+-- ARGV[3] lease_ms of a publisher's turn
+-- ARGV[4] SSCAN cursor ("0" to start)
+-- ARGV[5] SSCAN count
+-- returns {next cursor, {publishers whose turn was taken}}
+
+local prefix, token = ARGV[1], ARGV[2]
+local scan = redis.call('SSCAN', KEYS[1], ARGV[4], 'COUNT', ARGV[5])
+local taken = {}
+for _, pub in ipairs(scan[2]) do
+  if redis.call('LLEN', prefix .. pub .. ':fifo') == 0 then
+    if redis.call('EXISTS', prefix .. pub .. ':owner') == 0 then
+      redis.call('SREM', KEYS[1], pub)
+    end
+  elseif redis.call('SET', prefix .. pub .. ':owner', token, 'NX', 'PX', ARGV[3]) then
+    taken[#taken + 1] = pub
+  end
+end
+return {scan[1], taken}

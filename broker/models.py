@@ -1,0 +1,294 @@
+"""The message model, the stream entry it travels in, and the envelope subscribers pop.
+
+The wire formats are documented in ``broker.keys`` (protocol version 1). The
+worker's hot path uses ``parse_entry`` and ``encode_envelope`` on plain dicts;
+``Message`` (pydantic) is what the Python publisher takes and the subscriber
+returns.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from broker import keys
+from broker.errors import InvalidMessage
+
+#: User property values: JSON scalars (Jakarta Messaging §3.5 property types, minus byte).
+PropertyValue = str | int | float | bool | None
+
+DEFAULT_PRIORITY = 4
+MAX_PUBLISHER_BYTES = 256
+
+
+class Message(BaseModel):
+    """A publication as a subscriber receives it (and as a publisher describes it).
+
+    Attributes:
+        msgid: the message id; publisher retries with the same id are delivered once.
+        publisher: the publisher id; order is kept per publisher.
+        seq: the publisher's sequence number, or None.
+        topic: the topic string it was published on.
+        timestamp_ms: publish time, milliseconds since the epoch.
+        persistent: Jakarta Messaging delivery mode (True = PERSISTENT).
+        priority: 0 (lowest) to 9 (highest), default 4 (Jakarta Messaging §3.4.10).
+        expiration_ms: absolute expiry in ms since the epoch; 0 = never.
+        correlation_id: free text carried to subscribers.
+        reply_to: free text carried to subscribers.
+        properties: user properties, string keys and scalar values.
+        body: the body, bytes (binary-safe end to end).
+        entry_id: the publish stream entry id, set by the broker.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    msgid: str
+    publisher: str
+    seq: int | None = None
+    topic: str
+    timestamp_ms: int
+    persistent: bool = True
+    priority: int = Field(default=DEFAULT_PRIORITY, ge=0, le=9)
+    expiration_ms: int = Field(default=0, ge=0)
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    properties: dict[str, PropertyValue] = Field(default_factory=dict)
+    body: bytes = b""
+    entry_id: str | None = None
+
+    @classmethod
+    def from_envelope(cls, envelope: bytes) -> Message:
+        """Decode an envelope popped from a subscriber queue.
+
+        Args:
+            envelope: ``<header JSON>\\n<body bytes>``.
+
+        Returns:
+            The message.
+
+        Raises:
+            InvalidMessage: the envelope is not in the protocol's format.
+        """
+        header, body = decode_envelope(envelope)
+        return cls(
+            msgid=header["msgid"],
+            publisher=header["publisher"],
+            seq=header.get("seq"),
+            topic=header["topic"],
+            timestamp_ms=header["ts"],
+            persistent=header.get("persistent", True),
+            priority=header.get("priority", DEFAULT_PRIORITY),
+            expiration_ms=header.get("expiration", 0),
+            correlation_id=header.get("correlation_id"),
+            reply_to=header.get("reply_to"),
+            properties=header.get("props") or {},
+            body=body,
+            entry_id=header.get("entry_id"),
+        )
+
+
+@dataclass(slots=True)
+class Entry:
+    """A publication request read from the stream and checked field by field.
+
+    ``header`` is the envelope header (all but ``entry_id``/``size``), ready to encode.
+    """
+
+    entry_id: str
+    publisher: str
+    msgid: str
+    msgid_given: bool
+    topic: str
+    body: bytes
+    reply: bool
+    expiration_ms: int
+    header: dict[str, Any]
+
+
+def _text(fields: dict[bytes, bytes], name: bytes, required: bool = False) -> str | None:
+    raw = fields.get(name)
+    if raw is None:
+        if required:
+            raise InvalidMessage(f"missing field {name.decode()!r}")
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidMessage(f"field {name.decode()!r} is not valid UTF-8") from exc
+
+
+def _int(fields: dict[bytes, bytes], name: bytes, default: int | None) -> int | None:
+    text = _text(fields, name)
+    if text is None or text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise InvalidMessage(f"field {name.decode()!r} is not an integer: {text!r}") from exc
+
+
+def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) -> Entry:
+    """Check one stream entry's fields, each decoded on its own.
+
+    The topic is not validated here (the caller does, to send a suggestion).
+
+    Args:
+        entry_id: the stream entry id ("<ms>-<n>").
+        fields: the entry's fields, bytes to bytes, as read without decoding.
+        max_body_bytes: the largest body accepted, in bytes.
+
+    Returns:
+        The parsed ``Entry``.
+
+    Raises:
+        InvalidMessage: a field is missing, not UTF-8, of the wrong type or
+            out of range, or the body is larger than ``max_body_bytes``.
+    """
+    publisher = _text(fields, b"publisher", required=True)
+    assert publisher is not None
+    if not publisher or len(publisher.encode()) > MAX_PUBLISHER_BYTES:
+        raise InvalidMessage(f"field 'publisher' must be 1-{MAX_PUBLISHER_BYTES} bytes")
+    topic = _text(fields, b"topic", required=True)
+    assert topic is not None
+    body = fields.get(b"body", b"")
+    if len(body) > max_body_bytes:
+        raise InvalidMessage(f"body of {len(body)} bytes is larger than the limit of {max_body_bytes} bytes")
+    given = _text(fields, b"msgid")
+    msgid = given if given else entry_id
+    ts = _int(fields, b"ts", None)
+    if ts is None:
+        ts = int(entry_id.split("-", 1)[0])
+    persistent = _text(fields, b"persistent")
+    if persistent not in (None, "", "0", "1"):
+        raise InvalidMessage(f"field 'persistent' must be 0 or 1, not {persistent!r}")
+    priority = _int(fields, b"priority", DEFAULT_PRIORITY)
+    assert priority is not None
+    if not 0 <= priority <= 9:
+        raise InvalidMessage(f"field 'priority' must be 0-9, not {priority}")
+    expiration = _int(fields, b"expiration", 0)
+    assert expiration is not None
+    props_text = _text(fields, b"props")
+    props: Any = {}
+    if props_text:
+        try:
+            props = json.loads(props_text)
+        except ValueError as exc:
+            raise InvalidMessage("field 'props' is not JSON") from exc
+        if not isinstance(props, dict) or any(isinstance(v, (dict, list)) for v in props.values()):
+            raise InvalidMessage("field 'props' must be a JSON object of scalar values")
+    header = {
+        "v": keys.PROTOCOL_VERSION,
+        "msgid": msgid,
+        "publisher": publisher,
+        "seq": _int(fields, b"seq", None),
+        "topic": topic,
+        "ts": ts,
+        "persistent": persistent != "0",
+        "priority": priority,
+        "expiration": expiration,
+        "correlation_id": _text(fields, b"correlation_id"),
+        "reply_to": _text(fields, b"reply_to"),
+        "props": props,
+    }
+    return Entry(
+        entry_id=entry_id,
+        publisher=publisher,
+        msgid=msgid,
+        msgid_given=bool(given),
+        topic=topic,
+        body=body,
+        reply=fields.get(b"reply") == b"1",
+        expiration_ms=expiration,
+        header=header,
+    )
+
+
+def encode_envelope(header: dict[str, Any], entry_id: str, body: bytes) -> bytes:
+    """Build the envelope a subscriber pops: header JSON, a newline, the body.
+
+    Args:
+        header: the header fields (``Entry.header``).
+        entry_id: the stream entry id, added to the header.
+        body: the body bytes, appended as they are.
+
+    Returns:
+        The envelope bytes.
+    """
+    head = dict(header, entry_id=entry_id, size=len(body))
+    return json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode() + b"\n" + body
+
+
+def decode_envelope(envelope: bytes) -> tuple[dict[str, Any], bytes]:
+    """Split an envelope into its header dict and body bytes.
+
+    Raises:
+        InvalidMessage: no newline, or the header is not a JSON object.
+    """
+    head, sep, body = envelope.partition(b"\n")
+    if not sep:
+        raise InvalidMessage("envelope has no header line")
+    try:
+        header = json.loads(head)
+    except ValueError as exc:
+        raise InvalidMessage("envelope header is not JSON") from exc
+    if not isinstance(header, dict):
+        raise InvalidMessage("envelope header is not a JSON object")
+    return header, body
+
+
+def publication_fields(
+    publisher: str,
+    topic: str,
+    body: bytes,
+    *,
+    msgid: str | None = None,
+    seq: int | None = None,
+    timestamp_ms: int | None = None,
+    persistent: bool = True,
+    priority: int = DEFAULT_PRIORITY,
+    expiration_ms: int = 0,
+    correlation_id: str | None = None,
+    reply_to: str | None = None,
+    properties: dict[str, PropertyValue] | None = None,
+    reply: bool = False,
+) -> dict[str, bytes | str]:
+    """Build the fields of one publication entry (protocol version 1).
+
+    Returns:
+        ``{field: value}`` for ``XADD``; optional fields left at their default are omitted.
+
+    Raises:
+        InvalidMessage: priority out of 0-9, a negative expiration, or a property
+            value that is not a scalar.
+    """
+    if not 0 <= priority <= 9:
+        raise InvalidMessage(f"priority must be 0-9, not {priority}")
+    if expiration_ms < 0:
+        raise InvalidMessage("expiration_ms must be >= 0")
+    fields: dict[str, bytes | str] = {"publisher": publisher, "topic": topic, "body": body}
+    if msgid is not None:
+        fields["msgid"] = msgid
+    if seq is not None:
+        fields["seq"] = str(seq)
+    if timestamp_ms is not None:
+        fields["ts"] = str(timestamp_ms)
+    if not persistent:
+        fields["persistent"] = "0"
+    if priority != DEFAULT_PRIORITY:
+        fields["priority"] = str(priority)
+    if expiration_ms:
+        fields["expiration"] = str(expiration_ms)
+    if correlation_id is not None:
+        fields["correlation_id"] = correlation_id
+    if reply_to is not None:
+        fields["reply_to"] = reply_to
+    if properties:
+        if any(isinstance(v, (dict, list)) for v in properties.values()):
+            raise InvalidMessage("property values must be scalars")
+        fields["props"] = json.dumps(properties, separators=(",", ":"))
+    if reply:
+        fields["reply"] = "1"
+    return fields

@@ -1,0 +1,196 @@
+"""Publishing: one ``XADD`` per publication, and waiting for its result if asked.
+
+Seed 000: "the publisher knows the result at publish time". A publication sent
+with ``wait`` asks the worker to post its result (delivered to how many
+subscriptions, a duplicate, expired, or refused and why) on a reply list the
+publisher blocks on.
+
+Every publication from this class carries a message id (a UUID unless given),
+so a retry after a lost reply (redis-py retries on connection errors) is
+recognised by the worker and delivered once.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from broker import keys
+from broker.errors import ConnectionLost, ReplyTimeout, ServerError
+from broker.models import DEFAULT_PRIORITY, PropertyValue, publication_fields
+from broker.topics import validate_topic
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """The result of one publication.
+
+    Attributes:
+        status: "sent" (not waited for), "delivered", "duplicate", "expired" or "refused".
+        entry_id: the publish stream entry id.
+        msgid: the message id.
+        seq: the publisher's sequence number of this publication.
+        subscriptions: how many subscriber queues received it (when waited for).
+        reason: why it was refused, or None.
+        suggestion: a corrected topic when the topic was refused, or None.
+    """
+
+    status: str
+    entry_id: str
+    msgid: str
+    seq: int
+    subscriptions: int = 0
+    reason: str | None = None
+    suggestion: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True unless the broker refused the publication."""
+        return self.status != "refused"
+
+
+class Publisher:
+    """Publishes on behalf of one publisher id; order is kept per publisher id.
+
+    Args:
+        client: a redis-py client.
+        qm: the queue manager.
+        publisher_id: 1-256 bytes; every publication of this id is delivered in
+            the order it was published.
+        validate: check topics here and raise at once (default); with False the
+            broker checks them and refuses invalid ones (visible with ``wait``).
+        first_seq: the sequence number of the first publication.
+    """
+
+    def __init__(
+        self, client: redis.Redis, qm: str, publisher_id: str, validate: bool = True, first_seq: int = 1
+    ) -> None:
+        if not publisher_id or len(publisher_id.encode()) > 256:
+            raise ValueError("publisher_id must be 1-256 bytes")
+        self.client = client
+        self.qm = qm
+        self.publisher_id = publisher_id
+        self.validate = validate
+        self.next_seq = first_seq
+        self._stream = keys.publish_stream(qm)
+
+    def _fields(self, topic: str, body: bytes | str, msgid: str | None, reply: bool,
+                options: dict[str, Any]) -> tuple[dict[str, Any], str, int]:
+        if self.validate:
+            validate_topic(topic)
+        if isinstance(body, str):
+            body = body.encode()
+        seq = self.next_seq
+        self.next_seq += 1
+        msgid = msgid or uuid.uuid4().hex
+        fields = publication_fields(self.publisher_id, topic, body, msgid=msgid, seq=seq, reply=reply, **options)
+        return fields, msgid, seq
+
+    def publish(
+        self,
+        topic: str,
+        body: bytes | str = b"",
+        *,
+        properties: dict[str, PropertyValue] | None = None,
+        msgid: str | None = None,
+        persistent: bool = True,
+        priority: int = DEFAULT_PRIORITY,
+        expiration_ms: int = 0,
+        correlation_id: str | None = None,
+        reply_to: str | None = None,
+        timestamp_ms: int | None = None,
+        wait: bool = False,
+        timeout_ms: int = 10_000,
+    ) -> PublishResult:
+        """Publish one message with a single ``XADD``.
+
+        Args:
+            topic: the topic string.
+            body: the body; str is encoded as UTF-8.
+            properties: user properties (scalar values).
+            msgid: the message id; default a new UUID. Re-sending the same id
+                within the dedup window delivers nothing twice.
+            persistent: Jakarta Messaging delivery mode.
+            priority: 0-9.
+            expiration_ms: absolute expiry, ms since the epoch; 0 = never.
+            correlation_id: carried to subscribers.
+            reply_to: carried to subscribers.
+            timestamp_ms: publish time to record, ms; default the stream entry's.
+            wait: block until a worker has handled it and return its result.
+            timeout_ms: how long to wait, ms.
+
+        Returns:
+            A ``PublishResult``: status "sent", or the worker's result with ``wait``.
+
+        Raises:
+            InvalidTopic: ``validate`` is on and the topic is invalid (with a suggestion).
+            InvalidMessage: priority, expiration or properties are invalid.
+            ReplyTimeout: ``wait`` and no result came within ``timeout_ms``.
+            ConnectionLost: the server cannot be reached.
+            ServerError: the server refused the write (e.g. out of memory).
+        """
+        options = dict(properties=properties, persistent=persistent, priority=priority,
+                       expiration_ms=expiration_ms, correlation_id=correlation_id,
+                       reply_to=reply_to, timestamp_ms=timestamp_ms)
+        fields, msgid, seq = self._fields(topic, body, msgid, wait, options)
+        try:
+            entry_id = self.client.xadd(self._stream, fields).decode()
+            if not wait:
+                return PublishResult("sent", entry_id, msgid, seq)
+            got = self.client.blpop([keys.reply(self.qm, self.publisher_id, msgid)], timeout=timeout_ms / 1000)
+        except redis.ConnectionError as exc:
+            raise ConnectionLost(f"publish failed: {exc}") from exc
+        except redis.ResponseError as exc:
+            raise ServerError(f"publish refused by the server: {exc}") from exc
+        if got is None:
+            raise ReplyTimeout(f"no result for message {msgid} within {timeout_ms} ms (is a worker running?)")
+        data = json.loads(got[1])
+        return PublishResult(
+            status=data["status"], entry_id=data.get("entry_id", entry_id), msgid=msgid, seq=seq,
+            subscriptions=int(data.get("subscriptions", 0)), reason=data.get("reason"),
+            suggestion=data.get("suggestion"),
+        )
+
+    def publish_many(self, items: Iterable[tuple[str, bytes | str]], batch: int = 500,
+                     **options: Any) -> list[PublishResult]:
+        """Publish many messages, pipelining ``batch`` XADDs per round trip, in order.
+
+        Args:
+            items: ``(topic, body)`` pairs.
+            batch: XADDs per round trip.
+            **options: as for ``publish`` (not ``wait``/``msgid``).
+
+        Returns:
+            One "sent" ``PublishResult`` per item, in order.
+
+        Raises:
+            InvalidTopic, InvalidMessage, ConnectionLost, ServerError: as ``publish``.
+        """
+        results: list[PublishResult] = []
+        pending: list[tuple[str, int]] = []
+        pipe = self.client.pipeline(transaction=False)
+
+        def flush() -> None:
+            try:
+                ids = pipe.execute()
+            except redis.ConnectionError as exc:
+                raise ConnectionLost(f"publish failed: {exc}") from exc
+            except redis.ResponseError as exc:
+                raise ServerError(f"publish refused by the server: {exc}") from exc
+            results.extend(PublishResult("sent", eid.decode(), m, s) for eid, (m, s) in zip(ids, pending, strict=True))
+            pending.clear()
+
+        for topic, body in items:
+            fields, msgid, seq = self._fields(topic, body, None, False, options)
+            pipe.xadd(self._stream, fields)
+            pending.append((msgid, seq))
+            if len(pending) >= batch:
+                flush()
+        if pending:
+            flush()
+        return results

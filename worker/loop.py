@@ -1,0 +1,286 @@
+"""One worker: dequeue -> take the publisher's turn -> resolve -> fan out, in a loop.
+
+Seed 004 (IPCOM000031305D), on Redis:
+
+1. **Dequeue** (``dequeue.lua``, the queue mutex): one atomic call reads up to
+   ``batch_size`` entries, appends each entry id to its publisher's FIFO in
+   stream order, takes the turn of every publisher that has no owner, and
+   returns the FIFO heads of every publisher whose turn this worker holds,
+   together with the index version.
+2. **Turn**: a worker only ever handles entries at the head of a FIFO whose
+   turn it holds. Entries it dequeued for a publisher another worker holds are
+   left to that worker (handed over, never waited for), which claims them from
+   the stream (XCLAIM) when they reach the head. No worker blocks while another
+   publisher has work.
+3. **Resolve**: the routing table (exact hash + wildcard trie + links) is
+   reloaded whenever the dequeue saw a newer version.
+4. **Unit of work** (``commit.lua``, one per publication, pipelined): fenced on
+   the turn and the FIFO head; LPUSH to every queue, dedup record, XACK, reply,
+   pop the head, and give up the turn when the FIFO is empty. All or nothing.
+
+A worker never dies on one message: an entry that cannot be parsed, has an
+invalid topic or an oversized body is dead-lettered (``{qm}:dlq``) with the
+reason, in its place in the publisher's order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from broker import keys
+from broker.config import Settings
+from broker.connection import connect
+from broker.errors import InvalidMessage, InvalidTopic
+from broker.models import encode_envelope, parse_entry
+from broker.routing import RoutingTable
+from broker.scripts import Commit, Scripts
+from broker.topics import validate_topic
+
+log = logging.getLogger("broker.worker")
+
+#: Named points where tests and the chaos harness inject faults.
+CRASH_POINTS = ("after_dequeue", "holding_turn", "before_commit", "after_commit")
+
+Hook = Callable[[str], None]
+
+
+def _publisher_of(fields: dict[bytes, bytes]) -> str:
+    """The FIFO an entry was filed under, exactly as ``dequeue.lua`` decides it."""
+    raw = fields.get(b"publisher")
+    if raw is None or not 0 < len(raw) <= 256:
+        return keys.MALFORMED_PUBLISHER
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def ensure_group(client: redis.Redis, qm: str) -> None:
+    """Create the publish stream and the workers' consumer group if they do not exist."""
+    try:
+        client.xgroup_create(keys.publish_stream(qm), keys.WORKER_GROUP, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+class Worker:
+    """A single worker of a queue manager.
+
+    Args:
+        client: a redis-py client with ``decode_responses=False``.
+        settings: the broker settings.
+        name: the consumer name and fencing token; default ``<host>-<pid>-<random>``.
+        clock_ms: returns the time in ms since the epoch (injectable for tests).
+        hook: called with a name from ``CRASH_POINTS`` at each crash point.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        settings: Settings,
+        name: str | None = None,
+        clock_ms: Callable[[], int] | None = None,
+        hook: Hook | None = None,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.qm = settings.qm
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.hook = hook or (lambda point: None)
+        self.scripts = Scripts(client, self.qm)
+        self.table = RoutingTable(self.qm)
+        self.owned: set[str] = set()
+        self.stopping = False
+        self.processed = 0
+        self.counts: dict[str, int] = {}
+        self._entries: dict[str, tuple[str, dict[bytes, bytes]]] = {}
+        self._stream = keys.publish_stream(self.qm)
+        self._reclaim_cursor = "0"
+        self._next_reclaim_ms = 0
+        self._next_heartbeat_ms = 0
+        self._started_ms = self.clock_ms()
+
+    def setup(self) -> None:
+        """Create the stream's consumer group if needed and load the routing table."""
+        ensure_group(self.client, self.qm)
+        self.table.load(self.client)
+
+    def run(self) -> None:
+        """Loop until ``stopping`` is set, then give up held turns and deregister."""
+        self.setup()
+        try:
+            while not self.stopping:
+                try:
+                    self.run_once(block=True)
+                except redis.ConnectionError as exc:
+                    log.warning("worker %s: connection lost (%s); retrying", self.name, exc)
+                    self.owned.clear()
+                    self._entries.clear()
+                    time.sleep(0.5)
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Give up every turn this worker holds and remove its heartbeat."""
+        try:
+            self.scripts.release(self.name, sorted(self.owned))
+            self.client.hdel(keys.workers(self.qm), self.name)
+        except redis.RedisError as exc:
+            log.warning("worker %s: could not release turns on stop: %s", self.name, exc)
+        self.owned.clear()
+
+    def run_once(self, block: bool = False) -> int:
+        """One round: dequeue, handle the heads of owned publishers, commit.
+
+        Args:
+            block: when there is nothing to do, wait up to ``block_ms`` for new entries.
+
+        Returns:
+            How many publications were committed (delivered, refused, ...).
+
+        Raises:
+            redis.RedisError: a connection or server error; nothing half-done is
+                left, since every unit of work is one atomic script.
+        """
+        settings = self.settings
+        now = self.clock_ms()
+        if now >= self._next_reclaim_ms:
+            self._next_reclaim_ms = now + settings.reclaim_interval_ms
+            self._reclaim_cursor, taken = self.scripts.reclaim(
+                self.name, settings.lease_ms, self._reclaim_cursor, 100
+            )
+            self.owned.update(taken)
+        dequeued = self.scripts.dequeue(
+            self.name, settings.batch_size, settings.lease_ms, settings.heads, sorted(self.owned)
+        )
+        self.hook("after_dequeue")
+        if dequeued.version != self.table.version:
+            self.table.load(self.client)
+        for entry_id, fields in dequeued.entries:
+            self._entries[entry_id] = (_publisher_of(fields), fields)
+        self.owned = set(dequeued.owned)
+        if not dequeued.owned:
+            self._entries.clear()
+            self._heartbeat(now)
+            if block and not dequeued.entries:
+                self.client.xread({self._stream: dequeued.last_delivered_id}, count=1, block=settings.block_ms)
+            return 0
+        self.hook("holding_turn")
+        done = self._commit(dequeued.owned, now)
+        self._heartbeat(now)
+        return done
+
+    def _commit(self, heads: dict[str, list[str]], now_ms: int) -> int:
+        missing = [eid for ids in heads.values() for eid in ids if eid not in self._entries]
+        if missing:
+            for entry_id, fields in self.client.xclaim(
+                self._stream, keys.WORKER_GROUP, self.name, 0, missing
+            ):
+                if fields is not None:
+                    entry_id = entry_id.decode()
+                    self._entries[entry_id] = (_publisher_of(fields), fields)
+        pipe = self.client.pipeline(transaction=False)
+        order: list[tuple[str, str]] = []
+        for publisher, ids in heads.items():
+            for entry_id in ids:
+                found = self._entries.get(entry_id)
+                if found is None:
+                    log.error("entry %s of publisher %r is gone from the stream; skipping it", entry_id, publisher)
+                    unit = self._unit_skip(publisher, entry_id)
+                else:
+                    unit = self._unit(publisher, entry_id, found[1], now_ms)
+                self.scripts.commit(pipe, self.name, self.settings.lease_ms, unit)
+                order.append((publisher, entry_id))
+        self.hook("before_commit")
+        results = pipe.execute()
+        self.hook("after_commit")
+        done = 0
+        for (publisher, entry_id), (status, _count, released) in zip(order, results, strict=True):
+            self._entries.pop(entry_id, None)
+            status = status.decode()
+            if status == "fenced":
+                self.owned.discard(publisher)
+                continue
+            done += 1
+            self.counts[status] = self.counts.get(status, 0) + 1
+            if released:
+                self.owned.discard(publisher)
+        self.processed += done
+        if len(self._entries) > 4 * self.settings.batch_size:
+            self._entries = {k: v for k, v in self._entries.items() if v[0] in self.owned}
+        return done
+
+    def _unit_skip(self, publisher: str, entry_id: str) -> Commit:
+        key = keys.dedup(self.qm, publisher, entry_id)
+        return Commit(publisher, entry_id, "skip", b"", (), key, key, 0, 0, entry_id)
+
+    def _unit(self, publisher: str, entry_id: str, fields: dict[bytes, bytes], now_ms: int) -> Commit:
+        """Decide what the unit of work for one entry does. Never raises."""
+        settings = self.settings
+        reply_ttl = settings.reply_ttl_ms if fields.get(b"reply") == b"1" else 0
+        msgid_raw = fields.get(b"msgid")
+        msgid = msgid_raw.decode("utf-8", "replace") if msgid_raw else entry_id
+        dedup_key = keys.dedup(self.qm, publisher, msgid)
+        reply_key = keys.reply(self.qm, publisher, msgid)
+        try:
+            entry = parse_entry(entry_id, fields, settings.max_body_bytes)
+            validate_topic(entry.topic)
+        except InvalidTopic as exc:
+            return Commit(publisher, entry_id, "refuse", exc.reason.encode(), (), dedup_key, reply_key,
+                          0, reply_ttl, msgid, exc.suggestion or "")
+        except InvalidMessage as exc:
+            return Commit(publisher, entry_id, "refuse", str(exc).encode(), (), dedup_key, reply_key,
+                          0, reply_ttl, msgid)
+        except Exception as exc:  # a bug must not stop the worker: dead-letter the entry
+            log.exception("entry %s could not be handled", entry_id)
+            return Commit(publisher, entry_id, "refuse", f"internal error: {exc!r}".encode(), (),
+                          dedup_key, reply_key, 0, reply_ttl, msgid)
+        window = settings.dedup_window_ms if entry.msgid_given else 0
+        if entry.expiration_ms and entry.expiration_ms <= now_ms:
+            return Commit(publisher, entry_id, "expire", b"", (), dedup_key, reply_key, 0, reply_ttl, msgid)
+        queues = self.table.resolve(entry.topic)
+        envelope = encode_envelope(entry.header, entry_id, entry.body) if queues else b""
+        return Commit(publisher, entry_id, "deliver", envelope, queues, dedup_key, reply_key,
+                      window, reply_ttl, msgid)
+
+    def _heartbeat(self, now_ms: int) -> None:
+        if now_ms < self._next_heartbeat_ms:
+            return
+        self._next_heartbeat_ms = now_ms + 1_000
+        beat: dict[str, Any] = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_ms": self._started_ms,
+            "heartbeat_ms": now_ms,
+            "processed": self.processed,
+            "owned": len(self.owned),
+        }
+        self.client.hset(keys.workers(self.qm), self.name, json.dumps(beat))
+
+
+def main(settings: Settings, hook: Hook | None = None) -> None:
+    """Entry point of one worker process (the pool calls it): run until SIGTERM.
+
+    Args:
+        settings: the broker settings.
+        hook: crash-point hook (the chaos harness).
+    """
+    import signal
+
+    client = connect(settings.redis_url)
+    worker = Worker(client, settings, hook=hook)
+
+    def _stop(signum: int, frame: object) -> None:
+        worker.stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker.run()
