@@ -1,0 +1,49 @@
+"""Key names: one hash tag per queue manager; subscription store on both backends."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker import keys, subscribe, unsubscribe
+from broker.errors import NoSuchSubscription, SubscriptionConflict
+from broker.subscriptions import list_subscriptions
+
+QM = "TEST"
+
+
+def test_every_key_shares_the_queue_manager_hash_tag():
+    names = [keys.publish_stream(QM), keys.version(QM), keys.subscriptions(QM), keys.links(QM),
+             keys.sub_queue(QM, "a$b"), keys.sub_inflight(QM, "a$b"), keys.fifo_key(QM, "p"),
+             keys.owner_key(QM, "p"), keys.dedup(QM, "p", "m"), keys.reply(QM, "p", "m"),
+             keys.dead_letter(QM), keys.workers(QM), keys.active_publishers(QM)]
+    assert all(name.startswith("{TEST}:") for name in names)
+    assert len(set(names)) == len(names)
+
+
+def test_lua_key_pattern_is_prefix_plus_publisher_plus_suffix():
+    assert keys.fifo_key(QM, "p") == keys.pub_prefix(QM) + "p" + ":fifo"
+    assert keys.owner_key(QM, "p") == keys.pub_prefix(QM) + "p" + ":owner"
+
+
+def test_subscribe_bumps_the_version_and_durable_resubscribe_reattaches(any_redis):
+    first = subscribe(any_redis, QM, "/a/#", "c1", "d1")
+    again = subscribe(any_redis, QM, "/a/#", "c1", "d1")
+    assert again == first
+    assert int(any_redis.get(keys.version(QM))) == 1
+    with pytest.raises(SubscriptionConflict):
+        subscribe(any_redis, QM, "/b", "c1", "d1")
+
+
+def test_unsubscribe_removes_record_and_queue(any_redis):
+    record = subscribe(any_redis, QM, "/a", "c1")
+    any_redis.lpush(keys.sub_queue(QM, record.sub_id), b"x")
+    unsubscribe(any_redis, QM, record.sub_id)
+    assert list_subscriptions(any_redis, QM) == []
+    assert any_redis.exists(keys.sub_queue(QM, record.sub_id)) == 0
+    with pytest.raises(NoSuchSubscription):
+        unsubscribe(any_redis, QM, record.sub_id)
+
+
+def test_bad_client_id_is_refused(any_redis):
+    with pytest.raises(ValueError, match="client id"):
+        subscribe(any_redis, QM, "/a", "bad id:with colon")
