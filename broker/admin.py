@@ -172,3 +172,37 @@ def reset(client: redis.Redis, qm: str) -> int:
     return deleted
 
 
+
+
+def _next_id(entry_id: str) -> str:
+    ms, seq = entry_id.split("-")
+    return f"{ms}-{int(seq) + 1}"
+
+
+def trim_acknowledged(client: redis.Redis, qm: str) -> int:
+    """Remove from the publish stream only entries every worker has acknowledged.
+
+    An entry is safe to remove when it is older than both the oldest pending
+    entry and the first entry never delivered (trimming a pending entry would
+    make XCLAIM drop it: a lost publication).
+
+    Returns:
+        How many entries were removed.
+    """
+    stream = keys.publish_stream(qm)
+    try:
+        groups = client.xinfo_groups(stream)
+    except redis.ResponseError:
+        return 0
+    group = next((g for g in groups if g["name"] == keys.WORKER_GROUP.encode()), None)
+    if group is None:
+        return 0
+    last = group["last-delivered-id"].decode()
+    if last == "0-0":
+        return 0
+    floor = _next_id(last)
+    summary = client.xpending(stream, keys.WORKER_GROUP)
+    if summary["pending"]:
+        oldest = summary["min"].decode()
+        floor = min(floor, oldest, key=lambda i: tuple(int(x) for x in i.split("-")))
+    return int(client.xtrim(stream, minid=floor, approximate=False))

@@ -9,6 +9,9 @@ from broker.errors import ConnectionLost, ServerError
 #: Oldest server the broker supports (XAUTOCLAIM, LMOVE, SET ... GET, Lua 5.1 + cjson).
 MIN_SERVER_VERSION = (7, 0)
 
+#: How long to wait for a TCP connection to the server, ms.
+CONNECT_TIMEOUT_MS = 5_000
+
 
 def connect(url: str, check: bool = False) -> redis.Redis:
     """A redis-py client for ``url``: bytes replies, publisher ids round-trip as bytes.
@@ -24,7 +27,8 @@ def connect(url: str, check: bool = False) -> redis.Redis:
         ConnectionLost: ``check`` and the server cannot be reached.
         ServerError: ``check`` and the server is older than Redis 7.0.
     """
-    client = redis.Redis.from_url(url, encoding_errors="surrogateescape", health_check_interval=30)
+    client = redis.Redis.from_url(url, encoding_errors="surrogateescape", health_check_interval=30,
+                                   socket_connect_timeout=CONNECT_TIMEOUT_MS / 1000)
     if check:
         try:
             info = client.info("server")

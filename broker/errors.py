@@ -174,6 +174,18 @@ class ServerError(BrokerError):
     exit_code = 4
 
 
+class WorkerPoolFailed(BrokerError):
+    """Worker processes keep dying (more than 30 restarts a minute); the pool gives up."""
+
+    exit_code = 1
+
+
+class DemoError(BrokerError):
+    """``broker demo`` could not run: the data set is missing, or the workers stalled."""
+
+    exit_code = 1
+
+
 class ServerNotFound(BrokerError):
     """No redis-server / valkey-server binary could be found to start."""
 

@@ -27,6 +27,7 @@ key                                 type      contents                          
 ``{qm}:dlq``                        stream    dead-lettered entries: original fields plus   workers                  operators
                                               ``dlq.reason``, ``dlq.entry_id``
 ``{qm}:workers``                    hash      worker name -> JSON heartbeat                 workers                  ``broker status``
+``{qm}:usage``                      stream    usage snapshots (field ``snapshot``: JSON)    rq job usage_snapshot    operators
 ==================================  ========  ============================================  =======================  ==========================
 
 Keys whose names are built inside Lua from data the script reads (the two
@@ -167,6 +168,11 @@ def dead_letter(qm: str) -> str:
 def workers(qm: str) -> str:
     """The hash of worker heartbeats: ``{qm}:workers``."""
     return f"{_tag(qm)}:workers"
+
+
+def usage(qm: str) -> str:
+    """The stream of usage snapshots: ``{qm}:usage``."""
+    return f"{_tag(qm)}:usage"
 
 
 def all_keys_pattern(qm: str) -> str:

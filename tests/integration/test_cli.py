@@ -1,0 +1,165 @@
+"""The command line against a real server: each command through click, workers run in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner, Result
+
+from broker import cli, keys
+from broker.testing import drain, make_workers
+
+QM = "TEST"
+
+
+@pytest.fixture
+def run(real_server, real_redis, tmp_path, monkeypatch):
+    """Invoke ``broker --redis-url <server> --qm TEST ...`` with no config file and no BROKER_* variables."""
+    monkeypatch.chdir(tmp_path)
+    env = {k: None for k in os.environ if k.startswith("BROKER_") and k != "BROKER_REDIS_SERVER_BIN"}
+    runner = CliRunner(env=env)
+
+    def invoke(*args: str) -> Result:
+        return runner.invoke(cli.main, ["--redis-url", real_server.url, "--qm", QM, *args])
+
+    return invoke
+
+
+def ok(result: Result) -> Result:
+    assert result.exit_code == 0, (result.output, result.exc_info)
+    return result
+
+
+def test_link_then_links_lists_it_and_unlink_removes_it(run):
+    linked = ok(run("link", "/WEATHER/JFK", "/AIRPORT/JFK"))
+    assert linked.stdout.strip() == "linked /WEATHER/JFK -> /AIRPORT/JFK"
+    listed = ok(run("links")).stdout
+    assert "/WEATHER/JFK" in listed and "/AIRPORT/JFK" in listed
+    ok(run("unlink", "/WEATHER/JFK", "/AIRPORT/JFK"))
+    assert ok(run("links")).stdout.strip() == "no links"
+
+
+def test_unlinking_a_missing_link_exits_2(run):
+    result = run("unlink", "/A", "/B")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: there is no link '/A' -> '/B'")
+
+
+def test_link_closing_a_cycle_is_refused_with_exit_2_but_accepted_as_backward(run):
+    ok(run("link", "/A", "/B"))
+    ok(run("link", "/B", "/C"))
+    refused = run("link", "/C", "/A")
+    assert refused.exit_code == 2
+    assert "would close a cycle" in refused.stderr and "Traceback" not in refused.output
+    assert ok(run("link", "--backward", "/C", "/A")).stdout.strip() == "linked /C -> /A (backward)"
+    listed = ok(run("links")).stdout
+    assert "yes" in listed  # the backward flag is shown
+
+
+def test_durable_subscription_made_by_subscribe_is_listed_and_survives_exit(run):
+    made = ok(run("subscribe", "/WEATHER/#", "--client-id", "app", "--durable", "wx", "--timeout-ms", "1"))
+    assert "subscribed app$wx to '/WEATHER/#' (durable)" in made.stderr
+    listed = ok(run("subscriptions")).stdout
+    assert "app$wx" in listed and "/WEATHER/#" in listed and "yes" in listed
+    assert "/WEATHER/#" in ok(run("topics")).stdout
+
+
+def test_non_durable_subscription_is_removed_when_subscribe_exits(run, real_redis):
+    ok(run("subscribe", "/X", "--client-id", "tmp", "--timeout-ms", "1"))
+    assert real_redis.hlen(keys.subscriptions(QM)) == 0
+    assert ok(run("subscriptions")).stdout.strip() == "no subscriptions"
+
+
+def test_unsubscribe_deletes_the_subscription_and_an_unknown_one_exits_2(run):
+    ok(run("subscribe", "/X", "--client-id", "app", "--durable", "d", "--timeout-ms", "1"))
+    assert ok(run("unsubscribe", "app$d")).stdout.strip() == "unsubscribed app$d"
+    again = run("unsubscribe", "app$d")
+    assert again.exit_code == 2
+    assert "no subscription 'app$d'" in again.stderr
+
+
+def test_topics_with_a_topic_shows_the_linked_topics_it_reaches(run):
+    ok(run("subscribe", "/AIRPORT/+", "--client-id", "ops", "--durable", "airports", "--timeout-ms", "1"))
+    ok(run("subscribe", "/WEATHER/JFK", "--client-id", "app", "--durable", "jfk", "--timeout-ms", "1"))
+    ok(run("link", "/WEATHER/JFK", "/AIRPORT/JFK"))
+    ok(run("link", "/AIRPORT/JFK", "/ALERTS/NYC"))
+    out = ok(run("topics", "/WEATHER/JFK")).stdout
+    for topic in ("/WEATHER/JFK", "/AIRPORT/JFK", "/ALERTS/NYC"):
+        assert topic in out
+    assert out.index("/AIRPORT/JFK") < out.index("/ALERTS/NYC")
+    assert out.strip().splitlines()[-1] == "delivered once to 2 subscriptions: app$jfk, ops$airports"
+
+
+def test_topics_with_an_invalid_topic_exits_2_with_a_suggestion(run):
+    result = run("topics", "/WEATHER/+")
+    assert result.exit_code == 2
+    assert "(did you mean '/WEATHER'?)" in result.stderr
+
+
+def test_status_json_is_one_parseable_object(run):
+    ok(run("subscribe", "/X", "--client-id", "app", "--durable", "d", "--timeout-ms", "1"))
+    snapshot = json.loads(ok(run("status", "--json")).stdout)
+    assert snapshot["dead_lettered"] == 0
+    assert [s["id"] for s in snapshot["subscriptions"]] == ["app$d"]
+
+
+def test_status_table_shows_queue_depths_and_workers(run, real_redis, settings):
+    ok(run("subscribe", "/X", "--client-id", "app", "--durable", "d", "--timeout-ms", "1"))
+    ok(run("publish", "--no-wait", "/X", "one"))
+    drain(make_workers(real_redis, settings, 1))
+    out = ok(run("status")).stdout
+    assert "queue manager TEST" in out and "app$d" in out and "w0" in out
+
+
+def test_message_published_without_waiting_is_printed_by_subscribe_after_a_worker_ran(
+    run, real_redis, settings
+):
+    ok(run("subscribe", "/WEATHER/#", "--client-id", "app", "--durable", "inbox", "--timeout-ms", "1"))
+    sent = ok(run("publish", "--no-wait", "--publisher", "station", "/WEATHER/JFK", "rain at 5"))
+    assert sent.stdout.startswith("sent (entry ")
+    assert drain(make_workers(real_redis, settings, 1)) == 1
+    got = ok(run("subscribe", "/WEATHER/#", "--client-id", "app", "--durable", "inbox",
+                 "--count", "1", "--timeout-ms", "1000"))
+    assert got.stdout.strip() == "/WEATHER/JFK  publisher=station  seq=1  rain at 5"
+    assert "received 1 message(s)" in got.stderr
+    assert real_redis.llen(keys.sub_inflight(QM, "app$inbox")) == 0  # acknowledged
+
+
+def test_binary_body_from_a_file_is_printed_as_a_bytes_literal(run, real_redis, settings, tmp_path):
+    ok(run("subscribe", "/BIN", "--client-id", "app", "--durable", "bin", "--timeout-ms", "1"))
+    body = tmp_path / "body.bin"
+    body.write_bytes(b"\x00\xff")
+    ok(run("publish", "--no-wait", "--body-file", str(body), "/BIN"))
+    drain(make_workers(real_redis, settings, 1))
+    got = ok(run("subscribe", "/BIN", "--client-id", "app", "--durable", "bin",
+                 "--count", "1", "--timeout-ms", "1000"))
+    assert got.stdout.strip().endswith("b'\\x00\\xff'")
+
+
+def test_subscribe_stops_after_count_messages_leaving_the_rest_queued(run, real_redis, settings):
+    ok(run("subscribe", "/Q", "--client-id", "app", "--durable", "q", "--timeout-ms", "1"))
+    for body in ("a", "b", "c"):
+        ok(run("publish", "--no-wait", "/Q", body))
+    drain(make_workers(real_redis, settings, 1))
+    got = ok(run("subscribe", "/Q", "--client-id", "app", "--durable", "q",
+                 "--count", "2", "--timeout-ms", "1000"))
+    assert [line.split()[-1] for line in got.stdout.splitlines()] == ["a", "b"]
+    assert real_redis.llen(keys.sub_queue(QM, "app$q")) == 1
+
+
+def test_unvalidated_invalid_topic_is_refused_by_the_broker_and_dead_lettered(run, real_redis, settings):
+    sent = ok(run("publish", "--no-wait", "--no-validate", "/a/#", "bad"))
+    assert sent.stdout.startswith("sent ")
+    assert drain(make_workers(real_redis, settings, 1)) == 1
+    snapshot = json.loads(ok(run("status", "--json")).stdout)
+    assert snapshot["dead_lettered"] == 1
+    [(_, fields)] = real_redis.xrange(keys.dead_letter(QM))
+    assert fields[b"topic"] == b"/a/#"
+
+
+def test_publish_waiting_with_no_worker_times_out_with_exit_3(run):
+    result = run("publish", "--timeout-ms", "50", "/X", "x")
+    assert result.exit_code == 3
+    assert result.stderr.startswith("error: no result for message") and "within 50 ms" in result.stderr
