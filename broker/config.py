@@ -52,6 +52,10 @@ class Settings(BaseSettings):
         reply_ttl_ms: how long a publication's result is kept for its publisher, ms.
         max_body_bytes: largest body accepted, bytes; larger ones are dead-lettered.
         stop_grace_ms: how long the pool waits for workers after SIGTERM, ms.
+        journal: write a delivery journal record per publication, in its unit of work.
+        journal_max_len: approximate cap of the journal stream, records.
+        max_deliveries: an entry taken over this many times without being
+            handled (its workers keep dying on it) is dead-lettered.
         server_port: TCP port of the embedded server.
         server_dir: data directory of the embedded server.
         server_config: a redis.conf for the embedded server (used when it exists).
@@ -63,7 +67,7 @@ class Settings(BaseSettings):
     qm: str = Field(default="QM1", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     concurrency: int = Field(default=2, ge=1, le=64)
     batch_size: int = Field(default=500, ge=1, le=10_000)
-    heads: int = Field(default=500, ge=1, le=10_000)
+    heads: int = Field(default=500, ge=1, le=5_000)
     lease_ms: int = Field(default=30_000, ge=10)
     block_ms: int = Field(default=1_000, ge=1)
     reclaim_interval_ms: int = Field(default=1_000, ge=1)
@@ -71,6 +75,9 @@ class Settings(BaseSettings):
     reply_ttl_ms: int = Field(default=60_000, ge=1)
     max_body_bytes: int = Field(default=1_048_576, ge=0, le=512 * 1024 * 1024)
     stop_grace_ms: int = Field(default=10_000, ge=0)
+    journal: bool = False
+    journal_max_len: int = Field(default=1_000_000, ge=1)
+    max_deliveries: int = Field(default=5, ge=2)
     server_port: int = Field(default=6380, ge=1, le=65535)
     server_dir: str = ".broker"
     server_config: str = "configs/redis.conf"

@@ -27,6 +27,10 @@ key                                 type      contents                          
 ``{qm}:dlq``                        stream    dead-lettered entries: original fields plus   workers                  operators
                                               ``dlq.reason``, ``dlq.entry_id``
 ``{qm}:workers``                    hash      worker name -> JSON heartbeat                 workers                  ``broker status``
+``{qm}:journal``                    stream    one record per publication handled (when the  commit.lua (capped)      ``broker journal export``
+                                              ``journal`` setting is on): entry_id, msgid,
+                                              publisher, seq, topic, subs (JSON list of
+                                              subscription ids), enq_ms, dlv_ms, status
 ``{qm}:usage``                      stream    usage snapshots (field ``snapshot``: JSON)    rq job usage_snapshot    operators
 ==================================  ========  ============================================  =======================  ==========================
 
@@ -168,6 +172,11 @@ def dead_letter(qm: str) -> str:
 def workers(qm: str) -> str:
     """The hash of worker heartbeats: ``{qm}:workers``."""
     return f"{_tag(qm)}:workers"
+
+
+def journal(qm: str) -> str:
+    """The delivery journal stream: ``{qm}:journal``."""
+    return f"{_tag(qm)}:journal"
 
 
 def usage(qm: str) -> str:

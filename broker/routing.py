@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import redis
 
 from broker import keys
-from broker.topics import LinkGraph, TopicIndex
+from broker.topics import LinkGraph, TopicIndex, validate_topic
 
 #: Most topics whose recipient set is cached; the cache is cleared when full.
 CACHE_TOPICS = 100_000
@@ -111,14 +111,18 @@ class RoutingTable:
         """The subscriber queue keys a publication on ``topic`` goes to, each once.
 
         Args:
-            topic: a valid topic string.
+            topic: a topic string; validated the first time it is seen.
 
         Returns:
             Queue keys, sorted (a stable order makes the unit of work repeatable).
+
+        Raises:
+            InvalidTopic: the topic is invalid (with a suggested correction).
         """
         cached = self._cache.get(topic)
         if cached is not None:
             return cached
+        validate_topic(topic)
         sub_ids: set[str] = set()
         for linked in self.links.closure(topic):
             sub_ids |= self.index.match(linked)

@@ -45,35 +45,80 @@ class Dequeued:
     owned: dict[str, list[str]]
 
 
-@dataclass(frozen=True)
-class Commit:
-    """The arguments of one unit of work (``commit.lua``) for one publication.
+#: Status codes returned by ``commit.lua``, by position.
+COMMIT_STATUSES = ("fenced", "delivered", "duplicate", "expired", "refused", "skipped")
 
-    Attributes:
-        publisher: the publisher id.
-        entry_id: the stream entry id.
-        action: "deliver", "expire", "refuse" or "skip".
-        payload: the envelope (deliver) or the reason (refuse), bytes.
-        queues: the subscriber queue keys (deliver), de-duplicated.
-        dedup_key: the dedup record key.
-        reply_key: the reply list key.
-        dedup_window_ms: how long the msgid is remembered; 0 for none.
-        reply_ttl_ms: how long the reply is kept; 0 when no reply was asked for.
-        msgid: the message id.
-        suggestion: a corrected topic for a refused publication, or "".
+
+class CommitBatch:
+    """The arguments of one ``commit.lua`` call: units of work for a batch of publications.
+
+    Queue keys and recipient sets are interned, so a set shared by many
+    publications (the usual case) is sent once per batch.
     """
 
-    publisher: str
-    entry_id: str
-    action: str
-    payload: bytes
-    queues: tuple[str, ...]
-    dedup_key: str
-    reply_key: str
-    dedup_window_ms: int
-    reply_ttl_ms: int
-    msgid: str
-    suggestion: str = ""
+    __slots__ = ("queue_keys", "_key_index", "sets", "_set_index", "args", "order")
+
+    def __init__(self) -> None:
+        self.queue_keys: list[str] = []
+        self._key_index: dict[str, int] = {}
+        self.sets: list[str] = []
+        self._set_index: dict[tuple[str, ...], int] = {}
+        self.args: list[bytes | str | int] = []
+        self.order: list[tuple[str, str]] = []
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def _set(self, queues: tuple[str, ...]) -> int:
+        found = self._set_index.get(queues)
+        if found is not None:
+            return found
+        indexes = []
+        for queue in queues:
+            pos = self._key_index.get(queue)
+            if pos is None:
+                pos = self._key_index[queue] = len(self.queue_keys) + 5  # KEYS[5..] in Lua
+                self.queue_keys.append(queue)
+            indexes.append(str(pos))
+        self.sets.append(" ".join(indexes))
+        number = self._set_index[queues] = len(self.sets)
+        return number
+
+    def add(
+        self,
+        publisher: str,
+        entry_id: str,
+        action: str,
+        payload: bytes,
+        msgid: str,
+        dedup_window_ms: int = 0,
+        reply_ttl_ms: int = 0,
+        queues: tuple[str, ...] = (),
+        suggestion: str = "",
+        seq: str = "",
+        topic: str = "",
+        enqueued_ms: int = 0,
+    ) -> None:
+        """Add the unit of work of one publication.
+
+        Args:
+            publisher: the publisher id.
+            entry_id: the stream entry id.
+            action: "deliver", "expire", "refuse" or "skip".
+            payload: the envelope (deliver) or the reason (refuse).
+            msgid: the message id.
+            dedup_window_ms: how long the msgid is remembered, ms; 0 for no record.
+            reply_ttl_ms: how long the reply is kept, ms; 0 when none was asked for.
+            queues: the de-duplicated subscriber queue keys (deliver).
+            suggestion: a corrected topic for a refused publication.
+            seq: the publisher's sequence number as text, or "" (journal).
+            topic: the topic string (journal).
+            enqueued_ms: the publication's time, ms (journal).
+        """
+        number = self._set(queues) if queues else 0
+        self.args += (_b(publisher), entry_id, action, payload, msgid, dedup_window_ms,
+                      reply_ttl_ms, number, suggestion, seq, topic, enqueued_ms)
+        self.order.append((publisher, entry_id))
 
 
 class Scripts:
@@ -89,15 +134,15 @@ class Scripts:
         self.qm = qm
         self._dequeue = client.register_script(_source("dequeue"))
         self._commit = client.register_script(_source("commit"))
+        self._claim = client.register_script(_source("claim"))
         self._reclaim = client.register_script(_source("reclaim"))
         self._release = client.register_script(_source("release"))
         self._prefix = keys.pub_prefix(qm)
         self._bprefix = self._prefix.encode()
-        self._fixed = (
-            keys.publish_stream(qm),
-            keys.active_publishers(qm),
-            keys.dead_letter(qm),
-        )
+        self._fixed = (keys.publish_stream(qm), keys.active_publishers(qm), keys.dead_letter(qm))
+        self._dedup_prefix = keys.dedup(qm, "", "")[:-1]
+        self._reply_prefix = keys.reply(qm, "", "")[:-1]
+        self._sub_prefix_len = len(keys.sub_queue(qm, ""))
 
     def dequeue(
         self, token: str, count: int, lease_ms: int, heads: int, owned: list[str]
@@ -125,24 +170,43 @@ class Scripts:
         )
         return _parse_dequeue(raw)
 
-    def commit(self, pipe: Any, token: str, lease_ms: int, unit: Commit) -> None:
-        """Queue one unit of work on ``pipe``; its reply is ``[status, count, released]``.
+    def commit(self, pipe: Any, token: str, lease_ms: int, batch: CommitBatch, journal_max_len: int = 0) -> None:
+        """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication.
+
+        Decode the reply with ``COMMIT_STATUSES[status]``; see ``broker/lua/commit.lua``.
 
         Args:
-            pipe: a redis-py pipeline (its ``execute`` returns the replies).
+            pipe: a redis-py pipeline (its ``execute`` returns the replies) or client.
             token: the worker's fencing token.
-            lease_ms: lease of the publisher's turn, renewed by the commit, ms.
-            unit: what to commit.
+            lease_ms: lease of the publishers' turns, renewed by the commit, ms.
+            batch: the units of work, in FIFO order per publisher.
+            journal_max_len: approximate cap of the delivery journal; 0 = no journal.
         """
-        stream, active, dlq = self._fixed
-        pub = _b(unit.publisher)
+        qm = self.qm
         self._commit(
-            keys=[stream, self._bprefix + pub + b":fifo", self._bprefix + pub + b":owner", active,
-                  unit.dedup_key, unit.reply_key, dlq, *unit.queues],
-            args=[keys.WORKER_GROUP, unit.entry_id, token, lease_ms, unit.action,
-                  unit.payload, unit.dedup_window_ms, unit.reply_ttl_ms, pub, unit.msgid, unit.suggestion],
+            keys=[*self._fixed, keys.journal(qm), *batch.queue_keys],
+            args=[keys.WORKER_GROUP, token, lease_ms, self._prefix, self._dedup_prefix,
+                  self._reply_prefix, journal_max_len, self._sub_prefix_len, len(batch.sets),
+                  *batch.sets, *batch.args],
             client=pipe,
         )
+
+    def claim(self, token: str, entry_ids: list[str]) -> list[tuple[str, dict[bytes, bytes], int]]:
+        """Take over entries (XCLAIM) and say how often each was delivered.
+
+        Args:
+            token: the worker's consumer name.
+            entry_ids: the stream entry ids.
+
+        Returns:
+            ``[(entry_id, fields, times_delivered)]`` for entries that still exist.
+        """
+        raw = self._claim(keys=[keys.publish_stream(self.qm)], args=[keys.WORKER_GROUP, token, *entry_ids])
+        out = []
+        for entry_id, flat, times in raw:
+            fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+            out.append((entry_id.decode(), fields, int(times)))
+        return out
 
     def reclaim(self, token: str, lease_ms: int, cursor: str, count: int) -> tuple[str, list[str]]:
         """Take the turn of orphaned publishers (FIFO not empty, no owner).

@@ -42,13 +42,20 @@ from broker.connection import connect
 from broker.errors import InvalidMessage, InvalidTopic
 from broker.models import encode_envelope, parse_entry
 from broker.routing import RoutingTable
-from broker.scripts import Commit, Scripts
-from broker.topics import validate_topic
+from broker.scripts import COMMIT_STATUSES, CommitBatch, Scripts
 
 log = logging.getLogger("broker.worker")
 
-#: Named points where tests and the chaos harness inject faults.
-CRASH_POINTS = ("after_dequeue", "holding_turn", "before_commit", "after_commit")
+#: Named points where tests and the chaos harness inject faults:
+#: after_dequeue: entries read and filed in FIFOs, nothing handled yet;
+#: waiting_for_turn: some entries read are for publishers another worker holds;
+#: holding_turn: this worker holds turns and is about to build units of work;
+#: before_commit: units of work built, not sent; after_commit: sent and applied
+#: (the release is part of the unit of work, so there is no later point).
+CRASH_POINTS = ("after_dequeue", "waiting_for_turn", "holding_turn", "before_commit", "after_commit")
+
+#: Most publications per ``commit.lua`` call (bounds how long one call holds Redis).
+COMMIT_CHUNK = 256
 
 Hook = Callable[[str], None]
 
@@ -59,6 +66,11 @@ def _publisher_of(fields: dict[bytes, bytes]) -> str:
     if raw is None or not 0 < len(raw) <= 256:
         return keys.MALFORMED_PUBLISHER
     return raw.decode("utf-8", "surrogateescape")
+
+
+def _msgid(fields: dict[bytes, bytes], entry_id: str) -> str:
+    raw = fields.get(b"msgid")
+    return raw.decode("utf-8", "replace") if raw else entry_id
 
 
 def ensure_group(client: redis.Redis, qm: str) -> None:
@@ -164,9 +176,15 @@ class Worker:
         self.hook("after_dequeue")
         if dequeued.version != self.table.version:
             self.table.load(self.client)
+        owned = dequeued.owned
+        handed_over = False
         for entry_id, fields in dequeued.entries:
-            self._entries[entry_id] = (_publisher_of(fields), fields)
-        self.owned = set(dequeued.owned)
+            publisher = _publisher_of(fields)
+            self._entries[entry_id] = (publisher, fields)
+            handed_over = handed_over or publisher not in owned
+        if handed_over:
+            self.hook("waiting_for_turn")
+        self.owned = set(owned)
         if not dequeued.owned:
             self._entries.clear()
             self._heartbeat(now)
@@ -179,77 +197,87 @@ class Worker:
         return done
 
     def _commit(self, heads: dict[str, list[str]], now_ms: int) -> int:
-        missing = [eid for ids in heads.values() for eid in ids if eid not in self._entries]
+        entries = self._entries
+        missing = [eid for ids in heads.values() for eid in ids if eid not in entries]
+        times: dict[str, int] = {}
         if missing:
-            for entry_id, fields in self.client.xclaim(
-                self._stream, keys.WORKER_GROUP, self.name, 0, missing
-            ):
-                if fields is not None:
-                    entry_id = entry_id.decode()
-                    self._entries[entry_id] = (_publisher_of(fields), fields)
-        pipe = self.client.pipeline(transaction=False)
-        order: list[tuple[str, str]] = []
+            for entry_id, fields, delivered in self.scripts.claim(self.name, missing):
+                entries[entry_id] = (_publisher_of(fields), fields)
+                times[entry_id] = delivered
+        batches = [CommitBatch()]
         for publisher, ids in heads.items():
+            batch = batches[-1]
+            if len(batch) >= COMMIT_CHUNK:
+                batch = CommitBatch()
+                batches.append(batch)
             for entry_id in ids:
-                found = self._entries.get(entry_id)
+                found = entries.get(entry_id)
                 if found is None:
                     log.error("entry %s of publisher %r is gone from the stream; skipping it", entry_id, publisher)
-                    unit = self._unit_skip(publisher, entry_id)
+                    batch.add(publisher, entry_id, "skip", b"", entry_id)
+                elif times.get(entry_id, 1) > self.settings.max_deliveries:
+                    reason = f"delivered {times[entry_id]} times without being handled (max_deliveries)"
+                    log.error("entry %s: %s; dead-lettering it", entry_id, reason)
+                    batch.add(publisher, entry_id, "refuse", reason.encode(), entry_id)
                 else:
-                    unit = self._unit(publisher, entry_id, found[1], now_ms)
-                self.scripts.commit(pipe, self.name, self.settings.lease_ms, unit)
-                order.append((publisher, entry_id))
+                    self._unit(batch, publisher, entry_id, found[1], now_ms)
         self.hook("before_commit")
+        pipe = self.client.pipeline(transaction=False)
+        journal = self.settings.journal_max_len if self.settings.journal else 0
+        for batch in batches:
+            self.scripts.commit(pipe, self.name, self.settings.lease_ms, batch, journal)
         results = pipe.execute()
         self.hook("after_commit")
         done = 0
-        for (publisher, entry_id), (status, _count, released) in zip(order, results, strict=True):
-            self._entries.pop(entry_id, None)
-            status = status.decode()
-            if status == "fenced":
-                self.owned.discard(publisher)
-                continue
-            done += 1
-            self.counts[status] = self.counts.get(status, 0) + 1
-            if released:
-                self.owned.discard(publisher)
+        counts = self.counts
+        for batch, result in zip(batches, results, strict=True):
+            for i, (publisher, entry_id) in enumerate(batch.order):
+                entries.pop(entry_id, None)
+                code = result[3 * i]
+                if code == 0:  # fenced: the turn is no longer ours
+                    self.owned.discard(publisher)
+                    continue
+                done += 1
+                status = COMMIT_STATUSES[code]
+                counts[status] = counts.get(status, 0) + 1
+                if result[3 * i + 2]:
+                    self.owned.discard(publisher)
         self.processed += done
-        if len(self._entries) > 4 * self.settings.batch_size:
-            self._entries = {k: v for k, v in self._entries.items() if v[0] in self.owned}
+        if len(entries) > 4 * self.settings.batch_size:
+            self._entries = {k: v for k, v in entries.items() if v[0] in self.owned}
         return done
 
-    def _unit_skip(self, publisher: str, entry_id: str) -> Commit:
-        key = keys.dedup(self.qm, publisher, entry_id)
-        return Commit(publisher, entry_id, "skip", b"", (), key, key, 0, 0, entry_id)
-
-    def _unit(self, publisher: str, entry_id: str, fields: dict[bytes, bytes], now_ms: int) -> Commit:
-        """Decide what the unit of work for one entry does. Never raises."""
+    def _unit(self, batch: CommitBatch, publisher: str, entry_id: str, fields: dict[bytes, bytes],
+              now_ms: int) -> None:
+        """Add the unit of work for one entry to ``batch``: deliver, expire or refuse. Never raises."""
         settings = self.settings
         reply_ttl = settings.reply_ttl_ms if fields.get(b"reply") == b"1" else 0
-        msgid_raw = fields.get(b"msgid")
-        msgid = msgid_raw.decode("utf-8", "replace") if msgid_raw else entry_id
-        dedup_key = keys.dedup(self.qm, publisher, msgid)
-        reply_key = keys.reply(self.qm, publisher, msgid)
         try:
             entry = parse_entry(entry_id, fields, settings.max_body_bytes)
-            validate_topic(entry.topic)
+            queues = self.table.resolve(entry.topic)
         except InvalidTopic as exc:
-            return Commit(publisher, entry_id, "refuse", exc.reason.encode(), (), dedup_key, reply_key,
-                          0, reply_ttl, msgid, exc.suggestion or "")
+            batch.add(publisher, entry_id, "refuse", exc.reason.encode(), _msgid(fields, entry_id), 0, reply_ttl,
+                      suggestion=exc.suggestion or "")
+            return
         except InvalidMessage as exc:
-            return Commit(publisher, entry_id, "refuse", str(exc).encode(), (), dedup_key, reply_key,
-                          0, reply_ttl, msgid)
+            batch.add(publisher, entry_id, "refuse", str(exc).encode(), _msgid(fields, entry_id), 0, reply_ttl)
+            return
         except Exception as exc:  # a bug must not stop the worker: dead-letter the entry
             log.exception("entry %s could not be handled", entry_id)
-            return Commit(publisher, entry_id, "refuse", f"internal error: {exc!r}".encode(), (),
-                          dedup_key, reply_key, 0, reply_ttl, msgid)
-        window = settings.dedup_window_ms if entry.msgid_given else 0
+            batch.add(publisher, entry_id, "refuse", f"internal error: {exc!r}".encode(),
+                      _msgid(fields, entry_id), 0, reply_ttl)
+            return
+        header = entry.header
+        seq = header["seq"]
+        seq_text = "" if seq is None else str(seq)
         if entry.expiration_ms and entry.expiration_ms <= now_ms:
-            return Commit(publisher, entry_id, "expire", b"", (), dedup_key, reply_key, 0, reply_ttl, msgid)
-        queues = self.table.resolve(entry.topic)
-        envelope = encode_envelope(entry.header, entry_id, entry.body) if queues else b""
-        return Commit(publisher, entry_id, "deliver", envelope, queues, dedup_key, reply_key,
-                      window, reply_ttl, msgid)
+            batch.add(publisher, entry_id, "expire", b"", entry.msgid, 0, reply_ttl,
+                      seq=seq_text, topic=entry.topic, enqueued_ms=header["ts"])
+            return
+        envelope = encode_envelope(header, entry_id, entry.body) if queues else b""
+        window = settings.dedup_window_ms if entry.msgid_given else 0
+        batch.add(publisher, entry_id, "deliver", envelope, entry.msgid, window, reply_ttl, queues,
+                  seq=seq_text, topic=entry.topic, enqueued_ms=header["ts"])
 
     def _heartbeat(self, now_ms: int) -> None:
         if now_ms < self._next_heartbeat_ms:

@@ -1,85 +1,134 @@
--- One unit of work for one publication: fan out to every subscriber queue,
--- record the message id, acknowledge the stream entry, post the result and
--- pass the publisher's turn on, all or nothing. Fenced: it does nothing unless
--- this worker still holds the publisher's turn and the entry is at the head of
--- the publisher's FIFO (a worker resumed after its lease cannot write).
+-- Units of work for a batch of publications, one after the other, each all or
+-- nothing: fan out to every subscriber queue, record the message id, journal
+-- it, acknowledge the stream entry, post the result and pass the publisher's
+-- turn on. Fenced per publication: nothing is written unless this worker
+-- still holds the publisher's turn and the entry is at the head of the
+-- publisher's FIFO (a worker resumed after its lease cannot write).
 --
 -- KEYS[1] publish stream               "{qm}:publish"
--- KEYS[2] publisher FIFO               "{qm}:pub:<publisher>:fifo"
--- KEYS[3] publisher turn               "{qm}:pub:<publisher>:owner"
--- KEYS[4] active publishers set        "{qm}:publishers"
--- KEYS[5] dedup record                 "{qm}:dedup:<publisher>:<msgid>"
--- KEYS[6] reply list                   "{qm}:reply:<publisher>:<msgid>"
--- KEYS[7] dead-letter stream           "{qm}:dlq"
--- KEYS[8..] subscriber queues          "{qm}:sub:<id>" (deliver only)
+-- KEYS[2] active publishers set        "{qm}:publishers"
+-- KEYS[3] dead-letter stream           "{qm}:dlq"
+-- KEYS[4] delivery journal stream      "{qm}:journal"
+-- KEYS[5..] the subscriber queues this batch delivers to ("{qm}:sub:<id>")
 -- ARGV[1] consumer group
--- ARGV[2] stream entry id
--- ARGV[3] the worker's fencing token
--- ARGV[4] lease_ms of the publisher's turn
--- ARGV[5] action: "deliver" | "expire" | "refuse" | "skip"
--- ARGV[6] deliver: the envelope; refuse: the reason; otherwise ignored
--- ARGV[7] dedup_window_ms (0: no dedup record, msgid defaulted)
--- ARGV[8] reply_ttl_ms (0: no reply wanted)
--- ARGV[9] publisher id (for the reply)
--- ARGV[10] msgid (for the reply)
--- ARGV[11] refuse: suggested topic, or ""
--- returns {status, subscriptions, released}
---   status: "delivered" | "duplicate" | "expired" | "refused" | "skipped" | "fenced"
+-- ARGV[2] the worker's fencing token
+-- ARGV[3] lease_ms of a publisher's turn
+-- ARGV[4] per-publisher key prefix     "{qm}:pub:"   (.. publisher .. ":fifo" / ":owner")
+-- ARGV[5] dedup key prefix             "{qm}:dedup:" (.. publisher .. ":" .. msgid)
+-- ARGV[6] reply key prefix             "{qm}:reply:" (.. publisher .. ":" .. msgid)
+-- ARGV[7] journal: approximate max length of the journal stream; 0 = no journal
+-- ARGV[8] length of the subscriber queue prefix "{qm}:sub:" (to journal subscription ids)
+-- ARGV[9] S, the number of recipient sets
+-- ARGV[10 .. 9+S] recipient sets: space-separated KEYS indexes, e.g. "5 6 9"
+-- then 12 ARGV per publication:
+--   publisher, entry id, action ("deliver" | "expire" | "refuse" | "skip"),
+--   payload (deliver: the envelope; refuse: the reason), msgid,
+--   dedup_window_ms (0: no dedup record), reply_ttl_ms (0: no reply),
+--   recipient set (1-based index, 0: none), suggestion ("" or a corrected topic),
+--   seq ("" or decimal), topic, enqueue time ms
+-- returns 3 integers per publication: status, subscriptions, released
+--   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped
 --   released: 1 when the FIFO is now empty and the turn was given up
 
-local fifo, owner = KEYS[2], KEYS[3]
-local entry_id, token, action = ARGV[2], ARGV[3], ARGV[5]
+local stream, active, dlq, journal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
+local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
+local journal_len, sub_prefix_len = tonumber(ARGV[7]), tonumber(ARGV[8])
+local nsets = tonumber(ARGV[9])
 
-if redis.call('GET', owner) ~= token or redis.call('LINDEX', fifo, 0) ~= entry_id then
-  return {'fenced', 0, 0}
+local sets = {}
+for s = 1, nsets do
+  local idx = {}
+  for i in string.gmatch(ARGV[9 + s], '%d+') do idx[#idx + 1] = tonumber(i) end
+  sets[s] = idx
 end
 
-local status, count = 'skipped', 0
-local dedup_window = tonumber(ARGV[7])
-if action == 'deliver' then
-  if dedup_window > 0 and redis.call('EXISTS', KEYS[5]) == 1 then
-    status = 'duplicate'
+local now_ms = ''
+if journal_len > 0 then
+  local t = redis.call('TIME')
+  now_ms = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
+local names = {}
+local function subscription_ids(set)
+  if set == 0 then return '[]' end
+  if not names[set] then
+    local ids = {}
+    for _, k in ipairs(sets[set]) do ids[#ids + 1] = string.sub(KEYS[k], sub_prefix_len + 1) end
+    names[set] = cjson.encode(ids)
+  end
+  return names[set]
+end
+
+local STATUS = {delivered = 1, duplicate = 2, expired = 3, refused = 4, skipped = 5}
+local out = {}
+local first = 10 + nsets
+for u = first, #ARGV, 12 do
+  local pub, entry_id, action, payload = ARGV[u], ARGV[u + 1], ARGV[u + 2], ARGV[u + 3]
+  local msgid, window, reply_ttl = ARGV[u + 4], tonumber(ARGV[u + 5]), tonumber(ARGV[u + 6])
+  local set = tonumber(ARGV[u + 7])
+  local fifo, owner = pub_prefix .. pub .. ':fifo', pub_prefix .. pub .. ':owner'
+  if redis.call('GET', owner) ~= token or redis.call('LINDEX', fifo, 0) ~= entry_id then
+    out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
   else
-    for i = 8, #KEYS do redis.call('LPUSH', KEYS[i], ARGV[6]) end
-    count = #KEYS - 7
-    if dedup_window > 0 then redis.call('SET', KEYS[5], entry_id, 'PX', dedup_window) end
-    status = 'delivered'
+    local status, count = 'skipped', 0
+    local dedup_key = dedup_prefix .. pub .. ':' .. msgid
+    if action == 'deliver' then
+      if window > 0 and redis.call('EXISTS', dedup_key) == 1 then
+        status = 'duplicate'
+      else
+        if set > 0 then
+          for _, k in ipairs(sets[set]) do redis.call('LPUSH', KEYS[k], payload) end
+          count = #sets[set]
+        end
+        if window > 0 then redis.call('SET', dedup_key, entry_id, 'PX', window) end
+        status = 'delivered'
+      end
+    elseif action == 'expire' then
+      status = 'expired'
+    elseif action == 'refuse' then
+      status = 'refused'
+      local original = redis.call('XRANGE', stream, entry_id, entry_id)
+      local fields = {}
+      if #original == 1 then fields = original[1][2] end
+      fields[#fields + 1] = 'dlq.reason'
+      fields[#fields + 1] = payload
+      fields[#fields + 1] = 'dlq.entry_id'
+      fields[#fields + 1] = entry_id
+      redis.call('XADD', dlq, '*', unpack(fields))
+    end
+
+    redis.call('XACK', stream, group, entry_id)
+    redis.call('LPOP', fifo)
+
+    if reply_ttl > 0 then
+      local result = {status = status, subscriptions = count, entry_id = entry_id,
+                      publisher = pub, msgid = msgid}
+      if status == 'refused' then
+        result.reason = payload
+        if ARGV[u + 8] ~= '' then result.suggestion = ARGV[u + 8] end
+      end
+      local reply_key = reply_prefix .. pub .. ':' .. msgid
+      redis.call('LPUSH', reply_key, cjson.encode(result))
+      redis.call('PEXPIRE', reply_key, reply_ttl)
+    end
+
+    if journal_len > 0 and status ~= 'skipped' then
+      local subs = '[]'
+      if status == 'delivered' then subs = subscription_ids(set) end
+      redis.call('XADD', journal, 'MAXLEN', '~', journal_len, '*',
+        'entry_id', entry_id, 'msgid', msgid, 'publisher', pub, 'seq', ARGV[u + 9],
+        'topic', ARGV[u + 10], 'subs', subs, 'enq_ms', ARGV[u + 11], 'dlv_ms', now_ms, 'status', status)
+    end
+
+    local released = 0
+    if redis.call('LLEN', fifo) == 0 then
+      redis.call('DEL', owner)
+      redis.call('SREM', active, pub)
+      released = 1
+    else
+      redis.call('PEXPIRE', owner, lease_ms)
+    end
+    out[#out + 1] = STATUS[status]; out[#out + 1] = count; out[#out + 1] = released
   end
-elseif action == 'expire' then
-  status = 'expired'
-elseif action == 'refuse' then
-  status = 'refused'
-  local original = redis.call('XRANGE', KEYS[1], entry_id, entry_id)
-  local fields = {}
-  if #original == 1 then fields = original[1][2] end
-  fields[#fields + 1] = 'dlq.reason'
-  fields[#fields + 1] = ARGV[6]
-  fields[#fields + 1] = 'dlq.entry_id'
-  fields[#fields + 1] = entry_id
-  redis.call('XADD', KEYS[7], '*', unpack(fields))
 end
-
-redis.call('XACK', KEYS[1], ARGV[1], entry_id)
-redis.call('LPOP', fifo)
-
-local reply_ttl = tonumber(ARGV[8])
-if reply_ttl > 0 then
-  local result = {status = status, subscriptions = count, entry_id = entry_id,
-                  publisher = ARGV[9], msgid = ARGV[10]}
-  if status == 'refused' then
-    result.reason = ARGV[6]
-    if ARGV[11] ~= '' then result.suggestion = ARGV[11] end
-  end
-  redis.call('LPUSH', KEYS[6], cjson.encode(result))
-  redis.call('PEXPIRE', KEYS[6], reply_ttl)
-end
-
-local released = 0
-if redis.call('LLEN', fifo) == 0 then
-  redis.call('DEL', owner)
-  redis.call('SREM', KEYS[4], ARGV[9])
-  released = 1
-else
-  redis.call('PEXPIRE', owner, ARGV[4])
-end
-return {status, count, released}
+return out
