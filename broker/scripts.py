@@ -45,6 +45,9 @@ class Dequeued:
     owned: dict[str, list[str]]
 
 
+#: Most entry ids per ``claim.lua`` call (Lua's unpack() takes a few thousand values at most).
+CLAIM_CHUNK = 1_000
+
 #: Status codes returned by ``commit.lua``, by position.
 COMMIT_STATUSES = ("fenced", "delivered", "duplicate", "expired", "refused", "skipped")
 
@@ -201,11 +204,13 @@ class Scripts:
         Returns:
             ``[(entry_id, fields, times_delivered)]`` for entries that still exist.
         """
-        raw = self._claim(keys=[keys.publish_stream(self.qm)], args=[keys.WORKER_GROUP, token, *entry_ids])
         out = []
-        for entry_id, flat, times in raw:
-            fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
-            out.append((entry_id.decode(), fields, int(times)))
+        stream = keys.publish_stream(self.qm)
+        for start in range(0, len(entry_ids), CLAIM_CHUNK):
+            chunk = entry_ids[start:start + CLAIM_CHUNK]
+            for entry_id, flat, times in self._claim(keys=[stream], args=[keys.WORKER_GROUP, token, *chunk]):
+                fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+                out.append((entry_id.decode(), fields, int(times)))
         return out
 
     def reclaim(self, token: str, lease_ms: int, cursor: str, count: int) -> tuple[str, list[str]]:

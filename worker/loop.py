@@ -54,6 +54,9 @@ log = logging.getLogger("broker.worker")
 #: (the release is part of the unit of work, so there is no later point).
 CRASH_POINTS = ("after_dequeue", "waiting_for_turn", "holding_turn", "before_commit", "after_commit")
 
+#: Pause before starting a round again after a Redis error, ms.
+RETRY_PAUSE_MS = 500
+
 #: Most publications per ``commit.lua`` call (bounds how long one call holds Redis).
 COMMIT_CHUNK = 256
 
@@ -132,11 +135,12 @@ class Worker:
             while not self.stopping:
                 try:
                     self.run_once(block=True)
-                except redis.ConnectionError as exc:
-                    log.warning("worker %s: connection lost (%s); retrying", self.name, exc)
+                except redis.RedisError as exc:
+                    # Nothing is half-done (every unit of work is atomic); start the round again.
+                    log.warning("worker %s: %s: %s; retrying", self.name, type(exc).__name__, exc)
                     self.owned.clear()
                     self._entries.clear()
-                    time.sleep(0.5)
+                    time.sleep(RETRY_PAUSE_MS / 1000)
         finally:
             self.shutdown()
 
