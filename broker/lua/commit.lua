@@ -1,9 +1,11 @@
--- Units of work for a batch of publications, one after the other, each all or
--- nothing: fan out to every subscriber queue, record the message id, journal
--- it, acknowledge the stream entry, post the result and pass the publisher's
--- turn on. Fenced per publication: nothing is written unless this worker
--- still holds the publisher's turn and the entry is at the head of the
--- publisher's FIFO (a worker resumed after its lease cannot write).
+-- Units of work for a batch of publications, in one atomic call: for each one,
+-- fan out to every subscriber queue, record the message id, journal it,
+-- acknowledge the stream entry, post the result and pass the publisher's turn
+-- on. Fenced per publication: nothing is written for it unless this worker
+-- holds the publisher's turn and the entry is next in the publisher's FIFO (a
+-- worker resumed after its lease cannot write). The script is atomic, so the
+-- writes are grouped (one LPUSH per queue, one XACK, one LTRIM per FIFO) and
+-- each publication is still all or nothing.
 --
 -- KEYS[1] publish stream               "{qm}:publish"
 -- KEYS[2] active publishers set        "{qm}:publishers"
@@ -61,27 +63,56 @@ end
 
 local STATUS = {delivered = 1, duplicate = 2, expired = 3, refused = 4, skipped = 5}
 local out = {}
+local acks = {}          -- entry ids to XACK, in order
+local pushes = {}        -- queue KEYS index -> envelopes, in order
+local push_order = {}    -- queue KEYS indexes in first-use order
+local turns = {}         -- publisher -> {ok = bool, popped = n, fifo = key, owner = key}
+local turn_order = {}
+
+local function turn_of(pub)
+  local t = turns[pub]
+  if not t then
+    local owner = pub_prefix .. pub .. ':owner'
+    t = {ok = redis.call('GET', owner) == token, popped = 0,
+         fifo = pub_prefix .. pub .. ':fifo', owner = owner}
+    turns[pub] = t
+    turn_order[#turn_order + 1] = pub
+  end
+  return t
+end
+
 local first = 10 + nsets
 for u = first, #ARGV, 12 do
   local pub, entry_id, action, payload = ARGV[u], ARGV[u + 1], ARGV[u + 2], ARGV[u + 3]
   local msgid, window, reply_ttl = ARGV[u + 4], tonumber(ARGV[u + 5]), tonumber(ARGV[u + 6])
   local set = tonumber(ARGV[u + 7])
-  local fifo, owner = pub_prefix .. pub .. ':fifo', pub_prefix .. pub .. ':owner'
-  if redis.call('GET', owner) ~= token or redis.call('LINDEX', fifo, 0) ~= entry_id then
+  local t = turn_of(pub)
+  if not t.ok or redis.call('LINDEX', t.fifo, t.popped) ~= entry_id then
+    t.ok = false  -- fenced: nothing more of this publisher in this call
     out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
   else
     local status, count = 'skipped', 0
-    local dedup_key = dedup_prefix .. pub .. ':' .. msgid
     if action == 'deliver' then
-      if window > 0 and redis.call('EXISTS', dedup_key) == 1 then
-        status = 'duplicate'
-      else
+      local fresh = true
+      if window > 0 then
+        fresh = redis.call('SET', dedup_prefix .. pub .. ':' .. msgid, entry_id, 'NX', 'PX', window) ~= false
+      end
+      if fresh then
         if set > 0 then
-          for _, k in ipairs(sets[set]) do redis.call('LPUSH', KEYS[k], payload) end
+          for _, k in ipairs(sets[set]) do
+            local list = pushes[k]
+            if not list then
+              list = {}
+              pushes[k] = list
+              push_order[#push_order + 1] = k
+            end
+            list[#list + 1] = payload
+          end
           count = #sets[set]
         end
-        if window > 0 then redis.call('SET', dedup_key, entry_id, 'PX', window) end
         status = 'delivered'
+      else
+        status = 'duplicate'
       end
     elseif action == 'expire' then
       status = 'expired'
@@ -97,8 +128,8 @@ for u = first, #ARGV, 12 do
       redis.call('XADD', dlq, '*', unpack(fields))
     end
 
-    redis.call('XACK', stream, group, entry_id)
-    redis.call('LPOP', fifo)
+    acks[#acks + 1] = entry_id
+    t.popped = t.popped + 1
 
     if reply_ttl > 0 then
       local result = {status = status, subscriptions = count, entry_id = entry_id,
@@ -119,16 +150,44 @@ for u = first, #ARGV, 12 do
         'entry_id', entry_id, 'msgid', msgid, 'publisher', pub, 'seq', ARGV[u + 9],
         'topic', ARGV[u + 10], 'subs', subs, 'enq_ms', ARGV[u + 11], 'dlv_ms', now_ms, 'status', status)
     end
-
-    local released = 0
-    if redis.call('LLEN', fifo) == 0 then
-      redis.call('DEL', owner)
-      redis.call('SREM', active, pub)
-      released = 1
-    else
-      redis.call('PEXPIRE', owner, lease_ms)
-    end
-    out[#out + 1] = STATUS[status]; out[#out + 1] = count; out[#out + 1] = released
+    out[#out + 1] = STATUS[status]; out[#out + 1] = count; out[#out + 1] = 0
   end
+end
+
+-- Apply the fan-out (one variadic LPUSH per queue keeps each queue's order),
+-- the acknowledgements and the FIFO pops, then pass on the turns.
+local CHUNK = 1000
+for _, k in ipairs(push_order) do
+  local list = pushes[k]
+  for i = 1, #list, CHUNK do
+    redis.call('LPUSH', KEYS[k], unpack(list, i, math.min(i + CHUNK - 1, #list)))
+  end
+end
+for i = 1, #acks, CHUNK do
+  redis.call('XACK', stream, group, unpack(acks, i, math.min(i + CHUNK - 1, #acks)))
+end
+local released = {}
+for _, pub in ipairs(turn_order) do
+  local t = turns[pub]
+  if t.popped > 0 then
+    redis.call('LTRIM', t.fifo, t.popped, -1)
+    if redis.call('LLEN', t.fifo) == 0 then
+      redis.call('DEL', t.owner)
+      redis.call('SREM', active, pub)
+      released[pub] = true
+    else
+      redis.call('PEXPIRE', t.owner, lease_ms)
+    end
+  end
+end
+-- mark "released" on the last handled unit of each publisher that gave up its turn
+local u_index = 0
+local last_of = {}
+for u = first, #ARGV, 12 do
+  u_index = u_index + 1
+  if out[3 * u_index - 2] ~= 0 then last_of[ARGV[u]] = u_index end
+end
+for pub, i in pairs(last_of) do
+  if released[pub] then out[3 * i] = 1 end
 end
 return out
