@@ -9,6 +9,8 @@ returns.
 from __future__ import annotations
 
 import json
+
+import orjson
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ from broker.errors import InvalidMessage
 PropertyValue = str | int | float | bool | None
 
 DEFAULT_PRIORITY = 4
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 MAX_PUBLISHER_BYTES = 256
 
 
@@ -94,7 +97,7 @@ class Message(BaseModel):
 class Entry:
     """A publication request read from the stream and checked field by field.
 
-    ``header`` is the envelope header (all but ``entry_id``/``size``), ready to encode.
+    ``header`` is the envelope header, ready to encode.
     """
 
     entry_id: str
@@ -125,9 +128,12 @@ def _int(fields: dict[bytes, bytes], name: bytes, default: int | None) -> int | 
     if text is None or text == "":
         return default
     try:
-        return int(text)
+        value = int(text)
     except ValueError as exc:
         raise InvalidMessage(f"field {name.decode()!r} is not an integer: {text!r}") from exc
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise InvalidMessage(f"field {name.decode()!r} is outside the signed 64-bit range")
+    return value
 
 
 def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) -> Entry:
@@ -179,6 +185,8 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
             raise InvalidMessage("field 'props' is not JSON") from exc
         if not isinstance(props, dict) or any(isinstance(v, (dict, list)) for v in props.values()):
             raise InvalidMessage("field 'props' must be a JSON object of scalar values")
+        if any(isinstance(v, int) and not _INT64_MIN <= v <= _INT64_MAX for v in props.values()):
+            raise InvalidMessage("field 'props' has an integer outside the signed 64-bit range")
     header = {
         "v": keys.PROTOCOL_VERSION,
         "msgid": msgid,
@@ -192,6 +200,8 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
         "correlation_id": _text(fields, b"correlation_id"),
         "reply_to": _text(fields, b"reply_to"),
         "props": props,
+        "entry_id": entry_id,
+        "size": len(body),
     }
     return Entry(
         entry_id=entry_id,
@@ -206,19 +216,17 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
     )
 
 
-def encode_envelope(header: dict[str, Any], entry_id: str, body: bytes) -> bytes:
+def encode_envelope(header: dict[str, Any], body: bytes) -> bytes:
     """Build the envelope a subscriber pops: header JSON, a newline, the body.
 
     Args:
         header: the header fields (``Entry.header``).
-        entry_id: the stream entry id, added to the header.
         body: the body bytes, appended as they are.
 
     Returns:
         The envelope bytes.
     """
-    head = dict(header, entry_id=entry_id, size=len(body))
-    return json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode() + b"\n" + body
+    return orjson.dumps(header) + b"\n" + body
 
 
 def decode_envelope(envelope: bytes) -> tuple[dict[str, Any], bytes]:
@@ -231,8 +239,8 @@ def decode_envelope(envelope: bytes) -> tuple[dict[str, Any], bytes]:
     if not sep:
         raise InvalidMessage("envelope has no header line")
     try:
-        header = json.loads(head)
-    except ValueError as exc:
+        header = orjson.loads(head)
+    except orjson.JSONDecodeError as exc:
         raise InvalidMessage("envelope header is not JSON") from exc
     if not isinstance(header, dict):
         raise InvalidMessage("envelope header is not a JSON object")

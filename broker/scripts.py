@@ -148,8 +148,8 @@ class Scripts:
         self._sub_prefix_len = len(keys.sub_queue(qm, ""))
 
     def dequeue(
-        self, token: str, count: int, lease_ms: int, heads: int, owned: list[str]
-    ) -> Dequeued:
+        self, token: str, count: int, lease_ms: int, heads: int, owned: list[str], pipe: Any = None
+    ) -> Dequeued | None:
         """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
 
         Args:
@@ -158,9 +158,11 @@ class Scripts:
             lease_ms: lease of a publisher's turn, in milliseconds.
             heads: the most FIFO entry ids returned per owned publisher.
             owned: publishers whose turn the worker believes it holds.
+            pipe: queue the call on this pipeline instead (returns None; parse
+                its reply with ``parse_dequeue``).
 
         Returns:
-            A ``Dequeued``.
+            A ``Dequeued``, or None with ``pipe``.
 
         Raises:
             redis.RedisError: as redis-py raises it; callers translate.
@@ -170,8 +172,9 @@ class Scripts:
             keys=[keys.publish_stream(qm), keys.version(qm), keys.active_publishers(qm)],
             args=[keys.WORKER_GROUP, token, count, self._prefix, lease_ms, heads,
                   keys.MALFORMED_PUBLISHER, *map(_b, owned)],
+            client=pipe,
         )
-        return _parse_dequeue(raw)
+        return None if pipe is not None else parse_dequeue(raw)
 
     def commit(self, pipe: Any, token: str, lease_ms: int, batch: CommitBatch, journal_max_len: int = 0) -> None:
         """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication.
@@ -238,7 +241,8 @@ class Scripts:
         return int(self._release(keys=[], args=[self._prefix, token, *map(_b, publishers)]))
 
 
-def _parse_dequeue(raw: list[Any]) -> Dequeued:
+def parse_dequeue(raw: list[Any]) -> Dequeued:
+    """Turn the reply of ``dequeue.lua`` into a ``Dequeued``."""
     version, last_id, entries, owned = raw
     parsed = []
     for entry_id, flat in entries:

@@ -42,7 +42,7 @@ from broker.connection import connect
 from broker.errors import InvalidMessage, InvalidTopic
 from broker.models import encode_envelope, parse_entry
 from broker.routing import RoutingTable
-from broker.scripts import COMMIT_STATUSES, CommitBatch, Scripts
+from broker.scripts import COMMIT_STATUSES, CommitBatch, Dequeued, Scripts, parse_dequeue
 
 log = logging.getLogger("broker.worker")
 
@@ -118,6 +118,7 @@ class Worker:
         self.counts: dict[str, int] = {}
         self._entries: dict[str, tuple[str, dict[bytes, bytes]]] = {}
         self._stream = keys.publish_stream(self.qm)
+        self._prefetched: Dequeued | None = None
         self._reclaim_cursor = "0"
         self._next_reclaim_ms = 0
         self._next_heartbeat_ms = 0
@@ -140,6 +141,7 @@ class Worker:
                     log.warning("worker %s: %s: %s; retrying", self.name, type(exc).__name__, exc)
                     self.owned.clear()
                     self._entries.clear()
+                    self._prefetched = None
                     time.sleep(RETRY_PAUSE_MS / 1000)
         finally:
             self.shutdown()
@@ -174,9 +176,13 @@ class Worker:
                 self.name, settings.lease_ms, self._reclaim_cursor, 100
             )
             self.owned.update(taken)
-        dequeued = self.scripts.dequeue(
-            self.name, settings.batch_size, settings.lease_ms, settings.heads, sorted(self.owned)
-        )
+        dequeued = self._prefetched
+        self._prefetched = None
+        if dequeued is None:
+            dequeued = self.scripts.dequeue(
+                self.name, settings.batch_size, settings.lease_ms, settings.heads, sorted(self.owned)
+            )
+            assert dequeued is not None
         self.hook("after_dequeue")
         if dequeued.version != self.table.version:
             self.table.load(self.client)
@@ -226,11 +232,18 @@ class Worker:
                 else:
                     self._unit(batch, publisher, entry_id, found[1], now_ms)
         self.hook("before_commit")
+        settings = self.settings
         pipe = self.client.pipeline(transaction=False)
-        journal = self.settings.journal_max_len if self.settings.journal else 0
+        journal = settings.journal_max_len if settings.journal else 0
         for batch in batches:
-            self.scripts.commit(pipe, self.name, self.settings.lease_ms, batch, journal)
+            self.scripts.commit(pipe, self.name, settings.lease_ms, batch, journal)
+        prefetch = not self.stopping
+        if prefetch:  # the next dequeue rides in the same round trip as this commit
+            self.scripts.dequeue(self.name, settings.batch_size, settings.lease_ms, settings.heads,
+                                 sorted(heads), pipe=pipe)
         results = pipe.execute()
+        if prefetch:
+            self._prefetched = parse_dequeue(results.pop())
         self.hook("after_commit")
         done = 0
         counts = self.counts
@@ -247,6 +260,8 @@ class Worker:
                 if result[3 * i + 2]:
                     self.owned.discard(publisher)
         self.processed += done
+        if self._prefetched is not None:
+            self.owned = set(self._prefetched.owned)
         if len(entries) > 4 * self.settings.batch_size:
             self._entries = {k: v for k, v in entries.items() if v[0] in self.owned}
         return done
@@ -259,6 +274,7 @@ class Worker:
         try:
             entry = parse_entry(entry_id, fields, settings.max_body_bytes)
             queues = self.table.resolve(entry.topic)
+            envelope = encode_envelope(entry.header, entry.body) if queues else b""
         except InvalidTopic as exc:
             batch.add(publisher, entry_id, "refuse", exc.reason.encode(), _msgid(fields, entry_id), 0, reply_ttl,
                       suggestion=exc.suggestion or "")
@@ -278,7 +294,6 @@ class Worker:
             batch.add(publisher, entry_id, "expire", b"", entry.msgid, 0, reply_ttl,
                       seq=seq_text, topic=entry.topic, enqueued_ms=header["ts"])
             return
-        envelope = encode_envelope(header, entry_id, entry.body) if queues else b""
         window = settings.dedup_window_ms if entry.msgid_given else 0
         batch.add(publisher, entry_id, "deliver", envelope, entry.msgid, window, reply_ttl, queues,
                   seq=seq_text, topic=entry.topic, enqueued_ms=header["ts"])

@@ -18,7 +18,7 @@ def test_fields_round_trip_into_an_envelope_and_a_message():
                                 priority=9, expiration_ms=99, correlation_id="c", reply_to="r",
                                 properties={"k": 1, "f": 1.5, "b": True, "s": "x", "n": None})
     entry = parse_entry("10-0", _entry(fields), 1024)
-    message = Message.from_envelope(encode_envelope(entry.header, "10-0", entry.body))
+    message = Message.from_envelope(encode_envelope(entry.header, entry.body))
     assert message.body == b"\x00\xff\n"
     assert (message.msgid, message.publisher, message.seq, message.topic) == ("m", "p1", 3, "/a/b")
     assert (message.timestamp_ms, message.persistent, message.priority, message.expiration_ms) == (5, False, 9, 99)
@@ -30,7 +30,7 @@ def test_defaults_come_from_the_entry_id():
     entry = parse_entry("1700000000123-4", _entry({"publisher": "p", "topic": "t"}), 10)
     assert entry.msgid == "1700000000123-4" and not entry.msgid_given
     assert entry.header["ts"] == 1700000000123 and entry.header["priority"] == 4
-    header, body = decode_envelope(encode_envelope(entry.header, "1700000000123-4", b""))
+    header, body = decode_envelope(encode_envelope(entry.header, b""))
     assert header["v"] == keys.PROTOCOL_VERSION and body == b""
 
 
@@ -64,3 +64,9 @@ def test_publication_fields_reject_bad_priority_and_nested_properties():
         publication_fields("p", "t", b"", priority=10)
     with pytest.raises(InvalidMessage):
         publication_fields("p", "t", b"", properties={"a": {"b": 1}})
+
+
+@pytest.mark.parametrize("field", ["seq", "ts", "expiration"])
+def test_integers_beyond_64_bits_are_rejected(field):
+    with pytest.raises(InvalidMessage, match="64-bit"):
+        parse_entry("1-0", _entry({"publisher": "p", "topic": "t", field: str(2**64)}), 10)

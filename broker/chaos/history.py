@@ -1,0 +1,224 @@
+"""What the chaos harness published and received, and the check of the guarantees.
+
+A publication is *acknowledged* once its ``XADD`` returned an entry id. One
+whose outcome is unknown (the connection was lost before the reply and the
+harness gave up retrying) may be delivered 0 or 1 times, never twice.
+
+The check, per subscription and publisher (Jepsen's queue checker, reduced to
+what a per-publisher FIFO promises):
+
+- **lost**: an acknowledged publication whose topic (or a topic linked from it)
+  matches the subscription, never received by it;
+- **duplicated**: a publication received more than once by one subscription;
+- **reordered**: a publication received after a later publication of the same
+  publisher (first receipts only);
+- **unexpected**: a message that was never published, or not for this subscription.
+
+Poison entries (acknowledged raw ``XADD``s the broker must refuse) must each be
+in the dead-letter stream exactly once (``dlq.entry_id``) with a reason.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from broker.topics import matches
+
+
+def link_closure(topic: str, links: list[tuple[str, str]]) -> list[str]:
+    """``topic`` and every topic reachable from it through ``links`` (source, target), each once."""
+    order, seen = [topic], {topic}
+    i = 0
+    while i < len(order):
+        for source, target in links:
+            if source == order[i] and target not in seen:
+                seen.add(target)
+                order.append(target)
+        i += 1
+    return order
+
+
+def recipients(topic: str, filters: dict[str, str], links: list[tuple[str, str]]) -> frozenset[str]:
+    """The subscription ids (keys of ``filters``) a publication on ``topic`` must reach, computed independently."""
+    reached = link_closure(topic, links)
+    return frozenset(sub for sub, flt in filters.items() if any(matches(flt, t) for t in reached))
+
+
+@dataclass
+class Publication:
+    """One publication of the harness.
+
+    Attributes:
+        publisher: the publisher id.
+        number: 1, 2, ... in the order the publisher published.
+        msgid: the message id (the same on every retry).
+        topic: the topic.
+        recipients: the subscription ids that must receive it.
+        acked: an XADD of it returned an entry id.
+        entry_id: that entry id.
+        attempts: how many times it was sent.
+    """
+
+    publisher: str
+    number: int
+    msgid: str
+    topic: str
+    recipients: frozenset[str]
+    acked: bool = False
+    entry_id: str | None = None
+    attempts: int = 0
+
+
+@dataclass
+class Poison:
+    """One malformed entry the harness wrote on purpose.
+
+    Attributes:
+        kind: what is wrong with it.
+        marker: the value of its ``chaos.poison`` field.
+        expect: a fragment the dead-letter reason must contain ("" for any).
+        acked: its XADD returned an entry id.
+        entry_id: that entry id.
+    """
+
+    kind: str
+    marker: str
+    expect: str = ""
+    acked: bool = False
+    entry_id: str | None = None
+
+
+@dataclass
+class Verdict:
+    """The result of ``History.check``."""
+
+    publications: int = 0
+    unknown: int = 0
+    deliveries: int = 0
+    dead_lettered: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    unexpected: int = 0
+    unknown_delivered: int = 0
+    good_dead_lettered: int = 0
+    poison_acked: int = 0
+    poison_missing: int = 0
+    poison_repeated: int = 0
+    poison_bad_reason: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No guarantee was broken."""
+        return not (self.lost or self.duplicated or self.reordered or self.unexpected
+                    or self.poison_missing or self.poison_repeated or self.poison_bad_reason)
+
+    def note(self, text: str) -> None:
+        if len(self.examples) < 20:
+            self.examples.append(text)
+
+
+class History:
+    """Thread-safe record of publications, poison entries and receipts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.publications: dict[str, list[Publication]] = defaultdict(list)
+        self.by_msgid: dict[str, Publication] = {}
+        self.poison: list[Poison] = []
+        self.received: dict[str, list[str]] = defaultdict(list)
+
+    def add_publication(self, publication: Publication) -> None:
+        with self._lock:
+            self.publications[publication.publisher].append(publication)
+            self.by_msgid[publication.msgid] = publication
+
+    def add_poison(self, poison: Poison) -> None:
+        with self._lock:
+            self.poison.append(poison)
+
+    def receive(self, sub_id: str, msgid: str) -> None:
+        with self._lock:
+            self.received[sub_id].append(msgid)
+
+    def counts(self) -> tuple[int, int, int]:
+        """(acknowledged publications, unknown ones, receipts) so far."""
+        with self._lock:
+            pubs = [p for ps in self.publications.values() for p in ps]
+            return (sum(p.acked for p in pubs), sum(not p.acked for p in pubs),
+                    sum(len(r) for r in self.received.values()))
+
+    def check(self, subscriptions: list[str], dead_letters: list[tuple[str, dict[bytes, bytes]]]) -> Verdict:
+        """Check everything recorded against the guarantees.
+
+        Args:
+            subscriptions: every subscription id that was consumed.
+            dead_letters: the dead-letter stream's entries ``(id, fields)``.
+
+        Returns:
+            The ``Verdict``.
+        """
+        v = Verdict()
+        with self._lock:
+            pubs = [p for ps in self.publications.values() for p in ps]
+            v.publications = sum(p.acked for p in pubs)
+            v.unknown = len(pubs) - v.publications
+            received = {s: list(self.received.get(s, [])) for s in subscriptions}
+        unknown_seen: set[str] = set()
+        for sub_id, msgids in received.items():
+            v.deliveries += len(msgids)
+            seen: set[str] = set()
+            high: dict[str, int] = {}
+            for msgid in msgids:
+                pub = self.by_msgid.get(msgid)
+                if pub is None or sub_id not in pub.recipients:
+                    v.unexpected += 1
+                    v.note(f"unexpected: {sub_id} received {msgid!r}")
+                    continue
+                if msgid in seen:
+                    v.duplicated += 1
+                    v.note(f"duplicated: {sub_id} received {msgid} again")
+                    continue
+                seen.add(msgid)
+                if not pub.acked:
+                    unknown_seen.add(msgid)
+                if pub.number < high.get(pub.publisher, 0):
+                    v.reordered += 1
+                    v.note(f"reordered: {sub_id} received {msgid} after {pub.publisher}.{high[pub.publisher]}")
+                else:
+                    high[pub.publisher] = pub.number
+            for pub in pubs:
+                if pub.acked and sub_id in pub.recipients and pub.msgid not in seen:
+                    v.lost += 1
+                    v.note(f"lost: {sub_id} never received {pub.msgid} ({pub.topic}, entry {pub.entry_id})")
+        v.unknown_delivered = len(unknown_seen)
+
+        v.dead_lettered = len(dead_letters)
+        by_entry: Counter[str] = Counter()
+        reasons: dict[str, str] = {}
+        for _, fields in dead_letters:
+            entry_id = fields.get(b"dlq.entry_id", b"").decode()
+            by_entry[entry_id] += 1
+            reasons[entry_id] = fields.get(b"dlq.reason", b"").decode("utf-8", "replace")
+            msgid = fields.get(b"msgid")
+            if b"chaos.poison" not in fields and msgid is not None and msgid.decode("utf-8", "replace") in self.by_msgid:
+                v.good_dead_lettered += 1
+                v.note(f"dead-lettered good publication {msgid!r}: {reasons[entry_id]}")
+        for poison in self.poison:
+            if not poison.acked or poison.entry_id is None:
+                continue
+            v.poison_acked += 1
+            n = by_entry.get(poison.entry_id, 0)
+            if n == 0:
+                v.poison_missing += 1
+                v.note(f"poison {poison.kind} {poison.entry_id} is not in the dead-letter stream")
+            elif n > 1:
+                v.poison_repeated += 1
+                v.note(f"poison {poison.kind} {poison.entry_id} is in the dead-letter stream {n} times")
+            elif not reasons[poison.entry_id] or poison.expect not in reasons[poison.entry_id]:
+                v.poison_bad_reason += 1
+                v.note(f"poison {poison.kind} {poison.entry_id}: reason {reasons[poison.entry_id]!r}")
+        return v

@@ -1,0 +1,82 @@
+"""The crash-point hook of a chaos worker process, and the process's entry point.
+
+The harness arms a worker by writing a plan to ``<control dir>/<pid>.plan``
+and sending the process SIGUSR1; the hook reads the plan in the signal handler,
+so the hot path only compares a string. A plan is JSON::
+
+    {"point": "before_commit", "action": "kill" | "stop", "after": 2}
+
+At the ``after``-th time the worker passes ``point`` (one of
+``worker.loop.CRASH_POINTS``) the hook writes ``<pid>.<action>`` (the point's
+name) and then SIGKILLs the process (a crash) or SIGSTOPs it (a stall: the
+harness SIGCONTs it once its lease is over, and the zombie's writes must be
+fenced). An empty or missing plan disarms the hook. The process writes
+``<pid>.ready`` once its SIGUSR1 handler is installed (before that, SIGUSR1
+would end it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+
+class CrashHook:
+    """Callable passed as ``hook`` to ``worker.loop.Worker``/``main``.
+
+    Args:
+        control_dir: the directory the harness writes plans to.
+    """
+
+    def __init__(self, control_dir: str | Path) -> None:
+        self.control_dir = Path(control_dir)
+        self.plan: dict[str, Any] | None = None
+        self.point: str | None = None
+
+    def reload(self, signum: int | None = None, frame: object = None) -> None:
+        """Read this process's plan (the SIGUSR1 handler)."""
+        path = self.control_dir / f"{os.getpid()}.plan"
+        try:
+            plan = json.loads(path.read_text())
+        except (OSError, ValueError):
+            plan = None
+        self.plan = plan or None
+        self.point = plan["point"] if plan else None
+
+    def __call__(self, point: str) -> None:
+        if point != self.point or self.plan is None:
+            return
+        self.plan["after"] = int(self.plan.get("after", 1)) - 1
+        if self.plan["after"] > 0:
+            return
+        action = self.plan.get("action", "kill")
+        self.plan = self.point = None
+        (self.control_dir / f"{os.getpid()}.{action}").write_text(point)
+        if action == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_worker(settings_json: str, control_dir: str, log_file: str) -> None:
+    """Entry point of a chaos worker process: ``worker.loop.main`` with a ``CrashHook``.
+
+    Args:
+        settings_json: ``Settings.model_dump_json()``.
+        control_dir: where plans and markers live.
+        log_file: the worker's log (warnings and errors), appended to.
+    """
+    from broker.config import Settings
+    from worker.loop import main
+
+    logging.basicConfig(filename=log_file, level=logging.WARNING,
+                        format=f"%(asctime)s pid={os.getpid()} %(name)s %(levelname)s %(message)s")
+    hook = CrashHook(control_dir)
+    signal.signal(signal.SIGUSR1, hook.reload)
+    hook.reload()
+    (Path(control_dir) / f"{os.getpid()}.ready").write_text("")  # SIGUSR1 may be sent from now on
+    main(Settings.model_validate_json(settings_json), hook=hook)

@@ -1,0 +1,457 @@
+"""One command, one server, every figure side by side: the broker against its ceiling and its peer.
+
+Usage::
+
+    .venv/bin/python scripts/bench.py --quick            # under a minute
+    .venv/bin/python scripts/bench.py --json bench.json  # full run, about 5 minutes
+    .venv/bin/python scripts/bench.py --quick --profile /tmp/prof   # + py-spy of the workers
+
+The script starts one server (``broker.server.Server()``: the embedded Valkey,
+or ``$BROKER_REDIS_SERVER_BIN``) on 127.0.0.1 and runs every measurement
+against it in the same run, because the machine is shared and noisy: the
+*ratios* between side-by-side figures are what to read (see
+``../shared/research/perf-anchors.md`` for how the reference figures were
+taken). Before each measurement it can wait for the box to be quiet
+(``--idle-wait``), and every row reports the CPU of Redis, of our Python
+processes and of *foreign* processes (everything else on the box), as % of one
+core (the box maximum is ``100 x cores``). The database is flushed between runs.
+Every child process and the server are stopped at the end, whatever happens.
+
+Workload (measurements 2-4)
+---------------------------
+1,000 topics ``bench/<r>/<c>/<j>``, 1,450 subscriptions and 1,100 links, made
+with the broker's own admin API (``broker.subscribe``, ``broker.admin.link``)
+once, DUMPed and RESTOREd after each flush. Every topic reaches exactly F=10
+subscriber queues: one exact subscription, six through ``+``/``#`` filters
+(one of which, ``+/<r>/#``, matches the topic and both of its linked topics
+and must be delivered once), and two that only links reach
+(``bench/r/c/j -> audit/r/c -> audit/r``). F is checked with
+``broker.admin.explain`` on a sample of topics before, and as
+deliveries / N after every run. Publications have a 200-byte body and come
+from 50 publishers (``p00``..``p49``) through ``broker.Publisher``, which
+always sets a msgid (so every unit of work writes a dedup record); the pool
+runs with its default settings (``BROKER_*`` variables apply).
+
+Measurements
+------------
+1. **Ceiling** -- no broker logic: N publication-shaped entries are XADDed and
+   read into a consumer group's PEL (untimed); then one Python process runs
+   ``MULTI``, F x ``LPUSH``, ``XACK``, ``EXEC`` per entry, 50 transactions per
+   round trip, RESP packed by hand into one buffer per round trip (pre-encoded
+   ``LPUSH <key>`` prefixes, payload encoded once) on a raw socket, replies
+   read with a bare ``hiredis.Reader``. Reports tx/s (= publications/s) and
+   deliveries/s: what one Python client on this box can push through Redis.
+2. **Broker end to end**, pool of 1 and of 2 worker processes
+   (``worker.pool.Pool``): N publications are preloaded with
+   ``Publisher.publish_many`` (one call per chunk of ``--interleave`` items,
+   publishers round robin), then the pool starts. The clock starts when all
+   workers have registered (their first heartbeat, written after their first
+   round: what was acknowledged before that is subtracted) and stops when the
+   group has nothing pending and no lag; then the subscriber queues must hold
+   exactly N x F envelopes. Also reported: the 10%->90% "steady" rate, the
+   rate from the spawn, the preload's XADD rate, Redis CPU-us per publication,
+   per-publisher order checked in three queues, and dedup records sampled.
+3. **Hot publisher**: as 2 with 2 workers, but ``p00`` sends half of all
+   publications (its chunks alternate with the others'). Per-publisher FIFO
+   order must not serialise the whole pool: hot_publisher_ratio = this /
+   the uniform 2-worker run.
+4. **Latency** at a paced rate (``--rate``, 2,000/s) with 2 workers: a
+   publisher process on an absolute ``time.perf_counter`` schedule makes one
+   ``Publisher.publish`` (one XADD) per publication, rotating over 50
+   publishers and the 100 topics of region 0, with ``time.time_ns()`` in the
+   property ``sent_ns``; the bench process BRPOPs the queue of ``bench/0/#``
+   (which receives all of them) and takes receive-time minus send-time (same
+   clock). The first 0.25 s is warm-up. p50/p90/p99/p99.9/max, and how far
+   the publisher fell behind its schedule.
+5. **Peer**: kombu's topic exchange (Redis transport, defaults: JSON,
+   persistent, ack per message) on the same Redis, 10 queues bound ``t.#``:
+   publish N (smaller N: it runs at a few hundred per second), then one
+   Consumer on the 10 queues takes all N x 10. kombu_ratio = broker (2
+   workers) publications/s / kombu publications/s.
+6. **Matching alone**: ``TopicIndex`` indexes of 1k, 100k and 1M
+   subscriptions (80% exact, 12% one ``+``, 8% ``#``; each index is a prefix
+   of the next) and a ``LinkGraph`` (~80 links from sampled topics plus n/100
+   others). Time per ``match`` and per resolve (``closure`` + ``match`` of each
+   linked topic, union: what ``RoutingTable.resolve`` does before caching) over
+   a fixed sample of 4,000 topics, 90% of which match something (best of 3),
+   and bytes per subscription (tracemalloc over the build: index + its strings).
+   match_1m_over_1k = resolve time at 1M / at 1k; in ``--quick`` the largest
+   index is 100k and the table says so (the key keeps its name).
+
+The last line is, exactly::
+
+    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx>
+
+with broker_pubs_per_s the 2-worker uniform run and ceiling_ratio = that /
+the ceiling's tx/s. With ``--repeat R`` measurements 1-3 run R times,
+interleaved, and the medians are used. ``--json PATH`` writes every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_lib as lib  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from broker.config import Settings  # noqa: E402
+from broker.connection import connect  # noqa: E402
+from broker.server import Server  # noqa: E402
+
+QM = "BENCH"
+
+#: Targets the team is working towards (F=10, this box).
+TARGETS = {
+    "broker_pubs_per_s": (">=", 20_000),
+    "ceiling_ratio": (">=", 0.65),
+    "kombu_ratio": (">=", 30),
+    "hot_publisher_ratio": (">=", 0.8),
+    "p99_ms": ("<=", 5.0),
+    "match_1m_over_1k": ("<=", 2.0),
+}
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes: the whole run takes under a minute")
+    parser.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
+    parser.add_argument("--n", type=int, help="publications per broker run and ceiling (default 200k, quick 20k)")
+    parser.add_argument("--kombu-n", type=int, help="kombu publications (default 3,000, quick 1,000)")
+    parser.add_argument("--rate", type=float, default=2000.0, help="paced publications/s for latency (2,000)")
+    parser.add_argument("--latency-s", type=float, help="latency run length, s (default 10, quick 3)")
+    parser.add_argument("--match-sizes", help="comma-separated index sizes (default 1000,100000,1000000; "
+                                              "quick 1000,100000)")
+    parser.add_argument("--repeat", type=int, help="runs of measurements 1-3, medians reported (default 1)")
+    parser.add_argument("--interleave", type=int, default=20, help="publications per publish_many call (20)")
+    parser.add_argument("--idle-wait", type=float,
+                        help="before each measurement wait up to this many s for foreign CPU < 12%% of a core "
+                             "(default 20, quick 0)")
+    parser.add_argument("--only", help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="also run 2 workers once more under py-spy (raw stacks in DIR, summary printed)")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.n = args.n or (20_000 if quick else 200_000)
+    args.kombu_n = args.kombu_n or (1_000 if quick else 3_000)
+    args.latency_s = args.latency_s or (3.0 if quick else 10.0)
+    args.match_sizes = [int(x) for x in (args.match_sizes or ("1000,100000" if quick else
+                                                               "1000,100000,1000000")).split(",")]
+    args.repeat = args.repeat or 1
+    args.idle_wait = args.idle_wait if args.idle_wait is not None else (0.0 if quick else 20.0)
+    sections = {"ceiling", "broker", "hot", "latency", "kombu", "match"}
+    args.only = set(args.only.split(",")) if args.only else sections
+    if args.only - sections:
+        parser.error(f"--only: unknown {sorted(args.only - sections)}")
+    return args
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _fmt(value: Any, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if isinstance(value, (int, float)):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _cpu(cpu: dict[str, float] | None) -> str:
+    if not cpu:
+        return ""
+    return " ".join(f"{k} {v:.0f}" for k, v in cpu.items())
+
+
+def _median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The run whose ``key`` is the median (the lower middle for an even count)."""
+    ordered = sorted(runs, key=lambda r: r[key])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+class Bench:
+    """Holds the server, the clients and the figures of one bench run."""
+
+    def __init__(self, args: argparse.Namespace, console: Console) -> None:
+        self.args = args
+        self.console = console
+        self.figures: dict[str, Any] = {"args": {k: (sorted(v) if isinstance(v, set) else v)
+                                                 for k, v in vars(args).items()}}
+        self.errors: dict[str, str] = {}
+        self.server: Server | None = None
+
+    def log(self, text: str) -> None:
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}", highlight=False)
+
+    def idle(self, what: str) -> dict[str, Any] | None:
+        if self.args.idle_wait <= 0:
+            return None
+        assert self.server is not None and self.server.process is not None
+        got = lib.wait_idle([self.server.process.pid, os.getpid()], self.args.idle_wait)
+        if not got["idle"]:
+            self.log(f"[yellow]box not idle before {what}: foreign load {got['foreign_pct']:.0f}% of a core "
+                     f"after {got['waited_s']:.0f} s; measuring anyway[/yellow]")
+        return got
+
+    def attempt(self, name: str, fn: Any, *a: Any, **kw: Any) -> Any:
+        try:
+            return fn(*a, **kw)
+        except lib.BenchError as exc:
+            self.errors[name] = str(exc)[:2000]
+            self.log(f"[red]{name} failed: {str(exc)[:500]}[/red]")
+            return None
+
+    def run(self) -> None:
+        args = self.args
+        self.server = Server().start()
+        client = connect(self.server.url)
+        info = client.info("server")
+        self.figures["environment"] = {
+            "server": f"{info.get('server_name', 'redis')} {info['redis_version']}", "binary": self.server.binary,
+            "python": platform.python_version(), "cpus": os.cpu_count(), "host": platform.node(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        self.log(f"server {self.figures['environment']['server']} on {self.server.url} (pid {info['process_id']})")
+        settings = Settings(redis_url=self.server.url, qm=QM)
+        self.figures["settings"] = settings.model_dump(include={"batch_size", "heads", "lease_ms", "block_ms",
+                                                                 "journal", "dedup_window_ms"})
+        need_topology = args.only & {"ceiling", "broker", "hot", "latency"}
+        topo = None
+        if need_topology:
+            self.log("subscriptions and links (admin API) ...")
+            topo = lib.Topology.build(client, QM)
+            self.figures["topology"] = {
+                "topics": len(lib.TOPICS), "subscriptions": len(topo.sub_ids), "links": len(lib.link_plan()),
+                "setup_s": round(topo.setup_s, 2), "explain_checked": topo.checked,
+                "example_route": topo.via.get("example"),
+            }
+            routes = topo.routes(client)
+        runs: dict[str, list[dict[str, Any]]] = {"ceiling": [], "broker_1w": [], "broker_2w": [], "hot_2w": []}
+        for rep in range(args.repeat):
+            tag = f" (repeat {rep + 1}/{args.repeat})" if args.repeat > 1 else ""
+            if "ceiling" in args.only:
+                self.idle("ceiling")
+                self.log(f"1. ceiling: hand-packed MULTI fan-out, N={args.n:,}{tag}")
+                got = self.attempt("ceiling", lib.run_ceiling, client, "127.0.0.1", self.server.port, routes, args.n)
+                if got:
+                    runs["ceiling"].append(got)
+                    self.log(f"   {got['tx_per_s']:,} tx/s")
+            if "broker" in args.only:
+                for workers in (1, 2):
+                    self.idle(f"broker {workers}w")
+                    self.log(f"2. broker, {workers} worker(s), N={args.n:,}{tag}")
+                    got = self.attempt(f"broker_{workers}w", lib.run_broker, client, settings, topo, args.n,
+                                       workers, False, args.interleave)
+                    if got:
+                        runs[f"broker_{workers}w"].append(got)
+                        self.log(f"   {got['pubs_per_s']:,} pubs/s")
+            if "hot" in args.only:
+                self.idle("hot publisher")
+                self.log(f"3. broker, 2 workers, one hot publisher (half of N={args.n:,}){tag}")
+                got = self.attempt("hot_2w", lib.run_broker, client, settings, topo, args.n, 2, True,
+                                   args.interleave)
+                if got:
+                    runs["hot_2w"].append(got)
+                    self.log(f"   {got['pubs_per_s']:,} pubs/s")
+        self.figures["runs"] = runs
+        for name, key in (("ceiling", "tx_per_s"), ("broker_1w", "pubs_per_s"), ("broker_2w", "pubs_per_s"),
+                          ("hot_2w", "pubs_per_s")):
+            if runs[name]:
+                self.figures[name] = _median_run(runs[name], key)
+        if "latency" in args.only:
+            self.idle("latency")
+            self.log(f"4. latency: paced {args.rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers")
+            got = self.attempt("latency", lib.run_latency, client, settings, topo, args.rate, args.latency_s)
+            if got:
+                self.figures["latency"] = got
+        if "kombu" in args.only:
+            self.idle("kombu")
+            self.log(f"5. kombu topic exchange, N={args.kombu_n:,}")
+            got = self.attempt("kombu", lib.run_kombu, client, self.server.url, args.kombu_n)
+            if got:
+                self.figures["kombu"] = got
+        if "match" in args.only:
+            self.idle("matching")
+            self.log(f"6. matching: indexes of {', '.join(f'{n:,}' for n in args.match_sizes)} subscriptions")
+            self.figures["matching"] = lib.run_matching(args.match_sizes, min_s=0.2 if args.quick else 0.4)
+        if args.profile and topo is not None:
+            os.makedirs(args.profile, exist_ok=True)
+            self.log(f"profile: 2 workers under py-spy (100 Hz, --idle), N={args.n:,}; stacks in {args.profile}")
+            got = self.attempt("profile", lib.run_broker, client, settings, topo, args.n, 2, False,
+                               args.interleave, profile_dir=args.profile, label="worker")
+            if got:
+                self.figures["profile"] = got
+        client.flushdb()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    # ---------------------------------------------------------------------------------- report
+
+    def summary(self) -> dict[str, Any]:
+        f = self.figures
+        nan = float("nan")
+        broker = f.get("broker_2w", {}).get("pubs_per_s", nan)
+        ceiling = f.get("ceiling", {}).get("tx_per_s", nan)
+        kombu = f.get("kombu", {}).get("pubs_per_s", nan)
+        hot = f.get("hot_2w", {}).get("pubs_per_s", nan)
+        p99 = f.get("latency", {}).get("p99_ms", nan)
+        matching = f.get("matching") or []
+        by_n = {m["n"]: m for m in matching}
+        small = by_n.get(1000) or (matching[0] if matching else None)
+        large = matching[-1] if matching else None
+        ratio = large["resolve_us"] / small["resolve_us"] if small and large else nan
+        out = {
+            "broker_pubs_per_s": broker,
+            "ceiling_ratio": broker / ceiling if ceiling == ceiling and ceiling else nan,
+            "kombu_ratio": broker / kombu if kombu == kombu and kombu else nan,
+            "hot_publisher_ratio": hot / broker if broker == broker and broker else nan,
+            "p99_ms": p99,
+            "match_1m_over_1k": ratio,
+            "match_ratio_sizes": f"{large['n']:,} / {small['n']:,}" if small and large else None,
+        }
+        f["summary"] = out
+        return out
+
+    def final_line(self, s: dict[str, Any]) -> str:
+        def num(v: Any, fmt: str) -> str:
+            return "nan" if v is None or v != v else format(v, fmt)
+
+        return (f"broker_pubs_per_s={num(s['broker_pubs_per_s'], '.0f')} "
+                f"ceiling_ratio={num(s['ceiling_ratio'], '.2f')} kombu_ratio={num(s['kombu_ratio'], '.1f')} "
+                f"hot_publisher_ratio={num(s['hot_publisher_ratio'], '.2f')} p99_ms={num(s['p99_ms'], '.1f')} "
+                f"match_1m_over_1k={num(s['match_1m_over_1k'], '.2f')}")
+
+    def table(self) -> Table:
+        f = self.figures
+        reps = f"median of {self.args.repeat}" if self.args.repeat > 1 else "1 run"
+        env = f.get("environment", {})
+        table = Table(title=f"F=10, 50 publishers, 1,000 topics; {env.get('server', '')}, {env.get('cpus')} CPUs; "
+                            f"{reps}; CPU in % of one core", title_justify="left", show_lines=False)
+        table.add_column("measurement", no_wrap=True)
+        table.add_column("configuration")
+        table.add_column("pubs/s", justify="right")
+        table.add_column("deliveries/s", justify="right")
+        table.add_column("figures")
+        table.add_column("CPU (redis / py / foreign)")
+
+        def cpu3(cpu: dict[str, float] | None, py_keys: tuple[str, ...]) -> str:
+            if not cpu:
+                return ""
+            py = sum(cpu.get(k, 0.0) for k in py_keys)
+            return f"{cpu.get('redis', 0):.0f} / {py:.0f} / {cpu.get('foreign', 0):.0f}"
+
+        if "ceiling" in f:
+            c = f["ceiling"]
+            table.add_row("1. ceiling", f"MULTI+10 LPUSH+XACK+EXEC, {c['tx_per_rt']} tx/RT, hand-packed RESP, "
+                                        f"hiredis.Reader, N={c['n']:,}",
+                          _fmt(c["tx_per_s"]), _fmt(c["deliveries_per_s"]),
+                          f"redis {c['redis_cpu_us_per_pub']} CPU-us/pub", cpu3(c["cpu"], ("bench",)))
+        for key, label, conf in (("broker_1w", "2. broker", "1 worker"), ("broker_2w", "2. broker", "2 workers"),
+                                 ("hot_2w", "3. hot publisher", "2 workers, p00 = 50% of N")):
+            if key not in f:
+                continue
+            b = f[key]
+            notes = (f"steady {_fmt(b['steady_10_90_pubs_per_s'])}/s; from spawn {_fmt(b['from_spawn_pubs_per_s'])}/s; "
+                     f"F={b['fanout_measured']}; order inversions {b['order_inversions']}/{b['order_checked']:,}; "
+                     f"dedup {b['dedup_records_found']}; redis {b['redis_cpu_us_per_pub']} CPU-us/pub; "
+                     f"preload {_fmt(b['preload_xadd_per_s'])} XADD/s")
+            table.add_row(label, f"{conf}, N={b['n']:,}, drain of preloaded stream", _fmt(b["pubs_per_s"]),
+                          _fmt(b["deliveries_per_s"]), notes, cpu3(b["cpu"], ("workers", "bench")))
+        if "latency" in f:
+            lat = f["latency"]
+            table.add_row("4. latency", f"paced {lat['rate']:,.0f}/s, {lat['duration_s']:.0f} s, 2 workers, "
+                                        "XADD -> BRPOP", _fmt(lat["achieved_rate"]),
+                          _fmt((lat["achieved_rate"] or 0) * lib.FANOUT),
+                          f"p50 {lat['p50_ms']:.2f} / p90 {lat['p90_ms']:.2f} / p99 {lat['p99_ms']:.2f} / "
+                          f"p99.9 {lat['p999_ms']:.2f} / max {lat['max_ms']:.1f} ms ({lat['measured']:,} msgs); "
+                          f"publisher max {lat['publisher_max_behind_ms']} ms behind schedule",
+                          cpu3(lat["cpu"], ("workers", "bench", "publisher")))
+        if "kombu" in f:
+            k = f["kombu"]
+            table.add_row("5. kombu publish", f"topic exchange, 10 queues bound t.#, N={k['n']:,}",
+                          _fmt(k["pubs_per_s"]), _fmt(k["published_deliveries_per_s"]),
+                          "sequential Producer.publish", cpu3(k["cpu_publish"], ("bench",)))
+            table.add_row("5. kombu consume", "1 Consumer on 10 queues, ack each", "-",
+                          _fmt(k["consumed_deliveries_per_s"]), f"{k['n'] * lib.FANOUT:,} messages",
+                          cpu3(k["cpu_consume"], ("bench",)))
+        for m in f.get("matching") or []:
+            table.add_row(f"6. matching {m['n']:,}",
+                          f"TopicIndex + LinkGraph ({m['links']:,} links), {m['wildcard_share']:.0%} wildcards",
+                          _fmt(m["resolves_per_s"]), "-",
+                          f"resolve {m['resolve_us']:.2f} us, match {m['match_us']:.2f} us; "
+                          f"{m['bytes_per_sub']} B/sub; {m['avg_results']} results avg, "
+                          f"{m['matched_share']:.0%} match; build {m['build_s']} s", "")
+        return table
+
+    def targets_table(self, s: dict[str, Any]) -> Table:
+        table = Table(title="against the targets", title_justify="left")
+        for col in ("figure", "value", "target", ""):
+            table.add_column(col)
+        for key, (op, target) in TARGETS.items():
+            value = s[key]
+            label = key
+            if key == "match_1m_over_1k" and s.get("match_ratio_sizes") and not s["match_ratio_sizes"].startswith("1,000,000"):
+                label = f"{key} (measured {s['match_ratio_sizes']}, no 1M index)"
+            if value != value:
+                table.add_row(label, "-", f"{op} {target}", "[yellow]not measured[/yellow]")
+                continue
+            ok = value >= target if op == ">=" else value <= target
+            table.add_row(label, f"{value:,.2f}", f"{op} {target:,}", "[green]met[/green]" if ok else "[red]missed[/red]")
+        return table
+
+    def profile_text(self) -> str:
+        prof = (self.figures.get("profile") or {}).get("profile")
+        if not prof or not prof.get("samples"):
+            return ""
+        lines = [f"py-spy, both workers, {prof['samples']:,} samples at 100 Hz with --idle "
+                 f"(waiting on a socket counts); {self.figures['profile']['pubs_per_s']:,} pubs/s under the profiler",
+                 "  self:"]
+        lines += [f"    {share:5.1f}%  {name}" for name, share in prof["self"][:15]]
+        lines.append("  inclusive (frames under 99% omitted above the loop):")
+        lines += [f"    {share:5.1f}%  {name}" for name, share in prof["inclusive"] if share < 99.5][:20]
+        return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    console = Console(width=max(160, Console().width))
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    bench = Bench(args, console)
+    started = time.perf_counter()
+    try:
+        bench.run()
+    finally:
+        bench.stop()
+    bench.figures["errors"] = bench.errors
+    bench.figures["elapsed_s"] = round(time.perf_counter() - started, 1)
+    summary = bench.summary()
+    console.print(bench.table())
+    console.print(bench.targets_table(summary))
+    text = bench.profile_text()
+    if text:
+        console.print(text, highlight=False)
+    for name, error in bench.errors.items():
+        console.print(f"[red]{name}: {error[:300]}[/red]")
+    console.print(f"total {bench.figures['elapsed_s']:.0f} s", highlight=False)
+    if args.json:
+        Path(args.json).write_text(json.dumps(bench.figures, indent=2, default=str) + "\n")
+    print(bench.final_line(summary), flush=True)
+    return 1 if bench.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,747 @@
+"""Chaos harness: publishers, a worker pool and subscribers against a real server, under faults.
+
+Usage::
+
+    python scripts/chaos.py --duration-s 60 --seed 1 [--workers 3] [--publishers 4]
+                            [--lease-ms 800] [--rate 200] [--fault-interval-ms 1000]
+
+The script starts its own server (AOF on, ``appendfsync always``, a data
+directory kept across restarts), a proxy process in front of it (workers and
+publishers connect through it, so replies can be lost), worker processes
+(``worker.loop.main`` with ``broker.chaos.hook.CrashHook``) under its own
+supervisor, publisher and subscriber threads, and a maintenance thread that
+trims acknowledged stream entries and watches memory. For ``--duration-s`` it
+injects faults chosen by ``random.Random(seed)``:
+
+- ``kill@<point>``: SIGKILL of a worker at a named crash point of
+  ``worker.loop.CRASH_POINTS`` (it is restarted);
+- ``kill_anytime``: SIGKILL of a worker at whatever it is doing;
+- ``stop@<point>`` / ``stop_anytime``: SIGSTOP of a worker (at a crash point,
+  e.g. with its units of work built) for 1.5-3 leases, then SIGCONT: a zombie
+  whose writes must be fenced;
+- ``client_kill``: ``CLIENT KILL`` of worker connections (found by client name);
+- ``proxy_cut``: every worker connection cut by the proxy;
+- ``drop_reply:<commit|dequeue|claim|xadd>``: the server applies the command,
+  its reply is lost, the client's connection is cut (redis-py re-sends it);
+- ``redis_restart``: SIGKILL of the server and a restart on the same port and
+  data directory (AOF, ``appendfsync always``).
+
+Publishers also write poison entries (missing topic, invalid UTF-8, oversized
+body, invalid topic, missing publisher) among their publications. Then the
+faults stop, publishers stop, the workers drain, and the history is checked
+(``broker.chaos.history``). The last line is::
+
+    faults=<n> publications=<n> deliveries=<n> dead_lettered=<n> lost=<n> duplicated=<n> reordered=<n>
+
+and the exit status is non-zero when any of the last three is not 0 (or when
+another check failed: unexpected messages, poison not dead-lettered, memory
+over its bound, a drain that did not finish, a worker that exited on its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from broker import keys  # noqa: E402  (after the sys.path fix, so the script runs from a checkout)
+from broker.admin import link, status, trim_acknowledged  # noqa: E402
+from broker.chaos.history import History, Poison, Publication, recipients  # noqa: E402
+from broker.chaos.hook import run_worker  # noqa: E402
+from broker.chaos.proxy import ProxyProcess, script_sha  # noqa: E402
+from broker.config import Settings  # noqa: E402
+from broker.connection import connect  # noqa: E402
+from broker.errors import BrokerError, ServerNotFound  # noqa: E402
+from broker.publish import Publisher  # noqa: E402
+from broker.server import Server, free_port, server_binary  # noqa: E402
+from broker.subscriptions import Subscriber, subscribe  # noqa: E402
+from worker.loop import CRASH_POINTS  # noqa: E402
+
+QM = "CHAOS"
+
+#: Server directives: durable (AOF, fsync before every reply), never evict.
+AOF_ARGS = ("--appendonly", "yes", "--appendfsync", "always", "--aof-load-truncated", "no",
+            "--maxmemory-policy", "noeviction", "--save", "")
+
+#: Topics publishers publish on.
+TOPICS = ("/chaos/a/x", "/chaos/a/y", "/chaos/b/x", "/chaos/c", "/other/z", "/linked/src", "/linked/src/deep")
+
+#: Subscriptions (name -> filter): exact, "+", "#", reached through links, everything.
+FILTERS = {
+    "exact": "/chaos/a/x",
+    "plus": "/chaos/+/x",
+    "hash": "/chaos/#",
+    "linked": "/news/#",
+    "archive": "/archive/all",
+    "all": "#",
+}
+
+#: Administrative links (a transitive chain): /linked/src -> /news/feed -> /archive/all.
+LINKS = [("/linked/src", "/news/feed"), ("/news/feed", "/archive/all")]
+
+#: Client name of the workers' connections (set through the redis URL), for CLIENT KILL.
+WORKER_CLIENT_NAME = "chaos-worker"
+
+#: Largest body the workers accept in the harness, bytes (oversized poison is one more).
+MAX_BODY_BYTES = 4096
+
+#: Fault kinds and their weights.
+FAULTS: dict[str, int] = {
+    **{f"kill@{p}": 2 for p in CRASH_POINTS},
+    "kill_anytime": 2,
+    "stop@before_commit": 2,
+    "stop@holding_turn": 1,
+    "stop_anytime": 2,
+    "client_kill": 2,
+    "proxy_cut": 1,
+    "drop_reply:commit": 2,
+    "drop_reply:dequeue": 2,
+    "drop_reply:claim": 1,
+    "drop_reply:xadd": 2,
+    "redis_restart": 1,
+}
+
+#: Poison kinds: (weight, fragment the dead-letter reason must contain).
+POISON: dict[str, tuple[int, str]] = {
+    "missing_topic": (1, "topic"),
+    "invalid_utf8": (1, "UTF-8"),
+    "oversized_body": (1, "larger than"),
+    "invalid_topic": (1, ""),
+    "missing_publisher": (1, "publisher"),
+}
+
+
+class HarnessTimeout(Exception):
+    """The harness ran past its own time bound."""
+
+
+def _log(text: str) -> None:
+    print(text, flush=True)
+
+
+@dataclass
+class Slot:
+    """One supervised worker process."""
+
+    index: int
+    process: multiprocessing.process.BaseProcess | None = None
+    armed: str | None = None
+    armed_at: float = 0.0
+    stopped_until: float | None = None
+    restarts: int = 0
+
+
+@dataclass
+class Stats:
+    """Counters and maxima the harness reports."""
+
+    faults: Counter[str] = field(default_factory=Counter)
+    poison: Counter[str] = field(default_factory=Counter)
+    anomalies: list[str] = field(default_factory=list)
+    max_stream_len: int = 0
+    max_used_memory: int = 0
+    max_pending: int = 0
+    trimmed: int = 0
+    aof_fixes: int = 0
+    worker_restarts: int = 0
+    expired_arms: int = 0
+
+
+class Harness:
+    """One chaos run. See the module docstring."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.stats = Stats()
+        self.history = History()
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"broker-chaos-{args.seed}-"))
+        self.control = self.workdir / "control"
+        self.control.mkdir()
+        self.server = Server(port=free_port(), data_dir=self.workdir / "data", args=AOF_ARGS)
+        self.proxy: ProxyProcess | None = None
+        self.admin: redis.Redis | None = None
+        self.slots = [Slot(i) for i in range(args.workers)]
+        self.settings: Settings | None = None
+        self.sub_ids: dict[str, str] = {}
+        self.threads: list[threading.Thread] = []
+        self.stop_publishing = threading.Event()
+        self.stop_consuming = threading.Event()
+        self.stop_maintenance = threading.Event()
+        self.publish_deadline = float("inf")
+        self.server_lock = threading.Lock()
+        self.last_restart = 0.0
+        self._ctx = multiprocessing.get_context("spawn")
+        self._handled_markers: set[str] = set()
+        self._faults_log = (self.workdir / "faults.log").open("a")
+        self._started = time.monotonic()
+
+    # -- set-up ---------------------------------------------------------------
+
+    def setup(self) -> None:
+        self.server.start()
+        self.admin = connect(self.server.url)
+        self.proxy = ProxyProcess(self.server.port, count=2).start()
+        args = self.args
+        self.settings = Settings(
+            redis_url=self.proxy.url(0, client_name=WORKER_CLIENT_NAME), qm=QM, concurrency=args.workers,
+            batch_size=50, heads=50, lease_ms=args.lease_ms, block_ms=200, reclaim_interval_ms=100,
+            dedup_window_ms=600_000, max_body_bytes=MAX_BODY_BYTES, stop_grace_ms=2_000,
+            max_deliveries=args.max_deliveries,
+        )
+        for name, flt in FILTERS.items():
+            self.sub_ids[name] = subscribe(self.admin, QM, flt, "chaos", name).sub_id
+        for source, target in LINKS:
+            link(self.admin, QM, source, target)
+        for slot in self.slots:
+            self._spawn(slot)
+        _log(f"chaos: seed={args.seed} duration={args.duration_s}s workers={args.workers} "
+             f"publishers={args.publishers} rate={args.rate}/s lease_ms={args.lease_ms} "
+             f"server={self.server.binary} port={self.server.port} workdir={self.workdir}")
+
+    def _spawn(self, slot: Slot) -> None:
+        assert self.settings is not None
+        proc = self._ctx.Process(
+            target=run_worker,
+            args=(self.settings.model_dump_json(), str(self.control), str(self.workdir / "workers.log")),
+            name=f"chaos-worker-{slot.index}", daemon=True,
+        )
+        proc.start()
+        slot.process, slot.armed, slot.stopped_until = proc, None, None
+
+    # -- traffic ----------------------------------------------------------------
+
+    def _publisher(self, index: int) -> None:
+        assert self.proxy is not None
+        rng = random.Random(self.args.seed * 1_000 + index)
+        client = connect(self.proxy.url(1))
+        name = f"p{index}"
+        publisher = Publisher(client, QM, name)
+        interval = self.args.publishers / self.args.rate
+        resolved = {t: recipients(t, {self.sub_ids[n]: f for n, f in FILTERS.items()}, LINKS) for t in TOPICS}
+        number = 0
+        next_at = time.monotonic()
+        while not self.stop_publishing.is_set():
+            if rng.random() < self.args.poison_rate:
+                self._poison(client, name, rng)
+            number += 1
+            topic = rng.choice(TOPICS)
+            pub = Publication(name, number, f"{name}.{number}", topic, resolved[topic])
+            self.history.add_publication(pub)
+            while True:
+                pub.attempts += 1
+                try:
+                    result = publisher.publish(topic, f"{name}:{number}".encode(), msgid=pub.msgid)
+                except (BrokerError, redis.RedisError):
+                    if time.monotonic() > self.publish_deadline:
+                        break  # outcome unknown: may be delivered 0 or 1 times
+                    time.sleep(0.1)
+                    continue
+                pub.entry_id, pub.acked = result.entry_id, True
+                break
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                next_at = time.monotonic()
+        client.close()
+
+    def _poison(self, client: redis.Redis, publisher: str, rng: random.Random) -> None:
+        kind = rng.choices(list(POISON), weights=[w for w, _ in POISON.values()])[0]
+        marker = f"{publisher}.poison.{rng.getrandbits(48):x}"
+        fields: dict[str, Any] = {"publisher": publisher, "topic": "/chaos/a/x", "body": b"poison",
+                                  "chaos.poison": marker}
+        if kind == "missing_topic":
+            del fields["topic"]
+        elif kind == "invalid_utf8":
+            fields[rng.choice(["topic", "correlation_id", "props"])] = b"\xff\xfe/bad"
+        elif kind == "oversized_body":
+            fields["body"] = b"x" * (MAX_BODY_BYTES + 1)
+        elif kind == "invalid_topic":
+            fields["topic"] = "a/#"
+        elif kind == "missing_publisher":
+            del fields["publisher"]
+        poison = Poison(kind, marker, POISON[kind][1])
+        self.history.add_poison(poison)
+        self.stats.poison[kind] += 1
+        while True:
+            try:
+                poison.entry_id = client.xadd(keys.publish_stream(QM), fields).decode()
+                poison.acked = True
+                return
+            except redis.RedisError:
+                if time.monotonic() > self.publish_deadline:
+                    return
+                time.sleep(0.1)
+
+    def _subscriber(self, sub_id: str) -> None:
+        """Pop live with the protocol's reliable pop; exactly one record per queue element.
+
+        The client does not retry (a BLMOVE whose reply was lost must not be
+        re-sent blindly): on any connection error, the delivery recorded but
+        not acknowledged is removed from the in-flight list, and whatever else
+        is in flight (taken but never seen) is put back, oldest first.
+        """
+        client = redis.Redis.from_url(self.server.url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=1,
+                                      socket_timeout=5)
+        record = next(r for r in _subscriptions(self.admin) if r.sub_id == sub_id)
+        subscriber: Subscriber | None = None
+        unacked: bytes | None = None
+        idle_rounds = 0
+        while True:
+            try:
+                if subscriber is None:
+                    subscriber = Subscriber(client, QM, record, recover=False)
+                    if unacked is not None:
+                        client.lrem(subscriber.inflight, 1, unacked)
+                        unacked = None
+                    subscriber.recover()
+                delivery = subscriber.receive(timeout_ms=200)
+                if delivery is None:
+                    idle_rounds += 1
+                    if self.stop_consuming.is_set() and idle_rounds > 2:
+                        break
+                    continue
+                idle_rounds = 0
+                self.history.receive(sub_id, delivery.message.msgid)
+                unacked = delivery.raw
+                subscriber.ack(delivery)
+                unacked = None
+            except redis.RedisError:
+                subscriber = None
+                if self.stop_consuming.is_set() and time.monotonic() > self.publish_deadline + 60:
+                    break
+                time.sleep(0.1)
+            except BrokerError as exc:  # a malformed envelope: it is the newest in flight; set it aside
+                self.stats.anomalies.append(f"subscriber {sub_id}: {exc}")
+                with contextlib.suppress(redis.RedisError):
+                    client.lpop(keys.sub_inflight(QM, sub_id))
+        client.close()
+
+    def _maintenance(self) -> None:
+        """Trim acknowledged entries and watch the stream length and memory, once a second."""
+        client = connect(self.server.url)
+        while not self.stop_maintenance.wait(1.0):
+            try:
+                self.stats.trimmed += trim_acknowledged(client, QM)
+                xlen = int(client.xlen(keys.publish_stream(QM)))
+                used = int(client.info("memory")["used_memory"])
+                pending = int(client.xpending(keys.publish_stream(QM), keys.WORKER_GROUP)["pending"])
+            except redis.RedisError:
+                continue
+            self.stats.max_stream_len = max(self.stats.max_stream_len, xlen)
+            self.stats.max_used_memory = max(self.stats.max_used_memory, used)
+            self.stats.max_pending = max(self.stats.max_pending, pending)
+        client.close()
+
+    # -- supervision --------------------------------------------------------------
+
+    def supervise(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            proc = slot.process
+            if proc is None:
+                continue
+            pid = proc.pid
+            if not proc.is_alive():
+                code = proc.exitcode
+                died = self.control / f"{pid}.kill"
+                if died.exists():
+                    point = died.read_text()
+                    self._fault(f"kill@{point}", f"worker {slot.index} pid {pid} killed itself at {point}")
+                elif code != -signal.SIGKILL:
+                    self.stats.anomalies.append(f"worker {slot.index} pid {pid} exited with {code}")
+                    _log(f"!! worker {slot.index} pid {pid} exited on its own with code {code}")
+                slot.restarts += 1
+                self.stats.worker_restarts += 1
+                self._spawn(slot)
+                continue
+            stopped = self.control / f"{pid}.stop"
+            key = str(stopped)
+            if stopped.exists() and key not in self._handled_markers:
+                self._handled_markers.add(key)
+                point = stopped.read_text()
+                self._fault(f"stop@{point}", f"worker {slot.index} pid {pid} stopped itself at {point}")
+                slot.armed = None
+                slot.stopped_until = now + self.args.lease_ms / 1000 * self.rng.uniform(1.5, 3.0)
+            if slot.stopped_until is not None and now >= slot.stopped_until:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+                slot.stopped_until = None
+            if slot.armed and now - slot.armed_at > 15:
+                self._arm(slot, None)
+                self.stats.expired_arms += 1
+
+    def _ready(self, slot: Slot) -> bool:
+        proc = slot.process
+        return (proc is not None and proc.is_alive() and slot.stopped_until is None
+                and (self.control / f"{proc.pid}.ready").exists())
+
+    def _arm(self, slot: Slot, plan: dict[str, Any] | None) -> None:
+        assert slot.process is not None
+        (self.control / f"{slot.process.pid}.plan").write_text(json.dumps(plan) if plan else "")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(slot.process.pid, signal.SIGUSR1)
+        slot.armed = plan["point"] if plan else None
+        slot.armed_at = time.monotonic()
+
+    # -- faults ---------------------------------------------------------------------
+
+    def _fault(self, kind: str, detail: str) -> None:
+        self.stats.faults[kind] += 1
+        self._faults_log.write(f"{time.monotonic() - self._started:9.3f} {kind}: {detail}\n")
+        self._faults_log.flush()
+
+    def inject(self) -> None:
+        kinds = list(FAULTS)
+        kind = self.rng.choices(kinds, weights=[FAULTS[k] for k in kinds])[0]
+        assert self.proxy is not None and self.admin is not None
+        ready = [s for s in self.slots if self._ready(s) and not s.armed]
+        if kind.startswith(("kill@", "stop@")):
+            if not ready:
+                return
+            slot = self.rng.choice(ready)
+            action, point = kind.split("@")
+            self._arm(slot, {"point": point, "action": action, "after": self.rng.randint(1, 3)})
+            # counted when it happens (supervise)
+        elif kind in ("kill_anytime", "stop_anytime"):
+            if not ready:
+                return
+            slot = self.rng.choice(ready)
+            assert slot.process is not None and slot.process.pid is not None
+            if kind == "kill_anytime":
+                os.kill(slot.process.pid, signal.SIGKILL)
+                slot.process.join(5)
+            else:
+                os.kill(slot.process.pid, signal.SIGSTOP)
+                slot.stopped_until = time.monotonic() + self.args.lease_ms / 1000 * self.rng.uniform(1.5, 3.0)
+            self._fault(kind, f"worker {slot.index} pid {slot.process.pid}")
+        elif kind == "client_kill":
+            try:
+                victims = [c for c in self.admin.client_list() if c.get("name") == WORKER_CLIENT_NAME]
+                if not victims:
+                    return
+                chosen = self.rng.sample(victims, self.rng.randint(1, len(victims)))
+                for c in chosen:
+                    self.admin.client_kill_filter(_id=c["id"])
+            except redis.RedisError:
+                return
+            self._fault(kind, f"{len(chosen)} of {len(victims)} worker connections")
+        elif kind == "proxy_cut":
+            cut = self.proxy.call(0, "cut_all")
+            self._fault(kind, f"{cut} worker connections")
+        elif kind.startswith("drop_reply:"):
+            what = kind.split(":")[1]
+            if what == "xadd":
+                self.proxy.call(1, "drop_reply", b"XADD", 1, kind)
+            else:
+                self.proxy.call(0, "drop_reply", script_sha(what), 1, kind)
+            # counted from the proxy's stats at the end: only the drops that happened
+        elif kind == "redis_restart":
+            if time.monotonic() - self.last_restart < 8:
+                return
+            self.restart_server()
+            self._fault(kind, f"port {self.server.port}")
+
+    def restart_server(self) -> None:
+        with self.server_lock:
+            self.server.kill()
+            time.sleep(self.rng.uniform(0.1, 1.0))
+            try:
+                self.server.start(timeout_ms=60_000)
+            except ServerNotFound as exc:
+                _log(f"!! server did not restart ({str(exc)[-300:]}); repairing the AOF")
+                self._fix_aof()
+                self.server.start(timeout_ms=60_000)
+            self.last_restart = time.monotonic()
+
+    def _fix_aof(self) -> None:
+        """``<server>-check-aof --fix`` on the AOF manifest (the binary acts as the checker by its name)."""
+        self.stats.aof_fixes += 1
+        binary = Path(server_binary())
+        checker = self.workdir / ("redis-check-aof" if "redis" in binary.name else "valkey-check-aof")
+        if not checker.exists():
+            checker.symlink_to(binary)
+        manifest = next((self.workdir / "data").rglob("*.manifest"), None)
+        target = manifest or (self.workdir / "data" / "appendonly.aof")
+        out = subprocess.run([str(checker), "--fix", str(target)], input=b"y\n", capture_output=True, timeout=60)
+        _log(f"   check-aof: {out.stdout.decode(errors='replace')[-300:]}")
+
+    # -- the run ---------------------------------------------------------------------
+
+    def run(self) -> int:
+        args = self.args
+        self.setup()
+        assert self.admin is not None and self.proxy is not None
+        for i in range(args.publishers):
+            self.threads.append(self._thread(self._publisher, i, name=f"pub-{i}"))
+        for sub_id in self.sub_ids.values():
+            self.threads.append(self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}"))
+        maintenance = self._thread(self._maintenance, name="maintenance")
+        for thread in [*self.threads, maintenance]:
+            thread.start()
+
+        end = time.monotonic() + args.duration_s
+        next_fault = time.monotonic() + 2.0
+        next_progress = time.monotonic() + 5.0
+        while time.monotonic() < end:
+            self.supervise()
+            now = time.monotonic()
+            if now >= next_fault:
+                self.inject()
+                mean = args.fault_interval_ms / 1000
+                next_fault = time.monotonic() + self.rng.uniform(0.5 * mean, 1.5 * mean)
+            if now >= next_progress:
+                self.progress("faults")
+                next_progress = now + 5.0
+            time.sleep(0.05)
+
+        drained = self.drain()
+        maintenance_stop = self.stop_maintenance
+        maintenance_stop.set()
+        maintenance.join(10)
+        return self.report(drained)
+
+    def _thread(self, target: Any, *args: Any, name: str) -> threading.Thread:
+        """A daemon thread whose unexpected death is reported as an anomaly."""
+        def guarded() -> None:
+            try:
+                target(*args)
+            except Exception as exc:
+                self.stats.anomalies.append(f"thread {name} died: {exc!r}")
+                _log(f"!! thread {name} died: {exc!r}")
+        return threading.Thread(target=guarded, name=name, daemon=True)
+
+    def progress(self, phase: str) -> None:
+        acked, unknown, received = self.history.counts()
+        try:
+            s = status(self.admin, QM)  # type: ignore[arg-type]
+            pending, xlen = s["pending"], s["stream_length"]
+        except redis.RedisError:
+            pending = xlen = -1
+        alive = sum(1 for s in self.slots if s.process is not None and s.process.is_alive())
+        _log(f"[{time.monotonic() - self._started:6.1f}s {phase}] faults={sum(self.stats.faults.values())} "
+             f"published={acked} unknown={unknown} received={received} pending={pending} stream={xlen} "
+             f"used_memory={self.stats.max_used_memory // 1024}KiB workers={alive}/{len(self.slots)}")
+
+    def drain(self) -> bool:
+        """Stop the faults and the publishers, let the workers finish, wait until everything is consumed."""
+        assert self.proxy is not None and self.admin is not None
+        _log("faults stop; draining")
+        for index in (0, 1):
+            self.proxy.call(index, "disarm")
+        for slot in self.slots:
+            if slot.process is not None and slot.process.is_alive():
+                if slot.armed:
+                    self._arm(slot, None)
+                if slot.stopped_until is not None:
+                    slot.stopped_until = 0.0
+        self.supervise()
+        self.publish_deadline = time.monotonic() + 60
+        self.stop_publishing.set()
+        for thread in self.threads:
+            if thread.name.startswith("pub-"):
+                thread.join(90)
+        deadline = time.monotonic() + self.args.drain_s
+        quiet = 0
+        next_progress = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            self.supervise()
+            if self._quiescent():
+                quiet += 1
+                if quiet >= 3:
+                    break
+            else:
+                quiet = 0
+            if time.monotonic() >= next_progress:
+                self.progress("drain")
+                next_progress = time.monotonic() + 5
+            time.sleep(0.3)
+        drained = quiet >= 3
+        self.stop_consuming.set()
+        for thread in self.threads:
+            if thread.name.startswith("sub-"):
+                thread.join(30)
+        if not drained:
+            self.progress("drain timed out")
+        return drained
+
+    def _quiescent(self) -> bool:
+        try:
+            s = status(self.admin, QM)  # type: ignore[arg-type]
+            groups = self.admin.xinfo_groups(keys.publish_stream(QM))  # type: ignore[union-attr]
+            info = self.admin.xinfo_stream(keys.publish_stream(QM))  # type: ignore[union-attr]
+        except redis.RedisError:
+            return False
+        group = next(g for g in groups if g["name"] == keys.WORKER_GROUP.encode())
+        caught_up = group["last-delivered-id"] == info["last-generated-id"]
+        queues_empty = all(sub["depth"] == 0 and sub["inflight"] == 0 for sub in s["subscriptions"])
+        return (s["pending"] == 0 and caught_up and s["active_publishers"] == 0 and queues_empty)
+
+    def report(self, drained: bool) -> int:
+        assert self.admin is not None and self.proxy is not None
+        dead = self.admin.xrange(keys.dead_letter(QM))
+        verdict = self.history.check(list(self.sub_ids.values()), dead)
+        stats = self.stats
+        for index, what in ((0, "worker"), (1, "publisher")):
+            proxy_stats = self.proxy.call(index, "stats")
+            _log(f"{what} proxy: connections={proxy_stats.connections} replies_dropped={proxy_stats.drops} "
+                 f"cut_waiting_for_an_answer={proxy_stats.unanswered} cut_all={proxy_stats.cuts}")
+            for label, n in proxy_stats.drops_by_label.items():
+                stats.faults[label] += n
+        # dedup records must expire: sample their TTLs
+        no_ttl = 0
+        sampled = 0
+        for key in self.admin.scan_iter(match=keys.dedup(QM, "*", "*"), count=500):
+            sampled += 1
+            if self.admin.pttl(key) < 0:
+                no_ttl += 1
+            if sampled >= 200:
+                break
+        fifo_left = sum(self.admin.llen(k) for k in self.admin.scan_iter(match=keys.fifo_key(QM, "*"), count=500))
+        stream_bound = max(20_000, self.args.rate * 60)
+        memory_bound = self.args.max_memory_mb * 1024 * 1024
+        problems = list(stats.anomalies)
+        if not drained:
+            problems.append("the workers did not drain before the deadline")
+        if stats.max_stream_len > stream_bound:
+            problems.append(f"publish stream reached {stats.max_stream_len} entries (bound {stream_bound})")
+        if stats.max_used_memory > memory_bound:
+            problems.append(f"used_memory reached {stats.max_used_memory} bytes (bound {memory_bound})")
+        if no_ttl:
+            problems.append(f"{no_ttl} of {sampled} sampled dedup records have no TTL")
+        if fifo_left:
+            problems.append(f"{fifo_left} entry ids left in publisher FIFOs")
+        if verdict.unexpected:
+            problems.append(f"{verdict.unexpected} unexpected messages")
+        if verdict.poison_missing or verdict.poison_repeated or verdict.poison_bad_reason:
+            problems.append(f"poison: {verdict.poison_missing} missing, {verdict.poison_repeated} repeated, "
+                            f"{verdict.poison_bad_reason} without the expected reason")
+        for example in verdict.examples:
+            _log(f"  - {example}")
+        for problem in problems:
+            _log(f"!! {problem}")
+        _log("faults by kind: " + " ".join(f"{k}={v}" for k, v in sorted(stats.faults.items())))
+        _log("poison by kind: " + " ".join(f"{k}={v}" for k, v in sorted(stats.poison.items()))
+             + f" (acknowledged {verdict.poison_acked}, all dead-lettered with a reason: "
+             f"{'yes' if not (verdict.poison_missing or verdict.poison_bad_reason) else 'NO'})")
+        _log(f"unknown_outcome={verdict.unknown} unknown_delivered={verdict.unknown_delivered} "
+             f"unexpected={verdict.unexpected} good_dead_lettered={verdict.good_dead_lettered} "
+             f"worker_restarts={stats.worker_restarts} aof_fixes={stats.aof_fixes} "
+             f"max_stream_len={stats.max_stream_len} max_pending={stats.max_pending} trimmed={stats.trimmed} "
+             f"max_used_memory={stats.max_used_memory // 1024}KiB dedup_sampled={sampled} dedup_without_ttl={no_ttl} "
+             f"drained={'yes' if drained else 'NO'} elapsed={time.monotonic() - self._started:.0f}s")
+        _log(f"faults={sum(stats.faults.values())} publications={verdict.publications} "
+             f"deliveries={verdict.deliveries} dead_lettered={verdict.dead_lettered} lost={verdict.lost} "
+             f"duplicated={verdict.duplicated} reordered={verdict.reordered}")
+        if verdict.lost or verdict.duplicated or verdict.reordered or problems:
+            return 1
+        return 0
+
+    # -- clean-up --------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Stop everything this run started; safe to call at any point."""
+        self.stop_publishing.set()
+        self.stop_consuming.set()
+        self.stop_maintenance.set()
+        self.publish_deadline = 0.0
+        for slot in self.slots:
+            proc = slot.process
+            if proc is not None and proc.is_alive() and proc.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.terminate()
+        for slot in self.slots:
+            proc = slot.process
+            if proc is not None:
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5)
+        if self.proxy is not None:
+            self.proxy.stop()
+        with contextlib.suppress(Exception):
+            self.server.stop()
+        for thread in self.threads:
+            thread.join(2)
+        self._faults_log.close()
+        if self.args.keep:
+            _log(f"kept {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _subscriptions(client: redis.Redis | None) -> list[Any]:
+    from broker.subscriptions import list_subscriptions
+
+    assert client is not None
+    return list_subscriptions(client, QM)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration-s", type=float, default=60.0, help="fault phase, seconds")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the fault schedule and the traffic")
+    parser.add_argument("--workers", type=int, default=3, help="worker processes")
+    parser.add_argument("--publishers", type=int, default=4, help="publisher threads")
+    parser.add_argument("--rate", type=float, default=200.0, help="publications per second, all publishers")
+    parser.add_argument("--lease-ms", type=int, default=800, help="lease of a publisher's turn, ms")
+    parser.add_argument("--max-deliveries", type=int, default=5, help="the workers' max_deliveries setting")
+    parser.add_argument("--fault-interval-ms", type=int, default=1_000, help="mean time between faults, ms")
+    parser.add_argument("--poison-rate", type=float, default=0.01, help="poison entries per publication")
+    parser.add_argument("--drain-s", type=float, default=120.0, help="how long the final drain may take, s")
+    parser.add_argument("--max-memory-mb", type=int, default=256, help="bound on the server's used_memory")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, AOF)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    harness = Harness(args)
+    bound_s = int(args.duration_s + args.drain_s + 240)
+
+    def _timeout(signum: int, frame: object) -> None:
+        raise HarnessTimeout(f"the harness ran longer than {bound_s} s")
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGALRM, _timeout)
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.alarm(bound_s)
+    try:
+        return harness.run()
+    except (HarnessTimeout, KeyboardInterrupt) as exc:
+        _log(f"!! interrupted: {exc!r}")
+        return 2
+    finally:
+        signal.alarm(0)
+        harness.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
