@@ -5,7 +5,8 @@ with ``wait`` asks the worker to post its result (delivered to how many
 subscriptions, a duplicate, expired, or refused and why) on a reply list the
 publisher blocks on.
 
-Every publication from this class carries a message id (a UUID unless given),
+Every publication from this class carries a message id (unique per Publisher
+instance and sequence number, unless given),
 so a retry after a lost reply (redis-py retries on connection errors) is
 recognised by the worker and delivered once.
 """
@@ -78,16 +79,22 @@ class Publisher:
         self.validate = validate
         self.next_seq = first_seq
         self._stream = keys.publish_stream(qm)
+        self._valid_topics: set[str] = set()
+        #: Default message ids are "<random 128-bit hex>-<seq>": unique, and the same on a retry.
+        self._msgid_prefix = uuid.uuid4().hex
 
     def _fields(self, topic: str, body: bytes | str, msgid: str | None, reply: bool,
                 options: dict[str, Any]) -> tuple[dict[str, Any], str, int]:
-        if self.validate:
+        if self.validate and topic not in self._valid_topics:
             validate_topic(topic)
+            if len(self._valid_topics) >= 10_000:
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)
         if isinstance(body, str):
             body = body.encode()
         seq = self.next_seq
         self.next_seq += 1
-        msgid = msgid or uuid.uuid4().hex
+        msgid = msgid or f"{self._msgid_prefix}-{seq}"
         fields = publication_fields(self.publisher_id, topic, body, msgid=msgid, seq=seq, reply=reply, **options)
         return fields, msgid, seq
 
@@ -113,7 +120,7 @@ class Publisher:
             topic: the topic string.
             body: the body; str is encoded as UTF-8.
             properties: user properties (scalar values).
-            msgid: the message id; default a new UUID. Re-sending the same id
+            msgid: the message id; default ``<random hex>-<seq>``. Re-sending the same id
                 within the dedup window delivers nothing twice.
             persistent: Jakarta Messaging delivery mode.
             priority: 0-9.
