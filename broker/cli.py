@@ -505,3 +505,14 @@ def status_command(state: State, as_json: bool) -> None:
         console.print(workers)
     else:
         console.print("no workers")
+
+
+def _register_pipeline_commands() -> None:
+    # The pipeline groups import PySpark lazily, inside their commands only.
+    from broker.pipeline.cli import journal, pipeline
+
+    main.add_command(pipeline)
+    main.add_command(journal)
+
+
+_register_pipeline_commands()

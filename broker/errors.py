@@ -162,6 +162,15 @@ class ReplyTimeout(BrokerError, TimeoutError):
     exit_code = 3
 
 
+class BacklogTimeout(ReplyTimeout):
+    """A bulk publisher waited for room under the flow-control backlog limit longer than allowed.
+
+    Raised by ``broker.flow.wait_for_room``.
+    """
+
+    exit_code = 3
+
+
 class ConnectionLost(BrokerError):
     """The Redis server could not be reached, or the connection broke mid-call."""
 

@@ -24,7 +24,7 @@ from typing import Any, cast
 import redis
 
 from broker import keys
-from broker.errors import ConnectionLost, ReplyTimeout
+from broker.errors import BacklogTimeout, ConnectionLost
 
 
 def _count_after(client: redis.Redis, stream: str, last_id: str, limit: int) -> int:
@@ -102,7 +102,7 @@ def wait_for_room(
 
     Raises:
         ValueError: ``max_backlog`` < 1 or ``poll_ms`` < 1.
-        ReplyTimeout: the backlog stayed at or above the bound for ``timeout_ms``.
+        BacklogTimeout: the backlog stayed at or above the bound for ``timeout_ms``.
         ConnectionLost: the server cannot be reached.
     """
     if max_backlog < 1:
@@ -117,7 +117,7 @@ def wait_for_room(
         if seen < max_backlog:
             return seen
         if deadline is not None and clock() >= deadline:
-            raise ReplyTimeout(
+            raise BacklogTimeout(
                 f"the workers' backlog stayed at {seen} >= {max_backlog} publications for {timeout_ms} ms "
                 "(are the workers running? see `broker status`)"
             )

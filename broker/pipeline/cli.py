@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from broker.connection import connect
 from broker.pipeline.session import DEFAULT_DRIVER_MEMORY, DEFAULT_MASTER, task_attempts, with_retries
 from broker.pipeline.source import FORMATS, SourceSpec
 
@@ -171,6 +172,7 @@ def publish_command(state: Any, path: str, fmt: str | None, topic: str | None, p
     spec = _source_spec(path, fmt, topic, publisher_column, publisher_prefix, order_columns, body_columns,
                         key_columns, null_value)
     settings = state.settings
+    connect(settings.redis_url, check=True).close()  # fail fast, before starting a JVM
     if fail_partition is not None and (task_attempts(master) or 2) < 2:
         master = with_retries(master)
     bars = Bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -180,7 +182,7 @@ def publish_command(state: Any, path: str, fmt: str | None, topic: str | None, p
 
         def on_progress(p: Progress) -> None:
             bars.update(task, total=p.total, completed=min(p.sent, p.total),
-                        description=f"XADDs sent, rows of finished tasks {p.rows_done}")
+                        description=f"published (tasks done: {p.rows_done} rows)")
 
         report = publish_dataset(spark, spec, redis_url=settings.redis_url, qm=settings.qm, batch=batch,
                                  max_backlog=max_backlog, partitions=partitions, fail_partition=fail_partition,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -447,3 +449,10 @@ def test_subscriptions_file_round_trips_and_reads_the_live_broker(real_redis, tm
     assert sorted(live.links) == sorted(LINKS)
     live.write(tmp_path / "subs.json")
     assert Subscriptions.read(tmp_path / "subs.json") == live
+
+
+def test_the_cli_and_the_workers_import_neither_pyspark_nor_pyarrow():
+    code = ("import sys, broker.cli, broker.pipeline.cli, worker.pool, worker.loop; "
+            "print(sorted(m for m in ('pyspark', 'pyarrow', 'matplotlib', 'py4j') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker import keys
-from broker.errors import ReplyTimeout
+from broker.errors import BacklogTimeout
 from broker.flow import backlog, wait_for_room
 
 QM = "TEST"
@@ -90,7 +90,7 @@ def test_wait_for_room_raises_reply_timeout_when_no_worker_makes_progress(any_re
         now[0] += ms
 
     # Then after the timeout the publisher is told why
-    with pytest.raises(ReplyTimeout, match="backlog stayed at 2 >= 2"):
+    with pytest.raises(BacklogTimeout, match="backlog stayed at 2 >= 2"):
         wait_for_room(any_redis, QM, max_backlog=2, poll_ms=50, timeout_ms=200,
                       clock_ms=lambda: now[0], sleep_ms=sleep)
     assert now[0] == 200
