@@ -23,15 +23,15 @@ from broker.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("configs") / "broker.toml"
 
-_file_values: ContextVar[dict[str, Any]] = ContextVar("_file_values", default={})
+_file_values: ContextVar[dict[str, Any] | None] = ContextVar("_file_values", default=None)
 
 
 class _TomlSource(PydanticBaseSettingsSource):
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return _file_values.get().get(field_name), field_name, False
+        return (_file_values.get() or {}).get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return dict(_file_values.get())
+        return dict(_file_values.get() or {})
 
 
 class Settings(BaseSettings):

@@ -9,11 +9,10 @@ returns.
 from __future__ import annotations
 
 import json
-
-import orjson
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker import keys

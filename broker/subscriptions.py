@@ -14,6 +14,7 @@ subscription.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
@@ -183,8 +184,6 @@ class Subscriber:
     def close(self) -> None:
         """Stop consuming. A non-durable subscription is deleted with its queue."""
         if not self.record.durable:
-            try:
+            with contextlib.suppress(NoSuchSubscription):
                 unsubscribe(self.client, self.qm, self.record.sub_id)
-            except NoSuchSubscription:
-                pass
 
