@@ -22,7 +22,9 @@ injects faults chosen by ``random.Random(seed)``:
 - ``client_kill``: ``CLIENT KILL`` of worker connections (found by client name);
 - ``proxy_cut``: every worker connection cut by the proxy;
 - ``drop_reply:<commit|dequeue|claim|xadd>``: the server applies the command,
-  its reply is lost, the client's connection is cut (redis-py re-sends it);
+  its reply is lost, the client's connection is cut;
+- ``cut_request:<commit|dequeue|xadd>``: the connection is cut as the command
+  is sent, before the server gets it;
 - ``redis_restart``: SIGKILL of the server and a restart on the same port and
   data directory (AOF, ``appendfsync always``).
 
@@ -70,7 +72,7 @@ from broker import keys  # noqa: E402  (after the sys.path fix, so the script ru
 from broker.admin import link, status, trim_acknowledged  # noqa: E402
 from broker.chaos.history import History, Poison, Publication, recipients  # noqa: E402
 from broker.chaos.hook import run_worker  # noqa: E402
-from broker.chaos.proxy import ProxyProcess, script_sha  # noqa: E402
+from broker.chaos.proxy import ProxyProcess, evalsha  # noqa: E402
 from broker.config import Settings  # noqa: E402
 from broker.connection import connect  # noqa: E402
 from broker.errors import BrokerError, ServerNotFound  # noqa: E402
@@ -120,6 +122,9 @@ FAULTS: dict[str, int] = {
     "drop_reply:dequeue": 2,
     "drop_reply:claim": 1,
     "drop_reply:xadd": 2,
+    "cut_request:commit": 1,
+    "cut_request:dequeue": 1,
+    "cut_request:xadd": 1,
     "redis_restart": 1,
 }
 
@@ -167,6 +172,7 @@ class Stats:
     aof_fixes: int = 0
     worker_restarts: int = 0
     expired_arms: int = 0
+    max_times_delivered: int = 0
 
 
 class Harness:
@@ -194,9 +200,9 @@ class Harness:
         self.server_lock = threading.Lock()
         self.last_restart = 0.0
         self._ctx = multiprocessing.get_context("spawn")
-        self._handled_markers: set[str] = set()
         self._faults_log = (self.workdir / "faults.log").open("a")
         self._started = time.monotonic()
+        self.failed = False
 
     # -- set-up ---------------------------------------------------------------
 
@@ -217,7 +223,7 @@ class Harness:
             link(self.admin, QM, source, target)
         for slot in self.slots:
             self._spawn(slot)
-        _log(f"chaos: seed={args.seed} duration={args.duration_s}s workers={args.workers} "
+        _log(f"chaos: code={_code_version()} seed={args.seed} duration={args.duration_s}s workers={args.workers} "
              f"publishers={args.publishers} rate={args.rate}/s lease_ms={args.lease_ms} "
              f"server={self.server.binary} port={self.server.port} workdir={self.workdir}")
 
@@ -259,7 +265,7 @@ class Harness:
                         break  # outcome unknown: may be delivered 0 or 1 times
                     time.sleep(0.1)
                     continue
-                pub.entry_id, pub.acked = result.entry_id, True
+                pub.entry_id, pub.acked, pub.acked_at = result.entry_id, True, time.monotonic()
                 break
             next_at += interval
             delay = next_at - time.monotonic()
@@ -350,8 +356,12 @@ class Harness:
                 xlen = int(client.xlen(keys.publish_stream(QM)))
                 used = int(client.info("memory")["used_memory"])
                 pending = int(client.xpending(keys.publish_stream(QM), keys.WORKER_GROUP)["pending"])
+                oldest = client.xpending_range(keys.publish_stream(QM), keys.WORKER_GROUP, "-", "+", 200)
             except redis.RedisError:
                 continue
+            if oldest:
+                self.stats.max_times_delivered = max(self.stats.max_times_delivered,
+                                                     max(int(e["times_delivered"]) for e in oldest))
             self.stats.max_stream_len = max(self.stats.max_stream_len, xlen)
             self.stats.max_used_memory = max(self.stats.max_used_memory, used)
             self.stats.max_pending = max(self.stats.max_pending, pending)
@@ -366,6 +376,7 @@ class Harness:
             if proc is None:
                 continue
             pid = proc.pid
+            assert pid is not None
             if not proc.is_alive():
                 code = proc.exitcode
                 died = self.control / f"{pid}.kill"
@@ -375,18 +386,23 @@ class Harness:
                 elif code != -signal.SIGKILL:
                     self.stats.anomalies.append(f"worker {slot.index} pid {pid} exited with {code}")
                     _log(f"!! worker {slot.index} pid {pid} exited on its own with code {code}")
+                for path in self.control.glob(f"{pid}.*"):  # pids are reused
+                    path.unlink(missing_ok=True)
                 slot.restarts += 1
                 self.stats.worker_restarts += 1
                 self._spawn(slot)
                 continue
             stopped = self.control / f"{pid}.stop"
-            key = str(stopped)
-            if stopped.exists() and key not in self._handled_markers:
-                self._handled_markers.add(key)
+            if stopped.exists():
                 point = stopped.read_text()
+                stopped.unlink()  # a worker may stop itself again later
                 self._fault(f"stop@{point}", f"worker {slot.index} pid {pid} stopped itself at {point}")
                 slot.armed = None
                 slot.stopped_until = now + self.args.lease_ms / 1000 * self.rng.uniform(1.5, 3.0)
+            elif slot.stopped_until is None and _process_state(pid) == "T":
+                self.stats.anomalies.append(f"worker {slot.index} pid {pid} was stopped without the harness knowing")
+                _log(f"!! worker {slot.index} pid {pid} is stopped and nobody knows why; continuing it")
+                slot.stopped_until = now
             if slot.stopped_until is not None and now >= slot.stopped_until:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
@@ -401,7 +417,7 @@ class Harness:
                 and (self.control / f"{proc.pid}.ready").exists())
 
     def _arm(self, slot: Slot, plan: dict[str, Any] | None) -> None:
-        assert slot.process is not None
+        assert slot.process is not None and slot.process.pid is not None
         (self.control / f"{slot.process.pid}.plan").write_text(json.dumps(plan) if plan else "")
         with contextlib.suppress(ProcessLookupError):
             os.kill(slot.process.pid, signal.SIGUSR1)
@@ -453,13 +469,13 @@ class Harness:
         elif kind == "proxy_cut":
             cut = self.proxy.call(0, "cut_all")
             self._fault(kind, f"{cut} worker connections")
-        elif kind.startswith("drop_reply:"):
-            what = kind.split(":")[1]
+        elif kind.startswith(("drop_reply:", "cut_request:")):
+            method, what = kind.split(":")
             if what == "xadd":
-                self.proxy.call(1, "drop_reply", b"XADD", 1, kind)
+                self.proxy.call(1, method, b"$4\r\nXADD\r\n", 1, kind)
             else:
-                self.proxy.call(0, "drop_reply", script_sha(what), 1, kind)
-            # counted from the proxy's stats at the end: only the drops that happened
+                self.proxy.call(0, method, evalsha(what), 1, kind)
+            # counted from the proxy's stats at the end: only those that happened
         elif kind == "redis_restart":
             if time.monotonic() - self.last_restart < 8:
                 return
@@ -609,7 +625,8 @@ class Harness:
         for index, what in ((0, "worker"), (1, "publisher")):
             proxy_stats = self.proxy.call(index, "stats")
             _log(f"{what} proxy: connections={proxy_stats.connections} replies_dropped={proxy_stats.drops} "
-                 f"cut_waiting_for_an_answer={proxy_stats.unanswered} cut_all={proxy_stats.cuts}")
+                 f"cut_waiting_for_an_answer={proxy_stats.unanswered} requests_cut={proxy_stats.requests_cut} "
+                 f"cut_all={proxy_stats.cuts}")
             for label, n in proxy_stats.drops_by_label.items():
                 stats.faults[label] += n
         # dedup records must expire: sample their TTLs
@@ -648,16 +665,22 @@ class Harness:
         _log("poison by kind: " + " ".join(f"{k}={v}" for k, v in sorted(stats.poison.items()))
              + f" (acknowledged {verdict.poison_acked}, all dead-lettered with a reason: "
              f"{'yes' if not (verdict.poison_missing or verdict.poison_bad_reason) else 'NO'})")
+        latencies = self.history.latencies_ms()
+        if latencies:
+            _log(f"delivery latency (acknowledged XADD -> received): p50={latencies[len(latencies) // 2]:.0f}ms "
+                 f"p99={latencies[int(len(latencies) * 0.99)]:.0f}ms max={latencies[-1]:.0f}ms")
         _log(f"unknown_outcome={verdict.unknown} unknown_delivered={verdict.unknown_delivered} "
              f"unexpected={verdict.unexpected} good_dead_lettered={verdict.good_dead_lettered} "
              f"worker_restarts={stats.worker_restarts} aof_fixes={stats.aof_fixes} "
              f"max_stream_len={stats.max_stream_len} max_pending={stats.max_pending} trimmed={stats.trimmed} "
+             f"max_times_delivered={stats.max_times_delivered} "
              f"max_used_memory={stats.max_used_memory // 1024}KiB dedup_sampled={sampled} dedup_without_ttl={no_ttl} "
              f"drained={'yes' if drained else 'NO'} elapsed={time.monotonic() - self._started:.0f}s")
         _log(f"faults={sum(stats.faults.values())} publications={verdict.publications} "
              f"deliveries={verdict.deliveries} dead_lettered={verdict.dead_lettered} lost={verdict.lost} "
              f"duplicated={verdict.duplicated} reordered={verdict.reordered}")
         if verdict.lost or verdict.duplicated or verdict.reordered or problems:
+            self.failed = True
             return 1
         return 0
 
@@ -689,10 +712,29 @@ class Harness:
         for thread in self.threads:
             thread.join(2)
         self._faults_log.close()
-        if self.args.keep:
-            _log(f"kept {self.workdir}")
+        if self.args.keep or self.failed:
+            _log(f"kept {self.workdir} (server log, AOF, workers.log, faults.log)")
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of a process in /proc (``T`` when stopped), or "" if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[0]
+
+
+def _code_version() -> str:
+    """``git describe --always --dirty`` of the checkout, or "unknown"."""
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
+                             timeout=10, check=True)
+        return out.stdout.decode().strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def _subscriptions(client: redis.Redis | None) -> list[Any]:
@@ -715,7 +757,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--poison-rate", type=float, default=0.01, help="poison entries per publication")
     parser.add_argument("--drain-s", type=float, default=120.0, help="how long the final drain may take, s")
     parser.add_argument("--max-memory-mb", type=int, default=256, help="bound on the server's used_memory")
-    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, AOF)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, AOF) even on success")
     return parser.parse_args(argv)
 
 
@@ -737,6 +779,7 @@ def main(argv: list[str] | None = None) -> int:
         return harness.run()
     except (HarnessTimeout, KeyboardInterrupt) as exc:
         _log(f"!! interrupted: {exc!r}")
+        harness.failed = True
         return 2
     finally:
         signal.alarm(0)

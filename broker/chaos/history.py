@@ -21,9 +21,13 @@ in the dead-letter stream exactly once (``dlq.entry_id``) with a reason.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+import redis
+
+from broker.testing import queue_messages
 from broker.topics import matches
 
 
@@ -59,6 +63,7 @@ class Publication:
         acked: an XADD of it returned an entry id.
         entry_id: that entry id.
         attempts: how many times it was sent.
+        acked_at: ``time.monotonic()`` when the XADD returned, or None.
     """
 
     publisher: str
@@ -69,6 +74,7 @@ class Publication:
     acked: bool = False
     entry_id: str | None = None
     attempts: int = 0
+    acked_at: float | None = None
 
 
 @dataclass
@@ -130,6 +136,7 @@ class History:
         self.by_msgid: dict[str, Publication] = {}
         self.poison: list[Poison] = []
         self.received: dict[str, list[str]] = defaultdict(list)
+        self.received_at: dict[str, list[float]] = defaultdict(list)
 
     def add_publication(self, publication: Publication) -> None:
         with self._lock:
@@ -141,8 +148,24 @@ class History:
             self.poison.append(poison)
 
     def receive(self, sub_id: str, msgid: str) -> None:
+        now = time.monotonic()
         with self._lock:
             self.received[sub_id].append(msgid)
+            self.received_at[sub_id].append(now)
+
+    def latencies_ms(self) -> list[float]:
+        """From acknowledgement to first receipt, per (subscription, publication), sorted, ms."""
+        out = []
+        with self._lock:
+            for sub_id, msgids in self.received.items():
+                seen: set[str] = set()
+                for msgid, at in zip(msgids, self.received_at[sub_id], strict=True):
+                    pub = self.by_msgid.get(msgid)
+                    if pub is None or pub.acked_at is None or msgid in seen:
+                        continue
+                    seen.add(msgid)
+                    out.append(max(0.0, (at - pub.acked_at) * 1000))
+        return sorted(out)
 
     def counts(self) -> tuple[int, int, int]:
         """(acknowledged publications, unknown ones, receipts) so far."""
@@ -203,10 +226,11 @@ class History:
             entry_id = fields.get(b"dlq.entry_id", b"").decode()
             by_entry[entry_id] += 1
             reasons[entry_id] = fields.get(b"dlq.reason", b"").decode("utf-8", "replace")
-            msgid = fields.get(b"msgid")
-            if b"chaos.poison" not in fields and msgid is not None and msgid.decode("utf-8", "replace") in self.by_msgid:
+            raw_msgid = fields.get(b"msgid")
+            good = raw_msgid is not None and raw_msgid.decode("utf-8", "replace") in self.by_msgid
+            if b"chaos.poison" not in fields and good:
                 v.good_dead_lettered += 1
-                v.note(f"dead-lettered good publication {msgid!r}: {reasons[entry_id]}")
+                v.note(f"dead-lettered good publication {raw_msgid!r}: {reasons[entry_id]}")
         for poison in self.poison:
             if not poison.acked or poison.entry_id is None:
                 continue
@@ -222,3 +246,41 @@ class History:
                 v.poison_bad_reason += 1
                 v.note(f"poison {poison.kind} {poison.entry_id}: reason {reasons[poison.entry_id]!r}")
         return v
+
+
+def check_queues(
+    client: redis.Redis,
+    qm: str,
+    filters: dict[str, str],
+    links: list[tuple[str, str]],
+    published: dict[str, list[tuple[str, str]]],
+) -> list[str]:
+    """Check subscriber queues (read, not consumed) against what was published; for tests.
+
+    Args:
+        client: a redis-py client.
+        qm: the queue manager.
+        filters: subscription id -> topic filter, for every subscription to check.
+        links: the links (source, target) in force.
+        published: publisher -> ``[(msgid, topic)]`` in publish order, every one acknowledged.
+
+    Returns:
+        One line per problem (lost, duplicated, reordered, unexpected); empty when none.
+    """
+    problems = []
+    for sub_id in filters:
+        got = [m.msgid for m in queue_messages(client, qm, sub_id)]
+        expected_all: set[str] = set()
+        for publisher, items in published.items():
+            expected = [msgid for msgid, topic in items if sub_id in recipients(topic, filters, links)]
+            expected_all.update(expected)
+            mine = [m for m in got if m in set(expected)]
+            if mine != expected:
+                missing = [m for m in expected if m not in mine]
+                extra = len(mine) - len(set(mine))
+                problems.append(f"{sub_id} / {publisher}: got {mine}, expected {expected} "
+                                f"(lost {missing}, duplicated {extra})")
+        unexpected = [m for m in got if m not in expected_all]
+        if unexpected:
+            problems.append(f"{sub_id}: unexpected {unexpected}")
+    return problems

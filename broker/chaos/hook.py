@@ -55,20 +55,24 @@ class CrashHook:
             return
         action = self.plan.get("action", "kill")
         self.plan = self.point = None
-        (self.control_dir / f"{os.getpid()}.{action}").write_text(point)
+        marker = self.control_dir / f"{os.getpid()}.{action}"
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(point)
+        tmp.rename(marker)  # the harness never reads half a marker
         if action == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
         else:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def run_worker(settings_json: str, control_dir: str, log_file: str) -> None:
+def run_worker(settings_json: str, control_dir: str, log_file: str, plan: dict[str, Any] | None = None) -> None:
     """Entry point of a chaos worker process: ``worker.loop.main`` with a ``CrashHook``.
 
     Args:
         settings_json: ``Settings.model_dump_json()``.
         control_dir: where plans and markers live.
         log_file: the worker's log (warnings and errors), appended to.
+        plan: a plan to start with (tests), instead of waiting for SIGUSR1.
     """
     from broker.config import Settings
     from worker.loop import main
@@ -78,5 +82,7 @@ def run_worker(settings_json: str, control_dir: str, log_file: str) -> None:
     hook = CrashHook(control_dir)
     signal.signal(signal.SIGUSR1, hook.reload)
     hook.reload()
+    if plan:
+        hook.plan, hook.point = dict(plan), plan["point"]
     (Path(control_dir) / f"{os.getpid()}.ready").write_text("")  # SIGUSR1 may be sent from now on
     main(Settings.model_validate_json(settings_json), hook=hook)

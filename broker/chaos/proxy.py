@@ -46,14 +46,24 @@ def script_sha(name: str) -> bytes:
     return hashlib.sha1(source.encode("utf-8")).hexdigest().encode()
 
 
+def evalsha(name: str) -> bytes:
+    """The bytes of an ``EVALSHA`` of ``broker/lua/<name>.lua`` on the wire (RESP), to match a call.
+
+    Matching the bare SHA1 would also match the ``SCRIPT EXISTS`` that redis-py
+    sends before every pipeline that calls scripts.
+    """
+    return b"$7\r\nEVALSHA\r\n$40\r\n" + script_sha(name)
+
+
 @dataclass
 class _Armed:
     match: bytes
     count: int
     label: str
+    forward: bool = True
 
 
-@dataclass
+@dataclass(eq=False)
 class _Link:
     client: asyncio.StreamWriter
     server: asyncio.StreamWriter
@@ -72,13 +82,15 @@ class ProxyStats:
         drops: replies dropped after the server had started to answer.
         unanswered: connections cut while waiting for an answer that never came.
         cuts: connections closed by ``cut_all``.
-        drops_by_label: ``drops`` by the label given to ``drop_reply``.
+        requests_cut: connections cut by ``cut_request`` (the command never reached the server).
+        drops_by_label: ``drops`` and ``requests_cut`` by the label given when armed.
     """
 
     connections: int = 0
     drops: int = 0
     unanswered: int = 0
     cuts: int = 0
+    requests_cut: int = 0
     drops_by_label: dict[str, int] = field(default_factory=dict)
 
 
@@ -138,6 +150,19 @@ class Proxy:
         with self._lock:
             self._armed.append(_Armed(match, count, label or match.decode(errors="replace")))
 
+    def cut_request(self, match: bytes = b"", count: int = 1, label: str = "") -> None:
+        """Cut the connection of the next ``count`` client writes that contain ``match``, unsent.
+
+        The client sees a connection error for a command the server never received.
+
+        Args:
+            match: bytes to look for in what a client sends (b"" matches any write).
+            count: how many requests to cut.
+            label: the name under which cuts are counted in ``stats.drops_by_label``.
+        """
+        with self._lock:
+            self._armed.append(_Armed(match, count, label or match.decode(errors="replace"), forward=False))
+
     def disarm(self) -> None:
         """Forget every pending ``drop_reply``."""
         with self._lock:
@@ -149,9 +174,11 @@ class Proxy:
             return sum(a.count for a in self._armed)
 
     def wait_for_drops(self, drops: int, timeout_s: float = 10.0) -> bool:
-        """Block until ``stats.drops + stats.unanswered`` reaches ``drops``; False on timeout."""
+        """Block until ``drops + unanswered + requests_cut`` reaches ``drops``; False on timeout."""
+        def done() -> bool:
+            return self.stats.drops + self.stats.unanswered + self.stats.requests_cut >= drops
         with self._dropped:
-            return self._dropped.wait_for(lambda: self.stats.drops + self.stats.unanswered >= drops, timeout_s)
+            return self._dropped.wait_for(done, timeout_s)
 
     def cut_all(self) -> int:
         """Close every client connection now (and its server side); returns how many."""
@@ -180,6 +207,10 @@ class Proxy:
             await self._stopped.wait()
             server.close()
             await self._cut_all(count=False)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _cut_all(self, count: bool = True) -> int:
         links = list(self._links)
@@ -198,14 +229,14 @@ class Proxy:
             with contextlib.suppress(Exception):
                 writer.transport.abort()
 
-    def _take_arm(self, data: bytes) -> str | None:
+    def _take_arm(self, data: bytes) -> _Armed | None:
         with self._lock:
             for arm in self._armed:
                 if arm.match in data:
                     arm.count -= 1
                     if arm.count <= 0:
                         self._armed.remove(arm)
-                    return arm.label
+                    return arm
         return None
 
     async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
@@ -228,9 +259,17 @@ class Proxy:
             if not data:
                 break
             if link.dropping is None and self._armed:
-                link.dropping = self._take_arm(link.tail + data)
-                if link.dropping is not None:
-                        asyncio.get_running_loop().create_task(self._cut_after_answer(link))
+                arm = self._take_arm(link.tail + data)
+                if arm is not None and not arm.forward:
+                    self._close(link)
+                    with self._dropped:
+                        self.stats.requests_cut += 1
+                        self._count(arm.label)
+                        self._dropped.notify_all()
+                    break
+                if arm is not None:
+                    link.dropping = arm.label
+                    asyncio.get_running_loop().create_task(self._cut_after_answer(link))
             link.tail = data[-_TAIL:]
             link.server.write(data)
             await link.server.drain()
@@ -249,6 +288,9 @@ class Proxy:
             await link.client.drain()
         self._close(link)
 
+    def _count(self, label: str) -> None:
+        self.stats.drops_by_label[label] = self.stats.drops_by_label.get(label, 0) + 1
+
     async def _cut_after_answer(self, link: _Link) -> None:
         try:
             await asyncio.wait_for(link.answered.wait(), ANSWER_TIMEOUT_MS / 1000)
@@ -261,8 +303,7 @@ class Proxy:
         with self._dropped:
             if answered:
                 self.stats.drops += 1
-                label = link.dropping or ""
-                self.stats.drops_by_label[label] = self.stats.drops_by_label.get(label, 0) + 1
+                self._count(link.dropping or "")
             else:
                 self.stats.unanswered += 1
             self._dropped.notify_all()
