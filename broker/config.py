@@ -48,7 +48,9 @@ class Settings(BaseSettings):
             taken over after at most this long.
         block_ms: how long an idle worker blocks waiting for entries, ms.
         reclaim_interval_ms: how often a worker sweeps for orphaned publishers, ms.
-        dedup_window_ms: how long a delivered message id is remembered, ms.
+        dedup_window_ms: how long a delivered message id is remembered, ms. Each
+            record costs about 120 bytes, so memory is ~120 B x rate x window
+            (10 minutes at 20,000 publications/s: about 1.4 GB).
         reply_ttl_ms: how long a publication's result is kept for its publisher, ms.
         max_body_bytes: largest body accepted, bytes; larger ones are dead-lettered.
         stop_grace_ms: how long the pool waits for workers after SIGTERM, ms.
@@ -71,7 +73,7 @@ class Settings(BaseSettings):
     lease_ms: int = Field(default=30_000, ge=10)
     block_ms: int = Field(default=1_000, ge=1)
     reclaim_interval_ms: int = Field(default=1_000, ge=1)
-    dedup_window_ms: int = Field(default=86_400_000, ge=1)
+    dedup_window_ms: int = Field(default=600_000, ge=1)
     reply_ttl_ms: int = Field(default=60_000, ge=1)
     max_body_bytes: int = Field(default=1_048_576, ge=0, le=512 * 1024 * 1024)
     stop_grace_ms: int = Field(default=10_000, ge=0)

@@ -147,11 +147,20 @@ class Publisher:
         fields, msgid, seq = self._fields(topic, body, msgid, wait, options)
         try:
             entry_id = self.client.xadd(self._stream, fields).decode()
-            if not wait:
-                return PublishResult("sent", entry_id, msgid, seq)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # Unknown outcome: a retry with the same msgid must carry the same seq.
+            self.next_seq = seq
+            raise ConnectionLost(f"publish of message {msgid} failed, outcome unknown "
+                                 f"(retry with msgid={msgid!r}): {exc}") from exc
+        except redis.ResponseError as exc:
+            self.next_seq = seq
+            raise ServerError(f"publish refused by the server: {exc}") from exc
+        if not wait:
+            return PublishResult("sent", entry_id, msgid, seq)
+        try:
             got = self.client.blpop([keys.reply(self.qm, self.publisher_id, msgid)], timeout=timeout_ms / 1000)
-        except redis.ConnectionError as exc:
-            raise ConnectionLost(f"publish failed: {exc}") from exc
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise ConnectionLost(f"waiting for the result of message {msgid} failed: {exc}") from exc
         except redis.ResponseError as exc:
             raise ServerError(f"publish refused by the server: {exc}") from exc
         if got is None:
@@ -185,7 +194,7 @@ class Publisher:
         def flush() -> None:
             try:
                 ids = pipe.execute()
-            except redis.ConnectionError as exc:
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
                 raise ConnectionLost(f"publish failed: {exc}") from exc
             except redis.ResponseError as exc:
                 raise ServerError(f"publish refused by the server: {exc}") from exc

@@ -197,21 +197,25 @@ class Scripts:
             client=pipe,
         )
 
-    def claim(self, token: str, entry_ids: list[str]) -> list[tuple[str, dict[bytes, bytes], int]]:
-        """Take over entries (XCLAIM) and say how often each was delivered.
+    def claim(self, token: str, counted: list[str], uncounted: list[str]) -> list[tuple[str, dict[bytes, bytes], int]]:
+        """Take over entries (XCLAIM); only ``counted`` ones count as a new delivery.
 
         Args:
             token: the worker's consumer name.
-            entry_ids: the stream entry ids.
+            counted: entry ids whose delivery count goes up (each publisher's FIFO head).
+            uncounted: entry ids claimed without changing their delivery count.
 
         Returns:
-            ``[(entry_id, fields, times_delivered)]`` for entries that still exist.
+            ``[(entry_id, fields, times_delivered)]`` for entries that still exist;
+            ``times_delivered`` is 0 for uncounted entries.
         """
         out = []
         stream = keys.publish_stream(self.qm)
-        for start in range(0, len(entry_ids), CLAIM_CHUNK):
-            chunk = entry_ids[start:start + CLAIM_CHUNK]
-            for entry_id, flat, times in self._claim(keys=[stream], args=[keys.WORKER_GROUP, token, *chunk]):
+        for start in range(0, max(len(counted), len(uncounted)), CLAIM_CHUNK):
+            head = counted[start:start + CLAIM_CHUNK]
+            rest = uncounted[start:start + CLAIM_CHUNK]
+            raw = self._claim(keys=[stream], args=[keys.WORKER_GROUP, token, len(head), *head, *rest])
+            for entry_id, flat, times in raw:
                 fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
                 out.append((entry_id.decode(), fields, int(times)))
         return out

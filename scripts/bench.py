@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python scripts/bench.py --quick            # under a minute
-    .venv/bin/python scripts/bench.py --json bench.json  # full run, about 5 minutes
+    .venv/bin/python scripts/bench.py --json bench.json  # full run (N=100k, 3 repeats), about 5 minutes
     .venv/bin/python scripts/bench.py --quick --profile /tmp/prof   # + py-spy of the workers
 
 The script starts one server (``broker.server.Server()``: the embedded Valkey,
@@ -31,6 +31,10 @@ deliveries / N after every run. Publications have a 200-byte body and come
 from 50 publishers (``p00``..``p49``) through ``broker.Publisher``, which
 always sets a msgid (so every unit of work writes a dedup record); the pool
 runs with its default settings (``BROKER_*`` variables apply).
+
+Full mode: N=100k publications per run, measurements 1-3 repeated 3 times
+(interleaved, medians), kombu N=3,000, 10 s of latency, indexes up to 1M.
+``--quick``: N=20k once, kombu 1,000, 3 s, indexes up to 100k.
 
 Measurements
 ------------
@@ -60,9 +64,12 @@ Measurements
    ``Publisher.publish`` (one XADD) per publication, rotating over 50
    publishers and the 100 topics of region 0, with ``time.time_ns()`` in the
    property ``sent_ns``; the bench process BRPOPs the queue of ``bench/0/#``
-   (which receives all of them) and takes receive-time minus send-time (same
-   clock). The first 0.25 s is warm-up. p50/p90/p99/p99.9/max, and how far
-   the publisher fell behind its schedule.
+   (which receives all of them), takes any backlog with one ``RPOP key count``
+   right after (so the consumer is not the bottleneck), and takes receive-time
+   minus send-time (same clock). The first 0.25 s is warm-up. Reports
+   p50/p90/p99/p99.9/max and how far the publisher fell behind its schedule (it
+   catches up at full speed: open loop). On a 2-vCPU box the publisher, the
+   consumer, 2 workers and Redis share two cores: read p99 with the foreign CPU.
 5. **Peer**: kombu's topic exchange (Redis transport, defaults: JSON,
    persistent, ack per message) on the same Redis, 10 queues bound ``t.#``:
    publish N (smaller N: it runs at a few hundred per second), then one
@@ -127,29 +134,29 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes: the whole run takes under a minute")
     parser.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
-    parser.add_argument("--n", type=int, help="publications per broker run and ceiling (default 200k, quick 20k)")
+    parser.add_argument("--n", type=int, help="publications per broker run and ceiling (default 100k, quick 20k)")
     parser.add_argument("--kombu-n", type=int, help="kombu publications (default 3,000, quick 1,000)")
     parser.add_argument("--rate", type=float, default=2000.0, help="paced publications/s for latency (2,000)")
     parser.add_argument("--latency-s", type=float, help="latency run length, s (default 10, quick 3)")
     parser.add_argument("--match-sizes", help="comma-separated index sizes (default 1000,100000,1000000; "
                                               "quick 1000,100000)")
-    parser.add_argument("--repeat", type=int, help="runs of measurements 1-3, medians reported (default 1)")
+    parser.add_argument("--repeat", type=int, help="runs of measurements 1-3, medians reported (default 3, quick 1)")
     parser.add_argument("--interleave", type=int, default=20, help="publications per publish_many call (20)")
     parser.add_argument("--idle-wait", type=float,
                         help="before each measurement wait up to this many s for foreign CPU < 12%% of a core "
-                             "(default 20, quick 0)")
+                             "(default 5, quick 0)")
     parser.add_argument("--only", help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match")
     parser.add_argument("--profile", metavar="DIR",
                         help="also run 2 workers once more under py-spy (raw stacks in DIR, summary printed)")
     args = parser.parse_args(argv)
     quick = args.quick
-    args.n = args.n or (20_000 if quick else 200_000)
+    args.n = args.n or (20_000 if quick else 100_000)
     args.kombu_n = args.kombu_n or (1_000 if quick else 3_000)
     args.latency_s = args.latency_s or (3.0 if quick else 10.0)
     args.match_sizes = [int(x) for x in (args.match_sizes or ("1000,100000" if quick else
                                                                "1000,100000,1000000")).split(",")]
-    args.repeat = args.repeat or 1
-    args.idle_wait = args.idle_wait if args.idle_wait is not None else (0.0 if quick else 20.0)
+    args.repeat = args.repeat or (1 if quick else 3)
+    args.idle_wait = args.idle_wait if args.idle_wait is not None else (0.0 if quick else 5.0)
     sections = {"ceiling", "broker", "hot", "latency", "kombu", "match"}
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
@@ -219,11 +226,14 @@ class Bench:
         client = connect(self.server.url)
         info = client.info("server")
         self.figures["environment"] = {
-            "server": f"{info.get('server_name', 'redis')} {info['redis_version']}", "binary": self.server.binary,
+            "server": (f"valkey {info['valkey_version']}" if "valkey_version" in info
+                       else f"redis {info['redis_version']}"), "binary": self.server.binary,
             "python": platform.python_version(), "cpus": os.cpu_count(), "host": platform.node(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        self.log(f"server {self.figures['environment']['server']} on {self.server.url} (pid {info['process_id']})")
+        self.figures["code"] = lib.code_state(Path(__file__).resolve().parent.parent)
+        self.log(f"server {self.figures['environment']['server']} on {self.server.url} (pid {info['process_id']}); "
+                 f"code {self.figures['code']['describe']}")
         settings = Settings(redis_url=self.server.url, qm=QM)
         self.figures["settings"] = settings.model_dump(include={"batch_size", "heads", "lease_ms", "block_ms",
                                                                  "journal", "dedup_window_ms"})
@@ -337,16 +347,17 @@ class Bench:
 
     def table(self) -> Table:
         f = self.figures
-        reps = f"median of {self.args.repeat}" if self.args.repeat > 1 else "1 run"
+        reps = f"median of {self.args.repeat} runs" if self.args.repeat > 1 else "1 run each"
         env = f.get("environment", {})
-        table = Table(title=f"F=10, 50 publishers, 1,000 topics; {env.get('server', '')}, {env.get('cpus')} CPUs; "
-                            f"{reps}; CPU in % of one core", title_justify="left", show_lines=False)
+        code = f.get("code", {}).get("describe", "?")
+        table = Table(title=f"F=10, 50 publishers, 1,000 topics, 200 B bodies; code {code}; {env.get('server', '')}, "
+                            f"{env.get('cpus')} CPUs; {reps}; CPU in % of one core (redis / our Python / foreign)",
+                      title_justify="left", show_lines=True)
         table.add_column("measurement", no_wrap=True)
-        table.add_column("configuration")
-        table.add_column("pubs/s", justify="right")
-        table.add_column("deliveries/s", justify="right")
-        table.add_column("figures")
-        table.add_column("CPU (redis / py / foreign)")
+        table.add_column("pubs/s", justify="right", no_wrap=True)
+        table.add_column("deliv/s", justify="right", no_wrap=True)
+        table.add_column("details", ratio=1)
+        table.add_column("CPU r/py/fgn", no_wrap=True)
 
         def cpu3(cpu: dict[str, float] | None, py_keys: tuple[str, ...]) -> str:
             if not cpu:
@@ -356,46 +367,60 @@ class Bench:
 
         if "ceiling" in f:
             c = f["ceiling"]
-            table.add_row("1. ceiling", f"MULTI+10 LPUSH+XACK+EXEC, {c['tx_per_rt']} tx/RT, hand-packed RESP, "
-                                        f"hiredis.Reader, N={c['n']:,}",
-                          _fmt(c["tx_per_s"]), _fmt(c["deliveries_per_s"]),
-                          f"redis {c['redis_cpu_us_per_pub']} CPU-us/pub", cpu3(c["cpu"], ("bench",)))
-        for key, label, conf in (("broker_1w", "2. broker", "1 worker"), ("broker_2w", "2. broker", "2 workers"),
-                                 ("hot_2w", "3. hot publisher", "2 workers, p00 = 50% of N")):
+            table.add_row("1. ceiling", _fmt(c["tx_per_s"]), _fmt(c["deliveries_per_s"]),
+                          f"MULTI + 10 LPUSH + XACK + EXEC, {c['tx_per_rt']} tx per round trip, hand-packed RESP, "
+                          f"hiredis.Reader; N={c['n']:,}; redis {c['redis_cpu_us_per_pub']} CPU-us/tx",
+                          cpu3(c["cpu"], ("bench",)))
+        for key, label, conf in (("broker_1w", "2. broker 1 worker", ""), ("broker_2w", "2. broker 2 workers", ""),
+                                 ("hot_2w", "3. hot publisher", "p00 sends 50%; ")):
             if key not in f:
                 continue
             b = f[key]
-            notes = (f"steady {_fmt(b['steady_10_90_pubs_per_s'])}/s; from spawn {_fmt(b['from_spawn_pubs_per_s'])}/s; "
+            notes = (f"{conf}N={b['n']:,} preloaded ({_fmt(b['preload_xadd_per_s'])} XADD/s); steady 10-90% "
+                     f"{_fmt(b['steady_10_90_pubs_per_s'])}/s, from spawn {_fmt(b['from_spawn_pubs_per_s'])}/s; "
                      f"F={b['fanout_measured']}; order inversions {b['order_inversions']}/{b['order_checked']:,}; "
-                     f"dedup {b['dedup_records_found']}; redis {b['redis_cpu_us_per_pub']} CPU-us/pub; "
-                     f"preload {_fmt(b['preload_xadd_per_s'])} XADD/s")
-            table.add_row(label, f"{conf}, N={b['n']:,}, drain of preloaded stream", _fmt(b["pubs_per_s"]),
-                          _fmt(b["deliveries_per_s"]), notes, cpu3(b["cpu"], ("workers", "bench")))
+                     f"work split {'/'.join(f'{x:.0%}' for x in b['work_split']) if b.get('work_split') else '?'}; "
+                     f"dedup records {b['dedup_records_found']}; redis {b['redis_cpu_us_per_pub']} CPU-us/pub")
+            table.add_row(label, _fmt(b["pubs_per_s"]), _fmt(b["deliveries_per_s"]), notes,
+                          cpu3(b["cpu"], ("workers", "bench")))
         if "latency" in f:
             lat = f["latency"]
-            table.add_row("4. latency", f"paced {lat['rate']:,.0f}/s, {lat['duration_s']:.0f} s, 2 workers, "
-                                        "XADD -> BRPOP", _fmt(lat["achieved_rate"]),
+            table.add_row("4. latency 2 workers", _fmt(lat["achieved_rate"]),
                           _fmt((lat["achieved_rate"] or 0) * lib.FANOUT),
+                          f"paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, XADD -> BRPOP: "
                           f"p50 {lat['p50_ms']:.2f} / p90 {lat['p90_ms']:.2f} / p99 {lat['p99_ms']:.2f} / "
                           f"p99.9 {lat['p999_ms']:.2f} / max {lat['max_ms']:.1f} ms ({lat['measured']:,} msgs); "
-                          f"publisher max {lat['publisher_max_behind_ms']} ms behind schedule",
+                          f"publisher at most {lat['publisher_max_behind_ms']} ms behind its schedule",
                           cpu3(lat["cpu"], ("workers", "bench", "publisher")))
         if "kombu" in f:
             k = f["kombu"]
-            table.add_row("5. kombu publish", f"topic exchange, 10 queues bound t.#, N={k['n']:,}",
-                          _fmt(k["pubs_per_s"]), _fmt(k["published_deliveries_per_s"]),
-                          "sequential Producer.publish", cpu3(k["cpu_publish"], ("bench",)))
-            table.add_row("5. kombu consume", "1 Consumer on 10 queues, ack each", "-",
-                          _fmt(k["consumed_deliveries_per_s"]), f"{k['n'] * lib.FANOUT:,} messages",
+            table.add_row("5. kombu publish", _fmt(k["pubs_per_s"]), _fmt(k["published_deliveries_per_s"]),
+                          f"topic exchange, 10 queues bound t.#, sequential Producer.publish, N={k['n']:,}",
+                          cpu3(k["cpu_publish"], ("bench",)))
+            table.add_row("5. kombu consume", "-", _fmt(k["consumed_deliveries_per_s"]),
+                          f"1 Consumer on the 10 queues, ack each, {k['n'] * lib.FANOUT:,} messages",
                           cpu3(k["cpu_consume"], ("bench",)))
         for m in f.get("matching") or []:
-            table.add_row(f"6. matching {m['n']:,}",
-                          f"TopicIndex + LinkGraph ({m['links']:,} links), {m['wildcard_share']:.0%} wildcards",
-                          _fmt(m["resolves_per_s"]), "-",
-                          f"resolve {m['resolve_us']:.2f} us, match {m['match_us']:.2f} us; "
-                          f"{m['bytes_per_sub']} B/sub; {m['avg_results']} results avg, "
-                          f"{m['matched_share']:.0%} match; build {m['build_s']} s", "")
+            table.add_row(f"6. matching {m['n']:,}", _fmt(m["resolves_per_s"]), "-",
+                          f"resolve (closure + match) {m['resolve_us']:.2f} us, match {m['match_us']:.2f} us; "
+                          f"{m['bytes_per_sub']} B/sub; {m['links']:,} links, {m['wildcard_share']:.0%} wildcards; "
+                          f"{m['avg_results']} results avg, {m['matched_share']:.0%} of topics match; "
+                          f"build {m['build_s']} s", "")
         return table
+
+    def redis_text(self) -> str:
+        lines = []
+        for key, label in (("ceiling", "ceiling"), ("broker_1w", "1 worker"), ("broker_2w", "2 workers"),
+                           ("hot_2w", "hot publisher")):
+            run = self.figures.get(key)
+            if not run or "redis_commands" not in run:
+                continue
+            parts = ", ".join(f"{name} {calls:g} calls {usec:g} us" for name, calls, usec in run["redis_commands"])
+            lines.append(f"  {label}: {parts}")
+        if not lines:
+            return ""
+        return ("Redis commandstats per publication (commands run inside scripts count both on their own "
+                "and inside evalsha):\n" + "\n".join(lines))
 
     def targets_table(self, s: dict[str, Any]) -> Table:
         table = Table(title="against the targets", title_justify="left")
@@ -414,21 +439,25 @@ class Bench:
         return table
 
     def profile_text(self) -> str:
-        prof = (self.figures.get("profile") or {}).get("profile")
-        if not prof or not prof.get("samples"):
+        run = self.figures.get("profile") or {}
+        workers = (run.get("profile") or {}).get("workers") or []
+        if not workers:
             return ""
-        lines = [f"py-spy, both workers, {prof['samples']:,} samples at 100 Hz with --idle "
-                 f"(waiting on a socket counts); {self.figures['profile']['pubs_per_s']:,} pubs/s under the profiler",
-                 "  self:"]
-        lines += [f"    {share:5.1f}%  {name}" for name, share in prof["self"][:15]]
-        lines.append("  inclusive (frames under 99% omitted above the loop):")
-        lines += [f"    {share:5.1f}%  {name}" for name, share in prof["inclusive"] if share < 99.5][:20]
+        split = "/".join(f"{x:.0%}" for x in run.get("work_split") or [])
+        lines = [f"py-spy of each worker (100 Hz, --idle: time blocked on a socket counts) during an extra 2-worker "
+                 f"run: {run['pubs_per_s']:,} pubs/s, work split {split or '?'}"]
+        for prof in workers:
+            lines.append(f"  worker pid {prof['pid']}: {prof['samples']:,} samples; raw stacks in {prof['file']}")
+            lines.append("    self:")
+            lines += [f"      {share:5.1f}%  {name}" for name, share in prof["self"][:12]]
+            lines.append("    inclusive (frames present in every sample left out):")
+            lines += [f"      {share:5.1f}%  {name}" for name, share in prof["inclusive"] if share < 99.5][:16]
         return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    console = Console(width=max(160, Console().width))
+    console = Console(width=max(150, Console().width))
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     bench = Bench(args, console)
     started = time.perf_counter()
@@ -441,9 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = bench.summary()
     console.print(bench.table())
     console.print(bench.targets_table(summary))
-    text = bench.profile_text()
-    if text:
-        console.print(text, highlight=False)
+    for text in (bench.redis_text(), bench.profile_text()):
+        if text:
+            console.print(text, highlight=False)
     for name, error in bench.errors.items():
         console.print(f"[red]{name}: {error[:300]}[/red]")
     console.print(f"total {bench.figures['elapsed_s']:.0f} s", highlight=False)

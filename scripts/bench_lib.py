@@ -7,7 +7,9 @@ See the docstring of ``scripts/bench.py`` for what each measurement means.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import hashlib
 import json
 import os
 import random
@@ -49,6 +51,23 @@ STALL_S = 60.0
 
 class BenchError(RuntimeError):
     """A measurement could not be completed (stalled, lost deliveries, a dead process)."""
+
+
+def code_state(repo: os.PathLike[str] | str) -> dict[str, Any]:
+    """The commit measured and whether broker/ or worker/ had uncommitted changes (others edit concurrently)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                                  timeout=10).stdout.rstrip("\n")
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD").strip()
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "broker", "worker").splitlines()]
+    diff = git("diff", "HEAD", "--", "broker", "worker")
+    digest = hashlib.sha1(diff.encode()).hexdigest()[:8] if diff else ""
+    describe = head + (f"+dirty({len(dirty)} files, diff {digest})" if dirty else "")
+    return {"head": head, "dirty": dirty, "diff_sha1": digest, "describe": describe or "?"}
 
 
 def bodies(count: int = 16, size: int = BODY_BYTES, seed: int = 7) -> list[bytes]:
@@ -465,6 +484,21 @@ def order_violations(client: redis.Redis, queue: str) -> tuple[int, int]:
     return bad, len(raw)
 
 
+def work_split(client: redis.Redis, qm: str, n: int, timeout_s: float = 3.0) -> list[float] | None:
+    """Share of the publications each worker handled, from their heartbeats (written about once a second).
+
+    Waits up to ``timeout_s`` for the heartbeats to add up to ``n``; None if they do not.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counts = [int(json.loads(raw).get("processed") or 0) for raw in client.hgetall(keys.workers(qm)).values()]
+        if sum(counts) >= n:
+            return sorted((round(c / sum(counts), 3) for c in counts), reverse=True)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
 def _pool(settings: Settings, k: int) -> Any:
     from worker.pool import Pool
 
@@ -510,19 +544,19 @@ class Profiler:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        stacks: Counter[str] = Counter()
-        files = []
-        for _, path, _ in self.procs:
+        per_worker = []
+        for pid, path, _ in self.procs:
+            stacks: Counter[str] = Counter()
             try:
                 with open(path) as handle:
                     for line in handle:
                         stack, _, count = line.rstrip("\n").rpartition(" ")
                         if stack and count.isdigit():
                             stacks[stack] += int(count)
-                files.append(path)
             except OSError:
-                pass
-        return summarise_stacks(stacks) | {"files": files}
+                continue
+            per_worker.append({"pid": pid, "file": path, **summarise_stacks(stacks)})
+        return {"workers": per_worker}
 
 
 def _frame_name(frame: str) -> str:
@@ -608,6 +642,7 @@ def run_broker(client: redis.Redis, settings: Settings, topo: Topology, n: int, 
         cpu = meter.stop() if meter else {}
         profile = profiler.stop() if profiler else None
         profiler = None
+        split = work_split(client, qm, n)
     finally:
         if profiler is not None:
             profiler.stop()
@@ -642,6 +677,7 @@ def run_broker(client: redis.Redis, settings: Settings, topo: Topology, n: int, 
         "spawn_to_registered_s": round(t0 - t_spawn, 3),
         "acked_before_registered": acked0,
         "deliveries": delivered, "fanout_measured": round(delivered / n, 3), "dead_lettered": dead,
+        "work_split": split,
         "order_inversions": inversions, "order_checked": checked,
         "dedup_records_found": f"{dedup_found}/{len(loaded['msgids'])}",
         "preload_xadd_per_s": loaded["xadd_per_s"], "preload_s": loaded["elapsed_s"],
@@ -696,6 +732,10 @@ def latency_publisher(url: str, qm: str, rate: float, count: int, conn: Any) -> 
     conn.close()
 
 
+#: Most envelopes the latency consumer takes with one RPOP after a BRPOP returned.
+CONSUMER_BATCH = 500
+
+
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
@@ -707,8 +747,11 @@ def run_latency(client: redis.Redis, settings: Settings, topo: Topology, rate: f
                 warmup_s: float = 0.25, workers: int = 2) -> dict[str, Any]:
     """Publish at ``rate``/s for ``duration_s`` with ``workers`` running; BRPOP one queue and time each.
 
-    Latency = ``time.time_ns()`` when BRPOP returned minus ``sent_ns`` (same machine
-    clock). The first ``warmup_s`` of sends are left out of the percentiles.
+    Latency = ``time.time_ns()`` when the envelope was popped minus ``sent_ns`` (same
+    machine clock). After each BRPOP the consumer takes whatever else is queued with one
+    ``RPOP queue count`` (each stamped when that call returned), so that a backlog does
+    not make the consumer itself the bottleneck. The first ``warmup_s`` of sends are
+    left out of the percentiles.
 
     Raises:
         BenchError: the workers did not start, or fewer than 99% of the messages came back.
@@ -719,8 +762,10 @@ def run_latency(client: redis.Redis, settings: Settings, topo: Topology, rate: f
     topo.restore(client)
     pool = _pool(settings, workers)
     pool.start()
+    client.config_resetstat()
     ctx = multiprocessing.get_context("spawn")
     proc = None
+    closers: list[Callable[[], None]] = []
     try:
         wait_registered(client, qm, pool, workers)
         count = int(rate * duration_s)
@@ -729,6 +774,7 @@ def run_latency(client: redis.Redis, settings: Settings, topo: Topology, rate: f
                            name="bench-latency-publisher")
         queue = keys.sub_queue(qm, LATENCY_SUB)
         consumer = redis.Redis.from_url(settings.redis_url)
+        closers.append(consumer.close)
         proc.start()
         meter = CpuMeter({"redis": [redis_pid(client)], "workers": _worker_pids(client, qm),
                           "bench": [os.getpid()], "publisher": [proc.pid]})
@@ -743,15 +789,25 @@ def run_latency(client: redis.Redis, settings: Settings, topo: Topology, rate: f
                         break
                 continue
             received = time.time_ns()
-            header = json.loads(got[1].partition(b"\n")[0])
-            records.append((int(header["props"]["sent_ns"]), received))
+            batch = [(got[1], received)]
+            # a backlog is taken in one round trip, so the consumer does not fall behind the broker
+            more = consumer.rpop(queue, CONSUMER_BATCH)
+            if more:
+                received = time.time_ns()
+                batch += [(envelope, received) for envelope in more]
+            for envelope, at in batch:
+                header = json.loads(envelope.partition(b"\n")[0])
+                records.append((int(header["props"]["sent_ns"]), at))
         cpu = meter.stop()
+        stats = commandstats(client)
         pub_info = parent.recv() if parent.poll(30) else {}
         proc.join(10)
     finally:
         if proc is not None and proc.is_alive():
             proc.terminate()
             proc.join(5)
+        for close in closers:
+            close()
         pool.stop()
     if len(records) < 0.99 * count:
         raise BenchError(f"latency: only {len(records)} of {count} messages received")
@@ -765,6 +821,8 @@ def run_latency(client: redis.Redis, settings: Settings, topo: Topology, rate: f
         "p50_ms": round(_percentile(lat_ms, 50), 3), "p90_ms": round(_percentile(lat_ms, 90), 3),
         "p99_ms": round(_percentile(lat_ms, 99), 3), "p999_ms": round(_percentile(lat_ms, 99.9), 3),
         "max_ms": round(lat_ms[-1], 3) if lat_ms else None, "cpu": cpu,
+        "redis_commands": sorted(((k, round(v["calls"] / count, 3), round(v["usec"] / count, 2))
+                                  for k, v in stats.items()), key=lambda x: -x[2])[:10],
     }
 
 
@@ -814,12 +872,8 @@ def run_kombu(client: redis.Redis, url: str, n: int) -> dict[str, Any]:
             last = time.monotonic()
             while received < n * FANOUT:
                 before = received
-                try:
+                with contextlib.suppress(TimeoutError):
                     conn.drain_events(timeout=2)
-                except TimeoutError:
-                    pass
-                except socket.timeout:
-                    pass
                 if received != before:
                     last = time.monotonic()
                 elif time.monotonic() - last > 10:
@@ -931,31 +985,30 @@ def build_index(n: int) -> tuple[TopicIndex, LinkGraph, dict[str, Any]]:
                           "links": made, "wildcard_share": round(wildcards / n, 3)}
 
 
-def _time_per_call(fn: Callable[[str], Any], sample: list[str], min_s: float, repeats: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        calls = 0
-        start = time.perf_counter()
-        while True:
-            for topic in sample:
-                fn(topic)
-            calls += len(sample)
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_s:
-                break
-        best = min(best, elapsed / calls)
-    return best
+def _time_per_call(fn: Callable[[str], Any], sample: list[str], min_s: float) -> float:
+    calls = 0
+    start = time.perf_counter()
+    while True:
+        for topic in sample:
+            fn(topic)
+        calls += len(sample)
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_s:
+            return elapsed / calls
 
 
-def run_matching(sizes: Sequence[int], min_s: float = 0.3) -> list[dict[str, Any]]:
-    """For each size: build, measure bytes/subscription, time ``match`` and resolve (closure + match).
+def run_matching(sizes: Sequence[int], min_s: float = 0.3, rounds: int = 5) -> list[dict[str, Any]]:
+    """Build every index, then time ``match`` and resolve (closure + match) on each, interleaved.
+
+    The indexes are timed in turn for ``rounds`` rounds of ``min_s / rounds`` s each and
+    the best round is kept, so that a burst of foreign load hits every size alike.
 
     Returns:
         One dict per size: ``n``, ``match_us``, ``resolve_us``, ``resolves_per_s``,
         ``bytes_per_sub``, ``avg_results``, ``matched_share``, ``build_s``, ``links``.
     """
     sample = match_sample()
-    results = []
+    built = []
     for n in sizes:
         index, graph, info = build_index(n)
 
@@ -966,19 +1019,25 @@ def run_matching(sizes: Sequence[int], min_s: float = 0.3) -> list[dict[str, Any
             return found
 
         sizes_found = [len(resolve(t)) for t in sample]
-        match_s = _time_per_call(index.match, sample, min_s)
-        resolve_s = _time_per_call(resolve, sample, min_s)
-        results.append({"n": n, **info, "match_us": round(match_s * 1e6, 3), "resolve_us": round(resolve_s * 1e6, 3),
-                        "resolves_per_s": round(1 / resolve_s), "avg_results": round(statistics.mean(sizes_found), 2),
-                        "matched_share": round(sum(1 for s in sizes_found if s) / len(sample), 3)})
-        del index, graph
-        gc.collect()
+        info |= {"n": n, "avg_results": round(statistics.mean(sizes_found), 2),
+                 "matched_share": round(sum(1 for s in sizes_found if s) / len(sample), 3)}
+        built.append((info, index.match, resolve))
+    best: dict[int, list[float]] = {n: [float("inf"), float("inf")] for n in sizes}
+    for _ in range(rounds):
+        for info, match, resolve in built:
+            times = best[info["n"]]
+            times[0] = min(times[0], _time_per_call(match, sample, min_s / rounds))
+            times[1] = min(times[1], _time_per_call(resolve, sample, min_s / rounds))
+    results = []
+    for info, _, _ in built:
+        match_s, resolve_s = best[info["n"]]
+        results.append({**info, "match_us": round(match_s * 1e6, 3), "resolve_us": round(resolve_s * 1e6, 3),
+                        "resolves_per_s": round(1 / resolve_s)})
+    built.clear()
+    gc.collect()
     return results
 
-
-
-
-def wait_idle(own_pids: list[int], max_wait_s: float, busy_pct: float = 12.0, window_s: float = 2.0) -> dict[str, Any]:
+def wait_idle(own_pids: list[int], max_wait_s: float, busy_pct: float = 12.0, window_s: float = 1.0) -> dict[str, Any]:
     """Wait until the box is quiet: other processes use < ``busy_pct`` % of one core for ``window_s``.
 
     Gives up after ``max_wait_s`` (the measurement then runs anyway; its CPU

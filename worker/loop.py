@@ -54,6 +54,9 @@ log = logging.getLogger("broker.worker")
 #: (the release is part of the unit of work, so there is no later point).
 CRASH_POINTS = ("after_dequeue", "waiting_for_turn", "holding_turn", "before_commit", "after_commit")
 
+#: A FIFO head delivered this many times (a normal hand-over makes 2) is handled alone.
+SUSPECT_DELIVERIES = 3
+
 #: Pause before starting a round again after a Redis error, ms.
 RETRY_PAUSE_MS = 500
 
@@ -131,15 +134,18 @@ class Worker:
 
     def run(self) -> None:
         """Loop until ``stopping`` is set, then give up held turns and deregister."""
-        self.setup()
+        ready = False
         try:
             while not self.stopping:
                 try:
+                    if not ready:
+                        self.setup()
+                        ready = True
                     self.run_once(block=True)
                 except redis.RedisError as exc:
                     # Nothing is half-done (every unit of work is atomic); start the round again.
+                    # The turns this worker holds are kept: the next dequeue checks each of them.
                     log.warning("worker %s: %s: %s; retrying", self.name, type(exc).__name__, exc)
-                    self.owned.clear()
                     self._entries.clear()
                     self._prefetched = None
                     time.sleep(RETRY_PAUSE_MS / 1000)
@@ -208,10 +214,16 @@ class Worker:
 
     def _commit(self, heads: dict[str, list[str]], now_ms: int) -> int:
         entries = self._entries
-        missing = [eid for ids in heads.values() for eid in ids if eid not in entries]
+        settings = self.settings
+        counted: list[str] = []
+        uncounted: list[str] = []
+        for ids in heads.values():
+            for i, entry_id in enumerate(ids):
+                if entry_id not in entries:
+                    (uncounted if i else counted).append(entry_id)
         times: dict[str, int] = {}
-        if missing:
-            for entry_id, fields, delivered in self.scripts.claim(self.name, missing):
+        if counted or uncounted:
+            for entry_id, fields, delivered in self.scripts.claim(self.name, counted, uncounted):
                 entries[entry_id] = (_publisher_of(fields), fields)
                 times[entry_id] = delivered
         batches = [CommitBatch()]
@@ -220,13 +232,18 @@ class Worker:
             if len(batch) >= COMMIT_CHUNK:
                 batch = CommitBatch()
                 batches.append(batch)
+            delivered = times.get(ids[0], 1)
+            if delivered >= SUSPECT_DELIVERIES:
+                # A worker probably died handling this publisher's head: handle it alone this
+                # round, so that a death is charged to the entry that caused it.
+                ids = ids[:1]
             for entry_id in ids:
                 found = entries.get(entry_id)
                 if found is None:
-                    log.error("entry %s of publisher %r is gone from the stream; skipping it", entry_id, publisher)
+                    log.warning("entry %s of publisher %r is gone from the stream; skipping it", entry_id, publisher)
                     batch.add(publisher, entry_id, "skip", b"", entry_id)
-                elif times.get(entry_id, 1) > self.settings.max_deliveries:
-                    reason = f"delivered {times[entry_id]} times without being handled (max_deliveries)"
+                elif entry_id == ids[0] and delivered > settings.max_deliveries:
+                    reason = f"delivered {delivered} times without being handled (max_deliveries)"
                     log.error("entry %s: %s; dead-lettering it", entry_id, reason)
                     batch.add(publisher, entry_id, "refuse", reason.encode(), entry_id)
                 else:

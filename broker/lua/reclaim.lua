@@ -1,6 +1,8 @@
 -- Orphan sweep: take the turn of publishers whose FIFO still holds entries but
 -- whose owner is gone (a worker that died or stopped gave up its turn, or its
--- lease ran out). The worker then claims the entries (XCLAIM) as it drains.
+-- lease ran out), and find again the turns this worker holds but forgot (a
+-- dequeue whose reply was lost). The worker then claims the entries (XCLAIM)
+-- as it drains.
 --
 -- KEYS[1] active publishers set     "{qm}:publishers"
 -- ARGV[1] per-publisher key prefix  "{qm}:pub:"
@@ -8,7 +10,7 @@
 -- ARGV[3] lease_ms of a publisher's turn
 -- ARGV[4] SSCAN cursor ("0" to start)
 -- ARGV[5] SSCAN count
--- returns {next cursor, {publishers whose turn was taken}}
+-- returns {next cursor, {publishers whose turn was taken or found}}
 
 local prefix, token = ARGV[1], ARGV[2]
 local scan = redis.call('SSCAN', KEYS[1], ARGV[4], 'COUNT', ARGV[5])
@@ -19,6 +21,9 @@ for _, pub in ipairs(scan[2]) do
       redis.call('SREM', KEYS[1], pub)
     end
   elseif redis.call('SET', prefix .. pub .. ':owner', token, 'NX', 'PX', ARGV[3]) then
+    taken[#taken + 1] = pub
+  elseif redis.call('GET', prefix .. pub .. ':owner') == token then
+    -- ours already, but the worker lost track of it (a lost dequeue reply)
     taken[#taken + 1] = pub
   end
 end

@@ -47,3 +47,24 @@ def test_unsubscribe_removes_record_and_queue(any_redis):
 def test_bad_client_id_is_refused(any_redis):
     with pytest.raises(ValueError, match="client id"):
         subscribe(any_redis, QM, "/a", "bad id:with colon")
+
+
+def test_publisher_retry_after_an_unknown_outcome_reuses_seq_and_default_msgid(fake_redis, monkeypatch):
+    import redis
+
+    from broker import Publisher
+    from broker.errors import ConnectionLost
+
+    pub = Publisher(fake_redis, QM, "p")
+    real_xadd = fake_redis.xadd
+
+    def lost(*args, **kwargs):
+        raise redis.ConnectionError("reply lost")
+
+    monkeypatch.setattr(fake_redis, "xadd", lost)
+    with pytest.raises(ConnectionLost, match="outcome unknown"):
+        pub.publish("/a", b"x")
+    monkeypatch.setattr(fake_redis, "xadd", real_xadd)
+    retried = pub.publish("/a", b"x")
+    assert retried.seq == 1
+    assert retried.msgid.endswith("-1")
