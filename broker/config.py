@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6380/0"
     qm: str = Field(default="QM1", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     concurrency: int = Field(default=2, ge=1, le=64)
-    batch_size: int = Field(default=500, ge=1, le=10_000)
+    batch_size: int = Field(default=500, ge=1, le=5_000)
     heads: int = Field(default=500, ge=1, le=5_000)
     lease_ms: int = Field(default=30_000, ge=10)
     block_ms: int = Field(default=1_000, ge=1)

@@ -69,9 +69,10 @@ Envelope (one element of a subscriber queue)
 ``<header JSON, UTF-8, one line>`` ``\\n`` ``<body bytes>``: split at the first
 newline byte. The header is a JSON object with ``v`` (protocol version),
 ``msgid``, ``publisher``, ``seq`` (int or null), ``topic`` (the topic it was
-published on), ``ts`` (ms), ``persistent``, ``priority``, ``expiration``,
-``correlation_id``, ``reply_to``, ``props``, ``entry_id`` (stream id) and
-``size`` (body length in bytes).
+published on), ``ts`` (ms), ``entry_id`` (stream id) and ``size`` (body length
+in bytes), and, only when they differ from their defaults, ``persistent``
+(default true), ``priority`` (4), ``expiration`` (0), ``correlation_id``,
+``reply_to`` (absent = null) and ``props`` (absent = ``{}``).
 
 Reply (``{qm}:reply:<publisher>:<msgid>``, when ``reply=1``)
 ------------------------------------------------------------

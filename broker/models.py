@@ -186,22 +186,31 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
             raise InvalidMessage("field 'props' must be a JSON object of scalar values")
         if any(isinstance(v, int) and not _INT64_MIN <= v <= _INT64_MAX for v in props.values()):
             raise InvalidMessage("field 'props' has an integer outside the signed 64-bit range")
-    header = {
+    header: dict[str, Any] = {
         "v": keys.PROTOCOL_VERSION,
         "msgid": msgid,
         "publisher": publisher,
         "seq": _int(fields, b"seq", None),
         "topic": topic,
         "ts": ts,
-        "persistent": persistent != "0",
-        "priority": priority,
-        "expiration": expiration,
-        "correlation_id": _text(fields, b"correlation_id"),
-        "reply_to": _text(fields, b"reply_to"),
-        "props": props,
         "entry_id": entry_id,
         "size": len(body),
     }
+    # Optional header fields are left out at their defaults (smaller copies in every queue).
+    if persistent == "0":
+        header["persistent"] = False
+    if priority != DEFAULT_PRIORITY:
+        header["priority"] = priority
+    if expiration:
+        header["expiration"] = expiration
+    correlation_id = _text(fields, b"correlation_id")
+    if correlation_id is not None:
+        header["correlation_id"] = correlation_id
+    reply_to = _text(fields, b"reply_to")
+    if reply_to is not None:
+        header["reply_to"] = reply_to
+    if props:
+        header["props"] = props
     return Entry(
         entry_id=entry_id,
         publisher=publisher,

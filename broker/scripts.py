@@ -1,9 +1,13 @@
 """The broker's Lua scripts, loaded from ``broker/lua/*.lua``, one typed wrapper each.
 
 Each script is registered once per client with redis-py's ``register_script``,
-whose ``Script`` object reloads the script on NOSCRIPT and works inside
-pipelines. The wrappers take and return plain Python values; the key layout
-they assume is documented in ``broker.keys``.
+whose ``Script`` object reloads the script on NOSCRIPT. Inside a pipeline,
+though, redis-py's ``Script`` sends a ``SCRIPT EXISTS`` round trip before every
+``execute``; the hot path (commit + the next dequeue, pipelined) therefore
+sends plain ``EVALSHA`` and, on NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted
+server), calls ``load`` and sends the pipeline again, which is safe because
+every unit of work is fenced. The wrappers take and return plain Python
+values; the key layout they assume is documented in ``broker.keys``.
 """
 
 from __future__ import annotations
@@ -147,6 +151,17 @@ class Scripts:
         self._reply_prefix = keys.reply(qm, "", "")[:-1]
         self._sub_prefix_len = len(keys.sub_queue(qm, ""))
 
+    def load(self) -> None:
+        """Load every script into the server's script cache (SCRIPT LOAD); needed before pipelined calls."""
+        for script in (self._dequeue, self._commit, self._claim, self._reclaim, self._release):
+            self.client.script_load(script.script)
+
+    def _call(self, script: Any, keys_: list[Any], args: list[Any], pipe: Any) -> Any:
+        if pipe is None:
+            return script(keys=keys_, args=args)
+        pipe.execute_command("EVALSHA", script.sha, len(keys_), *keys_, *args)
+        return None
+
     def dequeue(
         self, token: str, count: int, lease_ms: int, heads: int, owned: list[str], pipe: Any = None
     ) -> Dequeued | None:
@@ -168,11 +183,12 @@ class Scripts:
             redis.RedisError: as redis-py raises it; callers translate.
         """
         qm = self.qm
-        raw = self._dequeue(
-            keys=[keys.publish_stream(qm), keys.version(qm), keys.active_publishers(qm)],
-            args=[keys.WORKER_GROUP, token, count, self._prefix, lease_ms, heads,
-                  keys.MALFORMED_PUBLISHER, *map(_b, owned)],
-            client=pipe,
+        raw = self._call(
+            self._dequeue,
+            [keys.publish_stream(qm), keys.version(qm), keys.active_publishers(qm)],
+            [keys.WORKER_GROUP, token, count, self._prefix, lease_ms, heads,
+             keys.MALFORMED_PUBLISHER, *map(_b, owned)],
+            pipe,
         )
         return None if pipe is not None else parse_dequeue(raw)
 
@@ -189,12 +205,13 @@ class Scripts:
             journal_max_len: approximate cap of the delivery journal; 0 = no journal.
         """
         qm = self.qm
-        self._commit(
-            keys=[*self._fixed, keys.journal(qm), *batch.queue_keys],
-            args=[keys.WORKER_GROUP, token, lease_ms, self._prefix, self._dedup_prefix,
-                  self._reply_prefix, journal_max_len, self._sub_prefix_len, len(batch.sets),
-                  *batch.sets, *batch.args],
-            client=pipe,
+        self._call(
+            self._commit,
+            [*self._fixed, keys.journal(qm), *batch.queue_keys],
+            [keys.WORKER_GROUP, token, lease_ms, self._prefix, self._dedup_prefix,
+             self._reply_prefix, journal_max_len, self._sub_prefix_len, len(batch.sets),
+             *batch.sets, *batch.args],
+            pipe,
         )
 
     def claim(self, token: str, counted: list[str], uncounted: list[str]) -> list[tuple[str, dict[bytes, bytes], int]]:

@@ -130,6 +130,7 @@ class Worker:
     def setup(self) -> None:
         """Create the stream's consumer group if needed and load the routing table."""
         ensure_group(self.client, self.qm)
+        self.scripts.load()
         self.table.load(self.client)
 
     def run(self) -> None:
@@ -250,15 +251,25 @@ class Worker:
                     self._unit(batch, publisher, entry_id, found[1], now_ms)
         self.hook("before_commit")
         settings = self.settings
-        pipe = self.client.pipeline(transaction=False)
         journal = settings.journal_max_len if settings.journal else 0
-        for batch in batches:
-            self.scripts.commit(pipe, self.name, settings.lease_ms, batch, journal)
         prefetch = not self.stopping
-        if prefetch:  # the next dequeue rides in the same round trip as this commit
-            self.scripts.dequeue(self.name, settings.batch_size, settings.lease_ms, settings.heads,
-                                 sorted(heads), pipe=pipe)
-        results = pipe.execute()
+
+        def send() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for batch in batches:
+                self.scripts.commit(pipe, self.name, settings.lease_ms, batch, journal)
+            if prefetch:  # the next dequeue rides in the same round trip as this commit
+                self.scripts.dequeue(self.name, settings.batch_size, settings.lease_ms, settings.heads,
+                                     sorted(heads), pipe=pipe)
+            return pipe.execute()
+
+        try:
+            results = send()
+        except redis.exceptions.NoScriptError:
+            # The server lost its script cache: load the scripts and send the same units
+            # again (each is fenced: one that was applied is refused the second time).
+            self.scripts.load()
+            results = send()
         if prefetch:
             self._prefetched = parse_dequeue(results.pop())
         self.hook("after_commit")

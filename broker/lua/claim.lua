@@ -1,10 +1,10 @@
--- Take over entries another worker dequeued (a hand-over, or a dead worker's
--- entries). Only the first K ids (each publisher's FIFO head) count as a new
--- delivery; the others are claimed without touching their delivery count, so
--- that a worker dying on one entry is charged to that entry alone and an entry
--- that keeps killing its workers can be dead-lettered (max_deliveries).
--- Every id that still exists in the stream is returned, claimed or not (an id
--- in a FIFO is the FIFO owner's to handle).
+-- Fetch entries another worker dequeued (a hand-over, or a dead worker's
+-- entries) for the owner of their publisher's FIFO. Only the first K ids (each
+-- publisher's FIFO head) are claimed (XCLAIM), which counts a new delivery;
+-- the others are only read, their delivery count untouched, so that a worker
+-- dying on one entry is charged to that entry alone and an entry that keeps
+-- killing its workers can be dead-lettered (max_deliveries). The unit of work
+-- XACKs an entry whichever consumer's pending list holds it.
 --
 -- KEYS[1] publish stream
 -- ARGV[1] consumer group
@@ -16,21 +16,17 @@
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local counted = tonumber(ARGV[3])
 
-local function xclaim(first, last, justid)
+local function xclaim(first, last)
   local args = {stream, group, consumer, 0}
   for i = first, last do args[#args + 1] = ARGV[i] end
-  if justid then args[#args + 1] = 'JUSTID' end
   return redis.call('XCLAIM', unpack(args))
 end
 
 local fields_of = {}
 if counted > 0 then
-  for _, entry in ipairs(xclaim(4, 3 + counted, false)) do
+  for _, entry in ipairs(xclaim(4, 3 + counted)) do
     if entry and entry[2] then fields_of[entry[1]] = entry[2] end
   end
-end
-if #ARGV > 3 + counted then
-  xclaim(4 + counted, #ARGV, true)
 end
 
 local out = {}

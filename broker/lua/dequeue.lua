@@ -35,16 +35,27 @@ local function consider(pub)
 end
 for i = 8, #ARGV do consider(ARGV[i]) end
 
+local filed, filed_order = {}, {}
 for _, entry in ipairs(entries) do
   local fields, pub = entry[2], nil
   for j = 1, #fields, 2 do
     if fields[j] == 'publisher' then pub = fields[j + 1] end
   end
   if pub == nil or #pub == 0 or #pub > 256 then pub = malformed end
-  redis.call('RPUSH', prefix .. pub .. ':fifo', entry[1])
-  redis.call('SADD', KEYS[3], pub)
+  local ids = filed[pub]
+  if not ids then
+    ids = {}
+    filed[pub] = ids
+    filed_order[#filed_order + 1] = pub
+  end
+  ids[#ids + 1] = entry[1]
   consider(pub)
 end
+-- one RPUSH per publisher keeps each FIFO in stream order
+for _, pub in ipairs(filed_order) do
+  redis.call('RPUSH', prefix .. pub .. ':fifo', unpack(filed[pub]))
+end
+if #filed_order > 0 then redis.call('SADD', KEYS[3], unpack(filed_order)) end
 
 local owned = {}
 for _, pub in ipairs(candidates) do
