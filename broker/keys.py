@@ -27,6 +27,7 @@ key                                 type      contents                          
 ``{qm}:dlq``                        stream    dead-lettered entries: original fields plus   workers                  operators
                                               ``dlq.reason``, ``dlq.entry_id``
 ``{qm}:workers``                    hash      worker name -> JSON heartbeat                 workers                  ``broker status``
+``{qm}:alive``                      zset      worker name, score = last heartbeat (ms)      workers                  dequeue.lua (fair share)
 ``{qm}:journal``                    stream    one record per publication handled (when the  commit.lua (capped)      ``broker journal export``
                                               ``journal`` setting is on): entry_id, msgid,
                                               publisher, seq, topic, subs (JSON list of
@@ -178,6 +179,11 @@ def workers(qm: str) -> str:
 def journal(qm: str) -> str:
     """The delivery journal stream: ``{qm}:journal``."""
     return f"{_tag(qm)}:journal"
+
+
+def alive(qm: str) -> str:
+    """Live workers, scored by their last heartbeat in ms: ``{qm}:alive``."""
+    return f"{_tag(qm)}:alive"
 
 
 def usage(qm: str) -> str:

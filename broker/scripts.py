@@ -41,12 +41,16 @@ class Dequeued:
         entries: ``[(entry_id, {field: value})]`` with bytes keys and values.
         owned: ``{publisher: [fifo head entry ids]}`` for every publisher whose
             turn this worker holds.
+        active: publishers with entries waiting (in any worker's hands).
+        live: workers that sent a heartbeat within the liveness window.
     """
 
     version: int
     last_delivered_id: str
     entries: list[tuple[str, dict[bytes, bytes]]]
     owned: dict[str, list[str]]
+    active: int = 0
+    live: int = 1
 
 
 #: Most entry ids per ``claim.lua`` call (Lua's unpack() takes a few thousand values at most).
@@ -163,7 +167,8 @@ class Scripts:
         return None
 
     def dequeue(
-        self, token: str, count: int, lease_ms: int, heads: int, owned: list[str], pipe: Any = None
+        self, token: str, count: int, lease_ms: int, heads: int, owned: list[str], pipe: Any = None,
+        liveness_ms: int = 10_000,
     ) -> Dequeued | None:
         """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
 
@@ -175,6 +180,7 @@ class Scripts:
             owned: publishers whose turn the worker believes it holds.
             pipe: queue the call on this pipeline instead (returns None; parse
                 its reply with ``parse_dequeue``).
+            liveness_ms: workers whose last heartbeat is older are not counted live, ms.
 
         Returns:
             A ``Dequeued``, or None with ``pipe``.
@@ -185,14 +191,15 @@ class Scripts:
         qm = self.qm
         raw = self._call(
             self._dequeue,
-            [keys.publish_stream(qm), keys.version(qm), keys.active_publishers(qm)],
+            [keys.publish_stream(qm), keys.version(qm), keys.active_publishers(qm), keys.alive(qm)],
             [keys.WORKER_GROUP, token, count, self._prefix, lease_ms, heads,
-             keys.MALFORMED_PUBLISHER, *map(_b, owned)],
+             keys.MALFORMED_PUBLISHER, liveness_ms, *map(_b, owned)],
             pipe,
         )
         return None if pipe is not None else parse_dequeue(raw)
 
-    def commit(self, pipe: Any, token: str, lease_ms: int, batch: CommitBatch, journal_max_len: int = 0) -> None:
+    def commit(self, pipe: Any, token: str, lease_ms: int, batch: CommitBatch, journal_max_len: int = 0,
+               yield_turns: tuple[str, ...] = ()) -> None:
         """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication.
 
         Decode the reply with ``COMMIT_STATUSES[status]``; see ``broker/lua/commit.lua``.
@@ -203,14 +210,16 @@ class Scripts:
             lease_ms: lease of the publishers' turns, renewed by the commit, ms.
             batch: the units of work, in FIFO order per publisher.
             journal_max_len: approximate cap of the delivery journal; 0 = no journal.
+            yield_turns: publishers whose turn to give up after this call even if
+                their FIFO is not empty (fair share between workers).
         """
         qm = self.qm
         self._call(
             self._commit,
             [*self._fixed, keys.journal(qm), *batch.queue_keys],
             [keys.WORKER_GROUP, token, lease_ms, self._prefix, self._dedup_prefix,
-             self._reply_prefix, journal_max_len, self._sub_prefix_len, len(batch.sets),
-             *batch.sets, *batch.args],
+             self._reply_prefix, journal_max_len, self._sub_prefix_len,
+             len(yield_turns), *map(_b, yield_turns), len(batch.sets), *batch.sets, *batch.args],
             pipe,
         )
 
@@ -264,7 +273,7 @@ class Scripts:
 
 def parse_dequeue(raw: list[Any]) -> Dequeued:
     """Turn the reply of ``dequeue.lua`` into a ``Dequeued``."""
-    version, last_id, entries, owned = raw
+    version, last_id, entries, owned, active, live = raw
     parsed = []
     for entry_id, flat in entries:
         fields = {}
@@ -274,4 +283,4 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
     owned_map = {}
     for i in range(0, len(owned), 2):
         owned_map[owned[i].decode("utf-8", "surrogateescape")] = [x.decode() for x in owned[i + 1]]
-    return Dequeued(int(version), last_id.decode(), parsed, owned_map)
+    return Dequeued(int(version), last_id.decode(), parsed, owned_map, int(active), max(1, int(live)))

@@ -57,6 +57,12 @@ CRASH_POINTS = ("after_dequeue", "waiting_for_turn", "holding_turn", "before_com
 #: A FIFO head delivered this many times (a normal hand-over makes 2) is handled alone.
 SUSPECT_DELIVERIES = 3
 
+#: A worker whose last heartbeat is older than this is not counted live (fair share), ms.
+LIVENESS_MS = 5_000
+
+#: How long a worker with nothing to do waits while others hold waiting publishers, ms.
+BUSY_POLL_MS = 20
+
 #: Pause before starting a round again after a Redis error, ms.
 RETRY_PAUSE_MS = 500
 
@@ -132,6 +138,7 @@ class Worker:
         ensure_group(self.client, self.qm)
         self.scripts.load()
         self.table.load(self.client)
+        self._heartbeat(self.clock_ms())
 
     def run(self) -> None:
         """Loop until ``stopping`` is set, then give up held turns and deregister."""
@@ -158,6 +165,7 @@ class Worker:
         try:
             self.scripts.release(self.name, sorted(self.owned))
             self.client.hdel(keys.workers(self.qm), self.name)
+            self.client.zrem(keys.alive(self.qm), self.name)
         except redis.RedisError as exc:
             log.warning("worker %s: could not release turns on stop: %s", self.name, exc)
         self.owned.clear()
@@ -187,7 +195,8 @@ class Worker:
         self._prefetched = None
         if dequeued is None:
             dequeued = self.scripts.dequeue(
-                self.name, settings.batch_size, settings.lease_ms, settings.heads, sorted(self.owned)
+                self.name, settings.batch_size, settings.lease_ms, settings.heads, sorted(self.owned),
+                liveness_ms=LIVENESS_MS,
             )
             assert dequeued is not None
         self.hook("after_dequeue")
@@ -205,15 +214,45 @@ class Worker:
         if not dequeued.owned:
             self._entries.clear()
             self._heartbeat(now)
-            if block and not dequeued.entries:
+            if dequeued.active:
+                # Others hold every waiting publisher: look for turns they gave up, and
+                # wait only briefly, so this worker starts as soon as one is given up.
+                self._reclaim_cursor, taken = self.scripts.reclaim(
+                    self.name, settings.lease_ms, self._reclaim_cursor, 100
+                )
+                self.owned.update(taken)
+                if block and not taken and not dequeued.entries:
+                    self.client.xread({self._stream: dequeued.last_delivered_id}, count=1,
+                                      block=min(settings.block_ms, BUSY_POLL_MS))
+            elif block and not dequeued.entries:
                 self.client.xread({self._stream: dequeued.last_delivered_id}, count=1, block=settings.block_ms)
             return 0
         self.hook("holding_turn")
-        done = self._commit(dequeued.owned, now)
+        done = self._commit(dequeued.owned, now, self._turns_to_yield(dequeued))
         self._heartbeat(now)
         return done
 
-    def _commit(self, heads: dict[str, list[str]], now_ms: int) -> int:
+    def _turns_to_yield(self, dequeued: Dequeued) -> tuple[str, ...]:
+        """Publishers beyond this worker's fair share of the turns, to give up after this round.
+
+        With ``active`` publishers waiting and ``live`` workers, a worker keeps at
+        most ``ceil(active / live)`` turns, preferring those whose entries it has
+        already read (no fetch needed); the others go back to the sweep, so a
+        worker that dequeued everything cannot keep a second worker idle.
+        """
+        owned = dequeued.owned
+        share = -(-dequeued.active // dequeued.live)
+        if len(owned) <= share:
+            return ()
+        entries = self._entries
+
+        def in_hand(publisher: str) -> int:
+            return sum(1 for entry_id in owned[publisher] if entry_id in entries)
+
+        ranked = sorted(owned, key=in_hand, reverse=True)
+        return tuple(ranked[share:])
+
+    def _commit(self, heads: dict[str, list[str]], now_ms: int, yield_turns: tuple[str, ...] = ()) -> int:
         entries = self._entries
         settings = self.settings
         counted: list[str] = []
@@ -257,10 +296,11 @@ class Worker:
         def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for batch in batches:
-                self.scripts.commit(pipe, self.name, settings.lease_ms, batch, journal)
+                self.scripts.commit(pipe, self.name, settings.lease_ms, batch, journal, yield_turns)
             if prefetch:  # the next dequeue rides in the same round trip as this commit
+                kept = sorted(set(heads) - set(yield_turns))
                 self.scripts.dequeue(self.name, settings.batch_size, settings.lease_ms, settings.heads,
-                                     sorted(heads), pipe=pipe)
+                                     kept, pipe=pipe, liveness_ms=LIVENESS_MS)
             return pipe.execute()
 
         try:
@@ -338,7 +378,10 @@ class Worker:
             "processed": self.processed,
             "owned": len(self.owned),
         }
-        self.client.hset(keys.workers(self.qm), self.name, json.dumps(beat))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(keys.workers(self.qm), self.name, json.dumps(beat))
+        pipe.zadd(keys.alive(self.qm), {self.name: now_ms})
+        pipe.execute()
 
 
 def main(settings: Settings, hook: Hook | None = None) -> None:

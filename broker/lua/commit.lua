@@ -20,8 +20,11 @@
 -- ARGV[6] reply key prefix             "{qm}:reply:" (.. publisher .. ":" .. msgid)
 -- ARGV[7] journal: approximate max length of the journal stream; 0 = no journal
 -- ARGV[8] length of the subscriber queue prefix "{qm}:sub:" (to journal subscription ids)
--- ARGV[9] S, the number of recipient sets
--- ARGV[10 .. 9+S] recipient sets: space-separated KEYS indexes, e.g. "5 6 9"
+-- ARGV[9] Y, the number of publishers whose turn to give up after this call
+--   even if their FIFO is not empty (fair share: another worker takes them)
+-- ARGV[10 .. 9+Y] those publishers
+-- ARGV[10+Y] S, the number of recipient sets
+-- ARGV[11+Y .. 10+Y+S] recipient sets: space-separated KEYS indexes, e.g. "5 6 9"
 -- then 12 ARGV per publication:
 --   publisher, entry id, action ("deliver" | "expire" | "refuse" | "skip"),
 --   payload (deliver: the envelope; refuse: the reason), msgid,
@@ -36,12 +39,16 @@ local stream, active, dlq, journal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
 local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
 local journal_len, sub_prefix_len = tonumber(ARGV[7]), tonumber(ARGV[8])
-local nsets = tonumber(ARGV[9])
+local nyield = tonumber(ARGV[9])
+local yield = {}
+for i = 10, 9 + nyield do yield[ARGV[i]] = true end
+local nsets = tonumber(ARGV[10 + nyield])
+local sets_at = 10 + nyield
 
 local sets = {}
 for s = 1, nsets do
   local idx = {}
-  for i in string.gmatch(ARGV[9 + s], '%d+') do idx[#idx + 1] = tonumber(i) end
+  for i in string.gmatch(ARGV[sets_at + s], '%d+') do idx[#idx + 1] = tonumber(i) end
   sets[s] = idx
 end
 
@@ -81,7 +88,7 @@ local function turn_of(pub)
   return t
 end
 
-local first = 10 + nsets
+local first = sets_at + 1 + nsets
 for u = first, #ARGV, 12 do
   local pub, entry_id, action, payload = ARGV[u], ARGV[u + 1], ARGV[u + 2], ARGV[u + 3]
   local msgid, window, reply_ttl = ARGV[u + 4], tonumber(ARGV[u + 5]), tonumber(ARGV[u + 6])
@@ -174,6 +181,9 @@ for _, pub in ipairs(turn_order) do
     if redis.call('LLEN', t.fifo) == 0 then
       redis.call('DEL', t.owner)
       redis.call('SREM', active, pub)
+      released[pub] = true
+    elseif yield[pub] then
+      redis.call('DEL', t.owner)  -- still active: another worker's sweep takes the turn
       released[pub] = true
     else
       redis.call('PEXPIRE', t.owner, lease_ms)

@@ -1,11 +1,12 @@
 -- The queue mutex (seed 004): read the next publication requests and file each
 -- entry id in its publisher's FIFO, in stream order, in one atomic call.
--- Then take the turn of every publisher that has no owner, and return the FIFO
--- heads of every publisher whose turn this worker holds.
+-- Then take the turn of publishers that have no owner (up to this worker's fair
+-- share), and return the FIFO heads of every publisher whose turn it holds.
 --
 -- KEYS[1] publish stream            "{qm}:publish"
 -- KEYS[2] index version counter     "{qm}:version"
 -- KEYS[3] active publishers set     "{qm}:publishers"
+-- KEYS[4] live workers              "{qm}:alive" (zset scored by last heartbeat, ms)
 -- ARGV[1] consumer group
 -- ARGV[2] consumer name, also the worker's fencing token
 -- ARGV[3] count: the most entries to read
@@ -13,10 +14,12 @@
 -- ARGV[5] lease_ms of a publisher's turn
 -- ARGV[6] heads: the most FIFO entry ids to return per owned publisher
 -- ARGV[7] malformed publisher id, for entries without a valid "publisher" field
--- ARGV[8..] publishers whose turn the worker believes it holds
--- returns {version, last_delivered_id or "", entries, owned}
+-- ARGV[8] liveness_ms: a worker whose last heartbeat is older is not counted
+-- ARGV[9..] publishers whose turn the worker believes it holds
+-- returns {version, last_delivered_id or "", entries, owned, active, live}
 --   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}
 --   owned:   {publisher, {head ids...}, publisher, {head ids...}, ...}
+--   active:  publishers with entries waiting; live: workers seen within liveness_ms
 
 local stream, group, token = KEYS[1], ARGV[1], ARGV[2]
 local prefix, lease_ms, heads = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -33,7 +36,7 @@ local function consider(pub)
     candidates[#candidates + 1] = pub
   end
 end
-for i = 8, #ARGV do consider(ARGV[i]) end
+for i = 9, #ARGV do consider(ARGV[i]) end
 
 local filed, filed_order = {}, {}
 for _, entry in ipairs(entries) do
@@ -57,12 +60,20 @@ for _, pub in ipairs(filed_order) do
 end
 if #filed_order > 0 then redis.call('SADD', KEYS[3], unpack(filed_order)) end
 
-local owned = {}
+-- Fair share: with `active` publishers waiting and `live` workers, take a free
+-- turn only while this worker holds fewer than ceil(active / live) of them.
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local live = redis.call('ZCOUNT', KEYS[4], now_ms - tonumber(ARGV[8]), '+inf')
+local active = redis.call('SCARD', KEYS[3])
+local share = math.ceil(active / math.max(live, 1))
+
+local owned, held = {}, 0
 for _, pub in ipairs(candidates) do
   local owner_key, fifo_key = prefix .. pub .. ':owner', prefix .. pub .. ':fifo'
   local owner = redis.call('GET', owner_key)
   local mine = owner == token
-  if not owner then
+  if not owner and held < share then
     mine = redis.call('SET', owner_key, token, 'NX', 'PX', lease_ms) ~= false
   end
   if mine then
@@ -74,6 +85,7 @@ for _, pub in ipairs(candidates) do
       redis.call('PEXPIRE', owner_key, lease_ms)
       owned[#owned + 1] = pub
       owned[#owned + 1] = ids
+      held = held + 1
     end
   end
 end
@@ -90,4 +102,4 @@ if #entries == 0 then
   end
 end
 
-return {redis.call('GET', KEYS[2]) or '0', last_id, entries, owned}
+return {redis.call('GET', KEYS[2]) or '0', last_id, entries, owned, redis.call('SCARD', KEYS[3]), live}

@@ -242,3 +242,19 @@ def test_orphaned_publisher_is_taken_over_by_the_sweep(real_redis, settings):
     # Then the sweep takes the turn, claims the dead worker's entries and delivers them in order
     assert [m.body for m in queue_messages(real_redis, QM, sub.sub_id)] == [b"0", b"1", b"2"]
     assert _pending(real_redis) == 0
+
+
+def test_one_worker_cannot_hold_every_turn_while_another_is_idle(real_redis, settings):
+    # Given two live workers and ten publishers with waiting publications
+    subscribe(real_redis, QM, "#", "s", "all")
+    for i in range(10):
+        Publisher(real_redis, QM, f"p{i}").publish_many([("/a", b"x")] * 5)
+    first, second = make_workers(real_redis, settings, 2)
+    # When the first dequeues everything before the second starts
+    first.run_once()
+    # Then it took at most its fair share of the turns, and the second worker finds work
+    assert 0 < len(first.owned) <= 5
+    assert second.run_once() > 0
+    drain([first, second])
+    assert first.processed and second.processed
+    assert first.processed + second.processed == 50
