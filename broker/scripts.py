@@ -12,7 +12,7 @@ values; the key layout they assume is documented in ``broker.keys``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -43,6 +43,8 @@ class Dequeued:
             turn this worker holds.
         active: publishers with entries waiting (in any worker's hands).
         live: workers that sent a heartbeat within the liveness window.
+        backlog: ``{publisher: entries in its FIFO}`` for the owned publishers.
+        fair: entries waiting per live worker: a worker's fair share of the work.
     """
 
     version: int
@@ -51,6 +53,8 @@ class Dequeued:
     owned: dict[str, list[str]]
     active: int = 0
     live: int = 1
+    backlog: dict[str, int] = field(default_factory=dict)
+    fair: int = 0
 
 
 #: Most entry ids per ``claim.lua`` call (Lua's unpack() takes a few thousand values at most).
@@ -273,7 +277,7 @@ class Scripts:
 
 def parse_dequeue(raw: list[Any]) -> Dequeued:
     """Turn the reply of ``dequeue.lua`` into a ``Dequeued``."""
-    version, last_id, entries, owned, active, live = raw
+    version, last_id, entries, owned, active, live, fair = raw
     parsed = []
     for entry_id, flat in entries:
         fields = {}
@@ -281,6 +285,10 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
             fields[flat[i]] = flat[i + 1]
         parsed.append((entry_id.decode(), fields))
     owned_map = {}
-    for i in range(0, len(owned), 2):
-        owned_map[owned[i].decode("utf-8", "surrogateescape")] = [x.decode() for x in owned[i + 1]]
-    return Dequeued(int(version), last_id.decode(), parsed, owned_map, int(active), max(1, int(live)))
+    backlog = {}
+    for i in range(0, len(owned), 3):
+        publisher = owned[i].decode("utf-8", "surrogateescape")
+        owned_map[publisher] = [x.decode() for x in owned[i + 1]]
+        backlog[publisher] = int(owned[i + 2])
+    return Dequeued(int(version), last_id.decode(), parsed, owned_map, int(active), max(1, int(live)),
+                    backlog, int(fair))

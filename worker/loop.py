@@ -233,24 +233,32 @@ class Worker:
         return done
 
     def _turns_to_yield(self, dequeued: Dequeued) -> tuple[str, ...]:
-        """Publishers beyond this worker's fair share of the turns, to give up after this round.
+        """Publishers beyond this worker's fair share of the work, to give up after this round.
 
-        With ``active`` publishers waiting and ``live`` workers, a worker keeps at
-        most ``ceil(active / live)`` turns, preferring those whose entries it has
-        already read (no fetch needed); the others go back to the sweep, so a
-        worker that dequeued everything cannot keep a second worker idle.
+        The waiting entries split over the live workers give each its fair share
+        (``dequeued.fair``). The worker keeps its publishers, heaviest FIFO first
+        (then those whose entries it already holds), until their backlogs reach
+        that share, and gives up the others to the sweep: a worker serving one
+        busy publisher hands everyone else to the other workers, and a worker
+        that dequeued everything cannot keep the others idle.
         """
         owned = dequeued.owned
-        share = -(-dequeued.active // dequeued.live)
-        if len(owned) <= share:
+        if len(owned) <= 1:
             return ()
         entries = self._entries
+        backlog = dequeued.backlog
 
-        def in_hand(publisher: str) -> int:
-            return sum(1 for entry_id in owned[publisher] if entry_id in entries)
+        def weight(publisher: str) -> tuple[int, int]:
+            return backlog.get(publisher, 0), sum(1 for e in owned[publisher] if e in entries)
 
-        ranked = sorted(owned, key=in_hand, reverse=True)
-        return tuple(ranked[share:])
+        kept_load = 0
+        given_up = []
+        for publisher in sorted(owned, key=weight, reverse=True):
+            if kept_load >= dequeued.fair:
+                given_up.append(publisher)
+            else:
+                kept_load += backlog.get(publisher, 0)
+        return tuple(given_up)
 
     def _commit(self, heads: dict[str, list[str]], now_ms: int, yield_turns: tuple[str, ...] = ()) -> int:
         entries = self._entries

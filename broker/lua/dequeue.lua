@@ -1,7 +1,8 @@
 -- The queue mutex (seed 004): read the next publication requests and file each
 -- entry id in its publisher's FIFO, in stream order, in one atomic call.
 -- Then take the turn of publishers that have no owner (up to this worker's fair
--- share), and return the FIFO heads of every publisher whose turn it holds.
+-- share of the waiting entries), and return the FIFO heads of every publisher
+-- whose turn it holds.
 --
 -- KEYS[1] publish stream            "{qm}:publish"
 -- KEYS[2] index version counter     "{qm}:version"
@@ -16,10 +17,11 @@
 -- ARGV[7] malformed publisher id, for entries without a valid "publisher" field
 -- ARGV[8] liveness_ms: a worker whose last heartbeat is older is not counted
 -- ARGV[9..] publishers whose turn the worker believes it holds
--- returns {version, last_delivered_id or "", entries, owned, active, live}
+-- returns {version, last_delivered_id or "", entries, owned, active, live, fair}
 --   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}
---   owned:   {publisher, {head ids...}, publisher, {head ids...}, ...}
---   active:  publishers with entries waiting; live: workers seen within liveness_ms
+--   owned:   {publisher, {head ids...}, backlog, publisher, {head ids...}, backlog, ...}
+--   active:  publishers with entries waiting; live: workers seen within liveness_ms;
+--   fair:    entries waiting per live worker (this worker's fair share of the work)
 
 local stream, group, token = KEYS[1], ARGV[1], ARGV[2]
 local prefix, lease_ms, heads = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -60,46 +62,48 @@ for _, pub in ipairs(filed_order) do
 end
 if #filed_order > 0 then redis.call('SADD', KEYS[3], unpack(filed_order)) end
 
--- Fair share: with `active` publishers waiting and `live` workers, take a free
--- turn only while this worker holds fewer than ceil(active / live) of them.
+-- Fair share of the work: the entries waiting in FIFOs (the group's pending
+-- entries) split over the live workers. A worker takes a free turn only while
+-- the FIFOs it holds add up to less than its share, so one busy publisher is
+-- not served by a worker that also holds everyone else.
+local pending, last_id = 0, ''
+for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+  local name, last, count = nil, nil, 0
+  for j = 1, #info, 2 do
+    if info[j] == 'name' then name = info[j + 1] end
+    if info[j] == 'last-delivered-id' then last = info[j + 1] end
+    if info[j] == 'pending' then count = info[j + 1] end
+  end
+  if name == group then last_id, pending = last, count end
+end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local live = redis.call('ZCOUNT', KEYS[4], now_ms - tonumber(ARGV[8]), '+inf')
-local active = redis.call('SCARD', KEYS[3])
-local share = math.ceil(active / math.max(live, 1))
+local live = math.max(redis.call('ZCOUNT', KEYS[4], now_ms - tonumber(ARGV[8]), '+inf'), 1)
+local fair = math.ceil(pending / live)
 
-local owned, held = {}, 0
+local owned, held, load = {}, 0, 0
 for _, pub in ipairs(candidates) do
   local owner_key, fifo_key = prefix .. pub .. ':owner', prefix .. pub .. ':fifo'
   local owner = redis.call('GET', owner_key)
   local mine = owner == token
-  if not owner and held < share then
+  if not owner and (held == 0 or load < fair) then
     mine = redis.call('SET', owner_key, token, 'NX', 'PX', lease_ms) ~= false
   end
   if mine then
-    local ids = redis.call('LRANGE', fifo_key, 0, heads - 1)
-    if #ids == 0 then
+    local backlog = redis.call('LLEN', fifo_key)
+    if backlog == 0 then
       redis.call('DEL', owner_key)
       redis.call('SREM', KEYS[3], pub)
     else
       redis.call('PEXPIRE', owner_key, lease_ms)
       owned[#owned + 1] = pub
-      owned[#owned + 1] = ids
+      owned[#owned + 1] = redis.call('LRANGE', fifo_key, 0, heads - 1)
+      owned[#owned + 1] = backlog
       held = held + 1
+      load = load + backlog
     end
   end
 end
+if #entries > 0 then last_id = '' end
 
-local last_id = ''
-if #entries == 0 then
-  for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-    local name, last = nil, nil
-    for j = 1, #info, 2 do
-      if info[j] == 'name' then name = info[j + 1] end
-      if info[j] == 'last-delivered-id' then last = info[j + 1] end
-    end
-    if name == group then last_id = last end
-  end
-end
-
-return {redis.call('GET', KEYS[2]) or '0', last_id, entries, owned, redis.call('SCARD', KEYS[3]), live}
+return {redis.call('GET', KEYS[2]) or '0', last_id, entries, owned, redis.call('SCARD', KEYS[3]), live, fair}
