@@ -40,7 +40,6 @@ import json
 import sys
 import time
 import zipfile
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import util
@@ -57,6 +56,7 @@ from broker.config import Settings
 from broker.connection import connect
 from broker.errors import DemoError
 from broker.models import decode_envelope
+from broker.oracle import link_closure, link_targets
 from broker.publish import Publisher
 from broker.server import Server
 from broker.subscriptions import subscribe, unsubscribe
@@ -302,19 +302,7 @@ def expected_topics(topic: str, links: Iterable[tuple[str, str]]) -> list[str]:
     Returns:
         The topics a publication on ``topic`` is delivered on, ``topic`` first.
     """
-    targets: dict[str, list[str]] = {}
-    for source, target in links:
-        targets.setdefault(source, []).append(target)
-    seen = {topic}
-    order = [topic]
-    queue = deque([topic])
-    while queue:
-        for nxt in targets.get(queue.popleft(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                order.append(nxt)
-                queue.append(nxt)
-    return order
+    return link_closure(topic, link_targets(links))
 
 
 def verify(

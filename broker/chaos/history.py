@@ -27,27 +27,13 @@ from dataclasses import dataclass, field
 
 import redis
 
+from broker import oracle
 from broker.testing import queue_messages
-from broker.topics import matches
-
-
-def link_closure(topic: str, links: list[tuple[str, str]]) -> list[str]:
-    """``topic`` and every topic reachable from it through ``links`` (source, target), each once."""
-    order, seen = [topic], {topic}
-    i = 0
-    while i < len(order):
-        for source, target in links:
-            if source == order[i] and target not in seen:
-                seen.add(target)
-                order.append(target)
-        i += 1
-    return order
 
 
 def recipients(topic: str, filters: dict[str, str], links: list[tuple[str, str]]) -> frozenset[str]:
     """The subscription ids (keys of ``filters``) a publication on ``topic`` must reach, computed independently."""
-    reached = link_closure(topic, links)
-    return frozenset(sub for sub, flt in filters.items() if any(matches(flt, t) for t in reached))
+    return oracle.recipients(topic, filters, oracle.link_targets(links))
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 This is a second, independent implementation of the broker's routing rules,
 so the audit does not trust the code it checks (it imports nothing from
-``broker.topics`` or ``broker.routing``). Each filter is compiled to a regular
+``broker.topics`` or ``broker.routing``; the link closure is the plain
+breadth-first search of ``broker.oracle``). Each filter is compiled to a regular
 expression instead of walking a trie:
 
 * ``+`` is one whole level, possibly empty: ``[^/]*``;
@@ -24,8 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from typing import Any
 import redis
 
 from broker import keys
+from broker.oracle import link_closure
 
 
 def filter_pattern(topic_filter: str) -> re.Pattern[str]:
@@ -67,25 +68,6 @@ def filter_pattern(topic_filter: str) -> re.Pattern[str]:
         body = body + "(?:/.*)?" if literal else ".*"
     guard = r"(?!\$)" if levels[0] in ("+", "#") else ""
     return re.compile(guard + body, re.DOTALL)
-
-
-def link_closure(topic: str, targets: Mapping[str, Iterable[str]]) -> list[str]:
-    """The topic and every topic reachable from it through links, each once, breadth first.
-
-    Args:
-        topic: the topic published on.
-        targets: source topic -> topics it links to.
-    """
-    seen = {topic}
-    order = [topic]
-    queue = deque(order)
-    while queue:
-        for nxt in targets.get(queue.popleft(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                order.append(nxt)
-                queue.append(nxt)
-    return order
 
 
 @dataclass
