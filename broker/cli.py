@@ -26,7 +26,7 @@ from rich.text import Text
 
 from broker import admin
 from broker.config import Settings, load_settings
-from broker.connection import connect
+from broker.connection import connect, wait_for_server
 from broker.errors import BrokerError, ConnectionLost, PublicationRefused, ServerError
 from broker.models import DEFAULT_PRIORITY, Message
 from broker.publish import Publisher, PublishResult
@@ -157,8 +157,10 @@ def main(ctx: click.Context, config_file: str | None, redis_url: str | None, qm:
 @main.command("worker", short_help="Run the worker pool (fan-out) in the foreground.")
 @click.option("--concurrency", "-c", type=click.IntRange(1, 64), default=None,
               help="Worker processes to run (default: the 'concurrency' setting).")
+@click.option("--wait-ms", type=click.IntRange(0), default=30_000, show_default=True,
+              help="How long to wait for the Redis server to come up, ms.")
 @click.pass_obj
-def worker_command(state: State, concurrency: int | None) -> None:
+def worker_command(state: State, concurrency: int | None, wait_ms: int) -> None:
     """Run the worker pool in the foreground until SIGTERM or Ctrl-C.
 
     Each worker fans publications out to subscriber queues; a worker that dies
@@ -172,11 +174,29 @@ def worker_command(state: State, concurrency: int | None) -> None:
     settings = state.settings
     if concurrency is not None:
         settings = settings.model_copy(update={"concurrency": concurrency})
-    connect(settings.redis_url, check=True).close()
+    wait_for_server(settings.redis_url, wait_ms).close()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     click.echo(f"running {settings.concurrency} worker(s) for queue manager {settings.qm} "
                f"on {settings.redis_url}; Ctrl-C stops them", err=True)
     Pool(settings).run()
+
+
+@main.command("scheduler", short_help="Run the rq worker for the scheduled admin jobs.")
+@click.option("--interval-ms", type=click.IntRange(1_000), default=60_000, show_default=True,
+              help="How often each admin job runs, ms.")
+@click.option("--wait-ms", type=click.IntRange(0), default=30_000, show_default=True,
+              help="How long to wait for the Redis server to come up, ms.")
+@click.pass_obj
+def scheduler_command(state: State, interval_ms: int, wait_ms: int) -> None:
+    """Schedule the admin jobs (trim acknowledged stream entries, usage snapshots)
+    and run an rq worker with its scheduler on the broker-admin queue until Ctrl-C."""
+    from broker.jobs import run_scheduler
+
+    settings = state.settings
+    wait_for_server(settings.redis_url, wait_ms).close()
+    click.echo(f"admin jobs every {interval_ms} ms for queue manager {settings.qm} on {settings.redis_url}",
+               err=True)
+    run_scheduler(settings.redis_url, settings.qm, interval_ms)
 
 
 @main.command("server", short_help="Run the embedded Valkey server in the foreground.")

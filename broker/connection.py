@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import redis
 
 from broker.errors import ConnectionLost, ServerError
@@ -38,3 +40,31 @@ def connect(url: str, check: bool = False) -> redis.Redis:
         if version < MIN_SERVER_VERSION:
             raise ServerError(f"Redis {info['redis_version']} at {url} is too old; the broker needs >= 7.0")
     return client
+
+
+def wait_for_server(url: str, timeout_ms: int, poll_ms: int = 200) -> redis.Redis:
+    """Connect to ``url``, waiting up to ``timeout_ms`` for the server to come up.
+
+    Processes started together (a Procfile: the server, the workers, the
+    scheduler) must not fail because the server is a moment late.
+
+    Args:
+        url: ``redis://host:port/db``.
+        timeout_ms: how long to keep trying, ms.
+        poll_ms: pause between tries, ms.
+
+    Returns:
+        A checked client (see ``connect``).
+
+    Raises:
+        ConnectionLost: the server did not answer within ``timeout_ms``.
+        ServerError: the server is older than Redis 7.0.
+    """
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        try:
+            return connect(url, check=True)
+        except ConnectionLost:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(poll_ms / 1000)

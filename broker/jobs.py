@@ -1,4 +1,4 @@
-"""The broker's scheduled admin jobs, run by ``rq worker --with-scheduler broker-admin``.
+"""The broker's scheduled admin jobs, run by an rq worker with its scheduler (``broker scheduler``).
 
 rq stores each job's dotted path (``broker.jobs.<name>``), so these functions
 must not move, and they take primitive arguments only. Each periodic job
@@ -11,7 +11,7 @@ import json
 import time
 from datetime import timedelta
 
-from rq import Queue
+from rq import Queue, Worker
 
 from broker import keys
 from broker.admin import status, trim_acknowledged
@@ -74,3 +74,21 @@ def schedule(redis_url: str, qm: str, interval_ms: int = 60_000) -> list[str]:
     """
     queue = Queue(ADMIN_QUEUE, connection=connect(redis_url))
     return [queue.enqueue(periodic, redis_url, qm, job, interval_ms).id for job in ("trim_stream", "usage_snapshot")]
+
+
+def run_scheduler(redis_url: str, qm: str, interval_ms: int = 60_000) -> None:
+    """Schedule the periodic admin jobs (unless already scheduled) and run an rq worker for them.
+
+    The worker runs rq's scheduler too (``with_scheduler``), which enqueues the
+    jobs' next runs; it stops on SIGTERM/SIGINT as rq workers do.
+
+    Args:
+        redis_url: the broker's Redis.
+        qm: the queue manager.
+        interval_ms: how often each job runs, ms.
+    """
+    client = connect(redis_url)
+    queue = Queue(ADMIN_QUEUE, connection=client)
+    if not queue.count and not queue.scheduled_job_registry.count:
+        schedule(redis_url, qm, interval_ms)
+    Worker([queue], connection=client).work(with_scheduler=True)

@@ -12,7 +12,7 @@ from broker import cli
 from broker.publish import PublishResult
 
 COMMANDS = ["worker", "server", "demo", "publish", "subscribe", "unsubscribe", "subscriptions",
-            "link", "unlink", "links", "topics", "status", "pipeline", "journal"]
+            "link", "unlink", "links", "topics", "status", "pipeline", "journal", "scheduler"]
 
 CLOSED = "redis://127.0.0.1:1/0"
 
