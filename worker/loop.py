@@ -60,6 +60,9 @@ SUSPECT_DELIVERIES = 3
 #: A worker whose last heartbeat is older than this is not counted live (fair share), ms.
 LIVENESS_MS = 5_000
 
+#: Publishers looked at per orphan sweep (SSCAN COUNT).
+SWEEP_COUNT = 100
+
 #: How long a worker with nothing to do waits while others hold waiting publishers, ms.
 BUSY_POLL_MS = 20
 
@@ -187,10 +190,7 @@ class Worker:
         now = self.clock_ms()
         if now >= self._next_reclaim_ms:
             self._next_reclaim_ms = now + settings.reclaim_interval_ms
-            self._reclaim_cursor, taken = self.scripts.reclaim(
-                self.name, settings.lease_ms, self._reclaim_cursor, 100
-            )
-            self.owned.update(taken)
+            self._sweep()
         dequeued = self._prefetched
         self._prefetched = None
         if dequeued is None:
@@ -217,10 +217,7 @@ class Worker:
             if dequeued.active:
                 # Others hold every waiting publisher: look for turns they gave up, and
                 # wait only briefly, so this worker starts as soon as one is given up.
-                self._reclaim_cursor, taken = self.scripts.reclaim(
-                    self.name, settings.lease_ms, self._reclaim_cursor, 100
-                )
-                self.owned.update(taken)
+                taken = self._sweep()
                 if block and not taken and not dequeued.entries:
                     self.client.xread({self._stream: dequeued.last_delivered_id}, count=1,
                                       block=min(settings.block_ms, BUSY_POLL_MS))
@@ -231,6 +228,14 @@ class Worker:
         done = self._commit(dequeued.owned, now, self._turns_to_yield(dequeued))
         self._heartbeat(now)
         return done
+
+    def _sweep(self) -> list[str]:
+        """Take orphaned turns (and find forgotten ones of ours); returns the publishers taken."""
+        self._reclaim_cursor, taken = self.scripts.reclaim(
+            self.name, self.settings.lease_ms, self._reclaim_cursor, SWEEP_COUNT
+        )
+        self.owned.update(taken)
+        return taken
 
     def _turns_to_yield(self, dequeued: Dequeued) -> tuple[str, ...]:
         """Publishers beyond this worker's fair share of the work, to give up after this round.
