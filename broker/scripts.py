@@ -153,7 +153,6 @@ class Scripts:
         self._reclaim = client.register_script(_source("reclaim"))
         self._release = client.register_script(_source("release"))
         self._prefix = keys.pub_prefix(qm)
-        self._bprefix = self._prefix.encode()
         self._fixed = (keys.publish_stream(qm), keys.active_publishers(qm), keys.dead_letter(qm))
         self._dedup_prefix = keys.dedup(qm, "", "")[:-1]
         self._reply_prefix = keys.reply(qm, "", "")[:-1]
