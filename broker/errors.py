@@ -199,3 +199,49 @@ class ServerNotFound(BrokerError):
     """No redis-server / valkey-server binary could be found to start."""
 
     exit_code = 4
+
+
+class ForeignKey(BrokerError):
+    """A key the broker owns holds a value of another Redis type (a foreign key).
+
+    Something other than the broker wrote it (``SET '{QM1}:sub:app$x' oops``).
+    The broker never writes over it and never fails halfway because of it
+    (DESIGN.md, "MULTI/EXEC does not roll back"): a publication that would
+    have to write to it is refused as a whole with this error's message as
+    the reason, and a queue-manager-wide key (the publish stream, the
+    subscription hash) stops the workers until an operator removes it.
+
+    Attributes:
+        key: the key's name.
+        found: the Redis type it holds (``TYPE``), e.g. "string".
+        expected: the type the broker keeps there, e.g. "list".
+    """
+
+    exit_code = 3
+
+    def __init__(self, key: str, found: str, expected: str) -> None:
+        self.key = key
+        self.found = found
+        self.expected = expected
+        super().__init__(f"foreign key: {key} holds a {found}, not a {expected}")
+
+
+class CorruptRecord(BrokerError, ValueError):
+    """A record the broker stored (a subscription or a link) cannot be read back.
+
+    The workers skip such a record (it matches nothing) and report it; ``broker
+    status``, ``broker links`` and ``broker topics`` name it.
+
+    Attributes:
+        key: the hash holding it, e.g. ``{QM1}:links``.
+        field: the hash field (a subscription id or a link's source topic).
+        reason: why it cannot be read.
+    """
+
+    exit_code = 3
+
+    def __init__(self, key: str, field: str, reason: str) -> None:
+        self.key = key
+        self.field = field
+        self.reason = reason
+        super().__init__(f"corrupt record {field!r} in {key}: {reason}")
