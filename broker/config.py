@@ -56,6 +56,9 @@ class Settings(BaseSettings):
         stop_grace_ms: how long the pool waits for workers after SIGTERM, ms.
         journal: write a delivery journal record per publication, in its unit of work.
         journal_max_len: approximate cap of the journal stream, records.
+        dead_letter_max_len: approximate cap of the dead-letter stream, records;
+            the oldest dead letters are dropped beyond it (a body over
+            max_body_bytes is never copied there, so a record is small).
         max_deliveries: an entry taken over this many times without being
             handled (its workers keep dying on it) is dead-lettered.
         server_port: TCP port of the embedded server.
@@ -79,6 +82,7 @@ class Settings(BaseSettings):
     stop_grace_ms: int = Field(default=10_000, ge=0)
     journal: bool = False
     journal_max_len: int = Field(default=1_000_000, ge=1)
+    dead_letter_max_len: int = Field(default=100_000, ge=1)
     max_deliveries: int = Field(default=5, ge=2)
     server_port: int = Field(default=6380, ge=1, le=65535)
     server_dir: str = ".broker"

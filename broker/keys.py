@@ -3,7 +3,8 @@
 This docstring is the protocol document. A service in any language can publish
 with one ``XADD`` and consume with ``BLMOVE``/``LMOVE`` by following it.
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2 (2: dedup and reply keys carry the publisher id's byte length,
+so that ids containing ``:`` cannot collide; dead letters of oversized bodies keep no copy)
 
 All keys of one queue manager ``<qm>`` start with the hash tag ``{<qm>}`` so that
 every MULTI/EXEC and every Lua call touches one Redis Cluster slot.
@@ -22,10 +23,10 @@ key                                 type      contents                          
 ``{qm}:pub:<publisher>:fifo``       list      stream entry ids of one publisher, in order   dequeue.lua (RPUSH)      commit.lua (LPOP head)
 ``{qm}:pub:<publisher>:owner``      string    token of the worker holding the turn, PX lease dequeue.lua (SET NX)    commit.lua (fencing)
 ``{qm}:publishers``                 set       publisher ids whose FIFO is not empty         dequeue.lua (SADD)       reclaim.lua (orphan sweep)
-``{qm}:dedup:<publisher>:<msgid>``  string    stream entry id that delivered it, PX window  commit.lua               commit.lua
-``{qm}:reply:<publisher>:<msgid>``  list      one result JSON, PX reply TTL                 commit.lua               the waiting publisher
-``{qm}:dlq``                        stream    dead-lettered entries: original fields plus   workers                  operators
-                                              ``dlq.reason``, ``dlq.entry_id``
+``{qm}:dedup:<n>:<publisher>:<msgid>`` string stream entry id that delivered it, PX window commit.lua             commit.lua
+``{qm}:reply:<n>:<publisher>:<msgid>`` list   one result JSON, PX reply TTL                 commit.lua, dequeue.lua  the waiting publisher
+``{qm}:dlq``                        stream    dead-lettered entries (below), capped at      workers (Lua)            operators
+                                              about ``dead_letter_max_len`` records
 ``{qm}:workers``                    hash      worker name -> JSON heartbeat                 workers                  ``broker status``
 ``{qm}:alive``                      zset      worker name, score = last heartbeat (ms)      workers                  dequeue.lua (fair share)
 ``{qm}:journal``                    stream    one record per publication handled (when the  commit.lua (capped)      ``broker journal export``
@@ -35,11 +36,27 @@ key                                 type      contents                          
 ``{qm}:usage``                      stream    usage snapshots (field ``snapshot``: JSON)    rq job usage_snapshot    operators
 ==================================  ========  ============================================  =======================  ==========================
 
-Keys whose names are built inside Lua from data the script reads (the two
-per-publisher keys) are built from a prefix passed in ARGV,
-``pub_prefix(qm)`` = ``{qm}:pub:``, followed by ``<publisher>:fifo`` or
-``<publisher>:owner``; ``fifo_key``/``owner_key`` below are the Python twins and a
-test checks that both give the same string.
+Keys whose names are built inside Lua from data the script reads are built
+from a prefix passed in ARGV, never from a prefix written in Lua:
+
+- the per-publisher keys: ``pub_prefix(qm)`` = ``{qm}:pub:``, followed by
+  ``<publisher>:fifo`` or ``<publisher>:owner`` (Python twins: ``fifo_key``,
+  ``owner_key``). These are injective: the suffix is fixed.
+- the message-id keys: ``dedup_prefix(qm)`` = ``{qm}:dedup:`` and
+  ``reply_prefix(qm)`` = ``{qm}:reply:``, followed by ``<n>:<publisher>:<msgid>``
+  where ``<n>`` is the publisher id's length in bytes, in decimal (``id_key``
+  in ``lua/lib.lua``; Python twins: ``dedup``, ``reply``). The length makes the
+  name injective: publisher ``a`` with msgid ``b:c`` is ``{qm}:reply:1:a:b:c``,
+  publisher ``a:b`` with msgid ``c`` is ``{qm}:reply:3:a:b:c``.
+
+Tests check that the Lua and Python builders give the same strings.
+
+Key types are the broker's: a key of another type where the broker keeps one
+of the above (a *foreign key*) is never written over. A publication that would
+have to write to one is refused as a whole, with the key named in the reason;
+a foreign queue-manager-wide key (the stream, the dead-letter stream, the
+subscription hash, ...) stops the workers, with nothing half-done, until it is
+removed. ``broker status`` names foreign keys and corrupt records.
 
 Publication entry (fields of one ``XADD {qm}:publish * ...``)
 -------------------------------------------------------------
@@ -48,13 +65,14 @@ Field names and text values are UTF-8; ``body`` is raw bytes.
 =================  ========  ==========================================================
 field              required  meaning
 =================  ========  ==========================================================
-``publisher``      yes       publisher id, 1-256 bytes; order is kept per publisher
+``publisher``      yes       publisher id, 1-256 bytes; order is kept per publisher. An
+                             entry without a valid one is dead-lettered in stream order
 ``topic``          yes       topic string (MQTT 5 §4.7 rules, no wildcards)
 ``body``           no        message body, bytes (default empty)
 ``msgid``          no        message id; a second entry of the same publisher with the
                              same msgid inside the dedup window is not delivered again.
                              Default: ``<stream entry id>`` (no dedup across retries)
-``seq``            no        per-publisher sequence number (decimal)
+``seq``            no        per-publisher sequence number (decimal, 0 to 2**63-1)
 ``ts``             no        publish time, ms since the epoch (default: the entry id's ms)
 ``persistent``     no        ``1`` or ``0`` (default ``1``)
 ``priority``       no        0-9 (Jakarta Messaging §3.4.10; default 4); carried, not reordered
@@ -62,11 +80,23 @@ field              required  meaning
 ``correlation_id`` no        carried to subscribers
 ``reply_to``       no        carried to subscribers
 ``props``          no        JSON object of user properties (string keys, scalar values)
-``reply``          no        ``1``: post the result to ``{qm}:reply:<publisher>:<msgid>``
+``reply``          no        ``1``: post the result to ``{qm}:reply:<n>:<publisher>:<msgid>``;
+                             ``0`` or absent: no result. Anything else is refused
 =================  ========  ==========================================================
+
+Any other value out of its range (``persistent 2``, ``priority 10``, ``seq -1``,
+a ``topic`` with a wildcard or a control character, a body over
+``max_body_bytes``) refuses the publication: it is dead-lettered with the reason
+and, with ``reply 1``, the result says ``refused``.
 
 Envelope (one element of a subscriber queue)
 --------------------------------------------
+An envelope is **bytes**, not text: the body is copied as it was published and
+need not be UTF-8. Read queue elements as binary strings (in Node.js, pass
+``returnBuffers``/use a Buffer reply; in Go, ``[]byte``), and acknowledge with
+the exact bytes you received: ``LREM`` compares byte for byte, so an envelope
+decoded to text and re-encoded is not found and stays in flight.
+
 ``<header JSON, UTF-8, one line>`` ``\\n`` ``<body bytes>``: split at the first
 newline byte. The header is a JSON object with ``v`` (protocol version),
 ``msgid``, ``publisher``, ``seq`` (int or null), ``topic`` (the topic it was
@@ -75,11 +105,40 @@ in bytes), and, only when they differ from their defaults, ``persistent``
 (default true), ``priority`` (4), ``expiration`` (0), ``correlation_id``,
 ``reply_to`` (absent = null) and ``props`` (absent = ``{}``).
 
-Reply (``{qm}:reply:<publisher>:<msgid>``, when ``reply=1``)
-------------------------------------------------------------
-A JSON object: ``status`` one of ``delivered``, ``duplicate``, ``expired``,
+Reply (``{qm}:reply:<n>:<publisher>:<msgid>``, when ``reply=1``)
+----------------------------------------------------------------
+Exactly one JSON object per publication, posted in the same unit of work as
+its final outcome: ``status`` one of ``delivered``, ``duplicate``, ``expired``,
 ``refused``; ``subscriptions`` (how many queues got it); ``entry_id``;
-``msgid``; for ``refused``: ``reason`` and ``suggestion`` (a corrected topic or null).
+``publisher``; ``msgid``; for ``refused``: ``reason`` and ``suggestion`` (a
+corrected topic, absent when there is none). ``<n>`` is the publisher id's
+length in bytes: publisher ``svc-7`` with msgid ``o-1`` waits with
+``BLPOP '{QM1}:reply:5:svc-7:o-1' 10``.
+
+Dead letter (one entry of ``{qm}:dlq``)
+---------------------------------------
+The publication's own fields, then ``dlq.reason`` (one line of text) and
+``dlq.entry_id`` (the publish stream entry it was, a reference that lasts until
+the stream is trimmed). A body larger than ``max_body_bytes`` is not copied:
+``dlq.body_bytes`` gives its size instead.
+
+Subscriptions (``{qm}:subs``), for a service that is not written in Python
+--------------------------------------------------------------------------
+A subscription is one hash field: the id ``<client id>$<name>`` (each part
+1-128 characters of ``A-Za-z0-9_.-``) mapped to a JSON object ``{"filter":
+"<MQTT topic filter>", "durable": true|false, "created_ms": <ms>}``. Create it
+and bump the version in one transaction, so that every worker sees it before
+the next publication it handles::
+
+    MULTI
+    HSET {QM1}:subs app$orders '{"filter":"/ORDERS/+","durable":true,"created_ms":0}'
+    INCR {QM1}:version
+    EXEC
+
+Remove it with ``HDEL``, ``INCR`` on the version and ``DEL`` of its queue and
+in-flight list, in one ``MULTI``. A record the workers cannot read (not JSON,
+an invalid filter, an id outside that alphabet) matches nothing, and is named
+by ``broker status``, ``broker topics`` and the worker log.
 
 Subscriber's reliable pop
 -------------------------
@@ -92,7 +151,11 @@ oldest unacknowledged message is redelivered first.
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+
+#: Most bytes of a publisher id (the ``publisher`` field); the one place the rule lives
+#: (``dequeue.lua`` is passed it, and files an entry with a longer id as malformed).
+MAX_PUBLISHER_BYTES = 256
 
 #: Consumer group of the workers on the publish stream.
 WORKER_GROUP = "workers"
@@ -156,14 +219,36 @@ def active_publishers(qm: str) -> str:
     return f"{_tag(qm)}:publishers"
 
 
+def _id_part(publisher: str, msgid: str) -> str:
+    # Lua's twin: id_key in lua/lib.lua (#pub is the length in bytes).
+    return f"{len(publisher.encode('utf-8', 'surrogateescape'))}:{publisher}:{msgid}"
+
+
+def dedup_prefix(qm: str) -> str:
+    """Prefix of the dedup records, passed to Lua in ARGV: ``{qm}:dedup:``."""
+    return f"{_tag(qm)}:dedup:"
+
+
+def reply_prefix(qm: str) -> str:
+    """Prefix of the reply lists, passed to Lua in ARGV: ``{qm}:reply:``."""
+    return f"{_tag(qm)}:reply:"
+
+
 def dedup(qm: str, publisher: str, msgid: str) -> str:
-    """The record of a delivered message id: ``{qm}:dedup:<publisher>:<msgid>``."""
-    return f"{_tag(qm)}:dedup:{publisher}:{msgid}"
+    """The record of a delivered message id: ``{qm}:dedup:<n>:<publisher>:<msgid>``.
+
+    ``<n>`` is the publisher id's length in bytes, so that ids containing ``:``
+    cannot collide (publisher ``a``, msgid ``b:c`` vs publisher ``a:b``, msgid ``c``).
+    """
+    return dedup_prefix(qm) + _id_part(publisher, msgid)
 
 
 def reply(qm: str, publisher: str, msgid: str) -> str:
-    """Where the result of a publication is posted: ``{qm}:reply:<publisher>:<msgid>``."""
-    return f"{_tag(qm)}:reply:{publisher}:{msgid}"
+    """Where the result of a publication is posted: ``{qm}:reply:<n>:<publisher>:<msgid>``.
+
+    ``<n>`` is the publisher id's length in bytes (see ``dedup``).
+    """
+    return reply_prefix(qm) + _id_part(publisher, msgid)
 
 
 def dead_letter(qm: str) -> str:

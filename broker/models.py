@@ -23,7 +23,7 @@ PropertyValue = str | int | float | bool | None
 
 DEFAULT_PRIORITY = 4
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-MAX_PUBLISHER_BYTES = 256
+MAX_PUBLISHER_BYTES = keys.MAX_PUBLISHER_BYTES
 
 
 class Message(BaseModel):
@@ -175,6 +175,14 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
         raise InvalidMessage(f"field 'priority' must be 0-9, not {priority}")
     expiration = _int(fields, b"expiration", 0)
     assert expiration is not None
+    if expiration < 0:
+        raise InvalidMessage(f"field 'expiration' must be >= 0 (ms since the epoch, 0 = never), not {expiration}")
+    seq = _int(fields, b"seq", None)
+    if seq is not None and seq < 0:
+        raise InvalidMessage(f"field 'seq' must be >= 0, not {seq}")
+    reply = _text(fields, b"reply")
+    if reply not in (None, "", "0", "1"):
+        raise InvalidMessage(f"field 'reply' must be 0 or 1, not {reply[:20]!r}")
     props_text = _text(fields, b"props")
     props: Any = {}
     if props_text:
@@ -190,7 +198,7 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
         "v": keys.PROTOCOL_VERSION,
         "msgid": msgid,
         "publisher": publisher,
-        "seq": _int(fields, b"seq", None),
+        "seq": seq,
         "topic": topic,
         "ts": ts,
         "entry_id": entry_id,
@@ -218,7 +226,7 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
         msgid_given=bool(given),
         topic=topic,
         body=body,
-        reply=fields.get(b"reply") == b"1",
+        reply=reply == "1",
         expiration_ms=expiration,
         header=header,
     )

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from broker import keys
-from broker.errors import ConnectionLost, ReplyTimeout, ServerError
+from broker.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError
 from broker.models import DEFAULT_PRIORITY, PropertyValue, publication_fields
 from broker.topics import validate_topic
 
@@ -61,7 +61,7 @@ class Publisher:
     Args:
         client: a redis-py client.
         qm: the queue manager.
-        publisher_id: 1-256 bytes; every publication of this id is delivered in
+        publisher_id: 1-256 bytes (``keys.MAX_PUBLISHER_BYTES``); every publication of this id is delivered in
             the order it was published.
         validate: check topics here and raise at once (default); with False the
             broker checks them and refuses invalid ones (visible with ``wait``).
@@ -71,8 +71,8 @@ class Publisher:
     def __init__(
         self, client: redis.Redis, qm: str, publisher_id: str, validate: bool = True, first_seq: int = 1
     ) -> None:
-        if not publisher_id or len(publisher_id.encode()) > 256:
-            raise ValueError("publisher_id must be 1-256 bytes")
+        if not publisher_id or len(publisher_id.encode()) > keys.MAX_PUBLISHER_BYTES:
+            raise InvalidMessage(f"publisher_id must be 1-{keys.MAX_PUBLISHER_BYTES} bytes")
         self.client = client
         self.qm = qm
         self.publisher_id = publisher_id

@@ -26,8 +26,13 @@ def _b(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def _source(name: str) -> str:
+def _read(name: str) -> str:
     return resources.files("broker").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+def script_source(name: str) -> str:
+    """A script's source: ``lua/lib.lua`` (the shared helpers) followed by ``lua/<name>.lua``."""
+    return _read("lib") + "\n" + _read(name)
 
 
 @dataclass(frozen=True)
@@ -136,31 +141,50 @@ class CommitBatch:
         self.order.append((publisher, entry_id))
 
 
+@dataclass(frozen=True)
+class Refusals:
+    """How scripts refuse a publication they cannot hand to a worker (see ``lua/lib.lua``).
+
+    Attributes:
+        reply_ttl_ms: how long a posted result is kept, ms.
+        dead_letter_max_len: approximate cap of the dead-letter stream, records.
+        max_body_bytes: a dead letter keeps the body only up to this size, bytes.
+    """
+
+    reply_ttl_ms: int = 60_000
+    dead_letter_max_len: int = 100_000
+    max_body_bytes: int = 1_048_576
+
+
 class Scripts:
     """The broker's scripts bound to one client and one queue manager.
 
     Args:
         client: a redis-py client (``decode_responses=False``).
         qm: the queue manager name.
+        refusals: how publications are refused inside a script (dead-letter cap,
+            reply TTL, largest body kept).
     """
 
-    def __init__(self, client: redis.Redis, qm: str) -> None:
+    def __init__(self, client: redis.Redis, qm: str, refusals: Refusals | None = None) -> None:
         self.client = client
         self.qm = qm
-        self._dequeue = client.register_script(_source("dequeue"))
-        self._commit = client.register_script(_source("commit"))
-        self._claim = client.register_script(_source("claim"))
-        self._reclaim = client.register_script(_source("reclaim"))
-        self._release = client.register_script(_source("release"))
+        self.refusals = refusals or Refusals()
+        self._dequeue = client.register_script(script_source("dequeue"))
+        self._commit = client.register_script(script_source("commit"))
+        self._claim = client.register_script(script_source("claim"))
+        self._reclaim = client.register_script(script_source("reclaim"))
+        self._release = client.register_script(script_source("release"))
+        self._orphans = client.register_script(script_source("orphans"))
         self._prefix = keys.pub_prefix(qm)
         self._fixed = (keys.publish_stream(qm), keys.active_publishers(qm), keys.dead_letter(qm))
-        self._dedup_prefix = keys.dedup(qm, "", "")[:-1]
-        self._reply_prefix = keys.reply(qm, "", "")[:-1]
+        self._dedup_prefix = keys.dedup_prefix(qm)
+        self._reply_prefix = keys.reply_prefix(qm)
         self._sub_prefix_len = len(keys.sub_queue(qm, ""))
 
     def load(self) -> None:
         """Load every script into the server's script cache (SCRIPT LOAD); needed before pipelined calls."""
-        for script in (self._dequeue, self._commit, self._claim, self._reclaim, self._release):
+        for script in (self._dequeue, self._commit, self._claim, self._reclaim, self._release, self._orphans):
             self.client.script_load(script.script)
 
     def _call(self, script: Any, keys_: list[Any], args: list[Any], pipe: Any) -> Any:
@@ -189,14 +213,19 @@ class Scripts:
             A ``Dequeued``, or None with ``pipe``.
 
         Raises:
-            redis.RedisError: as redis-py raises it; callers translate.
+            redis.RedisError: as redis-py raises it; callers translate. A foreign
+                queue-manager-wide key gives a ``ResponseError`` starting with
+                "BROKER foreign key", raised before anything was written.
         """
         qm = self.qm
+        refusals = self.refusals
         raw = self._call(
             self._dequeue,
-            [keys.publish_stream(qm), keys.version(qm), keys.active_publishers(qm), keys.alive(qm)],
+            [keys.publish_stream(qm), keys.version(qm), keys.active_publishers(qm), keys.alive(qm),
+             keys.dead_letter(qm)],
             [keys.WORKER_GROUP, token, count, self._prefix, lease_ms, heads,
-             keys.MALFORMED_PUBLISHER, liveness_ms, *map(_b, owned)],
+             keys.MALFORMED_PUBLISHER, liveness_ms, keys.MAX_PUBLISHER_BYTES, self._reply_prefix,
+             refusals.reply_ttl_ms, refusals.dead_letter_max_len, refusals.max_body_bytes, *map(_b, owned)],
             pipe,
         )
         return None if pipe is not None else parse_dequeue(raw)
@@ -222,6 +251,7 @@ class Scripts:
             [*self._fixed, keys.journal(qm), *batch.queue_keys],
             [keys.WORKER_GROUP, token, lease_ms, self._prefix, self._dedup_prefix,
              self._reply_prefix, journal_max_len, self._sub_prefix_len,
+             self.refusals.dead_letter_max_len, self.refusals.max_body_bytes,
              len(yield_turns), *map(_b, yield_turns), len(batch.sets), *batch.sets, *batch.args],
             pipe,
         )
@@ -266,6 +296,30 @@ class Scripts:
             args=[self._prefix, token, lease_ms, cursor, count],
         )
         return nxt.decode(), [p.decode("utf-8", "surrogateescape") for p in taken]
+
+    def orphans(self, min_idle_ms: int, start: str = "-", count: int = 100) -> tuple[str, list[str]]:
+        """Refuse pending entries that are in no publisher's FIFO any more (see ``lua/orphans.lua``).
+
+        Args:
+            min_idle_ms: only entries pending at least this long are looked at, ms.
+            start: the smallest entry id to look at, "-" for the oldest.
+            count: the most pending entries looked at in this call.
+
+        Returns:
+            ``(next start id, or "" when the pending list was read to its end; refused entry ids)``.
+
+        Raises:
+            redis.RedisError: as redis-py raises it (a foreign stream or dead-letter
+                stream: "BROKER foreign key ..." before any write).
+        """
+        refusals = self.refusals
+        nxt, refused = self._orphans(
+            keys=[keys.publish_stream(self.qm), keys.dead_letter(self.qm)],
+            args=[keys.WORKER_GROUP, min_idle_ms, count, start, self._prefix, keys.MALFORMED_PUBLISHER,
+                  keys.MAX_PUBLISHER_BYTES, self._reply_prefix, refusals.reply_ttl_ms,
+                  refusals.dead_letter_max_len, refusals.max_body_bytes],
+        )
+        return nxt.decode(), [r.decode() for r in refused]
 
     def release(self, token: str, publishers: list[str]) -> int:
         """Give up the turns this worker holds on ``publishers``; returns how many."""

@@ -39,10 +39,10 @@ import redis
 from broker import keys
 from broker.config import Settings
 from broker.connection import connect
-from broker.errors import InvalidMessage, InvalidTopic
+from broker.errors import ForeignKey, InvalidMessage, InvalidTopic
 from broker.models import encode_envelope, parse_entry
 from broker.routing import RoutingTable
-from broker.scripts import COMMIT_STATUSES, CommitBatch, Dequeued, Scripts, parse_dequeue
+from broker.scripts import COMMIT_STATUSES, CommitBatch, Dequeued, Refusals, Scripts, parse_dequeue
 
 log = logging.getLogger("broker.worker")
 
@@ -72,13 +72,23 @@ RETRY_PAUSE_MS = 500
 #: Most publications per ``commit.lua`` call (bounds how long one call holds Redis).
 COMMIT_CHUNK = 256
 
+#: How often a worker looks for pending entries that are in no FIFO (``orphans.lua``), ms.
+ORPHAN_SWEEP_INTERVAL_MS = 30_000
+
+#: Pending entries looked at per orphan sweep call.
+ORPHAN_SWEEP_COUNT = 100
+
+#: A worker whose heartbeat is older than this is removed from ``{qm}:workers`` and
+#: ``{qm}:alive`` by the live workers (it was killed without a chance to deregister), ms.
+GONE_AFTER_MS = 60_000
+
 Hook = Callable[[str], None]
 
 
 def _publisher_of(fields: dict[bytes, bytes]) -> str:
     """The FIFO an entry was filed under, exactly as ``dequeue.lua`` decides it."""
     raw = fields.get(b"publisher")
-    if raw is None or not 0 < len(raw) <= 256:
+    if raw is None or not 0 < len(raw) <= keys.MAX_PUBLISHER_BYTES:
         return keys.MALFORMED_PUBLISHER
     return raw.decode("utf-8", "surrogateescape")
 
@@ -122,7 +132,8 @@ class Worker:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.hook = hook or (lambda point: None)
-        self.scripts = Scripts(client, self.qm)
+        self.scripts = Scripts(client, self.qm, Refusals(settings.reply_ttl_ms, settings.dead_letter_max_len,
+                                                         settings.max_body_bytes))
         self.table = RoutingTable(self.qm)
         self.owned: set[str] = set()
         self.stopping = False
@@ -133,6 +144,9 @@ class Worker:
         self._prefetched: Dequeued | None = None
         self._reclaim_cursor = "0"
         self._next_reclaim_ms = 0
+        self._next_orphan_sweep_ms = 0
+        self._orphan_start = "-"
+        self._last_problem = ""
         self._next_heartbeat_ms = 0
         self._started_ms = self.clock_ms()
 
@@ -144,7 +158,13 @@ class Worker:
         self._heartbeat(self.clock_ms())
 
     def run(self) -> None:
-        """Loop until ``stopping`` is set, then give up held turns and deregister."""
+        """Loop until ``stopping`` is set, then give up held turns and deregister.
+
+        A Redis error or a foreign key (a key of the wrong type where the broker
+        keeps a queue-manager-wide key) never ends the loop: nothing is half-done
+        (every step is one atomic script that checks before it writes), so the
+        worker logs it, pauses ``RETRY_PAUSE_MS`` and starts the round again.
+        """
         ready = False
         try:
             while not self.stopping:
@@ -153,15 +173,29 @@ class Worker:
                         self.setup()
                         ready = True
                     self.run_once(block=True)
-                except redis.RedisError as exc:
-                    # Nothing is half-done (every unit of work is atomic); start the round again.
-                    # The turns this worker holds are kept: the next dequeue checks each of them.
-                    log.warning("worker %s: %s: %s; retrying", self.name, type(exc).__name__, exc)
+                except (redis.RedisError, ForeignKey) as exc:
+                    if self.stopping and isinstance(exc, redis.ConnectionError):
+                        log.info("worker %s: the server went away while stopping", self.name)
+                        break
+                    self._report(exc)
                     self._entries.clear()
                     self._prefetched = None
                     time.sleep(RETRY_PAUSE_MS / 1000)
         finally:
             self.shutdown()
+
+    def _report(self, exc: Exception) -> None:
+        """Log why a round failed: once per distinct problem at error level, then at debug."""
+        text = f"{type(exc).__name__}: {exc}"
+        foreign = isinstance(exc, ForeignKey) or "foreign key" in str(exc)
+        if text == self._last_problem:
+            log.debug("worker %s: %s; retrying", self.name, text)
+            return
+        self._last_problem = text
+        if foreign:
+            log.error("worker %s: %s; nothing was written, waiting for it to be removed", self.name, exc)
+        else:
+            log.warning("worker %s: %s; retrying", self.name, text)
 
     def shutdown(self) -> None:
         """Give up every turn this worker holds and remove its heartbeat."""
@@ -191,6 +225,9 @@ class Worker:
         if now >= self._next_reclaim_ms:
             self._next_reclaim_ms = now + settings.reclaim_interval_ms
             self._sweep()
+        if now >= self._next_orphan_sweep_ms:
+            self._next_orphan_sweep_ms = now + ORPHAN_SWEEP_INTERVAL_MS
+            self.orphan_sweep(settings.lease_ms)
         dequeued = self._prefetched
         self._prefetched = None
         if dequeued is None:
@@ -236,6 +273,29 @@ class Worker:
         )
         self.owned.update(taken)
         return taken
+
+    def orphan_sweep(self, min_idle_ms: int) -> list[str]:
+        """Refuse pending entries that are in no publisher's FIFO (an operator deleted it by hand).
+
+        Looks at up to ``ORPHAN_SWEEP_COUNT`` pending entries per call, going on
+        from where the last call stopped.
+
+        Args:
+            min_idle_ms: only entries pending at least this long are looked at, ms.
+
+        Returns:
+            The entry ids refused (dead-lettered with the reason).
+
+        Raises:
+            redis.RedisError: as redis-py raises it.
+        """
+        self._orphan_start, refused = self.scripts.orphans(min_idle_ms, self._orphan_start, ORPHAN_SWEEP_COUNT)
+        if not self._orphan_start:
+            self._orphan_start = "-"
+        if refused:
+            log.error("worker %s: %d pending entries were in no publisher's FIFO; dead-lettered: %s",
+                      self.name, len(refused), ", ".join(refused[:10]))
+        return refused
 
     def _turns_to_yield(self, dequeued: Dequeued) -> tuple[str, ...]:
         """Publishers beyond this worker's fair share of the work, to give up after this round.
@@ -296,9 +356,12 @@ class Worker:
                     log.warning("entry %s of publisher %r is gone from the stream; skipping it", entry_id, publisher)
                     batch.add(publisher, entry_id, "skip", b"", entry_id)
                 elif entry_id == ids[0] and delivered > settings.max_deliveries:
-                    reason = f"delivered {delivered} times without being handled (max_deliveries)"
+                    reason = (f"taken over {delivered} times without being handled: its workers died "
+                              f"(max_deliveries {settings.max_deliveries})")
                     log.error("entry %s: %s; dead-lettering it", entry_id, reason)
-                    batch.add(publisher, entry_id, "refuse", reason.encode(), entry_id)
+                    fields = found[1]
+                    reply_ttl = settings.reply_ttl_ms if fields.get(b"reply") == b"1" else 0
+                    batch.add(publisher, entry_id, "refuse", reason.encode(), _msgid(fields, entry_id), 0, reply_ttl)
                 else:
                     self._unit(batch, publisher, entry_id, found[1], now_ms)
         self.hook("before_commit")
@@ -391,10 +454,16 @@ class Worker:
             "processed": self.processed,
             "owned": len(self.owned),
         }
+        alive = keys.alive(self.qm)
         pipe = self.client.pipeline(transaction=False)
         pipe.hset(keys.workers(self.qm), self.name, json.dumps(beat))
-        pipe.zadd(keys.alive(self.qm), {self.name: now_ms})
-        pipe.execute()
+        pipe.zadd(alive, {self.name: now_ms})
+        pipe.zrangebyscore(alive, "-inf", now_ms - GONE_AFTER_MS, start=0, num=100)
+        gone = pipe.execute()[-1]
+        if gone:  # workers killed without deregistering: forget them
+            pipe.hdel(keys.workers(self.qm), *gone)
+            pipe.zrem(alive, *gone)
+            pipe.execute()
 
 
 def main(settings: Settings, hook: Hook | None = None) -> None:

@@ -24,9 +24,10 @@ import hashlib
 import multiprocessing
 import threading
 from dataclasses import dataclass, field
-from importlib import resources
 from multiprocessing.connection import Connection
 from typing import Any
+
+from broker.scripts import script_source
 
 #: How long to keep reading (and discarding) the server's answer once it has
 #: started, before cutting the connection, ms: lets the rest of a pipeline apply.
@@ -41,9 +42,8 @@ _TAIL = 128
 
 
 def script_sha(name: str) -> bytes:
-    """The SHA1 redis-py sends in ``EVALSHA`` for ``broker/lua/<name>.lua``, as bytes."""
-    source = resources.files("broker").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
-    return hashlib.sha1(source.encode("utf-8")).hexdigest().encode()
+    """The SHA1 redis-py sends in ``EVALSHA`` for ``broker/lua/<name>.lua`` (with its prelude), as bytes."""
+    return hashlib.sha1(script_source(name).encode("utf-8")).hexdigest().encode()
 
 
 def evalsha(name: str) -> bytes:

@@ -3,9 +3,15 @@
 -- acknowledge the stream entry, post the result and pass the publisher's turn
 -- on. Fenced per publication: nothing is written for it unless this worker
 -- holds the publisher's turn and the entry is next in the publisher's FIFO (a
--- worker resumed after its lease cannot write). The script is atomic, so the
--- writes are grouped (one LPUSH per queue, one XACK, one LTRIM per FIFO) and
--- each publication is still all or nothing.
+-- worker resumed after its lease cannot write).
+--
+-- Two phases, so that no command can fail after the first write (Redis does
+-- not roll back a script): the first only reads, checks the type of every key
+-- a publication would write (its subscriber queues, its dedup record, its
+-- reply list) and decides its outcome; a publication that would have to write
+-- to a foreign key is refused as a whole, with that reason (IBM MQ's
+-- PMSGDLV(ALL): delivered to every subscriber or to none). The second phase
+-- writes, grouped (one LPUSH per queue, one XACK, one LTRIM per FIFO).
 --
 -- KEYS[1] publish stream               "{qm}:publish"
 -- KEYS[2] active publishers set        "{qm}:publishers"
@@ -16,15 +22,17 @@
 -- ARGV[2] the worker's fencing token
 -- ARGV[3] lease_ms of a publisher's turn
 -- ARGV[4] per-publisher key prefix     "{qm}:pub:"   (.. publisher .. ":fifo" / ":owner")
--- ARGV[5] dedup key prefix             "{qm}:dedup:" (.. publisher .. ":" .. msgid)
--- ARGV[6] reply key prefix             "{qm}:reply:" (.. publisher .. ":" .. msgid)
+-- ARGV[5] dedup key prefix             "{qm}:dedup:" (id_key in lib.lua)
+-- ARGV[6] reply key prefix             "{qm}:reply:" (id_key in lib.lua)
 -- ARGV[7] journal: approximate max length of the journal stream; 0 = no journal
 -- ARGV[8] length of the subscriber queue prefix "{qm}:sub:" (to journal subscription ids)
--- ARGV[9] Y, the number of publishers whose turn to give up after this call
+-- ARGV[9] approximate cap of the dead-letter stream, records
+-- ARGV[10] max_body_bytes: a dead letter keeps a body only up to this size
+-- ARGV[11] Y, the number of publishers whose turn to give up after this call
 --   even if their FIFO is not empty (fair share: another worker takes them)
--- ARGV[10 .. 9+Y] those publishers
--- ARGV[10+Y] S, the number of recipient sets
--- ARGV[11+Y .. 10+Y+S] recipient sets: space-separated KEYS indexes, e.g. "5 6 9"
+-- ARGV[12 .. 11+Y] those publishers
+-- ARGV[12+Y] S, the number of recipient sets
+-- ARGV[13+Y .. 12+Y+S] recipient sets: space-separated KEYS indexes, e.g. "5 6 9"
 -- then 12 ARGV per publication:
 --   publisher, entry id, action ("deliver" | "expire" | "refuse" | "skip"),
 --   payload (deliver: the envelope; refuse: the reason), msgid,
@@ -34,16 +42,27 @@
 -- returns 3 integers per publication: status, subscriptions, released
 --   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped
 --   released: 1 when the FIFO is now empty and the turn was given up
+-- errors "BROKER foreign key: ..." before any write when a queue-manager-wide key is foreign
 
 local stream, active, dlq, journal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
 local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
 local journal_len, sub_prefix_len = tonumber(ARGV[7]), tonumber(ARGV[8])
-local nyield = tonumber(ARGV[9])
+local dlq_len, max_body = ARGV[9], tonumber(ARGV[10])
+local nyield = tonumber(ARGV[11])
 local yield = {}
-for i = 10, 9 + nyield do yield[ARGV[i]] = true end
-local nsets = tonumber(ARGV[10 + nyield])
-local sets_at = 10 + nyield
+for i = 12, 11 + nyield do yield[ARGV[i]] = true end
+local nsets = tonumber(ARGV[12 + nyield])
+local sets_at = 12 + nyield
+local first = sets_at + 1 + nsets
+
+local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}}
+if journal_len > 0 then fixed[#fixed + 1] = {journal, 'stream'} end
+require_types(fixed)
+
+-- The subscriber queues: each checked once per batch.
+local queue_foreign = {}
+for k = 5, #KEYS do queue_foreign[k] = foreign(KEYS[k], 'list') end
 
 local sets = {}
 for s = 1, nsets do
@@ -52,10 +71,91 @@ for s = 1, nsets do
   sets[s] = idx
 end
 
+local STATUS = {delivered = 1, duplicate = 2, expired = 3, refused = 4, skipped = 5}
+local turns = {}         -- publisher -> {ok = bool, popped = n, fifo = key, owner = key}
+local turn_order = {}
+
+local function turn_of(pub)
+  local t = turns[pub]
+  if not t then
+    local owner = pub_prefix .. pub .. ':owner'
+    -- pcall: a foreign turn key is simply not this worker's turn
+    t = {ok = redis.pcall('GET', owner) == token, popped = 0,
+         fifo = pub_prefix .. pub .. ':fifo', owner = owner}
+    turns[pub] = t
+    turn_order[#turn_order + 1] = pub
+  end
+  return t
+end
+
+-- Phase 1: read and decide. plan[i] = nil (fenced) or
+-- {u = ARGV index, status, count, reason, dedup = key to record, reply = key to post on}
+local plan = {}
+local recorded = {}      -- dedup keys this batch records (a second use in the batch is a duplicate)
+local n = 0
+for u = first, #ARGV, 12 do
+  n = n + 1
+  local pub, entry_id, action, payload = ARGV[u], ARGV[u + 1], ARGV[u + 2], ARGV[u + 3]
+  local msgid, window, reply_ttl = ARGV[u + 4], tonumber(ARGV[u + 5]), tonumber(ARGV[u + 6])
+  local set = tonumber(ARGV[u + 7])
+  local t = turn_of(pub)
+  if t.ok and redis.pcall('LINDEX', t.fifo, t.popped) ~= entry_id then t.ok = false end
+  if t.ok then
+    t.popped = t.popped + 1
+    local step = {u = u, status = 'skipped', count = 0}
+    local reply_key, reply_why = nil, nil
+    if reply_ttl > 0 then
+      reply_key = id_key(reply_prefix, pub, msgid)
+      reply_why = foreign(reply_key, 'list')
+      if not reply_why then step.reply = reply_key end
+    end
+    if action == 'deliver' then
+      local why = reply_why and (reply_why .. '; the result could not be posted')
+      if not why and set > 0 then
+        for _, k in ipairs(sets[set]) do
+          if queue_foreign[k] then why = queue_foreign[k]; break end
+        end
+      end
+      local fresh = true
+      if not why and window > 0 then
+        local key = id_key(dedup_prefix, pub, msgid)
+        if recorded[key] then
+          fresh = false
+        else
+          local found = redis.call('TYPE', key)['ok']
+          if found == 'string' then
+            fresh = false
+          elseif found == 'none' then
+            recorded[key] = true
+            step.dedup = {key, entry_id, window}
+          else
+            why = 'foreign key: ' .. key .. ' holds a ' .. found .. ', not a string'
+          end
+        end
+      end
+      if why then
+        step.status, step.reason = 'refused', why .. '; delivered to no subscription'
+      elseif not fresh then
+        step.status = 'duplicate'
+      else
+        step.status = 'delivered'
+        if set > 0 then step.count = #sets[set] end
+      end
+    elseif action == 'expire' then
+      step.status = 'expired'
+    elseif action == 'refuse' then
+      step.status, step.reason = 'refused', payload
+    end
+    plan[n] = step
+  end
+end
+
+-- Phase 2: write. Every key written below was checked above (or is the
+-- publish stream, FIFO, turn and set, whose types were checked or read).
 local now_ms = ''
 if journal_len > 0 then
-  local t = redis.call('TIME')
-  now_ms = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  local tm = redis.call('TIME')
+  now_ms = tostring(tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000))
 end
 local names = {}
 local function subscription_ids(set)
@@ -68,88 +168,48 @@ local function subscription_ids(set)
   return names[set]
 end
 
-local STATUS = {delivered = 1, duplicate = 2, expired = 3, refused = 4, skipped = 5}
 local out = {}
 local acks = {}          -- entry ids to XACK, in order
 local pushes = {}        -- queue KEYS index -> envelopes, in order
 local push_order = {}    -- queue KEYS indexes in first-use order
-local turns = {}         -- publisher -> {ok = bool, popped = n, fifo = key, owner = key}
-local turn_order = {}
-
-local function turn_of(pub)
-  local t = turns[pub]
-  if not t then
-    local owner = pub_prefix .. pub .. ':owner'
-    t = {ok = redis.call('GET', owner) == token, popped = 0,
-         fifo = pub_prefix .. pub .. ':fifo', owner = owner}
-    turns[pub] = t
-    turn_order[#turn_order + 1] = pub
-  end
-  return t
-end
-
-local first = sets_at + 1 + nsets
-for u = first, #ARGV, 12 do
-  local pub, entry_id, action, payload = ARGV[u], ARGV[u + 1], ARGV[u + 2], ARGV[u + 3]
-  local msgid, window, reply_ttl = ARGV[u + 4], tonumber(ARGV[u + 5]), tonumber(ARGV[u + 6])
-  local set = tonumber(ARGV[u + 7])
-  local t = turn_of(pub)
-  if not t.ok or redis.call('LINDEX', t.fifo, t.popped) ~= entry_id then
-    t.ok = false  -- fenced: nothing more of this publisher in this call
+for i = 1, n do
+  local step = plan[i]
+  if not step then
     out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
   else
-    local status, count = 'skipped', 0
-    if action == 'deliver' then
-      local fresh = true
-      if window > 0 then
-        fresh = redis.call('SET', dedup_prefix .. pub .. ':' .. msgid, entry_id, 'NX', 'PX', window) ~= false
-      end
-      if fresh then
-        if set > 0 then
-          for _, k in ipairs(sets[set]) do
-            local list = pushes[k]
-            if not list then
-              list = {}
-              pushes[k] = list
-              push_order[#push_order + 1] = k
-            end
-            list[#list + 1] = payload
-          end
-          count = #sets[set]
+    local u = step.u
+    local pub, entry_id, payload, msgid = ARGV[u], ARGV[u + 1], ARGV[u + 3], ARGV[u + 4]
+    local set = tonumber(ARGV[u + 7])
+    local status = step.status
+    if step.dedup then
+      redis.call('SET', step.dedup[1], step.dedup[2], 'PX', step.dedup[3])
+    end
+    if status == 'delivered' and set > 0 then
+      for _, k in ipairs(sets[set]) do
+        local list = pushes[k]
+        if not list then
+          list = {}
+          pushes[k] = list
+          push_order[#push_order + 1] = k
         end
-        status = 'delivered'
-      else
-        status = 'duplicate'
+        list[#list + 1] = payload
       end
-    elseif action == 'expire' then
-      status = 'expired'
-    elseif action == 'refuse' then
-      status = 'refused'
+    elseif status == 'refused' then
       local original = redis.call('XRANGE', stream, entry_id, entry_id)
       local fields = {}
       if #original == 1 then fields = original[1][2] end
-      fields[#fields + 1] = 'dlq.reason'
-      fields[#fields + 1] = payload
-      fields[#fields + 1] = 'dlq.entry_id'
-      fields[#fields + 1] = entry_id
-      redis.call('XADD', dlq, '*', unpack(fields))
+      dead_letter(dlq, dlq_len, max_body, entry_id, fields, step.reason)
     end
-
     acks[#acks + 1] = entry_id
-    t.popped = t.popped + 1
-
-    if reply_ttl > 0 then
-      local result = {status = status, subscriptions = count, entry_id = entry_id,
+    if step.reply then
+      local result = {status = status, subscriptions = step.count, entry_id = entry_id,
                       publisher = pub, msgid = msgid}
       if status == 'refused' then
-        result.reason = payload
+        result.reason = step.reason
         if ARGV[u + 8] ~= '' then result.suggestion = ARGV[u + 8] end
       end
-      local reply_key = reply_prefix .. pub .. ':' .. msgid
-      redis.call('LPUSH', reply_key, cjson.encode(result))
-      redis.call('PEXPIRE', reply_key, reply_ttl)
+      post_reply(step.reply, ARGV[u + 6], result)
     end
-
     if journal_len > 0 and status ~= 'skipped' then
       local subs = '[]'
       if status == 'delivered' then subs = subscription_ids(set) end
@@ -157,7 +217,7 @@ for u = first, #ARGV, 12 do
         'entry_id', entry_id, 'msgid', msgid, 'publisher', pub, 'seq', ARGV[u + 9],
         'topic', ARGV[u + 10], 'subs', subs, 'enq_ms', ARGV[u + 11], 'dlv_ms', now_ms, 'status', status)
     end
-    out[#out + 1] = STATUS[status]; out[#out + 1] = count; out[#out + 1] = 0
+    out[#out + 1] = STATUS[status]; out[#out + 1] = step.count; out[#out + 1] = 0
   end
 end
 
@@ -191,11 +251,9 @@ for _, pub in ipairs(turn_order) do
   end
 end
 -- mark "released" on the last handled unit of each publisher that gave up its turn
-local u_index = 0
 local last_of = {}
-for u = first, #ARGV, 12 do
-  u_index = u_index + 1
-  if out[3 * u_index - 2] ~= 0 then last_of[ARGV[u]] = u_index end
+for i = 1, n do
+  if plan[i] then last_of[ARGV[plan[i].u]] = i end
 end
 for pub, i in pairs(last_of) do
   if released[pub] then out[3 * i] = 1 end

@@ -4,10 +4,16 @@
 -- share of the waiting entries), and return the FIFO heads of every publisher
 -- whose turn it holds.
 --
+-- Nothing is filed for a publisher whose FIFO or turn key is foreign (another
+-- Redis type): its entries are refused here, in stream order (dead-lettered
+-- with the reason, acknowledged, "refused" posted when asked), so none stays
+-- pending. Every queue-manager-wide key is checked before XREADGROUP.
+--
 -- KEYS[1] publish stream            "{qm}:publish"
 -- KEYS[2] index version counter     "{qm}:version"
 -- KEYS[3] active publishers set     "{qm}:publishers"
 -- KEYS[4] live workers              "{qm}:alive" (zset scored by last heartbeat, ms)
+-- KEYS[5] dead-letter stream        "{qm}:dlq"
 -- ARGV[1] consumer group
 -- ARGV[2] consumer name, also the worker's fencing token
 -- ARGV[3] count: the most entries to read
@@ -16,16 +22,26 @@
 -- ARGV[6] heads: the most FIFO entry ids to return per owned publisher
 -- ARGV[7] malformed publisher id, for entries without a valid "publisher" field
 -- ARGV[8] liveness_ms: a worker whose last heartbeat is older is not counted
--- ARGV[9..] publishers whose turn the worker believes it holds
+-- ARGV[9] most bytes of a publisher id
+-- ARGV[10] reply key prefix         "{qm}:reply:" (id_key in lib.lua)
+-- ARGV[11] reply_ttl_ms
+-- ARGV[12] approximate cap of the dead-letter stream, records
+-- ARGV[13] max_body_bytes: a dead letter keeps a body only up to this size
+-- ARGV[14..] publishers whose turn the worker believes it holds
 -- returns {version, last_delivered_id or "", entries, owned, active, live, fair}
---   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}
+--   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}, less those refused here
 --   owned:   {publisher, {head ids...}, backlog, publisher, {head ids...}, backlog, ...}
 --   active:  publishers with entries waiting; live: workers seen within liveness_ms;
 --   fair:    entries waiting per live worker (this worker's fair share of the work)
 
 local stream, group, token = KEYS[1], ARGV[1], ARGV[2]
 local prefix, lease_ms, heads = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
-local malformed = ARGV[7]
+local malformed, max_pub = ARGV[7], tonumber(ARGV[9])
+local ctx = {stream = stream, group = group, dlq = KEYS[5], dlq_len = ARGV[12], max_body = tonumber(ARGV[13]),
+             reply_prefix = ARGV[10], reply_ttl = ARGV[11]}
+local FIRST_OWNED = 14
+
+require_types({{stream, 'stream'}, {KEYS[2], 'string'}, {KEYS[3], 'set'}, {KEYS[4], 'zset'}, {KEYS[5], 'stream'}})
 
 local reply = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', ARGV[3], 'STREAMS', stream, '>')
 local entries = {}
@@ -38,23 +54,35 @@ local function consider(pub)
     candidates[#candidates + 1] = pub
   end
 end
-for i = 9, #ARGV do consider(ARGV[i]) end
+for i = FIRST_OWNED, #ARGV do consider(ARGV[i]) end
 
-local filed, filed_order = {}, {}
+-- Check each publisher's FIFO and turn keys before writing anything.
+local filed, filed_order, refused = {}, {}, {}
 for _, entry in ipairs(entries) do
-  local fields, pub = entry[2], nil
-  for j = 1, #fields, 2 do
-    if fields[j] == 'publisher' then pub = fields[j + 1] end
+  local pub = publisher_of(entry[2], malformed, max_pub)
+  if refused[pub] == nil then
+    refused[pub] = foreign(prefix .. pub .. ':fifo', 'list') or foreign(prefix .. pub .. ':owner', 'string') or false
   end
-  if pub == nil or #pub == 0 or #pub > 256 then pub = malformed end
-  local ids = filed[pub]
-  if not ids then
-    ids = {}
-    filed[pub] = ids
-    filed_order[#filed_order + 1] = pub
+  if not refused[pub] then
+    local ids = filed[pub]
+    if not ids then
+      ids = {}
+      filed[pub] = ids
+      filed_order[#filed_order + 1] = pub
+    end
+    ids[#ids + 1] = entry[1]
+    consider(pub)
   end
-  ids[#ids + 1] = entry[1]
-  consider(pub)
+end
+-- Refuse, in stream order, the entries of publishers whose keys are foreign.
+local kept = {}
+for _, entry in ipairs(entries) do
+  local pub = publisher_of(entry[2], malformed, max_pub)
+  if refused[pub] then
+    refuse_unparsed(ctx, entry[1], entry[2], pub, refused[pub] .. '; the entry could not be filed in order')
+  else
+    kept[#kept + 1] = entry
+  end
 end
 -- one RPUSH per publisher keeps each FIFO in stream order
 for _, pub in ipairs(filed_order) do
@@ -84,13 +112,17 @@ local fair = math.ceil(pending / live)
 local owned, held, load = {}, 0, 0
 for _, pub in ipairs(candidates) do
   local owner_key, fifo_key = prefix .. pub .. ':owner', prefix .. pub .. ':fifo'
-  local owner = redis.call('GET', owner_key)
+  -- a foreign turn or FIFO key (planted after its entries were filed) is never
+  -- taken; the orphan sweep refuses the entries it strands
+  local owner = redis.pcall('GET', owner_key)
   local mine = owner == token
   if not owner and (held == 0 or load < fair) then
     mine = redis.call('SET', owner_key, token, 'NX', 'PX', lease_ms) ~= false
   end
+  local backlog = 0
   if mine then
-    local backlog = redis.call('LLEN', fifo_key)
+    backlog = redis.pcall('LLEN', fifo_key)
+    if type(backlog) ~= 'number' then backlog = 0 end
     if backlog == 0 then
       redis.call('DEL', owner_key)
       redis.call('SREM', KEYS[3], pub)
@@ -106,4 +138,4 @@ for _, pub in ipairs(candidates) do
 end
 if #entries > 0 then last_id = '' end
 
-return {redis.call('GET', KEYS[2]) or '0', last_id, entries, owned, redis.call('SCARD', KEYS[3]), live, fair}
+return {redis.call('GET', KEYS[2]) or '0', last_id, kept, owned, redis.call('SCARD', KEYS[3]), live, fair}

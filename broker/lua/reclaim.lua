@@ -11,18 +11,21 @@
 -- ARGV[4] SSCAN cursor ("0" to start)
 -- ARGV[5] SSCAN count
 -- returns {next cursor, {publishers whose turn was taken or found}}
+-- A publisher whose FIFO or turn key is foreign is left alone (pcall): the
+-- orphan sweep (orphans.lua) refuses the entries such a key strands.
 
 local prefix, token = ARGV[1], ARGV[2]
 local scan = redis.call('SSCAN', KEYS[1], ARGV[4], 'COUNT', ARGV[5])
 local taken = {}
 for _, pub in ipairs(scan[2]) do
-  if redis.call('LLEN', prefix .. pub .. ':fifo') == 0 then
+  local backlog = redis.pcall('LLEN', prefix .. pub .. ':fifo')
+  if type(backlog) ~= 'number' or backlog == 0 then
     if redis.call('EXISTS', prefix .. pub .. ':owner') == 0 then
       redis.call('SREM', KEYS[1], pub)
     end
   elseif redis.call('SET', prefix .. pub .. ':owner', token, 'NX', 'PX', ARGV[3]) then
     taken[#taken + 1] = pub
-  elseif redis.call('GET', prefix .. pub .. ':owner') == token then
+  elseif redis.pcall('GET', prefix .. pub .. ':owner') == token then
     -- ours already, but the worker lost track of it (a lost dequeue reply)
     taken[#taken + 1] = pub
   end

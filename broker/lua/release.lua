@@ -10,7 +10,7 @@
 local prefix, token, released = ARGV[1], ARGV[2], 0
 for i = 3, #ARGV do
   local owner = prefix .. ARGV[i] .. ':owner'
-  if redis.call('GET', owner) == token then
+  if redis.pcall('GET', owner) == token then  -- pcall: a foreign key is not ours
     redis.call('DEL', owner)
     released = released + 1
   end

@@ -9,6 +9,7 @@ on rounds), so that the loop's own error handling is what is tested.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -548,6 +549,20 @@ def test_entry_whose_workers_keep_dying_is_dead_lettered_after_max_deliveries(re
     scenario.publish("p", 2)
     drain(make_workers(real_redis, settings, 1))
     scenario.assert_exactly_once_in_order()
+
+
+def test_entry_dead_lettered_after_max_deliveries_posts_refused_to_its_waiting_publisher(
+        real_redis, settings, killer_entry):
+    # Given an entry every worker dies on, whose publisher waits for the result
+    settings = settings.model_copy(update={"max_deliveries": 3})
+    real_redis.xadd(keys.publish_stream(QM), {"publisher": "p", "topic": "/a/x", "msgid": "kills", "reply": "1"})
+    # When fresh workers take it over until it is dead-lettered
+    _die_until_dead_lettered(real_redis, settings)
+    # Then the publisher learns "refused", with the reason, once
+    replies = real_redis.lrange(keys.reply(QM, "p", "kills"), 0, -1)
+    assert len(replies) == 1
+    result = json.loads(replies[0])
+    assert result["status"] == "refused" and "max_deliveries" in result["reason"]
 
 
 def test_max_deliveries_dead_letters_only_the_entry_workers_die_on_not_those_queued_behind_it(

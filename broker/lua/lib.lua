@@ -1,0 +1,95 @@
+-- Helpers shared by the broker's scripts: broker/scripts.py puts this file in
+-- front of every other script before loading it. Nothing here runs on its own.
+--
+-- The rule every script keeps (DESIGN.md: Redis does not roll back a script
+-- that fails halfway): check every key's type before the first write, so that
+-- no command after it can fail. A key of the wrong type (a "foreign key", put
+-- there by something other than the broker) is never written over.
+
+-- Why `key` cannot be used as a `want` ("list", "string", "stream", "set",
+-- "zset", "hash"), or nil when it holds that type or does not exist.
+local function foreign(key, want)
+  local found = redis.call('TYPE', key)['ok']
+  if found == 'none' or found == want then return nil end
+  return 'foreign key: ' .. key .. ' holds a ' .. found .. ', not a ' .. want
+end
+
+-- Stop the script, before its first write, when a queue-manager-wide key is
+-- foreign: {{key, want}, ...}. The error reply starts with "BROKER foreign key".
+local function require_types(list)
+  for _, pair in ipairs(list) do
+    local why = foreign(pair[1], pair[2])
+    if why then error({err = 'BROKER ' .. why}) end
+  end
+end
+
+-- A key built from a publisher id and a message id, injective whatever the ids
+-- hold: prefix .. <byte length of publisher> .. ":" .. publisher .. ":" .. msgid
+-- (keys.py: dedup, reply).
+local function id_key(prefix, pub, msgid)
+  return prefix .. #pub .. ':' .. pub .. ':' .. msgid
+end
+
+-- The value of field `name` in a flat {field, value, ...} list, or nil.
+local function field_of(fields, name)
+  for j = 1, #fields, 2 do
+    if fields[j] == name then return fields[j + 1] end
+  end
+  return nil
+end
+
+-- The FIFO an entry is filed under: its publisher field, or `malformed` when
+-- that is missing, empty or longer than max_bytes (keys.py: publisher_of).
+local function publisher_of(fields, malformed, max_bytes)
+  local pub = field_of(fields, 'publisher')
+  if pub == nil or #pub == 0 or #pub > max_bytes then return malformed end
+  return pub
+end
+
+-- Add a dead letter: the entry's fields (its body only when it is at most
+-- max_body bytes; otherwise "dlq.body_bytes" says how large it was, and
+-- "dlq.entry_id" refers to it), then "dlq.reason" and "dlq.entry_id".
+-- The stream is capped at about maxlen records. `dlq` must be checked first.
+local function dead_letter(dlq, maxlen, max_body, entry_id, fields, reason)
+  local out = {}
+  for j = 1, #fields, 2 do
+    if fields[j] == 'body' and #fields[j + 1] > max_body then
+      out[#out + 1] = 'dlq.body_bytes'
+      out[#out + 1] = tostring(#fields[j + 1])
+    else
+      out[#out + 1] = fields[j]
+      out[#out + 1] = fields[j + 1]
+    end
+  end
+  out[#out + 1] = 'dlq.reason'
+  out[#out + 1] = reason
+  out[#out + 1] = 'dlq.entry_id'
+  out[#out + 1] = entry_id
+  redis.call('XADD', dlq, 'MAXLEN', '~', maxlen, '*', unpack(out))
+end
+
+-- Post a publication's result on its reply list (keys.py: reply). The key's
+-- type must be checked first (foreign(key, 'list') == nil).
+local function post_reply(key, ttl_ms, result)
+  redis.call('LPUSH', key, cjson.encode(result))
+  redis.call('PEXPIRE', key, ttl_ms)
+end
+
+-- Refuse an entry the worker never parsed (its FIFO or turn key is foreign, or
+-- it was orphaned): dead-letter it, acknowledge it and, when it asked for its
+-- result and its reply key is usable, post "refused" with the reason.
+-- ctx: {stream, group, dlq, dlq_len, max_body, reply_prefix, reply_ttl}
+local function refuse_unparsed(ctx, entry_id, fields, pub, reason)
+  dead_letter(ctx.dlq, ctx.dlq_len, ctx.max_body, entry_id, fields, reason)
+  redis.call('XACK', ctx.stream, ctx.group, entry_id)
+  if field_of(fields, 'reply') == '1' then
+    local msgid = field_of(fields, 'msgid')
+    if msgid == nil or msgid == '' then msgid = entry_id end
+    local key = id_key(ctx.reply_prefix, pub, msgid)
+    if not foreign(key, 'list') then
+      post_reply(key, ctx.reply_ttl, {status = 'refused', subscriptions = 0, entry_id = entry_id,
+                                      publisher = pub, msgid = msgid, reason = reason})
+    end
+  end
+end
+
