@@ -136,6 +136,6 @@ for _, pub in ipairs(candidates) do
     end
   end
 end
-if #entries > 0 then last_id = '' end
+if #kept > 0 then last_id = '' end  -- entries refused above leave nothing to handle: block as idle
 
 return {redis.call('GET', KEYS[2]) or '0', last_id, kept, owned, redis.call('SCARD', KEYS[3]), live, fair}

@@ -287,3 +287,33 @@ def test_dead_letter_stream_is_capped(real_redis, settings):
     drain(workers)
     assert _pending(real_redis) == 0
     assert 10 <= real_redis.xlen(keys.dead_letter(QM)) < 300
+
+
+def test_workers_killed_without_deregistering_are_forgotten_by_the_live_ones(real_redis, settings):
+    # Given the heartbeats of a worker killed long ago and of one seen a second ago
+    import time
+
+    from worker.loop import GONE_AFTER_MS
+
+    now_ms = int(time.time() * 1000)
+    for name, age_ms in (("killed", GONE_AFTER_MS + 1_000), ("recent", 1_000)):
+        real_redis.zadd(keys.alive(QM), {name: now_ms - age_ms})
+        real_redis.hset(keys.workers(QM), name, json.dumps({"pid": 1, "heartbeat_ms": now_ms - age_ms}))
+    # When a live worker sends its heartbeat
+    make_workers(real_redis, settings, 1)
+    # Then the killed worker is gone from the registry, the recent one and the live one stay
+    assert sorted(real_redis.hkeys(keys.workers(QM))) == [b"recent", b"w0"]
+    assert sorted(real_redis.zrange(keys.alive(QM), 0, -1)) == [b"recent", b"w0"]
+
+
+def test_a_round_whose_every_entry_was_refused_in_dequeue_blocks_as_idle(real_redis, settings):
+    # Given a publisher whose FIFO key is foreign, and nothing else to do
+    real_redis.set(keys.fifo_key(QM, "rawy"), "oops")
+    settings = settings.model_copy(update={"block_ms": 1})
+    (worker,) = make_workers(real_redis, settings, 1)
+    _xadd(real_redis, "rawy", "/T/1", "y1")
+    # When the worker's round reads only that entry and then blocks for new ones
+    done = worker.run_once(block=True)
+    # Then the round ends normally (no invalid stream id), with the entry refused
+    assert done == 0
+    assert len(_dead_letters(real_redis)) == 1
