@@ -6,9 +6,9 @@
 -- worker resumed after its lease cannot write).
 --
 -- Two phases, so that no command can fail after the first write (Redis does
--- not roll back a script): the first only reads, checks the type of every key
--- a publication would write (its subscriber queues, its dedup record, its
--- reply list) and decides its outcome; a publication that would have to write
+-- not roll back a script): the first checks the type of every key a
+-- publication would write (its subscriber queues, its reply list, its dedup
+-- record, whose SET NX is its last check) and decides its outcome; a publication that would have to write
 -- to a foreign key is refused as a whole, with that reason (IBM MQ's
 -- PMSGDLV(ALL): delivered to every subscriber or to none). The second phase
 -- writes, grouped (one LPUSH per queue, one XACK, one LTRIM per FIFO).
@@ -89,9 +89,8 @@ local function turn_of(pub)
 end
 
 -- Phase 1: read and decide. plan[i] = nil (fenced) or
--- {u = ARGV index, status, count, reason, dedup = key to record, reply = key to post on}
+-- {u = ARGV index, status, count, reason, reply = key to post on}
 local plan = {}
-local recorded = {}      -- dedup keys this batch records (a second use in the batch is a duplicate)
 local n = 0
 for u = first, #ARGV, 12 do
   n = n + 1
@@ -116,21 +115,17 @@ for u = first, #ARGV, 12 do
           if queue_foreign[k] then why = queue_foreign[k]; break end
         end
       end
+      -- The dedup record is the publication's last check and its first write: one
+      -- SET NX GET records it (nil: fresh), finds it (a string: a duplicate) or fails
+      -- on a foreign key, writing nothing. Nothing after it can fail.
       local fresh = true
       if not why and window > 0 then
         local key = id_key(dedup_prefix, pub, msgid)
-        if recorded[key] then
+        local found = redis.pcall('SET', key, entry_id, 'NX', 'PX', window, 'GET')
+        if type(found) == 'table' and found.err then
+          why = foreign(key, 'string') or ('dedup record ' .. key .. ': ' .. found.err)
+        elseif found then
           fresh = false
-        else
-          local found = redis.call('TYPE', key)['ok']
-          if found == 'string' then
-            fresh = false
-          elseif found == 'none' then
-            recorded[key] = true
-            step.dedup = {key, entry_id, window}
-          else
-            why = 'foreign key: ' .. key .. ' holds a ' .. found .. ', not a string'
-          end
         end
       end
       if why then
@@ -181,9 +176,6 @@ for i = 1, n do
     local pub, entry_id, payload, msgid = ARGV[u], ARGV[u + 1], ARGV[u + 3], ARGV[u + 4]
     local set = tonumber(ARGV[u + 7])
     local status = step.status
-    if step.dedup then
-      redis.call('SET', step.dedup[1], step.dedup[2], 'PX', step.dedup[3])
-    end
     if status == 'delivered' and set > 0 then
       for _, k in ipairs(sets[set]) do
         local list = pushes[k]
