@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from broker import keys
+from broker.unit_of_work import CommitBatch
 
 
 def _b(text: str) -> bytes:
@@ -64,82 +65,6 @@ class Dequeued:
 
 #: Most entry ids per ``claim.lua`` call (Lua's unpack() takes a few thousand values at most).
 CLAIM_CHUNK = 1_000
-
-#: Status codes returned by ``commit.lua``, by position.
-COMMIT_STATUSES = ("fenced", "delivered", "duplicate", "expired", "refused", "skipped")
-
-
-class CommitBatch:
-    """The arguments of one ``commit.lua`` call: units of work for a batch of publications.
-
-    Queue keys and recipient sets are interned, so a set shared by many
-    publications (the usual case) is sent once per batch.
-    """
-
-    __slots__ = ("queue_keys", "_key_index", "sets", "_set_index", "args", "order")
-
-    def __init__(self) -> None:
-        self.queue_keys: list[str] = []
-        self._key_index: dict[str, int] = {}
-        self.sets: list[str] = []
-        self._set_index: dict[tuple[str, ...], int] = {}
-        self.args: list[bytes | str | int] = []
-        self.order: list[tuple[str, str]] = []
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-    def _set(self, queues: tuple[str, ...]) -> int:
-        found = self._set_index.get(queues)
-        if found is not None:
-            return found
-        indexes = []
-        for queue in queues:
-            pos = self._key_index.get(queue)
-            if pos is None:
-                pos = self._key_index[queue] = len(self.queue_keys) + 5  # KEYS[5..] in Lua
-                self.queue_keys.append(queue)
-            indexes.append(str(pos))
-        self.sets.append(" ".join(indexes))
-        number = self._set_index[queues] = len(self.sets)
-        return number
-
-    def add(
-        self,
-        publisher: str,
-        entry_id: str,
-        action: str,
-        payload: bytes,
-        msgid: str,
-        dedup_window_ms: int = 0,
-        reply_ttl_ms: int = 0,
-        queues: tuple[str, ...] = (),
-        suggestion: str = "",
-        seq: str = "",
-        topic: str = "",
-        enqueued_ms: int = 0,
-    ) -> None:
-        """Add the unit of work of one publication.
-
-        Args:
-            publisher: the publisher id.
-            entry_id: the stream entry id.
-            action: "deliver", "expire", "refuse" or "skip".
-            payload: the envelope (deliver) or the reason (refuse).
-            msgid: the message id.
-            dedup_window_ms: how long the msgid is remembered, ms; 0 for no record.
-            reply_ttl_ms: how long the reply is kept, ms; 0 when none was asked for.
-            queues: the de-duplicated subscriber queue keys (deliver).
-            suggestion: a corrected topic for a refused publication.
-            seq: the publisher's sequence number as text, or "" (journal).
-            topic: the topic string (journal).
-            enqueued_ms: the publication's time, ms (journal).
-        """
-        number = self._set(queues) if queues else 0
-        self.args += (_b(publisher), entry_id, action, payload, msgid, dedup_window_ms,
-                      reply_ttl_ms, number, suggestion, seq, topic, enqueued_ms)
-        self.order.append((publisher, entry_id))
-
 
 @dataclass(frozen=True)
 class Refusals:
@@ -234,7 +159,7 @@ class Scripts:
                yield_turns: tuple[str, ...] = ()) -> None:
         """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication.
 
-        Decode the reply with ``COMMIT_STATUSES[status]``; see ``broker/lua/commit.lua``.
+        Decode the reply with ``broker.unit_of_work.decode_outcomes``; see ``broker/lua/commit.lua``.
 
         Args:
             pipe: a redis-py pipeline (its ``execute`` returns the replies) or client.

@@ -32,7 +32,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -42,7 +42,8 @@ from broker.connection import connect
 from broker.errors import ForeignKey, InvalidMessage, InvalidTopic
 from broker.models import encode_envelope, parse_entry
 from broker.routing import RoutingTable
-from broker.scripts import COMMIT_STATUSES, CommitBatch, Dequeued, Refusals, Scripts, parse_dequeue
+from broker.scripts import Dequeued, Refusals, Scripts, parse_dequeue
+from broker.unit_of_work import Action, CommitBatch, Outcome, UnitOfWork, decode_outcomes
 
 log = logging.getLogger("broker.worker")
 
@@ -326,8 +327,27 @@ class Worker:
         return tuple(given_up)
 
     def _commit(self, heads: dict[str, list[str]], now_ms: int, yield_turns: tuple[str, ...] = ()) -> int:
+        """Handle the FIFO heads of the publishers whose turn this worker holds: take over, build, send, apply.
+
+        Returns:
+            How many publications were committed (delivered, refused, ...).
+        """
+        times = self._take_over(heads)
+        batches = self._build(heads, times, now_ms)
+        self.hook("before_commit")
+        results = self._send(batches, heads, yield_turns)
+        self.hook("after_commit")
+        return self._apply(batches, results)
+
+    def _take_over(self, heads: dict[str, list[str]]) -> dict[str, int]:
+        """Fetch the head entries this worker has not read itself (``claim.lua``).
+
+        Only each publisher's first head counts as a new delivery of its entry.
+
+        Returns:
+            ``{entry_id: times delivered}`` for the counted heads.
+        """
         entries = self._entries
-        settings = self.settings
         counted: list[str] = []
         uncounted: list[str] = []
         for ids in heads.values():
@@ -339,6 +359,12 @@ class Worker:
             for entry_id, fields, delivered in self.scripts.claim(self.name, counted, uncounted):
                 entries[entry_id] = (_publisher_of(fields), fields)
                 times[entry_id] = delivered
+        return times
+
+    def _build(self, heads: dict[str, list[str]], times: dict[str, int], now_ms: int) -> list[CommitBatch]:
+        """The units of work of the heads, in FIFO order per publisher, in batches of ``COMMIT_CHUNK``."""
+        entries = self._entries
+        max_deliveries = self.settings.max_deliveries
         batches = [CommitBatch()]
         for publisher, ids in heads.items():
             batch = batches[-1]
@@ -354,17 +380,23 @@ class Worker:
                 found = entries.get(entry_id)
                 if found is None:
                     log.warning("entry %s of publisher %r is gone from the stream; skipping it", entry_id, publisher)
-                    batch.add(publisher, entry_id, "skip", b"", entry_id)
-                elif entry_id == ids[0] and delivered > settings.max_deliveries:
+                    batch.add(UnitOfWork(publisher, entry_id, Action.SKIP, entry_id))
+                elif entry_id == ids[0] and delivered > max_deliveries:
                     reason = (f"taken over {delivered} times without being handled: its workers died "
-                              f"(max_deliveries {settings.max_deliveries})")
+                              f"(max_deliveries {max_deliveries})")
                     log.error("entry %s: %s; dead-lettering it", entry_id, reason)
-                    fields = found[1]
-                    reply_ttl = settings.reply_ttl_ms if fields.get(b"reply") == b"1" else 0
-                    batch.add(publisher, entry_id, "refuse", reason.encode(), _msgid(fields, entry_id), 0, reply_ttl)
+                    batch.add(self._refusal(publisher, entry_id, found[1], reason))
                 else:
-                    self._unit(batch, publisher, entry_id, found[1], now_ms)
-        self.hook("before_commit")
+                    batch.add(self.unit_of_work(publisher, entry_id, found[1], now_ms))
+        return batches
+
+    def _send(self, batches: list[CommitBatch], heads: dict[str, list[str]],
+              yield_turns: tuple[str, ...]) -> list[Any]:
+        """Send every batch (one ``commit.lua`` call each) and, in the same round trip, the next dequeue.
+
+        Returns:
+            One ``commit.lua`` reply per batch (the prefetched dequeue is kept in ``_prefetched``).
+        """
         settings = self.settings
         journal = settings.journal_max_len if settings.journal else 0
         prefetch = not self.stopping
@@ -377,7 +409,7 @@ class Worker:
                 kept = sorted(set(heads) - set(yield_turns))
                 self.scripts.dequeue(self.name, settings.batch_size, settings.lease_ms, settings.heads,
                                      kept, pipe=pipe, liveness_ms=LIVENESS_MS)
-            return pipe.execute()
+            return cast(list[Any], pipe.execute())
 
         try:
             results = send()
@@ -388,21 +420,23 @@ class Worker:
             results = send()
         if prefetch:
             self._prefetched = parse_dequeue(results.pop())
-        self.hook("after_commit")
+        return results
+
+    def _apply(self, batches: list[CommitBatch], results: list[Any]) -> int:
+        """Record what ``commit.lua`` did: counts, turns given up or lost; returns how many were committed."""
+        entries = self._entries
         done = 0
         counts = self.counts
-        for batch, result in zip(batches, results, strict=True):
-            for i, (publisher, entry_id) in enumerate(batch.order):
-                entries.pop(entry_id, None)
-                code = result[3 * i]
-                if code == 0:  # fenced: the turn is no longer ours
-                    self.owned.discard(publisher)
+        for batch, reply in zip(batches, results, strict=True):
+            for unit, outcome, _subscriptions, released in decode_outcomes(batch, reply):
+                entries.pop(unit.entry_id, None)
+                if outcome is Outcome.FENCED:  # the turn is no longer ours
+                    self.owned.discard(unit.publisher)
                     continue
                 done += 1
-                status = COMMIT_STATUSES[code]
-                counts[status] = counts.get(status, 0) + 1
-                if result[3 * i + 2]:
-                    self.owned.discard(publisher)
+                counts[outcome.value] = counts.get(outcome.value, 0) + 1
+                if released:
+                    self.owned.discard(unit.publisher)
         self.processed += done
         if self._prefetched is not None:
             self.owned = set(self._prefetched.owned)
@@ -410,37 +444,44 @@ class Worker:
             self._entries = {k: v for k, v in entries.items() if v[0] in self.owned}
         return done
 
-    def _unit(self, batch: CommitBatch, publisher: str, entry_id: str, fields: dict[bytes, bytes],
-              now_ms: int) -> None:
-        """Add the unit of work for one entry to ``batch``: deliver, expire or refuse. Never raises."""
+    def _refusal(self, publisher: str, entry_id: str, fields: dict[bytes, bytes], reason: str,
+                 suggestion: str = "") -> UnitOfWork:
+        """The unit of work that refuses an entry (dead-letters it, posts "refused" if asked)."""
+        reply_ttl = self.settings.reply_ttl_ms if fields.get(b"reply") == b"1" else 0
+        return UnitOfWork(publisher, entry_id, Action.REFUSE, _msgid(fields, entry_id), reason=reason,
+                          suggestion=suggestion, reply_ttl_ms=reply_ttl)
+
+    def unit_of_work(self, publisher: str, entry_id: str, fields: dict[bytes, bytes], now_ms: int) -> UnitOfWork:
+        """The unit of work of one entry: deliver, expire, or refuse with the reason. Never raises.
+
+        The one place a unit of work is built from an entry, or from the error that refused it.
+
+        Args:
+            publisher: the FIFO the entry was filed under.
+            entry_id: the stream entry id.
+            fields: the entry's fields, bytes to bytes.
+            now_ms: the time, ms since the epoch (expiry).
+        """
         settings = self.settings
-        reply_ttl = settings.reply_ttl_ms if fields.get(b"reply") == b"1" else 0
         try:
             entry = parse_entry(entry_id, fields, settings.max_body_bytes)
             queues = self.table.resolve(entry.topic)
             envelope = encode_envelope(entry.header, entry.body) if queues else b""
         except InvalidTopic as exc:
-            batch.add(publisher, entry_id, "refuse", exc.reason.encode(), _msgid(fields, entry_id), 0, reply_ttl,
-                      suggestion=exc.suggestion or "")
-            return
+            return self._refusal(publisher, entry_id, fields, exc.reason, exc.suggestion or "")
         except InvalidMessage as exc:
-            batch.add(publisher, entry_id, "refuse", str(exc).encode(), _msgid(fields, entry_id), 0, reply_ttl)
-            return
+            return self._refusal(publisher, entry_id, fields, str(exc))
         except Exception as exc:  # a bug must not stop the worker: dead-letter the entry
             log.exception("entry %s could not be handled", entry_id)
-            batch.add(publisher, entry_id, "refuse", f"internal error: {exc!r}".encode(),
-                      _msgid(fields, entry_id), 0, reply_ttl)
-            return
+            return self._refusal(publisher, entry_id, fields, f"internal error: {exc!r}")
         header = entry.header
-        seq = header["seq"]
-        seq_text = "" if seq is None else str(seq)
+        reply_ttl = settings.reply_ttl_ms if entry.reply else 0
+        journal = {"seq": header["seq"], "topic": entry.topic, "enqueued_ms": header["ts"]}
         if entry.expiration_ms and entry.expiration_ms <= now_ms:
-            batch.add(publisher, entry_id, "expire", b"", entry.msgid, 0, reply_ttl,
-                      seq=seq_text, topic=entry.topic, enqueued_ms=header["ts"])
-            return
+            return UnitOfWork(publisher, entry_id, Action.EXPIRE, entry.msgid, reply_ttl_ms=reply_ttl, **journal)
         window = settings.dedup_window_ms if entry.msgid_given else 0
-        batch.add(publisher, entry_id, "deliver", envelope, entry.msgid, window, reply_ttl, queues,
-                  seq=seq_text, topic=entry.topic, enqueued_ms=header["ts"])
+        return UnitOfWork(publisher, entry_id, Action.DELIVER, entry.msgid, envelope=envelope, queues=queues,
+                          dedup_window_ms=window, reply_ttl_ms=reply_ttl, **journal)
 
     def _heartbeat(self, now_ms: int) -> None:
         if now_ms < self._next_heartbeat_ms:

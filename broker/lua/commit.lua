@@ -33,12 +33,20 @@
 -- ARGV[12 .. 11+Y] those publishers
 -- ARGV[12+Y] S, the number of recipient sets
 -- ARGV[13+Y .. 12+Y+S] recipient sets: space-separated KEYS indexes, e.g. "5 6 9"
--- then 12 ARGV per publication:
---   publisher, entry id, action ("deliver" | "expire" | "refuse" | "skip"),
---   payload (deliver: the envelope; refuse: the reason), msgid,
---   dedup_window_ms (0: no dedup record), reply_ttl_ms (0: no reply),
---   recipient set (1-based index, 0: none), suggestion ("" or a corrected topic),
---   seq ("" or decimal), topic, enqueue time ms
+-- then one unit of work per publication, its fields in this order (UNIT_FIELDS
+-- in broker/unit_of_work.py; a test checks the two lists match):
+-- unit field 0 publisher
+-- unit field 1 entry_id
+-- unit field 2 action: "deliver" | "expire" | "refuse" | "skip"
+-- unit field 3 payload: deliver: the envelope; refuse: the reason
+-- unit field 4 msgid
+-- unit field 5 dedup_window_ms: 0 = no dedup record
+-- unit field 6 reply_ttl_ms: 0 = no reply
+-- unit field 7 recipients: 1-based recipient set, 0 = none
+-- unit field 8 suggestion: "" or a corrected topic
+-- unit field 9 seq: "" or decimal (journal)
+-- unit field 10 topic (journal)
+-- unit field 11 enqueued_ms (journal)
 -- returns 3 integers per publication: status, subscriptions, released
 --   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped
 --   released: 1 when the FIFO is now empty and the turn was given up
@@ -55,6 +63,9 @@ for i = 12, 11 + nyield do yield[ARGV[i]] = true end
 local nsets = tonumber(ARGV[12 + nyield])
 local sets_at = 12 + nyield
 local first = sets_at + 1 + nsets
+local PUBLISHER, ENTRY_ID, ACTION, PAYLOAD, MSGID, WINDOW, REPLY_TTL = 0, 1, 2, 3, 4, 5, 6
+local RECIPIENTS, SUGGESTION, SEQ, TOPIC, ENQUEUED_MS = 7, 8, 9, 10, 11
+local UNIT = 12
 
 local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}}
 if journal_len > 0 then fixed[#fixed + 1] = {journal, 'stream'} end
@@ -92,11 +103,11 @@ end
 -- {u = ARGV index, status, count, reason, reply = key to post on}
 local plan = {}
 local n = 0
-for u = first, #ARGV, 12 do
+for u = first, #ARGV, UNIT do
   n = n + 1
-  local pub, entry_id, action, payload = ARGV[u], ARGV[u + 1], ARGV[u + 2], ARGV[u + 3]
-  local msgid, window, reply_ttl = ARGV[u + 4], tonumber(ARGV[u + 5]), tonumber(ARGV[u + 6])
-  local set = tonumber(ARGV[u + 7])
+  local pub, entry_id, action, payload = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID], ARGV[u + ACTION], ARGV[u + PAYLOAD]
+  local msgid, window, reply_ttl = ARGV[u + MSGID], tonumber(ARGV[u + WINDOW]), tonumber(ARGV[u + REPLY_TTL])
+  local set = tonumber(ARGV[u + RECIPIENTS])
   local t = turn_of(pub)
   if t.ok and redis.pcall('LINDEX', t.fifo, t.popped) ~= entry_id then t.ok = false end
   if t.ok then
@@ -173,8 +184,8 @@ for i = 1, n do
     out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
   else
     local u = step.u
-    local pub, entry_id, payload, msgid = ARGV[u], ARGV[u + 1], ARGV[u + 3], ARGV[u + 4]
-    local set = tonumber(ARGV[u + 7])
+    local pub, entry_id, payload, msgid = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID], ARGV[u + PAYLOAD], ARGV[u + MSGID]
+    local set = tonumber(ARGV[u + RECIPIENTS])
     local status = step.status
     if status == 'delivered' and set > 0 then
       for _, k in ipairs(sets[set]) do
@@ -198,16 +209,16 @@ for i = 1, n do
                       publisher = pub, msgid = msgid}
       if status == 'refused' then
         result.reason = step.reason
-        if ARGV[u + 8] ~= '' then result.suggestion = ARGV[u + 8] end
+        if ARGV[u + SUGGESTION] ~= '' then result.suggestion = ARGV[u + SUGGESTION] end
       end
-      post_reply(step.reply, ARGV[u + 6], result)
+      post_reply(step.reply, ARGV[u + REPLY_TTL], result)
     end
     if journal_len > 0 and status ~= 'skipped' then
       local subs = '[]'
       if status == 'delivered' then subs = subscription_ids(set) end
       redis.call('XADD', journal, 'MAXLEN', '~', journal_len, '*',
-        'entry_id', entry_id, 'msgid', msgid, 'publisher', pub, 'seq', ARGV[u + 9],
-        'topic', ARGV[u + 10], 'subs', subs, 'enq_ms', ARGV[u + 11], 'dlv_ms', now_ms, 'status', status)
+        'entry_id', entry_id, 'msgid', msgid, 'publisher', pub, 'seq', ARGV[u + SEQ],
+        'topic', ARGV[u + TOPIC], 'subs', subs, 'enq_ms', ARGV[u + ENQUEUED_MS], 'dlv_ms', now_ms, 'status', status)
     end
     out[#out + 1] = STATUS[status]; out[#out + 1] = step.count; out[#out + 1] = 0
   end
@@ -245,7 +256,7 @@ end
 -- mark "released" on the last handled unit of each publisher that gave up its turn
 local last_of = {}
 for i = 1, n do
-  if plan[i] then last_of[ARGV[plan[i].u]] = i end
+  if plan[i] then last_of[ARGV[plan[i].u + PUBLISHER]] = i end
 end
 for pub, i in pairs(last_of) do
   if released[pub] then out[3 * i] = 1 end

@@ -24,10 +24,9 @@ from broker.chaos.history import History, Publication, check_queues
 from broker.chaos.proxy import Proxy, evalsha
 from broker.config import Settings
 from broker.connection import connect
-from broker.models import encode_envelope, parse_entry
-from broker.scripts import CommitBatch
 from broker.server import Server, free_port
 from broker.testing import drain, make_workers, queue_messages
+from broker.unit_of_work import CommitBatch
 from worker.loop import Worker
 
 QM = "TEST"
@@ -169,9 +168,7 @@ def test_commit_applied_twice_is_fenced_the_second_time(real_redis, settings):
     dequeued = worker.scripts.dequeue(worker.name, 10, settings.lease_ms, 10, [])
     batch = CommitBatch()
     for entry_id, fields in dequeued.entries:
-        entry = parse_entry(entry_id, fields, settings.max_body_bytes)
-        batch.add("p", entry_id, "deliver", encode_envelope(entry.header, entry.body), entry.msgid,
-                  settings.dedup_window_ms, 0, worker.table.resolve(entry.topic))
+        batch.add(worker.unit_of_work("p", entry_id, fields, now_ms=0))
     # When the same commit is sent twice (a re-send after a lost reply)
     statuses = []
     for _ in range(2):

@@ -68,3 +68,15 @@ def test_publisher_retry_after_an_unknown_outcome_reuses_seq_and_default_msgid(f
     retried = pub.publish("/a", b"x")
     assert retried.seq == 1
     assert retried.msgid.endswith("-1")
+
+
+def test_commit_lua_names_the_unit_fields_in_the_order_python_encodes_them():
+    import re
+    from importlib import resources
+
+    from broker.unit_of_work import UNIT_FIELDS
+
+    source = resources.files("broker").joinpath("lua", "commit.lua").read_text()
+    named = re.findall(r"^-- unit field (\d+) (\w+)", source, flags=re.MULTILINE)
+    assert [(int(n), name) for n, name in named] == list(enumerate(UNIT_FIELDS))
+    assert f"local UNIT = {len(UNIT_FIELDS)}" in source

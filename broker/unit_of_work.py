@@ -1,0 +1,162 @@
+"""The unit of work of one publication, and its encoding for ``lua/commit.lua``.
+
+A worker decides, for each publication at the head of a FIFO whose turn it
+holds, one ``UnitOfWork``: deliver it (to these subscriber queues, with this
+envelope), expire it, refuse it (with this reason), or skip it (its entry is
+gone from the stream). ``CommitBatch`` encodes a batch of them into one
+``commit.lua`` call; the script applies each all or nothing and answers one
+``Outcome`` per unit.
+
+The ARGV layout of a unit is named in ``UNIT_FIELDS`` and written out in the
+header of ``commit.lua`` (``-- unit field <n> <name>``); a test checks that both
+list the same fields in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+#: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..4] are fixed keys).
+FIRST_QUEUE_KEY = 5
+
+#: The ARGV fields of one unit of work in ``commit.lua``, in order.
+UNIT_FIELDS = (
+    "publisher",
+    "entry_id",
+    "action",
+    "payload",
+    "msgid",
+    "dedup_window_ms",
+    "reply_ttl_ms",
+    "recipients",
+    "suggestion",
+    "seq",
+    "topic",
+    "enqueued_ms",
+)
+
+
+class Action(StrEnum):
+    """What a unit of work does with its publication."""
+
+    DELIVER = "deliver"
+    EXPIRE = "expire"
+    REFUSE = "refuse"
+    SKIP = "skip"
+
+
+class Outcome(StrEnum):
+    """What ``commit.lua`` did with a unit of work (its reply code is the position, 0-5)."""
+
+    FENCED = "fenced"
+    DELIVERED = "delivered"
+    DUPLICATE = "duplicate"
+    EXPIRED = "expired"
+    REFUSED = "refused"
+    SKIPPED = "skipped"
+
+
+#: ``commit.lua`` reply codes, by position.
+OUTCOMES = tuple(Outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitOfWork:
+    """One publication's unit of work.
+
+    Attributes:
+        publisher: the publisher id (its FIFO and turn).
+        entry_id: the publish stream entry id.
+        action: deliver, expire, refuse or skip.
+        msgid: the message id (dedup record and reply key).
+        envelope: what every subscriber queue gets (deliver), bytes.
+        queues: the de-duplicated subscriber queue keys (deliver).
+        reason: why it is refused (refuse): one line of text.
+        suggestion: a corrected topic when the topic was refused, or "".
+        dedup_window_ms: how long the msgid is remembered, ms; 0 for no record.
+        reply_ttl_ms: how long the result is kept for the publisher, ms; 0 when
+            no result was asked for.
+        seq: the publisher's sequence number, or None (journal).
+        topic: the topic string (journal).
+        enqueued_ms: the publication's time, ms since the epoch (journal).
+    """
+
+    publisher: str
+    entry_id: str
+    action: Action
+    msgid: str
+    envelope: bytes = b""
+    queues: tuple[str, ...] = ()
+    reason: str = ""
+    suggestion: str = ""
+    dedup_window_ms: int = 0
+    reply_ttl_ms: int = 0
+    seq: int | None = None
+    topic: str = ""
+    enqueued_ms: int = 0
+
+
+def _b(text: str) -> bytes:
+    """A publisher id back as the bytes Redis holds (ids that were not UTF-8 round-trip)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+class CommitBatch:
+    """The arguments of one ``commit.lua`` call: a batch of units of work, in FIFO order per publisher.
+
+    Queue keys and recipient sets are interned, so a set shared by many
+    publications (the usual case) is sent once per batch.
+    """
+
+    __slots__ = ("queue_keys", "_key_index", "sets", "_set_index", "args", "units")
+
+    def __init__(self) -> None:
+        self.queue_keys: list[str] = []
+        self._key_index: dict[str, int] = {}
+        self.sets: list[str] = []
+        self._set_index: dict[tuple[str, ...], int] = {}
+        self.args: list[bytes | str | int] = []
+        self.units: list[UnitOfWork] = []
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    def _recipients(self, queues: tuple[str, ...]) -> int:
+        """The 1-based number of the recipient set ``queues`` (KEYS indexes, space-separated)."""
+        found = self._set_index.get(queues)
+        if found is not None:
+            return found
+        indexes = []
+        for queue in queues:
+            pos = self._key_index.get(queue)
+            if pos is None:
+                pos = self._key_index[queue] = len(self.queue_keys) + FIRST_QUEUE_KEY
+                self.queue_keys.append(queue)
+            indexes.append(str(pos))
+        self.sets.append(" ".join(indexes))
+        number = self._set_index[queues] = len(self.sets)
+        return number
+
+    def add(self, unit: UnitOfWork) -> None:
+        """Encode one unit of work (``UNIT_FIELDS`` order) at the end of the batch."""
+        payload: bytes | str = unit.envelope if unit.action is Action.DELIVER else unit.reason
+        recipients = self._recipients(unit.queues) if unit.queues else 0
+        self.args += (_b(unit.publisher), unit.entry_id, unit.action.value, payload, unit.msgid,
+                      unit.dedup_window_ms, unit.reply_ttl_ms, recipients, unit.suggestion,
+                      "" if unit.seq is None else str(unit.seq), unit.topic, unit.enqueued_ms)
+        self.units.append(unit)
+
+
+def decode_outcomes(batch: CommitBatch, reply: list[int]) -> list[tuple[UnitOfWork, Outcome, int, bool]]:
+    """Pair each unit of ``batch`` with what ``commit.lua`` answered for it.
+
+    Args:
+        batch: the batch sent.
+        reply: the script's reply, 3 integers per unit (code, subscriptions, released).
+
+    Returns:
+        ``[(unit, outcome, subscriptions, turn_released)]`` in batch order.
+    """
+    return [(unit, OUTCOMES[reply[3 * i]], int(reply[3 * i + 1]), bool(reply[3 * i + 2]))
+            for i, unit in enumerate(batch.units)]
