@@ -59,9 +59,9 @@ from broker.models import decode_envelope
 from broker.oracle import link_closure, link_targets
 from broker.publish import Publisher
 from broker.server import Server
+from broker.stream import ensure_group
 from broker.subscriptions import subscribe, unsubscribe
 from broker.topics import matches
-from worker.loop import ensure_group
 from worker.pool import Pool
 
 #: The demo's subscriptions: ``(filter, client id, durable name or None)``.

@@ -25,6 +25,7 @@ import redis
 
 from broker import keys
 from broker.errors import BacklogTimeout, ConnectionLost
+from broker.stream import group_state
 
 
 def _count_after(client: redis.Redis, stream: str, last_id: str, limit: int) -> int:
@@ -49,26 +50,17 @@ def backlog(client: redis.Redis, qm: str, limit: int | None = None) -> int:
 
     Raises:
         ConnectionLost: the server cannot be reached.
+        ForeignKey: ``{qm}:publish`` holds another Redis type.
     """
     stream = keys.publish_stream(qm)
     try:
-        try:
-            groups = client.xinfo_groups(stream)
-        except redis.ResponseError:  # no such key: nothing published yet
-            return int(client.xlen(stream))
-        for group in groups:
-            name = group["name"]
-            if (name.decode() if isinstance(name, bytes) else name) != keys.WORKER_GROUP:
-                continue
-            pending = int(group["pending"])
-            lag = group.get("lag")
-            if lag is None:
-                last = group["last-delivered-id"]
-                last_id = last.decode() if isinstance(last, bytes) else str(last)
-                cap = int(client.xlen(stream)) if limit is None else limit
-                return pending + _count_after(client, stream, last_id, cap)
-            return pending + int(lag)
-        return int(client.xlen(stream))
+        state = group_state(client, qm)
+        if not state.exists:  # nothing published yet, or no worker has started
+            return state.length
+        if state.lag is None:
+            cap = state.length if limit is None else limit
+            return state.pending + _count_after(client, stream, state.last_delivered_id, cap)
+        return state.pending + state.lag
     except redis.ConnectionError as exc:
         raise ConnectionLost(f"cannot read the publish stream's backlog: {exc}") from exc
 

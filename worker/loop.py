@@ -43,6 +43,7 @@ from broker.errors import ForeignKey, InvalidMessage, InvalidTopic
 from broker.models import encode_envelope, parse_entry
 from broker.routing import RoutingTable
 from broker.scripts import Dequeued, Refusals, Scripts, parse_dequeue
+from broker.stream import ensure_group
 from broker.unit_of_work import Action, CommitBatch, Outcome, UnitOfWork, decode_outcomes
 
 log = logging.getLogger("broker.worker")
@@ -97,15 +98,6 @@ def _publisher_of(fields: dict[bytes, bytes]) -> str:
 def _msgid(fields: dict[bytes, bytes], entry_id: str) -> str:
     raw = fields.get(b"msgid")
     return raw.decode("utf-8", "replace") if raw else entry_id
-
-
-def ensure_group(client: redis.Redis, qm: str) -> None:
-    """Create the publish stream and the workers' consumer group if they do not exist."""
-    try:
-        client.xgroup_create(keys.publish_stream(qm), keys.WORKER_GROUP, id="0", mkstream=True)
-    except redis.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
 
 
 class Worker:

@@ -99,3 +99,31 @@ def test_wait_for_room_raises_reply_timeout_when_no_worker_makes_progress(any_re
 def test_wait_for_room_refuses_a_bound_below_one(fake_redis):
     with pytest.raises(ValueError, match="max_backlog"):
         wait_for_room(fake_redis, QM, max_backlog=0)
+
+
+def test_group_state_reads_pending_lag_and_acknowledged_and_names_a_foreign_stream(real_redis):
+    import pytest
+
+    from broker import keys
+    from broker.errors import ForeignKey
+    from broker.stream import ensure_group, group_state
+
+    # Given no stream yet
+    assert group_state(real_redis, "GS").exists is False
+    # When the group exists, 5 entries are added, 3 read and 1 of them acknowledged
+    ensure_group(real_redis, "GS")
+    stream = keys.publish_stream("GS")
+    for i in range(5):
+        real_redis.xadd(stream, {"n": i})
+    read = real_redis.xreadgroup(keys.WORKER_GROUP, "c", {stream: ">"}, count=3)[0][1]
+    real_redis.xack(stream, keys.WORKER_GROUP, read[0][0])
+    state = group_state(real_redis, "GS")
+    # Then
+    assert (state.exists, state.length, state.pending, state.lag, state.acknowledged) == (True, 5, 2, 2, 1)
+    # And a string where the stream belongs is named, not a raw WRONGTYPE
+    real_redis.delete(stream)
+    real_redis.set(stream, "x")
+    with pytest.raises(ForeignKey, match="holds a string"):
+        group_state(real_redis, "GS")
+    with pytest.raises(ForeignKey):
+        ensure_group(real_redis, "GS")
