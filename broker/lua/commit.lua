@@ -7,8 +7,8 @@
 --
 -- Two phases, so that no command can fail after the first write (Redis does
 -- not roll back a script): the first checks the type of every key a
--- publication would write (its subscriber queues, its reply list, its dedup
--- record, whose SET NX is its last check) and decides its outcome; a publication that would have to write
+-- publication would write (its dedup record, with one SET NX GET, then its
+-- reply list and subscriber queues) and decides its outcome; a publication that would have to write
 -- to a foreign key is refused as a whole, with that reason (IBM MQ's
 -- PMSGDLV(ALL): delivered to every subscriber or to none). The second phase
 -- writes, grouped (one LPUSH per queue, one XACK, one LTRIM per FIFO).
@@ -120,28 +120,34 @@ for u = first, #ARGV, UNIT do
       if not reply_why then step.reply = reply_key end
     end
     if action == 'deliver' then
-      local why = reply_why and (reply_why .. '; the result could not be posted')
-      if not why and set > 0 then
-        for _, k in ipairs(sets[set]) do
-          if queue_foreign[k] then why = queue_foreign[k]; break end
-        end
-      end
-      -- The dedup record is the publication's last check and its first write: one
-      -- SET NX GET records it (nil: fresh), finds it (a string: a duplicate) or fails
-      -- on a foreign key, writing nothing. Nothing after it can fail.
-      local fresh = true
-      if not why and window > 0 then
+      -- The dedup record first: a retry of a delivered message is a duplicate,
+      -- whatever else changed since. One SET NX GET records it (nil: fresh), finds
+      -- it (a string: duplicate) or fails on a foreign key, writing nothing.
+      local why, duplicate, recorded = nil, false, nil
+      if window > 0 then
         local key = id_key(dedup_prefix, pub, msgid)
         local found = redis.pcall('SET', key, entry_id, 'NX', 'PX', window, 'GET')
         if type(found) == 'table' and found.err then
           why = foreign(key, 'string') or ('dedup record ' .. key .. ': ' .. found.err)
         elseif found then
-          fresh = false
+          duplicate = true
+        else
+          recorded = key
         end
+      end
+      if not why and not duplicate then
+        why = reply_why and (reply_why .. '; the result could not be posted')
+        if not why and set > 0 then
+          for _, k in ipairs(sets[set]) do
+            if queue_foreign[k] then why = queue_foreign[k]; break end
+          end
+        end
+        -- refused after all: the record this script just made did not exist before it
+        if why and recorded then redis.call('DEL', recorded) end
       end
       if why then
         step.status, step.reason = 'refused', why .. '; delivered to no subscription'
-      elseif not fresh then
+      elseif duplicate then
         step.status = 'duplicate'
       else
         step.status = 'delivered'

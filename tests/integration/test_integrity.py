@@ -317,3 +317,25 @@ def test_a_round_whose_every_entry_was_refused_in_dequeue_blocks_as_idle(real_re
     # Then the round ends normally (no invalid stream id), with the entry refused
     assert done == 0
     assert len(_dead_letters(real_redis)) == 1
+
+
+def test_retry_of_a_delivered_message_is_a_duplicate_even_when_a_queue_became_foreign(real_redis, settings):
+    # Given a message delivered to two subscriptions, then a foreign key planted on one queue
+    subscribe(real_redis, QM, "/T/#", "app", "a")
+    subscribe(real_redis, QM, "/T/#", "app", "b")
+    workers = make_workers(real_redis, settings, 1)
+    _xadd(real_redis, "p", "/T/1", "m1")
+    drain(workers)
+    real_redis.delete(keys.sub_queue(QM, "app$b"))
+    real_redis.set(keys.sub_queue(QM, "app$b"), "x")
+    # When the publisher retries the same msgid
+    _xadd(real_redis, "p", "/T/1", "m1")
+    drain(workers)
+    # Then the retry is answered "duplicate" and nothing is dead-lettered
+    assert [r["status"] for r in _replies(real_redis, "p", "m1")] == ["duplicate", "delivered"]
+    assert _dead_letters(real_redis) == []
+    # And a fresh message refused for the foreign queue leaves no dedup record behind
+    _xadd(real_redis, "p", "/T/1", "m2")
+    drain(workers)
+    assert [r["status"] for r in _replies(real_redis, "p", "m2")] == ["refused"]
+    assert real_redis.exists(keys.dedup(QM, "p", "m2")) == 0
