@@ -109,6 +109,7 @@ class Verdict:
     """The result of ``History.check``."""
 
     publications: int = 0
+    refusable: int = 0
     unknown: int = 0
     deliveries: int = 0
     dead_lettered: int = 0
@@ -206,6 +207,7 @@ class History:
             pubs = [p for ps in self.publications.values() for p in ps]
             v.publications = sum(p.acked for p in pubs)
             v.unknown = len(pubs) - v.publications
+            v.refusable = sum(p.acked and p.refusable for p in pubs)
             received = {s: list(self.received.get(s, [])) for s in subscriptions}
             received_entries = {m: set(e) for m, e in self.received_entries.items()}
         unknown_seen: set[str] = set()
