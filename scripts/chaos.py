@@ -332,6 +332,7 @@ class Harness:
         self.plants: list[Plant] = []
         self.plant_lock = threading.Lock()
         self.plant_seq = 0
+        self.planted_keys: set[str] = set()
         self.plant_requests: dict[str, queue.Queue[str]] = {p: queue.Queue() for p in VICTIM_PUBLISHERS}
         self._started = time.monotonic()
         self.failed = False
@@ -683,6 +684,7 @@ class Harness:
         plant.remove_at = time.monotonic() + hold_s
         with self.plant_lock:
             self.plants.append(plant)
+            self.planted_keys.add(key)
         self.stats.planted[kind] += 1
         what = f" for {pub.msgid}" if pub is not None else ""
         self._fault(kind, f"planted {rtype} {key} {field_name or ''}{what} token={token!r}"
@@ -994,6 +996,9 @@ class Harness:
             problems.append(f"{fifo_left} entry ids left in publisher FIFOs")
         if verdict.unexpected:
             problems.append(f"{verdict.unexpected} unexpected messages")
+        unplanted = {k: n for k, n in verdict.refused_keys.items() if k not in self.planted_keys}
+        if unplanted:
+            problems.append(f"publications refused for foreign keys the harness never planted: {unplanted}")
         if verdict.refused_repeated:
             problems.append(f"{verdict.refused_repeated} entries refused for a foreign key dead-lettered more than once")
         if stats.refused_reply_missing:
@@ -1015,6 +1020,11 @@ class Harness:
         _log("foreign keys planted: " + " ".join(f"{k}={v}" for k, v in sorted(stats.planted.items()))
              + " skipped (key there): " + " ".join(f"{k}={v}" for k, v in sorted(stats.plant_skipped.items()))
              + f" removed={stats.removed} victim_wrongtype_waits={stats.wrongtype_waits}")
+        kinds: Counter[str] = Counter()
+        for key, n in verdict.refused_keys.items():
+            kinds[_key_kind(key)] += n
+        _log("refused for a foreign key, by key: " + " ".join(f"{k}={v}" for k, v in sorted(kinds.items()))
+             + f" (refused entries dead-lettered twice: {verdict.refused_repeated})")
         latencies = self.history.latencies_ms()
         if latencies:
             _log(f"delivery latency (acknowledged XADD -> received): p50={latencies[len(latencies) // 2]:.0f}ms "
@@ -1069,6 +1079,19 @@ class Harness:
             _log(f"kept {self.workdir} (server log, AOF, workers.log, faults.log)")
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _key_kind(key: str) -> str:
+    """Which of the broker's keys ``key`` is: queue, fifo, owner, reply, dedup (or other)."""
+    if key.startswith(keys.reply_prefix(QM)):
+        return "reply"
+    if key.startswith(keys.dedup_prefix(QM)):
+        return "dedup"
+    if key.startswith(keys.pub_prefix(QM)):
+        return "fifo" if key.endswith(":fifo") else "owner"
+    if key.startswith(keys.sub_queue(QM, "")):
+        return "queue"
+    return "other"
 
 
 def _id(entry_id: str) -> tuple[int, int]:

@@ -52,6 +52,12 @@ def recipients(topic: str, filters: dict[str, str], links: list[tuple[str, str]]
     return oracle.recipients(topic, filters, oracle.link_targets(links))
 
 
+def foreign_key_of(reason: str) -> str:
+    """The key a "foreign key: <key> holds a <type>, ..." reason names ("" when there is none)."""
+    _, found, rest = reason.partition("foreign key: ")
+    return rest.partition(" holds a ")[0] if found else ""
+
+
 @dataclass
 class Publication:
     """One publication of the harness.
@@ -127,6 +133,7 @@ class Verdict:
     refused_by_foreign_key: int = 0
     foreign_not_refused: int = 0
     refused_repeated: int = 0
+    refused_keys: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
 
     @property
@@ -257,6 +264,7 @@ class History:
                 continue
             if pub.refusable and "foreign key" in reason:
                 refused[pub.msgid].add(entry_id)
+                v.refused_keys[foreign_key_of(reason)] += 1
                 continue
             v.good_dead_lettered += 1
             v.note(f"dead-lettered good publication {raw_msgid!r}: {reason}")
