@@ -1024,7 +1024,8 @@ class Harness:
         for key, n in verdict.refused_keys.items():
             kinds[_key_kind(key)] += n
         _log("refused for a foreign key, by key: " + " ".join(f"{k}={v}" for k, v in sorted(kinds.items()))
-             + f" (refused entries dead-lettered twice: {verdict.refused_repeated})")
+             + f" (refused entries dead-lettered twice: {verdict.refused_repeated}; retries of delivered "
+             f"publications refused instead of answered duplicate: {verdict.refused_after_delivered})")
         latencies = self.history.latencies_ms()
         if latencies:
             _log(f"delivery latency (acknowledged XADD -> received): p50={latencies[len(latencies) // 2]:.0f}ms "

@@ -28,7 +28,10 @@ by none. Refused ones are not lost; order is checked over the delivered ones.
 - **refused_by_foreign_key**: refusable publications refused, received by none;
 - **foreign_not_refused**: a publication whose reply list or dedup record the
   harness planted before publishing it (``planted``), yet not refused, or received;
-- **refused_repeated**: an entry refused for a foreign key dead-lettered more than once.
+- **refused_repeated**: an entry refused for a foreign key dead-lettered more than once;
+- **refused_after_delivered** (reported, not a failure): a retry of a delivered
+  publication (same msgid, a later entry) refused for a foreign key instead of
+  answered "duplicate".
 
 Poison entries (acknowledged raw ``XADD``s the broker must refuse) must each be
 in the dead-letter stream exactly once (``dlq.entry_id``) with a reason.
@@ -56,6 +59,11 @@ def foreign_key_of(reason: str) -> str:
     """The key a "foreign key: <key> holds a <type>, ..." reason names ("" when there is none)."""
     _, found, rest = reason.partition("foreign key: ")
     return rest.partition(" holds a ")[0] if found else ""
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms or 0), int(seq or 0)
 
 
 @dataclass
@@ -133,6 +141,7 @@ class Verdict:
     refused_by_foreign_key: int = 0
     foreign_not_refused: int = 0
     refused_repeated: int = 0
+    refused_after_delivered: int = 0
     refused_keys: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
 
@@ -286,6 +295,11 @@ class History:
                        f"not by {sorted(pub.recipients - receivers)}")
             elif not receivers and entries:
                 v.refused_by_foreign_key += 1
+            elif receivers and entries:
+                delivered_from = [_entry_key(e) for e in came_from if e is not None]
+                if delivered_from and max(_entry_key(e) for e in entries) > min(delivered_from):
+                    v.refused_after_delivered += 1
+                    v.note(f"refused after delivered (not a failure): {what}, delivered from {sorted(came_from)}")
             elif not receivers and pub.acked and pub.recipients:
                 v.lost += 1
                 v.note(f"lost: {what} neither received nor refused")

@@ -693,8 +693,14 @@ def test_chaos_history_check_accepts_a_refused_entry_whose_retry_was_delivered()
         history.receive(sub_id, "v.1", "2-0")
     dead = [_dead_letter(pub, "1-0", "foreign key: k holds a hash, not a list")]
     # Then that is no half-applied unit of work; a refusal for another reason of a good one is still lost
+    # And one delivered from entry 4-0 whose retry, entry 5-0, was refused (reported, not a failure)
+    retried = Publication("v", 2, "v.2", "/victim/x", frozenset({"a"}), acked=True, entry_id="5-0", refusable=True)
+    history.add_publication(retried)
+    history.receive("a", "v.2", "4-0")
+    dead.append(_dead_letter(retried, "5-0", "foreign key: k holds a string, not a list"))
     verdict = history.check(["a", "b"], dead)
     assert (verdict.half_applied, verdict.refused_by_foreign_key, verdict.lost) == (0, 0, 0)
+    assert verdict.refused_after_delivered == 1
     assert verdict.ok
     good = Publication("p", 1, "p.1", "/chaos/x", frozenset({"a"}), acked=True, entry_id="3-0")
     history.add_publication(good)
