@@ -4,6 +4,7 @@ Usage::
 
     python scripts/chaos.py --duration-s 60 --seed 1 [--workers 3] [--publishers 4]
                             [--lease-ms 800] [--rate 200] [--fault-interval-ms 1000]
+                            [--victim-share 0.05] [--victim-rate 20] [--weight KIND=N ...]
 
 The script starts its own server (AOF on, ``appendfsync always``, a data
 directory kept across restarts), a proxy process in front of it (workers and
