@@ -4,6 +4,7 @@ Usage::
 
     python scripts/chaos.py --duration-s 60 --seed 1 [--workers 3] [--publishers 4]
                             [--lease-ms 800] [--rate 200] [--fault-interval-ms 1000]
+                            [--victim-share 0.05] [--victim-rate 20] [--weight KIND=N ...]
 
 The script starts its own server (AOF on, ``appendfsync always``, a data
 directory kept across restarts), a proxy process in front of it (workers and
@@ -26,17 +27,44 @@ injects faults chosen by ``random.Random(seed)``:
 - ``cut_request:<commit|dequeue|xadd>``: the connection is cut as the command
   is sent, before the server gets it;
 - ``redis_restart``: SIGKILL of the server and a restart on the same port and
-  data directory (AOF, ``appendfsync always``).
+  data directory (AOF, ``appendfsync always``);
+- ``foreign:queue``: a string planted where the queue of the ``victim``
+  subscription (``/victim/#``) belongs. Publications on victim topics (they go
+  to ``victim`` and ``all``; ordinary publishers publish on them now and then)
+  must be refused as a whole while it is there; the victim's subscriber thread
+  gets WRONGTYPE meanwhile, takes nothing and goes on;
+- ``foreign:reply`` / ``foreign:dedup``: a hash planted at the reply list / a
+  list planted at the dedup record of the next publication of a victim
+  publisher (``v0``, ``v1``: raw XADDs with ``reply=1``), before it is
+  published; that publication must end refused (``foreign_not_refused``);
+- ``foreign:fifo`` / ``foreign:owner``: a string planted at a victim
+  publisher's FIFO / a hash at its turn key, only while both are absent (nothing
+  of it filed); its publications are refused meanwhile, and flow in order after;
+- ``corrupt:subscription`` / ``corrupt:link``: a record that is not JSON added
+  to ``{qm}:subs`` / ``{qm}:links`` with ``INCR {qm}:version`` (no good
+  publication depends on it), removed later the same way. Not in the default
+  weights (``--weight corrupt:subscription=1`` turns it on) until the workers
+  skip corrupt records.
+
+A foreign key is planted only where the key does not exist (one Lua call checks
+and writes, so nothing of the broker's is overwritten), with a unique token as
+its value, and removed 0.2-2 s later (reply/dedup: once the entry it was planted
+for has been handled) only if it still holds that token. Publications on victim
+topics and of victim publishers are *refusable*: each must end delivered once to
+every recipient or refused as a whole (dead-lettered once with a "foreign key"
+reason, received by none); ``half_applied`` counts those that are neither.
 
 Publishers also write poison entries (missing topic, invalid UTF-8, oversized
 body, invalid topic, missing publisher) among their publications. Then the
 faults stop, publishers stop, the workers drain, and the history is checked
 (``broker.chaos.history``). The last line is::
 
-    faults=<n> publications=<n> deliveries=<n> dead_lettered=<n> lost=<n> duplicated=<n> reordered=<n>
+    faults=<n> publications=<n> deliveries=<n> dead_lettered=<n> lost=<n> duplicated=<n> reordered=<n> \
+    refusable=<n> refused_by_foreign_key=<n> half_applied=<n> foreign_not_refused=<n>
 
-and the exit status is non-zero when any of the last three is not 0 (or when
-another check failed: unexpected messages, poison not dead-lettered, memory
+and the exit status is non-zero when lost, duplicated, reordered, half_applied
+or foreign_not_refused is not 0 (or when another check failed: unexpected
+messages, poison not dead-lettered, a refused entry dead-lettered twice, memory
 over its bound, a drain that did not finish, a worker that exited on its own).
 """
 
@@ -47,6 +75,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import queue
 import random
 import shutil
 import signal
@@ -76,6 +105,7 @@ from broker.chaos.proxy import ProxyProcess, evalsha  # noqa: E402
 from broker.config import Settings  # noqa: E402
 from broker.connection import connect  # noqa: E402
 from broker.errors import BrokerError, ServerNotFound  # noqa: E402
+from broker.models import publication_fields  # noqa: E402
 from broker.publish import Publisher  # noqa: E402
 from broker.server import Server, free_port, server_binary  # noqa: E402
 from broker.subscriptions import Subscriber, subscribe  # noqa: E402
@@ -90,7 +120,13 @@ AOF_ARGS = ("--appendonly", "yes", "--appendfsync", "always", "--aof-load-trunca
 #: Topics publishers publish on.
 TOPICS = ("/chaos/a/x", "/chaos/a/y", "/chaos/b/x", "/chaos/c", "/other/z", "/linked/src", "/linked/src/deep")
 
-#: Subscriptions (name -> filter): exact, "+", "#", reached through links, everything.
+#: Topics of the victim subscription, whose queue is made foreign now and then ("foreign:queue").
+VICTIM_TOPICS = ("/victim/a", "/victim/b/c")
+
+#: Publishers whose FIFO, turn, reply and dedup keys are made foreign now and then.
+VICTIM_PUBLISHERS = ("v0", "v1")
+
+#: Subscriptions (name -> filter): exact, "+", "#", reached through links, everything, the victim.
 FILTERS = {
     "exact": "/chaos/a/x",
     "plus": "/chaos/+/x",
@@ -98,6 +134,7 @@ FILTERS = {
     "linked": "/news/#",
     "archive": "/archive/all",
     "all": "#",
+    "victim": "/victim/#",
 }
 
 #: Administrative links (a transitive chain): /linked/src -> /news/feed -> /archive/all.
@@ -126,7 +163,65 @@ FAULTS: dict[str, int] = {
     "cut_request:dequeue": 1,
     "cut_request:xadd": 1,
     "redis_restart": 1,
+    "foreign:queue": 2,
+    "foreign:reply": 2,
+    "foreign:dedup": 2,
+    "foreign:fifo": 2,
+    "foreign:owner": 2,
+    # "corrupt:subscription": 1,  # enabled once routing skips corrupt records
+    # "corrupt:link": 1,  # enabled once routing skips corrupt records
 }
+
+#: Fault kinds implemented but left out of the default weights (``--weight KIND=N`` turns one on).
+OPTIONAL_FAULTS = ("corrupt:subscription", "corrupt:link")
+
+#: Plant a foreign key: KEYS[1] the key, KEYS[2..] keys that must not exist either (nor KEYS[1]);
+#: ARGV[1] the type to plant ("string" | "hash" | "list"), ARGV[2] the token it holds. Returns 1 if planted.
+PLANT_LUA = """
+for i = 1, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
+end
+if ARGV[1] == 'string' then redis.call('SET', KEYS[1], ARGV[2], 'NX')
+elseif ARGV[1] == 'hash' then redis.call('HSETNX', KEYS[1], 'chaos', ARGV[2])
+else redis.call('RPUSH', KEYS[1], ARGV[2]) end
+return 1
+"""
+
+#: Does KEYS[1] hold exactly the planted token (ARGV[1] type, ARGV[2] token)? With ARGV[3] "del", remove it then.
+PROBE_LUA = """
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= ARGV[1] then return 0 end
+local v
+if t == 'string' then v = redis.call('GET', KEYS[1])
+elseif t == 'hash' then
+  if redis.call('HLEN', KEYS[1]) ~= 1 then return 0 end
+  v = redis.call('HGET', KEYS[1], 'chaos')
+else
+  if redis.call('LLEN', KEYS[1]) ~= 1 then return 0 end
+  v = redis.call('LINDEX', KEYS[1], 0)
+end
+if v ~= ARGV[2] then return 0 end
+if ARGV[3] == 'del' then redis.call('DEL', KEYS[1]) end
+return 1
+"""
+
+#: A corrupt record: KEYS[1] {qm}:subs or {qm}:links, KEYS[2] {qm}:version; ARGV[1] field, ARGV[2] value,
+#: ARGV[3] "add" (only a new field) | "remove" | "probe" (only the planted value). Returns 1 if done/there.
+RECORD_LUA = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if ARGV[3] == 'add' then
+  if cur then return 0 end
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('INCR', KEYS[2])
+  return 1
+end
+if cur ~= ARGV[2] then return 0 end
+if ARGV[3] == 'remove' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('INCR', KEYS[2])
+end
+return 1
+"""
 
 #: Poison kinds: (weight, fragment the dead-letter reason must contain).
 POISON: dict[str, tuple[int, str]] = {
@@ -173,6 +268,38 @@ class Stats:
     worker_restarts: int = 0
     expired_arms: int = 0
     max_times_delivered: int = 0
+    planted: Counter[str] = field(default_factory=Counter)
+    plant_skipped: Counter[str] = field(default_factory=Counter)
+    removed: int = 0
+    wrongtype_waits: int = 0
+    refused_reply_missing: int = 0
+
+
+@dataclass
+class Plant:
+    """One foreign key (or corrupt record) the harness planted, to be removed.
+
+    Attributes:
+        kind: the fault kind.
+        key: the key planted (corrupt records: the hash holding the record).
+        rtype: the Redis type planted ("string", "hash", "list"), or "record".
+        token: the value it holds (corrupt records: the record's value).
+        remove_at: ``time.monotonic()`` after which it is removed.
+        field: the hash field of a corrupt record.
+        pub: reply/dedup: the publication it was planted for (removed once its entry is handled).
+        published: the publication's publish attempts are over.
+        certain: it is known to have been planted (not an unknown outcome).
+    """
+
+    kind: str
+    key: str
+    rtype: str
+    token: str
+    remove_at: float
+    field: str | None = None
+    pub: Publication | None = None
+    published: bool = False
+    certain: bool = True
 
 
 class Harness:
@@ -201,6 +328,13 @@ class Harness:
         self.last_restart = 0.0
         self._ctx = multiprocessing.get_context("spawn")
         self._faults_log = (self.workdir / "faults.log").open("a")
+        self._faults_lock = threading.Lock()
+        self.weights = {**FAULTS, **args.weight}
+        self.plants: list[Plant] = []
+        self.plant_lock = threading.Lock()
+        self.plant_seq = 0
+        self.planted_keys: set[str] = set()
+        self.plant_requests: dict[str, queue.Queue[str]] = {p: queue.Queue() for p in VICTIM_PUBLISHERS}
         self._started = time.monotonic()
         self.failed = False
 
@@ -209,6 +343,9 @@ class Harness:
     def setup(self) -> None:
         self.server.start()
         self.admin = connect(self.server.url)
+        self._plant_script = self.admin.register_script(PLANT_LUA)
+        self._probe_script = self.admin.register_script(PROBE_LUA)
+        self._record_script = self.admin.register_script(RECORD_LUA)
         self.proxy = ProxyProcess(self.server.port, count=2).start()
         args = self.args
         self.settings = Settings(
@@ -246,15 +383,16 @@ class Harness:
         name = f"p{index}"
         publisher = Publisher(client, QM, name)
         interval = self.args.publishers / self.args.rate
-        resolved = {t: recipients(t, {self.sub_ids[n]: f for n, f in FILTERS.items()}, LINKS) for t in TOPICS}
+        resolved = self._resolved()
         number = 0
         next_at = time.monotonic()
         while not self.stop_publishing.is_set():
             if rng.random() < self.args.poison_rate:
                 self._poison(client, name, rng)
             number += 1
-            topic = rng.choice(TOPICS)
-            pub = Publication(name, number, f"{name}.{number}", topic, resolved[topic])
+            victim = rng.random() < self.args.victim_share
+            topic = rng.choice(VICTIM_TOPICS if victim else TOPICS)
+            pub = Publication(name, number, f"{name}.{number}", topic, resolved[topic], refusable=victim)
             self.history.add_publication(pub)
             while True:
                 pub.attempts += 1
@@ -274,6 +412,67 @@ class Harness:
             else:
                 next_at = time.monotonic()
         client.close()
+
+    def _resolved(self) -> dict[str, frozenset[str]]:
+        """Topic -> the subscription ids a publication on it must reach."""
+        filters = {self.sub_ids[n]: f for n, f in FILTERS.items()}
+        return {t: recipients(t, filters, LINKS) for t in (*TOPICS, *VICTIM_TOPICS)}
+
+    def _victim_publisher(self, index: int) -> None:
+        """A victim publisher: raw XADDs with ``reply=1`` whose keys are made foreign now and then.
+
+        Before a publication, it takes a plant request ("foreign:reply" or
+        "foreign:dedup") left by ``inject`` and plants that key for the
+        publication's msgid; that publication must then end refused. Every
+        publication of a victim publisher is refusable (its FIFO or turn key
+        may be foreign when it is read).
+        """
+        assert self.proxy is not None
+        rng = random.Random(self.args.seed * 1_000 + 500 + index)
+        name = VICTIM_PUBLISHERS[index]
+        client = connect(self.proxy.url(1))
+        direct = connect(self.server.url)
+        resolved = self._resolved()
+        topics = (*TOPICS, *VICTIM_TOPICS)
+        interval = len(VICTIM_PUBLISHERS) / self.args.victim_rate
+        number = 0
+        next_at = time.monotonic()
+        while not self.stop_publishing.is_set():
+            number += 1
+            topic = rng.choice(topics)
+            pub = Publication(name, number, f"{name}.{number}", topic, resolved[topic], refusable=True)
+            plant = None
+            with contextlib.suppress(queue.Empty):
+                kind = self.plant_requests[name].get_nowait()
+                key, rtype = ((keys.reply(QM, name, pub.msgid), "hash") if kind == "foreign:reply"
+                              else (keys.dedup(QM, name, pub.msgid), "list"))
+                plant = self._plant(direct, kind, key, rtype, hold_s=rng.uniform(0.2, 1.0), pub=pub)
+                if plant is not None and plant.certain:
+                    pub.planted = kind
+            self.history.add_publication(pub)
+            fields = publication_fields(name, topic, f"{name}:{number}".encode(), msgid=pub.msgid, seq=number,
+                                        reply=True)
+            while True:
+                pub.attempts += 1
+                try:
+                    pub.entry_id = client.xadd(keys.publish_stream(QM), fields).decode()
+                except redis.RedisError:
+                    if time.monotonic() > self.publish_deadline:
+                        break  # outcome unknown
+                    time.sleep(0.1)
+                    continue
+                pub.acked, pub.acked_at = True, time.monotonic()
+                break
+            if plant is not None:
+                plant.published = True
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                next_at = time.monotonic()
+        client.close()
+        direct.close()
 
     def _poison(self, client: redis.Redis, publisher: str, rng: random.Random) -> None:
         kind = rng.choices(list(POISON), weights=[w for w, _ in POISON.values()])[0]
@@ -332,11 +531,16 @@ class Harness:
                         break
                     continue
                 idle_rounds = 0
-                self.history.receive(sub_id, delivery.message.msgid)
+                self.history.receive(sub_id, delivery.message.msgid, delivery.message.entry_id)
                 unacked = delivery.raw
                 subscriber.ack(delivery)
                 unacked = None
-            except redis.RedisError:
+            except redis.RedisError as exc:
+                if isinstance(exc, redis.ResponseError) and str(exc).startswith("WRONGTYPE"):
+                    # a foreign key planted at this queue: take nothing, wait until it is gone
+                    self.stats.wrongtype_waits += 1
+                    if sub_id != self.sub_ids["victim"]:
+                        self.stats.anomalies.append(f"subscriber {sub_id}: {exc}")
                 subscriber = None
                 if self.stop_consuming.is_set() and time.monotonic() > self.publish_deadline + 60:
                     break
@@ -426,14 +630,139 @@ class Harness:
 
     # -- faults ---------------------------------------------------------------------
 
-    def _fault(self, kind: str, detail: str) -> None:
-        self.stats.faults[kind] += 1
-        self._faults_log.write(f"{time.monotonic() - self._started:9.3f} {kind}: {detail}\n")
-        self._faults_log.flush()
+    def _fault(self, kind: str, detail: str, count: bool = True) -> None:
+        with self._faults_lock:
+            if count:
+                self.stats.faults[kind] += 1
+            self._faults_log.write(f"{time.monotonic() - self._started:9.3f} {kind}: {detail}\n")
+            self._faults_log.flush()
+
+    # -- foreign keys and corrupt records ---------------------------------------------
+
+    def _call_plant(self, client: redis.Redis, plant: Plant, action: str, guard: tuple[str, ...] = ()) -> int:
+        """Plant ("add"), look for ("probe") or remove ("remove") ``plant``; 1 when done / there."""
+        if plant.rtype == "record":
+            return int(self._record_script(keys=[plant.key, keys.version(QM)], args=[plant.field, plant.token, action],
+                                           client=client))
+        if action == "add":
+            return int(self._plant_script(keys=[plant.key, *guard], args=[plant.rtype, plant.token], client=client))
+        return int(self._probe_script(keys=[plant.key], args=[plant.rtype, plant.token,
+                                                                "del" if action == "remove" else ""], client=client))
+
+    def _plant(self, client: redis.Redis, kind: str, key: str, rtype: str, hold_s: float,
+               guard: tuple[str, ...] = (), field_name: str | None = None, pub: Publication | None = None,
+               ) -> Plant | None:
+        """Plant a foreign key (or a corrupt record) where nothing is; None when something was there.
+
+        The call may be applied and its reply lost (a server restart): then the
+        key is probed for the token. A plant whose outcome stays unknown is kept
+        for removal but not ``certain``.
+        """
+        with self.plant_lock:
+            self.plant_seq += 1
+            seq = self.plant_seq
+        token = f"not json {seq}" if rtype == "record" else f"chaos-foreign-{seq}"
+        plant = Plant(kind, key, rtype, token, time.monotonic() + hold_s, field=field_name, pub=pub)
+        try:
+            done = self._call_plant(client, plant, "add", guard)
+        except redis.RedisError:
+            done = -1
+        if done != 1:
+            deadline = time.monotonic() + 20
+            while True:  # a retried call may have planted it after all
+                try:
+                    done = self._call_plant(client, plant, "probe")
+                    break
+                except redis.RedisError:
+                    if time.monotonic() > deadline:
+                        plant.certain = False
+                        break
+                    time.sleep(0.2)
+        if done == 0 and plant.certain:
+            self.stats.plant_skipped[kind] += 1
+            self._fault(kind, f"skipped: {key} {field_name or ''} exists", count=False)
+            return None
+        plant.remove_at = time.monotonic() + hold_s
+        with self.plant_lock:
+            self.plants.append(plant)
+            self.planted_keys.add(key)
+        self.stats.planted[kind] += 1
+        what = f" for {pub.msgid}" if pub is not None else ""
+        self._fault(kind, f"planted {rtype} {key} {field_name or ''}{what} token={token!r}"
+                          f"{'' if plant.certain else ' (outcome unknown)'}")
+        return plant
+
+    def _entry_handled(self, entry_id: str) -> bool:
+        """The workers have read ``entry_id`` and it is no longer pending."""
+        assert self.admin is not None
+        stream = keys.publish_stream(QM)
+        groups = self.admin.xinfo_groups(stream)
+        group = next(g for g in groups if g["name"] == keys.WORKER_GROUP.encode())
+        if _id(group["last-delivered-id"].decode()) < _id(entry_id):
+            return False
+        return not self.admin.xpending_range(stream, keys.WORKER_GROUP, entry_id, entry_id, 1)
+
+    def _unplant_due(self, now_too: bool = False) -> None:
+        """Remove the plants whose time has come (``now_too``: all that may go), if they still hold their token."""
+        assert self.admin is not None
+        now = time.monotonic()
+        with self.plant_lock:
+            plants = list(self.plants)
+        for plant in plants:
+            if now < plant.remove_at and not now_too:
+                continue
+            pub = plant.pub
+            try:
+                if pub is not None:
+                    if not plant.published:
+                        continue
+                    if pub.acked and pub.entry_id is not None and not self._entry_handled(pub.entry_id):
+                        continue
+                    if plant.kind == "foreign:dedup" and pub.acked and plant.certain:
+                        self._check_refused_reply(pub)
+                removed = self._call_plant(self.admin, plant, "remove")
+            except redis.RedisError:
+                continue  # the next round tries again; a remove applied twice finds nothing the second time
+            with self.plant_lock:
+                self.plants.remove(plant)
+            self.stats.removed += 1
+            self._fault(plant.kind, f"removed {plant.key} {plant.field or ''} token={plant.token!r}"
+                                    f"{'' if removed else ' (already gone)'}", count=False)
+
+    def _check_refused_reply(self, pub: Publication) -> None:
+        """A publication refused for its foreign dedup record posts one "refused" result per entry."""
+        assert self.admin is not None
+        replies = [json.loads(r) for r in self.admin.lrange(keys.reply(QM, pub.publisher, pub.msgid), 0, -1)]
+        if not replies or any(r.get("status") != "refused" or "foreign key" not in r.get("reason", "")
+                               for r in replies):
+            self.stats.refused_reply_missing += 1
+            self._fault("foreign:dedup", f"!! results for {pub.msgid} (entry {pub.entry_id}): {replies}",
+                        count=False)
+
+    def _inject_foreign(self, kind: str) -> None:
+        assert self.admin is not None
+        hold_s = self.rng.uniform(0.2, 2.0)
+        if kind == "foreign:queue":
+            self._plant(self.admin, kind, keys.sub_queue(QM, self.sub_ids["victim"]), "string", hold_s)
+        elif kind in ("foreign:fifo", "foreign:owner"):
+            name = self.rng.choice(VICTIM_PUBLISHERS)
+            fifo, owner = keys.fifo_key(QM, name), keys.owner_key(QM, name)
+            if kind == "foreign:fifo":
+                self._plant(self.admin, kind, fifo, "string", hold_s, guard=(owner,))
+            else:
+                self._plant(self.admin, kind, owner, "hash", hold_s, guard=(fifo,))
+        elif kind in ("foreign:reply", "foreign:dedup"):
+            self.plant_requests[self.rng.choice(VICTIM_PUBLISHERS)].put(kind)  # planted by that publisher
+        elif kind == "corrupt:subscription":
+            self._plant(self.admin, kind, keys.subscriptions(QM), "record", hold_s,
+                        field_name=f"chaos$corrupt{self.plant_seq + 1}")
+        elif kind == "corrupt:link":
+            self._plant(self.admin, kind, keys.links(QM), "record", hold_s,
+                        field_name=f"/chaos-corrupt/{self.plant_seq + 1}")
 
     def inject(self) -> None:
-        kinds = list(FAULTS)
-        kind = self.rng.choices(kinds, weights=[FAULTS[k] for k in kinds])[0]
+        kinds = list(self.weights)
+        kind = self.rng.choices(kinds, weights=[self.weights[k] for k in kinds])[0]
         assert self.proxy is not None and self.admin is not None
         ready = [s for s in self.slots if self._ready(s) and not s.armed]
         if kind.startswith(("kill@", "stop@")):
@@ -476,6 +805,11 @@ class Harness:
             else:
                 self.proxy.call(0, method, evalsha(what), 1, kind)
             # counted from the proxy's stats at the end: only those that happened
+        elif kind.startswith(("foreign:", "corrupt:")):
+            try:
+                self._inject_foreign(kind)
+            except redis.RedisError as exc:
+                _log(f"   {kind} not injected: {exc}")
         elif kind == "redis_restart":
             if time.monotonic() - self.last_restart < 8:
                 return
@@ -514,6 +848,8 @@ class Harness:
         assert self.admin is not None and self.proxy is not None
         for i in range(args.publishers):
             self.threads.append(self._thread(self._publisher, i, name=f"pub-{i}"))
+        for i, name in enumerate(VICTIM_PUBLISHERS):
+            self.threads.append(self._thread(self._victim_publisher, i, name=f"pub-{name}"))
         for sub_id in self.sub_ids.values():
             self.threads.append(self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}"))
         maintenance = self._thread(self._maintenance, name="maintenance")
@@ -525,6 +861,7 @@ class Harness:
         next_progress = time.monotonic() + 5.0
         while time.monotonic() < end:
             self.supervise()
+            self._unplant_due()
             now = time.monotonic()
             if now >= next_fault:
                 self.inject()
@@ -556,7 +893,7 @@ class Harness:
         try:
             s = status(self.admin, QM)  # type: ignore[arg-type]
             pending, xlen = s["pending"], s["stream_length"]
-        except redis.RedisError:
+        except (redis.RedisError, BrokerError, ValueError):  # e.g. a foreign key planted just now
             pending = xlen = -1
         alive = sum(1 for s in self.slots if s.process is not None and s.process.is_alive())
         _log(f"[{time.monotonic() - self._started:6.1f}s {phase}] faults={sum(self.stats.faults.values())} "
@@ -586,6 +923,7 @@ class Harness:
         next_progress = time.monotonic() + 5
         while time.monotonic() < deadline:
             self.supervise()
+            self._unplant_due(now_too=True)
             if self._quiescent():
                 quiet += 1
                 if quiet >= 3:
@@ -597,6 +935,9 @@ class Harness:
                 next_progress = time.monotonic() + 5
             time.sleep(0.3)
         drained = quiet >= 3
+        if self.plants:
+            _log(f"!! {len(self.plants)} planted keys could not be removed: "
+                 + " ".join(f"{p.kind}:{p.key}" for p in self.plants))
         self.stop_consuming.set()
         for thread in self.threads:
             if thread.name.startswith("sub-"):
@@ -606,11 +947,13 @@ class Harness:
         return drained
 
     def _quiescent(self) -> bool:
+        if self.plants:
+            return False
         try:
             s = status(self.admin, QM)  # type: ignore[arg-type]
             groups = self.admin.xinfo_groups(keys.publish_stream(QM))  # type: ignore[union-attr]
             info = self.admin.xinfo_stream(keys.publish_stream(QM))  # type: ignore[union-attr]
-        except redis.RedisError:
+        except (redis.RedisError, BrokerError, ValueError):
             return False
         group = next(g for g in groups if g["name"] == keys.WORKER_GROUP.encode())
         caught_up = group["last-delivered-id"] == info["last-generated-id"]
@@ -632,7 +975,7 @@ class Harness:
         # dedup records must expire: sample their TTLs
         no_ttl = 0
         sampled = 0
-        for key in self.admin.scan_iter(match=keys.dedup(QM, "*", "*"), count=500):
+        for key in self.admin.scan_iter(match=keys.dedup_prefix(QM) + "*", count=500):
             sampled += 1
             if self.admin.pttl(key) < 0:
                 no_ttl += 1
@@ -654,6 +997,16 @@ class Harness:
             problems.append(f"{fifo_left} entry ids left in publisher FIFOs")
         if verdict.unexpected:
             problems.append(f"{verdict.unexpected} unexpected messages")
+        unplanted = {k: n for k, n in verdict.refused_keys.items() if k not in self.planted_keys}
+        if unplanted:
+            problems.append(f"publications refused for foreign keys the harness never planted: {unplanted}")
+        if verdict.refused_repeated:
+            problems.append(f"{verdict.refused_repeated} entries refused for a foreign key dead-lettered more than once")
+        if stats.refused_reply_missing:
+            problems.append(f"{stats.refused_reply_missing} publications refused for a foreign dedup record "
+                            "without exactly their 'refused' result")
+        if self.plants:
+            problems.append(f"{len(self.plants)} planted keys left")
         if verdict.poison_missing or verdict.poison_repeated or verdict.poison_bad_reason:
             problems.append(f"poison: {verdict.poison_missing} missing, {verdict.poison_repeated} repeated, "
                             f"{verdict.poison_bad_reason} without the expected reason")
@@ -665,6 +1018,15 @@ class Harness:
         _log("poison by kind: " + " ".join(f"{k}={v}" for k, v in sorted(stats.poison.items()))
              + f" (acknowledged {verdict.poison_acked}, all dead-lettered with a reason: "
              f"{'yes' if not (verdict.poison_missing or verdict.poison_bad_reason) else 'NO'})")
+        _log("foreign keys planted: " + " ".join(f"{k}={v}" for k, v in sorted(stats.planted.items()))
+             + " skipped (key there): " + " ".join(f"{k}={v}" for k, v in sorted(stats.plant_skipped.items()))
+             + f" removed={stats.removed} victim_wrongtype_waits={stats.wrongtype_waits}")
+        kinds: Counter[str] = Counter()
+        for key, n in verdict.refused_keys.items():
+            kinds[_key_kind(key)] += n
+        _log("refused for a foreign key, by key: " + " ".join(f"{k}={v}" for k, v in sorted(kinds.items()))
+             + f" (refused entries dead-lettered twice: {verdict.refused_repeated}; retries of delivered "
+             f"publications refused instead of answered duplicate: {verdict.refused_after_delivered})")
         latencies = self.history.latencies_ms()
         if latencies:
             _log(f"delivery latency (acknowledged XADD -> received): p50={latencies[len(latencies) // 2]:.0f}ms "
@@ -678,8 +1040,11 @@ class Harness:
              f"drained={'yes' if drained else 'NO'} elapsed={time.monotonic() - self._started:.0f}s")
         _log(f"faults={sum(stats.faults.values())} publications={verdict.publications} "
              f"deliveries={verdict.deliveries} dead_lettered={verdict.dead_lettered} lost={verdict.lost} "
-             f"duplicated={verdict.duplicated} reordered={verdict.reordered}")
-        if verdict.lost or verdict.duplicated or verdict.reordered or problems:
+             f"duplicated={verdict.duplicated} reordered={verdict.reordered} refusable={verdict.refusable} "
+             f"refused_by_foreign_key={verdict.refused_by_foreign_key} half_applied={verdict.half_applied} "
+             f"foreign_not_refused={verdict.foreign_not_refused}")
+        if (verdict.lost or verdict.duplicated or verdict.reordered or verdict.half_applied
+                or verdict.foreign_not_refused or problems):
             self.failed = True
             return 1
         return 0
@@ -718,6 +1083,25 @@ class Harness:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def _key_kind(key: str) -> str:
+    """Which of the broker's keys ``key`` is: queue, fifo, owner, reply, dedup (or other)."""
+    if key.startswith(keys.reply_prefix(QM)):
+        return "reply"
+    if key.startswith(keys.dedup_prefix(QM)):
+        return "dedup"
+    if key.startswith(keys.pub_prefix(QM)):
+        return "fifo" if key.endswith(":fifo") else "owner"
+    if key.startswith(keys.sub_queue(QM, "")):
+        return "queue"
+    return "other"
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a comparable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def _process_state(pid: int) -> str:
     """The state letter of a process in /proc (``T`` when stopped), or "" if unknown."""
     try:
@@ -754,11 +1138,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lease-ms", type=int, default=800, help="lease of a publisher's turn, ms")
     parser.add_argument("--max-deliveries", type=int, default=5, help="the workers' max_deliveries setting")
     parser.add_argument("--fault-interval-ms", type=int, default=1_000, help="mean time between faults, ms")
+    parser.add_argument("--victim-share", type=float, default=0.05,
+                        help="share of ordinary publications on victim topics (refusable)")
+    parser.add_argument("--victim-rate", type=float, default=20.0,
+                        help="publications per second of the victim publishers, all together")
+    parser.add_argument("--weight", type=_weight, action="append", default=[], metavar="KIND=N",
+                        help=f"fault weight (0 turns a kind off); also {', '.join(OPTIONAL_FAULTS)}")
     parser.add_argument("--poison-rate", type=float, default=0.01, help="poison entries per publication")
     parser.add_argument("--drain-s", type=float, default=120.0, help="how long the final drain may take, s")
     parser.add_argument("--max-memory-mb", type=int, default=256, help="bound on the server's used_memory")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, AOF) even on success")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.weight = dict(args.weight)
+    return args
+
+
+def _weight(text: str) -> tuple[str, int]:
+    kind, _, n = text.partition("=")
+    if kind not in FAULTS and kind not in OPTIONAL_FAULTS and not kind.startswith("kill@"):
+        raise argparse.ArgumentTypeError(f"unknown fault kind {kind!r}")
+    return kind, int(n)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,25 @@ what a per-publisher FIFO promises):
   publisher (first receipts only);
 - **unexpected**: a message that was never published, or not for this subscription.
 
+Some publications are *refusable*: those on a victim topic or of a victim
+publisher, whose keys the harness turns foreign for a while (a key of another
+Redis type where the broker keeps a subscriber queue, a reply list, a dedup
+record, a FIFO or a turn). Each must end either delivered once to every one of
+its recipients, or *refused as a whole*: in the dead-letter stream (once per
+entry, ``dlq.entry_id``) with a reason containing "foreign key", and received
+by none. Refused ones are not lost; order is checked over the delivered ones.
+
+- **half_applied**: a refusable publication refused but received by some
+  subscription (an envelope of a refused entry), or received by some of its
+  recipients and not by others;
+- **refused_by_foreign_key**: refusable publications refused, received by none;
+- **foreign_not_refused**: a publication whose reply list or dedup record the
+  harness planted before publishing it (``planted``), yet not refused, or received;
+- **refused_repeated**: an entry refused for a foreign key dead-lettered more than once;
+- **refused_after_delivered** (reported, not a failure): a retry of a delivered
+  publication (same msgid, a later entry) refused for a foreign key instead of
+  answered "duplicate".
+
 Poison entries (acknowledged raw ``XADD``s the broker must refuse) must each be
 in the dead-letter stream exactly once (``dlq.entry_id``) with a reason.
 """
@@ -36,6 +55,17 @@ def recipients(topic: str, filters: dict[str, str], links: list[tuple[str, str]]
     return oracle.recipients(topic, filters, oracle.link_targets(links))
 
 
+def foreign_key_of(reason: str) -> str:
+    """The key a "foreign key: <key> holds a <type>, ..." reason names ("" when there is none)."""
+    _, found, rest = reason.partition("foreign key: ")
+    return rest.partition(" holds a ")[0] if found else ""
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms or 0), int(seq or 0)
+
+
 @dataclass
 class Publication:
     """One publication of the harness.
@@ -50,6 +80,10 @@ class Publication:
         entry_id: that entry id.
         attempts: how many times it was sent.
         acked_at: ``time.monotonic()`` when the XADD returned, or None.
+        refusable: the harness may make one of its keys foreign (a victim topic or
+            publisher): it may end refused as a whole instead of delivered.
+        planted: the fault kind ("foreign:reply", "foreign:dedup") when a foreign
+            key was planted for it before it was published: it must end refused.
     """
 
     publisher: str
@@ -61,6 +95,8 @@ class Publication:
     entry_id: str | None = None
     attempts: int = 0
     acked_at: float | None = None
+    refusable: bool = False
+    planted: str | None = None
 
 
 @dataclass
@@ -87,6 +123,7 @@ class Verdict:
     """The result of ``History.check``."""
 
     publications: int = 0
+    refusable: int = 0
     unknown: int = 0
     deliveries: int = 0
     dead_lettered: int = 0
@@ -100,13 +137,20 @@ class Verdict:
     poison_missing: int = 0
     poison_repeated: int = 0
     poison_bad_reason: int = 0
+    half_applied: int = 0
+    refused_by_foreign_key: int = 0
+    foreign_not_refused: int = 0
+    refused_repeated: int = 0
+    refused_after_delivered: int = 0
+    refused_keys: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """No guarantee was broken."""
         return not (self.lost or self.duplicated or self.reordered or self.unexpected
-                    or self.poison_missing or self.poison_repeated or self.poison_bad_reason)
+                    or self.poison_missing or self.poison_repeated or self.poison_bad_reason
+                    or self.half_applied or self.foreign_not_refused or self.refused_repeated)
 
     def note(self, text: str) -> None:
         if len(self.examples) < 20:
@@ -123,6 +167,8 @@ class History:
         self.poison: list[Poison] = []
         self.received: dict[str, list[str]] = defaultdict(list)
         self.received_at: dict[str, list[float]] = defaultdict(list)
+        #: msgid -> the stream entry ids its received envelopes came from (None: not known)
+        self.received_entries: dict[str, set[str | None]] = defaultdict(set)
 
     def add_publication(self, publication: Publication) -> None:
         with self._lock:
@@ -133,11 +179,13 @@ class History:
         with self._lock:
             self.poison.append(poison)
 
-    def receive(self, sub_id: str, msgid: str) -> None:
+    def receive(self, sub_id: str, msgid: str, entry_id: str | None = None) -> None:
+        """Record that ``sub_id`` received ``msgid`` (from stream entry ``entry_id``, when known)."""
         now = time.monotonic()
         with self._lock:
             self.received[sub_id].append(msgid)
             self.received_at[sub_id].append(now)
+            self.received_entries[msgid].add(entry_id)
 
     def latencies_ms(self) -> list[float]:
         """From acknowledgement to first receipt, per (subscription, publication), sorted, ms."""
@@ -175,8 +223,11 @@ class History:
             pubs = [p for ps in self.publications.values() for p in ps]
             v.publications = sum(p.acked for p in pubs)
             v.unknown = len(pubs) - v.publications
+            v.refusable = sum(p.acked and p.refusable for p in pubs)
             received = {s: list(self.received.get(s, [])) for s in subscriptions}
+            received_entries = {m: set(e) for m, e in self.received_entries.items()}
         unknown_seen: set[str] = set()
+        got: dict[str, set[str]] = defaultdict(set)  # msgid -> subscriptions that received it
         for sub_id, msgids in received.items():
             v.deliveries += len(msgids)
             seen: set[str] = set()
@@ -192,6 +243,7 @@ class History:
                     v.note(f"duplicated: {sub_id} received {msgid} again")
                     continue
                 seen.add(msgid)
+                got[msgid].add(sub_id)
                 if not pub.acked:
                     unknown_seen.add(msgid)
                 if pub.number < high.get(pub.publisher, 0):
@@ -200,7 +252,7 @@ class History:
                 else:
                     high[pub.publisher] = pub.number
             for pub in pubs:
-                if pub.acked and sub_id in pub.recipients and pub.msgid not in seen:
+                if pub.acked and not pub.refusable and sub_id in pub.recipients and pub.msgid not in seen:
                     v.lost += 1
                     v.note(f"lost: {sub_id} never received {pub.msgid} ({pub.topic}, entry {pub.entry_id})")
         v.unknown_delivered = len(unknown_seen)
@@ -208,15 +260,52 @@ class History:
         v.dead_lettered = len(dead_letters)
         by_entry: Counter[str] = Counter()
         reasons: dict[str, str] = {}
+        refused: dict[str, set[str]] = defaultdict(set)  # msgid -> entries refused for a foreign key
         for _, fields in dead_letters:
             entry_id = fields.get(b"dlq.entry_id", b"").decode()
             by_entry[entry_id] += 1
-            reasons[entry_id] = fields.get(b"dlq.reason", b"").decode("utf-8", "replace")
+            reasons[entry_id] = reason = fields.get(b"dlq.reason", b"").decode("utf-8", "replace")
             raw_msgid = fields.get(b"msgid")
-            good = raw_msgid is not None and raw_msgid.decode("utf-8", "replace") in self.by_msgid
-            if b"chaos.poison" not in fields and good:
-                v.good_dead_lettered += 1
-                v.note(f"dead-lettered good publication {raw_msgid!r}: {reasons[entry_id]}")
+            pub = None if raw_msgid is None else self.by_msgid.get(raw_msgid.decode("utf-8", "replace"))
+            if pub is not None and fields.get(b"publisher", b"").decode("utf-8", "replace") != pub.publisher:
+                pub = None
+            if b"chaos.poison" in fields or pub is None:
+                continue
+            if pub.refusable and "foreign key" in reason:
+                refused[pub.msgid].add(entry_id)
+                v.refused_keys[foreign_key_of(reason)] += 1
+                continue
+            v.good_dead_lettered += 1
+            v.note(f"dead-lettered good publication {raw_msgid!r}: {reason}")
+        for pub in pubs:
+            if not pub.refusable:
+                continue
+            entries = refused.get(pub.msgid, set())
+            v.refused_repeated += sum(by_entry[e] > 1 for e in entries)
+            receivers = got.get(pub.msgid, set())
+            came_from = received_entries.get(pub.msgid, set())
+            refused_but_received = bool(entries and receivers and (None in came_from or entries & came_from))
+            what = f"{pub.msgid} ({pub.topic}, entry {pub.entry_id}, refused entries {sorted(entries)})"
+            if refused_but_received:
+                v.half_applied += 1
+                v.note(f"half-applied: {what} refused, yet received by {sorted(receivers)}")
+            elif receivers and receivers != pub.recipients:
+                v.half_applied += 1
+                v.note(f"half-applied: {what} received by {sorted(receivers)}, "
+                       f"not by {sorted(pub.recipients - receivers)}")
+            elif not receivers and entries:
+                v.refused_by_foreign_key += 1
+            elif receivers and entries:
+                delivered_from = [_entry_key(e) for e in came_from if e is not None]
+                if delivered_from and max(_entry_key(e) for e in entries) > min(delivered_from):
+                    v.refused_after_delivered += 1
+                    v.note(f"refused after delivered (not a failure): {what}, delivered from {sorted(came_from)}")
+            elif not receivers and pub.acked and pub.recipients:
+                v.lost += 1
+                v.note(f"lost: {what} neither received nor refused")
+            if pub.planted and pub.acked and (receivers or not entries):
+                v.foreign_not_refused += 1
+                v.note(f"{pub.planted} planted for {what}, yet not refused (received by {sorted(receivers)})")
         for poison in self.poison:
             if not poison.acked or poison.entry_id is None:
                 continue

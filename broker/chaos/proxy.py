@@ -94,6 +94,19 @@ class ProxyStats:
     drops_by_label: dict[str, int] = field(default_factory=dict)
 
 
+def _quiet_cancellation(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Report what the loop reports, except a connection handler cancelled at stop.
+
+    Python 3.11's ``StreamReaderProtocol`` calls ``exception()`` on a handler
+    task in a done callback, which raises for a cancelled one: without this,
+    every connection still open at stop printed a traceback after the harness's
+    last line.
+    """
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
+
+
 class Proxy:
     """A TCP proxy from ``127.0.0.1:<port>`` to a Redis server on ``127.0.0.1:<upstream_port>``.
 
@@ -192,6 +205,7 @@ class Proxy:
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
+        loop.set_exception_handler(_quiet_cancellation)
         self._loop = loop
         try:
             loop.run_until_complete(self._serve())

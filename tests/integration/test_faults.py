@@ -649,3 +649,57 @@ def test_chaos_history_check_counts_lost_duplicated_reordered_and_unknown_outcom
     assert (verdict.lost, verdict.duplicated, verdict.reordered, verdict.unexpected) == (1, 1, 1, 1)
     assert (verdict.publications, verdict.unknown, verdict.unknown_delivered) == (3, 1, 0)
     assert not verdict.ok
+
+
+def _dead_letter(pub: Publication, entry_id: str, reason: str) -> tuple[str, dict[bytes, bytes]]:
+    return ("9-0", {b"publisher": pub.publisher.encode(), b"msgid": pub.msgid.encode(),
+                    b"dlq.reason": reason.encode(), b"dlq.entry_id": entry_id.encode()})
+
+
+def test_chaos_history_check_catches_a_half_applied_refused_publication():
+    # Given five refusable publications of one publisher to subscriptions a and b
+    history = History()
+    pubs = []
+    for n in range(1, 6):
+        pub = Publication("v", n, f"v.{n}", "/victim/x", frozenset({"a", "b"}), acked=True, entry_id=f"{n}-0",
+                          refusable=True)
+        history.add_publication(pub)
+        pubs.append(pub)
+    pubs[3].planted = "foreign:dedup"
+    foreign = "foreign key: {Q}:sub:b holds a string, not a list; delivered to no subscription"
+    # When v.1 is delivered to both; v.2 refused and received by none; v.3 refused yet received by a;
+    # v.4 (planted for) delivered to both; v.5 received by a only and never refused
+    for sub_id, msgids in (("a", ["v.1", "v.3", "v.4", "v.5"]), ("b", ["v.1", "v.4"])):
+        for msgid in msgids:
+            history.receive(sub_id, msgid, msgid[2:] + "-0")
+    dead = [_dead_letter(pubs[1], "2-0", foreign), _dead_letter(pubs[2], "3-0", foreign)]
+    verdict = history.check(["a", "b"], dead)
+    # Then v.3 and v.5 are half-applied, v.2 refused by a foreign key, v.4 should have been refused
+    assert (verdict.half_applied, verdict.refused_by_foreign_key, verdict.foreign_not_refused) == (2, 1, 1)
+    assert (verdict.lost, verdict.duplicated, verdict.reordered, verdict.good_dead_lettered) == (0, 0, 0, 0)
+    assert not verdict.ok
+
+
+def test_chaos_history_check_accepts_a_refused_entry_whose_retry_was_delivered():
+    # Given a refusable publication sent twice (a lost XADD reply): entry 1-0 refused, entry 2-0 delivered
+    history = History()
+    pub = Publication("v", 1, "v.1", "/victim/x", frozenset({"a", "b"}), acked=True, entry_id="2-0",
+                      refusable=True)
+    history.add_publication(pub)
+    for sub_id in ("a", "b"):
+        history.receive(sub_id, "v.1", "2-0")
+    dead = [_dead_letter(pub, "1-0", "foreign key: k holds a hash, not a list")]
+    # Then that is no half-applied unit of work; a refusal for another reason of a good one is still lost
+    # And one delivered from entry 4-0 whose retry, entry 5-0, was refused (reported, not a failure)
+    retried = Publication("v", 2, "v.2", "/victim/x", frozenset({"a"}), acked=True, entry_id="5-0", refusable=True)
+    history.add_publication(retried)
+    history.receive("a", "v.2", "4-0")
+    dead.append(_dead_letter(retried, "5-0", "foreign key: k holds a string, not a list"))
+    verdict = history.check(["a", "b"], dead)
+    assert (verdict.half_applied, verdict.refused_by_foreign_key, verdict.lost) == (0, 0, 0)
+    assert verdict.refused_after_delivered == 1
+    assert verdict.ok
+    good = Publication("p", 1, "p.1", "/chaos/x", frozenset({"a"}), acked=True, entry_id="3-0")
+    history.add_publication(good)
+    verdict = history.check(["a", "b"], [*dead, _dead_letter(good, "3-0", "foreign key: k holds a hash")])
+    assert (verdict.lost, verdict.good_dead_lettered) == (1, 1)
