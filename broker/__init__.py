@@ -6,15 +6,17 @@ subscriber queue whose filter matches its topic or a topic linked from it.
 The wire protocol is documented in ``broker.keys``.
 """
 
-from broker.admin import explain, link, list_links, status, unlink
 from broker.config import Settings, load_settings
 from broker.connection import connect
 from broker.errors import (
     BrokerError,
     ConfigError,
     ConnectionLost,
+    CorruptRecord,
+    ForeignKey,
     InvalidLink,
     InvalidMessage,
+    InvalidName,
     InvalidTopic,
     InvalidTopicFilter,
     LinkCycle,
@@ -27,8 +29,11 @@ from broker.errors import (
     SubscriptionConflict,
 )
 from broker.keys import PROTOCOL_VERSION
+from broker.links import link, list_links, unlink, unlink_all
 from broker.models import Message
 from broker.publish import Publisher, PublishResult
+from broker.routing import explain
+from broker.status import status
 from broker.subscriptions import Delivery, Subscriber, list_subscriptions, subscribe, unsubscribe
 from broker.topics import matches, validate_filter, validate_topic
 
@@ -37,9 +42,12 @@ __all__ = [
     "BrokerError",
     "ConfigError",
     "ConnectionLost",
+    "CorruptRecord",
     "Delivery",
+    "ForeignKey",
     "InvalidLink",
     "InvalidMessage",
+    "InvalidName",
     "InvalidTopic",
     "InvalidTopicFilter",
     "LinkCycle",
@@ -65,6 +73,7 @@ __all__ = [
     "status",
     "subscribe",
     "unlink",
+    "unlink_all",
     "unsubscribe",
     "validate_filter",
     "validate_topic",

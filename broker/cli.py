@@ -24,13 +24,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from broker import admin
+from broker import links, routing
 from broker.config import Settings, load_settings
 from broker.connection import connect, wait_for_server
 from broker.errors import BrokerError, ConnectionLost, PublicationRefused, ServerError
 from broker.models import DEFAULT_PRIORITY, Message
 from broker.publish import Publisher, PublishResult
-from broker.subscriptions import Subscriber, list_subscriptions
+from broker.status import status as status_of
+from broker.subscriptions import Subscriber, read_subscriptions
 from broker.subscriptions import subscribe as subscribe_to
 from broker.subscriptions import unsubscribe as unsubscribe_from
 
@@ -115,6 +116,16 @@ class BrokerGroup(click.Group):
     @staticmethod
     def _url(ctx: click.Context) -> str:
         return ctx.obj.target_url() if isinstance(ctx.obj, State) else "the configured server"
+
+
+def _print_problems(problems: Any) -> None:
+    """Print records that cannot be read (and foreign keys) after a listing, one line each."""
+    if not problems:
+        return
+    console = _console()
+    console.print(Text(f"{len(problems)} problem(s): the workers skip these records and go on", style="bold red"))
+    for problem in problems:
+        console.print(Text(f"  {problem}", style="red"))
 
 
 def _console() -> Console:
@@ -396,14 +407,15 @@ def unsubscribe_command(state: State, sub_id: str) -> None:
 @click.pass_obj
 def subscriptions_command(state: State) -> None:
     """List every subscription: id, topic filter, durable."""
-    records = list_subscriptions(state.client(), state.settings.qm)
+    records, problems = read_subscriptions(state.client(), state.settings.qm)
     if not records:
         click.echo("no subscriptions")
-        return
-    table = _table("id", "filter", "durable")
-    for record in records:
-        table.add_row(record.sub_id, record.topic_filter, "yes" if record.durable else "no")
-    _console().print(table)
+    else:
+        table = _table("id", "filter", "durable")
+        for record in records:
+            table.add_row(record.sub_id, record.topic_filter, "yes" if record.durable else "no")
+        _console().print(table)
+    _print_problems(problems)
 
 
 # --- administration ----------------------------------------------------------------------------
@@ -421,17 +433,25 @@ def link_command(state: State, source: str, target: str, backward: bool) -> None
     Links are transitive. A link that would close a cycle is refused (exit 2)
     unless --backward is given.
     """
-    admin.link(state.client(), state.settings.qm, source, target, backward=backward)
+    links.link(state.client(), state.settings.qm, source, target, backward=backward)
     click.echo(f"linked {source} -> {target}" + (" (backward)" if backward else ""))
 
 
 @main.command("unlink")
 @click.argument("source")
-@click.argument("target")
+@click.argument("target", required=False)
+@click.option("--all", "remove_all", is_flag=True,
+              help="Remove every link from SOURCE: its whole record, even one that cannot be read.")
 @click.pass_obj
-def unlink_command(state: State, source: str, target: str) -> None:
-    """Remove the link from topic SOURCE to topic TARGET."""
-    admin.unlink(state.client(), state.settings.qm, source, target)
+def unlink_command(state: State, source: str, target: str | None, remove_all: bool) -> None:
+    """Remove the link from topic SOURCE to topic TARGET (or, with --all, every link from SOURCE)."""
+    if remove_all == (target is not None):
+        raise click.UsageError("give TARGET, or --all to remove every link from SOURCE")
+    if target is None:
+        links.unlink_all(state.client(), state.settings.qm, source)
+        click.echo(f"removed every link from {source}")
+        return
+    links.unlink(state.client(), state.settings.qm, source, target)
     click.echo(f"unlinked {source} -> {target}")
 
 
@@ -439,14 +459,16 @@ def unlink_command(state: State, source: str, target: str) -> None:
 @click.pass_obj
 def links_command(state: State) -> None:
     """List every topic link: source, target, backward."""
-    links = admin.list_links(state.client(), state.settings.qm)
-    if not links:
+    graph, problems = links.read_links(state.client(), state.settings.qm)
+    found = graph.links()
+    if not found:
         click.echo("no links")
-        return
-    table = _table("source", "target", "backward")
-    for source, target, backward in links:
-        table.add_row(source, target, "yes" if backward else "no")
-    _console().print(table)
+    else:
+        table = _table("source", "target", "backward")
+        for source, target, backward in found:
+            table.add_row(source, target, "yes" if backward else "no")
+        _console().print(table)
+    _print_problems(problems)
 
 
 @main.command("topics", short_help="List filters, or explain where a topic goes.")
@@ -463,17 +485,19 @@ def topics_command(state: State, topic: str | None) -> None:
     console = _console()
     if topic is None:
         by_filter: dict[str, list[str]] = {}
-        for record in list_subscriptions(client, qm):
+        records, problems = read_subscriptions(client, qm)
+        for record in records:
             by_filter.setdefault(record.topic_filter, []).append(record.sub_id)
         if not by_filter:
             click.echo("no subscriptions")
-            return
-        table = _table("filter", "subscriptions")
-        for topic_filter in sorted(by_filter):
-            table.add_row(topic_filter, ", ".join(by_filter[topic_filter]))
-        console.print(table)
+        else:
+            table = _table("filter", "subscriptions")
+            for topic_filter in sorted(by_filter):
+                table.add_row(topic_filter, ", ".join(by_filter[topic_filter]))
+            console.print(table)
+        _print_problems([*problems, *links.read_links(client, qm)[1]])
         return
-    route = admin.explain(client, qm, topic)
+    route = routing.explain(client, qm, topic)
     table = _table("topic reached", "how", "subscriptions matched", title=f"route of {route.topic}")
     for reached, matched in route.via.items():
         how = "published on" if reached == route.topic else "linked"
@@ -482,6 +506,7 @@ def topics_command(state: State, topic: str | None) -> None:
     n = len(route.subscriptions)
     listed = ": " + ", ".join(route.subscriptions) if route.subscriptions else ""
     click.echo(f"delivered once to {n} subscription{'' if n == 1 else 's'}{listed}")
+    _print_problems(route.problems)
 
 
 @main.command("status", short_help="Show stream, queues, dead letters and workers.")
@@ -492,7 +517,7 @@ def status_command(state: State, as_json: bool) -> None:
 
     Queue depths and in-flight counts are messages; heartbeat age is ms.
     """
-    snapshot = admin.status(state.client(), state.settings.qm)
+    snapshot = status_of(state.client(), state.settings.qm)
     if as_json:
         click.echo(json.dumps(snapshot, indent=2, sort_keys=True))
         return
@@ -513,18 +538,20 @@ def status_command(state: State, as_json: bool) -> None:
         subs = _table("subscription", "filter", "durable", "depth", "in flight")
         for sub in snapshot["subscriptions"]:
             subs.add_row(sub["id"], sub["filter"], "yes" if sub["durable"] else "no",
-                         str(sub["depth"]), str(sub["inflight"]))
+                         "?" if sub["depth"] is None else str(sub["depth"]),
+                         "?" if sub["inflight"] is None else str(sub["inflight"]))
         console.print(subs)
     else:
         console.print("no subscriptions")
     if snapshot["workers"]:
-        workers = _table("worker", "pid", "processed", "heartbeat age (ms)")
+        workers = _table("worker", "pid", "processed", "heartbeat age (ms)", "state")
         for beat in snapshot["workers"]:
             workers.add_row(beat["name"], str(beat["pid"]), str(beat["processed"]),
-                            str(beat["heartbeat_age_ms"]))
+                            str(beat["heartbeat_age_ms"]), beat["state"])
         console.print(workers)
     else:
         console.print("no workers")
+    _print_problems(snapshot["problems"])
 
 
 def _register_pipeline_commands() -> None:

@@ -51,10 +51,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from broker import keys
-from broker.admin import link, reset
 from broker.config import Settings
 from broker.connection import connect
 from broker.errors import DemoError
+from broker.links import link
+from broker.maintenance import reset
 from broker.models import decode_envelope
 from broker.oracle import link_closure, link_targets
 from broker.publish import Publisher

@@ -78,7 +78,7 @@ class InvalidTopicFilter(BrokerError, ValueError):
 class LinkCycle(BrokerError, ValueError):
     """A link from ``source`` to ``target`` would close a cycle of links.
 
-    Raised by ``broker.admin.link`` unless the link is requested as a backward
+    Raised by ``broker.links.link`` unless the link is requested as a backward
     link (seed 000: "unless the backwards link is explicitly requested ... the
     cyclic dependency checking is performed at link time").
 
@@ -245,3 +245,13 @@ class CorruptRecord(BrokerError, ValueError):
         self.field = field
         self.reason = reason
         super().__init__(f"corrupt record {field!r} in {key}: {reason}")
+
+
+class InvalidName(BrokerError, ValueError):
+    """A client id, subscription name or subscription id is outside its alphabet or length.
+
+    Client ids and durable subscription names are 1-128 characters of
+    ``A-Za-z0-9_.-``; a subscription id is ``<client id>$<name>``.
+    """
+
+    exit_code = 2

@@ -14,8 +14,9 @@ from datetime import timedelta
 from rq import Queue, Worker
 
 from broker import keys
-from broker.admin import status, trim_acknowledged
 from broker.connection import connect
+from broker.maintenance import trim_acknowledged
+from broker.status import status
 
 #: The rq queue the admin jobs run on.
 ADMIN_QUEUE = "broker-admin"

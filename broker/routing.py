@@ -6,65 +6,39 @@ table is loaded with the index version read in the same MULTI, and the worker
 reloads it whenever a dequeue returns a newer version, so it never matches
 against a stale index. Resolved recipient sets are cached per topic until the
 next reload.
+
+A record that cannot be read (written by hand: not JSON, an invalid filter or
+id, a forward link closing a cycle) matches nothing: it is skipped, logged
+once per load, and kept in ``problems`` for ``broker status`` and
+``explain``. A queue-manager-wide key of the wrong type (the subscription or
+link hash) raises ``ForeignKey``: the worker waits, with its entries pending,
+until an operator removes it.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import redis
 
 from broker import keys
+from broker.errors import CorruptRecord, ForeignKey
+from broker.links import parse_links
+from broker.subscriptions import SubscriptionRecord, parse_subscriptions
 from broker.topics import LinkGraph, TopicIndex, validate_topic
+
+log = logging.getLogger("broker.routing")
 
 #: Most topics whose recipient set is cached; the cache is cleared when full.
 CACHE_TOPICS = 100_000
 
-
-@dataclass(frozen=True)
-class SubscriptionRecord:
-    """A subscription as stored in ``{qm}:subs``.
-
-    Attributes:
-        sub_id: ``clientid$name``.
-        topic_filter: the MQTT-style filter.
-        durable: survives its subscriber going away.
-        created_ms: when it was made, ms since the epoch.
-    """
-
-    sub_id: str
-    topic_filter: str
-    durable: bool
-    created_ms: int
-
-    def to_json(self) -> str:
-        """The JSON stored as the hash value."""
-        return json.dumps(
-            {"filter": self.topic_filter, "durable": self.durable, "created_ms": self.created_ms},
-            separators=(",", ":"),
-        )
-
-    @classmethod
-    def from_json(cls, sub_id: str, raw: bytes | str) -> SubscriptionRecord:
-        """Parse a hash value written by ``to_json``."""
-        data = json.loads(raw)
-        return cls(sub_id, data["filter"], bool(data.get("durable")), int(data.get("created_ms", 0)))
+#: The Redis type of each key the table reads.
+_TYPES = {"version": "string", "subs": "hash", "links": "hash"}
 
 
-def read_links(raw: dict[bytes, bytes]) -> LinkGraph:
-    """Build a ``LinkGraph`` from the ``{qm}:links`` hash (source -> JSON {target: backward})."""
-    graph = LinkGraph()
-    pairs = [
-        (source.decode(), target, bool(backward))
-        for source, targets in raw.items()
-        for target, backward in json.loads(targets).items()
-    ]
-    # Forward links were cycle-checked against a superset when made, so they form
-    # a DAG on their own; backward links go in after them, unchecked.
-    for source, target, backward in sorted(pairs, key=lambda p: p[2]):
-        graph.add(source, target, backward=backward)
-    return graph
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 class RoutingTable:
@@ -72,14 +46,20 @@ class RoutingTable:
 
     Args:
         qm: the queue manager.
+
+    Attributes:
+        version: the index version counter's value when loaded (bytes, opaque:
+            compared, never parsed), or None before the first load.
+        problems: the records skipped at the last load.
     """
 
     def __init__(self, qm: str) -> None:
         self.qm = qm
-        self.version = -1
+        self.version: bytes | None = None
         self.index = TopicIndex()
         self.links = LinkGraph()
         self.subscriptions: dict[str, SubscriptionRecord] = {}
+        self.problems: list[CorruptRecord] = []
         self._queue_of: dict[str, str] = {}
         self._cache: dict[str, tuple[str, ...]] = {}
 
@@ -87,25 +67,43 @@ class RoutingTable:
         """Read subscriptions, links and the version in one MULTI/EXEC and rebuild.
 
         Raises:
+            ForeignKey: the subscription hash, the link hash or the version
+                counter holds another Redis type.
             redis.RedisError: as redis-py raises it.
         """
+        qm = self.qm
+        names = {"version": keys.version(qm), "subs": keys.subscriptions(qm), "links": keys.links(qm)}
         pipe = client.pipeline(transaction=True)
-        pipe.get(keys.version(self.qm))
-        pipe.hgetall(keys.subscriptions(self.qm))
-        pipe.hgetall(keys.links(self.qm))
-        version, subs, links = pipe.execute()
+        for key in names.values():
+            pipe.type(key)
+        pipe.get(names["version"])
+        pipe.hgetall(names["subs"])
+        pipe.hgetall(names["links"])
+        replies = pipe.execute(raise_on_error=False)
+        for (what, key), found in zip(names.items(), replies[:3], strict=True):
+            kind = _text(found)
+            if kind not in ("none", _TYPES[what]):
+                raise ForeignKey(key, kind, _TYPES[what])
+        version, subs, links = replies[3:]
+        for reply in (version, subs, links):
+            if isinstance(reply, Exception):
+                raise reply
+        records, problems = parse_subscriptions(qm, subs)
+        graph, link_problems = parse_links(qm, links)
+        problems += link_problems
         index = TopicIndex()
-        records = {}
-        for raw_id, raw in subs.items():
-            record = SubscriptionRecord.from_json(raw_id.decode(), raw)
-            records[record.sub_id] = record
+        for record in records:
             index.add(record.topic_filter, record.sub_id)
+        if problems:
+            for problem in problems:
+                log.warning("routing table of %s: %s; it is skipped (matches nothing)", qm, problem)
         self.index = index
-        self.links = read_links(links)
-        self.subscriptions = records
-        self._queue_of = {sub_id: keys.sub_queue(self.qm, sub_id) for sub_id in records}
+        self.links = graph
+        self.problems = problems
+        self.subscriptions = {record.sub_id: record for record in records}
+        self._queue_of = {sub_id: keys.sub_queue(qm, sub_id) for sub_id in self.subscriptions}
         self._cache = {}
-        self.version = int(version or 0)
+        self.version = version if version is not None else b"0"
 
     def resolve(self, topic: str) -> tuple[str, ...]:
         """The subscriber queue keys a publication on ``topic`` goes to, each once.
@@ -131,3 +129,40 @@ class RoutingTable:
             self._cache.clear()
         self._cache[topic] = queues
         return queues
+
+
+@dataclass
+class Route:
+    """Where a publication on one topic goes.
+
+    Attributes:
+        topic: the topic published on.
+        via: topic reached (the topic itself, then linked ones) -> subscription ids matching it.
+        subscriptions: the de-duplicated subscription ids that receive one copy each.
+        problems: records skipped because they cannot be read (they match nothing).
+    """
+
+    topic: str
+    via: dict[str, list[str]] = field(default_factory=dict)
+    subscriptions: list[str] = field(default_factory=list)
+    problems: list[CorruptRecord] = field(default_factory=list)
+
+
+def explain(client: redis.Redis, qm: str, topic: str) -> Route:
+    """Resolve ``topic`` the way a worker does and say through which topics each subscription matched.
+
+    Raises:
+        InvalidTopic: the topic is invalid (with a suggestion).
+        ForeignKey: the subscription or link hash holds another Redis type.
+    """
+    validate_topic(topic)
+    table = RoutingTable(qm)
+    table.load(client)
+    route = Route(topic, problems=list(table.problems))
+    seen: set[str] = set()
+    for linked in table.links.closure(topic):
+        matched = sorted(table.index.match(linked))
+        route.via[linked] = matched
+        seen.update(matched)
+    route.subscriptions = sorted(seen)
+    return route

@@ -41,7 +41,8 @@ class Dequeued:
     """What one call of ``dequeue.lua`` returned.
 
     Attributes:
-        version: the index version counter, read in the same atomic call.
+        version: the index version counter, read in the same atomic call (bytes,
+            opaque: compared with ``RoutingTable.version``, never parsed).
         last_delivered_id: the group's last delivered entry id when nothing was
             read (to block on with XREAD), else "".
         entries: ``[(entry_id, {field: value})]`` with bytes keys and values.
@@ -53,7 +54,7 @@ class Dequeued:
         fair: entries waiting per live worker: a worker's fair share of the work.
     """
 
-    version: int
+    version: bytes
     last_delivered_id: str
     entries: list[tuple[str, dict[bytes, bytes]]]
     owned: dict[str, list[str]]
@@ -268,5 +269,5 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
         publisher = owned[i].decode("utf-8", "surrogateescape")
         owned_map[publisher] = [x.decode() for x in owned[i + 1]]
         backlog[publisher] = int(owned[i + 2])
-    return Dequeued(int(version), last_id.decode(), parsed, owned_map, int(active), max(1, int(live)),
+    return Dequeued(bytes(version), last_id.decode(), parsed, owned_map, int(active), max(1, int(live)),
                     backlog, int(fair))

@@ -15,17 +15,26 @@ subscription.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from broker import keys
-from broker.errors import InvalidMessage, NoSuchSubscription, SubscriptionConflict
+from broker.errors import (
+    CorruptRecord,
+    ForeignKey,
+    InvalidMessage,
+    InvalidName,
+    InvalidTopicFilter,
+    NoSuchSubscription,
+    SubscriptionConflict,
+)
 from broker.models import Message
-from broker.routing import SubscriptionRecord
 from broker.topics import validate_filter
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -33,7 +42,119 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
 def _check_name(what: str, value: str) -> None:
     if not _NAME.match(value):
-        raise ValueError(f"{what} {value!r} must be 1-128 characters of A-Z a-z 0-9 _ . -")
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise InvalidName(f"{what} {shown!r} must be 1-128 characters of A-Z a-z 0-9 _ . -")
+
+
+def check_sub_id(sub_id: str) -> None:
+    """Check a subscription id: ``<client id>$<name>``, each part as ``subscribe`` requires.
+
+    Raises:
+        InvalidName: it is not. (An id with ``:`` would make a queue key that is
+            another subscription's in-flight list.)
+    """
+    client_id, sep, name = sub_id.partition("$")
+    if not sep:
+        raise InvalidName(f"subscription id {sub_id[:40]!r} is not <client id>$<name>")
+    _check_name("client id", client_id)
+    _check_name("subscription name", name)
+
+
+@dataclass(frozen=True)
+class SubscriptionRecord:
+    """A subscription as stored in ``{qm}:subs`` (the protocol document, ``broker.keys``).
+
+    Attributes:
+        sub_id: ``clientid$name``.
+        topic_filter: the MQTT-style filter.
+        durable: survives its subscriber going away.
+        created_ms: when it was made, ms since the epoch.
+    """
+
+    sub_id: str
+    topic_filter: str
+    durable: bool
+    created_ms: int
+
+    def to_json(self) -> str:
+        """The JSON stored as the hash value."""
+        return json.dumps(
+            {"filter": self.topic_filter, "durable": self.durable, "created_ms": self.created_ms},
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, sub_id: str, raw: bytes | str, qm: str = "") -> SubscriptionRecord:
+        """Parse and check a hash value written by ``to_json`` (or by hand, by another service).
+
+        Raises:
+            CorruptRecord: the id or the value cannot be read: not JSON, no valid
+                filter, a field of the wrong type.
+        """
+        key = keys.subscriptions(qm) if qm else "{qm}:subs"
+        try:
+            check_sub_id(sub_id)
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            topic_filter = data.get("filter")
+            if not isinstance(topic_filter, str):
+                raise ValueError('"filter" must be a string')
+            validate_filter(topic_filter)
+            durable = data.get("durable", False)
+            created = data.get("created_ms", 0)
+            if not isinstance(durable, bool):
+                raise ValueError('"durable" must be true or false')
+            if not isinstance(created, int) or isinstance(created, bool):
+                raise ValueError('"created_ms" must be an integer')
+        except InvalidName as exc:
+            raise CorruptRecord(key, sub_id, str(exc)) from exc
+        except InvalidTopicFilter as exc:
+            raise CorruptRecord(key, sub_id, f"invalid filter: {exc.reason}") from exc
+        except ValueError as exc:  # json.JSONDecodeError included
+            reason = "not JSON" if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise CorruptRecord(key, sub_id, reason) from exc
+        return cls(sub_id, topic_filter, durable, created)
+
+
+def parse_subscriptions(qm: str, raw: dict[Any, Any]) -> tuple[list[SubscriptionRecord], list[CorruptRecord]]:
+    """Parse the ``{qm}:subs`` hash, skipping records that cannot be read.
+
+    Returns:
+        ``(records sorted by id, problems)``.
+    """
+    records: list[SubscriptionRecord] = []
+    problems: list[CorruptRecord] = []
+    for raw_id, value in raw.items():
+        try:
+            sub_id = raw_id.decode("utf-8") if isinstance(raw_id, bytes) else raw_id
+        except UnicodeDecodeError:
+            problems.append(CorruptRecord(keys.subscriptions(qm), repr(raw_id), "the id is not UTF-8"))
+            continue
+        try:
+            records.append(SubscriptionRecord.from_json(sub_id, value, qm))
+        except CorruptRecord as exc:
+            problems.append(exc)
+    records.sort(key=lambda r: r.sub_id)
+    return records, problems
+
+
+def read_subscriptions(client: redis.Redis, qm: str) -> tuple[list[SubscriptionRecord], list[CorruptRecord]]:
+    """Every subscription that can be read, and the records that cannot.
+
+    Raises:
+        ForeignKey: ``{qm}:subs`` holds another Redis type.
+        redis.RedisError: as redis-py raises it.
+    """
+    key = keys.subscriptions(qm)
+    try:
+        raw = client.hgetall(key)
+    except redis.ResponseError as exc:
+        if "WRONGTYPE" in str(exc):
+            found = client.type(key)
+            raise ForeignKey(key, found.decode() if isinstance(found, bytes) else str(found), "hash") from exc
+        raise
+    return parse_subscriptions(qm, raw)
 
 
 def subscribe(
@@ -54,8 +175,10 @@ def subscribe(
 
     Raises:
         InvalidTopicFilter: the filter is invalid.
-        ValueError: the client id or name has characters other than ``A-Za-z0-9_.-``.
+        InvalidName: the client id or name has characters other than ``A-Za-z0-9_.-``.
         SubscriptionConflict: the durable subscription exists with another filter.
+        CorruptRecord: the stored record of this durable subscription cannot be
+            read (``unsubscribe`` removes it).
     """
     validate_filter(topic_filter)
     _check_name("client id", client_id)
@@ -70,7 +193,10 @@ def subscribe(
                 pipe.watch(subs_key)
                 existing = pipe.hget(subs_key, sub_id)
                 if existing is not None:
-                    old = SubscriptionRecord.from_json(sub_id, existing)
+                    try:
+                        old = SubscriptionRecord.from_json(sub_id, existing, qm)
+                    except CorruptRecord as exc:
+                        raise CorruptRecord(exc.key, sub_id, f"{exc.reason}; unsubscribe it first") from exc
                     if old.topic_filter != topic_filter:
                         raise SubscriptionConflict(
                             f"durable subscription {sub_id!r} exists with filter {old.topic_filter!r}; "
@@ -88,7 +214,7 @@ def subscribe(
 
 
 def unsubscribe(client: redis.Redis, qm: str, sub_id: str) -> None:
-    """Delete a subscription and its queue (and in-flight list).
+    """Delete a subscription and its queue (and in-flight list); also removes a record that cannot be read.
 
     Raises:
         NoSuchSubscription: there is no such subscription.
@@ -103,11 +229,12 @@ def unsubscribe(client: redis.Redis, qm: str, sub_id: str) -> None:
 
 
 def list_subscriptions(client: redis.Redis, qm: str) -> list[SubscriptionRecord]:
-    """Every subscription of the queue manager, sorted by id."""
-    raw = client.hgetall(keys.subscriptions(qm))
-    return sorted(
-        (SubscriptionRecord.from_json(k.decode(), v) for k, v in raw.items()), key=lambda r: r.sub_id
-    )
+    """Every subscription of the queue manager that can be read, sorted by id (see ``read_subscriptions``).
+
+    Raises:
+        ForeignKey: ``{qm}:subs`` holds another Redis type.
+    """
+    return read_subscriptions(client, qm)[0]
 
 
 @dataclass(frozen=True)

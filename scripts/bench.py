@@ -20,13 +20,13 @@ Every child process and the server are stopped at the end, whatever happens.
 Workload (measurements 2-4)
 ---------------------------
 1,000 topics ``bench/<r>/<c>/<j>``, 1,450 subscriptions and 1,100 links, made
-with the broker's own admin API (``broker.subscribe``, ``broker.admin.link``)
+with the broker's own admin API (``broker.subscribe``, ``broker.links.link``)
 once, DUMPed and RESTOREd after each flush. Every topic reaches exactly F=10
 subscriber queues: one exact subscription, six through ``+``/``#`` filters
 (one of which, ``+/<r>/#``, matches the topic and both of its linked topics
 and must be delivered once), and two that only links reach
 (``bench/r/c/j -> audit/r/c -> audit/r``). F is checked with
-``broker.admin.explain`` on a sample of topics before, and as
+``broker.routing.explain`` on a sample of topics before, and as
 deliveries / N after every run. Publications have a 200-byte body and come
 from 50 publishers (``p00``..``p49``) through ``broker.Publisher``, which
 always sets a msgid (so every unit of work writes a dedup record); the pool

@@ -29,11 +29,11 @@ import hiredis
 import redis
 
 from broker import keys
-from broker.admin import explain, link
 from broker.config import Settings
 from broker.errors import LinkCycle
+from broker.links import link
 from broker.publish import Publisher
-from broker.routing import RoutingTable
+from broker.routing import RoutingTable, explain
 from broker.subscriptions import subscribe
 from broker.topics import LinkGraph, TopicIndex
 

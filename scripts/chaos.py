@@ -98,16 +98,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from broker import keys  # noqa: E402  (after the sys.path fix, so the script runs from a checkout)
-from broker.admin import link, status, trim_acknowledged  # noqa: E402
 from broker.chaos.history import History, Poison, Publication, recipients  # noqa: E402
 from broker.chaos.hook import run_worker  # noqa: E402
 from broker.chaos.proxy import ProxyProcess, evalsha  # noqa: E402
 from broker.config import Settings  # noqa: E402
 from broker.connection import connect  # noqa: E402
 from broker.errors import BrokerError, ServerNotFound  # noqa: E402
+from broker.links import link  # noqa: E402
+from broker.maintenance import trim_acknowledged  # noqa: E402
 from broker.models import publication_fields  # noqa: E402
 from broker.publish import Publisher  # noqa: E402
 from broker.server import Server, free_port, server_binary  # noqa: E402
+from broker.status import status  # noqa: E402
 from broker.subscriptions import Subscriber, subscribe  # noqa: E402
 from worker.loop import CRASH_POINTS  # noqa: E402
 

@@ -19,12 +19,12 @@ from redis.retry import Retry
 
 import worker.loop as worker_loop
 from broker import ConnectionLost, Publisher, keys, link, subscribe
-from broker.admin import status
 from broker.chaos.history import History, Publication, check_queues
 from broker.chaos.proxy import Proxy, evalsha
 from broker.config import Settings
 from broker.connection import connect
 from broker.server import Server, free_port
+from broker.status import status
 from broker.testing import drain, make_workers, queue_messages
 from broker.unit_of_work import CommitBatch
 from worker.loop import Worker

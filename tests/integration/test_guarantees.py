@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from broker import Publisher, keys, link, subscribe, unlink
-from broker.admin import status
 from broker.models import publication_fields
+from broker.status import status
 from broker.testing import drain, make_workers, queue_messages
 from worker.loop import Worker
 

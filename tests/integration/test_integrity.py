@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from broker import Publisher, keys, subscribe
-from broker.admin import trim_acknowledged
+from broker.maintenance import trim_acknowledged
 from broker.models import publication_fields
 from broker.testing import drain, make_workers, queue_messages
 

@@ -7,7 +7,7 @@ import signal
 import time
 
 from broker import Publisher, keys, subscribe
-from broker.admin import status
+from broker.status import status
 from broker.testing import queue_messages
 from worker.pool import Pool
 

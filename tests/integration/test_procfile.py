@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from broker.admin import status
 from broker.connection import connect
 from broker.server import free_port
+from broker.status import status
 
 ROOT = Path(__file__).resolve().parents[2]
 

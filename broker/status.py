@@ -1,0 +1,110 @@
+"""A snapshot of a queue manager for operators: stream, queues, dead letters, workers, problems.
+
+``status`` never fails because of what it finds: a key of the wrong Redis type
+where the broker keeps one (a foreign key), a record that cannot be read, a
+worker heartbeat that is not JSON: each is reported in ``problems`` and the
+rest of the snapshot is still given.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+from broker import keys
+from broker.errors import BrokerError
+from broker.links import read_links
+from broker.stream import group_state
+from broker.subscriptions import read_subscriptions
+
+#: A worker whose last heartbeat is older than this is shown as "silent", ms.
+SILENT_AFTER_MS = 5_000
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _read(problems: list[str], what: str, call: Any, default: Any) -> Any:
+    """``call()``, or ``default`` with a line in ``problems`` when the server refuses it."""
+    try:
+        return call()
+    except BrokerError as exc:
+        problems.append(str(exc))
+    except redis.ResponseError as exc:
+        problems.append(f"{what}: {exc}")
+    return default
+
+
+def status(client: redis.Redis, qm: str) -> dict[str, Any]:
+    """A snapshot of the queue manager.
+
+    Returns:
+        ``{"stream_length", "pending", "lag", "dead_lettered", "active_publishers",
+        "version", "subscriptions": [{"id", "filter", "durable", "depth", "inflight"}],
+        "links": n, "workers": [{"name", "pid", "processed", "heartbeat_age_ms", "state"}],
+        "problems": [str]}``. Depths are messages; ``depth``/``inflight`` are None
+        for a queue key of another Redis type; ``state`` is "alive" or "silent"
+        (no heartbeat for ``SILENT_AFTER_MS``).
+
+    Raises:
+        ConnectionLost, redis.ConnectionError: the server cannot be reached.
+    """
+    problems: list[str] = []
+    state = _read(problems, "publish stream", lambda: group_state(client, qm), None)
+    subs, bad_subs = _read(problems, "subscriptions", lambda: read_subscriptions(client, qm), ([], []))
+    graph, bad_links = _read(problems, "links", lambda: read_links(client, qm), (None, []))
+    problems += [str(p) for p in (*bad_subs, *bad_links)]
+
+    pipe = client.pipeline(transaction=False)
+    for record in subs:
+        pipe.llen(keys.sub_queue(qm, record.sub_id))
+        pipe.llen(keys.sub_inflight(qm, record.sub_id))
+    pipe.xlen(keys.dead_letter(qm))
+    pipe.scard(keys.active_publishers(qm))
+    pipe.get(keys.version(qm))
+    pipe.hgetall(keys.workers(qm))
+    replies = pipe.execute(raise_on_error=False)
+    checked = [(keys.sub_queue(qm, r.sub_id), keys.sub_inflight(qm, r.sub_id)) for r in subs]
+    flat_keys = [k for pair in checked for k in pair] + [
+        keys.dead_letter(qm), keys.active_publishers(qm), keys.version(qm), keys.workers(qm)]
+    values: list[Any] = []
+    for key, reply in zip(flat_keys, replies, strict=True):
+        if isinstance(reply, redis.ResponseError):
+            problems.append(f"foreign key: {key} holds a {_text(client.type(key))}: {reply}")
+            values.append(None)
+        else:
+            values.append(reply)
+    dead, active, version, beats = values[-4:]
+
+    now_ms = int(time.time() * 1000)
+    workers = []
+    for name, raw in sorted((beats or {}).items()):
+        try:
+            beat = json.loads(raw)
+            heartbeat_ms = int(beat.get("heartbeat_ms", 0))
+        except (ValueError, TypeError, AttributeError):
+            problems.append(f"corrupt record {_text(name)!r} in {keys.workers(qm)}: not a JSON heartbeat")
+            continue
+        age = now_ms - heartbeat_ms
+        workers.append({"name": _text(name), "pid": beat.get("pid"), "processed": beat.get("processed"),
+                        "heartbeat_age_ms": age, "state": "alive" if age <= SILENT_AFTER_MS else "silent"})
+    return {
+        "stream_length": state.length if state else 0,
+        "pending": state.pending if state else 0,
+        "lag": (state.lag or 0) if state else 0,
+        "dead_lettered": int(dead or 0),
+        "active_publishers": int(active or 0),
+        "version": int(version) if version is not None and _text(version).isdigit() else _text(version or 0),
+        "subscriptions": [
+            {"id": r.sub_id, "filter": r.topic_filter, "durable": r.durable,
+             "depth": values[2 * i], "inflight": values[2 * i + 1]}
+            for i, r in enumerate(subs)
+        ],
+        "links": len(graph.links()) if graph is not None else 0,
+        "workers": workers,
+        "problems": problems,
+    }
