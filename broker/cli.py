@@ -220,7 +220,8 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
     """Run the embedded Redis-protocol server (Valkey) in the foreground until SIGTERM or Ctrl-C.
 
     Loads the 'server_config' redis.conf when that file exists. The server logs
-    to this terminal.
+    to this terminal. On SIGTERM or Ctrl-C it waits up to stop_grace_ms (ms)
+    for connected clients to leave (workers give up their turns), then stops.
     """
     from broker.server import Server
 
@@ -234,15 +235,19 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
 
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     code = 0
+    stopping = False
     try:
-        server.start(foreground_output=True)
+        server.start(foreground_output=True, own_session=True)
         click.echo(f"broker server listening on {server.url} (data in {server.data_dir})")
         assert server.process is not None
         code = server.process.wait()
     except KeyboardInterrupt:
-        pass
+        stopping = True
     finally:
-        server.stop()
+        # Controlled shutdown: clients (workers giving up their turns, the scheduler) finish first.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        server.stop(grace_ms=settings.stop_grace_ms if stopping else 0)
         signal.signal(signal.SIGTERM, previous)
     if code:
         _fail(f"the server exited with code {code}", 1)
@@ -343,8 +348,11 @@ def publish_command(state: State, topic: str, body: str | None, body_file: Any, 
 
 
 def _format_message(message: Message) -> str:
+    """One line per message: a body that is not one line of printable UTF-8 is printed as a bytes literal."""
     try:
         body = message.body.decode("utf-8")
+        if not body.isprintable():
+            body = repr(message.body)
     except UnicodeDecodeError:
         body = repr(message.body)
     seq = "-" if message.seq is None else str(message.seq)

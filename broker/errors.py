@@ -12,6 +12,18 @@ from exc``) so that callers never need to import redis-py's exception types.
 
 from __future__ import annotations
 
+#: Most characters of user input (a topic, a filter) echoed in an error message.
+ECHO_CHARS = 80
+
+
+def shown(text: str | None) -> str:
+    """``text`` as an error message quotes it: ``repr``, cut to ``ECHO_CHARS`` with its size when longer."""
+    if text is None:
+        return "None"
+    if len(text) <= ECHO_CHARS:
+        return repr(text)
+    return f"{text[:ECHO_CHARS]!r}... ({len(text.encode('utf-8', 'surrogateescape'))} bytes)"
+
 
 class BrokerError(Exception):
     """Base class of every error the broker raises on purpose."""
@@ -50,9 +62,9 @@ class InvalidTopic(BrokerError, ValueError):
         self.topic = topic
         self.reason = reason
         self.suggestion = suggestion
-        text = f"invalid topic {topic!r}: {reason}"
+        text = f"invalid topic {shown(topic)}: {reason}"
         if suggestion is not None:
-            text += f" (did you mean {suggestion!r}?)"
+            text += f" (did you mean {shown(suggestion)}?)"
         super().__init__(text)
 
 
@@ -72,7 +84,7 @@ class InvalidTopicFilter(BrokerError, ValueError):
     def __init__(self, topic_filter: str, reason: str) -> None:
         self.topic_filter = topic_filter
         self.reason = reason
-        super().__init__(f"invalid topic filter {topic_filter!r}: {reason}")
+        super().__init__(f"invalid topic filter {shown(topic_filter)}: {reason}")
 
 
 class LinkCycle(BrokerError, ValueError):
@@ -150,9 +162,9 @@ class PublicationRefused(BrokerError):
     def __init__(self, reason: str, suggestion: str | None = None) -> None:
         self.reason = reason
         self.suggestion = suggestion
-        text = f"publication refused: {reason}"
+        text = f"publication refused: {reason if len(reason) <= 4 * ECHO_CHARS else reason[:4 * ECHO_CHARS] + '...'}"
         if suggestion is not None:
-            text += f" (did you mean {suggestion!r}?)"
+            text += f" (did you mean {shown(suggestion)}?)"
         super().__init__(text)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from broker import keys
-from broker.errors import CorruptRecord, ForeignKey, InvalidLink, InvalidTopic, LinkCycle, NoSuchLink
+from broker.errors import CorruptRecord, ForeignKey, InvalidLink, InvalidTopic, LinkCycle, NoSuchLink, shown
 from broker.topics import LinkGraph, validate_topic
 
 
@@ -103,7 +103,7 @@ def _change_links(client: redis.Redis, qm: str, source: str, target: str | None,
         try:
             validate_topic(topic)
         except InvalidTopic as exc:
-            raise InvalidLink(f"cannot link {source!r} -> {target!r}: {exc}") from exc
+            raise InvalidLink(f"cannot link {shown(source)} -> {shown(target)}: {exc.reason}") from exc
     links_key = keys.links(qm)
     with client.pipeline(transaction=True) as pipe:
         while True:
@@ -114,7 +114,7 @@ def _change_links(client: redis.Redis, qm: str, source: str, target: str | None,
                 graph, problems = parse_links(qm, pipe.hgetall(links_key))
                 if target is None:  # remove the whole record of source, readable or not
                     if not pipe.hexists(links_key, source):
-                        raise NoSuchLink(f"there is no link record for {source!r}")
+                        raise NoSuchLink(f"there is no link record for {shown(source)}")
                     targets: dict[str, bool] = {}
                 else:
                     broken = [p for p in problems if p.field == source]

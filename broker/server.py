@@ -9,8 +9,10 @@ process to stop, kill and restart it).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -79,6 +81,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _term_with_parent() -> None:
+    """In the server's child process: receive SIGTERM when the parent dies (Linux ``PR_SET_PDEATHSIG``)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass
+
+
 class Server:
     """A redis-server/valkey-server child process on 127.0.0.1.
 
@@ -121,12 +132,16 @@ class Server:
         cmd += list(self.args)
         return cmd
 
-    def start(self, timeout_ms: int = 10_000, foreground_output: bool = False) -> Server:
+    def start(self, timeout_ms: int = 10_000, foreground_output: bool = False, own_session: bool = False) -> Server:
         """Start the server and wait until it answers PING.
 
         Args:
             timeout_ms: how long to wait for PING, ms.
             foreground_output: let the server log to our stdout (``broker server``).
+            own_session: start the server in a session of its own, so that a
+                signal to our process group (honcho, Ctrl-C) reaches only us and
+                ``stop`` can let clients finish first; it still gets SIGTERM
+                when this process dies (Linux parent-death signal).
 
         Returns:
             self.
@@ -139,7 +154,8 @@ class Server:
         log = self.data_dir / "server.log"
         if not foreground_output:
             self.args = (*self.args, "--logfile", str(log.resolve()))
-        self.process = subprocess.Popen(self.command(), stdout=out, stderr=out)
+        self.process = subprocess.Popen(self.command(), stdout=out, stderr=out, start_new_session=own_session,
+                                        preexec_fn=_term_with_parent if own_session else None)
         deadline = time.monotonic() + timeout_ms / 1000
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         try:
@@ -164,8 +180,38 @@ class Server:
             self.process.kill()
             self.process.wait()
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after 5 s) and remove a temporary data dir."""
+    def wait_for_clients(self, grace_ms: int, poll_ms: int = 50) -> int:
+        """Wait until no client is connected but this one, for at most ``grace_ms`` (a controlled shutdown).
+
+        Workers finishing their unit of work and giving up their turns, and the
+        admin scheduler releasing its locks, need the server a moment longer
+        than the signal that stops them all at once (IBM MQ's ``endmqm -c``
+        waits for applications likewise).
+
+        Returns:
+            How many other clients were still connected when it stopped waiting.
+        """
+        deadline = time.monotonic() + grace_ms / 1000
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=1)
+        try:
+            while True:
+                others = len(client.client_list()) - 1
+                if others <= 0 or time.monotonic() >= deadline:
+                    return max(others, 0)
+                time.sleep(poll_ms / 1000)
+        except redis.RedisError:
+            return 0
+        finally:
+            client.close()
+
+    def stop(self, grace_ms: int = 0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s) and remove a temporary data dir.
+
+        Args:
+            grace_ms: first wait up to this long for connected clients to leave, ms.
+        """
+        if grace_ms and self.process is not None and self.process.poll() is None:
+            self.wait_for_clients(grace_ms)
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:

@@ -36,6 +36,7 @@ fanned out.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
 from broker.errors import (
@@ -44,6 +45,7 @@ from broker.errors import (
     InvalidTopicFilter,
     LinkCycle,
     NoSuchLink,
+    shown,
 )
 
 __all__ = [
@@ -65,6 +67,8 @@ _SINGLE = "+"
 _MULTI = "#"
 _WILDCARDS = frozenset(_SINGLE + _MULTI)
 _SYSTEM_PREFIX = "$"
+#: Control characters MQTT 5 §1.5.4 says a UTF-8 string SHOULD NOT contain (a receiver MAY refuse them).
+_CONTROL = re.compile("[\x01-\x1f\x7f-\x9f]")
 
 
 def _encoded_length(text: str) -> int | None:
@@ -96,6 +100,10 @@ def _common_problem(text: str) -> str | None:
         return "it must be at least one character long"
     if "\x00" in text:
         return "it must not contain the null character U+0000"
+    control = _CONTROL.search(text)
+    if control is not None:
+        return (f"it must not contain the control character U+{ord(control.group()):04X} "
+                "(MQTT 5 §1.5.4)")
     size = _encoded_length(text)
     if size is None:
         return "it is not valid UTF-8 (it contains a lone surrogate)"
@@ -268,7 +276,7 @@ def _truncate(topic: str) -> str | None:
 def suggest_topic(topic: str) -> str | None:
     """Propose a valid topic name close to an invalid one.
 
-    The correction removes U+0000 and lone surrogates, drops every level made
+    The correction removes U+0000, control characters and lone surrogates, drops every level made
     only of wildcard characters (``sport/#`` becomes ``sport``, ``a/+/b``
     becomes ``a/b``), removes the wildcard characters from levels that mix
     them with text (``sport/tennis#`` becomes ``sport/tennis``), and, when the
@@ -283,7 +291,7 @@ def suggest_topic(topic: str) -> str | None:
     """
     if _topic_problem(topic) is None:
         return topic
-    cleaned = "".join(char for char in topic if char != "\x00" and not "\ud800" <= char <= "\udfff")
+    cleaned = _CONTROL.sub("", "".join(char for char in topic if char != "\x00" and not "\ud800" <= char <= "\udfff"))
     levels: list[str] = []
     for level in cleaned.split(LEVEL_SEPARATOR):
         stripped = "".join(char for char in level if char not in _WILDCARDS)
@@ -574,9 +582,9 @@ class LinkGraph:
             try:
                 validate_topic(topic)
             except InvalidTopic as exc:
-                raise InvalidLink(f"cannot link {source!r} -> {target!r}: {exc}") from exc
+                raise InvalidLink(f"cannot link {shown(source)} -> {shown(target)}: {exc.reason}") from exc
         if source == target:
-            raise InvalidLink(f"cannot link topic {source!r} to itself")
+            raise InvalidLink(f"cannot link topic {shown(source)} to itself")
         existing = self._targets.get(source, {}).get(target)
         if not backward and existing is not False:
             path = self.find_path(target, source)
@@ -596,7 +604,7 @@ class LinkGraph:
         """
         targets = self._targets.get(source)
         if targets is None or target not in targets:
-            raise NoSuchLink(f"there is no link {source!r} -> {target!r}")
+            raise NoSuchLink(f"there is no link {shown(source)} -> {shown(target)}")
         del targets[target]
         if not targets:
             del self._targets[source]

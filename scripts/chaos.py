@@ -42,9 +42,8 @@ injects faults chosen by ``random.Random(seed)``:
   of it filed); its publications are refused meanwhile, and flow in order after;
 - ``corrupt:subscription`` / ``corrupt:link``: a record that is not JSON added
   to ``{qm}:subs`` / ``{qm}:links`` with ``INCR {qm}:version`` (no good
-  publication depends on it), removed later the same way. Not in the default
-  weights (``--weight corrupt:subscription=1`` turns it on) until the workers
-  skip corrupt records.
+  publication depends on it), removed later the same way; the workers skip it
+  and go on.
 
 A foreign key is planted only where the key does not exist (one Lua call checks
 and writes, so nothing of the broker's is overwritten), with a unique token as
@@ -170,12 +169,12 @@ FAULTS: dict[str, int] = {
     "foreign:dedup": 2,
     "foreign:fifo": 2,
     "foreign:owner": 2,
-    # "corrupt:subscription": 1,  # enabled once routing skips corrupt records
-    # "corrupt:link": 1,  # enabled once routing skips corrupt records
+    "corrupt:subscription": 1,
+    "corrupt:link": 1,
 }
 
 #: Fault kinds implemented but left out of the default weights (``--weight KIND=N`` turns one on).
-OPTIONAL_FAULTS = ("corrupt:subscription", "corrupt:link")
+OPTIONAL_FAULTS: tuple[str, ...] = ()
 
 #: Plant a foreign key: KEYS[1] the key, KEYS[2..] keys that must not exist either (nor KEYS[1]);
 #: ARGV[1] the type to plant ("string" | "hash" | "list"), ARGV[2] the token it holds. Returns 1 if planted.

@@ -32,15 +32,24 @@ def test_honcho_scales_workers_from_the_procfile(tmp_path):
             assert honcho.poll() is None, honcho.stdout.read().decode(errors="replace") if honcho.stdout else ""
             assert time.monotonic() < deadline, "workers did not register"
             try:
-                workers = len(status(connect(env["BROKER_REDIS_URL"]), "PROC")["workers"])
+                client = connect(env["BROKER_REDIS_URL"])
+                try:
+                    workers = len(status(client, "PROC")["workers"])
+                finally:
+                    client.close()
             except Exception:
                 workers = 0
             time.sleep(0.1)
         assert workers == 3
     finally:
+        # When the operator presses Ctrl-C (honcho signals every process, the server included)
         os.killpg(honcho.pid, signal.SIGINT)
         try:
             honcho.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(honcho.pid, signal.SIGKILL)
             honcho.wait()
+    # Then every process stops quietly: no traceback, no connection error logged, turns given up
+    output = honcho.stdout.read().decode(errors="replace") if honcho.stdout else ""
+    assert "Traceback" not in output, output
+    assert "Error" not in output and "could not" not in output, output

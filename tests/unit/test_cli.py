@@ -168,3 +168,13 @@ def test_bad_redis_url_scheme_is_a_config_error(run):
     result = run("--redis-url", "http://localhost", "links")
     line = assert_one_error_line(result, 2)
     assert "redis_url" in line
+
+
+@pytest.mark.parametrize(("body", "line"), [(b"plain text", "plain text"), (b"two\nlines", "b'two\\nlines'"),
+                                            (b"\xff\xfe", "b'\\xff\\xfe'")])
+def test_subscriber_prints_one_line_per_message_whatever_the_body(body, line):
+    from broker.cli import _format_message
+    from broker.models import Message
+
+    text = _format_message(Message(msgid="m", publisher="p", topic="/t", timestamp_ms=0, body=body))
+    assert "\n" not in text and text.endswith(line)

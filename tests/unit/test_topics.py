@@ -754,3 +754,21 @@ def test_find_path_returns_a_shortest_chain() -> None:
         graph.add(source, target)
     graph.add("/A", "/D")
     assert graph.find_path("/A", "/D") == ["/A", "/D"]
+
+
+@pytest.mark.parametrize("char", ["\n", "\r", "\t", "\x1b", "\x7f", "\x9f"])
+def test_control_characters_are_refused_with_a_suggestion_without_them(char):
+    # MQTT 5 §1.5.4: control characters SHOULD NOT appear; a receiver MAY treat them as malformed
+    with pytest.raises(InvalidTopic, match=f"U\\+{ord(char):04X}") as caught:
+        validate_topic(f"/a{char}b")
+    assert caught.value.suggestion == "/ab"
+    with pytest.raises(InvalidTopicFilter, match="control character"):
+        validate_filter(f"/a{char}/#")
+
+
+def test_an_over_long_topic_is_echoed_short_in_the_error_but_kept_whole_on_it():
+    topic = "/" + "x" * 145_000
+    with pytest.raises(InvalidTopic) as caught:
+        validate_topic(topic)
+    assert len(str(caught.value)) < 400 and "145001 bytes" in str(caught.value)
+    assert caught.value.topic == topic
