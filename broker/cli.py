@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import signal
-from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -26,7 +25,7 @@ from rich.text import Text
 
 from broker import links, routing
 from broker.config import Settings, load_settings
-from broker.connection import connect, wait_for_server
+from broker.connection import connect, redact_url, wait_for_server
 from broker.errors import BrokerError, ConnectionLost, PublicationRefused, ServerError
 from broker.models import DEFAULT_PRIORITY, Message
 from broker.publish import Publisher, PublishResult
@@ -77,10 +76,10 @@ class State:
         return self._client
 
     def target_url(self) -> str:
-        """The Redis URL to name in an error message."""
+        """The Redis URL to name in an error message (password redacted)."""
         if self._settings is not None:
-            return self._settings.redis_url
-        return self.redis_url or "the configured server"
+            return redact_url(self._settings.redis_url)
+        return redact_url(self.redis_url) if self.redis_url else "the configured server"
 
     def close(self) -> None:
         """Close the client, if one was made."""
@@ -188,7 +187,7 @@ def worker_command(state: State, concurrency: int | None, wait_ms: int) -> None:
     wait_for_server(settings.redis_url, wait_ms).close()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     click.echo(f"running {settings.concurrency} worker(s) for queue manager {settings.qm} "
-               f"on {settings.redis_url}; Ctrl-C stops them", err=True)
+               f"on {redact_url(settings.redis_url)}; Ctrl-C stops them", err=True)
     Pool(settings).run()
 
 
@@ -205,7 +204,7 @@ def scheduler_command(state: State, interval_ms: int, wait_ms: int) -> None:
 
     settings = state.settings
     wait_for_server(settings.redis_url, wait_ms).close()
-    click.echo(f"admin jobs every {interval_ms} ms for queue manager {settings.qm} on {settings.redis_url}",
+    click.echo(f"admin jobs every {interval_ms} ms for queue manager {settings.qm} on {redact_url(settings.redis_url)}",
                err=True)
     run_scheduler(settings.redis_url, settings.qm, interval_ms)
 
@@ -219,14 +218,15 @@ def scheduler_command(state: State, interval_ms: int, wait_ms: int) -> None:
 def server_command(state: State, port: int | None, data_dir: str | None) -> None:
     """Run the embedded Redis-protocol server (Valkey) in the foreground until SIGTERM or Ctrl-C.
 
-    Loads the 'server_config' redis.conf when that file exists. The server logs
+    Loads the 'server_config' redis.conf (default: the one shipped in the
+    package: AOF every second, noeviction). The server logs
     to this terminal. On SIGTERM or Ctrl-C it waits up to stop_grace_ms (ms)
     for connected clients to leave (workers give up their turns), then stops.
     """
     from broker.server import Server
 
     settings = state.settings
-    config_file = settings.server_config if Path(settings.server_config).is_file() else None
+    config_file = settings.server_config_file()
     server = Server(port=port or settings.server_port, data_dir=data_dir or settings.server_dir,
                     config_file=config_file, args=())
 
@@ -540,7 +540,7 @@ def status_command(state: State, as_json: bool) -> None:
         style = "bold red" if name == "dead_lettered" and snapshot[name] else ""
         summary.add_row(label, Text(str(snapshot[name]), style=style))
     settings = state.settings
-    console.print(Text.assemble("queue manager ", (settings.qm, "bold"), f" on {settings.redis_url}"))
+    console.print(Text.assemble("queue manager ", (settings.qm, "bold"), f" on {redact_url(settings.redis_url)}"))
     console.print(summary)
     if snapshot["subscriptions"]:
         subs = _table("subscription", "filter", "durable", "depth", "in flight")

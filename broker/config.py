@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import tomllib
 from contextvars import ContextVar
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,9 @@ class Settings(BaseSettings):
             handled (its workers keep dying on it) is dead-lettered.
         server_port: TCP port of the embedded server.
         server_dir: data directory of the embedded server.
-        server_config: a redis.conf for the embedded server (used when it exists).
+        server_config: a redis.conf for the embedded server; empty (the default)
+            for the one shipped in the package, ``broker/conf/redis.conf``
+            (AOF every second, noeviction). A file that does not exist is an error.
     """
 
     model_config = SettingsConfigDict(env_prefix="BROKER_", extra="forbid")
@@ -86,7 +89,7 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(default=5, ge=2)
     server_port: int = Field(default=6380, ge=1, le=65535)
     server_dir: str = ".broker"
-    server_config: str = "configs/redis.conf"
+    server_config: str = ""
 
     @field_validator("redis_url")
     @classmethod
@@ -94,6 +97,19 @@ class Settings(BaseSettings):
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must start with redis://, rediss:// or unix://")
         return value
+
+    @field_validator("server_config")
+    @classmethod
+    def _server_config_exists(cls, value: str) -> str:
+        if value and not Path(value).is_file():
+            raise ValueError(f"no such file: {value!r} (leave it empty for the packaged redis.conf)")
+        return value
+
+    def server_config_file(self) -> str:
+        """The redis.conf ``broker server`` loads: ``server_config``, or the one shipped in the package."""
+        if self.server_config:
+            return self.server_config
+        return str(resources.files("broker").joinpath("conf", "redis.conf"))
 
     @classmethod
     def settings_customise_sources(

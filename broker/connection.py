@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
@@ -13,6 +14,26 @@ MIN_SERVER_VERSION = (7, 0)
 
 #: How long to wait for a TCP connection to the server, ms.
 CONNECT_TIMEOUT_MS = 5_000
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for logs, banners and error messages.
+
+    ``redis://user:secret@host:6380/0`` -> ``redis://user:***@host:6380/0``; a URL
+    without a password (or one that cannot be parsed) is returned as it is.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def connect(url: str, check: bool = False) -> redis.Redis:
@@ -35,10 +56,10 @@ def connect(url: str, check: bool = False) -> redis.Redis:
         try:
             info = client.info("server")
         except redis.ConnectionError as exc:
-            raise ConnectionLost(f"cannot reach Redis at {url}: {exc}") from exc
+            raise ConnectionLost(f"cannot reach Redis at {redact_url(url)}: {exc}") from exc
         version = tuple(int(x) for x in str(info["redis_version"]).split(".")[:2])
         if version < MIN_SERVER_VERSION:
-            raise ServerError(f"Redis {info['redis_version']} at {url} is too old; the broker needs >= 7.0")
+            raise ServerError(f"Redis {info['redis_version']} at {redact_url(url)} is too old; the broker needs >= 7.0")
     return client
 
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 from rq import Queue, Worker
 
 from broker import keys
-from broker.connection import connect
+from broker.connection import connect, redact_url
 from broker.maintenance import trim_acknowledged
 from broker.status import status
 
@@ -43,12 +43,17 @@ def usage_snapshot(redis_url: str, qm: str) -> dict[str, int]:
         "stream_length": snap["stream_length"],
         "pending": snap["pending"],
         "dead_lettered": snap["dead_lettered"],
-        "queued": sum(s["depth"] for s in snap["subscriptions"]),
+        "queued": sum(s["depth"] or 0 for s in snap["subscriptions"]),
         "subscriptions": len(snap["subscriptions"]),
         "workers": len(snap["workers"]),
     }
     client.xadd(keys.usage(qm), {"snapshot": json.dumps(figures)}, maxlen=USAGE_KEEP, approximate=True)
     return figures
+
+
+def _description(redis_url: str, qm: str, job: str) -> str:
+    """What rq logs for a job instead of its arguments (which hold the URL and its password)."""
+    return f"broker.jobs.{job} of queue manager {qm} on {redact_url(redis_url)}"
 
 
 def periodic(redis_url: str, qm: str, job: str, interval_ms: int) -> None:
@@ -64,7 +69,8 @@ def periodic(redis_url: str, qm: str, job: str, interval_ms: int) -> None:
         functions[job](redis_url, qm)
     finally:
         queue = Queue(ADMIN_QUEUE, connection=connect(redis_url))
-        queue.enqueue_in(timedelta(milliseconds=interval_ms), periodic, redis_url, qm, job, interval_ms)
+        queue.enqueue_in(timedelta(milliseconds=interval_ms), periodic, redis_url, qm, job, interval_ms,
+                         description=_description(redis_url, qm, job))
 
 
 def schedule(redis_url: str, qm: str, interval_ms: int = 60_000) -> list[str]:
@@ -74,7 +80,8 @@ def schedule(redis_url: str, qm: str, interval_ms: int = 60_000) -> list[str]:
         The rq job ids.
     """
     queue = Queue(ADMIN_QUEUE, connection=connect(redis_url))
-    return [queue.enqueue(periodic, redis_url, qm, job, interval_ms).id for job in ("trim_stream", "usage_snapshot")]
+    return [queue.enqueue(periodic, redis_url, qm, job, interval_ms, description=_description(redis_url, qm, job)).id
+            for job in ("trim_stream", "usage_snapshot")]
 
 
 def run_scheduler(redis_url: str, qm: str, interval_ms: int = 60_000) -> None:

@@ -163,3 +163,61 @@ def test_publish_waiting_with_no_worker_times_out_with_exit_3(run):
     result = run("publish", "--timeout-ms", "50", "/X", "x")
     assert result.exit_code == 3
     assert result.stderr.startswith("error: no result for message") and "within 50 ms" in result.stderr
+
+
+def test_a_password_in_the_redis_url_is_never_printed(real_server, tmp_path, monkeypatch):
+    # Given a URL with a password (the test server's default user accepts any: nopass)
+    monkeypatch.chdir(tmp_path)
+    env = {k: None for k in os.environ if k.startswith("BROKER_") and k != "BROKER_REDIS_SERVER_BIN"}
+    runner = CliRunner(env=env)
+    url = real_server.url.replace("redis://", "redis://default:s3cr3t@")
+    # When status runs against it, and an error names an unreachable server
+    shown = runner.invoke(cli.main, ["--redis-url", url, "--qm", QM, "status"])
+    failed = runner.invoke(cli.main, ["--redis-url", "redis://u:s3cr3t@127.0.0.1:1/0", "--qm", QM, "status"])
+    # Then the password appears nowhere, the redacted URL does
+    assert shown.exit_code == 0, shown.output
+    assert failed.exit_code == 4
+    for result in (shown, failed):
+        assert "s3cr3t" not in result.output
+        assert ":***@" in result.output
+
+
+def test_broker_server_started_outside_the_repo_runs_with_the_packaged_config(tmp_path, monkeypatch):
+    # Given a directory with no configs/ in it (an operator's home, a container's /)
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import redis
+
+    from broker.server import free_port
+
+    monkeypatch.chdir(tmp_path)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
+    from pathlib import Path
+
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "broker"), "server", "--port", str(port),
+                             "--dir", str(tmp_path / "data")], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    try:
+        # When it is up
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        # Then it runs with AOF and noeviction, as the packaged redis.conf says
+        assert client.config_get("appendonly")["appendonly"] in ("yes", b"yes")
+        assert client.config_get("maxmemory-policy")["maxmemory-policy"] in ("noeviction", b"noeviction")
+    finally:
+        client.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+

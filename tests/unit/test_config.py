@@ -61,3 +61,27 @@ def test_shipped_config_file_is_valid():
     root = Path(__file__).resolve().parents[2]
     settings = load_settings(root / "configs" / "broker.toml")
     assert settings.qm == "QM1"
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://user:secret@host:6380/0", "redis://user:***@host:6380/0"),
+    ("redis://:secret@host/0", "redis://:***@host/0"),
+    ("rediss://u:p%40ss@[::1]:6380/1", "rediss://u:***@[::1]:6380/1"),
+    ("redis://127.0.0.1:6380/0", "redis://127.0.0.1:6380/0"),
+])
+def test_redact_url_hides_only_the_password(url, shown):
+    from broker.connection import redact_url
+
+    assert redact_url(url) == shown
+
+
+def test_a_server_config_that_does_not_exist_is_a_clear_error_and_the_default_is_packaged():
+    from pathlib import Path
+
+    from broker.config import Settings, load_settings
+    from broker.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="server_config: .*no such file"):
+        load_settings(None, server_config="/nonexistent/redis.conf")
+    packaged = Path(Settings().server_config_file())
+    assert packaged.is_file() and "appendonly yes" in packaged.read_text()
