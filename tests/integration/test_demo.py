@@ -24,6 +24,23 @@ def test_short_replay_delivers_every_publication_once_in_order(real_redis, real_
     assert report.per_subscription[AUDIT_SUB]["expected"] == 3000
 
 
+def test_demo_on_a_given_server_refuses_to_delete_a_queue_manager_that_has_keys(real_redis, real_server, settings):
+    import pytest
+
+    from broker import keys, subscribe
+    from broker.errors import DemoError
+
+    # Given a queue manager in use on the server the demo is pointed at
+    subscribe(real_redis, settings.qm, "/app/#", "prod", "orders")
+    demo_settings = settings.model_copy(update={"redis_url": real_server.url})
+    # When the demo runs without --yes, Then it refuses, and the subscription is still there
+    with pytest.raises(DemoError, match="pass --yes"):
+        run_demo(demo_settings, limit=10, concurrency=1, embedded=False, progress=False)
+    assert real_redis.hexists(keys.subscriptions(settings.qm), "prod$orders")
+    # And with --yes it runs
+    assert run_demo(demo_settings, limit=10, concurrency=1, embedded=False, progress=False, replace=True).ok
+
+
 def _scenario():
     """Four weather and two flight publications, and the queues a correct broker produces."""
     subs = {"ops$alerts": "/ALERTS/#", "weather$all": "/WEATHER/+", "lga$departures": "/FLIGHTS/LGA/#"}
