@@ -44,11 +44,11 @@ class Settings(BaseSettings):
         qm: queue manager name; every key is under the hash tag ``{qm}``.
         concurrency: worker processes in the pool.
         batch_size: most publication entries one dequeue reads.
-        heads: most FIFO entries handled per owned publisher per round.
+        heads: most FIFO entries handled per publisher whose turn a worker holds, per round.
         lease_ms: lease of a publisher's turn, ms; a dead worker's turn is
             taken over after at most this long.
         block_ms: how long an idle worker blocks waiting for entries, ms.
-        reclaim_interval_ms: how often a worker sweeps for orphaned publishers, ms.
+        sweep_interval_ms: how often a worker sweeps for orphaned publishers, ms.
         dedup_window_ms: how long a delivered message id is remembered, ms. Each
             record costs about 120 bytes, so memory is ~120 B x rate x window
             (10 minutes at 20,000 publications/s: about 1.4 GB).
@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     heads: int = Field(default=500, ge=1, le=5_000)
     lease_ms: int = Field(default=30_000, ge=10)
     block_ms: int = Field(default=1_000, ge=1)
-    reclaim_interval_ms: int = Field(default=1_000, ge=1)
+    sweep_interval_ms: int = Field(default=1_000, ge=1)
     dedup_window_ms: int = Field(default=600_000, ge=1)
     reply_ttl_ms: int = Field(default=60_000, ge=1)
     max_body_bytes: int = Field(default=1_048_576, ge=0, le=512 * 1024 * 1024)

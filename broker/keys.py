@@ -21,8 +21,8 @@ key                                 type      contents                          
 ``{qm}:sub:<sub id>``               list      envelopes; LPUSH by workers, pop from RIGHT   workers                  subscribers
 ``{qm}:sub:<sub id>:inflight``      list      envelopes taken but not yet acknowledged      subscribers (LMOVE)      subscribers (LREM on ack)
 ``{qm}:pub:<publisher>:fifo``       list      stream entry ids of one publisher, in order   dequeue.lua (RPUSH)      commit.lua (LPOP head)
-``{qm}:pub:<publisher>:owner``      string    token of the worker holding the turn, PX lease dequeue.lua (SET NX)    commit.lua (fencing)
-``{qm}:publishers``                 set       publisher ids whose FIFO is not empty         dequeue.lua (SADD)       reclaim.lua (orphan sweep)
+``{qm}:pub:<publisher>:turn``      string    token of the worker holding the turn, PX lease dequeue.lua (SET NX)    commit.lua (fencing)
+``{qm}:publishers``                 set       publisher ids whose FIFO is not empty         dequeue.lua (SADD)       sweep_turns.lua (orphan sweep)
 ``{qm}:dedup:<n>:<publisher>:<msgid>`` string stream entry id that delivered it, PX window commit.lua             commit.lua
 ``{qm}:reply:<n>:<publisher>:<msgid>`` list   one result JSON, PX reply TTL                 commit.lua, dequeue.lua  the waiting publisher
 ``{qm}:dlq``                        stream    dead-lettered entries (below), capped at      workers (Lua)            operators
@@ -40,8 +40,8 @@ Keys whose names are built inside Lua from data the script reads are built
 from a prefix passed in ARGV, never from a prefix written in Lua:
 
 - the per-publisher keys: ``pub_prefix(qm)`` = ``{qm}:pub:``, followed by
-  ``<publisher>:fifo`` or ``<publisher>:owner`` (Python twins: ``fifo_key``,
-  ``owner_key``). These are injective: the suffix is fixed.
+  ``<publisher>:fifo`` or ``<publisher>:turn`` (Python twins: ``fifo_key``,
+  ``turn_key``). These are injective: the suffix is fixed.
 - the message-id keys: ``dedup_prefix(qm)`` = ``{qm}:dedup:`` and
   ``reply_prefix(qm)`` = ``{qm}:reply:``, followed by ``<n>:<publisher>:<msgid>``
   where ``<n>`` is the publisher id's length in bytes, in decimal (``id_key``
@@ -209,9 +209,9 @@ def fifo_key(qm: str, publisher: str) -> str:
     return f"{pub_prefix(qm)}{publisher}:fifo"
 
 
-def owner_key(qm: str, publisher: str) -> str:
-    """A publisher's turn, the worker token holding it: ``{qm}:pub:<publisher>:owner``."""
-    return f"{pub_prefix(qm)}{publisher}:owner"
+def turn_key(qm: str, publisher: str) -> str:
+    """A publisher's turn, the worker token holding it: ``{qm}:pub:<publisher>:turn``."""
+    return f"{pub_prefix(qm)}{publisher}:turn"
 
 
 def active_publishers(qm: str) -> str:

@@ -46,26 +46,26 @@ class Dequeued:
         last_delivered_id: the group's last delivered entry id when nothing was
             read (to block on with XREAD), else "".
         entries: ``[(entry_id, {field: value})]`` with bytes keys and values.
-        owned: ``{publisher: [fifo head entry ids]}`` for every publisher whose
+        turns: ``{publisher: [fifo head entry ids]}`` for every publisher whose
             turn this worker holds.
         active: publishers with entries waiting (in any worker's hands).
         live: workers that sent a heartbeat within the liveness window.
-        backlog: ``{publisher: entries in its FIFO}`` for the owned publishers.
+        backlog: ``{publisher: entries in its FIFO}`` for the publishers whose turn it holds.
         fair: entries waiting per live worker: a worker's fair share of the work.
     """
 
     version: bytes
     last_delivered_id: str
     entries: list[tuple[str, dict[bytes, bytes]]]
-    owned: dict[str, list[str]]
+    turns: dict[str, list[str]]
     active: int = 0
     live: int = 1
     backlog: dict[str, int] = field(default_factory=dict)
     fair: int = 0
 
 
-#: Most entry ids per ``claim.lua`` call (Lua's unpack() takes a few thousand values at most).
-CLAIM_CHUNK = 1_000
+#: Most entry ids per ``take_over.lua`` call (Lua's unpack() takes a few thousand values at most).
+TAKE_OVER_CHUNK = 1_000
 
 @dataclass(frozen=True)
 class Refusals:
@@ -98,10 +98,10 @@ class Scripts:
         self.refusals = refusals or Refusals()
         self._dequeue = client.register_script(script_source("dequeue"))
         self._commit = client.register_script(script_source("commit"))
-        self._claim = client.register_script(script_source("claim"))
-        self._reclaim = client.register_script(script_source("reclaim"))
-        self._release = client.register_script(script_source("release"))
-        self._orphans = client.register_script(script_source("orphans"))
+        self._take_over_script = client.register_script(script_source("take_over"))
+        self._sweep_turns_script = client.register_script(script_source("sweep_turns"))
+        self._give_up = client.register_script(script_source("give_up"))
+        self._sweep_entries_script = client.register_script(script_source("sweep_entries"))
         self._prefix = keys.pub_prefix(qm)
         self._fixed = (keys.publish_stream(qm), keys.active_publishers(qm), keys.dead_letter(qm))
         self._dedup_prefix = keys.dedup_prefix(qm)
@@ -110,7 +110,7 @@ class Scripts:
 
     def load(self) -> None:
         """Load every script into the server's script cache (SCRIPT LOAD); needed before pipelined calls."""
-        for script in (self._dequeue, self._commit, self._claim, self._reclaim, self._release, self._orphans):
+        for script in (self._dequeue, self._commit, self._take_over_script, self._sweep_turns_script, self._give_up, self._sweep_entries_script):
             self.client.script_load(script.script)
 
     def _call(self, script: Any, keys_: list[Any], args: list[Any], pipe: Any) -> Any:
@@ -120,7 +120,7 @@ class Scripts:
         return None
 
     def dequeue(
-        self, token: str, count: int, lease_ms: int, heads: int, owned: list[str], pipe: Any = None,
+        self, token: str, count: int, lease_ms: int, heads: int, turns: list[str], pipe: Any = None,
         liveness_ms: int = 10_000,
     ) -> Dequeued | None:
         """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
@@ -129,8 +129,8 @@ class Scripts:
             token: the worker's consumer name and fencing token.
             count: the most entries to read.
             lease_ms: lease of a publisher's turn, in milliseconds.
-            heads: the most FIFO entry ids returned per owned publisher.
-            owned: publishers whose turn the worker believes it holds.
+            heads: the most FIFO entry ids returned per publisher whose turn the worker holds.
+            turns: publishers whose turn the worker believes it holds.
             pipe: queue the call on this pipeline instead (returns None; parse
                 its reply with ``parse_dequeue``).
             liveness_ms: workers whose last heartbeat is older are not counted live, ms.
@@ -151,13 +151,13 @@ class Scripts:
              keys.dead_letter(qm)],
             [keys.WORKER_GROUP, token, count, self._prefix, lease_ms, heads,
              keys.MALFORMED_PUBLISHER, liveness_ms, keys.MAX_PUBLISHER_BYTES, self._reply_prefix,
-             refusals.reply_ttl_ms, refusals.dead_letter_max_len, refusals.max_body_bytes, *map(_b, owned)],
+             refusals.reply_ttl_ms, refusals.dead_letter_max_len, refusals.max_body_bytes, *map(_b, turns)],
             pipe,
         )
         return None if pipe is not None else parse_dequeue(raw)
 
     def commit(self, pipe: Any, token: str, lease_ms: int, batch: CommitBatch, journal_max_len: int = 0,
-               yield_turns: tuple[str, ...] = ()) -> None:
+               give_up: tuple[str, ...] = ()) -> None:
         """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication.
 
         Decode the reply with ``broker.unit_of_work.decode_outcomes``; see ``broker/lua/commit.lua``.
@@ -168,7 +168,7 @@ class Scripts:
             lease_ms: lease of the publishers' turns, renewed by the commit, ms.
             batch: the units of work, in FIFO order per publisher.
             journal_max_len: approximate cap of the delivery journal; 0 = no journal.
-            yield_turns: publishers whose turn to give up after this call even if
+            give_up: publishers whose turn to give up after this call even if
                 their FIFO is not empty (fair share between workers).
         """
         qm = self.qm
@@ -178,11 +178,11 @@ class Scripts:
             [keys.WORKER_GROUP, token, lease_ms, self._prefix, self._dedup_prefix,
              self._reply_prefix, journal_max_len, self._sub_prefix_len,
              self.refusals.dead_letter_max_len, self.refusals.max_body_bytes,
-             len(yield_turns), *map(_b, yield_turns), len(batch.sets), *batch.sets, *batch.args],
+             len(give_up), *map(_b, give_up), len(batch.sets), *batch.sets, *batch.args],
             pipe,
         )
 
-    def claim(self, token: str, counted: list[str], uncounted: list[str]) -> list[tuple[str, dict[bytes, bytes], int]]:
+    def take_over(self, token: str, counted: list[str], uncounted: list[str]) -> list[tuple[str, dict[bytes, bytes], int]]:
         """Take over entries (XCLAIM); only ``counted`` ones count as a new delivery.
 
         Args:
@@ -196,17 +196,17 @@ class Scripts:
         """
         out = []
         stream = keys.publish_stream(self.qm)
-        for start in range(0, max(len(counted), len(uncounted)), CLAIM_CHUNK):
-            head = counted[start:start + CLAIM_CHUNK]
-            rest = uncounted[start:start + CLAIM_CHUNK]
-            raw = self._claim(keys=[stream], args=[keys.WORKER_GROUP, token, len(head), *head, *rest])
+        for start in range(0, max(len(counted), len(uncounted)), TAKE_OVER_CHUNK):
+            head = counted[start:start + TAKE_OVER_CHUNK]
+            rest = uncounted[start:start + TAKE_OVER_CHUNK]
+            raw = self._take_over_script(keys=[stream], args=[keys.WORKER_GROUP, token, len(head), *head, *rest])
             for entry_id, flat, times in raw:
                 fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
                 out.append((entry_id.decode(), fields, int(times)))
         return out
 
-    def reclaim(self, token: str, lease_ms: int, cursor: str, count: int) -> tuple[str, list[str]]:
-        """Take the turn of orphaned publishers (FIFO not empty, no owner).
+    def sweep_turns(self, token: str, lease_ms: int, cursor: str, count: int) -> tuple[str, list[str]]:
+        """Take the turn of orphaned publishers (FIFO not empty, nobody holds the turn).
 
         Args:
             token: the worker's fencing token.
@@ -217,14 +217,14 @@ class Scripts:
         Returns:
             ``(next cursor, publishers taken)``.
         """
-        nxt, taken = self._reclaim(
+        nxt, taken = self._sweep_turns_script(
             keys=[keys.active_publishers(self.qm)],
             args=[self._prefix, token, lease_ms, cursor, count],
         )
         return nxt.decode(), [p.decode("utf-8", "surrogateescape") for p in taken]
 
-    def orphans(self, min_idle_ms: int, start: str = "-", count: int = 100) -> tuple[str, list[str]]:
-        """Refuse pending entries that are in no publisher's FIFO any more (see ``lua/orphans.lua``).
+    def sweep_entries(self, min_idle_ms: int, start: str = "-", count: int = 100) -> tuple[str, list[str]]:
+        """Refuse pending entries that are in no publisher's FIFO any more (see ``lua/sweep_entries.lua``).
 
         Args:
             min_idle_ms: only entries pending at least this long are looked at, ms.
@@ -239,7 +239,7 @@ class Scripts:
                 stream: "BROKER foreign key ..." before any write).
         """
         refusals = self.refusals
-        nxt, refused = self._orphans(
+        nxt, refused = self._sweep_entries_script(
             keys=[keys.publish_stream(self.qm), keys.dead_letter(self.qm)],
             args=[keys.WORKER_GROUP, min_idle_ms, count, start, self._prefix, keys.MALFORMED_PUBLISHER,
                   keys.MAX_PUBLISHER_BYTES, self._reply_prefix, refusals.reply_ttl_ms,
@@ -247,27 +247,27 @@ class Scripts:
         )
         return nxt.decode(), [r.decode() for r in refused]
 
-    def release(self, token: str, publishers: list[str]) -> int:
+    def give_up(self, token: str, publishers: list[str]) -> int:
         """Give up the turns this worker holds on ``publishers``; returns how many."""
         if not publishers:
             return 0
-        return int(self._release(keys=[], args=[self._prefix, token, *map(_b, publishers)]))
+        return int(self._give_up(keys=[], args=[self._prefix, token, *map(_b, publishers)]))
 
 
 def parse_dequeue(raw: list[Any]) -> Dequeued:
     """Turn the reply of ``dequeue.lua`` into a ``Dequeued``."""
-    version, last_id, entries, owned, active, live, fair = raw
+    version, last_id, entries, turns, active, live, fair = raw
     parsed = []
     for entry_id, flat in entries:
         fields = {}
         for i in range(0, len(flat), 2):
             fields[flat[i]] = flat[i + 1]
         parsed.append((entry_id.decode(), fields))
-    owned_map = {}
+    turns_map = {}
     backlog = {}
-    for i in range(0, len(owned), 3):
-        publisher = owned[i].decode("utf-8", "surrogateescape")
-        owned_map[publisher] = [x.decode() for x in owned[i + 1]]
-        backlog[publisher] = int(owned[i + 2])
-    return Dequeued(bytes(version), last_id.decode(), parsed, owned_map, int(active), max(1, int(live)),
+    for i in range(0, len(turns), 3):
+        publisher = turns[i].decode("utf-8", "surrogateescape")
+        turns_map[publisher] = [x.decode() for x in turns[i + 1]]
+        backlog[publisher] = int(turns[i + 2])
+    return Dequeued(bytes(version), last_id.decode(), parsed, turns_map, int(active), max(1, int(live)),
                     backlog, int(fair))

@@ -48,7 +48,7 @@ def drain(workers: Iterable[Worker], max_rounds: int = 100_000) -> int:
     for _ in range(max_rounds):
         done = sum(w.run_once(block=False) for w in pool)
         total += done
-        if done == 0 and not any(w.owned for w in pool):
+        if done == 0 and not any(w.turns for w in pool):
             return total
     raise AssertionError(f"workers still busy after {max_rounds} rounds")
 

@@ -156,7 +156,7 @@ def decode_outcomes(batch: CommitBatch, reply: list[int]) -> list[tuple[UnitOfWo
         reply: the script's reply, 3 integers per unit (code, subscriptions, released).
 
     Returns:
-        ``[(unit, outcome, subscriptions, turn_released)]`` in batch order.
+        ``[(unit, outcome, subscriptions, turn_given_up)]`` in batch order.
     """
     return [(unit, OUTCOMES[reply[3 * i]], int(reply[3 * i + 1]), bool(reply[3 * i + 2]))
             for i, unit in enumerate(batch.units)]

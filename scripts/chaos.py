@@ -37,7 +37,7 @@ injects faults chosen by ``random.Random(seed)``:
   list planted at the dedup record of the next publication of a victim
   publisher (``v0``, ``v1``: raw XADDs with ``reply=1``), before it is
   published; that publication must end refused (``foreign_not_refused``);
-- ``foreign:fifo`` / ``foreign:owner``: a string planted at a victim
+- ``foreign:fifo`` / ``foreign:turn``: a string planted at a victim
   publisher's FIFO / a hash at its turn key, only while both are absent (nothing
   of it filed); its publications are refused meanwhile, and flow in order after;
 - ``corrupt:subscription`` / ``corrupt:link``: a record that is not JSON added
@@ -158,7 +158,7 @@ FAULTS: dict[str, int] = {
     "proxy_cut": 1,
     "drop_reply:commit": 2,
     "drop_reply:dequeue": 2,
-    "drop_reply:claim": 1,
+    "drop_reply:take_over": 1,
     "drop_reply:xadd": 2,
     "cut_request:commit": 1,
     "cut_request:dequeue": 1,
@@ -168,7 +168,7 @@ FAULTS: dict[str, int] = {
     "foreign:reply": 2,
     "foreign:dedup": 2,
     "foreign:fifo": 2,
-    "foreign:owner": 2,
+    "foreign:turn": 2,
     "corrupt:subscription": 1,
     "corrupt:link": 1,
 }
@@ -351,7 +351,7 @@ class Harness:
         args = self.args
         self.settings = Settings(
             redis_url=self.proxy.url(0, client_name=WORKER_CLIENT_NAME), qm=QM, concurrency=args.workers,
-            batch_size=50, heads=50, lease_ms=args.lease_ms, block_ms=200, reclaim_interval_ms=100,
+            batch_size=50, heads=50, lease_ms=args.lease_ms, block_ms=200, sweep_interval_ms=100,
             dedup_window_ms=600_000, max_body_bytes=MAX_BODY_BYTES, stop_grace_ms=2_000,
             max_deliveries=args.max_deliveries,
         )
@@ -745,13 +745,13 @@ class Harness:
         hold_s = self.rng.uniform(0.2, 2.0)
         if kind == "foreign:queue":
             self._plant(self.admin, kind, keys.sub_queue(QM, self.sub_ids["victim"]), "string", hold_s)
-        elif kind in ("foreign:fifo", "foreign:owner"):
+        elif kind in ("foreign:fifo", "foreign:turn"):
             name = self.rng.choice(VICTIM_PUBLISHERS)
-            fifo, owner = keys.fifo_key(QM, name), keys.owner_key(QM, name)
+            fifo, turn = keys.fifo_key(QM, name), keys.turn_key(QM, name)
             if kind == "foreign:fifo":
-                self._plant(self.admin, kind, fifo, "string", hold_s, guard=(owner,))
+                self._plant(self.admin, kind, fifo, "string", hold_s, guard=(turn,))
             else:
-                self._plant(self.admin, kind, owner, "hash", hold_s, guard=(fifo,))
+                self._plant(self.admin, kind, turn, "hash", hold_s, guard=(fifo,))
         elif kind in ("foreign:reply", "foreign:dedup"):
             self.plant_requests[self.rng.choice(VICTIM_PUBLISHERS)].put(kind)  # planted by that publisher
         elif kind == "corrupt:subscription":
@@ -1085,13 +1085,13 @@ class Harness:
 
 
 def _key_kind(key: str) -> str:
-    """Which of the broker's keys ``key`` is: queue, fifo, owner, reply, dedup (or other)."""
+    """Which of the broker's keys ``key`` is: queue, fifo, turn, reply, dedup (or other)."""
     if key.startswith(keys.reply_prefix(QM)):
         return "reply"
     if key.startswith(keys.dedup_prefix(QM)):
         return "dedup"
     if key.startswith(keys.pub_prefix(QM)):
-        return "fifo" if key.endswith(":fifo") else "owner"
+        return "fifo" if key.endswith(":fifo") else "turn"
     if key.startswith(keys.sub_queue(QM, "")):
         return "queue"
     return "other"

@@ -50,4 +50,4 @@ def any_redis(request: pytest.FixtureRequest) -> redis.Redis:
 @pytest.fixture
 def settings(real_server: Server) -> Settings:
     return Settings(redis_url=real_server.url, qm=QM, batch_size=50, heads=50, lease_ms=30_000,
-                    reclaim_interval_ms=1)
+                    sweep_interval_ms=1)

@@ -4,7 +4,7 @@ Seed 004 (IPCOM000031305D), on Redis:
 
 1. **Dequeue** (``dequeue.lua``, the queue mutex): one atomic call reads up to
    ``batch_size`` entries, appends each entry id to its publisher's FIFO in
-   stream order, takes the turn of every publisher that has no owner, and
+   stream order, takes the turn of every publisher nobody holds the turn of, and
    returns the FIFO heads of every publisher whose turn this worker holds,
    together with the index version.
 2. **Turn**: a worker only ever handles entries at the head of a FIFO whose
@@ -74,11 +74,11 @@ RETRY_PAUSE_MS = 500
 #: Most publications per ``commit.lua`` call (bounds how long one call holds Redis).
 COMMIT_CHUNK = 256
 
-#: How often a worker looks for pending entries that are in no FIFO (``orphans.lua``), ms.
-ORPHAN_SWEEP_INTERVAL_MS = 30_000
+#: How often a worker looks for pending entries that are in no FIFO (``sweep_entries.lua``), ms.
+ENTRY_SWEEP_INTERVAL_MS = 30_000
 
 #: Pending entries looked at per orphan sweep call.
-ORPHAN_SWEEP_COUNT = 100
+ENTRY_SWEEP_COUNT = 100
 
 #: A worker whose heartbeat is older than this is removed from ``{qm}:workers`` and
 #: ``{qm}:alive`` by the live workers (it was killed without a chance to deregister), ms.
@@ -128,17 +128,17 @@ class Worker:
         self.scripts = Scripts(client, self.qm, Refusals(settings.reply_ttl_ms, settings.dead_letter_max_len,
                                                          settings.max_body_bytes))
         self.table = RoutingTable(self.qm)
-        self.owned: set[str] = set()
+        self.turns: set[str] = set()
         self.stopping = False
         self.processed = 0
         self.counts: dict[str, int] = {}
         self._entries: dict[str, tuple[str, dict[bytes, bytes]]] = {}
         self._stream = keys.publish_stream(self.qm)
         self._prefetched: Dequeued | None = None
-        self._reclaim_cursor = "0"
-        self._next_reclaim_ms = 0
-        self._next_orphan_sweep_ms = 0
-        self._orphan_start = "-"
+        self._turn_sweep_cursor = "0"
+        self._next_turn_sweep_ms = 0
+        self._next_entry_sweep_ms = 0
+        self._entry_sweep_start = "-"
         self._last_problem = ""
         self._next_heartbeat_ms = 0
         self._started_ms = self.clock_ms()
@@ -193,15 +193,15 @@ class Worker:
     def shutdown(self) -> None:
         """Give up every turn this worker holds and remove its heartbeat."""
         try:
-            self.scripts.release(self.name, sorted(self.owned))
+            self.scripts.give_up(self.name, sorted(self.turns))
             self.client.hdel(keys.workers(self.qm), self.name)
             self.client.zrem(keys.alive(self.qm), self.name)
         except redis.RedisError as exc:
             log.warning("worker %s: could not release turns on stop: %s", self.name, exc)
-        self.owned.clear()
+        self.turns.clear()
 
     def run_once(self, block: bool = False) -> int:
-        """One round: dequeue, handle the heads of owned publishers, commit.
+        """One round: dequeue, handle the heads of the publishers whose turn it holds, commit.
 
         Args:
             block: when there is nothing to do, wait up to ``block_ms`` for new entries.
@@ -215,39 +215,39 @@ class Worker:
         """
         settings = self.settings
         now = self.clock_ms()
-        if now >= self._next_reclaim_ms:
-            self._next_reclaim_ms = now + settings.reclaim_interval_ms
-            self._sweep()
-        if now >= self._next_orphan_sweep_ms:
-            self._next_orphan_sweep_ms = now + ORPHAN_SWEEP_INTERVAL_MS
-            self.orphan_sweep(settings.lease_ms)
+        if now >= self._next_turn_sweep_ms:
+            self._next_turn_sweep_ms = now + settings.sweep_interval_ms
+            self._sweep_turns()
+        if now >= self._next_entry_sweep_ms:
+            self._next_entry_sweep_ms = now + ENTRY_SWEEP_INTERVAL_MS
+            self.sweep_entries(settings.lease_ms)
         dequeued = self._prefetched
         self._prefetched = None
         if dequeued is None:
             dequeued = self.scripts.dequeue(
-                self.name, settings.batch_size, settings.lease_ms, settings.heads, sorted(self.owned),
+                self.name, settings.batch_size, settings.lease_ms, settings.heads, sorted(self.turns),
                 liveness_ms=LIVENESS_MS,
             )
             assert dequeued is not None
         self.hook("after_dequeue")
         if dequeued.version != self.table.version:
             self.table.load(self.client)
-        owned = dequeued.owned
+        held = dequeued.turns
         handed_over = False
         for entry_id, fields in dequeued.entries:
             publisher = _publisher_of(fields)
             self._entries[entry_id] = (publisher, fields)
-            handed_over = handed_over or publisher not in owned
+            handed_over = handed_over or publisher not in held
         if handed_over:
             self.hook("waiting_for_turn")
-        self.owned = set(owned)
-        if not dequeued.owned:
+        self.turns = set(held)
+        if not dequeued.turns:
             self._entries.clear()
             self._heartbeat(now)
             if dequeued.active:
                 # Others hold every waiting publisher: look for turns they gave up, and
                 # wait only briefly, so this worker starts as soon as one is given up.
-                taken = self._sweep()
+                taken = self._sweep_turns()
                 if block and not taken and not dequeued.entries:
                     self.client.xread({self._stream: dequeued.last_delivered_id}, count=1,
                                       block=min(settings.block_ms, BUSY_POLL_MS))
@@ -255,22 +255,22 @@ class Worker:
                 self.client.xread({self._stream: dequeued.last_delivered_id}, count=1, block=settings.block_ms)
             return 0
         self.hook("holding_turn")
-        done = self._commit(dequeued.owned, now, self._turns_to_yield(dequeued))
+        done = self._commit(dequeued.turns, now, self._turns_to_give_up(dequeued))
         self._heartbeat(now)
         return done
 
-    def _sweep(self) -> list[str]:
+    def _sweep_turns(self) -> list[str]:
         """Take orphaned turns (and find forgotten ones of ours); returns the publishers taken."""
-        self._reclaim_cursor, taken = self.scripts.reclaim(
-            self.name, self.settings.lease_ms, self._reclaim_cursor, SWEEP_COUNT
+        self._turn_sweep_cursor, taken = self.scripts.sweep_turns(
+            self.name, self.settings.lease_ms, self._turn_sweep_cursor, SWEEP_COUNT
         )
-        self.owned.update(taken)
+        self.turns.update(taken)
         return taken
 
-    def orphan_sweep(self, min_idle_ms: int) -> list[str]:
+    def sweep_entries(self, min_idle_ms: int) -> list[str]:
         """Refuse pending entries that are in no publisher's FIFO (an operator deleted it by hand).
 
-        Looks at up to ``ORPHAN_SWEEP_COUNT`` pending entries per call, going on
+        Looks at up to ``ENTRY_SWEEP_COUNT`` pending entries per call, going on
         from where the last call stopped.
 
         Args:
@@ -282,15 +282,15 @@ class Worker:
         Raises:
             redis.RedisError: as redis-py raises it.
         """
-        self._orphan_start, refused = self.scripts.orphans(min_idle_ms, self._orphan_start, ORPHAN_SWEEP_COUNT)
-        if not self._orphan_start:
-            self._orphan_start = "-"
+        self._entry_sweep_start, refused = self.scripts.sweep_entries(min_idle_ms, self._entry_sweep_start, ENTRY_SWEEP_COUNT)
+        if not self._entry_sweep_start:
+            self._entry_sweep_start = "-"
         if refused:
             log.error("worker %s: %d pending entries were in no publisher's FIFO; dead-lettered: %s",
                       self.name, len(refused), ", ".join(refused[:10]))
         return refused
 
-    def _turns_to_yield(self, dequeued: Dequeued) -> tuple[str, ...]:
+    def _turns_to_give_up(self, dequeued: Dequeued) -> tuple[str, ...]:
         """Publishers beyond this worker's fair share of the work, to give up after this round.
 
         The waiting entries split over the live workers give each its fair share
@@ -300,25 +300,25 @@ class Worker:
         busy publisher hands everyone else to the other workers, and a worker
         that dequeued everything cannot keep the others idle.
         """
-        owned = dequeued.owned
-        if len(owned) <= 1:
+        held = dequeued.turns
+        if len(held) <= 1:
             return ()
         entries = self._entries
         backlog = dequeued.backlog
 
         def weight(publisher: str) -> tuple[int, int]:
-            return backlog.get(publisher, 0), sum(1 for e in owned[publisher] if e in entries)
+            return backlog.get(publisher, 0), sum(1 for e in held[publisher] if e in entries)
 
         kept_load = 0
         given_up = []
-        for publisher in sorted(owned, key=weight, reverse=True):
+        for publisher in sorted(held, key=weight, reverse=True):
             if kept_load >= dequeued.fair:
                 given_up.append(publisher)
             else:
                 kept_load += backlog.get(publisher, 0)
         return tuple(given_up)
 
-    def _commit(self, heads: dict[str, list[str]], now_ms: int, yield_turns: tuple[str, ...] = ()) -> int:
+    def _commit(self, heads: dict[str, list[str]], now_ms: int, give_up: tuple[str, ...] = ()) -> int:
         """Handle the FIFO heads of the publishers whose turn this worker holds: take over, build, send, apply.
 
         Returns:
@@ -327,12 +327,12 @@ class Worker:
         times = self._take_over(heads)
         batches = self._build(heads, times, now_ms)
         self.hook("before_commit")
-        results = self._send(batches, heads, yield_turns)
+        results = self._send(batches, heads, give_up)
         self.hook("after_commit")
         return self._apply(batches, results)
 
     def _take_over(self, heads: dict[str, list[str]]) -> dict[str, int]:
-        """Fetch the head entries this worker has not read itself (``claim.lua``).
+        """Fetch the head entries this worker has not read itself (``take_over.lua``).
 
         Only each publisher's first head counts as a new delivery of its entry.
 
@@ -348,7 +348,7 @@ class Worker:
                     (uncounted if i else counted).append(entry_id)
         times: dict[str, int] = {}
         if counted or uncounted:
-            for entry_id, fields, delivered in self.scripts.claim(self.name, counted, uncounted):
+            for entry_id, fields, delivered in self.scripts.take_over(self.name, counted, uncounted):
                 entries[entry_id] = (_publisher_of(fields), fields)
                 times[entry_id] = delivered
         return times
@@ -383,7 +383,7 @@ class Worker:
         return batches
 
     def _send(self, batches: list[CommitBatch], heads: dict[str, list[str]],
-              yield_turns: tuple[str, ...]) -> list[Any]:
+              give_up: tuple[str, ...]) -> list[Any]:
         """Send every batch (one ``commit.lua`` call each) and, in the same round trip, the next dequeue.
 
         Returns:
@@ -396,9 +396,9 @@ class Worker:
         def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for batch in batches:
-                self.scripts.commit(pipe, self.name, settings.lease_ms, batch, journal, yield_turns)
+                self.scripts.commit(pipe, self.name, settings.lease_ms, batch, journal, give_up)
             if prefetch:  # the next dequeue rides in the same round trip as this commit
-                kept = sorted(set(heads) - set(yield_turns))
+                kept = sorted(set(heads) - set(give_up))
                 self.scripts.dequeue(self.name, settings.batch_size, settings.lease_ms, settings.heads,
                                      kept, pipe=pipe, liveness_ms=LIVENESS_MS)
             return cast(list[Any], pipe.execute())
@@ -423,17 +423,17 @@ class Worker:
             for unit, outcome, _subscriptions, released in decode_outcomes(batch, reply):
                 entries.pop(unit.entry_id, None)
                 if outcome is Outcome.FENCED:  # the turn is no longer ours
-                    self.owned.discard(unit.publisher)
+                    self.turns.discard(unit.publisher)
                     continue
                 done += 1
                 counts[outcome.value] = counts.get(outcome.value, 0) + 1
                 if released:
-                    self.owned.discard(unit.publisher)
+                    self.turns.discard(unit.publisher)
         self.processed += done
         if self._prefetched is not None:
-            self.owned = set(self._prefetched.owned)
+            self.turns = set(self._prefetched.turns)
         if len(entries) > 4 * self.settings.batch_size:
-            self._entries = {k: v for k, v in entries.items() if v[0] in self.owned}
+            self._entries = {k: v for k, v in entries.items() if v[0] in self.turns}
         return done
 
     def _refusal(self, publisher: str, entry_id: str, fields: dict[bytes, bytes], reason: str,
@@ -485,7 +485,7 @@ class Worker:
             "started_ms": self._started_ms,
             "heartbeat_ms": now_ms,
             "processed": self.processed,
-            "owned": len(self.owned),
+            "turns": len(self.turns),
         }
         alive = keys.alive(self.qm)
         pipe = self.client.pipeline(transaction=False)

@@ -21,7 +21,7 @@
 -- ARGV[1] consumer group
 -- ARGV[2] the worker's fencing token
 -- ARGV[3] lease_ms of a publisher's turn
--- ARGV[4] per-publisher key prefix     "{qm}:pub:"   (.. publisher .. ":fifo" / ":owner")
+-- ARGV[4] per-publisher key prefix     "{qm}:pub:"   (.. publisher .. ":fifo" / ":turn")
 -- ARGV[5] dedup key prefix             "{qm}:dedup:" (id_key in lib.lua)
 -- ARGV[6] reply key prefix             "{qm}:reply:" (id_key in lib.lua)
 -- ARGV[7] journal: approximate max length of the journal stream; 0 = no journal
@@ -47,9 +47,9 @@
 -- unit field 9 seq: "" or decimal (journal)
 -- unit field 10 topic (journal)
 -- unit field 11 enqueued_ms (journal)
--- returns 3 integers per publication: status, subscriptions, released
+-- returns 3 integers per publication: status, subscriptions, gave_up
 --   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped
---   released: 1 when the FIFO is now empty and the turn was given up
+--   gave_up: 1 when the FIFO is now empty and the turn was given up
 -- errors "BROKER foreign key: ..." before any write when a queue-manager-wide key is foreign
 
 local stream, active, dlq, journal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -57,11 +57,11 @@ local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
 local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
 local journal_len, sub_prefix_len = tonumber(ARGV[7]), tonumber(ARGV[8])
 local dlq_len, max_body = ARGV[9], tonumber(ARGV[10])
-local nyield = tonumber(ARGV[11])
-local yield = {}
-for i = 12, 11 + nyield do yield[ARGV[i]] = true end
-local nsets = tonumber(ARGV[12 + nyield])
-local sets_at = 12 + nyield
+local ngive_up = tonumber(ARGV[11])
+local give_up = {}
+for i = 12, 11 + ngive_up do give_up[ARGV[i]] = true end
+local nsets = tonumber(ARGV[12 + ngive_up])
+local sets_at = 12 + ngive_up
 local first = sets_at + 1 + nsets
 local PUBLISHER, ENTRY_ID, ACTION, PAYLOAD, MSGID, WINDOW, REPLY_TTL = 0, 1, 2, 3, 4, 5, 6
 local RECIPIENTS, SUGGESTION, SEQ, TOPIC, ENQUEUED_MS = 7, 8, 9, 10, 11
@@ -83,16 +83,16 @@ for s = 1, nsets do
 end
 
 local STATUS = {delivered = 1, duplicate = 2, expired = 3, refused = 4, skipped = 5}
-local turns = {}         -- publisher -> {ok = bool, popped = n, fifo = key, owner = key}
+local turns = {}         -- publisher -> {ok = bool, popped = n, fifo = key, turn = key}
 local turn_order = {}
 
 local function turn_of(pub)
   local t = turns[pub]
   if not t then
-    local owner = pub_prefix .. pub .. ':owner'
+    local turn = pub_prefix .. pub .. ':turn'
     -- pcall: a foreign turn key is simply not this worker's turn
-    t = {ok = redis.pcall('GET', owner) == token, popped = 0,
-         fifo = pub_prefix .. pub .. ':fifo', owner = owner}
+    t = {ok = redis.pcall('GET', turn) == token, popped = 0,
+         fifo = pub_prefix .. pub .. ':fifo', turn = turn}
     turns[pub] = t
     turn_order[#turn_order + 1] = pub
   end
@@ -242,29 +242,29 @@ end
 for i = 1, #acks, CHUNK do
   redis.call('XACK', stream, group, unpack(acks, i, math.min(i + CHUNK - 1, #acks)))
 end
-local released = {}
+local gave_up = {}
 for _, pub in ipairs(turn_order) do
   local t = turns[pub]
   if t.popped > 0 then
     redis.call('LTRIM', t.fifo, t.popped, -1)
     if redis.call('LLEN', t.fifo) == 0 then
-      redis.call('DEL', t.owner)
+      redis.call('DEL', t.turn)
       redis.call('SREM', active, pub)
-      released[pub] = true
-    elseif yield[pub] then
-      redis.call('DEL', t.owner)  -- still active: another worker's sweep takes the turn
-      released[pub] = true
+      gave_up[pub] = true
+    elseif give_up[pub] then
+      redis.call('DEL', t.turn)  -- still active: another worker's sweep takes the turn
+      gave_up[pub] = true
     else
-      redis.call('PEXPIRE', t.owner, lease_ms)
+      redis.call('PEXPIRE', t.turn, lease_ms)
     end
   end
 end
--- mark "released" on the last handled unit of each publisher that gave up its turn
+-- mark "gave_up" on the last handled unit of each publisher that gave up its turn
 local last_of = {}
 for i = 1, n do
   if plan[i] then last_of[ARGV[plan[i].u + PUBLISHER]] = i end
 end
 for pub, i in pairs(last_of) do
-  if released[pub] then out[3 * i] = 1 end
+  if gave_up[pub] then out[3 * i] = 1 end
 end
 return out

@@ -1,6 +1,6 @@
 -- The queue mutex (seed 004): read the next publication requests and file each
 -- entry id in its publisher's FIFO, in stream order, in one atomic call.
--- Then take the turn of publishers that have no owner (up to this worker's fair
+-- Then take the turn of publishers nobody holds the turn of (up to this worker's fair
 -- share of the waiting entries), and return the FIFO heads of every publisher
 -- whose turn it holds.
 --
@@ -17,9 +17,9 @@
 -- ARGV[1] consumer group
 -- ARGV[2] consumer name, also the worker's fencing token
 -- ARGV[3] count: the most entries to read
--- ARGV[4] per-publisher key prefix  "{qm}:pub:"  (keys are prefix .. publisher .. ":fifo" / ":owner")
+-- ARGV[4] per-publisher key prefix  "{qm}:pub:"  (keys are prefix .. publisher .. ":fifo" / ":turn")
 -- ARGV[5] lease_ms of a publisher's turn
--- ARGV[6] heads: the most FIFO entry ids to return per owned publisher
+-- ARGV[6] heads: the most FIFO entry ids to return per turns publisher
 -- ARGV[7] malformed publisher id, for entries without a valid "publisher" field
 -- ARGV[8] liveness_ms: a worker whose last heartbeat is older is not counted
 -- ARGV[9] most bytes of a publisher id
@@ -28,9 +28,9 @@
 -- ARGV[12] approximate cap of the dead-letter stream, records
 -- ARGV[13] max_body_bytes: a dead letter keeps a body only up to this size
 -- ARGV[14..] publishers whose turn the worker believes it holds
--- returns {version, last_delivered_id or "", entries, owned, active, live, fair}
+-- returns {version, last_delivered_id or "", entries, turns, active, live, fair}
 --   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}, less those refused here
---   owned:   {publisher, {head ids...}, backlog, publisher, {head ids...}, backlog, ...}
+--   turns:   {publisher, {head ids...}, backlog, publisher, {head ids...}, backlog, ...}
 --   active:  publishers with entries waiting; live: workers seen within liveness_ms;
 --   fair:    entries waiting per live worker (this worker's fair share of the work)
 
@@ -61,7 +61,7 @@ local filed, filed_order, refused = {}, {}, {}
 for _, entry in ipairs(entries) do
   local pub = publisher_of(entry[2], malformed, max_pub)
   if refused[pub] == nil then
-    refused[pub] = foreign(prefix .. pub .. ':fifo', 'list') or foreign(prefix .. pub .. ':owner', 'string') or false
+    refused[pub] = foreign(prefix .. pub .. ':fifo', 'list') or foreign(prefix .. pub .. ':turn', 'string') or false
   end
   if not refused[pub] then
     local ids = filed[pub]
@@ -109,28 +109,28 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local live = math.max(redis.call('ZCOUNT', KEYS[4], now_ms - tonumber(ARGV[8]), '+inf'), 1)
 local fair = math.ceil(pending / live)
 
-local owned, held, load = {}, 0, 0
+local turns, held, load = {}, 0, 0
 for _, pub in ipairs(candidates) do
-  local owner_key, fifo_key = prefix .. pub .. ':owner', prefix .. pub .. ':fifo'
+  local turn_key, fifo_key = prefix .. pub .. ':turn', prefix .. pub .. ':fifo'
   -- a foreign turn or FIFO key (planted after its entries were filed) is never
   -- taken; the orphan sweep refuses the entries it strands
-  local owner = redis.pcall('GET', owner_key)
-  local mine = owner == token
-  if not owner and (held == 0 or load < fair) then
-    mine = redis.call('SET', owner_key, token, 'NX', 'PX', lease_ms) ~= false
+  local holder = redis.pcall('GET', turn_key)
+  local mine = holder == token
+  if not holder and (held == 0 or load < fair) then
+    mine = redis.call('SET', turn_key, token, 'NX', 'PX', lease_ms) ~= false
   end
   local backlog = 0
   if mine then
     backlog = redis.pcall('LLEN', fifo_key)
     if type(backlog) ~= 'number' then backlog = 0 end
     if backlog == 0 then
-      redis.call('DEL', owner_key)
+      redis.call('DEL', turn_key)
       redis.call('SREM', KEYS[3], pub)
     else
-      redis.call('PEXPIRE', owner_key, lease_ms)
-      owned[#owned + 1] = pub
-      owned[#owned + 1] = redis.call('LRANGE', fifo_key, 0, heads - 1)
-      owned[#owned + 1] = backlog
+      redis.call('PEXPIRE', turn_key, lease_ms)
+      turns[#turns + 1] = pub
+      turns[#turns + 1] = redis.call('LRANGE', fifo_key, 0, heads - 1)
+      turns[#turns + 1] = backlog
       held = held + 1
       load = load + backlog
     end
@@ -138,4 +138,4 @@ for _, pub in ipairs(candidates) do
 end
 if #kept > 0 then last_id = '' end  -- entries refused above leave nothing to handle: block as idle
 
-return {redis.call('GET', KEYS[2]) or '0', last_id, kept, owned, redis.call('SCARD', KEYS[3]), live, fair}
+return {redis.call('GET', KEYS[2]) or '0', last_id, kept, turns, redis.call('SCARD', KEYS[3]), live, fair}

@@ -61,8 +61,8 @@ def _holds_q(client, settings) -> Worker:
     """A live worker that has dequeued q's first publication and holds q's turn."""
     other = make_workers(client, settings, 1)[0]
     dequeued = other.scripts.dequeue(other.name, 1, settings.lease_ms, settings.heads, [])
-    assert list(dequeued.owned) == ["q"]
-    other.owned = set(dequeued.owned)
+    assert list(dequeued.turns) == ["q"]
+    other.turns = set(dequeued.turns)
     return other
 
 
@@ -90,7 +90,7 @@ def _scenario(client, settings) -> tuple[dict[str, str], dict[str, list[tuple[st
 def _expire_turns_of(client, token_part: str) -> int:
     """Simulate the lease running out: delete every turn whose token contains ``token_part``."""
     gone = 0
-    for key in client.scan_iter(match=keys.owner_key(QM, "*")):
+    for key in client.scan_iter(match=keys.turn_key(QM, "*")):
         owner = client.get(key)
         if owner is not None and token_part.encode() in owner:
             gone += client.delete(key)

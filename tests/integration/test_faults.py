@@ -91,8 +91,8 @@ def _drained(client: redis.Redis) -> bool:
 def _expire_turns_of(client: redis.Redis, token: str, publishers: list[str] | None = None) -> int:
     """Simulate the lease running out: delete the turns ``token`` holds (on ``publishers`` only, if given)."""
     gone = 0
-    for key in client.scan_iter(match=keys.owner_key(QM, "*")):
-        publisher = key.decode()[len(keys.pub_prefix(QM)):-len(":owner")]
+    for key in client.scan_iter(match=keys.turn_key(QM, "*")):
+        publisher = key.decode()[len(keys.pub_prefix(QM)):-len(":turn")]
         if client.get(key) == token.encode() and (publishers is None or publisher in publishers):
             gone += client.delete(key)
     return gone
@@ -305,7 +305,7 @@ def test_claim_whose_reply_is_lost_is_redone_and_delivers_once(real_redis, setti
     _expire_turns_of(real_redis, dead.name)
     heir = Worker(connect(proxy.url), settings, name="heir")
     heir.setup()
-    proxy.drop_reply(evalsha("claim"), 1, "claim")
+    proxy.drop_reply(evalsha("take_over"), 1, "claim")
     with pytest.raises(redis.ConnectionError):
         heir.run_once()
     # When the heir's turn runs out too (simulated) and the workers drain
@@ -330,7 +330,7 @@ def test_zombie_holding_several_publishers_is_fenced_on_every_one(real_redis, se
         _expire_turns_of(real_redis, "zombie")  # its leases run out meanwhile
         drain([other])  # another worker takes every turn over and delivers
         scenario.publish("p", 2)  # more arrive, and the other worker already holds p's new head
-        other.owned |= set(other.scripts.dequeue(other.name, 10, settings.lease_ms, 10, []).owned)
+        other.turns |= set(other.scripts.dequeue(other.name, 10, settings.lease_ms, 10, []).turns)
 
     zombie = Worker(real_redis, settings, name="zombie", hook=lambda at: stall() if at == "before_commit" else None)
     zombie.setup()

@@ -73,7 +73,7 @@ def test_unit_of_work_interrupted_before_commit_leaves_nothing_delivered_and_ent
     assert queue_messages(real_redis, QM, b.sub_id) == []
     assert _pending(real_redis) == 1
     # And once the dead worker's lease is over (simulated: its turn key is gone), another worker finishes it
-    real_redis.delete(keys.owner_key(QM, "p"))
+    real_redis.delete(keys.turn_key(QM, "p"))
     drain(make_workers(real_redis, settings, 1))
     assert len(queue_messages(real_redis, QM, a.sub_id)) == 1
     assert len(queue_messages(real_redis, QM, b.sub_id)) == 1
@@ -88,7 +88,7 @@ def test_a_stalled_worker_resumed_after_losing_its_turn_cannot_write(real_redis,
 
     def stall(point: str) -> None:
         if point == "before_commit":
-            real_redis.delete(keys.owner_key(QM, "p"))  # the lease ran out
+            real_redis.delete(keys.turn_key(QM, "p"))  # the lease ran out
             drain([other])  # another worker takes the turn and delivers
 
     zombie = Worker(real_redis, settings, name="zombie", hook=stall)
@@ -214,7 +214,7 @@ def test_lua_per_publisher_key_prefix_matches_python_twin(real_redis, settings):
     dequeued = worker.scripts.dequeue(worker.name, 10, 1000, 10, [])
     entry_id = dequeued.entries[0][0]
     assert real_redis.lrange(keys.fifo_key(QM, "pub:1"), 0, -1) == [entry_id.encode()]
-    assert real_redis.get(keys.owner_key(QM, "pub:1")) == worker.name.encode()
+    assert real_redis.get(keys.turn_key(QM, "pub:1")) == worker.name.encode()
     assert real_redis.smembers(keys.active_publishers(QM)) == {b"pub:1"}
 
 
@@ -237,7 +237,7 @@ def test_orphaned_publisher_is_taken_over_by_the_sweep(real_redis, settings):
     dead.setup()
     dead.scripts.dequeue(dead.name, 10, settings.lease_ms, 10, [])
     # When its lease runs out (simulated) and no new entry of that publisher arrives
-    real_redis.delete(keys.owner_key(QM, "p"))
+    real_redis.delete(keys.turn_key(QM, "p"))
     drain(make_workers(real_redis, settings, 1))
     # Then the sweep takes the turn, claims the dead worker's entries and delivers them in order
     assert [m.body for m in queue_messages(real_redis, QM, sub.sub_id)] == [b"0", b"1", b"2"]

@@ -221,7 +221,7 @@ def test_foreign_fifo_key_dead_letters_the_entry_and_later_ones_flow_in_order(re
 def test_foreign_owner_key_dead_letters_the_entries_instead_of_stalling_every_worker(real_redis, settings):
     # Given a hash planted where publisher rawo's turn (a string) belongs
     subscribe(real_redis, QM, "/T/#", "app", "s")
-    real_redis.hset(keys.owner_key(QM, "rawo"), "a", "b")
+    real_redis.hset(keys.turn_key(QM, "rawo"), "a", "b")
     workers = make_workers(real_redis, settings, 1)
     # When rawo and another publisher publish
     _xadd(real_redis, "rawo", "/T/1", "r1")
@@ -229,7 +229,7 @@ def test_foreign_owner_key_dead_letters_the_entries_instead_of_stalling_every_wo
     drain(workers)
     # Then rawo's entry is dead-lettered naming the key, the other is delivered, nothing pending
     [dead] = _dead_letters(real_redis)
-    assert keys.owner_key(QM, "rawo") in dead[b"dlq.reason"].decode()
+    assert keys.turn_key(QM, "rawo") in dead[b"dlq.reason"].decode()
     assert [m.msgid for m in queue_messages(real_redis, QM, "app$s")] == ["o1"]
     assert _pending(real_redis) == 0
 
@@ -242,14 +242,14 @@ def test_entries_orphaned_by_a_deleted_fifo_are_dead_lettered_by_the_sweep(real_
         _xadd(real_redis, "lost", "/T/1", f"l{i}")
     _xadd(real_redis, "kept", "/T/1", "k0")
     worker.scripts.dequeue("someone-else", 10, settings.lease_ms, 10, [])  # filed, turns held elsewhere
-    real_redis.delete(keys.fifo_key(QM, "lost"), keys.owner_key(QM, "lost"))
+    real_redis.delete(keys.fifo_key(QM, "lost"), keys.turn_key(QM, "lost"))
     # When the orphan sweep looks at every pending entry, however long it has been pending
-    refused = worker.orphan_sweep(min_idle_ms=0)
+    refused = worker.sweep_entries(min_idle_ms=0)
     # Then every orphaned entry is dead-lettered, in stream order, and nothing stays pending
     assert [d[b"msgid"] for d in _dead_letters(real_redis)] == [b"l0", b"l1", b"l2"]
     assert all(b"FIFO" in d[b"dlq.reason"] for d in _dead_letters(real_redis))
     assert len(refused) == 3
-    # And the entry still in its FIFO was left to its owner, pending
+    # And the entry still in its FIFO was left to the worker holding its turn, pending
     assert _pending(real_redis) == 1
 
 

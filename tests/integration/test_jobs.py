@@ -27,7 +27,7 @@ def test_trim_removes_only_acknowledged_entries(real_server, real_redis, setting
     removed = trim_stream(real_server.url, QM)
     assert removed == 5
     assert real_redis.xlen(keys.publish_stream(QM)) == 3
-    real_redis.delete(keys.owner_key(QM, "p"))  # the dead worker's lease ran out
+    real_redis.delete(keys.turn_key(QM, "p"))  # the dead worker's lease ran out
     drain(make_workers(real_redis, settings, 1) + workers)
     assert real_redis.llen(keys.sub_queue(QM, "c$all")) == 8
 

@@ -56,7 +56,7 @@ def flights_spec(path: Path) -> SourceSpec:
 
 def journal_settings(server: Server) -> Settings:
     return Settings(redis_url=server.url, qm=QM, batch_size=200, heads=200, lease_ms=30_000,
-                    reclaim_interval_ms=1, block_ms=20, journal=True)
+                    sweep_interval_ms=1, block_ms=20, journal=True)
 
 
 def setup_routing(client) -> list[str]:

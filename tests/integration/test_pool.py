@@ -59,4 +59,4 @@ def test_sigterm_stops_the_pool_warmly_and_gives_up_turns(real_redis, settings):
     pool.stop()
     assert all(p is not None and p.exitcode == 0 for p in pool._children)
     assert status(real_redis, QM)["workers"] == []
-    assert not list(real_redis.scan_iter(match=keys.owner_key(QM, "*")))
+    assert not list(real_redis.scan_iter(match=keys.turn_key(QM, "*")))

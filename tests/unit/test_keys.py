@@ -14,7 +14,7 @@ QM = "TEST"
 def test_every_key_shares_the_queue_manager_hash_tag():
     names = [keys.publish_stream(QM), keys.version(QM), keys.subscriptions(QM), keys.links(QM),
              keys.sub_queue(QM, "a$b"), keys.sub_inflight(QM, "a$b"), keys.fifo_key(QM, "p"),
-             keys.owner_key(QM, "p"), keys.dedup(QM, "p", "m"), keys.reply(QM, "p", "m"),
+             keys.turn_key(QM, "p"), keys.dedup(QM, "p", "m"), keys.reply(QM, "p", "m"),
              keys.dead_letter(QM), keys.workers(QM), keys.active_publishers(QM)]
     assert all(name.startswith("{TEST}:") for name in names)
     assert len(set(names)) == len(names)
@@ -22,7 +22,7 @@ def test_every_key_shares_the_queue_manager_hash_tag():
 
 def test_lua_key_pattern_is_prefix_plus_publisher_plus_suffix():
     assert keys.fifo_key(QM, "p") == keys.pub_prefix(QM) + "p" + ":fifo"
-    assert keys.owner_key(QM, "p") == keys.pub_prefix(QM) + "p" + ":owner"
+    assert keys.turn_key(QM, "p") == keys.pub_prefix(QM) + "p" + ":turn"
 
 
 def test_subscribe_bumps_the_version_and_durable_resubscribe_reattaches(any_redis):

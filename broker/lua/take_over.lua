@@ -1,5 +1,5 @@
 -- Fetch entries another worker dequeued (a hand-over, or a dead worker's
--- entries) for the owner of their publisher's FIFO. Only the first K ids (each
+-- entries) for the worker holding their publisher's turn. Only the first K ids (each
 -- publisher's FIFO head) are claimed (XCLAIM), which counts a new delivery;
 -- the others are only read, their delivery count untouched, so that a worker
 -- dying on one entry is charged to that entry alone and an entry that keeps

@@ -1,5 +1,5 @@
 -- Orphan sweep: take the turn of publishers whose FIFO still holds entries but
--- whose owner is gone (a worker that died or stopped gave up its turn, or its
+-- whose turn nobody holds (a worker that died or stopped gave up its turn, or its
 -- lease ran out), and find again the turns this worker holds but forgot (a
 -- dequeue whose reply was lost). The worker then claims the entries (XCLAIM)
 -- as it drains.
@@ -12,7 +12,7 @@
 -- ARGV[5] SSCAN count
 -- returns {next cursor, {publishers whose turn was taken or found}}
 -- A publisher whose FIFO or turn key is foreign is left alone (pcall): the
--- orphan sweep (orphans.lua) refuses the entries such a key strands.
+-- orphan sweep (sweep_entries.lua) refuses the entries such a key strands.
 
 local prefix, token = ARGV[1], ARGV[2]
 local scan = redis.call('SSCAN', KEYS[1], ARGV[4], 'COUNT', ARGV[5])
@@ -20,12 +20,12 @@ local taken = {}
 for _, pub in ipairs(scan[2]) do
   local backlog = redis.pcall('LLEN', prefix .. pub .. ':fifo')
   if type(backlog) ~= 'number' or backlog == 0 then
-    if redis.call('EXISTS', prefix .. pub .. ':owner') == 0 then
+    if redis.call('EXISTS', prefix .. pub .. ':turn') == 0 then
       redis.call('SREM', KEYS[1], pub)
     end
-  elseif redis.call('SET', prefix .. pub .. ':owner', token, 'NX', 'PX', ARGV[3]) then
+  elseif redis.call('SET', prefix .. pub .. ':turn', token, 'NX', 'PX', ARGV[3]) then
     taken[#taken + 1] = pub
-  elseif redis.pcall('GET', prefix .. pub .. ':owner') == token then
+  elseif redis.pcall('GET', prefix .. pub .. ':turn') == token then
     -- ours already, but the worker lost track of it (a lost dequeue reply)
     taken[#taken + 1] = pub
   end
