@@ -2,9 +2,9 @@
 
 Usage::
 
-    .venv/bin/python scripts/bench.py --quick            # under a minute
-    .venv/bin/python scripts/bench.py --json bench.json  # full run (N=100k, 3 repeats), about 5 minutes
-    .venv/bin/python scripts/bench.py --quick --profile /tmp/prof   # + py-spy of the workers
+    .venv/bin/python -m scripts.bench --quick            # under a minute
+    .venv/bin/python -m scripts.bench --json bench.json  # full run (N=100k, 3 repeats), about 5 minutes
+    .venv/bin/python -m scripts.bench --quick --profile /tmp/prof   # + py-spy of the workers
 
 The script starts one server (``broker.server.Server()``: the embedded Valkey,
 or ``$BROKER_REDIS_SERVER_BIN``) on 127.0.0.1 and runs every measurement
@@ -106,15 +106,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rich.console import Console
+from rich.table import Table
 
-import bench_lib as lib  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from broker.config import Settings  # noqa: E402
-from broker.connection import connect  # noqa: E402
-from broker.server import Server  # noqa: E402
+from broker.config import Settings
+from broker.connection import connect
+from broker.server import Server
+from tests.harness import bench_lib as lib
 
 QM = "BENCH"
 

@@ -2,14 +2,14 @@
 
 Usage::
 
-    python scripts/chaos.py --duration-s 60 --seed 1 [--workers 3] [--publishers 4]
+    python -m scripts.chaos --duration-s 60 --seed 1 [--workers 3] [--publishers 4]
                             [--lease-ms 800] [--rate 200] [--fault-interval-ms 1000]
                             [--victim-share 0.05] [--victim-rate 20] [--weight KIND=N ...]
 
 The script starts its own server (AOF on, ``appendfsync always``, a data
 directory kept across restarts), a proxy process in front of it (workers and
 publishers connect through it, so replies can be lost), worker processes
-(``worker.loop.main`` with ``broker.chaos.hook.CrashHook``) under its own
+(``worker.loop.main`` with ``tests.harness.hook.CrashHook``) under its own
 supervisor, publisher and subscriber threads, and a maintenance thread that
 trims acknowledged stream entries and watches memory. For ``--duration-s`` it
 injects faults chosen by ``random.Random(seed)``:
@@ -56,7 +56,7 @@ reason, received by none); ``half_applied`` counts those that are neither.
 Publishers also write poison entries (missing topic, invalid UTF-8, oversized
 body, invalid topic, missing publisher) among their publications. Then the
 faults stop, publishers stop, the workers drain, and the history is checked
-(``broker.chaos.history``). The last line is::
+(``tests.harness.history``). The last line is::
 
     faults=<n> publications=<n> deliveries=<n> dead_lettered=<n> lost=<n> duplicated=<n> reordered=<n> \
     refusable=<n> refused_by_foreign_key=<n> half_applied=<n> foreign_not_refused=<n>
@@ -92,25 +92,23 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from broker import keys
+from broker.config import Settings
+from broker.connection import connect
+from broker.errors import BrokerError, ServerNotFound
+from broker.links import link
+from broker.maintenance import trim_acknowledged
+from broker.models import publication_fields
+from broker.publish import Publisher
+from broker.server import Server, free_port, server_binary
+from broker.status import status
+from broker.subscriptions import Subscriber, subscribe
+from tests.harness.history import History, Poison, Publication, recipients
+from tests.harness.hook import run_worker
+from tests.harness.proxy import ProxyProcess, evalsha
+from worker.loop import CRASH_POINTS
 
-from broker import keys  # noqa: E402  (after the sys.path fix, so the script runs from a checkout)
-from broker.chaos.history import History, Poison, Publication, recipients  # noqa: E402
-from broker.chaos.hook import run_worker  # noqa: E402
-from broker.chaos.proxy import ProxyProcess, evalsha  # noqa: E402
-from broker.config import Settings  # noqa: E402
-from broker.connection import connect  # noqa: E402
-from broker.errors import BrokerError, ServerNotFound  # noqa: E402
-from broker.links import link  # noqa: E402
-from broker.maintenance import trim_acknowledged  # noqa: E402
-from broker.models import publication_fields  # noqa: E402
-from broker.publish import Publisher  # noqa: E402
-from broker.server import Server, free_port, server_binary  # noqa: E402
-from broker.status import status  # noqa: E402
-from broker.subscriptions import Subscriber, subscribe  # noqa: E402
-from worker.loop import CRASH_POINTS  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 QM = "CHAOS"
 

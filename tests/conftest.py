@@ -12,7 +12,7 @@ import redis
 from broker.config import Settings
 from broker.connection import connect
 from broker.server import Server
-from broker.testing import start_server
+from tests.harness.testing import start_server
 
 QM = "TEST"
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import redis
 
-from broker import keys
 from broker.oracle import link_closure
+from broker.routing import RoutingTable
 
 
 def filter_pattern(topic_filter: str) -> re.Pattern[str]:
@@ -154,14 +154,15 @@ class Subscriptions:
     def from_broker(cls, client: redis.Redis, qm: str) -> Subscriptions:
         """Read the live subscriptions (``{qm}:subs``) and links (``{qm}:links``) in one MULTI.
 
+        Records the workers cannot read are skipped, as the workers skip them
+        (they match nothing).
+
         Raises:
+            ForeignKey: either hash holds another Redis type.
             redis.RedisError: as redis-py raises it.
         """
-        pipe = client.pipeline(transaction=True)
-        pipe.hgetall(keys.subscriptions(qm))
-        pipe.hgetall(keys.links(qm))
-        raw_subs, raw_links = pipe.execute()
-        subs = {sub_id.decode(): json.loads(raw)["filter"] for sub_id, raw in raw_subs.items()}
-        links = [(source.decode(), target)
-                 for source, raw in raw_links.items() for target in json.loads(raw)]
+        table = RoutingTable(qm)
+        table.load(client)
+        subs = {sub_id: record.topic_filter for sub_id, record in table.subscriptions.items()}
+        links = [(source, target) for source, target, _backward in table.links.links()]
         return cls(subs, sorted(links))

@@ -1,7 +1,7 @@
 """Faults other than a worker's death at a crash point: lost replies, zombies, Redis restarts, poison.
 
 Each fault is injected at a named point (a worker hook, or the reply-dropping
-proxy of ``broker.chaos.proxy`` armed for one command), never after a sleep.
+proxy of ``tests.harness.proxy`` armed for one command), never after a sleep.
 Workers run either round by round (``drain``) or through their real loop
 (``Worker.run``, stopped by a hook once the stream is drained or after a bound
 on rounds), so that the loop's own error handling is what is tested.
@@ -19,14 +19,14 @@ from redis.retry import Retry
 
 import worker.loop as worker_loop
 from broker import ConnectionLost, Publisher, keys, link, subscribe
-from broker.chaos.history import History, Publication, check_queues
-from broker.chaos.proxy import Proxy, evalsha
 from broker.config import Settings
 from broker.connection import connect
 from broker.server import Server, free_port
 from broker.status import status
-from broker.testing import drain, make_workers, queue_messages
 from broker.unit_of_work import CommitBatch
+from tests.harness.history import History, Publication, check_queues
+from tests.harness.proxy import Proxy, evalsha
+from tests.harness.testing import drain, make_workers, queue_messages
 from worker.loop import Worker
 
 QM = "TEST"

@@ -17,7 +17,7 @@ from broker.errors import CorruptRecord, ForeignKey
 from broker.routing import RoutingTable, explain
 from broker.status import status
 from broker.subscriptions import read_subscriptions, unsubscribe
-from broker.testing import drain, make_workers, queue_messages
+from tests.harness.testing import drain, make_workers, queue_messages
 
 QM = "TEST"
 

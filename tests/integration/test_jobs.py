@@ -8,7 +8,7 @@ from rq import Queue, SimpleWorker
 
 from broker import Publisher, keys, subscribe
 from broker.jobs import ADMIN_QUEUE, trim_stream, usage_snapshot
-from broker.testing import drain, make_workers
+from tests.harness.testing import drain, make_workers
 
 QM = "TEST"
 

@@ -39,7 +39,7 @@ from broker.pipeline.routes import Subscriptions, filter_pattern, link_closure
 from broker.pipeline.session import build_session, task_attempts, with_retries
 from broker.pipeline.source import SourceSpec
 from broker.server import Server
-from broker.testing import drain, make_workers, queue_messages
+from tests.harness.testing import drain, make_workers, queue_messages
 
 QM = "TEST"
 ROWS = 2_000

@@ -8,7 +8,7 @@ import time
 
 from broker import Publisher, keys, subscribe
 from broker.status import status
-from broker.testing import queue_messages
+from tests.harness.testing import queue_messages
 from worker.pool import Pool
 
 QM = "TEST"

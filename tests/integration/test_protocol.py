@@ -7,7 +7,7 @@ import subprocess
 
 from broker import keys
 from broker.server import cli_binary
-from broker.testing import drain, make_workers
+from tests.harness.testing import drain, make_workers
 
 QM = "TEST"
 

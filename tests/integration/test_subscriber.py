@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from broker import Publisher, Subscriber, keys, list_subscriptions, subscribe
-from broker.testing import drain, make_workers
+from tests.harness.testing import drain, make_workers
 
 QM = "TEST"
 
