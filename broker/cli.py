@@ -9,6 +9,10 @@ Global options (``--config``, ``--redis-url``, ``--qm``) also come from the
 ``BROKER_CONFIG``, ``BROKER_REDIS_URL`` and ``BROKER_QM`` environment variables.
 Settings are loaded on first use, so ``broker CMD --help`` works even when the
 configuration is broken.
+
+This is the application layer: it sits on top of the broker's core
+(``broker``) and of the worker pool (``worker``), and is the only place besides
+``broker.demo`` that imports ``worker``.
 """
 
 from __future__ import annotations
@@ -102,8 +106,8 @@ class BrokerGroup(click.Group):
             return super().invoke(ctx)
         except BrokerError as exc:
             message = str(exc)
-            if isinstance(exc, ConnectionLost) and "cannot reach" not in message:
-                message = f"cannot reach Redis at {self._url(ctx)}: {message}"
+            if isinstance(exc, ConnectionLost) and "cannot reach Redis at" not in message:
+                message = f"cannot reach Redis at {self._url(ctx)}: {exc.__cause__ or message}"
             _fail(message, exc.exit_code)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             _fail(f"cannot reach Redis at {self._url(ctx)}: {exc}", ConnectionLost.exit_code)

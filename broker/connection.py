@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -14,6 +17,30 @@ MIN_SERVER_VERSION = (7, 0)
 
 #: How long to wait for a TCP connection to the server, ms.
 CONNECT_TIMEOUT_MS = 5_000
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def translate_errors(func: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Decorate a public entry point so that callers never see redis-py's exceptions.
+
+    ``redis.ConnectionError`` and ``redis.TimeoutError`` become ``ConnectionLost``;
+    any other ``redis.RedisError`` (an error reply: out of memory, a wrong type)
+    becomes ``ServerError``. The broker's own errors pass through.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return func(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise ConnectionLost(f"cannot reach Redis: {exc}") from exc
+        except redis.RedisError as exc:
+            raise ServerError(f"Redis answered with an error: {exc}") from exc
+
+    return wrapper
 
 
 def redact_url(url: str) -> str:

@@ -29,6 +29,9 @@ recipients of each publication are computed by a breadth-first walk over the
 demo's own link list and ``broker.topics.matches`` against every filter; every
 subscriber queue is read back and each subscription is scored for lost,
 duplicated and out-of-order messages (see ``verify``).
+
+Application layer, like ``broker.cli``: it runs a worker pool (``worker``) on
+top of the broker's core, which never imports ``worker`` itself.
 """
 
 from __future__ import annotations

@@ -189,9 +189,14 @@ def links(qm: str) -> str:
     return f"{_tag(qm)}:links"
 
 
+def sub_prefix(qm: str) -> str:
+    """Prefix of the subscriber queues: ``{qm}:sub:`` (``commit.lua`` is passed its length to journal ids)."""
+    return f"{_tag(qm)}:sub:"
+
+
 def sub_queue(qm: str, sub_id: str) -> str:
     """A subscriber queue: ``{qm}:sub:<sub_id>``."""
-    return f"{_tag(qm)}:sub:{sub_id}"
+    return f"{sub_prefix(qm)}{sub_id}"
 
 
 def sub_inflight(qm: str, sub_id: str) -> str:

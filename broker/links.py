@@ -22,6 +22,7 @@ from typing import Any
 import redis
 
 from broker import keys
+from broker.connection import translate_errors
 from broker.errors import CorruptRecord, ForeignKey, InvalidLink, InvalidTopic, LinkCycle, NoSuchLink, shown
 from broker.topics import LinkGraph, validate_topic
 
@@ -78,6 +79,7 @@ def parse_links(qm: str, raw: dict[Any, Any]) -> tuple[LinkGraph, list[CorruptRe
     return graph, problems
 
 
+@translate_errors
 def read_links(client: redis.Redis, qm: str) -> tuple[LinkGraph, list[CorruptRecord]]:
     """Read ``{qm}:links`` and parse it (``parse_links``).
 
@@ -137,6 +139,7 @@ def _change_links(client: redis.Redis, qm: str, source: str, target: str | None,
                 continue
 
 
+@translate_errors
 def link(client: redis.Redis, qm: str, source: str, target: str, backward: bool = False) -> None:
     """Link ``source`` to ``target``: publications on source also reach target's subscribers.
 
@@ -158,6 +161,7 @@ def link(client: redis.Redis, qm: str, source: str, target: str, backward: bool 
     _change_links(client, qm, source, target, add=True, backward=backward)
 
 
+@translate_errors
 def unlink(client: redis.Redis, qm: str, source: str, target: str) -> None:
     """Remove the link from ``source`` to ``target``.
 
@@ -171,6 +175,7 @@ def unlink(client: redis.Redis, qm: str, source: str, target: str) -> None:
     _change_links(client, qm, source, target, add=False, backward=False)
 
 
+@translate_errors
 def unlink_all(client: redis.Redis, qm: str, source: str) -> None:
     """Remove every link from ``source``: its whole record, even one that cannot be read.
 
@@ -182,6 +187,7 @@ def unlink_all(client: redis.Redis, qm: str, source: str) -> None:
     _change_links(client, qm, source, None, add=False, backward=False)
 
 
+@translate_errors
 def list_links(client: redis.Redis, qm: str) -> list[tuple[str, str, bool]]:
     """Every link that can be read, as ``(source, target, backward)``, sorted (see ``read_links``)."""
     return read_links(client, qm)[0].links()

@@ -9,9 +9,11 @@ from __future__ import annotations
 import redis
 
 from broker import keys
+from broker.connection import translate_errors
 from broker.stream import group_state
 
 
+@translate_errors
 def reset(client: redis.Redis, qm: str) -> int:
     """Delete every key of the queue manager (the demo and tests start clean); returns how many."""
     deleted = 0
@@ -25,6 +27,7 @@ def _next_id(entry_id: str) -> str:
     return f"{ms}-{int(seq) + 1}"
 
 
+@translate_errors
 def trim_acknowledged(client: redis.Redis, qm: str) -> int:
     """Remove from the publish stream only entries every worker has acknowledged.
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import redis
 
 from broker import keys
+from broker.connection import translate_errors
 from broker.errors import CorruptRecord, ForeignKey
 from broker.links import parse_links
 from broker.subscriptions import SubscriptionRecord, parse_subscriptions
@@ -148,6 +149,7 @@ class Route:
     problems: list[CorruptRecord] = field(default_factory=list)
 
 
+@translate_errors
 def explain(client: redis.Redis, qm: str, topic: str) -> Route:
     """Resolve ``topic`` the way a worker does and say through which topics each subscription matched.
 

@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from broker import keys
+from broker.connection import translate_errors
 from broker.errors import BrokerError
 from broker.links import read_links
 from broker.stream import group_state
@@ -39,6 +40,7 @@ def _read(problems: list[str], what: str, call: Any, default: Any) -> Any:
     return default
 
 
+@translate_errors
 def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     """A snapshot of the queue manager.
 

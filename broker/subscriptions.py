@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from broker import keys
+from broker.connection import translate_errors
 from broker.errors import (
     CorruptRecord,
     ForeignKey,
@@ -139,6 +140,7 @@ def parse_subscriptions(qm: str, raw: dict[Any, Any]) -> tuple[list[Subscription
     return records, problems
 
 
+@translate_errors
 def read_subscriptions(client: redis.Redis, qm: str) -> tuple[list[SubscriptionRecord], list[CorruptRecord]]:
     """Every subscription that can be read, and the records that cannot.
 
@@ -157,6 +159,7 @@ def read_subscriptions(client: redis.Redis, qm: str) -> tuple[list[SubscriptionR
     return parse_subscriptions(qm, raw)
 
 
+@translate_errors
 def subscribe(
     client: redis.Redis, qm: str, topic_filter: str, client_id: str, durable_name: str | None = None
 ) -> SubscriptionRecord:
@@ -213,6 +216,7 @@ def subscribe(
                 continue
 
 
+@translate_errors
 def unsubscribe(client: redis.Redis, qm: str, sub_id: str) -> None:
     """Delete a subscription and its queue (and in-flight list); also removes a record that cannot be read.
 
@@ -228,6 +232,7 @@ def unsubscribe(client: redis.Redis, qm: str, sub_id: str) -> None:
         raise NoSuchSubscription(f"no subscription {sub_id!r} in queue manager {qm!r}")
 
 
+@translate_errors
 def list_subscriptions(client: redis.Redis, qm: str) -> list[SubscriptionRecord]:
     """Every subscription of the queue manager that can be read, sorted by id (see ``read_subscriptions``).
 
@@ -270,6 +275,7 @@ class Subscriber:
         if recover:
             self.recover()
 
+    @translate_errors
     def recover(self) -> int:
         """Put un-acknowledged messages back at the head of the queue; returns how many."""
         moved = 0
@@ -277,6 +283,7 @@ class Subscriber:
             moved += 1
         return moved
 
+    @translate_errors
     def receive(self, timeout_ms: int = 0) -> Delivery | None:
         """Take the oldest message into the in-flight list.
 
@@ -300,14 +307,17 @@ class Subscriber:
         except (InvalidMessage, KeyError, ValueError) as exc:
             raise InvalidMessage(f"malformed envelope in {self.queue}: {exc}") from exc
 
+    @translate_errors
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge a delivery: drop it from the in-flight list."""
         self.client.lrem(self.inflight, 1, delivery.raw)
 
+    @translate_errors
     def depth(self) -> int:
         """Messages waiting in the queue (not counting in-flight ones)."""
         return int(self.client.llen(self.queue))
 
+    @translate_errors
     def close(self) -> None:
         """Stop consuming. A non-durable subscription is deleted with its queue."""
         if not self.record.durable:

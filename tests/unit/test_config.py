@@ -85,3 +85,19 @@ def test_a_server_config_that_does_not_exist_is_a_clear_error_and_the_default_is
         load_settings(None, server_config="/nonexistent/redis.conf")
     packaged = Path(Settings().server_config_file())
     assert packaged.is_file() and "appendonly yes" in packaged.read_text()
+
+
+def test_public_entry_points_raise_broker_errors_not_redis_py_errors():
+    import redis
+
+    from broker import ConnectionLost, Subscriber, explain, link, list_subscriptions, status, subscribe
+    from broker.subscriptions import SubscriptionRecord
+
+    down = redis.Redis(port=1, socket_connect_timeout=0.2, retry_on_error=[], retry=None)
+    record = SubscriptionRecord("app$x", "/a", True, 0)
+    calls = [lambda: subscribe(down, "Q", "/a", "app", "x"), lambda: list_subscriptions(down, "Q"),
+             lambda: link(down, "Q", "/a", "/b"), lambda: explain(down, "Q", "/a"), lambda: status(down, "Q"),
+             lambda: Subscriber(down, "Q", record)]
+    for call in calls:
+        with pytest.raises(ConnectionLost):
+            call()
