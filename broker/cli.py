@@ -31,7 +31,7 @@ from broker import links, routing
 from broker.config import Settings, load_settings
 from broker.connection import connect, redact_url, wait_for_server
 from broker.errors import BrokerError, ConnectionLost, PublicationRefused, ServerError
-from broker.models import DEFAULT_PRIORITY, Message
+from broker.models import DEFAULT_PRIORITY, Message, PropertyValue
 from broker.publish import Publisher, PublishResult
 from broker.status import status as status_of
 from broker.subscriptions import Subscriber, read_subscriptions
@@ -126,7 +126,9 @@ def _print_problems(problems: Any) -> None:
     if not problems:
         return
     console = _console()
-    console.print(Text(f"{len(problems)} problem(s): the workers skip these records and go on", style="bold red"))
+    console.print(
+        Text(f"{len(problems)} problem(s): the workers skip these records and go on", style="bold red")
+    )
     for problem in problems:
         console.print(Text(f"  {problem}", style="red"))
 
@@ -143,15 +145,29 @@ def _table(*columns: str, title: str | None = None) -> Table:
     return table
 
 
-@click.group(cls=BrokerGroup,
-             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="BROKER_CONFIG",
-              help="Settings file, TOML (default: configs/broker.toml when it exists). Env: BROKER_CONFIG.")
-@click.option("--redis-url", envvar="BROKER_REDIS_URL", metavar="URL",
-              help="Redis server, redis://host:port/db (default: the embedded server on port 6380). "
-                   "Env: BROKER_REDIS_URL.")
-@click.option("--qm", envvar="BROKER_QM", metavar="NAME",
-              help="Queue manager; every key is under {NAME} (default QM1). Env: BROKER_QM.")
+@click.group(
+    cls=BrokerGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    envvar="BROKER_CONFIG",
+    help="Settings file, TOML (default: configs/broker.toml when it exists). Env: BROKER_CONFIG.",
+)
+@click.option(
+    "--redis-url",
+    envvar="BROKER_REDIS_URL",
+    metavar="URL",
+    help="Redis server, redis://host:port/db (default: the embedded server on port 6380). "
+    "Env: BROKER_REDIS_URL.",
+)
+@click.option(
+    "--qm",
+    envvar="BROKER_QM",
+    metavar="NAME",
+    help="Queue manager; every key is under {NAME} (default QM1). Env: BROKER_QM.",
+)
 @click.version_option(package_name="redis-pubsub-broker")
 @click.pass_context
 def main(ctx: click.Context, config_file: str | None, redis_url: str | None, qm: str | None) -> None:
@@ -169,10 +185,20 @@ def main(ctx: click.Context, config_file: str | None, redis_url: str | None, qm:
 
 
 @main.command("worker", short_help="Run the worker pool (fan-out) in the foreground.")
-@click.option("--concurrency", "-c", type=click.IntRange(1, 64), default=None,
-              help="Worker processes to run (default: the 'concurrency' setting).")
-@click.option("--wait-ms", type=click.IntRange(0), default=30_000, show_default=True,
-              help="How long to wait for the Redis server to come up, ms.")
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Worker processes to run (default: the 'concurrency' setting).",
+)
+@click.option(
+    "--wait-ms",
+    type=click.IntRange(0),
+    default=30_000,
+    show_default=True,
+    help="How long to wait for the Redis server to come up, ms.",
+)
 @click.pass_obj
 def worker_command(state: State, concurrency: int | None, wait_ms: int) -> None:
     """Run the worker pool in the foreground until SIGTERM or Ctrl-C.
@@ -190,16 +216,29 @@ def worker_command(state: State, concurrency: int | None, wait_ms: int) -> None:
         settings = settings.model_copy(update={"concurrency": concurrency})
     wait_for_server(settings.redis_url, wait_ms).close()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    click.echo(f"running {settings.concurrency} worker(s) for queue manager {settings.qm} "
-               f"on {redact_url(settings.redis_url)}; Ctrl-C stops them", err=True)
+    click.echo(
+        f"running {settings.concurrency} worker(s) for queue manager {settings.qm} "
+        f"on {redact_url(settings.redis_url)}; Ctrl-C stops them",
+        err=True,
+    )
     Pool(settings).run()
 
 
 @main.command("scheduler", short_help="Run the rq worker for the scheduled admin jobs.")
-@click.option("--interval-ms", type=click.IntRange(1_000), default=60_000, show_default=True,
-              help="How often each admin job runs, ms.")
-@click.option("--wait-ms", type=click.IntRange(0), default=30_000, show_default=True,
-              help="How long to wait for the Redis server to come up, ms.")
+@click.option(
+    "--interval-ms",
+    type=click.IntRange(1_000),
+    default=60_000,
+    show_default=True,
+    help="How often each admin job runs, ms.",
+)
+@click.option(
+    "--wait-ms",
+    type=click.IntRange(0),
+    default=30_000,
+    show_default=True,
+    help="How long to wait for the Redis server to come up, ms.",
+)
 @click.pass_obj
 def scheduler_command(state: State, interval_ms: int, wait_ms: int) -> None:
     """Schedule the admin jobs (trim acknowledged stream entries, usage snapshots)
@@ -208,16 +247,27 @@ def scheduler_command(state: State, interval_ms: int, wait_ms: int) -> None:
 
     settings = state.settings
     wait_for_server(settings.redis_url, wait_ms).close()
-    click.echo(f"admin jobs every {interval_ms} ms for queue manager {settings.qm} on {redact_url(settings.redis_url)}",
-               err=True)
+    click.echo(
+        f"admin jobs every {interval_ms} ms for queue manager {settings.qm} on {redact_url(settings.redis_url)}",
+        err=True,
+    )
     run_scheduler(settings.redis_url, settings.qm, interval_ms)
 
 
 @main.command("server", short_help="Run the embedded Valkey server in the foreground.")
-@click.option("--port", type=click.IntRange(1, 65535), default=None,
-              help="TCP port on 127.0.0.1 (default: the 'server_port' setting, 6380).")
-@click.option("--dir", "data_dir", type=click.Path(file_okay=False), default=None,
-              help="Data directory for the AOF/RDB files (default: the 'server_dir' setting, .broker).")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="TCP port on 127.0.0.1 (default: the 'server_port' setting, 6380).",
+)
+@click.option(
+    "--dir",
+    "data_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Data directory for the AOF/RDB files (default: the 'server_dir' setting, .broker).",
+)
 @click.pass_obj
 def server_command(state: State, port: int | None, data_dir: str | None) -> None:
     """Run the embedded Redis-protocol server (Valkey) in the foreground until SIGTERM or Ctrl-C.
@@ -231,8 +281,12 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
 
     settings = state.settings
     config_file = settings.server_config_file()
-    server = Server(port=port or settings.server_port, data_dir=data_dir or settings.server_dir,
-                    config_file=config_file, args=())
+    server = Server(
+        port=port or settings.server_port,
+        data_dir=data_dir or settings.server_dir,
+        config_file=config_file,
+        args=(),
+    )
 
     def _on_sigterm(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -257,8 +311,11 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
         _fail(f"the server exited with code {code}", 1)
 
 
-@main.command("cli", short_help="Run valkey-cli (shipped with the broker) against the configured server.",
-              context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(
+    "cli",
+    short_help="Run valkey-cli (shipped with the broker) against the configured server.",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
 def cli_command(state: State, args: tuple[str, ...]) -> None:
@@ -280,13 +337,22 @@ def cli_command(state: State, args: tuple[str, ...]) -> None:
 
 
 @main.command("demo", short_help="Run the end-to-end demo and check its results.")
-@click.option("--limit", type=click.IntRange(min=1), default=None,
-              help="Publish at most this many records (default: the whole data set).")
-@click.option("--concurrency", "-c", type=click.IntRange(1, 64), default=2, show_default=True,
-              help="Worker processes.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Publish at most this many records (default: the whole data set).",
+)
+@click.option(
+    "--concurrency", "-c", type=click.IntRange(1, 64), default=2, show_default=True, help="Worker processes."
+)
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
-@click.option("--yes", "replace", is_flag=True,
-              help="With a Redis URL: delete the keys the queue manager already has there (the demo needs it empty).")
+@click.option(
+    "--yes",
+    "replace",
+    is_flag=True,
+    help="With a Redis URL: delete the keys the queue manager already has there (the demo needs it empty).",
+)
 @click.pass_obj
 def demo_command(state: State, limit: int | None, concurrency: int, progress: bool, replace: bool) -> None:
     """Replay the nycflights13 data set through a worker pool and verify every subscriber queue.
@@ -300,9 +366,15 @@ def demo_command(state: State, limit: int | None, concurrency: int, progress: bo
     """
     from broker.demo import run_demo
 
-    report = run_demo(state.settings, limit=limit, concurrency=concurrency,
-                      embedded=not state.redis_url_given, progress=progress,
-                      console=Console(stderr=True), replace=replace)
+    report = run_demo(
+        state.settings,
+        limit=limit,
+        concurrency=concurrency,
+        embedded=not state.redis_url_given,
+        progress=progress,
+        console=Console(stderr=True),
+        replace=replace,
+    )
     click.echo(report.line())
     if not report.ok:
         raise click.exceptions.Exit(1)
@@ -311,8 +383,10 @@ def demo_command(state: State, limit: int | None, concurrency: int, progress: bo
 # --- publishing and subscribing ----------------------------------------------------------------
 
 
-def _parse_properties(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
-    properties: dict[str, str] = {}
+def _parse_properties(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, PropertyValue]:
+    properties: dict[str, PropertyValue] = {}
     for item in values:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -337,28 +411,76 @@ def _describe_result(result: PublishResult) -> str:
 @main.command("publish", short_help="Publish one message on a topic.")
 @click.argument("topic")
 @click.argument("body", required=False)
-@click.option("--body-file", type=click.File("rb"), default=None,
-              help="Read the body from this file, bytes as they are ('-' for stdin).")
-@click.option("--publisher", "publisher_id", default="cli", show_default=True,
-              help="Publisher id; order is kept per publisher id.")
-@click.option("--property", "-p", "properties", multiple=True, metavar="KEY=VALUE",
-              callback=_parse_properties, help="A user property (string value); repeatable.")
-@click.option("--msgid", default=None,
-              help="Message id; re-publishing the same id is delivered once (default: a new UUID).")
-@click.option("--wait/--no-wait", default=True, show_default=True,
-              help="Wait for a worker's result (delivered to how many subscriptions, or refused and why).")
-@click.option("--timeout-ms", type=click.IntRange(min=1), default=10_000, show_default=True,
-              help="How long --wait waits for the result, ms.")
-@click.option("--priority", type=click.IntRange(0, 9), default=DEFAULT_PRIORITY, show_default=True,
-              help="Priority 0 (lowest) to 9; carried to subscribers.")
+@click.option(
+    "--body-file",
+    type=click.File("rb"),
+    default=None,
+    help="Read the body from this file, bytes as they are ('-' for stdin).",
+)
+@click.option(
+    "--publisher",
+    "publisher_id",
+    default="cli",
+    show_default=True,
+    help="Publisher id; order is kept per publisher id.",
+)
+@click.option(
+    "--property",
+    "-p",
+    "properties",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=_parse_properties,
+    help="A user property (string value); repeatable.",
+)
+@click.option(
+    "--msgid",
+    default=None,
+    help="Message id; re-publishing the same id is delivered once (default: a new UUID).",
+)
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="Wait for a worker's result (delivered to how many subscriptions, or refused and why).",
+)
+@click.option(
+    "--timeout-ms",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="How long --wait waits for the result, ms.",
+)
+@click.option(
+    "--priority",
+    type=click.IntRange(0, 9),
+    default=DEFAULT_PRIORITY,
+    show_default=True,
+    help="Priority 0 (lowest) to 9; carried to subscribers.",
+)
 @click.option("--non-persistent", is_flag=True, help="Mark the message NON_PERSISTENT.")
-@click.option("--validate/--no-validate", default=True, show_default=True,
-              help="Check the topic here; with --no-validate the broker checks it and refuses "
-                   "(and dead-letters) an invalid one.")
+@click.option(
+    "--validate/--no-validate",
+    default=True,
+    show_default=True,
+    help="Check the topic here; with --no-validate the broker checks it and refuses "
+    "(and dead-letters) an invalid one.",
+)
 @click.pass_obj
-def publish_command(state: State, topic: str, body: str | None, body_file: Any, publisher_id: str,
-                    properties: dict[str, str], msgid: str | None, wait: bool, timeout_ms: int,
-                    priority: int, non_persistent: bool, validate: bool) -> None:
+def publish_command(
+    state: State,
+    topic: str,
+    body: str | None,
+    body_file: Any,
+    publisher_id: str,
+    properties: dict[str, PropertyValue],
+    msgid: str | None,
+    wait: bool,
+    timeout_ms: int,
+    priority: int,
+    non_persistent: bool,
+    validate: bool,
+) -> None:
     """Publish one message with BODY (text) on TOPIC and print where it went.
 
     Exits 3 when the broker refuses the publication (the reason and a corrected
@@ -368,9 +490,16 @@ def publish_command(state: State, topic: str, body: str | None, body_file: Any, 
         raise click.UsageError("give BODY or --body-file, not both")
     payload: bytes = body_file.read() if body_file is not None else (body or "").encode()
     publisher = Publisher(state.client(), state.settings.qm, publisher_id, validate=validate)
-    result = publisher.publish(topic, payload, properties=properties or None, msgid=msgid,
-                               persistent=not non_persistent, priority=priority, wait=wait,
-                               timeout_ms=timeout_ms)
+    result = publisher.publish(
+        topic,
+        payload,
+        properties=properties or None,
+        msgid=msgid,
+        persistent=not non_persistent,
+        priority=priority,
+        wait=wait,
+        timeout_ms=timeout_ms,
+    )
     if not result.ok:
         raise PublicationRefused(result.reason or "no reason given", result.suggestion)
     click.echo(_describe_result(result))
@@ -391,16 +520,35 @@ def _format_message(message: Message) -> str:
 @main.command("subscribe", short_help="Subscribe to a topic filter and print messages.")
 @click.argument("topic_filter", metavar="FILTER")
 @click.option("--client-id", required=True, help="Subscriber client id (A-Z a-z 0-9 _ . -).")
-@click.option("--durable", "durable_name", metavar="NAME", default=None,
-              help="Make (or re-attach to) the durable subscription NAME; it keeps collecting "
-                   "after this command exits. Default: non-durable, removed on exit.")
-@click.option("--count", type=click.IntRange(min=1), default=None,
-              help="Stop after this many messages (default: run until Ctrl-C).")
-@click.option("--timeout-ms", type=click.IntRange(min=1), default=None,
-              help="Stop when no message arrives within this long, ms (default: wait forever).")
+@click.option(
+    "--durable",
+    "durable_name",
+    metavar="NAME",
+    default=None,
+    help="Make (or re-attach to) the durable subscription NAME; it keeps collecting "
+    "after this command exits. Default: non-durable, removed on exit.",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop after this many messages (default: run until Ctrl-C).",
+)
+@click.option(
+    "--timeout-ms",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop when no message arrives within this long, ms (default: wait forever).",
+)
 @click.pass_obj
-def subscribe_command(state: State, topic_filter: str, client_id: str, durable_name: str | None,
-                      count: int | None, timeout_ms: int | None) -> None:
+def subscribe_command(
+    state: State,
+    topic_filter: str,
+    client_id: str,
+    durable_name: str | None,
+    count: int | None,
+    timeout_ms: int | None,
+) -> None:
     """Subscribe to FILTER ('+' one level, '#' the rest) and print each message as it arrives.
 
     Each line is: topic, publisher, sequence number, body (text, or a Python
@@ -461,8 +609,11 @@ def subscriptions_command(state: State) -> None:
 @main.command("link", short_help="Link a source topic to a target topic.")
 @click.argument("source")
 @click.argument("target")
-@click.option("--backward", is_flag=True,
-              help="Allow the link even if it closes a cycle; the loop is cut at publish time.")
+@click.option(
+    "--backward",
+    is_flag=True,
+    help="Allow the link even if it closes a cycle; the loop is cut at publish time.",
+)
 @click.pass_obj
 def link_command(state: State, source: str, target: str, backward: bool) -> None:
     """Link topic SOURCE to topic TARGET: publications on SOURCE also reach TARGET's subscribers.
@@ -477,8 +628,12 @@ def link_command(state: State, source: str, target: str, backward: bool) -> None
 @main.command("unlink")
 @click.argument("source")
 @click.argument("target", required=False)
-@click.option("--all", "remove_all", is_flag=True,
-              help="Remove every link from SOURCE: its whole record, even one that cannot be read.")
+@click.option(
+    "--all",
+    "remove_all",
+    is_flag=True,
+    help="Remove every link from SOURCE: its whole record, even one that cannot be read.",
+)
 @click.pass_obj
 def unlink_command(state: State, source: str, target: str | None, remove_all: bool) -> None:
     """Remove the link from topic SOURCE to topic TARGET (or, with --all, every link from SOURCE)."""
@@ -562,29 +717,46 @@ def status_command(state: State, as_json: bool) -> None:
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column(justify="right")
-    rows = (("publish stream length", "stream_length"), ("pending (read, not committed)", "pending"),
-            ("lag (not yet read)", "lag"), ("dead-lettered", "dead_lettered"),
-            ("active publishers", "active_publishers"), ("links", "links"), ("index version", "version"))
+    rows = (
+        ("publish stream length", "stream_length"),
+        ("pending (read, not committed)", "pending"),
+        ("lag (not yet read)", "lag"),
+        ("dead-lettered", "dead_lettered"),
+        ("active publishers", "active_publishers"),
+        ("links", "links"),
+        ("index version", "version"),
+    )
     for label, name in rows:
         style = "bold red" if name == "dead_lettered" and snapshot[name] else ""
         summary.add_row(label, Text(str(snapshot[name]), style=style))
     settings = state.settings
-    console.print(Text.assemble("queue manager ", (settings.qm, "bold"), f" on {redact_url(settings.redis_url)}"))
+    console.print(
+        Text.assemble("queue manager ", (settings.qm, "bold"), f" on {redact_url(settings.redis_url)}")
+    )
     console.print(summary)
     if snapshot["subscriptions"]:
         subs = _table("subscription", "filter", "durable", "depth", "in flight")
         for sub in snapshot["subscriptions"]:
-            subs.add_row(sub["id"], sub["filter"], "yes" if sub["durable"] else "no",
-                         "?" if sub["depth"] is None else str(sub["depth"]),
-                         "?" if sub["inflight"] is None else str(sub["inflight"]))
+            subs.add_row(
+                sub["id"],
+                sub["filter"],
+                "yes" if sub["durable"] else "no",
+                "?" if sub["depth"] is None else str(sub["depth"]),
+                "?" if sub["inflight"] is None else str(sub["inflight"]),
+            )
         console.print(subs)
     else:
         console.print("no subscriptions")
     if snapshot["workers"]:
         workers = _table("worker", "pid", "processed", "heartbeat age (ms)", "state")
         for beat in snapshot["workers"]:
-            workers.add_row(beat["name"], str(beat["pid"]), str(beat["processed"]),
-                            str(beat["heartbeat_age_ms"]), beat["state"])
+            workers.add_row(
+                beat["name"],
+                str(beat["pid"]),
+                str(beat["processed"]),
+                str(beat["heartbeat_age_ms"]),
+                beat["state"],
+            )
         console.print(workers)
     else:
         console.print("no workers")

@@ -165,9 +165,7 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         where = f"config file {str(path)!r} / BROKER_* environment" if path else "BROKER_* environment"
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise ConfigError(f"invalid settings ({where}): {problems}") from exc
     finally:
         _file_values.reset(token)

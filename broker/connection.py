@@ -43,6 +43,15 @@ def translate_errors(func: Callable[_P, _R]) -> Callable[_P, _R]:
     return wrapper
 
 
+def as_bytes(reply: bytes | str) -> bytes:
+    """A reply of a client made by ``connect`` (``decode_responses=False``) as bytes.
+
+    redis-py types replies as ``bytes | str`` because a client may decode them;
+    the broker's never do, so this only narrows the type (and encodes a str).
+    """
+    return reply if isinstance(reply, bytes) else reply.encode("utf-8", "surrogateescape")
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password replaced by ``***``, for logs, banners and error messages.
 
@@ -77,8 +86,12 @@ def connect(url: str, check: bool = False) -> redis.Redis:
         ConnectionLost: ``check`` and the server cannot be reached.
         ServerError: ``check`` and the server is older than Redis 7.0.
     """
-    client = redis.Redis.from_url(url, encoding_errors="surrogateescape", health_check_interval=30,
-                                   socket_connect_timeout=CONNECT_TIMEOUT_MS / 1000)
+    client = redis.Redis.from_url(
+        url,
+        encoding_errors="surrogateescape",
+        health_check_interval=30,
+        socket_connect_timeout=CONNECT_TIMEOUT_MS / 1000,
+    )
     if check:
         try:
             info = client.info("server")
@@ -86,7 +99,9 @@ def connect(url: str, check: bool = False) -> redis.Redis:
             raise ConnectionLost(f"cannot reach Redis at {redact_url(url)}: {exc}") from exc
         version = tuple(int(x) for x in str(info["redis_version"]).split(".")[:2])
         if version < MIN_SERVER_VERSION:
-            raise ServerError(f"Redis {info['redis_version']} at {redact_url(url)} is too old; the broker needs >= 7.0")
+            raise ServerError(
+                f"Redis {info['redis_version']} at {redact_url(url)} is too old; the broker needs >= 7.0"
+            )
     return client
 
 

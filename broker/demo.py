@@ -55,7 +55,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from broker import keys
 from broker.config import Settings
-from broker.connection import connect, redact_url
+from broker.connection import as_bytes, connect, redact_url
 from broker.errors import DemoError
 from broker.links import link
 from broker.maintenance import reset
@@ -71,14 +71,14 @@ from worker.pool import Pool
 #: The demo's subscriptions: ``(filter, client id, durable name or None)``.
 #: Durable ids are ``<client id>$<name>``; non-durable ones get a generated name.
 SUBSCRIPTIONS: tuple[tuple[str, str, str | None], ...] = (
-    ("#", "audit", "all"),                         # every publication, once (dedup across 4 linked topics)
+    ("#", "audit", "all"),  # every publication, once (dedup across 4 linked topics)
     ("/FLIGHTS/JFK/B6/BOS", "jetblue", "jfk-bos"),  # exact
-    ("/FLIGHTS/+/UA/#", "united", "flights"),       # + and #
-    ("/FLIGHTS/LGA/#", "lga", "departures"),        # #
-    ("/WEATHER/+", "weather", "all"),               # +
-    ("/ALERTS/#", "ops", "alerts"),                 # reached only through links, two paths
-    ("/ALERTS/NYC", "nyc", None),                   # non-durable, end of a transitive chain
-    ("/AIRPORT/+", "airports", None),               # non-durable, middle of the chain
+    ("/FLIGHTS/+/UA/#", "united", "flights"),  # + and #
+    ("/FLIGHTS/LGA/#", "lga", "departures"),  # #
+    ("/WEATHER/+", "weather", "all"),  # +
+    ("/ALERTS/#", "ops", "alerts"),  # reached only through links, two paths
+    ("/ALERTS/NYC", "nyc", None),  # non-durable, end of a transitive chain
+    ("/AIRPORT/+", "airports", None),  # non-durable, middle of the chain
 )
 
 #: The durable subscription that only links feed, over two paths (``/ALERTS/NYC`` and ``/ALERTS/JFK``).
@@ -361,21 +361,27 @@ def verify(
         last_seq: dict[str, int | None] = {}
         for msgid, publisher, seq in received.get(sub_id, ()):
             got += 1
-            i = index.get(msgid)
-            if i is None or k not in expected_of[i]:
+            pos = index.get(msgid)
+            if pos is None or k not in expected_of[pos]:
                 unexpected += 1
                 duplicated += 1
-            elif seen[i]:
+            elif seen[pos]:
                 duplicated += 1
             else:
-                seen[i] = 1
+                seen[pos] = 1
             previous = last_seq.get(publisher, 0)
             if seq is None or previous is None or seq <= previous:
                 out_of_order += 1
             last_seq[publisher] = seq
         copies.append(seen)
-        result[sub_id] = {"expected": 0, "received": got, "lost": 0, "duplicated": duplicated,
-                          "out_of_order": out_of_order, "unexpected": unexpected}
+        result[sub_id] = {
+            "expected": 0,
+            "received": got,
+            "lost": 0,
+            "duplicated": duplicated,
+            "out_of_order": out_of_order,
+            "unexpected": unexpected,
+        }
     counts = [result[s] for s in sub_ids]
     for i, recipients in enumerate(expected_of):
         for k in recipients:
@@ -410,7 +416,7 @@ def read_queue(client: redis.Redis, qm: str, sub_id: str, chunk: int = READ_CHUN
             break
         done += len(raw)
         for envelope in reversed(raw):
-            header, _ = decode_envelope(envelope)
+            header, _ = decode_envelope(as_bytes(envelope))
             yield header["msgid"], header["publisher"], header.get("seq")
 
 
@@ -474,7 +480,7 @@ def _replay(
 
     for begin in range(0, total, CHUNK):
         groups: dict[str, list[tuple[str, Row]]] = {}
-        for row in rows[begin:begin + CHUNK]:
+        for row in rows[begin : begin + CHUNK]:
             groups.setdefault(row.publisher, []).append((row.topic, row))
         for publisher_id, items in groups.items():
             publisher = publishers.get(publisher_id)
@@ -560,14 +566,19 @@ def run_demo(
                     raise DemoError(
                         f"queue manager {qm} on {redact_url(run_settings.redis_url)} has {existing} keys, and "
                         "the demo deletes them first; pass --yes to delete them, or --qm NAME for another "
-                        "queue manager")
+                        "queue manager"
+                    )
             reset(client, qm)
             ensure_group(client, qm)
             subs, transient = _setup(client, qm)
             pool = Pool(run_settings)
             bars = Progress(
-                TextColumn("{task.description:<13}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=console, disable=not progress,
+                TextColumn("{task.description:<13}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                disable=not progress,
             )
             with bars:
                 published_task = bars.add_task("published", total=len(rows))
@@ -593,8 +604,10 @@ def run_demo(
     finally:
         if server is not None:
             server.stop()
-    totals = {name: sum(c[name] for c in per_subscription.values())
-              for name in ("received", "lost", "duplicated", "out_of_order")}
+    totals = {
+        name: sum(c[name] for c in per_subscription.values())
+        for name in ("received", "lost", "duplicated", "out_of_order")
+    }
     return DemoReport(
         publications=len(publications),
         deliveries=totals["received"],

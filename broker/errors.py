@@ -162,7 +162,7 @@ class PublicationRefused(BrokerError):
     def __init__(self, reason: str, suggestion: str | None = None) -> None:
         self.reason = reason
         self.suggestion = suggestion
-        text = f"publication refused: {reason if len(reason) <= 4 * ECHO_CHARS else reason[:4 * ECHO_CHARS] + '...'}"
+        text = f"publication refused: {reason if len(reason) <= 4 * ECHO_CHARS else reason[: 4 * ECHO_CHARS] + '...'}"
         if suggestion is not None:
             text += f" (did you mean {shown(suggestion)}?)"
         super().__init__(text)

@@ -69,8 +69,15 @@ def periodic(redis_url: str, qm: str, job: str, interval_ms: int) -> None:
         functions[job](redis_url, qm)
     finally:
         queue = Queue(ADMIN_QUEUE, connection=connect(redis_url))
-        queue.enqueue_in(timedelta(milliseconds=interval_ms), periodic, redis_url, qm, job, interval_ms,
-                         description=_description(redis_url, qm, job))
+        queue.enqueue_in(
+            timedelta(milliseconds=interval_ms),
+            periodic,
+            redis_url,
+            qm,
+            job,
+            interval_ms,
+            description=_description(redis_url, qm, job),
+        )
 
 
 def schedule(redis_url: str, qm: str, interval_ms: int = 60_000) -> list[str]:
@@ -80,8 +87,12 @@ def schedule(redis_url: str, qm: str, interval_ms: int = 60_000) -> list[str]:
         The rq job ids.
     """
     queue = Queue(ADMIN_QUEUE, connection=connect(redis_url))
-    return [queue.enqueue(periodic, redis_url, qm, job, interval_ms, description=_description(redis_url, qm, job)).id
-            for job in ("trim_stream", "usage_snapshot")]
+    return [
+        queue.enqueue(
+            periodic, redis_url, qm, job, interval_ms, description=_description(redis_url, qm, job)
+        ).id
+        for job in ("trim_stream", "usage_snapshot")
+    ]
 
 
 def run_scheduler(redis_url: str, qm: str, interval_ms: int = 60_000) -> None:

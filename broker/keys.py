@@ -1,4 +1,4 @@
-'''Every Redis key the broker uses, and the wire protocol around them.
+"""Every Redis key the broker uses, and the wire protocol around them.
 
 This docstring is the protocol document. A service in any language can publish
 with one ``XADD`` and consume with ``BLMOVE``/``LMOVE`` by following it.
@@ -147,7 +147,7 @@ timeout), process, then ``LREM {qm}:sub:<id>:inflight 1 <envelope>``. At start a
 subscriber moves whatever is left in ``:inflight`` back with
 ``LMOVE ... :inflight {qm}:sub:<id> LEFT RIGHT`` until it is empty, so the
 oldest unacknowledged message is redelivered first.
-'''
+"""
 
 from __future__ import annotations
 

@@ -66,7 +66,9 @@ def parse_links(qm: str, raw: dict[Any, Any]) -> tuple[LinkGraph, list[CorruptRe
             continue
         for target, backward in targets.items():
             if not isinstance(backward, bool):
-                problems.append(CorruptRecord(key, source, f"link to {target!r}: backward must be true or false"))
+                problems.append(
+                    CorruptRecord(key, source, f"link to {target!r}: backward must be true or false")
+                )
                 continue
             pairs.append((source, target, backward))
     # Forward links were cycle-checked against a superset when made, so they form
@@ -97,8 +99,9 @@ def read_links(client: redis.Redis, qm: str) -> tuple[LinkGraph, list[CorruptRec
     return parse_links(qm, raw)
 
 
-def _change_links(client: redis.Redis, qm: str, source: str, target: str | None, add: bool,
-                  backward: bool) -> None:
+def _change_links(
+    client: redis.Redis, qm: str, source: str, target: str | None, add: bool, backward: bool
+) -> None:
     for topic in (source, target):
         if topic is None:
             continue

@@ -176,7 +176,9 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
     expiration = _int(fields, b"expiration", 0)
     assert expiration is not None
     if expiration < 0:
-        raise InvalidMessage(f"field 'expiration' must be >= 0 (ms since the epoch, 0 = never), not {expiration}")
+        raise InvalidMessage(
+            f"field 'expiration' must be >= 0 (ms since the epoch, 0 = never), not {expiration}"
+        )
     seq = _int(fields, b"seq", None)
     if seq is not None and seq < 0:
         raise InvalidMessage(f"field 'seq' must be >= 0, not {seq}")

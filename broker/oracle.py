@@ -47,7 +47,9 @@ def link_closure(topic: str, targets: Mapping[str, Iterable[str]]) -> list[str]:
     return order
 
 
-def recipients(topic: str, filters: Mapping[str, str], targets: Mapping[str, Iterable[str]]) -> frozenset[str]:
+def recipients(
+    topic: str, filters: Mapping[str, str], targets: Mapping[str, Iterable[str]]
+) -> frozenset[str]:
     """The subscription ids (keys of ``filters``) a publication on ``topic`` must reach, each once.
 
     Args:

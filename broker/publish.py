@@ -22,6 +22,7 @@ from typing import Any
 import redis
 
 from broker import keys
+from broker.connection import as_bytes
 from broker.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError
 from broker.models import DEFAULT_PRIORITY, PropertyValue, publication_fields
 from broker.topics import validate_topic
@@ -83,8 +84,9 @@ class Publisher:
         #: Default message ids are "<random 128-bit hex>-<seq>": unique, and the same on a retry.
         self._msgid_prefix = uuid.uuid4().hex
 
-    def _fields(self, topic: str, body: bytes | str, msgid: str | None, reply: bool,
-                options: dict[str, Any]) -> tuple[dict[str, Any], str, int]:
+    def _fields(
+        self, topic: str, body: bytes | str, msgid: str | None, reply: bool, options: dict[str, Any]
+    ) -> tuple[dict[Any, Any], str, int]:
         if self.validate and topic not in self._valid_topics:
             validate_topic(topic)
             if len(self._valid_topics) >= 10_000:
@@ -95,7 +97,9 @@ class Publisher:
         seq = self.next_seq
         self.next_seq += 1
         msgid = msgid or f"{self._msgid_prefix}-{seq}"
-        fields = publication_fields(self.publisher_id, topic, body, msgid=msgid, seq=seq, reply=reply, **options)
+        fields = publication_fields(
+            self.publisher_id, topic, body, msgid=msgid, seq=seq, reply=reply, **options
+        )
         return fields, msgid, seq
 
     def publish(
@@ -141,24 +145,33 @@ class Publisher:
             ConnectionLost: the server cannot be reached.
             ServerError: the server refused the write (e.g. out of memory).
         """
-        options = dict(properties=properties, persistent=persistent, priority=priority,
-                       expiration_ms=expiration_ms, correlation_id=correlation_id,
-                       reply_to=reply_to, timestamp_ms=timestamp_ms)
+        options = dict(
+            properties=properties,
+            persistent=persistent,
+            priority=priority,
+            expiration_ms=expiration_ms,
+            correlation_id=correlation_id,
+            reply_to=reply_to,
+            timestamp_ms=timestamp_ms,
+        )
         fields, msgid, seq = self._fields(topic, body, msgid, wait, options)
         try:
-            entry_id = self.client.xadd(self._stream, fields).decode()
+            entry_id = as_bytes(self.client.xadd(self._stream, fields)).decode()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Unknown outcome: a retry with the same msgid must carry the same seq.
             self.next_seq = seq
-            raise ConnectionLost(f"publish of message {msgid} failed, outcome unknown "
-                                 f"(retry with msgid={msgid!r}): {exc}") from exc
+            raise ConnectionLost(
+                f"publish of message {msgid} failed, outcome unknown (retry with msgid={msgid!r}): {exc}"
+            ) from exc
         except redis.ResponseError as exc:
             self.next_seq = seq
             raise ServerError(f"publish refused by the server: {exc}") from exc
         if not wait:
             return PublishResult("sent", entry_id, msgid, seq)
         try:
-            got = self.client.blpop([keys.reply(self.qm, self.publisher_id, msgid)], timeout=timeout_ms / 1000)
+            got = self.client.blpop(
+                [keys.reply(self.qm, self.publisher_id, msgid)], timeout=timeout_ms / 1000
+            )
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ConnectionLost(f"waiting for the result of message {msgid} failed: {exc}") from exc
         except redis.ResponseError as exc:
@@ -167,13 +180,18 @@ class Publisher:
             raise ReplyTimeout(f"no result for message {msgid} within {timeout_ms} ms (is a worker running?)")
         data = json.loads(got[1])
         return PublishResult(
-            status=data["status"], entry_id=data.get("entry_id", entry_id), msgid=msgid, seq=seq,
-            subscriptions=int(data.get("subscriptions", 0)), reason=data.get("reason"),
+            status=data["status"],
+            entry_id=data.get("entry_id", entry_id),
+            msgid=msgid,
+            seq=seq,
+            subscriptions=int(data.get("subscriptions", 0)),
+            reason=data.get("reason"),
             suggestion=data.get("suggestion"),
         )
 
-    def publish_many(self, items: Iterable[tuple[str, bytes | str]], batch: int = 500,
-                     **options: Any) -> list[PublishResult]:
+    def publish_many(
+        self, items: Iterable[tuple[str, bytes | str]], batch: int = 500, **options: Any
+    ) -> list[PublishResult]:
         """Publish many messages, pipelining ``batch`` XADDs per round trip, in order.
 
         Args:
@@ -198,7 +216,9 @@ class Publisher:
                 raise ConnectionLost(f"publish failed: {exc}") from exc
             except redis.ResponseError as exc:
                 raise ServerError(f"publish refused by the server: {exc}") from exc
-            results.extend(PublishResult("sent", eid.decode(), m, s) for eid, (m, s) in zip(ids, pending, strict=True))
+            results.extend(
+                PublishResult("sent", eid.decode(), m, s) for eid, (m, s) in zip(ids, pending, strict=True)
+            )
             pending.clear()
 
         for topic, body in items:

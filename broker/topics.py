@@ -102,8 +102,7 @@ def _common_problem(text: str) -> str | None:
         return "it must not contain the null character U+0000"
     control = _CONTROL.search(text)
     if control is not None:
-        return (f"it must not contain the control character U+{ord(control.group()):04X} "
-                "(MQTT 5 §1.5.4)")
+        return f"it must not contain the control character U+{ord(control.group()):04X} (MQTT 5 §1.5.4)"
     size = _encoded_length(text)
     if size is None:
         return "it is not valid UTF-8 (it contains a lone surrogate)"
@@ -291,7 +290,9 @@ def suggest_topic(topic: str) -> str | None:
     """
     if _topic_problem(topic) is None:
         return topic
-    cleaned = _CONTROL.sub("", "".join(char for char in topic if char != "\x00" and not "\ud800" <= char <= "\udfff"))
+    cleaned = _CONTROL.sub(
+        "", "".join(char for char in topic if char != "\x00" and not "\ud800" <= char <= "\udfff")
+    )
     levels: list[str] = []
     for level in cleaned.split(LEVEL_SEPARATOR):
         stripped = "".join(char for char in level if char not in _WILDCARDS)

@@ -142,9 +142,20 @@ class CommitBatch:
         """Encode one unit of work (``UNIT_FIELDS`` order) at the end of the batch."""
         payload: bytes | str = unit.envelope if unit.action is Action.DELIVER else unit.reason
         recipients = self._recipients(unit.queues) if unit.queues else 0
-        self.args += (_b(unit.publisher), unit.entry_id, unit.action.value, payload, unit.msgid,
-                      unit.dedup_window_ms, unit.reply_ttl_ms, recipients, unit.suggestion,
-                      "" if unit.seq is None else str(unit.seq), unit.topic, unit.enqueued_ms)
+        self.args += (
+            _b(unit.publisher),
+            unit.entry_id,
+            unit.action.value,
+            payload,
+            unit.msgid,
+            unit.dedup_window_ms,
+            unit.reply_ttl_ms,
+            recipients,
+            unit.suggestion,
+            "" if unit.seq is None else str(unit.seq),
+            unit.topic,
+            unit.enqueued_ms,
+        )
         self.units.append(unit)
 
 
@@ -158,5 +169,7 @@ def decode_outcomes(batch: CommitBatch, reply: list[int]) -> list[tuple[UnitOfWo
     Returns:
         ``[(unit, outcome, subscriptions, turn_given_up)]`` in batch order.
     """
-    return [(unit, OUTCOMES[reply[3 * i]], int(reply[3 * i + 1]), bool(reply[3 * i + 2]))
-            for i, unit in enumerate(batch.units)]
+    return [
+        (unit, OUTCOMES[reply[3 * i]], int(reply[3 * i + 1]), bool(reply[3 * i + 2]))
+        for i, unit in enumerate(batch.units)
+    ]

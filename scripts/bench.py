@@ -128,31 +128,46 @@ TARGETS = {
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small sizes: the whole run takes under a minute")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes: the whole run takes under a minute"
+    )
     parser.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
-    parser.add_argument("--n", type=int, help="publications per broker run and ceiling (default 100k, quick 20k)")
+    parser.add_argument(
+        "--n", type=int, help="publications per broker run and ceiling (default 100k, quick 20k)"
+    )
     parser.add_argument("--kombu-n", type=int, help="kombu publications (default 3,000, quick 1,000)")
     parser.add_argument("--rate", type=float, default=2000.0, help="paced publications/s for latency (2,000)")
     parser.add_argument("--latency-s", type=float, help="latency run length, s (default 10, quick 3)")
-    parser.add_argument("--match-sizes", help="comma-separated index sizes (default 1000,100000,1000000; "
-                                              "quick 1000,100000)")
-    parser.add_argument("--repeat", type=int, help="runs of measurements 1-3, medians reported (default 3, quick 1)")
+    parser.add_argument(
+        "--match-sizes", help="comma-separated index sizes (default 1000,100000,1000000; quick 1000,100000)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, help="runs of measurements 1-3, medians reported (default 3, quick 1)"
+    )
     parser.add_argument("--interleave", type=int, default=20, help="publications per publish_many call (20)")
-    parser.add_argument("--idle-wait", type=float,
-                        help="before each measurement wait up to this many s for foreign CPU < 12%% of a core "
-                             "(default 5, quick 0)")
+    parser.add_argument(
+        "--idle-wait",
+        type=float,
+        help="before each measurement wait up to this many s for foreign CPU < 12%% of a core "
+        "(default 5, quick 0)",
+    )
     parser.add_argument("--only", help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match")
-    parser.add_argument("--profile", metavar="DIR",
-                        help="also run 2 workers once more under py-spy (raw stacks in DIR, summary printed)")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="also run 2 workers once more under py-spy (raw stacks in DIR, summary printed)",
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     args.n = args.n or (20_000 if quick else 100_000)
     args.kombu_n = args.kombu_n or (1_000 if quick else 3_000)
     args.latency_s = args.latency_s or (3.0 if quick else 10.0)
-    args.match_sizes = [int(x) for x in (args.match_sizes or ("1000,100000" if quick else
-                                                               "1000,100000,1000000")).split(",")]
+    args.match_sizes = [
+        int(x) for x in (args.match_sizes or ("1000,100000" if quick else "1000,100000,1000000")).split(",")
+    ]
     args.repeat = args.repeat or (1 if quick else 3)
     args.idle_wait = args.idle_wait if args.idle_wait is not None else (0.0 if quick else 5.0)
     sections = {"ceiling", "broker", "hot", "latency", "kombu", "match"}
@@ -192,8 +207,9 @@ class Bench:
     def __init__(self, args: argparse.Namespace, console: Console) -> None:
         self.args = args
         self.console = console
-        self.figures: dict[str, Any] = {"args": {k: (sorted(v) if isinstance(v, set) else v)
-                                                 for k, v in vars(args).items()}}
+        self.figures: dict[str, Any] = {
+            "args": {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items()}
+        }
         self.errors: dict[str, str] = {}
         self.server: Server | None = None
 
@@ -206,8 +222,10 @@ class Bench:
         assert self.server is not None and self.server.process is not None
         got = lib.wait_idle([self.server.process.pid, os.getpid()], self.args.idle_wait)
         if not got["idle"]:
-            self.log(f"[yellow]box not idle before {what}: foreign load {got['foreign_pct']:.0f}% of a core "
-                     f"after {got['waited_s']:.0f} s; measuring anyway[/yellow]")
+            self.log(
+                f"[yellow]box not idle before {what}: foreign load {got['foreign_pct']:.0f}% of a core "
+                f"after {got['waited_s']:.0f} s; measuring anyway[/yellow]"
+            )
         return got
 
     def attempt(self, name: str, fn: Any, *a: Any, **kw: Any) -> Any:
@@ -224,35 +242,54 @@ class Bench:
         client = connect(self.server.url)
         info = client.info("server")
         self.figures["environment"] = {
-            "server": (f"valkey {info['valkey_version']}" if "valkey_version" in info
-                       else f"redis {info['redis_version']}"), "binary": self.server.binary,
-            "python": platform.python_version(), "cpus": os.cpu_count(), "host": platform.node(),
+            "server": (
+                f"valkey {info['valkey_version']}"
+                if "valkey_version" in info
+                else f"redis {info['redis_version']}"
+            ),
+            "binary": self.server.binary,
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "host": platform.node(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         self.figures["code"] = lib.code_state(Path(__file__).resolve().parent.parent)
-        self.log(f"server {self.figures['environment']['server']} on {self.server.url} (pid {info['process_id']}); "
-                 f"code {self.figures['code']['describe']}")
+        self.log(
+            f"server {self.figures['environment']['server']} on {self.server.url} (pid {info['process_id']}); "
+            f"code {self.figures['code']['describe']}"
+        )
         settings = Settings(redis_url=self.server.url, qm=QM)
-        self.figures["settings"] = settings.model_dump(include={"batch_size", "heads", "lease_ms", "block_ms",
-                                                                 "journal", "dedup_window_ms"})
+        self.figures["settings"] = settings.model_dump(
+            include={"batch_size", "heads", "lease_ms", "block_ms", "journal", "dedup_window_ms"}
+        )
         need_topology = args.only & {"ceiling", "broker", "hot", "latency"}
         topo = None
         if need_topology:
             self.log("subscriptions and links (admin API) ...")
             topo = lib.Topology.build(client, QM)
             self.figures["topology"] = {
-                "topics": len(lib.TOPICS), "subscriptions": len(topo.sub_ids), "links": len(lib.link_plan()),
-                "setup_s": round(topo.setup_s, 2), "explain_checked": topo.checked,
+                "topics": len(lib.TOPICS),
+                "subscriptions": len(topo.sub_ids),
+                "links": len(lib.link_plan()),
+                "setup_s": round(topo.setup_s, 2),
+                "explain_checked": topo.checked,
                 "example_route": topo.via.get("example"),
             }
             routes = topo.routes(client)
-        runs: dict[str, list[dict[str, Any]]] = {"ceiling": [], "broker_1w": [], "broker_2w": [], "hot_2w": []}
+        runs: dict[str, list[dict[str, Any]]] = {
+            "ceiling": [],
+            "broker_1w": [],
+            "broker_2w": [],
+            "hot_2w": [],
+        }
         for rep in range(args.repeat):
             tag = f" (repeat {rep + 1}/{args.repeat})" if args.repeat > 1 else ""
             if "ceiling" in args.only:
                 self.idle("ceiling")
                 self.log(f"1. ceiling: hand-packed MULTI fan-out, N={args.n:,}{tag}")
-                got = self.attempt("ceiling", lib.run_ceiling, client, "127.0.0.1", self.server.port, routes, args.n)
+                got = self.attempt(
+                    "ceiling", lib.run_ceiling, client, "127.0.0.1", self.server.port, routes, args.n
+                )
                 if got:
                     runs["ceiling"].append(got)
                     self.log(f"   {got['tx_per_s']:,} tx/s")
@@ -260,22 +297,36 @@ class Bench:
                 for workers in (1, 2):
                     self.idle(f"broker {workers}w")
                     self.log(f"2. broker, {workers} worker(s), N={args.n:,}{tag}")
-                    got = self.attempt(f"broker_{workers}w", lib.run_broker, client, settings, topo, args.n,
-                                       workers, False, args.interleave)
+                    got = self.attempt(
+                        f"broker_{workers}w",
+                        lib.run_broker,
+                        client,
+                        settings,
+                        topo,
+                        args.n,
+                        workers,
+                        False,
+                        args.interleave,
+                    )
                     if got:
                         runs[f"broker_{workers}w"].append(got)
                         self.log(f"   {got['pubs_per_s']:,} pubs/s")
             if "hot" in args.only:
                 self.idle("hot publisher")
                 self.log(f"3. broker, 2 workers, one hot publisher (half of N={args.n:,}){tag}")
-                got = self.attempt("hot_2w", lib.run_broker, client, settings, topo, args.n, 2, True,
-                                   args.interleave)
+                got = self.attempt(
+                    "hot_2w", lib.run_broker, client, settings, topo, args.n, 2, True, args.interleave
+                )
                 if got:
                     runs["hot_2w"].append(got)
                     self.log(f"   {got['pubs_per_s']:,} pubs/s")
         self.figures["runs"] = runs
-        for name, key in (("ceiling", "tx_per_s"), ("broker_1w", "pubs_per_s"), ("broker_2w", "pubs_per_s"),
-                          ("hot_2w", "pubs_per_s")):
+        for name, key in (
+            ("ceiling", "tx_per_s"),
+            ("broker_1w", "pubs_per_s"),
+            ("broker_2w", "pubs_per_s"),
+            ("hot_2w", "pubs_per_s"),
+        ):
             if runs[name]:
                 self.figures[name] = _median_run(runs[name], key)
         if "latency" in args.only:
@@ -296,9 +347,22 @@ class Bench:
             self.figures["matching"] = lib.run_matching(args.match_sizes, min_s=0.2 if args.quick else 0.4)
         if args.profile and topo is not None:
             os.makedirs(args.profile, exist_ok=True)
-            self.log(f"profile: 2 workers under py-spy (100 Hz, --idle), N={args.n:,}; stacks in {args.profile}")
-            got = self.attempt("profile", lib.run_broker, client, settings, topo, args.n, 2, False,
-                               args.interleave, profile_dir=args.profile, label="worker")
+            self.log(
+                f"profile: 2 workers under py-spy (100 Hz, --idle), N={args.n:,}; stacks in {args.profile}"
+            )
+            got = self.attempt(
+                "profile",
+                lib.run_broker,
+                client,
+                settings,
+                topo,
+                args.n,
+                2,
+                False,
+                args.interleave,
+                profile_dir=args.profile,
+                label="worker",
+            )
             if got:
                 self.figures["profile"] = got
         client.flushdb()
@@ -338,19 +402,24 @@ class Bench:
         def num(v: Any, fmt: str) -> str:
             return "nan" if v is None or v != v else format(v, fmt)
 
-        return (f"broker_pubs_per_s={num(s['broker_pubs_per_s'], '.0f')} "
-                f"ceiling_ratio={num(s['ceiling_ratio'], '.2f')} kombu_ratio={num(s['kombu_ratio'], '.1f')} "
-                f"hot_publisher_ratio={num(s['hot_publisher_ratio'], '.2f')} p99_ms={num(s['p99_ms'], '.1f')} "
-                f"match_1m_over_1k={num(s['match_1m_over_1k'], '.2f')}")
+        return (
+            f"broker_pubs_per_s={num(s['broker_pubs_per_s'], '.0f')} "
+            f"ceiling_ratio={num(s['ceiling_ratio'], '.2f')} kombu_ratio={num(s['kombu_ratio'], '.1f')} "
+            f"hot_publisher_ratio={num(s['hot_publisher_ratio'], '.2f')} p99_ms={num(s['p99_ms'], '.1f')} "
+            f"match_1m_over_1k={num(s['match_1m_over_1k'], '.2f')}"
+        )
 
     def table(self) -> Table:
         f = self.figures
         reps = f"median of {self.args.repeat} runs" if self.args.repeat > 1 else "1 run each"
         env = f.get("environment", {})
         code = f.get("code", {}).get("describe", "?")
-        table = Table(title=f"F=10, 50 publishers, 1,000 topics, 200 B bodies; code {code}; {env.get('server', '')}, "
-                            f"{env.get('cpus')} CPUs; {reps}; CPU in % of one core (redis / our Python / foreign)",
-                      title_justify="left", show_lines=True)
+        table = Table(
+            title=f"F=10, 50 publishers, 1,000 topics, 200 B bodies; code {code}; {env.get('server', '')}, "
+            f"{env.get('cpus')} CPUs; {reps}; CPU in % of one core (redis / our Python / foreign)",
+            title_justify="left",
+            show_lines=True,
+        )
         table.add_column("measurement", no_wrap=True)
         table.add_column("pubs/s", justify="right", no_wrap=True)
         table.add_column("deliv/s", justify="right", no_wrap=True)
@@ -365,60 +434,98 @@ class Bench:
 
         if "ceiling" in f:
             c = f["ceiling"]
-            table.add_row("1. ceiling", _fmt(c["tx_per_s"]), _fmt(c["deliveries_per_s"]),
-                          f"MULTI + 10 LPUSH + XACK + EXEC, {c['tx_per_rt']} tx per round trip, hand-packed RESP, "
-                          f"hiredis.Reader; N={c['n']:,}; redis {c['redis_cpu_us_per_pub']} CPU-us/tx",
-                          cpu3(c["cpu"], ("bench",)))
-        for key, label, conf in (("broker_1w", "2. broker 1 worker", ""), ("broker_2w", "2. broker 2 workers", ""),
-                                 ("hot_2w", "3. hot publisher", "p00 sends 50%; ")):
+            table.add_row(
+                "1. ceiling",
+                _fmt(c["tx_per_s"]),
+                _fmt(c["deliveries_per_s"]),
+                f"MULTI + 10 LPUSH + XACK + EXEC, {c['tx_per_rt']} tx per round trip, hand-packed RESP, "
+                f"hiredis.Reader; N={c['n']:,}; redis {c['redis_cpu_us_per_pub']} CPU-us/tx",
+                cpu3(c["cpu"], ("bench",)),
+            )
+        for key, label, conf in (
+            ("broker_1w", "2. broker 1 worker", ""),
+            ("broker_2w", "2. broker 2 workers", ""),
+            ("hot_2w", "3. hot publisher", "p00 sends 50%; "),
+        ):
             if key not in f:
                 continue
             b = f[key]
-            notes = (f"{conf}N={b['n']:,} preloaded ({_fmt(b['preload_xadd_per_s'])} XADD/s); steady 10-90% "
-                     f"{_fmt(b['steady_10_90_pubs_per_s'])}/s, from spawn {_fmt(b['from_spawn_pubs_per_s'])}/s; "
-                     f"F={b['fanout_measured']}; order inversions {b['order_inversions']}/{b['order_checked']:,}; "
-                     f"work split {'/'.join(f'{x:.0%}' for x in b['work_split']) if b.get('work_split') else '?'}; "
-                     f"dedup records {b['dedup_records_found']}; redis {b['redis_cpu_us_per_pub']} CPU-us/pub")
-            table.add_row(label, _fmt(b["pubs_per_s"]), _fmt(b["deliveries_per_s"]), notes,
-                          cpu3(b["cpu"], ("workers", "bench")))
+            notes = (
+                f"{conf}N={b['n']:,} preloaded ({_fmt(b['preload_xadd_per_s'])} XADD/s); steady 10-90% "
+                f"{_fmt(b['steady_10_90_pubs_per_s'])}/s, from spawn {_fmt(b['from_spawn_pubs_per_s'])}/s; "
+                f"F={b['fanout_measured']}; order inversions {b['order_inversions']}/{b['order_checked']:,}; "
+                f"work split {'/'.join(f'{x:.0%}' for x in b['work_split']) if b.get('work_split') else '?'}; "
+                f"dedup records {b['dedup_records_found']}; redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
+            )
+            table.add_row(
+                label,
+                _fmt(b["pubs_per_s"]),
+                _fmt(b["deliveries_per_s"]),
+                notes,
+                cpu3(b["cpu"], ("workers", "bench")),
+            )
         if "latency" in f:
             lat = f["latency"]
-            table.add_row("4. latency 2 workers", _fmt(lat["achieved_rate"]),
-                          _fmt((lat["achieved_rate"] or 0) * lib.FANOUT),
-                          f"paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, XADD -> BRPOP: "
-                          f"p50 {lat['p50_ms']:.2f} / p90 {lat['p90_ms']:.2f} / p99 {lat['p99_ms']:.2f} / "
-                          f"p99.9 {lat['p999_ms']:.2f} / max {lat['max_ms']:.1f} ms ({lat['measured']:,} msgs); "
-                          f"publisher at most {lat['publisher_max_behind_ms']} ms behind its schedule",
-                          cpu3(lat["cpu"], ("workers", "bench", "publisher")))
+            table.add_row(
+                "4. latency 2 workers",
+                _fmt(lat["achieved_rate"]),
+                _fmt((lat["achieved_rate"] or 0) * lib.FANOUT),
+                f"paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, XADD -> BRPOP: "
+                f"p50 {lat['p50_ms']:.2f} / p90 {lat['p90_ms']:.2f} / p99 {lat['p99_ms']:.2f} / "
+                f"p99.9 {lat['p999_ms']:.2f} / max {lat['max_ms']:.1f} ms ({lat['measured']:,} msgs); "
+                f"publisher at most {lat['publisher_max_behind_ms']} ms behind its schedule",
+                cpu3(lat["cpu"], ("workers", "bench", "publisher")),
+            )
         if "kombu" in f:
             k = f["kombu"]
-            table.add_row("5. kombu publish", _fmt(k["pubs_per_s"]), _fmt(k["published_deliveries_per_s"]),
-                          f"topic exchange, 10 queues bound t.#, sequential Producer.publish, N={k['n']:,}",
-                          cpu3(k["cpu_publish"], ("bench",)))
-            table.add_row("5. kombu consume", "-", _fmt(k["consumed_deliveries_per_s"]),
-                          f"1 Consumer on the 10 queues, ack each, {k['n'] * lib.FANOUT:,} messages",
-                          cpu3(k["cpu_consume"], ("bench",)))
+            table.add_row(
+                "5. kombu publish",
+                _fmt(k["pubs_per_s"]),
+                _fmt(k["published_deliveries_per_s"]),
+                f"topic exchange, 10 queues bound t.#, sequential Producer.publish, N={k['n']:,}",
+                cpu3(k["cpu_publish"], ("bench",)),
+            )
+            table.add_row(
+                "5. kombu consume",
+                "-",
+                _fmt(k["consumed_deliveries_per_s"]),
+                f"1 Consumer on the 10 queues, ack each, {k['n'] * lib.FANOUT:,} messages",
+                cpu3(k["cpu_consume"], ("bench",)),
+            )
         for m in f.get("matching") or []:
-            table.add_row(f"6. matching {m['n']:,}", _fmt(m["resolves_per_s"]), "-",
-                          f"resolve (closure + match) {m['resolve_us']:.2f} us, match {m['match_us']:.2f} us; "
-                          f"{m['bytes_per_sub']} B/sub; {m['links']:,} links, {m['wildcard_share']:.0%} wildcards; "
-                          f"{m['avg_results']} results avg, {m['matched_share']:.0%} of topics match; "
-                          f"build {m['build_s']} s", "")
+            table.add_row(
+                f"6. matching {m['n']:,}",
+                _fmt(m["resolves_per_s"]),
+                "-",
+                f"resolve (closure + match) {m['resolve_us']:.2f} us, match {m['match_us']:.2f} us; "
+                f"{m['bytes_per_sub']} B/sub; {m['links']:,} links, {m['wildcard_share']:.0%} wildcards; "
+                f"{m['avg_results']} results avg, {m['matched_share']:.0%} of topics match; "
+                f"build {m['build_s']} s",
+                "",
+            )
         return table
 
     def redis_text(self) -> str:
         lines = []
-        for key, label in (("ceiling", "ceiling"), ("broker_1w", "1 worker"), ("broker_2w", "2 workers"),
-                           ("hot_2w", "hot publisher")):
+        for key, label in (
+            ("ceiling", "ceiling"),
+            ("broker_1w", "1 worker"),
+            ("broker_2w", "2 workers"),
+            ("hot_2w", "hot publisher"),
+        ):
             run = self.figures.get(key)
             if not run or "redis_commands" not in run:
                 continue
-            parts = ", ".join(f"{name} {calls:g} calls {usec:g} us" for name, calls, usec in run["redis_commands"])
+            parts = ", ".join(
+                f"{name} {calls:g} calls {usec:g} us" for name, calls, usec in run["redis_commands"]
+            )
             lines.append(f"  {label}: {parts}")
         if not lines:
             return ""
-        return ("Redis commandstats per publication (commands run inside scripts count both on their own "
-                "and inside evalsha):\n" + "\n".join(lines))
+        return (
+            "Redis commandstats per publication (commands run inside scripts count both on their own "
+            "and inside evalsha):\n" + "\n".join(lines)
+        )
 
     def targets_table(self, s: dict[str, Any]) -> Table:
         table = Table(title="against the targets", title_justify="left")
@@ -427,13 +534,22 @@ class Bench:
         for key, (op, target) in TARGETS.items():
             value = s[key]
             label = key
-            if key == "match_1m_over_1k" and s.get("match_ratio_sizes") and not s["match_ratio_sizes"].startswith("1,000,000"):
+            if (
+                key == "match_1m_over_1k"
+                and s.get("match_ratio_sizes")
+                and not s["match_ratio_sizes"].startswith("1,000,000")
+            ):
                 label = f"{key} (measured {s['match_ratio_sizes']}, no 1M index)"
             if value != value:
                 table.add_row(label, "-", f"{op} {target}", "[yellow]not measured[/yellow]")
                 continue
             ok = value >= target if op == ">=" else value <= target
-            table.add_row(label, f"{value:,.2f}", f"{op} {target:,}", "[green]met[/green]" if ok else "[red]missed[/red]")
+            table.add_row(
+                label,
+                f"{value:,.2f}",
+                f"{op} {target:,}",
+                "[green]met[/green]" if ok else "[red]missed[/red]",
+            )
         return table
 
     def profile_text(self) -> str:
@@ -442,14 +558,20 @@ class Bench:
         if not workers:
             return ""
         split = "/".join(f"{x:.0%}" for x in run.get("work_split") or [])
-        lines = [f"py-spy of each worker (100 Hz, --idle: time blocked on a socket counts) during an extra 2-worker "
-                 f"run: {run['pubs_per_s']:,} pubs/s, work split {split or '?'}"]
+        lines = [
+            f"py-spy of each worker (100 Hz, --idle: time blocked on a socket counts) during an extra 2-worker "
+            f"run: {run['pubs_per_s']:,} pubs/s, work split {split or '?'}"
+        ]
         for prof in workers:
-            lines.append(f"  worker pid {prof['pid']}: {prof['samples']:,} samples; raw stacks in {prof['file']}")
+            lines.append(
+                f"  worker pid {prof['pid']}: {prof['samples']:,} samples; raw stacks in {prof['file']}"
+            )
             lines.append("    self:")
             lines += [f"      {share:5.1f}%  {name}" for name, share in prof["self"][:12]]
             lines.append("    inclusive (frames present in every sample left out):")
-            lines += [f"      {share:5.1f}%  {name}" for name, share in prof["inclusive"] if share < 99.5][:16]
+            lines += [f"      {share:5.1f}%  {name}" for name, share in prof["inclusive"] if share < 99.5][
+                :16
+            ]
         return "\n".join(lines)
 
 

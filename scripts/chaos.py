@@ -113,8 +113,18 @@ ROOT = Path(__file__).resolve().parent.parent
 QM = "CHAOS"
 
 #: Server directives: durable (AOF, fsync before every reply), never evict.
-AOF_ARGS = ("--appendonly", "yes", "--appendfsync", "always", "--aof-load-truncated", "no",
-            "--maxmemory-policy", "noeviction", "--save", "")
+AOF_ARGS = (
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "always",
+    "--aof-load-truncated",
+    "no",
+    "--maxmemory-policy",
+    "noeviction",
+    "--save",
+    "",
+)
 
 #: Topics publishers publish on.
 TOPICS = ("/chaos/a/x", "/chaos/a/y", "/chaos/b/x", "/chaos/c", "/other/z", "/linked/src", "/linked/src/deep")
@@ -348,9 +358,17 @@ class Harness:
         self.proxy = ProxyProcess(self.server.port, count=2).start()
         args = self.args
         self.settings = Settings(
-            redis_url=self.proxy.url(0, client_name=WORKER_CLIENT_NAME), qm=QM, concurrency=args.workers,
-            batch_size=50, heads=50, lease_ms=args.lease_ms, block_ms=200, sweep_interval_ms=100,
-            dedup_window_ms=600_000, max_body_bytes=MAX_BODY_BYTES, stop_grace_ms=2_000,
+            redis_url=self.proxy.url(0, client_name=WORKER_CLIENT_NAME),
+            qm=QM,
+            concurrency=args.workers,
+            batch_size=50,
+            heads=50,
+            lease_ms=args.lease_ms,
+            block_ms=200,
+            sweep_interval_ms=100,
+            dedup_window_ms=600_000,
+            max_body_bytes=MAX_BODY_BYTES,
+            stop_grace_ms=2_000,
             max_deliveries=args.max_deliveries,
         )
         for name, flt in FILTERS.items():
@@ -359,16 +377,19 @@ class Harness:
             link(self.admin, QM, source, target)
         for slot in self.slots:
             self._spawn(slot)
-        _log(f"chaos: code={_code_version()} seed={args.seed} duration={args.duration_s}s workers={args.workers} "
-             f"publishers={args.publishers} rate={args.rate}/s lease_ms={args.lease_ms} "
-             f"server={self.server.binary} port={self.server.port} workdir={self.workdir}")
+        _log(
+            f"chaos: code={_code_version()} seed={args.seed} duration={args.duration_s}s workers={args.workers} "
+            f"publishers={args.publishers} rate={args.rate}/s lease_ms={args.lease_ms} "
+            f"server={self.server.binary} port={self.server.port} workdir={self.workdir}"
+        )
 
     def _spawn(self, slot: Slot) -> None:
         assert self.settings is not None
         proc = self._ctx.Process(
             target=run_worker,
             args=(self.settings.model_dump_json(), str(self.control), str(self.workdir / "workers.log")),
-            name=f"chaos-worker-{slot.index}", daemon=True,
+            name=f"chaos-worker-{slot.index}",
+            daemon=True,
         )
         proc.start()
         slot.process, slot.armed, slot.stopped_until = proc, None, None
@@ -443,14 +464,18 @@ class Harness:
             plant = None
             with contextlib.suppress(queue.Empty):
                 kind = self.plant_requests[name].get_nowait()
-                key, rtype = ((keys.reply(QM, name, pub.msgid), "hash") if kind == "foreign:reply"
-                              else (keys.dedup(QM, name, pub.msgid), "list"))
+                key, rtype = (
+                    (keys.reply(QM, name, pub.msgid), "hash")
+                    if kind == "foreign:reply"
+                    else (keys.dedup(QM, name, pub.msgid), "list")
+                )
                 plant = self._plant(direct, kind, key, rtype, hold_s=rng.uniform(0.2, 1.0), pub=pub)
                 if plant is not None and plant.certain:
                     pub.planted = kind
             self.history.add_publication(pub)
-            fields = publication_fields(name, topic, f"{name}:{number}".encode(), msgid=pub.msgid, seq=number,
-                                        reply=True)
+            fields = publication_fields(
+                name, topic, f"{name}:{number}".encode(), msgid=pub.msgid, seq=number, reply=True
+            )
             while True:
                 pub.attempts += 1
                 try:
@@ -476,8 +501,12 @@ class Harness:
     def _poison(self, client: redis.Redis, publisher: str, rng: random.Random) -> None:
         kind = rng.choices(list(POISON), weights=[w for w, _ in POISON.values()])[0]
         marker = f"{publisher}.poison.{rng.getrandbits(48):x}"
-        fields: dict[str, Any] = {"publisher": publisher, "topic": "/chaos/a/x", "body": b"poison",
-                                  "chaos.poison": marker}
+        fields: dict[str, Any] = {
+            "publisher": publisher,
+            "topic": "/chaos/a/x",
+            "body": b"poison",
+            "chaos.poison": marker,
+        }
         if kind == "missing_topic":
             del fields["topic"]
         elif kind == "invalid_utf8":
@@ -509,8 +538,9 @@ class Harness:
         not acknowledged is removed from the in-flight list, and whatever else
         is in flight (taken but never seen) is put back, oldest first.
         """
-        client = redis.Redis.from_url(self.server.url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=1,
-                                      socket_timeout=5)
+        client = redis.Redis.from_url(
+            self.server.url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=1, socket_timeout=5
+        )
         record = next(r for r in _subscriptions(self.admin) if r.sub_id == sub_id)
         subscriber: Subscriber | None = None
         unacked: bytes | None = None
@@ -563,8 +593,9 @@ class Harness:
             except redis.RedisError:
                 continue
             if oldest:
-                self.stats.max_times_delivered = max(self.stats.max_times_delivered,
-                                                     max(int(e["times_delivered"]) for e in oldest))
+                self.stats.max_times_delivered = max(
+                    self.stats.max_times_delivered, max(int(e["times_delivered"]) for e in oldest)
+                )
             self.stats.max_stream_len = max(self.stats.max_stream_len, xlen)
             self.stats.max_used_memory = max(self.stats.max_used_memory, used)
             self.stats.max_pending = max(self.stats.max_pending, pending)
@@ -603,7 +634,9 @@ class Harness:
                 slot.armed = None
                 slot.stopped_until = now + self.args.lease_ms / 1000 * self.rng.uniform(1.5, 3.0)
             elif slot.stopped_until is None and _process_state(pid) == "T":
-                self.stats.anomalies.append(f"worker {slot.index} pid {pid} was stopped without the harness knowing")
+                self.stats.anomalies.append(
+                    f"worker {slot.index} pid {pid} was stopped without the harness knowing"
+                )
                 _log(f"!! worker {slot.index} pid {pid} is stopped and nobody knows why; continuing it")
                 slot.stopped_until = now
             if slot.stopped_until is not None and now >= slot.stopped_until:
@@ -616,8 +649,12 @@ class Harness:
 
     def _ready(self, slot: Slot) -> bool:
         proc = slot.process
-        return (proc is not None and proc.is_alive() and slot.stopped_until is None
-                and (self.control / f"{proc.pid}.ready").exists())
+        return (
+            proc is not None
+            and proc.is_alive()
+            and slot.stopped_until is None
+            and (self.control / f"{proc.pid}.ready").exists()
+        )
 
     def _arm(self, slot: Slot, plan: dict[str, Any] | None) -> None:
         assert slot.process is not None and slot.process.pid is not None
@@ -641,16 +678,34 @@ class Harness:
     def _call_plant(self, client: redis.Redis, plant: Plant, action: str, guard: tuple[str, ...] = ()) -> int:
         """Plant ("add"), look for ("probe") or remove ("remove") ``plant``; 1 when done / there."""
         if plant.rtype == "record":
-            return int(self._record_script(keys=[plant.key, keys.version(QM)], args=[plant.field, plant.token, action],
-                                           client=client))
+            return int(
+                self._record_script(
+                    keys=[plant.key, keys.version(QM)], args=[plant.field, plant.token, action], client=client
+                )
+            )
         if action == "add":
-            return int(self._plant_script(keys=[plant.key, *guard], args=[plant.rtype, plant.token], client=client))
-        return int(self._probe_script(keys=[plant.key], args=[plant.rtype, plant.token,
-                                                                "del" if action == "remove" else ""], client=client))
+            return int(
+                self._plant_script(keys=[plant.key, *guard], args=[plant.rtype, plant.token], client=client)
+            )
+        return int(
+            self._probe_script(
+                keys=[plant.key],
+                args=[plant.rtype, plant.token, "del" if action == "remove" else ""],
+                client=client,
+            )
+        )
 
-    def _plant(self, client: redis.Redis, kind: str, key: str, rtype: str, hold_s: float,
-               guard: tuple[str, ...] = (), field_name: str | None = None, pub: Publication | None = None,
-               ) -> Plant | None:
+    def _plant(
+        self,
+        client: redis.Redis,
+        kind: str,
+        key: str,
+        rtype: str,
+        hold_s: float,
+        guard: tuple[str, ...] = (),
+        field_name: str | None = None,
+        pub: Publication | None = None,
+    ) -> Plant | None:
         """Plant a foreign key (or a corrupt record) where nothing is; None when something was there.
 
         The call may be applied and its reply lost (a server restart): then the
@@ -687,8 +742,11 @@ class Harness:
             self.planted_keys.add(key)
         self.stats.planted[kind] += 1
         what = f" for {pub.msgid}" if pub is not None else ""
-        self._fault(kind, f"planted {rtype} {key} {field_name or ''}{what} token={token!r}"
-                          f"{'' if plant.certain else ' (outcome unknown)'}")
+        self._fault(
+            kind,
+            f"planted {rtype} {key} {field_name or ''}{what} token={token!r}"
+            f"{'' if plant.certain else ' (outcome unknown)'}",
+        )
         return plant
 
     def _entry_handled(self, entry_id: str) -> bool:
@@ -725,18 +783,24 @@ class Harness:
             with self.plant_lock:
                 self.plants.remove(plant)
             self.stats.removed += 1
-            self._fault(plant.kind, f"removed {plant.key} {plant.field or ''} token={plant.token!r}"
-                                    f"{'' if removed else ' (already gone)'}", count=False)
+            self._fault(
+                plant.kind,
+                f"removed {plant.key} {plant.field or ''} token={plant.token!r}"
+                f"{'' if removed else ' (already gone)'}",
+                count=False,
+            )
 
     def _check_refused_reply(self, pub: Publication) -> None:
         """A publication refused for its foreign dedup record posts one "refused" result per entry."""
         assert self.admin is not None
         replies = [json.loads(r) for r in self.admin.lrange(keys.reply(QM, pub.publisher, pub.msgid), 0, -1)]
-        if not replies or any(r.get("status") != "refused" or "foreign key" not in r.get("reason", "")
-                               for r in replies):
+        if not replies or any(
+            r.get("status") != "refused" or "foreign key" not in r.get("reason", "") for r in replies
+        ):
             self.stats.refused_reply_missing += 1
-            self._fault("foreign:dedup", f"!! results for {pub.msgid} (entry {pub.entry_id}): {replies}",
-                        count=False)
+            self._fault(
+                "foreign:dedup", f"!! results for {pub.msgid} (entry {pub.entry_id}): {replies}", count=False
+            )
 
     def _inject_foreign(self, kind: str) -> None:
         assert self.admin is not None
@@ -753,11 +817,23 @@ class Harness:
         elif kind in ("foreign:reply", "foreign:dedup"):
             self.plant_requests[self.rng.choice(VICTIM_PUBLISHERS)].put(kind)  # planted by that publisher
         elif kind == "corrupt:subscription":
-            self._plant(self.admin, kind, keys.subscriptions(QM), "record", hold_s,
-                        field_name=f"chaos$corrupt{self.plant_seq + 1}")
+            self._plant(
+                self.admin,
+                kind,
+                keys.subscriptions(QM),
+                "record",
+                hold_s,
+                field_name=f"chaos$corrupt{self.plant_seq + 1}",
+            )
         elif kind == "corrupt:link":
-            self._plant(self.admin, kind, keys.links(QM), "record", hold_s,
-                        field_name=f"/chaos-corrupt/{self.plant_seq + 1}")
+            self._plant(
+                self.admin,
+                kind,
+                keys.links(QM),
+                "record",
+                hold_s,
+                field_name=f"/chaos-corrupt/{self.plant_seq + 1}",
+            )
 
     def inject(self) -> None:
         kinds = list(self.weights)
@@ -836,7 +912,9 @@ class Harness:
             checker.symlink_to(binary)
         manifest = next((self.workdir / "data").rglob("*.manifest"), None)
         target = manifest or (self.workdir / "data" / "appendonly.aof")
-        out = subprocess.run([str(checker), "--fix", str(target)], input=b"y\n", capture_output=True, timeout=60)
+        out = subprocess.run(
+            [str(checker), "--fix", str(target)], input=b"y\n", capture_output=True, timeout=60
+        )
         _log(f"   check-aof: {out.stdout.decode(errors='replace')[-300:]}")
 
     # -- the run ---------------------------------------------------------------------
@@ -879,12 +957,14 @@ class Harness:
 
     def _thread(self, target: Any, *args: Any, name: str) -> threading.Thread:
         """A daemon thread whose unexpected death is reported as an anomaly."""
+
         def guarded() -> None:
             try:
                 target(*args)
             except Exception as exc:
                 self.stats.anomalies.append(f"thread {name} died: {exc!r}")
                 _log(f"!! thread {name} died: {exc!r}")
+
         return threading.Thread(target=guarded, name=name, daemon=True)
 
     def progress(self, phase: str) -> None:
@@ -895,9 +975,11 @@ class Harness:
         except (redis.RedisError, BrokerError, ValueError):  # e.g. a foreign key planted just now
             pending = xlen = -1
         alive = sum(1 for s in self.slots if s.process is not None and s.process.is_alive())
-        _log(f"[{time.monotonic() - self._started:6.1f}s {phase}] faults={sum(self.stats.faults.values())} "
-             f"published={acked} unknown={unknown} received={received} pending={pending} stream={xlen} "
-             f"used_memory={self.stats.max_used_memory // 1024}KiB workers={alive}/{len(self.slots)}")
+        _log(
+            f"[{time.monotonic() - self._started:6.1f}s {phase}] faults={sum(self.stats.faults.values())} "
+            f"published={acked} unknown={unknown} received={received} pending={pending} stream={xlen} "
+            f"used_memory={self.stats.max_used_memory // 1024}KiB workers={alive}/{len(self.slots)}"
+        )
 
     def drain(self) -> bool:
         """Stop the faults and the publishers, let the workers finish, wait until everything is consumed."""
@@ -935,8 +1017,10 @@ class Harness:
             time.sleep(0.3)
         drained = quiet >= 3
         if self.plants:
-            _log(f"!! {len(self.plants)} planted keys could not be removed: "
-                 + " ".join(f"{p.kind}:{p.key}" for p in self.plants))
+            _log(
+                f"!! {len(self.plants)} planted keys could not be removed: "
+                + " ".join(f"{p.kind}:{p.key}" for p in self.plants)
+            )
         self.stop_consuming.set()
         for thread in self.threads:
             if thread.name.startswith("sub-"):
@@ -957,7 +1041,7 @@ class Harness:
         group = next(g for g in groups if g["name"] == keys.WORKER_GROUP.encode())
         caught_up = group["last-delivered-id"] == info["last-generated-id"]
         queues_empty = all(sub["depth"] == 0 and sub["inflight"] == 0 for sub in s["subscriptions"])
-        return (s["pending"] == 0 and caught_up and s["active_publishers"] == 0 and queues_empty)
+        return s["pending"] == 0 and caught_up and s["active_publishers"] == 0 and queues_empty
 
     def report(self, drained: bool) -> int:
         assert self.admin is not None and self.proxy is not None
@@ -966,9 +1050,11 @@ class Harness:
         stats = self.stats
         for index, what in ((0, "worker"), (1, "publisher")):
             proxy_stats = self.proxy.call(index, "stats")
-            _log(f"{what} proxy: connections={proxy_stats.connections} replies_dropped={proxy_stats.drops} "
-                 f"cut_waiting_for_an_answer={proxy_stats.unanswered} requests_cut={proxy_stats.requests_cut} "
-                 f"cut_all={proxy_stats.cuts}")
+            _log(
+                f"{what} proxy: connections={proxy_stats.connections} replies_dropped={proxy_stats.drops} "
+                f"cut_waiting_for_an_answer={proxy_stats.unanswered} requests_cut={proxy_stats.requests_cut} "
+                f"cut_all={proxy_stats.cuts}"
+            )
             for label, n in proxy_stats.drops_by_label.items():
                 stats.faults[label] += n
         # dedup records must expire: sample their TTLs
@@ -980,7 +1066,9 @@ class Harness:
                 no_ttl += 1
             if sampled >= 200:
                 break
-        fifo_left = sum(self.admin.llen(k) for k in self.admin.scan_iter(match=keys.fifo_key(QM, "*"), count=500))
+        fifo_left = sum(
+            self.admin.llen(k) for k in self.admin.scan_iter(match=keys.fifo_key(QM, "*"), count=500)
+        )
         stream_bound = max(20_000, self.args.rate * 60)
         memory_bound = self.args.max_memory_mb * 1024 * 1024
         problems = list(stats.anomalies)
@@ -1000,50 +1088,78 @@ class Harness:
         if unplanted:
             problems.append(f"publications refused for foreign keys the harness never planted: {unplanted}")
         if verdict.refused_repeated:
-            problems.append(f"{verdict.refused_repeated} entries refused for a foreign key dead-lettered more than once")
+            problems.append(
+                f"{verdict.refused_repeated} entries refused for a foreign key dead-lettered more than once"
+            )
         if stats.refused_reply_missing:
-            problems.append(f"{stats.refused_reply_missing} publications refused for a foreign dedup record "
-                            "without exactly their 'refused' result")
+            problems.append(
+                f"{stats.refused_reply_missing} publications refused for a foreign dedup record "
+                "without exactly their 'refused' result"
+            )
         if self.plants:
             problems.append(f"{len(self.plants)} planted keys left")
         if verdict.poison_missing or verdict.poison_repeated or verdict.poison_bad_reason:
-            problems.append(f"poison: {verdict.poison_missing} missing, {verdict.poison_repeated} repeated, "
-                            f"{verdict.poison_bad_reason} without the expected reason")
+            problems.append(
+                f"poison: {verdict.poison_missing} missing, {verdict.poison_repeated} repeated, "
+                f"{verdict.poison_bad_reason} without the expected reason"
+            )
         for example in verdict.examples:
             _log(f"  - {example}")
         for problem in problems:
             _log(f"!! {problem}")
         _log("faults by kind: " + " ".join(f"{k}={v}" for k, v in sorted(stats.faults.items())))
-        _log("poison by kind: " + " ".join(f"{k}={v}" for k, v in sorted(stats.poison.items()))
-             + f" (acknowledged {verdict.poison_acked}, all dead-lettered with a reason: "
-             f"{'yes' if not (verdict.poison_missing or verdict.poison_bad_reason) else 'NO'})")
-        _log("foreign keys planted: " + " ".join(f"{k}={v}" for k, v in sorted(stats.planted.items()))
-             + " skipped (key there): " + " ".join(f"{k}={v}" for k, v in sorted(stats.plant_skipped.items()))
-             + f" removed={stats.removed} victim_wrongtype_waits={stats.wrongtype_waits}")
+        _log(
+            "poison by kind: "
+            + " ".join(f"{k}={v}" for k, v in sorted(stats.poison.items()))
+            + f" (acknowledged {verdict.poison_acked}, all dead-lettered with a reason: "
+            f"{'yes' if not (verdict.poison_missing or verdict.poison_bad_reason) else 'NO'})"
+        )
+        _log(
+            "foreign keys planted: "
+            + " ".join(f"{k}={v}" for k, v in sorted(stats.planted.items()))
+            + " skipped (key there): "
+            + " ".join(f"{k}={v}" for k, v in sorted(stats.plant_skipped.items()))
+            + f" removed={stats.removed} victim_wrongtype_waits={stats.wrongtype_waits}"
+        )
         kinds: Counter[str] = Counter()
         for key, n in verdict.refused_keys.items():
             kinds[_key_kind(key)] += n
-        _log("refused for a foreign key, by key: " + " ".join(f"{k}={v}" for k, v in sorted(kinds.items()))
-             + f" (refused entries dead-lettered twice: {verdict.refused_repeated}; retries of delivered "
-             f"publications refused instead of answered duplicate: {verdict.refused_after_delivered})")
+        _log(
+            "refused for a foreign key, by key: "
+            + " ".join(f"{k}={v}" for k, v in sorted(kinds.items()))
+            + f" (refused entries dead-lettered twice: {verdict.refused_repeated}; retries of delivered "
+            f"publications refused instead of answered duplicate: {verdict.refused_after_delivered})"
+        )
         latencies = self.history.latencies_ms()
         if latencies:
-            _log(f"delivery latency (acknowledged XADD -> received): p50={latencies[len(latencies) // 2]:.0f}ms "
-                 f"p99={latencies[int(len(latencies) * 0.99)]:.0f}ms max={latencies[-1]:.0f}ms")
-        _log(f"unknown_outcome={verdict.unknown} unknown_delivered={verdict.unknown_delivered} "
-             f"unexpected={verdict.unexpected} good_dead_lettered={verdict.good_dead_lettered} "
-             f"worker_restarts={stats.worker_restarts} aof_fixes={stats.aof_fixes} "
-             f"max_stream_len={stats.max_stream_len} max_pending={stats.max_pending} trimmed={stats.trimmed} "
-             f"max_times_delivered={stats.max_times_delivered} "
-             f"max_used_memory={stats.max_used_memory // 1024}KiB dedup_sampled={sampled} dedup_without_ttl={no_ttl} "
-             f"drained={'yes' if drained else 'NO'} elapsed={time.monotonic() - self._started:.0f}s")
-        _log(f"faults={sum(stats.faults.values())} publications={verdict.publications} "
-             f"deliveries={verdict.deliveries} dead_lettered={verdict.dead_lettered} lost={verdict.lost} "
-             f"duplicated={verdict.duplicated} reordered={verdict.reordered} refusable={verdict.refusable} "
-             f"refused_by_foreign_key={verdict.refused_by_foreign_key} half_applied={verdict.half_applied} "
-             f"foreign_not_refused={verdict.foreign_not_refused}")
-        if (verdict.lost or verdict.duplicated or verdict.reordered or verdict.half_applied
-                or verdict.foreign_not_refused or problems):
+            _log(
+                f"delivery latency (acknowledged XADD -> received): p50={latencies[len(latencies) // 2]:.0f}ms "
+                f"p99={latencies[int(len(latencies) * 0.99)]:.0f}ms max={latencies[-1]:.0f}ms"
+            )
+        _log(
+            f"unknown_outcome={verdict.unknown} unknown_delivered={verdict.unknown_delivered} "
+            f"unexpected={verdict.unexpected} good_dead_lettered={verdict.good_dead_lettered} "
+            f"worker_restarts={stats.worker_restarts} aof_fixes={stats.aof_fixes} "
+            f"max_stream_len={stats.max_stream_len} max_pending={stats.max_pending} trimmed={stats.trimmed} "
+            f"max_times_delivered={stats.max_times_delivered} "
+            f"max_used_memory={stats.max_used_memory // 1024}KiB dedup_sampled={sampled} dedup_without_ttl={no_ttl} "
+            f"drained={'yes' if drained else 'NO'} elapsed={time.monotonic() - self._started:.0f}s"
+        )
+        _log(
+            f"faults={sum(stats.faults.values())} publications={verdict.publications} "
+            f"deliveries={verdict.deliveries} dead_lettered={verdict.dead_lettered} lost={verdict.lost} "
+            f"duplicated={verdict.duplicated} reordered={verdict.reordered} refusable={verdict.refusable} "
+            f"refused_by_foreign_key={verdict.refused_by_foreign_key} half_applied={verdict.half_applied} "
+            f"foreign_not_refused={verdict.foreign_not_refused}"
+        )
+        if (
+            verdict.lost
+            or verdict.duplicated
+            or verdict.reordered
+            or verdict.half_applied
+            or verdict.foreign_not_refused
+            or problems
+        ):
             self.failed = True
             return 1
         return 0
@@ -1113,8 +1229,9 @@ def _process_state(pid: int) -> str:
 def _code_version() -> str:
     """``git describe --always --dirty`` of the checkout, or "unknown"."""
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True,
-                             timeout=10, check=True)
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, timeout=10, check=True
+        )
         return out.stdout.decode().strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -1137,16 +1254,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lease-ms", type=int, default=800, help="lease of a publisher's turn, ms")
     parser.add_argument("--max-deliveries", type=int, default=5, help="the workers' max_deliveries setting")
     parser.add_argument("--fault-interval-ms", type=int, default=1_000, help="mean time between faults, ms")
-    parser.add_argument("--victim-share", type=float, default=0.05,
-                        help="share of ordinary publications on victim topics (refusable)")
-    parser.add_argument("--victim-rate", type=float, default=20.0,
-                        help="publications per second of the victim publishers, all together")
-    parser.add_argument("--weight", type=_weight, action="append", default=[], metavar="KIND=N",
-                        help=f"fault weight (0 turns a kind off); also {', '.join(OPTIONAL_FAULTS)}")
+    parser.add_argument(
+        "--victim-share",
+        type=float,
+        default=0.05,
+        help="share of ordinary publications on victim topics (refusable)",
+    )
+    parser.add_argument(
+        "--victim-rate",
+        type=float,
+        default=20.0,
+        help="publications per second of the victim publishers, all together",
+    )
+    parser.add_argument(
+        "--weight",
+        type=_weight,
+        action="append",
+        default=[],
+        metavar="KIND=N",
+        help=f"fault weight (0 turns a kind off); also {', '.join(OPTIONAL_FAULTS)}",
+    )
     parser.add_argument("--poison-rate", type=float, default=0.01, help="poison entries per publication")
     parser.add_argument("--drain-s", type=float, default=120.0, help="how long the final drain may take, s")
     parser.add_argument("--max-memory-mb", type=int, default=256, help="bound on the server's used_memory")
-    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, AOF) even on success")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work directory (logs, AOF) even on success"
+    )
     args = parser.parse_args(argv)
     args.weight = dict(args.weight)
     return args

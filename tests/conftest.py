@@ -40,7 +40,9 @@ def fake_redis() -> Iterator[redis.Redis]:
     client.flushall()
 
 
-@pytest.fixture(params=[pytest.param("fake", marks=pytest.mark.fake), pytest.param("real", marks=pytest.mark.real)])
+@pytest.fixture(
+    params=[pytest.param("fake", marks=pytest.mark.fake), pytest.param("real", marks=pytest.mark.real)]
+)
 def any_redis(request: pytest.FixtureRequest) -> redis.Redis:
     """Both backends, for behaviour that fakeredis models faithfully (plain commands, no worker scripts)."""
     name = "fake_redis" if request.param == "fake" else "real_redis"
@@ -49,5 +51,6 @@ def any_redis(request: pytest.FixtureRequest) -> redis.Redis:
 
 @pytest.fixture
 def settings(real_server: Server) -> Settings:
-    return Settings(redis_url=real_server.url, qm=QM, batch_size=50, heads=50, lease_ms=30_000,
-                    sweep_interval_ms=1)
+    return Settings(
+        redis_url=real_server.url, qm=QM, batch_size=50, heads=50, lease_ms=30_000, sweep_interval_ms=1
+    )

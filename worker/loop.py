@@ -125,8 +125,11 @@ class Worker:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.hook = hook or (lambda point: None)
-        self.scripts = Scripts(client, self.qm, Refusals(settings.reply_ttl_ms, settings.dead_letter_max_len,
-                                                         settings.max_body_bytes))
+        self.scripts = Scripts(
+            client,
+            self.qm,
+            Refusals(settings.reply_ttl_ms, settings.dead_letter_max_len, settings.max_body_bytes),
+        )
         self.table = RoutingTable(self.qm)
         self.turns: set[str] = set()
         self.stopping = False
@@ -225,7 +228,11 @@ class Worker:
         self._prefetched = None
         if dequeued is None:
             dequeued = self.scripts.dequeue(
-                self.name, settings.batch_size, settings.lease_ms, settings.heads, sorted(self.turns),
+                self.name,
+                settings.batch_size,
+                settings.lease_ms,
+                settings.heads,
+                sorted(self.turns),
                 liveness_ms=LIVENESS_MS,
             )
             assert dequeued is not None
@@ -249,10 +256,15 @@ class Worker:
                 # wait only briefly, so this worker starts as soon as one is given up.
                 taken = self._sweep_turns()
                 if block and not taken and not dequeued.entries:
-                    self.client.xread({self._stream: dequeued.last_delivered_id}, count=1,
-                                      block=min(settings.block_ms, BUSY_POLL_MS))
+                    self.client.xread(
+                        {self._stream: dequeued.last_delivered_id},
+                        count=1,
+                        block=min(settings.block_ms, BUSY_POLL_MS),
+                    )
             elif block and not dequeued.entries:
-                self.client.xread({self._stream: dequeued.last_delivered_id}, count=1, block=settings.block_ms)
+                self.client.xread(
+                    {self._stream: dequeued.last_delivered_id}, count=1, block=settings.block_ms
+                )
             return 0
         self.hook("holding_turn")
         done = self._commit(dequeued.turns, now, self._turns_to_give_up(dequeued))
@@ -282,12 +294,18 @@ class Worker:
         Raises:
             redis.RedisError: as redis-py raises it.
         """
-        self._entry_sweep_start, refused = self.scripts.sweep_entries(min_idle_ms, self._entry_sweep_start, ENTRY_SWEEP_COUNT)
+        self._entry_sweep_start, refused = self.scripts.sweep_entries(
+            min_idle_ms, self._entry_sweep_start, ENTRY_SWEEP_COUNT
+        )
         if not self._entry_sweep_start:
             self._entry_sweep_start = "-"
         if refused:
-            log.error("worker %s: %d pending entries were in no publisher's FIFO; dead-lettered: %s",
-                      self.name, len(refused), ", ".join(refused[:10]))
+            log.error(
+                "worker %s: %d pending entries were in no publisher's FIFO; dead-lettered: %s",
+                self.name,
+                len(refused),
+                ", ".join(refused[:10]),
+            )
         return refused
 
     def _turns_to_give_up(self, dequeued: Dequeued) -> tuple[str, ...]:
@@ -371,19 +389,24 @@ class Worker:
             for entry_id in ids:
                 found = entries.get(entry_id)
                 if found is None:
-                    log.warning("entry %s of publisher %r is gone from the stream; skipping it", entry_id, publisher)
+                    log.warning(
+                        "entry %s of publisher %r is gone from the stream; skipping it", entry_id, publisher
+                    )
                     batch.add(UnitOfWork(publisher, entry_id, Action.SKIP, entry_id))
                 elif entry_id == ids[0] and delivered > max_deliveries:
-                    reason = (f"taken over {delivered} times without being handled: its workers died "
-                              f"(max_deliveries {max_deliveries})")
+                    reason = (
+                        f"taken over {delivered} times without being handled: its workers died "
+                        f"(max_deliveries {max_deliveries})"
+                    )
                     log.error("entry %s: %s; dead-lettering it", entry_id, reason)
                     batch.add(self._refusal(publisher, entry_id, found[1], reason))
                 else:
                     batch.add(self.unit_of_work(publisher, entry_id, found[1], now_ms))
         return batches
 
-    def _send(self, batches: list[CommitBatch], heads: dict[str, list[str]],
-              give_up: tuple[str, ...]) -> list[Any]:
+    def _send(
+        self, batches: list[CommitBatch], heads: dict[str, list[str]], give_up: tuple[str, ...]
+    ) -> list[Any]:
         """Send every batch (one ``commit.lua`` call each) and, in the same round trip, the next dequeue.
 
         Returns:
@@ -399,8 +422,15 @@ class Worker:
                 self.scripts.commit(pipe, self.name, settings.lease_ms, batch, journal, give_up)
             if prefetch:  # the next dequeue rides in the same round trip as this commit
                 kept = sorted(set(heads) - set(give_up))
-                self.scripts.dequeue(self.name, settings.batch_size, settings.lease_ms, settings.heads,
-                                     kept, pipe=pipe, liveness_ms=LIVENESS_MS)
+                self.scripts.dequeue(
+                    self.name,
+                    settings.batch_size,
+                    settings.lease_ms,
+                    settings.heads,
+                    kept,
+                    pipe=pipe,
+                    liveness_ms=LIVENESS_MS,
+                )
             return cast(list[Any], pipe.execute())
 
         try:
@@ -436,14 +466,24 @@ class Worker:
             self._entries = {k: v for k, v in entries.items() if v[0] in self.turns}
         return done
 
-    def _refusal(self, publisher: str, entry_id: str, fields: dict[bytes, bytes], reason: str,
-                 suggestion: str = "") -> UnitOfWork:
+    def _refusal(
+        self, publisher: str, entry_id: str, fields: dict[bytes, bytes], reason: str, suggestion: str = ""
+    ) -> UnitOfWork:
         """The unit of work that refuses an entry (dead-letters it, posts "refused" if asked)."""
         reply_ttl = self.settings.reply_ttl_ms if fields.get(b"reply") == b"1" else 0
-        return UnitOfWork(publisher, entry_id, Action.REFUSE, _msgid(fields, entry_id), reason=reason,
-                          suggestion=suggestion, reply_ttl_ms=reply_ttl)
+        return UnitOfWork(
+            publisher,
+            entry_id,
+            Action.REFUSE,
+            _msgid(fields, entry_id),
+            reason=reason,
+            suggestion=suggestion,
+            reply_ttl_ms=reply_ttl,
+        )
 
-    def unit_of_work(self, publisher: str, entry_id: str, fields: dict[bytes, bytes], now_ms: int) -> UnitOfWork:
+    def unit_of_work(
+        self, publisher: str, entry_id: str, fields: dict[bytes, bytes], now_ms: int
+    ) -> UnitOfWork:
         """The unit of work of one entry: deliver, expire, or refuse with the reason. Never raises.
 
         The one place a unit of work is built from an entry, or from the error that refused it.
@@ -470,10 +510,21 @@ class Worker:
         reply_ttl = settings.reply_ttl_ms if entry.reply else 0
         journal = {"seq": header["seq"], "topic": entry.topic, "enqueued_ms": header["ts"]}
         if entry.expiration_ms and entry.expiration_ms <= now_ms:
-            return UnitOfWork(publisher, entry_id, Action.EXPIRE, entry.msgid, reply_ttl_ms=reply_ttl, **journal)
+            return UnitOfWork(
+                publisher, entry_id, Action.EXPIRE, entry.msgid, reply_ttl_ms=reply_ttl, **journal
+            )
         window = settings.dedup_window_ms if entry.msgid_given else 0
-        return UnitOfWork(publisher, entry_id, Action.DELIVER, entry.msgid, envelope=envelope, queues=queues,
-                          dedup_window_ms=window, reply_ttl_ms=reply_ttl, **journal)
+        return UnitOfWork(
+            publisher,
+            entry_id,
+            Action.DELIVER,
+            entry.msgid,
+            envelope=envelope,
+            queues=queues,
+            dedup_window_ms=window,
+            reply_ttl_ms=reply_ttl,
+            **journal,
+        )
 
     def _heartbeat(self, now_ms: int) -> None:
         if now_ms < self._next_heartbeat_ms:

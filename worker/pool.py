@@ -94,6 +94,7 @@ class Pool:
 
     def run(self) -> None:
         """Start, supervise until SIGTERM/SIGINT, then stop."""
+
         def _on_signal(signum: int, frame: object) -> None:
             self.stopping = True
 

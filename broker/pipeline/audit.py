@@ -112,8 +112,7 @@ class AuditReport:
     @property
     def violations(self) -> int:
         """Every violation found, all kinds together."""
-        return (self.order_violations + self.duplicates + self.missing + self.unexpected
-                + self.seq_mismatches)
+        return self.order_violations + self.duplicates + self.missing + self.unexpected + self.seq_mismatches
 
     @property
     def ok(self) -> bool:
@@ -123,9 +122,11 @@ class AuditReport:
     def line(self) -> str:
         """``audited=<n> order_violations=<n> duplicates=<n> missing=<n> p50_ms=<x> p99_ms=<x>``."""
         p50, p99 = self.latency_ms.get("p50"), self.latency_ms.get("p99")
-        return (f"audited={self.audited} order_violations={self.order_violations} "
-                f"duplicates={self.duplicates} missing={self.missing} "
-                f"p50_ms={_fmt(p50)} p99_ms={_fmt(p99)}")
+        return (
+            f"audited={self.audited} order_violations={self.order_violations} "
+            f"duplicates={self.duplicates} missing={self.missing} "
+            f"p50_ms={_fmt(p50)} p99_ms={_fmt(p99)}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The report as a JSON object."""
@@ -208,43 +209,65 @@ def run_audit(
     report = AuditReport()
     raw = read_journal(spark, journal)
     order_id = F.split(F.col("journal_id"), "-")
-    journal_df = (raw.dropDuplicates(["journal_id"])
-                  .withColumn("_jms", order_id.getItem(0).cast("long"))
-                  .withColumn("_jn", order_id.getItem(1).cast("long"))
-                  .persist())
+    journal_df = (
+        raw.dropDuplicates(["journal_id"])
+        .withColumn("_jms", order_id.getItem(0).cast("long"))
+        .withColumn("_jn", order_id.getItem(1).cast("long"))
+        .persist()
+    )
     cached: list[DataFrame] = [journal_df]
     try:
-        report.statuses = {r["status"]: int(r["count"]) for r in journal_df.groupBy("status").count().collect()}
+        report.statuses = {
+            r["status"]: int(r["count"]) for r in journal_df.groupBy("status").count().collect()
+        }
         report.audited = sum(report.statuses.values())
         report.repeated_records = int(raw.count()) - report.audited
 
         delivered = journal_df.filter(F.col("status") == "delivered")
-        pairs = (delivered
-                 .select("publisher", "msgid", "seq", "topic", "journal_id", "_jms", "_jn",
-                         F.explode("subs").alias("sub"))
-                 .withColumn("_occ", F.row_number().over(
-                     Window.partitionBy(*_PAIR).orderBy("_jms", "_jn")))
-                 .persist())
+        pairs = (
+            delivered.select(
+                "publisher",
+                "msgid",
+                "seq",
+                "topic",
+                "journal_id",
+                "_jms",
+                "_jn",
+                F.explode("subs").alias("sub"),
+            )
+            .withColumn("_occ", F.row_number().over(Window.partitionBy(*_PAIR).orderBy("_jms", "_jn")))
+            .persist()
+        )
         cached.append(pairs)
         firsts = pairs.filter(F.col("_occ") == 1)
 
         per_sub: dict[str, dict[str, int]] = {}
-        for row in pairs.groupBy("sub").agg(
-            F.count(F.lit(1)).alias("deliveries"),
-            F.sum((F.col("_occ") > 1).cast("int")).alias("duplicates"),
-            F.sum(((F.col("_occ") == 1) & F.col("seq").isNull()).cast("int")).alias("no_seq"),
-        ).collect():
-            per_sub[row["sub"]] = {"deliveries": int(row["deliveries"]), "duplicates": int(row["duplicates"]),
-                                   "order_violations": 0}
+        for row in (
+            pairs.groupBy("sub")
+            .agg(
+                F.count(F.lit(1)).alias("deliveries"),
+                F.sum((F.col("_occ") > 1).cast("int")).alias("duplicates"),
+                F.sum(((F.col("_occ") == 1) & F.col("seq").isNull()).cast("int")).alias("no_seq"),
+            )
+            .collect()
+        ):
+            per_sub[row["sub"]] = {
+                "deliveries": int(row["deliveries"]),
+                "duplicates": int(row["duplicates"]),
+                "order_violations": 0,
+            }
             report.deliveries += int(row["deliveries"])
             report.duplicates += int(row["duplicates"])
             report.no_seq += int(row["no_seq"])
 
-        checked = (firsts.filter(F.col("seq").isNotNull())
-                   .withColumn("prev_seq", F.lag("seq").over(
-                       Window.partitionBy("sub", "publisher").orderBy("_jms", "_jn")))
-                   .filter(F.col("prev_seq").isNotNull() & (F.col("seq") <= F.col("prev_seq")))
-                   .persist())
+        checked = (
+            firsts.filter(F.col("seq").isNotNull())
+            .withColumn(
+                "prev_seq", F.lag("seq").over(Window.partitionBy("sub", "publisher").orderBy("_jms", "_jn"))
+            )
+            .filter(F.col("prev_seq").isNotNull() & (F.col("seq") <= F.col("prev_seq")))
+            .persist()
+        )
         cached.append(checked)
         for row in checked.groupBy("sub", "publisher").count().collect():
             n = int(row["count"])
@@ -254,12 +277,18 @@ def run_audit(
             report.order_violations_by_publisher.setdefault(row["sub"], {})[row["publisher"]] = n
         if report.order_violations:
             report.examples["order_violations"] = _rows(
-                checked.orderBy("_jms", "_jn").select("sub", "publisher", "msgid", "seq", "prev_seq",
-                                                      "journal_id"), examples)
+                checked.orderBy("_jms", "_jn").select(
+                    "sub", "publisher", "msgid", "seq", "prev_seq", "journal_id"
+                ),
+                examples,
+            )
         if report.duplicates:
             report.examples["duplicates"] = _rows(
-                pairs.filter(F.col("_occ") > 1).orderBy("_jms", "_jn")
-                .select("sub", "publisher", "msgid", "seq", "journal_id"), examples)
+                pairs.filter(F.col("_occ") > 1)
+                .orderBy("_jms", "_jn")
+                .select("sub", "publisher", "msgid", "seq", "journal_id"),
+                examples,
+            )
 
         delivered_pubs = delivered.select("publisher", "msgid", "topic").dropDuplicates(_PUB).persist()
         cached.append(delivered_pubs)
@@ -268,37 +297,49 @@ def run_audit(
         unjournaled_count = 0
         if source is not None:
             report.checked.append("source")
-            src = prepare(read_source(spark, source), source).select("publisher", "msgid", "seq", "topic").persist()
+            src = (
+                prepare(read_source(spark, source), source)
+                .select("publisher", "msgid", "seq", "topic")
+                .persist()
+            )
             cached.append(src)
             journaled = journal_df.select(*_PUB).distinct()
             unjournaled = src.join(journaled, _PUB, "left_anti").persist()
             cached.append(unjournaled)
             unjournaled_count = int(unjournaled.count())
             delivered_seq = delivered.select(*_PUB, F.col("seq").alias("_jseq")).dropDuplicates(_PUB)
-            mismatched = (src.join(delivered_seq, _PUB)
-                          .filter(~F.col("seq").eqNullSafe(F.col("_jseq"))))
+            mismatched = src.join(delivered_seq, _PUB).filter(~F.col("seq").eqNullSafe(F.col("_jseq")))
             report.seq_mismatches = int(mismatched.count())
             if report.seq_mismatches:
                 report.examples["seq_mismatches"] = _rows(
-                    mismatched.select("publisher", "msgid", "seq", F.col("_jseq").alias("journal_seq")), examples)
+                    mismatched.select("publisher", "msgid", "seq", F.col("_jseq").alias("journal_seq")),
+                    examples,
+                )
             report.source = {
                 "rows": int(src.count()),
                 "unjournaled": unjournaled_count,
-                "duplicate_only": int(src.join(delivered_pubs.select(*_PUB), _PUB, "left_anti")
-                                      .join(journaled, _PUB, "left_semi").count()),
+                "duplicate_only": int(
+                    src.join(delivered_pubs.select(*_PUB), _PUB, "left_anti")
+                    .join(journaled, _PUB, "left_semi")
+                    .count()
+                ),
                 "not_in_source": int(delivered_pubs.join(src.select(*_PUB), _PUB, "left_anti").count()),
             }
             scope = delivered_pubs.unionByName(unjournaled.select("publisher", "msgid", "topic"))
             if unjournaled_count:
-                report.examples["unjournaled"] = _rows(unjournaled.select("publisher", "msgid", "seq", "topic"),
-                                                       examples)
+                report.examples["unjournaled"] = _rows(
+                    unjournaled.select("publisher", "msgid", "seq", "topic"), examples
+                )
 
         if subscriptions is not None:
             report.checked.append("subscriptions")
-            topics = [r["topic"] for r in scope.select("topic").distinct().collect() if r["topic"] is not None]
+            topics = [
+                r["topic"] for r in scope.select("topic").distinct().collect() if r["topic"] is not None
+            ]
             recipients = subscriptions.recipients(topics)
-            routes = spark.createDataFrame([(t, s) for t, subs in recipients.items() for s in subs],
-                                           "topic string, sub string")
+            routes = spark.createDataFrame(
+                [(t, s) for t, subs in recipients.items() for s in subs], "topic string, sub string"
+            )
             expected = scope.join(F.broadcast(routes), "topic").select(*_PAIR, "topic").persist()
             cached.append(expected)
             got = firsts.select(*_PAIR, "topic")
@@ -308,7 +349,9 @@ def run_audit(
             count = F.count(F.lit(1)).alias("n")
             _per_sub(expected.groupBy("sub").agg(count).collect(), "expected", per_sub)
             report.missing = _per_sub(missing.groupBy("sub").agg(count).collect(), "missing", per_sub)
-            report.unexpected = _per_sub(unexpected.groupBy("sub").agg(count).collect(), "unexpected", per_sub)
+            report.unexpected = _per_sub(
+                unexpected.groupBy("sub").agg(count).collect(), "unexpected", per_sub
+            )
             if report.missing:
                 report.examples["missing"] = _rows(missing, examples)
             if report.unexpected:
@@ -332,45 +375,69 @@ def run_audit(
 def _latency(delivered: DataFrame, bins: int) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
-    lat = (delivered.select((F.col("dlv_ms") - F.col("enq_ms")).alias("lat"))
-           .filter(F.col("lat").isNotNull()))
+    lat = delivered.select((F.col("dlv_ms") - F.col("enq_ms")).alias("lat")).filter(F.col("lat").isNotNull())
     stats = lat.agg(
-        F.count(F.lit(1)).alias("count"), F.min("lat").alias("min"), F.max("lat").alias("max"),
+        F.count(F.lit(1)).alias("count"),
+        F.min("lat").alias("min"),
+        F.max("lat").alias("max"),
         F.avg("lat").alias("mean"),
         F.expr("percentile(lat, array(0.5, 0.9, 0.99))").alias("pct"),
     ).first()
     if stats is None or not stats["count"]:
-        return {"count": 0, "min": None, "max": None, "mean": None, "p50": None, "p90": None, "p99": None,
-                "histogram": {"edges": [], "counts": []}}
+        return {
+            "count": 0,
+            "min": None,
+            "max": None,
+            "mean": None,
+            "p50": None,
+            "p90": None,
+            "p99": None,
+            "histogram": {"edges": [], "counts": []},
+        }
     low, high = int(stats["min"]), int(stats["max"])
     width = max(1, math.ceil((high - low + 1) / bins))
     counts = [0] * bins
     for row in lat.groupBy(F.floor((F.col("lat") - low) / width).alias("bin")).count().collect():
         counts[min(int(row["bin"]), bins - 1)] += int(row["count"])
     p50, p90, p99 = (float(x) for x in stats["pct"])
-    return {"count": int(stats["count"]), "min": low, "max": high, "mean": round(float(stats["mean"]), 3),
-            "p50": p50, "p90": p90, "p99": p99,
-            "histogram": {"edges": [low + i * width for i in range(bins + 1)], "counts": counts}}
+    return {
+        "count": int(stats["count"]),
+        "min": low,
+        "max": high,
+        "mean": round(float(stats["mean"]), 3),
+        "p50": p50,
+        "p90": p90,
+        "p99": p99,
+        "histogram": {"edges": [low + i * width for i in range(bins + 1)], "counts": counts},
+    }
 
 
 def _fanout(delivered: DataFrame) -> dict[str, dict[str, Any]]:
     from pyspark.sql import functions as F
 
-    rows = (delivered
-            .select(F.regexp_extract(F.coalesce(F.col("topic"), F.lit("")), r"^/*[^/]*", 0).alias("root"),
-                    F.size("subs").alias("fanout"))
-            .groupBy("root", "fanout").count().collect())
+    rows = (
+        delivered.select(
+            F.regexp_extract(F.coalesce(F.col("topic"), F.lit("")), r"^/*[^/]*", 0).alias("root"),
+            F.size("subs").alias("fanout"),
+        )
+        .groupBy("root", "fanout")
+        .count()
+        .collect()
+    )
     out: dict[str, dict[str, Any]] = {}
     for row in sorted(rows, key=lambda r: (r["root"], r["fanout"])):
-        entry = out.setdefault(row["root"], {"publications": 0, "deliveries": 0, "mean": 0.0, "max": 0,
-                                             "histogram": {}})
+        entry = out.setdefault(
+            row["root"], {"publications": 0, "deliveries": 0, "mean": 0.0, "max": 0, "histogram": {}}
+        )
         n, fanout = int(row["count"]), int(row["fanout"])
         entry["publications"] += n
         entry["deliveries"] += n * fanout
         entry["max"] = max(entry["max"], fanout)
         entry["histogram"][str(fanout)] = n
     for entry in out.values():
-        entry["mean"] = round(entry["deliveries"] / entry["publications"], 3) if entry["publications"] else 0.0
+        entry["mean"] = (
+            round(entry["deliveries"] / entry["publications"], 3) if entry["publications"] else 0.0
+        )
     return out
 
 
@@ -391,8 +458,9 @@ def write_figure(report: AuditReport, path: str | Path) -> None:
     edges, counts = hist.get("edges") or [], hist.get("counts") or []
     if counts:
         widths = [edges[i + 1] - edges[i] for i in range(len(counts))]
-        ax_lat.bar(edges[:-1], counts, width=widths, align="edge", color="#4C72B0", edgecolor="white",
-                   linewidth=0.3)
+        ax_lat.bar(
+            edges[:-1], counts, width=widths, align="edge", color="#4C72B0", edgecolor="white", linewidth=0.3
+        )
         ax_lat.set_yscale("log")
         for name, style in (("p50", "--"), ("p99", ":")):
             value = report.latency_ms.get(name)
@@ -412,8 +480,12 @@ def write_figure(report: AuditReport, path: str | Path) -> None:
         for i, root in enumerate(roots):
             entry = report.fanout[root]
             heights = [entry["histogram"].get(str(k), 0) for k in sizes]
-            ax_fan.bar([x + (i - (len(roots) - 1) / 2) * width for x in range(len(sizes))], heights, width=width,
-                       label=f"{root or '(empty)'}: {entry['publications']} pubs, mean {entry['mean']:.2f}")
+            ax_fan.bar(
+                [x + (i - (len(roots) - 1) / 2) * width for x in range(len(sizes))],
+                heights,
+                width=width,
+                label=f"{root or '(empty)'}: {entry['publications']} pubs, mean {entry['mean']:.2f}",
+            )
         ax_fan.set_xticks(range(len(sizes)), [str(k) for k in sizes])
         ax_fan.legend(fontsize=8)
     else:

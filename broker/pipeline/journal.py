@@ -49,26 +49,38 @@ DEFAULT_ROWS_PER_FILE = 500_000
 #: One stream record as redis-py returns it (``decode_responses=False``).
 _Record = tuple[bytes, dict[bytes, bytes]]
 
-JOURNAL_COLUMNS = ("journal_id", "entry_id", "msgid", "publisher", "seq", "topic", "subs", "enq_ms",
-                   "dlv_ms", "status")
+JOURNAL_COLUMNS = (
+    "journal_id",
+    "entry_id",
+    "msgid",
+    "publisher",
+    "seq",
+    "topic",
+    "subs",
+    "enq_ms",
+    "dlv_ms",
+    "status",
+)
 
 
 def journal_schema() -> pa.Schema:
     """The Arrow schema of an exported journal."""
     import pyarrow as pa
 
-    return pa.schema([
-        ("journal_id", pa.string()),
-        ("entry_id", pa.string()),
-        ("msgid", pa.string()),
-        ("publisher", pa.string()),
-        ("seq", pa.int64()),
-        ("topic", pa.string()),
-        ("subs", pa.list_(pa.string())),
-        ("enq_ms", pa.int64()),
-        ("dlv_ms", pa.int64()),
-        ("status", pa.string()),
-    ])
+    return pa.schema(
+        [
+            ("journal_id", pa.string()),
+            ("entry_id", pa.string()),
+            ("msgid", pa.string()),
+            ("publisher", pa.string()),
+            ("seq", pa.int64()),
+            ("topic", pa.string()),
+            ("subs", pa.list_(pa.string())),
+            ("enq_ms", pa.int64()),
+            ("dlv_ms", pa.int64()),
+            ("status", pa.string()),
+        ]
+    )
 
 
 @dataclass

@@ -102,8 +102,10 @@ class PublishReport:
 
     def line(self) -> str:
         """``rows=<n> publishers=<n> rows_per_s=<n> elapsed_s=<x>``."""
-        return (f"rows={self.rows} publishers={self.publishers} rows_per_s={int(self.rows_per_s)} "
-                f"elapsed_s={self.elapsed_s:.1f}")
+        return (
+            f"rows={self.rows} publishers={self.publishers} rows_per_s={int(self.rows_per_s)} "
+            f"elapsed_s={self.elapsed_s:.1f}"
+        )
 
 
 def _entries_added(client: redis.Redis, qm: str) -> int:
@@ -167,8 +169,9 @@ def _publish_partition(
             if fail_after is not None and sent + pending >= fail_after:
                 break
             publisher = row["publisher"]
-            fields = publication_fields(publisher, row["topic"], row["body"].encode(), msgid=row["msgid"],
-                                        seq=row["seq"])
+            fields = publication_fields(
+                publisher, row["topic"], row["body"].encode(), msgid=row["msgid"], seq=row["seq"]
+            )
             pipe.xadd(stream, cast(dict[Any, Any], fields))
             counts[publisher] = counts.get(publisher, 0) + 1
             pending += 1
@@ -245,24 +248,35 @@ def publish_dataset(
     if fail_partition is not None:
         attempts = task_attempts(str(sc.master))
         if attempts is not None and attempts < 2:
-            raise ValueError(f"fail_partition needs task retries but master {sc.master!r} runs each task once; "
-                             "use a master like local[2,3]")
+            raise ValueError(
+                f"fail_partition needs task retries but master {sc.master!r} runs each task once; "
+                "use a master like local[2,3]"
+            )
     started = time.perf_counter()
     client = connect(redis_url, check=True)
     try:
         added_before = _entries_added(client, qm)
         n = partitions or sc.defaultParallelism
-        rows = (prepare(read_source(spark, source), source)
-                .repartition(n, "publisher")
-                .sortWithinPartitions("publisher", "seq"))
+        rows = (
+            prepare(read_source(spark, source), source)
+            .repartition(n, "publisher")
+            .sortWithinPartitions("publisher", "seq")
+        )
         rows = rows.persist()
         marker_dir = tempfile.mkdtemp(prefix="broker-fail-") if fail_partition is not None else None
         try:
             total = rows.count()
             counter = sc.accumulator(0)
             task = functools.partial(
-                _publish_partition, redis_url=redis_url, qm=qm, batch=batch, max_backlog=max_backlog,
-                backlog_timeout_ms=backlog_timeout_ms, counter=counter, fail_partition=fail_partition, marker_dir=marker_dir,
+                _publish_partition,
+                redis_url=redis_url,
+                qm=qm,
+                batch=batch,
+                max_backlog=max_backlog,
+                backlog_timeout_ms=backlog_timeout_ms,
+                counter=counter,
+                fail_partition=fail_partition,
+                marker_dir=marker_dir,
             )
 
             def report_progress() -> None:
@@ -298,5 +312,10 @@ def publish_dataset(
         raise ConnectionLost(f"cannot reach Redis at {redis_url}: {exc}") from exc
     finally:
         client.close()
-    return PublishReport(rows=int(counter.value), publishers=len(per_publisher), elapsed_s=elapsed,
-                         xadds=xadds, per_publisher=per_publisher)
+    return PublishReport(
+        rows=int(counter.value),
+        publishers=len(per_publisher),
+        elapsed_s=elapsed,
+        xadds=xadds,
+        per_publisher=per_publisher,
+    )

@@ -59,8 +59,9 @@ def filter_pattern(topic_filter: str) -> re.Pattern[str]:
         if level == "+":
             parts.append("[^/]*")
         elif "+" in level or "#" in level:
-            raise ValueError(f"invalid topic filter {topic_filter!r}: '+' and '#' must be whole levels, "
-                             "'#' only the last")
+            raise ValueError(
+                f"invalid topic filter {topic_filter!r}: '+' and '#' must be whole levels, '#' only the last"
+            )
         else:
             parts.append(re.escape(level))
     body = "/".join(parts)
@@ -103,14 +104,17 @@ class Subscriptions:
             if topic in out:
                 continue
             reached = link_closure(topic, targets)
-            out[topic] = [sub_id for sub_id, pattern in patterns
-                          if any(pattern.fullmatch(t) for t in reached)]
+            out[topic] = [
+                sub_id for sub_id, pattern in patterns if any(pattern.fullmatch(t) for t in reached)
+            ]
         return out
 
     def to_json(self) -> dict[str, Any]:
         """The file's JSON object."""
-        return {"subscriptions": dict(sorted(self.subscriptions.items())),
-                "links": [list(pair) for pair in sorted(self.links)]}
+        return {
+            "subscriptions": dict(sorted(self.subscriptions.items())),
+            "links": [list(pair) for pair in sorted(self.links)],
+        }
 
     def write(self, path: str | Path) -> None:
         """Write the subscriptions file."""
@@ -124,7 +128,9 @@ class Subscriptions:
             ValueError: it is not ``{"subscriptions": {id: filter}, "links": [[source, target], ...]}``.
         """
         if not isinstance(data, dict) or not isinstance(data.get("subscriptions"), dict):
-            raise ValueError('a subscriptions file is {"subscriptions": {"<id>": "<filter>"}, "links": [...]}')
+            raise ValueError(
+                'a subscriptions file is {"subscriptions": {"<id>": "<filter>"}, "links": [...]}'
+            )
         subs = {str(k): str(v) for k, v in data["subscriptions"].items()}
         links: list[tuple[str, str]] = []
         for item in data.get("links") or []:

@@ -30,8 +30,14 @@ if TYPE_CHECKING:
 
 #: Data set formats the jobs read.
 FORMATS = ("parquet", "csv", "json")
-_EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".json": "json", ".jsonl": "json",
-               ".ndjson": "json"}
+_EXTENSIONS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+}
 #: The columns ``prepare`` returns, in order.
 PUBLICATION_COLUMNS = ("publisher", "topic", "msgid", "seq", "body")
 
@@ -82,8 +88,9 @@ def source_format(path: str, given: str | None = None) -> str:
             candidate = parts[0]
     found = _EXTENSIONS.get(candidate.suffix.lower())
     if found is None:
-        raise ValueError(f"cannot tell the format of {path!r} from its name: give --format "
-                         f"({', '.join(FORMATS)})")
+        raise ValueError(
+            f"cannot tell the format of {path!r} from its name: give --format ({', '.join(FORMATS)})"
+        )
     return found
 
 
@@ -110,8 +117,10 @@ def read_source(spark: SparkSession, spec: SourceSpec) -> DataFrame:
 def _check_columns(what: str, names: Sequence[str], columns: Sequence[str]) -> None:
     unknown = [n for n in names if n not in columns]
     if unknown:
-        raise ValueError(f"{what}: no column {', '.join(map(repr, unknown))} in the data set "
-                         f"(columns: {', '.join(columns)})")
+        raise ValueError(
+            f"{what}: no column {', '.join(map(repr, unknown))} in the data set "
+            f"(columns: {', '.join(columns)})"
+        )
 
 
 def topic_fields(topic: str, columns: Sequence[str]) -> list[tuple[str, str | None]]:
@@ -177,8 +186,9 @@ def prepare(df: DataFrame, spec: SourceSpec) -> DataFrame:
     _check_columns("--body-columns", body_columns, columns)
     _check_columns("--key-columns", key_columns, columns)
     keep_nulls = {"ignoreNullFields": "false"}
-    publisher = F.concat(F.lit(spec.publisher_prefix),
-                         F.coalesce(F.col(spec.publisher_column).cast("string"), F.lit("")))
+    publisher = F.concat(
+        F.lit(spec.publisher_prefix), F.coalesce(F.col(spec.publisher_column).cast("string"), F.lit(""))
+    )
     with_ids = df.select(
         publisher.alias("publisher"),
         _topic_column(spec.topic, columns).alias("topic"),

@@ -55,10 +55,12 @@ class BenchError(RuntimeError):
 
 def code_state(repo: os.PathLike[str] | str) -> dict[str, Any]:
     """The commit measured and whether broker/ or worker/ had uncommitted changes (others edit concurrently)."""
+
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                                  timeout=10).stdout.rstrip("\n")
+            return subprocess.run(
+                ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10
+            ).stdout.rstrip("\n")
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
@@ -177,7 +179,9 @@ class Topology:
             topo.checked[topic] = len(route.subscriptions)
             topo.via.setdefault("example", [f"{t}: {len(s)}" for t, s in route.via.items()])
             if len(route.subscriptions) != FANOUT:
-                raise BenchError(f"{topic} resolves to {len(route.subscriptions)} subscriptions, not {FANOUT}")
+                raise BenchError(
+                    f"{topic} resolves to {len(route.subscriptions)} subscriptions, not {FANOUT}"
+                )
         for key in (keys.subscriptions(qm), keys.links(qm), keys.version(qm)):
             topo.snapshot[key] = client.dump(key)
         return topo
@@ -232,8 +236,11 @@ class CpuMeter:
         self._start = self._read()
 
     def _read(self) -> tuple[float, dict[str, int], tuple[int, int]]:
-        return (time.perf_counter(), {name: sum(_proc_ticks(p) for p in pids) for name, pids in self.pids.items()},
-                _box_ticks())
+        return (
+            time.perf_counter(),
+            {name: sum(_proc_ticks(p) for p in pids) for name, pids in self.pids.items()},
+            _box_ticks(),
+        )
 
     def stop(self) -> dict[str, float]:
         """CPU since creation: each name, ``box`` (all processes) and ``foreign`` (box minus ours), % of one core."""
@@ -279,15 +286,25 @@ def _preload_raw(client: redis.Redis, stream: str, n: int, body_list: list[bytes
     for i in range(n):
         p = i % PUBLISHERS
         seqs[p] += 1
-        pipe.xadd(stream, {"publisher": f"p{p:02d}", "seq": seqs[p], "topic": rng.choice(TOPICS),
-                           "ts": now_ms, "msgid": f"m{i}", "body": body_list[i % len(body_list)]})
+        pipe.xadd(
+            stream,
+            {
+                "publisher": f"p{p:02d}",
+                "seq": seqs[p],
+                "topic": rng.choice(TOPICS),
+                "ts": now_ms,
+                "msgid": f"m{i}",
+                "body": body_list[i % len(body_list)],
+            },
+        )
         if len(pipe) >= 1000:
             pipe.execute()
     pipe.execute()
 
 
-def run_ceiling(client: redis.Redis, host: str, port: int, routes: dict[str, tuple[str, ...]], n: int,
-                tx_per_rt: int = 50) -> dict[str, Any]:
+def run_ceiling(
+    client: redis.Redis, host: str, port: int, routes: dict[str, tuple[str, ...]], n: int, tx_per_rt: int = 50
+) -> dict[str, Any]:
     """Time ``n`` MULTI / F x LPUSH / XACK / EXEC transactions, ``tx_per_rt`` per round trip.
 
     Entries are preloaded and read into the group's PEL first (untimed). The timed loop
@@ -327,10 +344,15 @@ def run_ceiling(client: redis.Redis, host: str, port: int, routes: dict[str, tup
     try:
         for first in range(0, len(entries), tx_per_rt):
             out = bytearray()
-            chunk = entries[first:first + tx_per_rt]
+            chunk = entries[first : first + tx_per_rt]
             for entry_id, fields in chunk:
                 header = b'{"entry_id":"%s","publisher":"%s","seq":%s,"topic":"%s","ts":%s}\n' % (
-                    entry_id, fields[b"publisher"], fields[b"seq"], fields[b"topic"], fields[b"ts"])
+                    entry_id,
+                    fields[b"publisher"],
+                    fields[b"seq"],
+                    fields[b"topic"],
+                    fields[b"ts"],
+                )
                 payload = _bulk(header + fields[b"body"])
                 out += multi
                 for prefix in prefixes[fields[b"topic"].decode()]:
@@ -351,8 +373,9 @@ def run_ceiling(client: redis.Redis, host: str, port: int, routes: dict[str, tup
                     reader.feed(view, 0, size)
                     continue
                 got_replies += 1
-                if isinstance(reply, hiredis.ReplyError) or (isinstance(reply, list) and any(
-                        isinstance(r, hiredis.ReplyError) for r in reply)):
+                if isinstance(reply, hiredis.ReplyError) or (
+                    isinstance(reply, list) and any(isinstance(r, hiredis.ReplyError) for r in reply)
+                ):
                     raise BenchError(f"ceiling transaction failed: {reply!r}")
         elapsed = time.perf_counter() - start
     finally:
@@ -363,8 +386,13 @@ def run_ceiling(client: redis.Redis, host: str, port: int, routes: dict[str, tup
     if pending:
         raise BenchError(f"ceiling: {pending} entries left unacknowledged")
     return {
-        "n": done, "fanout": fanout, "tx_per_rt": tx_per_rt, "elapsed_s": round(elapsed, 3),
-        "tx_per_s": round(done / elapsed), "deliveries_per_s": round(done * fanout / elapsed), "cpu": cpu,
+        "n": done,
+        "fanout": fanout,
+        "tx_per_rt": tx_per_rt,
+        "elapsed_s": round(elapsed, 3),
+        "tx_per_s": round(done / elapsed),
+        "deliveries_per_s": round(done * fanout / elapsed),
+        "cpu": cpu,
         "redis_cpu_us_per_pub": round(cpu["redis"] / 100 * elapsed * 1e6 / max(done, 1), 2),
     }
 
@@ -439,8 +467,13 @@ def preload(client: redis.Redis, qm: str, n: int, hot: bool, chunk: int, seed: i
         if rng.random() < 0.02:
             msgids.append((pid, results[-1].msgid))
     elapsed = time.perf_counter() - start
-    return {"n": n, "elapsed_s": round(elapsed, 3), "xadd_per_s": round(n / elapsed),
-            "hot_share": round(counts["p00"] / n, 3), "msgids": msgids[:100]}
+    return {
+        "n": n,
+        "elapsed_s": round(elapsed, 3),
+        "xadd_per_s": round(n / elapsed),
+        "hot_share": round(counts["p00"] / n, 3),
+        "msgids": msgids[:100],
+    }
 
 
 def group_progress(client: redis.Redis, stream: str) -> tuple[bool, int, int]:
@@ -491,7 +524,9 @@ def work_split(client: redis.Redis, qm: str, n: int, timeout_s: float = 3.0) -> 
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        counts = [int(json.loads(raw).get("processed") or 0) for raw in client.hgetall(keys.workers(qm)).values()]
+        counts = [
+            int(json.loads(raw).get("processed") or 0) for raw in client.hgetall(keys.workers(qm)).values()
+        ]
         if sum(counts) >= n:
             return sorted((round(c / sum(counts), 3) for c in counts), reverse=True)
         if time.monotonic() > deadline:
@@ -528,10 +563,23 @@ class Profiler:
         exe = os.path.join(os.path.dirname(sys.executable), "py-spy")
         for pid in pids:
             path = os.path.join(out_dir, f"{label}-{pid}.txt")
-            cmd = [exe, "record", "--pid", str(pid), "--rate", str(rate), "--idle", "--format", "raw",
-                   "--output", path, "--nonblocking"]
-            self.procs.append((pid, path, subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
-                                                           stderr=subprocess.DEVNULL)))
+            cmd = [
+                exe,
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                str(rate),
+                "--idle",
+                "--format",
+                "raw",
+                "--output",
+                path,
+                "--nonblocking",
+            ]
+            self.procs.append(
+                (pid, path, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            )
 
     def stop(self) -> dict[str, Any]:
         """SIGINT every py-spy (it writes its file) and summarise the collapsed stacks."""
@@ -583,13 +631,24 @@ def summarise_stacks(stacks: Counter[str], top: int = 25) -> dict[str, Any]:
         for name in set(frames):
             inclusive[name] += count
     share = lambda c: round(100 * c / total, 1)  # noqa: E731
-    return {"samples": total,
-            "self": [(name, share(c)) for name, c in own.most_common(top)],
-            "inclusive": [(name, share(c)) for name, c in inclusive.most_common(top)]}
+    return {
+        "samples": total,
+        "self": [(name, share(c)) for name, c in own.most_common(top)],
+        "inclusive": [(name, share(c)) for name, c in inclusive.most_common(top)],
+    }
 
 
-def run_broker(client: redis.Redis, settings: Settings, topo: Topology, n: int, workers: int, hot: bool,
-               chunk: int, profile_dir: str | None = None, label: str = "") -> dict[str, Any]:
+def run_broker(
+    client: redis.Redis,
+    settings: Settings,
+    topo: Topology,
+    n: int,
+    workers: int,
+    hot: bool,
+    chunk: int,
+    profile_dir: str | None = None,
+    label: str = "",
+) -> dict[str, Any]:
     """Preload ``n`` publications, then time the pool draining them into the subscriber queues.
 
     The clock starts when all ``workers`` have registered (a worker writes its first
@@ -669,29 +728,42 @@ def run_broker(client: redis.Redis, settings: Settings, topo: Topology, n: int, 
     dedup_found = sum(pipe.execute())
     redis_cpu_us = cpu.get("redis", 0.0) / 100 * elapsed * 1e6
     result = {
-        "n": n, "workers": workers, "hot": hot, "elapsed_s": round(elapsed, 3),
+        "n": n,
+        "workers": workers,
+        "hot": hot,
+        "elapsed_s": round(elapsed, 3),
         "measured_publications": measured,
-        "pubs_per_s": round(measured / elapsed), "deliveries_per_s": round(measured * FANOUT / elapsed),
+        "pubs_per_s": round(measured / elapsed),
+        "deliveries_per_s": round(measured * FANOUT / elapsed),
         "steady_10_90_pubs_per_s": steady,
         "from_spawn_pubs_per_s": round(n / (t_end - t_spawn)),
         "spawn_to_registered_s": round(t0 - t_spawn, 3),
         "acked_before_registered": acked0,
-        "deliveries": delivered, "fanout_measured": round(delivered / n, 3), "dead_lettered": dead,
+        "deliveries": delivered,
+        "fanout_measured": round(delivered / n, 3),
+        "dead_lettered": dead,
         "work_split": split,
-        "order_inversions": inversions, "order_checked": checked,
+        "order_inversions": inversions,
+        "order_checked": checked,
         "dedup_records_found": f"{dedup_found}/{len(loaded['msgids'])}",
-        "preload_xadd_per_s": loaded["xadd_per_s"], "preload_s": loaded["elapsed_s"],
-        "hot_share": loaded["hot_share"], "cpu": cpu,
+        "preload_xadd_per_s": loaded["xadd_per_s"],
+        "preload_s": loaded["elapsed_s"],
+        "hot_share": loaded["hot_share"],
+        "cpu": cpu,
         "redis_cpu_us_per_pub": round(redis_cpu_us / max(measured, 1), 2),
         # (command, calls per publication, usec per publication); commands run inside
         # scripts are counted both on their own and inside evalsha
-        "redis_commands": sorted(((k, round(v["calls"] / n, 3), round(v["usec"] / n, 2)) for k, v in stats.items()),
-                                 key=lambda x: -x[2])[:8],
+        "redis_commands": sorted(
+            ((k, round(v["calls"] / n, 3), round(v["usec"] / n, 2)) for k, v in stats.items()),
+            key=lambda x: -x[2],
+        )[:8],
     }
     if profile is not None:
         result["profile"] = profile
     if delivered != n * FANOUT or dead:
-        raise BenchError(f"expected {n * FANOUT} deliveries, found {delivered} ({dead} dead-lettered): {result}")
+        raise BenchError(
+            f"expected {n * FANOUT} deliveries, found {delivered} ({dead} dead-lettered): {result}"
+        )
     return result
 
 
@@ -725,10 +797,13 @@ def latency_publisher(url: str, qm: str, rate: float, count: int, conn: Any) -> 
         else:
             behind_max = max(behind_max, -wait)
             late += wait < -0.001
-        pubs[k % len(pubs)].publish(LATENCY_TOPICS[k % len(LATENCY_TOPICS)], body,
-                                    properties={"sent_ns": time.time_ns()})
+        pubs[k % len(pubs)].publish(
+            LATENCY_TOPICS[k % len(LATENCY_TOPICS)], body, properties={"sent_ns": time.time_ns()}
+        )
     elapsed = time.perf_counter() - start
-    conn.send({"sent": count, "elapsed_s": elapsed, "max_behind_ms": round(behind_max * 1000, 2), "late": late})
+    conn.send(
+        {"sent": count, "elapsed_s": elapsed, "max_behind_ms": round(behind_max * 1000, 2), "late": late}
+    )
     conn.close()
 
 
@@ -743,8 +818,15 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[index]
 
 
-def run_latency(client: redis.Redis, settings: Settings, topo: Topology, rate: float, duration_s: float,
-                warmup_s: float = 0.25, workers: int = 2) -> dict[str, Any]:
+def run_latency(
+    client: redis.Redis,
+    settings: Settings,
+    topo: Topology,
+    rate: float,
+    duration_s: float,
+    warmup_s: float = 0.25,
+    workers: int = 2,
+) -> dict[str, Any]:
     """Publish at ``rate``/s for ``duration_s`` with ``workers`` running; BRPOP one queue and time each.
 
     Latency = ``time.time_ns()`` when the envelope was popped minus ``sent_ns`` (same
@@ -770,14 +852,23 @@ def run_latency(client: redis.Redis, settings: Settings, topo: Topology, rate: f
         wait_registered(client, qm, pool, workers)
         count = int(rate * duration_s)
         parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=latency_publisher, args=(settings.redis_url, qm, rate, count, child),
-                           name="bench-latency-publisher")
+        proc = ctx.Process(
+            target=latency_publisher,
+            args=(settings.redis_url, qm, rate, count, child),
+            name="bench-latency-publisher",
+        )
         queue = keys.sub_queue(qm, LATENCY_SUB)
         consumer = redis.Redis.from_url(settings.redis_url)
         closers.append(consumer.close)
         proc.start()
-        meter = CpuMeter({"redis": [redis_pid(client)], "workers": _worker_pids(client, qm),
-                          "bench": [os.getpid()], "publisher": [proc.pid]})
+        meter = CpuMeter(
+            {
+                "redis": [redis_pid(client)],
+                "workers": _worker_pids(client, qm),
+                "bench": [os.getpid()],
+                "publisher": [proc.pid],
+            }
+        )
         records: list[tuple[int, int]] = []
         idle_since = None
         while len(records) < count:
@@ -814,15 +905,25 @@ def run_latency(client: redis.Redis, settings: Settings, topo: Topology, rate: f
     first_sent = min(s for s, _ in records)
     lat_ms = sorted((r - s) / 1e6 for s, r in records if s - first_sent >= warmup_s * 1e9)
     return {
-        "rate": rate, "duration_s": duration_s, "workers": workers, "sent": pub_info.get("sent", count),
-        "received": len(records), "measured": len(lat_ms),
+        "rate": rate,
+        "duration_s": duration_s,
+        "workers": workers,
+        "sent": pub_info.get("sent", count),
+        "received": len(records),
+        "measured": len(lat_ms),
         "achieved_rate": round(pub_info["sent"] / pub_info["elapsed_s"]) if pub_info else None,
-        "publisher_max_behind_ms": pub_info.get("max_behind_ms"), "publisher_late_gt_1ms": pub_info.get("late"),
-        "p50_ms": round(_percentile(lat_ms, 50), 3), "p90_ms": round(_percentile(lat_ms, 90), 3),
-        "p99_ms": round(_percentile(lat_ms, 99), 3), "p999_ms": round(_percentile(lat_ms, 99.9), 3),
-        "max_ms": round(lat_ms[-1], 3) if lat_ms else None, "cpu": cpu,
-        "redis_commands": sorted(((k, round(v["calls"] / count, 3), round(v["usec"] / count, 2))
-                                  for k, v in stats.items()), key=lambda x: -x[2])[:10],
+        "publisher_max_behind_ms": pub_info.get("max_behind_ms"),
+        "publisher_late_gt_1ms": pub_info.get("late"),
+        "p50_ms": round(_percentile(lat_ms, 50), 3),
+        "p90_ms": round(_percentile(lat_ms, 90), 3),
+        "p99_ms": round(_percentile(lat_ms, 99), 3),
+        "p999_ms": round(_percentile(lat_ms, 99.9), 3),
+        "max_ms": round(lat_ms[-1], 3) if lat_ms else None,
+        "cpu": cpu,
+        "redis_commands": sorted(
+            ((k, round(v["calls"] / count, 3), round(v["usec"] / count, 2)) for k, v in stats.items()),
+            key=lambda x: -x[2],
+        )[:10],
     }
 
 
@@ -856,8 +957,11 @@ def run_kombu(client: redis.Redis, url: str, n: int) -> dict[str, Any]:
         meter = CpuMeter(meter_pids)
         start = time.perf_counter()
         for i in range(n):
-            producer.publish({"publisher": f"p{i % PUBLISHERS:02d}", "seq": i, "body": body},
-                             exchange=exchange, routing_key=f"t.{i % 1000}")
+            producer.publish(
+                {"publisher": f"p{i % PUBLISHERS:02d}", "seq": i, "body": body},
+                exchange=exchange,
+                routing_key=f"t.{i % 1000}",
+            )
         published_s = time.perf_counter() - start
         cpu_pub = meter.stop()
 
@@ -884,9 +988,16 @@ def run_kombu(client: redis.Redis, url: str, n: int) -> dict[str, Any]:
     client.flushdb()
     if received < n * FANOUT:
         raise BenchError(f"kombu: consumed {received} of {n * FANOUT}")
-    return {"n": n, "pubs_per_s": round(n / published_s), "published_deliveries_per_s": round(n * FANOUT / published_s),
-            "consumed_deliveries_per_s": round(received / consumed_s), "publish_s": round(published_s, 2),
-            "consume_s": round(consumed_s, 2), "cpu_publish": cpu_pub, "cpu_consume": cpu_consume}
+    return {
+        "n": n,
+        "pubs_per_s": round(n / published_s),
+        "published_deliveries_per_s": round(n * FANOUT / published_s),
+        "consumed_deliveries_per_s": round(received / consumed_s),
+        "publish_s": round(published_s, 2),
+        "consume_s": round(consumed_s, 2),
+        "cpu_publish": cpu_pub,
+        "cpu_consume": cpu_consume,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -897,8 +1008,10 @@ _METRICS = ("temp", "rh", "wind", "rain", "power", "door", "alarm", "cpu", "disk
 
 
 def _random_topic(rng: random.Random) -> str:
-    return (f"region{rng.randrange(100)}/site{rng.randrange(1000)}/dev{rng.randrange(1000)}/"
-            f"{_METRICS[rng.randrange(len(_METRICS))]}")
+    return (
+        f"region{rng.randrange(100)}/site{rng.randrange(1000)}/dev{rng.randrange(1000)}/"
+        f"{_METRICS[rng.randrange(len(_METRICS))]}"
+    )
 
 
 def filter_stream(seed: int = 5) -> Iterator[str]:
@@ -981,8 +1094,16 @@ def build_index(n: int) -> tuple[TopicIndex, LinkGraph, dict[str, Any]]:
             made += 1
         except LinkCycle:
             pass
-    return index, graph, {"build_s": round(build_s, 2), "bytes_per_sub": round(traced / n),
-                          "links": made, "wildcard_share": round(wildcards / n, 3)}
+    return (
+        index,
+        graph,
+        {
+            "build_s": round(build_s, 2),
+            "bytes_per_sub": round(traced / n),
+            "links": made,
+            "wildcard_share": round(wildcards / n, 3),
+        },
+    )
 
 
 def _time_per_call(fn: Callable[[str], Any], sample: list[str], min_s: float) -> float:
@@ -1019,8 +1140,11 @@ def run_matching(sizes: Sequence[int], min_s: float = 0.3, rounds: int = 5) -> l
             return found
 
         sizes_found = [len(resolve(t)) for t in sample]
-        info |= {"n": n, "avg_results": round(statistics.mean(sizes_found), 2),
-                 "matched_share": round(sum(1 for s in sizes_found if s) / len(sample), 3)}
+        info |= {
+            "n": n,
+            "avg_results": round(statistics.mean(sizes_found), 2),
+            "matched_share": round(sum(1 for s in sizes_found if s) / len(sample), 3),
+        }
         built.append((info, index.match, resolve))
     best: dict[int, list[float]] = {n: [float("inf"), float("inf")] for n in sizes}
     for _ in range(rounds):
@@ -1031,13 +1155,22 @@ def run_matching(sizes: Sequence[int], min_s: float = 0.3, rounds: int = 5) -> l
     results = []
     for info, _, _ in built:
         match_s, resolve_s = best[info["n"]]
-        results.append({**info, "match_us": round(match_s * 1e6, 3), "resolve_us": round(resolve_s * 1e6, 3),
-                        "resolves_per_s": round(1 / resolve_s)})
+        results.append(
+            {
+                **info,
+                "match_us": round(match_s * 1e6, 3),
+                "resolve_us": round(resolve_s * 1e6, 3),
+                "resolves_per_s": round(1 / resolve_s),
+            }
+        )
     built.clear()
     gc.collect()
     return results
 
-def wait_idle(own_pids: list[int], max_wait_s: float, busy_pct: float = 12.0, window_s: float = 1.0) -> dict[str, Any]:
+
+def wait_idle(
+    own_pids: list[int], max_wait_s: float, busy_pct: float = 12.0, window_s: float = 1.0
+) -> dict[str, Any]:
     """Wait until the box is quiet: other processes use < ``busy_pct`` % of one core for ``window_s``.
 
     Gives up after ``max_wait_s`` (the measurement then runs anyway; its CPU
@@ -1052,5 +1185,8 @@ def wait_idle(own_pids: list[int], max_wait_s: float, busy_pct: float = 12.0, wi
         time.sleep(window_s)
         cpu = meter.stop()
         if cpu["foreign"] < busy_pct or time.monotonic() - start >= max_wait_s:
-            return {"waited_s": round(time.monotonic() - start, 1), "foreign_pct": cpu["foreign"],
-                    "idle": cpu["foreign"] < busy_pct}
+            return {
+                "waited_s": round(time.monotonic() - start, 1),
+                "foreign_pct": cpu["foreign"],
+                "idle": cpu["foreign"] < busy_pct,
+            }

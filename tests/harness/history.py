@@ -148,9 +148,18 @@ class Verdict:
     @property
     def ok(self) -> bool:
         """No guarantee was broken."""
-        return not (self.lost or self.duplicated or self.reordered or self.unexpected
-                    or self.poison_missing or self.poison_repeated or self.poison_bad_reason
-                    or self.half_applied or self.foreign_not_refused or self.refused_repeated)
+        return not (
+            self.lost
+            or self.duplicated
+            or self.reordered
+            or self.unexpected
+            or self.poison_missing
+            or self.poison_repeated
+            or self.poison_bad_reason
+            or self.half_applied
+            or self.foreign_not_refused
+            or self.refused_repeated
+        )
 
     def note(self, text: str) -> None:
         if len(self.examples) < 20:
@@ -205,8 +214,11 @@ class History:
         """(acknowledged publications, unknown ones, receipts) so far."""
         with self._lock:
             pubs = [p for ps in self.publications.values() for p in ps]
-            return (sum(p.acked for p in pubs), sum(not p.acked for p in pubs),
-                    sum(len(r) for r in self.received.values()))
+            return (
+                sum(p.acked for p in pubs),
+                sum(not p.acked for p in pubs),
+                sum(len(r) for r in self.received.values()),
+            )
 
     def check(self, subscriptions: list[str], dead_letters: list[tuple[str, dict[bytes, bytes]]]) -> Verdict:
         """Check everything recorded against the guarantees.
@@ -248,7 +260,9 @@ class History:
                     unknown_seen.add(msgid)
                 if pub.number < high.get(pub.publisher, 0):
                     v.reordered += 1
-                    v.note(f"reordered: {sub_id} received {msgid} after {pub.publisher}.{high[pub.publisher]}")
+                    v.note(
+                        f"reordered: {sub_id} received {msgid} after {pub.publisher}.{high[pub.publisher]}"
+                    )
                 else:
                     high[pub.publisher] = pub.number
             for pub in pubs:
@@ -291,15 +305,19 @@ class History:
                 v.note(f"half-applied: {what} refused, yet received by {sorted(receivers)}")
             elif receivers and receivers != pub.recipients:
                 v.half_applied += 1
-                v.note(f"half-applied: {what} received by {sorted(receivers)}, "
-                       f"not by {sorted(pub.recipients - receivers)}")
+                v.note(
+                    f"half-applied: {what} received by {sorted(receivers)}, "
+                    f"not by {sorted(pub.recipients - receivers)}"
+                )
             elif not receivers and entries:
                 v.refused_by_foreign_key += 1
             elif receivers and entries:
                 delivered_from = [_entry_key(e) for e in came_from if e is not None]
                 if delivered_from and max(_entry_key(e) for e in entries) > min(delivered_from):
                     v.refused_after_delivered += 1
-                    v.note(f"refused after delivered (not a failure): {what}, delivered from {sorted(came_from)}")
+                    v.note(
+                        f"refused after delivered (not a failure): {what}, delivered from {sorted(came_from)}"
+                    )
             elif not receivers and pub.acked and pub.recipients:
                 v.lost += 1
                 v.note(f"lost: {what} neither received nor refused")
@@ -353,8 +371,10 @@ def check_queues(
             if mine != expected:
                 missing = [m for m in expected if m not in mine]
                 extra = len(mine) - len(set(mine))
-                problems.append(f"{sub_id} / {publisher}: got {mine}, expected {expected} "
-                                f"(lost {missing}, duplicated {extra})")
+                problems.append(
+                    f"{sub_id} / {publisher}: got {mine}, expected {expected} "
+                    f"(lost {missing}, duplicated {extra})"
+                )
         unexpected = [m for m in got if m not in expected_all]
         if unexpected:
             problems.append(f"{sub_id}: unexpected {unexpected}")

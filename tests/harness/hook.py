@@ -65,7 +65,9 @@ class CrashHook:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def run_worker(settings_json: str, control_dir: str, log_file: str, plan: dict[str, Any] | None = None) -> None:
+def run_worker(
+    settings_json: str, control_dir: str, log_file: str, plan: dict[str, Any] | None = None
+) -> None:
     """Entry point of a chaos worker process: ``worker.loop.main`` with a ``CrashHook``.
 
     Args:
@@ -77,8 +79,11 @@ def run_worker(settings_json: str, control_dir: str, log_file: str, plan: dict[s
     from broker.config import Settings
     from worker.loop import main
 
-    logging.basicConfig(filename=log_file, level=logging.WARNING,
-                        format=f"%(asctime)s pid={os.getpid()} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        filename=log_file,
+        level=logging.WARNING,
+        format=f"%(asctime)s pid={os.getpid()} %(name)s %(levelname)s %(message)s",
+    )
     hook = CrashHook(control_dir)
     signal.signal(signal.SIGUSR1, hook.reload)
     hook.reload()

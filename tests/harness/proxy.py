@@ -188,8 +188,10 @@ class Proxy:
 
     def wait_for_drops(self, drops: int, timeout_s: float = 10.0) -> bool:
         """Block until ``drops + unanswered + requests_cut`` reaches ``drops``; False on timeout."""
+
         def done() -> bool:
             return self.stats.drops + self.stats.unanswered + self.stats.requests_cut >= drops
+
         with self._dropped:
             return self._dropped.wait_for(done, timeout_s)
 
@@ -262,8 +264,9 @@ class Proxy:
             return
         link = _Link(cwriter, swriter)
         self._links.add(link)
-        await asyncio.gather(self._upstream(link, creader), self._downstream(link, sreader),
-                             return_exceptions=True)
+        await asyncio.gather(
+            self._upstream(link, creader), self._downstream(link, sreader), return_exceptions=True
+        )
         self._close(link)
 
     async def _upstream(self, link: _Link, creader: asyncio.StreamReader) -> None:
@@ -364,8 +367,12 @@ class ProxyProcess:
         """Start the child and wait until every proxy listens."""
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        self._process = ctx.Process(target=_serve_in_child, args=(self.upstream_port, [0] * self.count, child),
-                                    name="chaos-proxy", daemon=True)
+        self._process = ctx.Process(
+            target=_serve_in_child,
+            args=(self.upstream_port, [0] * self.count, child),
+            name="chaos-proxy",
+            daemon=True,
+        )
         self._process.start()
         child.close()
         if not parent.poll(30):

@@ -120,8 +120,20 @@ def test_message_published_without_waiting_is_printed_by_subscribe_after_a_worke
     sent = ok(run("publish", "--no-wait", "--publisher", "station", "/WEATHER/JFK", "rain at 5"))
     assert sent.stdout.startswith("sent (entry ")
     assert drain(make_workers(real_redis, settings, 1)) == 1
-    got = ok(run("subscribe", "/WEATHER/#", "--client-id", "app", "--durable", "inbox",
-                 "--count", "1", "--timeout-ms", "1000"))
+    got = ok(
+        run(
+            "subscribe",
+            "/WEATHER/#",
+            "--client-id",
+            "app",
+            "--durable",
+            "inbox",
+            "--count",
+            "1",
+            "--timeout-ms",
+            "1000",
+        )
+    )
     assert got.stdout.strip() == "/WEATHER/JFK  publisher=station  seq=1  rain at 5"
     assert "received 1 message(s)" in got.stderr
     assert real_redis.llen(keys.sub_inflight(QM, "app$inbox")) == 0  # acknowledged
@@ -133,8 +145,20 @@ def test_binary_body_from_a_file_is_printed_as_a_bytes_literal(run, real_redis, 
     body.write_bytes(b"\x00\xff")
     ok(run("publish", "--no-wait", "--body-file", str(body), "/BIN"))
     drain(make_workers(real_redis, settings, 1))
-    got = ok(run("subscribe", "/BIN", "--client-id", "app", "--durable", "bin",
-                 "--count", "1", "--timeout-ms", "1000"))
+    got = ok(
+        run(
+            "subscribe",
+            "/BIN",
+            "--client-id",
+            "app",
+            "--durable",
+            "bin",
+            "--count",
+            "1",
+            "--timeout-ms",
+            "1000",
+        )
+    )
     assert got.stdout.strip().endswith("b'\\x00\\xff'")
 
 
@@ -143,8 +167,9 @@ def test_subscribe_stops_after_count_messages_leaving_the_rest_queued(run, real_
     for body in ("a", "b", "c"):
         ok(run("publish", "--no-wait", "/Q", body))
     drain(make_workers(real_redis, settings, 1))
-    got = ok(run("subscribe", "/Q", "--client-id", "app", "--durable", "q",
-                 "--count", "2", "--timeout-ms", "1000"))
+    got = ok(
+        run("subscribe", "/Q", "--client-id", "app", "--durable", "q", "--count", "2", "--timeout-ms", "1000")
+    )
     assert [line.split()[-1] for line in got.stdout.splitlines()] == ["a", "b"]
     assert real_redis.llen(keys.sub_queue(QM, "app$q")) == 1
 
@@ -198,9 +223,20 @@ def test_broker_server_started_outside_the_repo_runs_with_the_packaged_config(tm
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
     from pathlib import Path
 
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "broker"), "server", "--port", str(port),
-                             "--dir", str(tmp_path / "data")], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "broker"),
+            "server",
+            "--port",
+            str(port),
+            "--dir",
+            str(tmp_path / "data"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     client = redis.Redis(port=port)
     try:
         # When it is up
@@ -222,7 +258,6 @@ def test_broker_server_started_outside_the_repo_runs_with_the_packaged_config(tm
     assert proc.returncode == 0
 
 
-
 def test_broker_cli_runs_the_shipped_valkey_cli_against_the_configured_server(real_server, tmp_path):
     # Given the configured server (with a password in the URL: the default user accepts any)
     import subprocess
@@ -230,15 +265,41 @@ def test_broker_cli_runs_the_shipped_valkey_cli_against_the_configured_server(re
     from pathlib import Path
 
     url = real_server.url.replace("redis://", "redis://default:s3cr3t@")
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("BROKER_")},
-           "BROKER_REDIS_URL": url, "BROKER_QM": QM}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("BROKER_")},
+        "BROKER_REDIS_URL": url,
+        "BROKER_QM": QM,
+    }
     broker_bin = str(Path(sys.executable).parent / "broker")
     # When a raw XADD and an XLEN go through `broker cli`
-    added = subprocess.run([broker_bin, "cli", "XADD", keys.publish_stream(QM), "*", "publisher", "svc-7",
-                            "topic", "/ORDERS/EU", "body", "hello"], env=env, capture_output=True, text=True,
-                           cwd=tmp_path, timeout=30)
-    length = subprocess.run([broker_bin, "cli", "XLEN", keys.publish_stream(QM)], env=env, capture_output=True,
-                            text=True, cwd=tmp_path, timeout=30)
+    added = subprocess.run(
+        [
+            broker_bin,
+            "cli",
+            "XADD",
+            keys.publish_stream(QM),
+            "*",
+            "publisher",
+            "svc-7",
+            "topic",
+            "/ORDERS/EU",
+            "body",
+            "hello",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
+    length = subprocess.run(
+        [broker_bin, "cli", "XLEN", keys.publish_stream(QM)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
     # Then they reached the server, and the password was not on the command line's output
     assert added.returncode == 0, added.stderr
     assert length.stdout.strip() == "1"

@@ -97,7 +97,9 @@ def _expire_turns_of(client, token_part: str) -> int:
     return gone
 
 
-def assert_exactly_once_in_order(client, sub_ids: dict[str, str], published: dict[str, list[tuple[str, str]]]) -> None:
+def assert_exactly_once_in_order(
+    client, sub_ids: dict[str, str], published: dict[str, list[tuple[str, str]]]
+) -> None:
     """Every subscription holds each matching publication once, in each publisher's order, nothing else."""
     filters = {sub_ids[name]: flt for name, flt in FILTERS.items()}
     assert check_queues(client, QM, filters, LINKS, published) == []
@@ -116,7 +118,9 @@ def test_worker_dying_in_process_at_crash_point_loses_and_duplicates_nothing(rea
     # When it dies there
     with pytest.raises(Died):
         victim.run_once()
-    assert hook.passed == list(CRASH_POINTS[: CRASH_POINTS.index(point) + 1])  # every earlier point was passed
+    assert hook.passed == list(
+        CRASH_POINTS[: CRASH_POINTS.index(point) + 1]
+    )  # every earlier point was passed
     delivered = sum(real_redis.llen(keys.sub_queue(QM, s)) for s in sub_ids.values())
     assert (delivered > 0) == (point == "after_commit")  # the unit of work is all or nothing
     # Then, once its lease is over, the others finish everything: once each, in order
@@ -126,13 +130,17 @@ def test_worker_dying_in_process_at_crash_point_loses_and_duplicates_nothing(rea
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
-def test_worker_process_sigkilled_at_crash_point_loses_and_duplicates_nothing(real_redis, settings, tmp_path, point):
+def test_worker_process_sigkilled_at_crash_point_loses_and_duplicates_nothing(
+    real_redis, settings, tmp_path, point
+):
     # Given a worker process armed to SIGKILL itself at `point`, and a live worker holding q's turn
     sub_ids, published, other = _scenario(real_redis, settings)
     ctx = multiprocessing.get_context("spawn")
     plan = {"point": point, "action": "kill", "after": 1}
-    proc = ctx.Process(target=run_worker,
-                       args=(settings.model_dump_json(), str(tmp_path), str(tmp_path / "worker.log"), plan))
+    proc = ctx.Process(
+        target=run_worker,
+        args=(settings.model_dump_json(), str(tmp_path), str(tmp_path / "worker.log"), plan),
+    )
     # When it runs until it kills itself
     proc.start()
     proc.join(60)

@@ -24,7 +24,9 @@ def test_short_replay_delivers_every_publication_once_in_order(real_redis, real_
     assert report.per_subscription[AUDIT_SUB]["expected"] == 3000
 
 
-def test_demo_on_a_given_server_refuses_to_delete_a_queue_manager_that_has_keys(real_redis, real_server, settings):
+def test_demo_on_a_given_server_refuses_to_delete_a_queue_manager_that_has_keys(
+    real_redis, real_server, settings
+):
     import pytest
 
     from broker import keys, subscribe
@@ -59,8 +61,14 @@ def test_checker_passes_correct_queues_and_counts_a_linked_publication_once():
     # Then nothing is wrong and the alerts subscription expects one copy of each weather publication
     reached = expected_topics("/WEATHER/JFK", LINKS)
     assert reached == ["/WEATHER/JFK", "/AIRPORT/JFK", "/ALERTS/JFK", "/ALERTS/NYC"]
-    assert result["ops$alerts"] == {"expected": 4, "received": 4, "lost": 0, "duplicated": 0,
-                                    "out_of_order": 0, "unexpected": 0}
+    assert result["ops$alerts"] == {
+        "expected": 4,
+        "received": 4,
+        "lost": 0,
+        "duplicated": 0,
+        "out_of_order": 0,
+        "unexpected": 0,
+    }
     assert result["lga$departures"]["expected"] == 2
     assert all(r["lost"] == r["duplicated"] == r["out_of_order"] == 0 for r in result.values())
 

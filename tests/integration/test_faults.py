@@ -36,8 +36,18 @@ LINKS = [("/a/y", "/news/y")]
 TOPICS = ["/a/x", "/a/y", "/b", "/a/x/deep"]
 
 #: Server directives of the restart tests: AOF, fsync before every reply.
-AOF_ARGS = ("--appendonly", "yes", "--appendfsync", "always", "--aof-load-truncated", "no",
-            "--maxmemory-policy", "noeviction", "--save", "")
+AOF_ARGS = (
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "always",
+    "--aof-load-truncated",
+    "no",
+    "--maxmemory-policy",
+    "noeviction",
+    "--save",
+    "",
+)
 
 
 class Died(BaseException):
@@ -52,7 +62,9 @@ class Scenario:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self.filters = {subscribe(client, QM, flt, "faults", name).sub_id: flt for name, flt in FILTERS.items()}
+        self.filters = {
+            subscribe(client, QM, flt, "faults", name).sub_id: flt for name, flt in FILTERS.items()
+        }
         for source, target in LINKS:
             link(client, QM, source, target)
         self.published: dict[str, list[tuple[str, str]]] = {}
@@ -92,7 +104,7 @@ def _expire_turns_of(client: redis.Redis, token: str, publishers: list[str] | No
     """Simulate the lease running out: delete the turns ``token`` holds (on ``publishers`` only, if given)."""
     gone = 0
     for key in client.scan_iter(match=keys.turn_key(QM, "*")):
-        publisher = key.decode()[len(keys.pub_prefix(QM)):-len(":turn")]
+        publisher = key.decode()[len(keys.pub_prefix(QM)) : -len(":turn")]
         if client.get(key) == token.encode() and (publishers is None or publisher in publishers):
             gone += client.delete(key)
     return gone
@@ -107,8 +119,15 @@ class Loop:
     left, instead of hanging).
     """
 
-    def __init__(self, observer: redis.Redis, point: str | None = None, fault: Callable[[], None] | None = None,
-                 times: int = 1, skip: int = 0, max_rounds: int = 300) -> None:
+    def __init__(
+        self,
+        observer: redis.Redis,
+        point: str | None = None,
+        fault: Callable[[], None] | None = None,
+        times: int = 1,
+        skip: int = 0,
+        max_rounds: int = 300,
+    ) -> None:
         self.observer = observer
         self.point, self.fault, self.times, self.skip = point, fault, times, skip
         self.max_rounds = max_rounds
@@ -126,8 +145,11 @@ class Loop:
         if at == "after_dequeue":
             self.rounds += 1
             assert self.worker is not None
-            if (self.injected >= self.times or self.fault is None) and _drained(self.observer) \
-                    or self.rounds >= self.max_rounds:
+            if (
+                (self.injected >= self.times or self.fault is None)
+                and _drained(self.observer)
+                or self.rounds >= self.max_rounds
+            ):
                 self.worker.stopping = True
 
 
@@ -185,8 +207,13 @@ def test_commit_whose_reply_is_lost_is_delivered_once(real_redis, fast, proxy):
     scenario = Scenario(real_redis)
     scenario.publish("p", 8)
     scenario.publish("q", 4)
-    loop = Loop(real_redis, "before_commit", lambda: proxy.drop_reply(evalsha("commit"), 1, "commit"), skip=1,
-                max_rounds=30)
+    loop = Loop(
+        real_redis,
+        "before_commit",
+        lambda: proxy.drop_reply(evalsha("commit"), 1, "commit"),
+        skip=1,
+        max_rounds=30,
+    )
     # When it runs (the commit is applied, the reply lost, the connection cut: the round fails),
     # and then its turns run out (simulated) and a fresh worker drains
     run_loop(connect(proxy.url), fast, loop)
@@ -198,12 +225,18 @@ def test_commit_whose_reply_is_lost_is_delivered_once(real_redis, fast, proxy):
 
 
 def test_worker_carries_on_with_its_publishers_after_a_connection_error_without_waiting_for_its_lease(
-        real_redis, fast, proxy):
+    real_redis, fast, proxy
+):
     # Given a worker (real loop) whose connection is lost as it sends its second commit (never applied)
     scenario = Scenario(real_redis)
     scenario.publish("p", 9)
-    loop = Loop(real_redis, "before_commit", lambda: proxy.cut_request(evalsha("commit"), 1, "commit"), skip=1,
-                max_rounds=50)
+    loop = Loop(
+        real_redis,
+        "before_commit",
+        lambda: proxy.cut_request(evalsha("commit"), 1, "commit"),
+        skip=1,
+        max_rounds=50,
+    )
     # When it runs on (the round fails with a connection error; the loop starts a new round),
     # for much less than its lease (30 s)
     run_loop(connect(proxy.url), fast, loop)
@@ -249,7 +282,8 @@ def test_commit_reply_lost_and_resent_by_redis_py_is_fenced_and_delivers_once(re
 
 
 def test_worker_whose_resent_commit_was_fenced_carries_on_with_its_publisher_without_waiting_for_its_lease(
-        real_redis, fast, proxy):
+    real_redis, fast, proxy
+):
     # Given a publisher with more entries than one round handles (heads=3), and a worker whose
     # client re-sends its first commit after the reply was lost (the re-send is fenced)
     scenario = Scenario(real_redis)
@@ -283,7 +317,8 @@ def test_entries_whose_dequeue_reply_was_lost_are_delivered_once_in_order(real_r
 
 
 def test_worker_whose_dequeue_reply_was_lost_finds_the_turns_it_took_without_waiting_for_its_lease(
-        real_redis, fast, proxy):
+    real_redis, fast, proxy
+):
     # Given a worker (real loop) whose first dequeue's reply is lost: it holds turns it does not know of
     scenario = Scenario(real_redis)
     scenario.publish("p", 5)
@@ -332,7 +367,9 @@ def test_zombie_holding_several_publishers_is_fenced_on_every_one(real_redis, se
         scenario.publish("p", 2)  # more arrive, and the other worker already holds p's new head
         other.turns |= set(other.scripts.dequeue(other.name, 10, settings.lease_ms, 10, []).turns)
 
-    zombie = Worker(real_redis, settings, name="zombie", hook=lambda at: stall() if at == "before_commit" else None)
+    zombie = Worker(
+        real_redis, settings, name="zombie", hook=lambda at: stall() if at == "before_commit" else None
+    )
     zombie.setup()
     # When the zombie resumes and sends its units of work
     zombie.run_once()
@@ -355,7 +392,9 @@ def test_zombie_commits_the_publishers_it_still_holds_and_is_fenced_on_the_other
         others.extend(make_workers(real_redis, settings, 1))  # started while the zombie stalls
         drain(others)
 
-    zombie = Worker(real_redis, settings, name="zombie", hook=lambda at: stall() if at == "before_commit" else None)
+    zombie = Worker(
+        real_redis, settings, name="zombie", hook=lambda at: stall() if at == "before_commit" else None
+    )
     zombie.setup()  # the only live worker: its fair share is every publisher
     # When it resumes
     zombie.run_once()
@@ -462,7 +501,10 @@ def test_xadd_resent_by_redis_py_after_a_lost_reply_is_delivered_once(real_redis
 POISON = {
     "missing_topic": ({"publisher": "p", "body": b"x"}, "missing field 'topic'"),
     "invalid_utf8_topic": ({"publisher": "p", "topic": b"/a/\xff"}, "not valid UTF-8"),
-    "invalid_utf8_field": ({"publisher": "p", "topic": "/a/x", "correlation_id": b"\xfe\xff"}, "not valid UTF-8"),
+    "invalid_utf8_field": (
+        {"publisher": "p", "topic": "/a/x", "correlation_id": b"\xfe\xff"},
+        "not valid UTF-8",
+    ),
     "invalid_utf8_publisher": ({"publisher": b"p\xff", "topic": "/a/x"}, "not valid UTF-8"),
     "oversized_body": ({"publisher": "p", "topic": "/a/x", "body": b"x" * 1025}, "larger than the limit"),
     "invalid_topic": ({"publisher": "p", "topic": "a/#"}, "wildcard"),
@@ -511,7 +553,9 @@ def killer_entry(monkeypatch):
 
 
 def _xadd_killer(client: redis.Redis) -> str:
-    return client.xadd(keys.publish_stream(QM), {"publisher": "p", "topic": "/a/x", "msgid": "kills"}).decode()
+    return client.xadd(
+        keys.publish_stream(QM), {"publisher": "p", "topic": "/a/x", "msgid": "kills"}
+    ).decode()
 
 
 def _die_until_dead_lettered(client: redis.Redis, settings: Settings) -> int:
@@ -531,7 +575,9 @@ def _dead_letters(client: redis.Redis) -> list[tuple[str, bytes | None]]:
     return [(f[b"dlq.entry_id"].decode(), f.get(b"msgid")) for _, f in client.xrange(keys.dead_letter(QM))]
 
 
-def test_entry_whose_workers_keep_dying_is_dead_lettered_after_max_deliveries(real_redis, settings, killer_entry):
+def test_entry_whose_workers_keep_dying_is_dead_lettered_after_max_deliveries(
+    real_redis, settings, killer_entry
+):
     # Given an entry every worker dies on
     settings = settings.model_copy(update={"max_deliveries": 3})
     scenario = Scenario(real_redis)
@@ -549,10 +595,13 @@ def test_entry_whose_workers_keep_dying_is_dead_lettered_after_max_deliveries(re
 
 
 def test_entry_dead_lettered_after_max_deliveries_posts_refused_to_its_waiting_publisher(
-        real_redis, settings, killer_entry):
+    real_redis, settings, killer_entry
+):
     # Given an entry every worker dies on, whose publisher waits for the result
     settings = settings.model_copy(update={"max_deliveries": 3})
-    real_redis.xadd(keys.publish_stream(QM), {"publisher": "p", "topic": "/a/x", "msgid": "kills", "reply": "1"})
+    real_redis.xadd(
+        keys.publish_stream(QM), {"publisher": "p", "topic": "/a/x", "msgid": "kills", "reply": "1"}
+    )
     # When fresh workers take it over until it is dead-lettered
     _die_until_dead_lettered(real_redis, settings)
     # Then the publisher learns "refused", with the reason, once
@@ -563,7 +612,8 @@ def test_entry_dead_lettered_after_max_deliveries_posts_refused_to_its_waiting_p
 
 
 def test_max_deliveries_dead_letters_only_the_entry_workers_die_on_not_those_queued_behind_it(
-        real_redis, settings, killer_entry):
+    real_redis, settings, killer_entry
+):
     # Given an entry every worker dies on, with good publications of the same publisher right behind it
     settings = settings.model_copy(update={"max_deliveries": 3})
     scenario = Scenario(real_redis)
@@ -577,7 +627,8 @@ def test_max_deliveries_dead_letters_only_the_entry_workers_die_on_not_those_que
 
 
 def test_max_deliveries_does_not_blame_the_good_entry_ahead_of_the_one_workers_die_on(
-        real_redis, settings, killer_entry):
+    real_redis, settings, killer_entry
+):
     # Given a good publication, then an entry every worker dies on, then another good one, read in one batch
     settings = settings.model_copy(update={"max_deliveries": 3})
     scenario = Scenario(real_redis)
@@ -652,8 +703,15 @@ def test_chaos_history_check_counts_lost_duplicated_reordered_and_unknown_outcom
 
 
 def _dead_letter(pub: Publication, entry_id: str, reason: str) -> tuple[str, dict[bytes, bytes]]:
-    return ("9-0", {b"publisher": pub.publisher.encode(), b"msgid": pub.msgid.encode(),
-                    b"dlq.reason": reason.encode(), b"dlq.entry_id": entry_id.encode()})
+    return (
+        "9-0",
+        {
+            b"publisher": pub.publisher.encode(),
+            b"msgid": pub.msgid.encode(),
+            b"dlq.reason": reason.encode(),
+            b"dlq.entry_id": entry_id.encode(),
+        },
+    )
 
 
 def test_chaos_history_check_catches_a_half_applied_refused_publication():
@@ -661,8 +719,16 @@ def test_chaos_history_check_catches_a_half_applied_refused_publication():
     history = History()
     pubs = []
     for n in range(1, 6):
-        pub = Publication("v", n, f"v.{n}", "/victim/x", frozenset({"a", "b"}), acked=True, entry_id=f"{n}-0",
-                          refusable=True)
+        pub = Publication(
+            "v",
+            n,
+            f"v.{n}",
+            "/victim/x",
+            frozenset({"a", "b"}),
+            acked=True,
+            entry_id=f"{n}-0",
+            refusable=True,
+        )
         history.add_publication(pub)
         pubs.append(pub)
     pubs[3].planted = "foreign:dedup"
@@ -683,15 +749,18 @@ def test_chaos_history_check_catches_a_half_applied_refused_publication():
 def test_chaos_history_check_accepts_a_refused_entry_whose_retry_was_delivered():
     # Given a refusable publication sent twice (a lost XADD reply): entry 1-0 refused, entry 2-0 delivered
     history = History()
-    pub = Publication("v", 1, "v.1", "/victim/x", frozenset({"a", "b"}), acked=True, entry_id="2-0",
-                      refusable=True)
+    pub = Publication(
+        "v", 1, "v.1", "/victim/x", frozenset({"a", "b"}), acked=True, entry_id="2-0", refusable=True
+    )
     history.add_publication(pub)
     for sub_id in ("a", "b"):
         history.receive(sub_id, "v.1", "2-0")
     dead = [_dead_letter(pub, "1-0", "foreign key: k holds a hash, not a list")]
     # Then that is no half-applied unit of work; a refusal for another reason of a good one is still lost
     # And one delivered from entry 4-0 whose retry, entry 5-0, was refused (reported, not a failure)
-    retried = Publication("v", 2, "v.2", "/victim/x", frozenset({"a"}), acked=True, entry_id="5-0", refusable=True)
+    retried = Publication(
+        "v", 2, "v.2", "/victim/x", frozenset({"a"}), acked=True, entry_id="5-0", refusable=True
+    )
     history.add_publication(retried)
     history.receive("a", "v.2", "4-0")
     dead.append(_dead_letter(retried, "5-0", "foreign key: k holds a string, not a list"))

@@ -39,17 +39,29 @@ def run(real_server, real_redis, tmp_path, monkeypatch):
     return invoke
 
 
-@pytest.mark.parametrize(("where", "field", "value"), [
-    ("links", "/BADL", "not json"),
-    ("links", "/BADL", '["a list"]'),
-    ("links", "/BADL", '{"/x": "yes"}'),
-    ("links", "/BAD/#", '{"/x": false}'),
-    ("subs", "app$broken", "not json"),
-    ("subs", "app$broken", '{"filter": 5}'),
-    ("subs", "app$broken", '{"filter": "/a/#/b"}'),
-    ("subs", "bad:id$x", '{"filter": "/T/#", "durable": true}'),
-], ids=["link-not-json", "link-not-object", "link-bad-flag", "link-bad-source",
-        "sub-not-json", "sub-filter-not-string", "sub-invalid-filter", "sub-id-with-colon"])
+@pytest.mark.parametrize(
+    ("where", "field", "value"),
+    [
+        ("links", "/BADL", "not json"),
+        ("links", "/BADL", '["a list"]'),
+        ("links", "/BADL", '{"/x": "yes"}'),
+        ("links", "/BAD/#", '{"/x": false}'),
+        ("subs", "app$broken", "not json"),
+        ("subs", "app$broken", '{"filter": 5}'),
+        ("subs", "app$broken", '{"filter": "/a/#/b"}'),
+        ("subs", "bad:id$x", '{"filter": "/T/#", "durable": true}'),
+    ],
+    ids=[
+        "link-not-json",
+        "link-not-object",
+        "link-bad-flag",
+        "link-bad-source",
+        "sub-not-json",
+        "sub-filter-not-string",
+        "sub-invalid-filter",
+        "sub-id-with-colon",
+    ],
+)
 def test_a_corrupt_record_is_skipped_and_the_workers_go_on(real_redis, settings, where, field, value):
     # Given a good subscription, workers, and a record planted by hand with a version bump
     subscribe(real_redis, QM, "/T/#", "app", "good")

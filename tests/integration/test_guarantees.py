@@ -53,7 +53,9 @@ def test_per_publisher_order_holds_with_4_workers_and_20_publishers(real_redis, 
     assert sum(1 for w in workers if w.processed) >= 2  # the work really was shared
 
 
-def test_unit_of_work_interrupted_before_commit_leaves_nothing_delivered_and_entry_pending(real_redis, settings):
+def test_unit_of_work_interrupted_before_commit_leaves_nothing_delivered_and_entry_pending(
+    real_redis, settings
+):
     # Given two subscriptions and a worker that fails just before its unit of work is sent
     a = subscribe(real_redis, QM, "/A/#", "app", "a")
     b = subscribe(real_redis, QM, "/A/B", "app", "b")

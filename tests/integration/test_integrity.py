@@ -27,7 +27,9 @@ def _pending(client: redis.Redis) -> int:
     return int(client.xpending(keys.publish_stream(QM), keys.WORKER_GROUP)["pending"])
 
 
-def _xadd(client: redis.Redis, publisher: str, topic: str, msgid: str, reply: bool = True, **extra: str) -> str:
+def _xadd(
+    client: redis.Redis, publisher: str, topic: str, msgid: str, reply: bool = True, **extra: str
+) -> str:
     fields = publication_fields(publisher, topic, b"body", msgid=msgid, reply=reply)
     fields.update(extra)
     return client.xadd(keys.publish_stream(QM), fields).decode()
@@ -44,8 +46,9 @@ def _replies(client: redis.Redis, publisher: str, msgid: str) -> list[dict]:
 # -- 1. a foreign key inside the unit of work ------------------------------------------------------
 
 
-@pytest.mark.parametrize(("good", "bad"), [("good$g", "bad$b"), ("zz$good", "aa$bad")],
-                         ids=["bad-sorts-first", "bad-sorts-last"])
+@pytest.mark.parametrize(
+    ("good", "bad"), [("good$g", "bad$b"), ("zz$good", "aa$bad")], ids=["bad-sorts-first", "bad-sorts-last"]
+)
 def test_foreign_subscriber_queue_refuses_the_publication_as_a_whole(real_redis, settings, good, bad):
     # Given two subscriptions on /T/# and a string planted where one's queue (a list) belongs
     for sub_id in (good, bad):
@@ -160,7 +163,9 @@ def test_dedup_and_reply_keys_of_ids_containing_the_separator_do_not_collide():
     assert keys.dedup(QM, "a", "") != keys.dedup(QM, "", "a")
 
 
-def test_publications_whose_ids_differ_only_in_where_the_separator_falls_are_both_delivered(real_redis, settings):
+def test_publications_whose_ids_differ_only_in_where_the_separator_falls_are_both_delivered(
+    real_redis, settings
+):
     # Given a subscription
     subscribe(real_redis, QM, "/T/#", "app", "s")
     workers = make_workers(real_redis, settings, 1)
@@ -256,8 +261,10 @@ def test_entries_orphaned_by_a_deleted_fifo_are_dead_lettered_by_the_sweep(real_
 # -- 5. smaller holes ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("field", "value", "words"), [("seq", "-1", "seq"), ("reply", "yes", "reply"),
-                                                       ("persistent", "true", "persistent")])
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [("seq", "-1", "seq"), ("reply", "yes", "reply"), ("persistent", "true", "persistent")],
+)
 def test_out_of_range_fields_are_refused_not_ignored(real_redis, settings, field, value, words):
     subscribe(real_redis, QM, "/T/#", "app", "s")
     workers = make_workers(real_redis, settings, 1)

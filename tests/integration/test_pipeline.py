@@ -46,8 +46,15 @@ ROWS = 2_000
 SMALL_ROWS = 300
 TOPIC = "/FLIGHTS/{origin}/{carrier}/{dest}"
 ORDER = ("year", "month", "day", "sched_dep_time")
-SOURCE_OPTIONS = ["--topic", TOPIC, "--publisher-column", "carrier", "--publisher-prefix", "carrier-",
-                  *[arg for column in ORDER for arg in ("--order-column", column)]]
+SOURCE_OPTIONS = [
+    "--topic",
+    TOPIC,
+    "--publisher-column",
+    "carrier",
+    "--publisher-prefix",
+    "carrier-",
+    *[arg for column in ORDER for arg in ("--order-column", column)],
+]
 
 
 def flights_spec(path: Path) -> SourceSpec:
@@ -55,8 +62,16 @@ def flights_spec(path: Path) -> SourceSpec:
 
 
 def journal_settings(server: Server) -> Settings:
-    return Settings(redis_url=server.url, qm=QM, batch_size=200, heads=200, lease_ms=30_000,
-                    sweep_interval_ms=1, block_ms=20, journal=True)
+    return Settings(
+        redis_url=server.url,
+        qm=QM,
+        batch_size=200,
+        heads=200,
+        lease_ms=30_000,
+        sweep_interval_ms=1,
+        block_ms=20,
+        journal=True,
+    )
 
 
 def setup_routing(client) -> list[str]:
@@ -118,32 +133,83 @@ def round_trip(spark, real_server, flights, tmp_path_factory) -> RoundTrip:
     try:
         sub_ids = setup_routing(client)
         workers = make_workers(client, journal_settings(real_server), 2)
-        published = invoke(real_server, pipeline, "publish", str(flights["csv"]), *SOURCE_OPTIONS,
-                           "--null-value", "NA", "--batch", "250", "--no-progress")
+        published = invoke(
+            real_server,
+            pipeline,
+            "publish",
+            str(flights["csv"]),
+            *SOURCE_OPTIONS,
+            "--null-value",
+            "NA",
+            "--batch",
+            "250",
+            "--no-progress",
+        )
         drain(workers)
         counts: dict[str, int] = {}
         for worker in workers:
             for status, n in worker.counts.items():
                 counts[status] = counts.get(status, 0) + n
-        exported = invoke(real_server, journal, "export", "--out", str(out / "journal"), "--chunk", "700",
-                          "--rows-per-file", "1000", "--no-progress")
+        exported = invoke(
+            real_server,
+            journal,
+            "export",
+            "--out",
+            str(out / "journal"),
+            "--chunk",
+            "700",
+            "--rows-per-file",
+            "1000",
+            "--no-progress",
+        )
         invoke(real_server, journal, "subscriptions", "--out", str(out / "subs.json"))
         depths = {sub_id: int(client.llen(keys.sub_queue(QM, sub_id))) for sub_id in sub_ids}
         left = int(client.xlen(keys.journal(QM)))
     finally:
         client.flushall()
         client.close()
-    audited = invoke(real_server, pipeline, "audit", str(out / "journal"), "--subscriptions", str(out / "subs.json"),
-                     "--source", str(flights["csv"]), *SOURCE_OPTIONS, "--null-value", "NA",
-                     "--report", str(out / "report.json"), "--figure", str(out / "audit.png"))
-    return RoundTrip(out / "journal", out / "subs.json", flights["csv"], published, exported, audited,
-                     json.loads((out / "report.json").read_text()), out / "audit.png", depths, left, counts)
+    audited = invoke(
+        real_server,
+        pipeline,
+        "audit",
+        str(out / "journal"),
+        "--subscriptions",
+        str(out / "subs.json"),
+        "--source",
+        str(flights["csv"]),
+        *SOURCE_OPTIONS,
+        "--null-value",
+        "NA",
+        "--report",
+        str(out / "report.json"),
+        "--figure",
+        str(out / "audit.png"),
+    )
+    return RoundTrip(
+        out / "journal",
+        out / "subs.json",
+        flights["csv"],
+        published,
+        exported,
+        audited,
+        json.loads((out / "report.json").read_text()),
+        out / "audit.png",
+        depths,
+        left,
+        counts,
+    )
 
 
-def audit_of(spark, table: pa.Table, tmp_path: Path, round_trip: RoundTrip, source: bool = False) -> AuditReport:
+def audit_of(
+    spark, table: pa.Table, tmp_path: Path, round_trip: RoundTrip, source: bool = False
+) -> AuditReport:
     path = tmp_path / "journal.parquet"
     pq.write_table(table, path)
-    spec = SourceSpec(str(round_trip.source), TOPIC, "carrier", "carrier-", ORDER, null_value="NA") if source else None
+    spec = (
+        SourceSpec(str(round_trip.source), TOPIC, "carrier", "carrier-", ORDER, null_value="NA")
+        if source
+        else None
+    )
     return run_audit(spark, path, subscriptions=Subscriptions.read(round_trip.subscriptions), source=spec)
 
 
@@ -156,15 +222,19 @@ def delivered_rows(table: pa.Table) -> list[dict]:
 
 def test_publish_then_audit_round_trip_finds_no_violation(round_trip):
     # Given 2,000 flights published through the CLI and fanned out by 2 journaling workers
-    assert re.fullmatch(r"rows=2000 publishers=\d+ rows_per_s=\d+ elapsed_s=[\d.]+", round_trip.publish.stdout.strip())
+    assert re.fullmatch(
+        r"rows=2000 publishers=\d+ rows_per_s=\d+ elapsed_s=[\d.]+", round_trip.publish.stdout.strip()
+    )
     assert round_trip.worker_counts == {"delivered": ROWS}
     # When the journal is exported (and drained) and audited against the source and subscriptions
     assert round_trip.export.stdout.strip() == f"exported={ROWS} files=2 drained={ROWS}"
     assert round_trip.journal_left == 0
     # Then the audit finds nothing wrong and exits 0
     assert round_trip.audit.exit_code == 0, round_trip.audit.output
-    assert re.fullmatch(r"audited=2000 order_violations=0 duplicates=0 missing=0 p50_ms=\S+ p99_ms=\S+",
-                        round_trip.audit.stdout.strip())
+    assert re.fullmatch(
+        r"audited=2000 order_violations=0 duplicates=0 missing=0 p50_ms=\S+ p99_ms=\S+",
+        round_trip.audit.stdout.strip(),
+    )
     report = round_trip.report
     assert report["ok"] and report["statuses"] == {"delivered": ROWS}
     assert report["source"] == {"rows": ROWS, "unjournaled": 0, "duplicate_only": 0, "not_in_source": 0}
@@ -175,7 +245,9 @@ def test_publish_then_audit_round_trip_finds_no_violation(round_trip):
         assert counts["deliveries"] == counts["expected"] == depth, sub_id
     assert report["per_subscription"]["audit$all"]["deliveries"] == ROWS
     assert report["fanout"]["/FLIGHTS"]["publications"] == ROWS
-    assert report["latency_ms"]["count"] == ROWS and report["latency_ms"]["p99"] <= report["latency_ms"]["max"]
+    assert (
+        report["latency_ms"]["count"] == ROWS and report["latency_ms"]["p99"] <= report["latency_ms"]["max"]
+    )
     assert round_trip.figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -217,20 +289,24 @@ def test_rerunning_the_publish_job_delivers_nothing_twice(spark, real_redis, rea
     assert {s: real_redis.llen(keys.sub_queue(QM, s)) for s in sub_ids} == depths
     # and the audit of both runs' journal finds no duplicate, nothing missing, nothing out of order
     export_journal(real_redis, QM, tmp_path / "journal")
-    report = run_audit(spark, tmp_path / "journal", subscriptions=Subscriptions.from_broker(real_redis, QM),
-                       source=spec)
+    report = run_audit(
+        spark, tmp_path / "journal", subscriptions=Subscriptions.from_broker(real_redis, QM), source=spec
+    )
     assert report.statuses == {"delivered": SMALL_ROWS, "duplicate": SMALL_ROWS}
     assert (report.duplicates, report.order_violations, report.missing, report.unexpected) == (0, 0, 0, 0)
     assert report.ok
 
 
-def test_a_partition_failing_halfway_is_retried_without_duplicates(spark, real_redis, real_server, flights, tmp_path):
+def test_a_partition_failing_halfway_is_retried_without_duplicates(
+    spark, real_redis, real_server, flights, tmp_path
+):
     # Given partition 0 of 2 fails once after publishing half its rows
     setup_routing(real_redis)
     workers = make_workers(real_redis, journal_settings(real_server), 2)
     spec = flights_spec(flights["small"])
-    report = publish_dataset(spark, spec, redis_url=real_server.url, qm=QM, batch=16, partitions=2,
-                             fail_partition=0)
+    report = publish_dataset(
+        spark, spec, redis_url=real_server.url, qm=QM, batch=16, partitions=2, fail_partition=0
+    )
     drain(workers)
     # Then Spark retried it: its first half went to the stream twice, each row counted once
     assert report.rows == SMALL_ROWS
@@ -245,19 +321,28 @@ def test_a_partition_failing_halfway_is_retried_without_duplicates(spark, real_r
         assert message.seq is not None and message.seq > last.get(message.publisher, 0)
         last[message.publisher] = message.seq
     export_journal(real_redis, QM, tmp_path / "journal")
-    audit = run_audit(spark, tmp_path / "journal", subscriptions=Subscriptions.from_broker(real_redis, QM),
-                      source=spec)
+    audit = run_audit(
+        spark, tmp_path / "journal", subscriptions=Subscriptions.from_broker(real_redis, QM), source=spec
+    )
     assert (audit.duplicates, audit.order_violations, audit.missing) == (0, 0, 0) and audit.ok
 
 
 def test_fail_partition_needs_a_master_with_task_retries(real_server, flights):
-    assert (task_attempts("local[2]"), task_attempts("local[*,3]"), task_attempts("spark://h:7077")) == (1, 3, None)
-    assert (with_retries("local[2]"), with_retries("local[*]"), with_retries("local")) == \
-        ("local[2,3]", "local[*,3]", "local[1,3]")
+    assert (task_attempts("local[2]"), task_attempts("local[*,3]"), task_attempts("spark://h:7077")) == (
+        1,
+        3,
+        None,
+    )
+    assert (with_retries("local[2]"), with_retries("local[*]"), with_retries("local")) == (
+        "local[2,3]",
+        "local[*,3]",
+        "local[1,3]",
+    )
     no_retries = SimpleNamespace(sparkContext=SimpleNamespace(master="local[2]", defaultParallelism=2))
     with pytest.raises(ValueError, match="needs task retries"):
-        publish_dataset(no_retries, flights_spec(flights["small"]), redis_url=real_server.url, qm=QM,
-                        fail_partition=0)
+        publish_dataset(
+            no_retries, flights_spec(flights["small"]), redis_url=real_server.url, qm=QM, fail_partition=0
+        )
 
 
 def test_publishing_with_a_max_backlog_waits_for_the_workers(spark, real_redis, real_server, flights):
@@ -277,8 +362,16 @@ def test_publishing_with_a_max_backlog_waits_for_the_workers(spark, real_redis, 
     thread.start()
     try:
         # When the job publishes with a bound of 40 unacknowledged publications, 8 per batch, 2 tasks
-        report = publish_dataset(spark, flights_spec(flights["small"]), redis_url=real_server.url, qm=QM,
-                                 batch=8, max_backlog=40, backlog_timeout_ms=60_000, partitions=2)
+        report = publish_dataset(
+            spark,
+            flights_spec(flights["small"]),
+            redis_url=real_server.url,
+            qm=QM,
+            batch=8,
+            max_backlog=40,
+            backlog_timeout_ms=60_000,
+            partitions=2,
+        )
     finally:
         done.set()
         thread.join()
@@ -321,8 +414,9 @@ def test_audit_flags_a_dropped_record_as_missing_deliveries(spark, round_trip, t
     rows = table.to_pylist()
     dropped = rows.pop(123)
     # When it is audited against the source it was published from
-    report = audit_of(spark, pa.Table.from_pylist(rows, schema=journal_schema()), tmp_path, round_trip,
-                      source=True)
+    report = audit_of(
+        spark, pa.Table.from_pylist(rows, schema=journal_schema()), tmp_path, round_trip, source=True
+    )
     # Then the publication is found never journaled, and each of its recipients misses it
     assert report.source is not None and report.source["unjournaled"] == 1
     assert report.missing == len(dropped["subs"]) >= 1
@@ -364,8 +458,14 @@ def test_audit_cli_exits_1_and_names_the_violations(round_trip, real_server, tmp
     rows = table.to_pylist()
     rows.append(dict(rows[5], journal_id="99999999999999-0"))
     pq.write_table(pa.Table.from_pylist(rows, schema=journal_schema()), tmp_path / "bad.parquet")
-    result = invoke(real_server, pipeline, "audit", str(tmp_path / "bad.parquet"),
-                    "--subscriptions", str(round_trip.subscriptions))
+    result = invoke(
+        real_server,
+        pipeline,
+        "audit",
+        str(tmp_path / "bad.parquet"),
+        "--subscriptions",
+        str(round_trip.subscriptions),
+    )
     assert result.exit_code == 1
     assert f"duplicates={len(rows[5]['subs'])}" in result.stdout
     assert "violations: order=0 duplicates=" in result.stderr
@@ -378,20 +478,45 @@ def test_export_drains_only_what_it_wrote_and_adds_part_files(real_redis, tmp_pa
     # Given 5 journal records, written as the worker writes them
     stream = keys.journal(QM)
     for i in range(5):
-        real_redis.xadd(stream, {"entry_id": f"1-{i}", "msgid": f"m{i}", "publisher": "p", "seq": str(i + 1),
-                                 "topic": "/a", "subs": '["x$y"]' if i else "{}", "enq_ms": "10",
-                                 "dlv_ms": "12", "status": "delivered"})
+        real_redis.xadd(
+            stream,
+            {
+                "entry_id": f"1-{i}",
+                "msgid": f"m{i}",
+                "publisher": "p",
+                "seq": str(i + 1),
+                "topic": "/a",
+                "subs": '["x$y"]' if i else "{}",
+                "enq_ms": "10",
+                "dlv_ms": "12",
+                "status": "delivered",
+            },
+        )
     late: list[bytes] = []
 
     def add_one_during_the_export(done: int, total: int) -> None:
         if not late:
-            late.append(real_redis.xadd(stream, {"entry_id": "2-0", "msgid": "late", "publisher": "p",
-                                                 "seq": "", "topic": "/a", "subs": "[]", "enq_ms": "",
-                                                 "dlv_ms": "13", "status": "duplicate"}))
+            late.append(
+                real_redis.xadd(
+                    stream,
+                    {
+                        "entry_id": "2-0",
+                        "msgid": "late",
+                        "publisher": "p",
+                        "seq": "",
+                        "topic": "/a",
+                        "subs": "[]",
+                        "enq_ms": "",
+                        "dlv_ms": "13",
+                        "status": "duplicate",
+                    },
+                )
+            )
 
     # When it is exported 2 records per XRANGE and per file, while a record is added
-    result = export_journal(real_redis, QM, tmp_path / "j", chunk=2, rows_per_file=2,
-                            on_progress=add_one_during_the_export)
+    result = export_journal(
+        real_redis, QM, tmp_path / "j", chunk=2, rows_per_file=2, on_progress=add_one_during_the_export
+    )
     # Then the 5 records are in 3 part files, removed from the stream; the late one stays
     assert (result.rows, len(result.files), result.drained) == (5, 3, 5)
     assert [entry_id for entry_id, _ in real_redis.xrange(stream)] == late
@@ -415,11 +540,43 @@ def test_export_to_an_existing_file_is_refused(real_redis, tmp_path):
 # --------------------------------------------------------------------------- independent routing
 
 
-FILTERS = ["#", "+", "/+", "+/#", "/FLIGHTS/#", "/FLIGHTS/+/UA/#", "/FLIGHTS/JFK/B6/BOS", "sport/+", "sport/#",
-           "sport/+/player1", "$SYS/#", "+/monitor/Clients", "/", "//", "a//b", "+/+", "a/+/+"]
-TOPIC_NAMES = ["/FLIGHTS", "/FLIGHTS/JFK/UA/LAX", "/FLIGHTS/JFK/B6/BOS", "sport", "sport/", "sport/tennis",
-               "sport/tennis/player1", "$SYS/monitor/Clients", "$SYS", "/", "//", "a//b", "a/b", "a", "/finance",
-               "x/monitor/Clients"]
+FILTERS = [
+    "#",
+    "+",
+    "/+",
+    "+/#",
+    "/FLIGHTS/#",
+    "/FLIGHTS/+/UA/#",
+    "/FLIGHTS/JFK/B6/BOS",
+    "sport/+",
+    "sport/#",
+    "sport/+/player1",
+    "$SYS/#",
+    "+/monitor/Clients",
+    "/",
+    "//",
+    "a//b",
+    "+/+",
+    "a/+/+",
+]
+TOPIC_NAMES = [
+    "/FLIGHTS",
+    "/FLIGHTS/JFK/UA/LAX",
+    "/FLIGHTS/JFK/B6/BOS",
+    "sport",
+    "sport/",
+    "sport/tennis",
+    "sport/tennis/player1",
+    "$SYS/monitor/Clients",
+    "$SYS",
+    "/",
+    "//",
+    "a//b",
+    "a/b",
+    "a",
+    "/finance",
+    "x/monitor/Clients",
+]
 
 
 @pytest.mark.parametrize("topic_filter", FILTERS)
@@ -452,7 +609,9 @@ def test_subscriptions_file_round_trips_and_reads_the_live_broker(real_redis, tm
 
 
 def test_the_cli_and_the_workers_import_neither_pyspark_nor_pyarrow():
-    code = ("import sys, broker.cli, broker.pipeline.cli, worker.pool, worker.loop; "
-            "print(sorted(m for m in ('pyspark', 'pyarrow', 'matplotlib', 'py4j') if m in sys.modules))")
+    code = (
+        "import sys, broker.cli, broker.pipeline.cli, worker.pool, worker.loop; "
+        "print(sorted(m for m in ('pyspark', 'pyarrow', 'matplotlib', 'py4j') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

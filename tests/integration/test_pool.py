@@ -25,7 +25,9 @@ def _wait_for(condition, timeout_s: float, what: str) -> None:
 def test_killed_worker_is_restarted_and_nothing_is_lost_duplicated_or_reordered(real_redis, settings):
     # Given a pool of 2 worker processes with a short lease
     sub = subscribe(real_redis, QM, "#", "app", "all")
-    pool = Pool(settings.model_copy(update={"concurrency": 2, "lease_ms": 300, "batch_size": 20, "heads": 20}))
+    pool = Pool(
+        settings.model_copy(update={"concurrency": 2, "lease_ms": 300, "batch_size": 20, "heads": 20})
+    )
     pool.start()
     try:
         publishers = [Publisher(real_redis, QM, f"p{i}") for i in range(10)]
@@ -40,7 +42,9 @@ def test_killed_worker_is_restarted_and_nothing_is_lost_duplicated_or_reordered(
         victim.join()
         assert pool.supervise_once() == 1
         # Then every publication is delivered exactly once, in per-publisher order
-        _wait_for(lambda: (s := status(real_redis, QM))["pending"] == 0 and s["lag"] == 0, 120, "all acknowledged")
+        _wait_for(
+            lambda: (s := status(real_redis, QM))["pending"] == 0 and s["lag"] == 0, 120, "all acknowledged"
+        )
     finally:
         pool.stop()
     got = queue_messages(real_redis, QM, sub.sub_id)

@@ -19,17 +19,30 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_honcho_scales_workers_from_the_procfile(tmp_path):
     # Given the Procfile pointed at a private port and data directory
     port = free_port()
-    env = dict(os.environ, BROKER_REDIS_URL=f"redis://127.0.0.1:{port}/0", BROKER_SERVER_PORT=str(port),
-               BROKER_SERVER_DIR=str(tmp_path / "data"), BROKER_QM="PROC",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    honcho = subprocess.Popen([sys.executable, "-m", "honcho", "start", "-c", "worker=3"], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    env = dict(
+        os.environ,
+        BROKER_REDIS_URL=f"redis://127.0.0.1:{port}/0",
+        BROKER_SERVER_PORT=str(port),
+        BROKER_SERVER_DIR=str(tmp_path / "data"),
+        BROKER_QM="PROC",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
+    honcho = subprocess.Popen(
+        [sys.executable, "-m", "honcho", "start", "-c", "worker=3"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         # When it starts, Then three worker processes register with the queue manager
         deadline = time.monotonic() + 60
         workers = 0
         while workers < 3:
-            assert honcho.poll() is None, honcho.stdout.read().decode(errors="replace") if honcho.stdout else ""
+            assert honcho.poll() is None, (
+                honcho.stdout.read().decode(errors="replace") if honcho.stdout else ""
+            )
             assert time.monotonic() < deadline, "workers did not register"
             try:
                 client = connect(env["BROKER_REDIS_URL"])

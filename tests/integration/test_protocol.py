@@ -26,9 +26,25 @@ def test_raw_xadd_publish_and_raw_lmove_consume_round_trip(real_server, real_red
     workers = make_workers(real_redis, settings, 1)
     # When a service publishes with one XADD (body read from stdin, binary-safe)
     body = b"\x00\xffbinary\nbody"
-    entry_id = _cli(real_server, "-x", "XADD", keys.publish_stream(QM), "*",
-                    "publisher", "svc-7", "topic", "/ORDERS/EU", "msgid", "o-1", "seq", "1",
-                    "props", '{"region":"eu"}', "body", stdin=body).strip()
+    entry_id = _cli(
+        real_server,
+        "-x",
+        "XADD",
+        keys.publish_stream(QM),
+        "*",
+        "publisher",
+        "svc-7",
+        "topic",
+        "/ORDERS/EU",
+        "msgid",
+        "o-1",
+        "seq",
+        "1",
+        "props",
+        '{"region":"eu"}',
+        "body",
+        stdin=body,
+    ).strip()
     assert entry_id
     drain(workers)
     # Then a raw LMOVE takes the envelope into the in-flight list
@@ -49,14 +65,20 @@ def test_raw_xadd_publish_and_raw_lmove_consume_round_trip(real_server, real_red
 
 def test_raw_blmove_receives_what_the_worker_pushes(real_server, real_redis, settings):
     sub_id = "rawclient$all"
-    _cli(real_server, "HSET", keys.subscriptions(QM), sub_id,
-         json.dumps({"filter": "#", "durable": True, "created_ms": 0}))
+    _cli(
+        real_server,
+        "HSET",
+        keys.subscriptions(QM),
+        sub_id,
+        json.dumps({"filter": "#", "durable": True, "created_ms": 0}),
+    )
     _cli(real_server, "INCR", keys.version(QM))
     workers = make_workers(real_redis, settings, 1)
     _cli(real_server, "XADD", keys.publish_stream(QM), "*", "publisher", "svc", "topic", "a/b", "body", "hi")
     drain(workers)
-    out = _cli(real_server, "BLMOVE", keys.sub_queue(QM, sub_id), keys.sub_inflight(QM, sub_id),
-               "RIGHT", "LEFT", "1")
+    out = _cli(
+        real_server, "BLMOVE", keys.sub_queue(QM, sub_id), keys.sub_inflight(QM, sub_id), "RIGHT", "LEFT", "1"
+    )
     header, _, body = out.rstrip(b"\n").partition(b"\n")
     assert json.loads(header)["topic"] == "a/b"
     assert body == b"hi"
@@ -64,8 +86,20 @@ def test_raw_blmove_receives_what_the_worker_pushes(real_server, real_redis, set
 
 def test_raw_publisher_asking_for_a_reply_gets_the_result_json(real_server, real_redis, settings):
     workers = make_workers(real_redis, settings, 1)
-    _cli(real_server, "XADD", keys.publish_stream(QM), "*", "publisher", "svc", "topic", "bad/#",
-         "msgid", "m1", "reply", "1")
+    _cli(
+        real_server,
+        "XADD",
+        keys.publish_stream(QM),
+        "*",
+        "publisher",
+        "svc",
+        "topic",
+        "bad/#",
+        "msgid",
+        "m1",
+        "reply",
+        "1",
+    )
     drain(workers)
     out = _cli(real_server, "BLPOP", keys.reply(QM, "svc", "m1"), "1").splitlines()
     result = json.loads(out[1])

@@ -11,8 +11,23 @@ from click.testing import CliRunner, Result
 from broker import cli
 from broker.publish import PublishResult
 
-COMMANDS = ["worker", "server", "demo", "publish", "subscribe", "unsubscribe", "subscriptions",
-            "link", "unlink", "links", "topics", "status", "pipeline", "journal", "scheduler"]
+COMMANDS = [
+    "worker",
+    "server",
+    "demo",
+    "publish",
+    "subscribe",
+    "unsubscribe",
+    "subscriptions",
+    "link",
+    "unlink",
+    "links",
+    "topics",
+    "status",
+    "pipeline",
+    "journal",
+    "scheduler",
+]
 
 CLOSED = "redis://127.0.0.1:1/0"
 
@@ -118,8 +133,9 @@ def test_delivered_publication_prints_how_many_subscriptions_got_it(run, monkeyp
         return PublishResult("delivered", "123-0", "m1", 1, subscriptions=3)
 
     monkeypatch.setattr(cli.Publisher, "publish", delivered)
-    result = run("--redis-url", CLOSED, "publish", "/a/b", "hi", "-p", "k=v", "--priority", "7",
-                 "--non-persistent")
+    result = run(
+        "--redis-url", CLOSED, "publish", "/a/b", "hi", "-p", "k=v", "--priority", "7", "--non-persistent"
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "delivered to 3 subscriptions (entry 123-0)"
     assert seen["body"] == b"hi" and seen["publisher"] == "cli" and seen["wait"] is True
@@ -170,8 +186,10 @@ def test_bad_redis_url_scheme_is_a_config_error(run):
     assert "redis_url" in line
 
 
-@pytest.mark.parametrize(("body", "line"), [(b"plain text", "plain text"), (b"two\nlines", "b'two\\nlines'"),
-                                            (b"\xff\xfe", "b'\\xff\\xfe'")])
+@pytest.mark.parametrize(
+    ("body", "line"),
+    [(b"plain text", "plain text"), (b"two\nlines", "b'two\\nlines'"), (b"\xff\xfe", "b'\\xff\\xfe'")],
+)
 def test_subscriber_prints_one_line_per_message_whatever_the_body(body, line):
     from broker.cli import _format_message
     from broker.models import Message

@@ -63,12 +63,15 @@ def test_shipped_config_file_is_valid():
     assert settings.qm == "QM1"
 
 
-@pytest.mark.parametrize(("url", "shown"), [
-    ("redis://user:secret@host:6380/0", "redis://user:***@host:6380/0"),
-    ("redis://:secret@host/0", "redis://:***@host/0"),
-    ("rediss://u:p%40ss@[::1]:6380/1", "rediss://u:***@[::1]:6380/1"),
-    ("redis://127.0.0.1:6380/0", "redis://127.0.0.1:6380/0"),
-])
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://user:secret@host:6380/0", "redis://user:***@host:6380/0"),
+        ("redis://:secret@host/0", "redis://:***@host/0"),
+        ("rediss://u:p%40ss@[::1]:6380/1", "rediss://u:***@[::1]:6380/1"),
+        ("redis://127.0.0.1:6380/0", "redis://127.0.0.1:6380/0"),
+    ],
+)
 def test_redact_url_hides_only_the_password(url, shown):
     from broker.connection import redact_url
 
@@ -95,9 +98,14 @@ def test_public_entry_points_raise_broker_errors_not_redis_py_errors():
 
     down = redis.Redis(port=1, socket_connect_timeout=0.2, retry_on_error=[], retry=None)
     record = SubscriptionRecord("app$x", "/a", True, 0)
-    calls = [lambda: subscribe(down, "Q", "/a", "app", "x"), lambda: list_subscriptions(down, "Q"),
-             lambda: link(down, "Q", "/a", "/b"), lambda: explain(down, "Q", "/a"), lambda: status(down, "Q"),
-             lambda: Subscriber(down, "Q", record)]
+    calls = [
+        lambda: subscribe(down, "Q", "/a", "app", "x"),
+        lambda: list_subscriptions(down, "Q"),
+        lambda: link(down, "Q", "/a", "/b"),
+        lambda: explain(down, "Q", "/a"),
+        lambda: status(down, "Q"),
+        lambda: Subscriber(down, "Q", record),
+    ]
     for call in calls:
         with pytest.raises(ConnectionLost):
             call()

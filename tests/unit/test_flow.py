@@ -91,8 +91,9 @@ def test_wait_for_room_raises_reply_timeout_when_no_worker_makes_progress(any_re
 
     # Then after the timeout the publisher is told why
     with pytest.raises(BacklogTimeout, match="backlog stayed at 2 >= 2"):
-        wait_for_room(any_redis, QM, max_backlog=2, poll_ms=50, timeout_ms=200,
-                      clock_ms=lambda: now[0], sleep_ms=sleep)
+        wait_for_room(
+            any_redis, QM, max_backlog=2, poll_ms=50, timeout_ms=200, clock_ms=lambda: now[0], sleep_ms=sleep
+        )
     assert now[0] == 200
 
 

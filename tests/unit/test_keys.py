@@ -12,10 +12,21 @@ QM = "TEST"
 
 
 def test_every_key_shares_the_queue_manager_hash_tag():
-    names = [keys.publish_stream(QM), keys.version(QM), keys.subscriptions(QM), keys.links(QM),
-             keys.sub_queue(QM, "a$b"), keys.sub_inflight(QM, "a$b"), keys.fifo_key(QM, "p"),
-             keys.turn_key(QM, "p"), keys.dedup(QM, "p", "m"), keys.reply(QM, "p", "m"),
-             keys.dead_letter(QM), keys.workers(QM), keys.active_publishers(QM)]
+    names = [
+        keys.publish_stream(QM),
+        keys.version(QM),
+        keys.subscriptions(QM),
+        keys.links(QM),
+        keys.sub_queue(QM, "a$b"),
+        keys.sub_inflight(QM, "a$b"),
+        keys.fifo_key(QM, "p"),
+        keys.turn_key(QM, "p"),
+        keys.dedup(QM, "p", "m"),
+        keys.reply(QM, "p", "m"),
+        keys.dead_letter(QM),
+        keys.workers(QM),
+        keys.active_publishers(QM),
+    ]
     assert all(name.startswith("{TEST}:") for name in names)
     assert len(set(names)) == len(names)
 

@@ -14,14 +14,30 @@ def _entry(fields: dict[str, object]) -> dict[bytes, bytes]:
 
 
 def test_fields_round_trip_into_an_envelope_and_a_message():
-    fields = publication_fields("p1", "/a/b", b"\x00\xff\n", msgid="m", seq=3, timestamp_ms=5, persistent=False,
-                                priority=9, expiration_ms=99, correlation_id="c", reply_to="r",
-                                properties={"k": 1, "f": 1.5, "b": True, "s": "x", "n": None})
+    fields = publication_fields(
+        "p1",
+        "/a/b",
+        b"\x00\xff\n",
+        msgid="m",
+        seq=3,
+        timestamp_ms=5,
+        persistent=False,
+        priority=9,
+        expiration_ms=99,
+        correlation_id="c",
+        reply_to="r",
+        properties={"k": 1, "f": 1.5, "b": True, "s": "x", "n": None},
+    )
     entry = parse_entry("10-0", _entry(fields), 1024)
     message = Message.from_envelope(encode_envelope(entry.header, entry.body))
     assert message.body == b"\x00\xff\n"
     assert (message.msgid, message.publisher, message.seq, message.topic) == ("m", "p1", 3, "/a/b")
-    assert (message.timestamp_ms, message.persistent, message.priority, message.expiration_ms) == (5, False, 9, 99)
+    assert (message.timestamp_ms, message.persistent, message.priority, message.expiration_ms) == (
+        5,
+        False,
+        9,
+        99,
+    )
     assert (message.correlation_id, message.reply_to, message.entry_id) == ("c", "r", "10-0")
     assert message.properties == {"k": 1, "f": 1.5, "b": True, "s": "x", "n": None}
 
