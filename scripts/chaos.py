@@ -95,7 +95,7 @@ from redis.retry import Retry
 from broker import keys
 from broker.config import Settings
 from broker.connection import connect
-from broker.errors import BrokerError, ServerNotFound
+from broker.errors import BrokerError, ConnectionLost, ServerError, ServerNotFound
 from broker.links import link
 from broker.maintenance import trim_acknowledged
 from broker.models import publication_fields
@@ -564,8 +564,10 @@ class Harness:
                 unacked = delivery.raw
                 subscriber.ack(delivery)
                 unacked = None
-            except redis.RedisError as exc:
-                if isinstance(exc, redis.ResponseError) and str(exc).startswith("WRONGTYPE"):
+            except (redis.RedisError, ConnectionLost, ServerError) as exc:
+                # The library translates redis-py's errors (ConnectionLost, ServerError); the
+                # harness's own raw calls raise redis-py's.
+                if "WRONGTYPE" in str(exc) and not isinstance(exc, (redis.ConnectionError, ConnectionLost)):
                     # a foreign key planted at this queue: take nothing, wait until it is gone
                     self.stats.wrongtype_waits += 1
                     if sub_id != self.sub_ids["victim"]:
@@ -590,7 +592,7 @@ class Harness:
                 used = int(client.info("memory")["used_memory"])
                 pending = int(client.xpending(keys.publish_stream(QM), keys.WORKER_GROUP)["pending"])
                 oldest = client.xpending_range(keys.publish_stream(QM), keys.WORKER_GROUP, "-", "+", 200)
-            except redis.RedisError:
+            except (redis.RedisError, BrokerError):  # trim_acknowledged translates redis-py's errors
                 continue
             if oldest:
                 self.stats.max_times_delivered = max(
