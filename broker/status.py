@@ -16,7 +16,7 @@ import redis
 
 from broker import keys
 from broker.connection import translate_errors
-from broker.errors import BrokerError
+from broker.errors import BrokerError, ForeignKey
 from broker.links import read_links
 from broker.stream import group_state
 from broker.subscriptions import read_subscriptions
@@ -71,16 +71,16 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     pipe.hgetall(keys.workers(qm))
     replies = pipe.execute(raise_on_error=False)
     checked = [(keys.sub_queue(qm, r.sub_id), keys.sub_inflight(qm, r.sub_id)) for r in subs]
-    flat_keys = [k for pair in checked for k in pair] + [
-        keys.dead_letter(qm),
-        keys.active_publishers(qm),
-        keys.version(qm),
-        keys.workers(qm),
+    flat_keys = [(k, "list") for pair in checked for k in pair] + [
+        (keys.dead_letter(qm), "stream"),
+        (keys.active_publishers(qm), "set"),
+        (keys.version(qm), "string"),
+        (keys.workers(qm), "hash"),
     ]
     values: list[Any] = []
-    for key, reply in zip(flat_keys, replies, strict=True):
+    for (key, expected), reply in zip(flat_keys, replies, strict=True):
         if isinstance(reply, redis.ResponseError):
-            problems.append(f"foreign key: {key} holds a {_text(client.type(key))}: {reply}")
+            problems.append(str(ForeignKey(key, _text(client.type(key)), expected)))
             values.append(None)
         else:
             values.append(reply)
