@@ -63,7 +63,7 @@ from broker.models import decode_envelope
 from broker.oracle import link_closure, link_targets
 from broker.publish import Publisher
 from broker.server import Server
-from broker.stream import ensure_group
+from broker.stream import ensure_group, group_state
 from broker.subscriptions import subscribe, unsubscribe
 from broker.topics import matches
 from worker.pool import Pool
@@ -425,16 +425,10 @@ def read_queue(client: redis.Redis, qm: str, sub_id: str, chunk: int = READ_CHUN
 
 def _progress_of(client: redis.Redis, qm: str) -> tuple[int, int, int | None]:
     """``(acknowledged, pending, lag)`` of the workers' group on the publish stream."""
-    stream = keys.publish_stream(qm)
-    for group in client.xinfo_groups(stream):
-        if group["name"] in (keys.WORKER_GROUP, keys.WORKER_GROUP.encode()):
-            pending = int(group["pending"])
-            lag = group.get("lag")
-            read = group.get("entries-read")
-            if read is None:  # counter unknown: fall back on the stream length
-                read = int(client.xlen(stream)) - int(lag or 0)
-            return int(read) - pending, pending, None if lag is None else int(lag)
-    return 0, 0, None
+    state = group_state(client, qm)
+    if not state.exists:
+        return 0, 0, None
+    return state.acknowledged, state.pending, state.lag
 
 
 def _setup(client: redis.Redis, qm: str) -> tuple[dict[str, str], list[str]]:

@@ -102,6 +102,7 @@ from broker.models import publication_fields
 from broker.publish import Publisher
 from broker.server import Server, free_port, server_binary
 from broker.status import status
+from broker.stream import group_state
 from broker.subscriptions import Subscriber, subscribe
 from tests.harness.history import History, Poison, Publication, recipients
 from tests.harness.hook import run_worker
@@ -755,9 +756,7 @@ class Harness:
         """The workers have read ``entry_id`` and it is no longer pending."""
         assert self.admin is not None
         stream = keys.publish_stream(QM)
-        groups = self.admin.xinfo_groups(stream)
-        group = next(g for g in groups if g["name"] == keys.WORKER_GROUP.encode())
-        if _id(group["last-delivered-id"].decode()) < _id(entry_id):
+        if _id(group_state(self.admin, QM).last_delivered_id) < _id(entry_id):
             return False
         return not self.admin.xpending_range(stream, keys.WORKER_GROUP, entry_id, entry_id, 1)
 
@@ -1036,12 +1035,12 @@ class Harness:
             return False
         try:
             s = status(self.admin, QM)  # type: ignore[arg-type]
-            groups = self.admin.xinfo_groups(keys.publish_stream(QM))  # type: ignore[union-attr]
+            state = group_state(self.admin, QM)  # type: ignore[arg-type]
             info = self.admin.xinfo_stream(keys.publish_stream(QM))  # type: ignore[union-attr]
         except (redis.RedisError, BrokerError, ValueError):
             return False
-        group = next(g for g in groups if g["name"] == keys.WORKER_GROUP.encode())
-        caught_up = group["last-delivered-id"] == info["last-generated-id"]
+        last = info["last-generated-id"]
+        caught_up = state.last_delivered_id == (last.decode() if isinstance(last, bytes) else str(last))
         queues_empty = all(sub["depth"] == 0 and sub["inflight"] == 0 for sub in s["subscriptions"])
         return s["pending"] == 0 and caught_up and s["active_publishers"] == 0 and queues_empty
 

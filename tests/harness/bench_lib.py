@@ -34,6 +34,7 @@ from broker.errors import LinkCycle
 from broker.links import link
 from broker.publish import Publisher
 from broker.routing import RoutingTable, explain
+from broker.stream import group_state
 from broker.subscriptions import subscribe
 from broker.topics import LinkGraph, TopicIndex
 
@@ -476,20 +477,15 @@ def preload(client: redis.Redis, qm: str, n: int, hot: bool, chunk: int, seed: i
     }
 
 
-def group_progress(client: redis.Redis, stream: str) -> tuple[bool, int, int]:
-    """``(group exists, pending, lag)`` of the workers' group."""
-    try:
-        groups = client.xinfo_groups(stream)
-    except redis.ResponseError:
-        return False, 0, 0
-    for group in groups:
-        if group["name"] == keys.WORKER_GROUP.encode():
-            lag = group.get("lag")
-            if lag is None:  # unknown (deleted entries): compare ids instead
-                last = client.xinfo_stream(stream)["last-generated-id"]
-                lag = 0 if group["last-delivered-id"] == last else 1
-            return True, int(group["pending"]), int(lag)
-    return False, 0, 0
+def group_progress(client: redis.Redis, qm: str) -> tuple[bool, int, int]:
+    """``(group exists, pending, lag)`` of the workers' group (``broker.stream.group_state``)."""
+    state = group_state(client, qm)
+    lag = state.lag
+    if lag is None:  # unknown (deleted entries): compare ids instead
+        last = client.xinfo_stream(keys.publish_stream(qm))["last-generated-id"]
+        last_id = last.decode() if isinstance(last, bytes) else str(last)
+        lag = 0 if state.last_delivered_id == last_id else 1
+    return state.exists, state.pending, lag
 
 
 def _worker_pids(client: redis.Redis, qm: str) -> list[int]:
@@ -663,7 +659,6 @@ def run_broker(
         BenchError: the drain stalled, a worker died, or deliveries are missing.
     """
     qm = topo.qm
-    stream = keys.publish_stream(qm)
     topo.restore(client)
     loaded = preload(client, qm, n, hot=hot, chunk=chunk)
     client.config_resetstat()
@@ -679,7 +674,7 @@ def run_broker(
         last_acked, last_change = -1, time.monotonic()
         while True:
             now = time.perf_counter()
-            exists, pending, lag = group_progress(client, stream)
+            exists, pending, lag = group_progress(client, qm)
             acked = n - pending - lag if exists else 0
             samples.append((now, acked))
             if t0 is None and client.hlen(keys.workers(qm)) >= workers:
