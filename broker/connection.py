@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from broker.errors import ConnectionLost, ServerError
+from broker.errors import ConnectionLost, ForeignKey, ServerError
 
 #: Oldest server the broker supports (XAUTOCLAIM, LMOVE, SET ... GET, Lua 5.1 + cjson).
 MIN_SERVER_VERSION = (7, 0)
@@ -50,6 +50,22 @@ def as_bytes(reply: bytes | str) -> bytes:
     the broker's never do, so this only narrows the type (and encodes a str).
     """
     return reply if isinstance(reply, bytes) else reply.encode("utf-8", "surrogateescape")
+
+
+def read_hash(client: redis.Redis, key: str) -> dict[Any, Any]:
+    """``HGETALL key``, naming a key of another Redis type instead of a bare WRONGTYPE.
+
+    Raises:
+        ForeignKey: ``key`` holds another Redis type.
+        redis.RedisError: as redis-py raises it.
+    """
+    try:
+        return dict(client.hgetall(key))
+    except redis.ResponseError as exc:
+        if "WRONGTYPE" in str(exc):
+            found = client.type(key)
+            raise ForeignKey(key, found.decode() if isinstance(found, bytes) else str(found), "hash") from exc
+        raise
 
 
 def redact_url(url: str) -> str:

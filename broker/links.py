@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from broker import keys
-from broker.connection import translate_errors
+from broker.connection import read_hash, translate_errors
 from broker.errors import CorruptRecord, ForeignKey, InvalidLink, InvalidTopic, LinkCycle, NoSuchLink, shown
 from broker.topics import LinkGraph, validate_topic
 
@@ -89,14 +89,7 @@ def read_links(client: redis.Redis, qm: str) -> tuple[LinkGraph, list[CorruptRec
         ForeignKey: ``{qm}:links`` holds another Redis type.
         redis.RedisError: as redis-py raises it.
     """
-    key = keys.links(qm)
-    try:
-        raw = client.hgetall(key)
-    except redis.ResponseError as exc:
-        if "WRONGTYPE" in str(exc):
-            raise ForeignKey(key, _text(client.type(key)), "hash") from exc
-        raise
-    return parse_links(qm, raw)
+    return parse_links(qm, read_hash(client, keys.links(qm)))
 
 
 def _change_links(

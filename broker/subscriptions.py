@@ -25,10 +25,9 @@ from typing import Any
 import redis
 
 from broker import keys
-from broker.connection import as_bytes, translate_errors
+from broker.connection import as_bytes, read_hash, translate_errors
 from broker.errors import (
     CorruptRecord,
-    ForeignKey,
     InvalidMessage,
     InvalidName,
     InvalidTopicFilter,
@@ -148,15 +147,7 @@ def read_subscriptions(client: redis.Redis, qm: str) -> tuple[list[SubscriptionR
         ForeignKey: ``{qm}:subs`` holds another Redis type.
         redis.RedisError: as redis-py raises it.
     """
-    key = keys.subscriptions(qm)
-    try:
-        raw = client.hgetall(key)
-    except redis.ResponseError as exc:
-        if "WRONGTYPE" in str(exc):
-            found = client.type(key)
-            raise ForeignKey(key, found.decode() if isinstance(found, bytes) else str(found), "hash") from exc
-        raise
-    return parse_subscriptions(qm, raw)
+    return parse_subscriptions(qm, read_hash(client, keys.subscriptions(qm)))
 
 
 @translate_errors

@@ -3,12 +3,15 @@ install brings, or ``$BROKER_REDIS_SERVER_BIN``), fakeredis for fast unit tests.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import fakeredis
 import pytest
 import redis
+from click.testing import CliRunner, Result
 
+from broker import cli
 from broker.config import Settings
 from broker.connection import connect
 from broker.server import Server
@@ -54,3 +57,16 @@ def settings(real_server: Server) -> Settings:
     return Settings(
         redis_url=real_server.url, qm=QM, batch_size=50, heads=50, lease_ms=30_000, sweep_interval_ms=1
     )
+
+
+@pytest.fixture
+def run(real_server, real_redis, tmp_path, monkeypatch):
+    """Invoke ``broker --redis-url <server> --qm TEST ...`` (CliRunner) with no config file and no BROKER_* variables."""
+    monkeypatch.chdir(tmp_path)
+    env = {k: None for k in os.environ if k.startswith("BROKER_") and k != "BROKER_REDIS_SERVER_BIN"}
+    runner = CliRunner(env=env)
+
+    def invoke(*args: str) -> Result:
+        return runner.invoke(cli.main, ["--redis-url", real_server.url, "--qm", QM, *args])
+
+    return invoke

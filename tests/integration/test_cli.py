@@ -5,26 +5,12 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
 from click.testing import CliRunner, Result
 
 from broker import cli, keys
 from tests.harness.testing import drain, make_workers
 
 QM = "TEST"
-
-
-@pytest.fixture
-def run(real_server, real_redis, tmp_path, monkeypatch):
-    """Invoke ``broker --redis-url <server> --qm TEST ...`` with no config file and no BROKER_* variables."""
-    monkeypatch.chdir(tmp_path)
-    env = {k: None for k in os.environ if k.startswith("BROKER_") and k != "BROKER_REDIS_SERVER_BIN"}
-    runner = CliRunner(env=env)
-
-    def invoke(*args: str) -> Result:
-        return runner.invoke(cli.main, ["--redis-url", real_server.url, "--qm", QM, *args])
-
-    return invoke
 
 
 def ok(result: Result) -> Result:

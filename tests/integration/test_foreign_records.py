@@ -7,12 +7,9 @@ subscriber queue belongs made ``broker status`` fail with WRONGTYPE.
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from click.testing import CliRunner, Result
 
-from broker import Publisher, cli, keys, link, subscribe
+from broker import Publisher, keys, link, subscribe
 from broker.errors import CorruptRecord, ForeignKey
 from broker.routing import RoutingTable, explain
 from broker.status import status
@@ -25,18 +22,6 @@ QM = "TEST"
 def _plant(client, key: str, field: str, value: str) -> None:
     client.hset(key, field, value)
     client.incr(keys.version(QM))
-
-
-@pytest.fixture
-def run(real_server, real_redis, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    env = {k: None for k in os.environ if k.startswith("BROKER_") and k != "BROKER_REDIS_SERVER_BIN"}
-    runner = CliRunner(env=env)
-
-    def invoke(*args: str) -> Result:
-        return runner.invoke(cli.main, ["--redis-url", real_server.url, "--qm", QM, *args])
-
-    return invoke
 
 
 @pytest.mark.parametrize(
