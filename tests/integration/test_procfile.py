@@ -66,4 +66,6 @@ def test_honcho_scales_workers_from_the_procfile(tmp_path):
     output = honcho.stdout.read().decode(errors="replace") if honcho.stdout else ""
     assert "Traceback" not in output, output
     assert "Error" not in output and "could not" not in output, output
-    assert "rc=-15" not in output and "rc=1" not in output, output  # each process exits 0 (exec: no shell in between)
+    assert "rc=-15" not in output and "rc=1" not in output, (
+        output
+    )  # each process exits 0 (exec: no shell in between)
