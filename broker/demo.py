@@ -60,12 +60,12 @@ from broker.errors import DemoError
 from broker.links import link
 from broker.maintenance import reset
 from broker.models import decode_envelope
-from broker.oracle import link_closure, link_targets
+from broker.oracle import Expectation, link_closure, link_targets, score
+from broker.oracle import recipients as oracle_recipients
 from broker.publish import Publisher
 from broker.server import Server
 from broker.stream import ensure_group, group_state
 from broker.subscriptions import subscribe, unsubscribe
-from broker.topics import matches
 from worker.pool import Pool
 
 #: The demo's subscriptions: ``(filter, client id, durable name or None)``.
@@ -115,9 +115,9 @@ class DemoReport:
         publications: publications made.
         deliveries: envelopes found in the subscriber queues.
         lost: expected (publication, subscription) deliveries that are missing.
-        duplicated: envelopes beyond the one expected copy (including copies a
-            subscription should not have received at all).
-        out_of_order: times a publisher's seq did not strictly increase within a queue.
+        duplicated: receipts of a publication the subscription had already received.
+        out_of_order: first receipts after a later publication (higher seq) of the same publisher.
+        unexpected: envelopes a subscription should not have received at all.
         publications_per_s: publications / ``elapsed_s``.
         elapsed_s: seconds from the first XADD until every entry was acknowledged.
         dead_lettered: entries in the dead-letter stream (should be 0).
@@ -130,6 +130,7 @@ class DemoReport:
     lost: int
     duplicated: int
     out_of_order: int
+    unexpected: int
     publications_per_s: float
     elapsed_s: float
     dead_lettered: int
@@ -137,19 +138,19 @@ class DemoReport:
 
     @property
     def ok(self) -> bool:
-        """True when nothing was lost, duplicated or delivered out of order."""
-        return self.lost == 0 and self.duplicated == 0 and self.out_of_order == 0
+        """True when nothing was lost, duplicated, delivered out of order or misrouted."""
+        return self.lost == 0 and self.duplicated == 0 and self.out_of_order == 0 and self.unexpected == 0
 
     def line(self) -> str:
         """The one-line summary.
 
         Returns:
             ``publications=<n> deliveries=<n> lost=<n> duplicated=<n> out_of_order=<n>
-            publications_per_s=<int>`` (one line).
+            unexpected=<n> publications_per_s=<int>`` (one line).
         """
         return (
             f"publications={self.publications} deliveries={self.deliveries} lost={self.lost} "
-            f"duplicated={self.duplicated} out_of_order={self.out_of_order} "
+            f"duplicated={self.duplicated} out_of_order={self.out_of_order} unexpected={self.unexpected} "
             f"publications_per_s={int(self.publications_per_s)}"
         )
 
@@ -315,12 +316,13 @@ def verify(
     links: Iterable[tuple[str, str]],
     received: Mapping[str, Iterable[Received]],
 ) -> dict[str, dict[str, int]]:
-    """Score every subscription queue against brute-force expectations.
+    """Score every subscription queue against brute-force expectations (``broker.oracle``).
 
     The expected recipients of a publication are the subscriptions whose filter
     ``broker.topics.matches`` its topic or any topic linked from it
     (``expected_topics``), each subscription once; they are computed once per
-    distinct topic.
+    distinct topic. Each queue is scored by ``broker.oracle.score``, the checker
+    the chaos harness uses too.
 
     Args:
         publications: every publication made, ``(msgid, publisher, seq, topic)``.
@@ -331,64 +333,29 @@ def verify(
 
     Returns:
         sub id -> ``{"expected", "received", "lost", "duplicated", "out_of_order",
-        "unexpected"}`` where ``lost`` counts expected publications never
-        received, ``duplicated`` counts envelopes beyond one copy of each
-        expected publication (so also every ``unexpected`` one: a publication
-        this subscription should not get, or an unknown msgid), and
-        ``out_of_order`` counts envelopes whose seq is not strictly greater
-        than that of the previous envelope of the same publisher in the queue
-        (a missing seq counts too).
+        "unexpected"}`` (``broker.oracle.Score.counts``): ``lost`` counts expected
+        publications never received, ``duplicated`` receipts of a publication
+        already received, ``out_of_order`` first receipts after a later
+        publication (higher seq) of the same publisher, ``unexpected`` receipts
+        of an unknown msgid or of a publication not for this subscription.
     """
-    link_list = list(links)
-    sub_ids = list(subscriptions)
-    filters = [subscriptions[s] for s in sub_ids]
-    recipients_of: dict[str, tuple[int, ...]] = {}
-    index: dict[str, int] = {}
-    expected_of: list[tuple[int, ...]] = []
-    for i, (msgid, _publisher, _seq, topic) in enumerate(publications):
+    targets = link_targets(links)
+    recipients_of: dict[str, frozenset[str]] = {}
+    published: dict[str, Expectation] = {}
+    owed: dict[str, list[str]] = {sub_id: [] for sub_id in subscriptions}
+    for msgid, publisher, seq, topic in publications:
         recipients = recipients_of.get(topic)
         if recipients is None:
-            reached = expected_topics(topic, link_list)
-            recipients = tuple(k for k, f in enumerate(filters) if any(matches(f, t) for t in reached))
-            recipients_of[topic] = recipients
-        expected_of.append(recipients)
-        index[msgid] = i
-    result: dict[str, dict[str, int]] = {}
-    copies: list[bytearray] = []
-    for k, sub_id in enumerate(sub_ids):
-        seen = bytearray(len(publications))
-        got = duplicated = unexpected = out_of_order = 0
-        last_seq: dict[str, int | None] = {}
-        for msgid, publisher, seq in received.get(sub_id, ()):
-            got += 1
-            pos = index.get(msgid)
-            if pos is None or k not in expected_of[pos]:
-                unexpected += 1
-                duplicated += 1
-            elif seen[pos]:
-                duplicated += 1
-            else:
-                seen[pos] = 1
-            previous = last_seq.get(publisher, 0)
-            if seq is None or previous is None or seq <= previous:
-                out_of_order += 1
-            last_seq[publisher] = seq
-        copies.append(seen)
-        result[sub_id] = {
-            "expected": 0,
-            "received": got,
-            "lost": 0,
-            "duplicated": duplicated,
-            "out_of_order": out_of_order,
-            "unexpected": unexpected,
-        }
-    counts = [result[s] for s in sub_ids]
-    for i, recipients in enumerate(expected_of):
-        for k in recipients:
-            counts[k]["expected"] += 1
-            if not copies[k][i]:
-                counts[k]["lost"] += 1
-    return result
+            recipients = recipients_of[topic] = oracle_recipients(topic, subscriptions, targets)
+        published[msgid] = Expectation(publisher, seq, recipients)
+        for sub_id in recipients:
+            owed[sub_id].append(msgid)
+    return {
+        sub_id: score(
+            sub_id, (msgid for msgid, _, _ in received.get(sub_id, ())), published, owed[sub_id]
+        ).counts()
+        for sub_id in subscriptions
+    }
 
 
 def read_queue(client: redis.Redis, qm: str, sub_id: str, chunk: int = READ_CHUNK) -> Iterator[Received]:
@@ -600,7 +567,7 @@ def run_demo(
             server.stop()
     totals = {
         name: sum(c[name] for c in per_subscription.values())
-        for name in ("received", "lost", "duplicated", "out_of_order")
+        for name in ("received", "lost", "duplicated", "out_of_order", "unexpected")
     }
     return DemoReport(
         publications=len(publications),
@@ -608,6 +575,7 @@ def run_demo(
         lost=totals["lost"],
         duplicated=totals["duplicated"],
         out_of_order=totals["out_of_order"],
+        unexpected=totals["unexpected"],
         publications_per_s=len(publications) / elapsed if elapsed > 0 else 0.0,
         elapsed_s=elapsed,
         dead_lettered=dead_lettered,

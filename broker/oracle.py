@@ -4,13 +4,16 @@ The demo, the chaos harness and the Spark audit all check the broker's
 deliveries against an answer computed independently of the worker's index
 (``broker.routing``: exact-match hash + wildcard trie + ``LinkGraph``): links
 are followed with a plain breadth-first search, and every subscription filter
-is tested against every reached topic.
+is tested against every reached topic. ``score`` is the one checker of a
+subscription's receipts (lost, duplicated, out of order, unexpected) that the
+demo and the chaos harness share; the Spark audit recomputes on its own, on purpose.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from broker.topics import matches
 
@@ -59,3 +62,113 @@ def recipients(
     """
     reached = link_closure(topic, targets)
     return frozenset(sub for sub, flt in filters.items() if any(matches(flt, t) for t in reached))
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the checker knows of one publication.
+
+    Attributes:
+        publisher: the publisher id.
+        position: its place in the publisher's order (seq, or the n-th publication).
+        recipients: the subscription ids that must receive it (``recipients``).
+    """
+
+    publisher: str
+    position: int
+    recipients: frozenset[str]
+
+
+#: How many problem lines a ``Score`` keeps (the counts are always complete).
+EXAMPLES = 20
+
+
+@dataclass
+class Score:
+    """The score of one subscription's receipts: the one checker of lost, duplicated and out-of-order.
+
+    Attributes:
+        received: envelopes received.
+        expected: publications this subscription owed (``owed``).
+        lost: owed publications never received.
+        duplicated: receipts of a publication already received by this subscription.
+        out_of_order: first receipts of a publication after a later publication of
+            the same publisher (per-publisher FIFO, the broker's order guarantee).
+        unexpected: receipts of an unknown msgid, or of a publication not for this subscription.
+        first: msgids in the order first received (duplicates and unexpected left out).
+        examples: up to ``EXAMPLES`` problem lines.
+    """
+
+    received: int = 0
+    expected: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    out_of_order: int = 0
+    unexpected: int = 0
+    first: list[str] = field(default_factory=list)
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing lost, duplicated, out of order or unexpected."""
+        return not (self.lost or self.duplicated or self.out_of_order or self.unexpected)
+
+    def counts(self) -> dict[str, int]:
+        """``{"expected", "received", "lost", "duplicated", "out_of_order", "unexpected"}``."""
+        return {
+            "expected": self.expected,
+            "received": self.received,
+            "lost": self.lost,
+            "duplicated": self.duplicated,
+            "out_of_order": self.out_of_order,
+            "unexpected": self.unexpected,
+        }
+
+    def _note(self, text: str) -> None:
+        if len(self.examples) < EXAMPLES:
+            self.examples.append(text)
+
+
+def score(
+    sub_id: str, received: Iterable[str], published: Mapping[str, Expectation], owed: Iterable[str]
+) -> Score:
+    """Score what subscription ``sub_id`` received against what it was owed.
+
+    Args:
+        sub_id: the subscription.
+        received: the msgids it received, oldest first.
+        published: msgid -> ``Expectation`` of every publication made.
+        owed: the msgids it must have received (a caller leaves out publications
+            whose delivery is not promised, e.g. those refused or never acknowledged).
+
+    Returns:
+        The ``Score``.
+    """
+    result = Score()
+    seen: set[str] = set()
+    high: dict[str, tuple[int, str]] = {}
+    for msgid in received:
+        result.received += 1
+        pub = published.get(msgid)
+        if pub is None or sub_id not in pub.recipients:
+            result.unexpected += 1
+            result._note(f"unexpected: {sub_id} received {msgid!r}")
+            continue
+        if msgid in seen:
+            result.duplicated += 1
+            result._note(f"duplicated: {sub_id} received {msgid} again")
+            continue
+        seen.add(msgid)
+        result.first.append(msgid)
+        last = high.get(pub.publisher)
+        if last is not None and pub.position < last[0]:
+            result.out_of_order += 1
+            result._note(f"out of order: {sub_id} received {msgid} after {last[1]} of {pub.publisher}")
+        else:
+            high[pub.publisher] = (pub.position, msgid)
+    for msgid in owed:
+        result.expected += 1
+        if msgid not in seen:
+            result.lost += 1
+            result._note(f"lost: {sub_id} never received {msgid}")
+    return result

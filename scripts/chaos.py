@@ -108,6 +108,7 @@ from tests.harness.history import History, Poison, Publication, recipients
 from tests.harness.hook import run_worker
 from tests.harness.proxy import ProxyProcess, evalsha
 from worker.loop import CRASH_POINTS
+from worker.pool import Pool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -256,7 +257,6 @@ class Slot:
     """One supervised worker process."""
 
     index: int
-    process: multiprocessing.process.BaseProcess | None = None
     armed: str | None = None
     armed_at: float = 0.0
     stopped_until: float | None = None
@@ -336,7 +336,7 @@ class Harness:
         self.publish_deadline = float("inf")
         self.server_lock = threading.Lock()
         self.last_restart = 0.0
-        self._ctx = multiprocessing.get_context("spawn")
+        self.pool: Pool | None = None
         self._faults_log = (self.workdir / "faults.log").open("a")
         self._faults_lock = threading.Lock()
         self.weights = {**FAULTS, **args.weight}
@@ -376,24 +376,25 @@ class Harness:
             self.sub_ids[name] = subscribe(self.admin, QM, flt, "chaos", name).sub_id
         for source, target in LINKS:
             link(self.admin, QM, source, target)
-        for slot in self.slots:
-            self._spawn(slot)
+        self.pool = Pool(
+            self.settings,
+            run_worker,
+            (str(self.control), str(self.workdir / "workers.log")),
+            name="chaos-worker",
+            on_exit=self._on_worker_exit,
+            max_restarts_per_minute=None,  # the harness kills workers on purpose
+            daemon=True,
+        )
+        self.pool.start()
         _log(
             f"chaos: code={_code_version()} seed={args.seed} duration={args.duration_s}s workers={args.workers} "
             f"publishers={args.publishers} rate={args.rate}/s lease_ms={args.lease_ms} "
             f"server={self.server.binary} port={self.server.port} workdir={self.workdir}"
         )
 
-    def _spawn(self, slot: Slot) -> None:
-        assert self.settings is not None
-        proc = self._ctx.Process(
-            target=run_worker,
-            args=(self.settings.model_dump_json(), str(self.control), str(self.workdir / "workers.log")),
-            name=f"chaos-worker-{slot.index}",
-            daemon=True,
-        )
-        proc.start()
-        slot.process, slot.armed, slot.stopped_until = proc, None, None
+    def _process(self, slot: Slot) -> multiprocessing.process.BaseProcess | None:
+        """The worker process of ``slot`` now (the pool replaces it when it dies)."""
+        return self.pool.child(slot.index) if self.pool is not None else None
 
     # -- traffic ----------------------------------------------------------------
 
@@ -606,29 +607,33 @@ class Harness:
 
     # -- supervision --------------------------------------------------------------
 
+    def _on_worker_exit(self, index: int, proc: multiprocessing.process.BaseProcess) -> None:
+        """The pool found worker ``index`` dead: count how it died, then the pool restarts it."""
+        pid, code = proc.pid, proc.exitcode
+        died = self.control / f"{pid}.kill"
+        if died.exists():
+            point = died.read_text()
+            self._fault(f"kill@{point}", f"worker {index} pid {pid} killed itself at {point}")
+        elif code != -signal.SIGKILL:
+            self.stats.anomalies.append(f"worker {index} pid {pid} exited with {code}")
+            _log(f"!! worker {index} pid {pid} exited on its own with code {code}")
+        for path in self.control.glob(f"{pid}.*"):  # pids are reused
+            path.unlink(missing_ok=True)
+        slot = self.slots[index]
+        slot.restarts += 1
+        slot.armed, slot.stopped_until = None, None
+        self.stats.worker_restarts += 1
+
     def supervise(self) -> None:
+        assert self.pool is not None
+        self.pool.supervise_once()
         now = time.monotonic()
         for slot in self.slots:
-            proc = slot.process
-            if proc is None:
+            proc = self._process(slot)
+            if proc is None or not proc.is_alive():
                 continue
             pid = proc.pid
             assert pid is not None
-            if not proc.is_alive():
-                code = proc.exitcode
-                died = self.control / f"{pid}.kill"
-                if died.exists():
-                    point = died.read_text()
-                    self._fault(f"kill@{point}", f"worker {slot.index} pid {pid} killed itself at {point}")
-                elif code != -signal.SIGKILL:
-                    self.stats.anomalies.append(f"worker {slot.index} pid {pid} exited with {code}")
-                    _log(f"!! worker {slot.index} pid {pid} exited on its own with code {code}")
-                for path in self.control.glob(f"{pid}.*"):  # pids are reused
-                    path.unlink(missing_ok=True)
-                slot.restarts += 1
-                self.stats.worker_restarts += 1
-                self._spawn(slot)
-                continue
             stopped = self.control / f"{pid}.stop"
             if stopped.exists():
                 point = stopped.read_text()
@@ -651,7 +656,7 @@ class Harness:
                 self.stats.expired_arms += 1
 
     def _ready(self, slot: Slot) -> bool:
-        proc = slot.process
+        proc = self._process(slot)
         return (
             proc is not None
             and proc.is_alive()
@@ -660,10 +665,11 @@ class Harness:
         )
 
     def _arm(self, slot: Slot, plan: dict[str, Any] | None) -> None:
-        assert slot.process is not None and slot.process.pid is not None
-        (self.control / f"{slot.process.pid}.plan").write_text(json.dumps(plan) if plan else "")
+        proc = self._process(slot)
+        assert proc is not None and proc.pid is not None
+        (self.control / f"{proc.pid}.plan").write_text(json.dumps(plan) if plan else "")
         with contextlib.suppress(ProcessLookupError):
-            os.kill(slot.process.pid, signal.SIGUSR1)
+            os.kill(proc.pid, signal.SIGUSR1)
         slot.armed = plan["point"] if plan else None
         slot.armed_at = time.monotonic()
 
@@ -852,14 +858,15 @@ class Harness:
             if not ready:
                 return
             slot = self.rng.choice(ready)
-            assert slot.process is not None and slot.process.pid is not None
+            proc = self._process(slot)
+            assert proc is not None and proc.pid is not None
             if kind == "kill_anytime":
-                os.kill(slot.process.pid, signal.SIGKILL)
-                slot.process.join(5)
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.join(5)
             else:
-                os.kill(slot.process.pid, signal.SIGSTOP)
+                os.kill(proc.pid, signal.SIGSTOP)
                 slot.stopped_until = time.monotonic() + self.args.lease_ms / 1000 * self.rng.uniform(1.5, 3.0)
-            self._fault(kind, f"worker {slot.index} pid {slot.process.pid}")
+            self._fault(kind, f"worker {slot.index} pid {proc.pid}")
         elif kind == "client_kill":
             try:
                 victims = [c for c in self.admin.client_list() if c.get("name") == WORKER_CLIENT_NAME]
@@ -975,7 +982,7 @@ class Harness:
             pending, xlen = s["pending"], s["stream_length"]
         except (redis.RedisError, BrokerError, ValueError):  # e.g. a foreign key planted just now
             pending = xlen = -1
-        alive = sum(1 for s in self.slots if s.process is not None and s.process.is_alive())
+        alive = self.pool.alive() if self.pool is not None else 0
         _log(
             f"[{time.monotonic() - self._started:6.1f}s {phase}] faults={sum(self.stats.faults.values())} "
             f"published={acked} unknown={unknown} received={received} pending={pending} stream={xlen} "
@@ -989,7 +996,8 @@ class Harness:
         for index in (0, 1):
             self.proxy.call(index, "disarm")
         for slot in self.slots:
-            if slot.process is not None and slot.process.is_alive():
+            proc = self._process(slot)
+            if proc is not None and proc.is_alive():
                 if slot.armed:
                     self._arm(slot, None)
                 if slot.stopped_until is not None:
@@ -1173,19 +1181,8 @@ class Harness:
         self.stop_consuming.set()
         self.stop_maintenance.set()
         self.publish_deadline = 0.0
-        for slot in self.slots:
-            proc = slot.process
-            if proc is not None and proc.is_alive() and proc.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGCONT)
-                    proc.terminate()
-        for slot in self.slots:
-            proc = slot.process
-            if proc is not None:
-                proc.join(5)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join(5)
+        if self.pool is not None:
+            self.pool.stop()  # SIGTERM + SIGCONT, then SIGKILL after the grace period
         if self.proxy is not None:
             self.proxy.stop()
         with contextlib.suppress(Exception):

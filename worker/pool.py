@@ -4,15 +4,23 @@
   taken over by the orphan sweep once its lease runs out, so nothing is lost.
 - SIGTERM or SIGINT to the pool: each child finishes its current unit of work,
   gives up its turns and exits; children still running after the grace period
-  are killed (their work is reclaimed later, as after a crash).
+  are killed (their work is taken over later, as after a crash).
+
+The child's entry point is an argument (``entry_point``, default
+:func:`run_worker`), so a test rig can run the same supervision over workers it
+instruments (``scripts/chaos.py`` runs ``tests.harness.hook.run_worker``, which
+adds crash points).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 import time
+from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 
 from broker.config import Settings
@@ -23,8 +31,20 @@ log = logging.getLogger("broker.pool")
 #: A child restarted more often than this many times a minute is given up on.
 MAX_RESTARTS_PER_MINUTE = 30
 
+#: What a child runs: ``entry_point(settings_json, *args)``. It must be a
+#: module-level function (children are spawned, so it is pickled by name).
+EntryPoint = Callable[..., None]
 
-def _child(settings_json: str) -> None:
+#: Called as ``on_exit(slot, process)`` for each child found dead, before it is restarted.
+ExitHandler = Callable[[int, BaseProcess], None]
+
+
+def run_worker(settings_json: str) -> None:
+    """The default entry point of a pool child: ``worker.loop.main`` with logging to stderr.
+
+    Args:
+        settings_json: ``Settings.model_dump_json()`` of the pool's settings.
+    """
     from worker.loop import main
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -35,19 +55,55 @@ class Pool:
     """Run and supervise ``settings.concurrency`` worker processes.
 
     Args:
-        settings: the broker settings.
+        settings: the broker settings (passed to each child as JSON).
+        entry_point: what each child runs, ``entry_point(settings_json, *args)``.
+        args: extra arguments for ``entry_point``.
+        name: child process names are ``f"{name}-{slot}"``.
+        on_exit: called for each child found dead, before its restart.
+        max_restarts_per_minute: more restarts than this in a minute raise
+            ``WorkerPoolFailed``; None never gives up (a fault-injection rig
+            kills children on purpose).
+        daemon: children are daemonic (killed if this process exits without ``stop``).
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        entry_point: EntryPoint = run_worker,
+        args: Sequence[object] = (),
+        *,
+        name: str = "broker-worker",
+        on_exit: ExitHandler | None = None,
+        max_restarts_per_minute: int | None = MAX_RESTARTS_PER_MINUTE,
+        daemon: bool = False,
+    ) -> None:
         self.settings = settings
+        self.entry_point = entry_point
+        self.args = tuple(args)
+        self.name = name
+        self.on_exit = on_exit
+        self.max_restarts_per_minute = max_restarts_per_minute
+        self.daemon = daemon
         self._ctx = multiprocessing.get_context("spawn")
         self._children: list[BaseProcess | None] = [None] * settings.concurrency
         self._restarts: list[float] = []
         self.stopping = False
 
+    @property
+    def children(self) -> list[BaseProcess | None]:
+        """The child process of each slot (None before ``start``); a copy."""
+        return list(self._children)
+
+    def child(self, slot: int) -> BaseProcess | None:
+        """The current process of ``slot``, or None before ``start``."""
+        return self._children[slot]
+
     def _spawn(self, slot: int) -> None:
         proc = self._ctx.Process(
-            target=_child, args=(self.settings.model_dump_json(),), name=f"broker-worker-{slot}", daemon=False
+            target=self.entry_point,
+            args=(self.settings.model_dump_json(), *self.args),
+            name=f"{self.name}-{slot}",
+            daemon=self.daemon,
         )
         proc.start()
         self._children[slot] = proc
@@ -62,27 +118,42 @@ class Pool:
         return sum(1 for p in self._children if p is not None and p.is_alive())
 
     def supervise_once(self) -> int:
-        """Restart children that died; returns how many were restarted."""
+        """Restart children that died; returns how many were restarted.
+
+        Raises:
+            WorkerPoolFailed: more than ``max_restarts_per_minute`` restarts in a minute.
+        """
         restarted = 0
         for slot, proc in enumerate(self._children):
-            if proc is not None and not proc.is_alive() and not self.stopping:
+            if proc is None or proc.is_alive() or self.stopping:
+                continue
+            if self.max_restarts_per_minute is not None:
                 now = time.monotonic()
                 self._restarts = [t for t in self._restarts if now - t < 60] + [now]
-                if len(self._restarts) > MAX_RESTARTS_PER_MINUTE:
+                if len(self._restarts) > self.max_restarts_per_minute:
                     raise WorkerPoolFailed(
                         f"workers died {len(self._restarts)} times in a minute; giving up (see the log above)"
                     )
+            if self.on_exit is not None:
+                self.on_exit(slot, proc)
+            else:
                 log.warning("worker %s exited with %s; restarting", proc.name, proc.exitcode)
-                self._spawn(slot)
-                restarted += 1
+            self._spawn(slot)
+            restarted += 1
         return restarted
 
     def stop(self) -> None:
-        """SIGTERM every child, wait up to ``stop_grace_ms``, then SIGKILL the rest."""
+        """SIGTERM every child, wait up to ``stop_grace_ms``, then SIGKILL the rest.
+
+        A stopped (SIGSTOPped) child is continued after its SIGTERM, so it can
+        finish its unit of work and give up its turns like the others.
+        """
         self.stopping = True
         for proc in self._children:
-            if proc is not None and proc.is_alive():
+            if proc is not None and proc.is_alive() and proc.pid is not None:
                 proc.terminate()
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + self.settings.stop_grace_ms / 1000
         for proc in self._children:
             if proc is not None:
