@@ -8,15 +8,18 @@ The wire protocol is documented in ``broker.keys``.
 
 from broker.config import Settings, load_settings
 from broker.connection import connect
+from broker.consumer import Delivery, Subscriber
 from broker.errors import (
     BrokerError,
     ConfigError,
     ConnectionLost,
+    ConsumerConflict,
     CorruptRecord,
     ForeignKey,
     InvalidLink,
     InvalidMessage,
     InvalidName,
+    InvalidSelector,
     InvalidTopic,
     InvalidTopicFilter,
     LinkCycle,
@@ -33,8 +36,9 @@ from broker.links import link, list_links, unlink, unlink_all
 from broker.models import Message
 from broker.publish import Publisher, PublishResult
 from broker.routing import explain
+from broker.selectors import like, select
 from broker.status import status
-from broker.subscriptions import Delivery, Subscriber, list_subscriptions, subscribe, unsubscribe
+from broker.subscriptions import list_subscriptions, subscribe, unsubscribe
 from broker.topics import matches, validate_filter, validate_topic
 
 __all__ = [
@@ -42,12 +46,14 @@ __all__ = [
     "BrokerError",
     "ConfigError",
     "ConnectionLost",
+    "ConsumerConflict",
     "CorruptRecord",
     "Delivery",
     "ForeignKey",
     "InvalidLink",
     "InvalidMessage",
     "InvalidName",
+    "InvalidSelector",
     "InvalidTopic",
     "InvalidTopicFilter",
     "LinkCycle",
@@ -65,11 +71,13 @@ __all__ = [
     "SubscriptionConflict",
     "connect",
     "explain",
+    "like",
     "link",
     "list_links",
     "list_subscriptions",
     "load_settings",
     "matches",
+    "select",
     "status",
     "subscribe",
     "unlink",

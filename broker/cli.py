@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from typing import Any, NoReturn
 
 import click
@@ -30,11 +31,12 @@ from rich.text import Text
 from broker import links, routing
 from broker.config import Settings, load_settings
 from broker.connection import connect, redact_url, wait_for_server
-from broker.errors import BrokerError, ConnectionLost, PublicationRefused, ServerError
+from broker.consumer import Subscriber, browse, subscription_load
+from broker.errors import BrokerError, ConnectionLost, NoSuchSubscription, PublicationRefused, ServerError
 from broker.models import DEFAULT_PRIORITY, Message, PropertyValue
 from broker.publish import Publisher, PublishResult
 from broker.status import status as status_of
-from broker.subscriptions import Subscriber, read_subscriptions
+from broker.subscriptions import read_subscriptions
 from broker.subscriptions import subscribe as subscribe_to
 from broker.subscriptions import unsubscribe as unsubscribe_from
 
@@ -133,15 +135,22 @@ def _print_problems(problems: Any) -> None:
         console.print(Text(f"  {problem}", style="red"))
 
 
+#: Columns of a table printed to a pipe or file rather than a terminal.
+PIPED_WIDTH = 200
+
+
 def _console() -> Console:
     # No markup: topics and filters are arbitrary text ("/a/[b]" must print as it is).
-    return Console(highlight=False, markup=False, soft_wrap=False)
+    # Piped (grep, a file): wide, so that rows are not folded into pieces.
+    width = None if sys.stdout.isatty() else PIPED_WIDTH
+    return Console(highlight=False, markup=False, soft_wrap=False, width=width)
 
 
 def _table(*columns: str, title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
+    for n, column in enumerate(columns):
+        # the first column names the row (an id an operator copies): never folded
+        table.add_column(column, overflow="fold", no_wrap=n == 0)
     return table
 
 
@@ -460,6 +469,12 @@ def _describe_result(result: PublishResult) -> str:
 )
 @click.option("--non-persistent", is_flag=True, help="Mark the message NON_PERSISTENT.")
 @click.option(
+    "--client-id",
+    default=None,
+    help="The publishing client id: subscriptions made with --no-local by the same client id skip it.",
+)
+@click.option("--type", "message_type", default=None, help="JMSType of the message (selectors can test it).")
+@click.option(
     "--validate/--no-validate",
     default=True,
     show_default=True,
@@ -479,6 +494,8 @@ def publish_command(
     timeout_ms: int,
     priority: int,
     non_persistent: bool,
+    client_id: str | None,
+    message_type: str | None,
     validate: bool,
 ) -> None:
     """Publish one message with BODY (text) on TOPIC and print where it went.
@@ -489,7 +506,9 @@ def publish_command(
     if body is not None and body_file is not None:
         raise click.UsageError("give BODY or --body-file, not both")
     payload: bytes = body_file.read() if body_file is not None else (body or "").encode()
-    publisher = Publisher(state.client(), state.settings.qm, publisher_id, validate=validate)
+    publisher = Publisher(
+        state.client(), state.settings.qm, publisher_id, validate=validate, client_id=client_id
+    )
     result = publisher.publish(
         topic,
         payload,
@@ -497,6 +516,7 @@ def publish_command(
         msgid=msgid,
         persistent=not non_persistent,
         priority=priority,
+        message_type=message_type,
         wait=wait,
         timeout_ms=timeout_ms,
     )
@@ -514,7 +534,7 @@ def _format_message(message: Message) -> str:
     except UnicodeDecodeError:
         body = repr(message.body)
     seq = "-" if message.seq is None else str(message.seq)
-    return f"{message.topic}  publisher={message.publisher}  seq={seq}  {body}"
+    return f"{message.topic}  publisher={message.publisher}  seq={seq}  priority={message.priority}  {body}"
 
 
 @main.command("subscribe", short_help="Subscribe to a topic filter and print messages.")
@@ -527,6 +547,18 @@ def _format_message(message: Message) -> str:
     default=None,
     help="Make (or re-attach to) the durable subscription NAME; it keeps collecting "
     "after this command exits. Default: non-durable, removed on exit.",
+)
+@click.option(
+    "--selector",
+    default=None,
+    help="Message selector (Jakarta Messaging SQL-92 subset), e.g. \"JMSPriority > 4 AND region = 'eu'\".",
+)
+@click.option("--no-local", is_flag=True, help="Skip publications sent with the same --client-id.")
+@click.option(
+    "--shared",
+    is_flag=True,
+    help="Shared subscription: every consumer of it gets a share of the messages (also: FILTER "
+    "'$share/<ShareName>/<filter>').",
 )
 @click.option(
     "--count",
@@ -546,30 +578,60 @@ def subscribe_command(
     topic_filter: str,
     client_id: str,
     durable_name: str | None,
+    selector: str | None,
+    no_local: bool,
+    shared: bool,
     count: int | None,
     timeout_ms: int | None,
 ) -> None:
     """Subscribe to FILTER ('+' one level, '#' the rest) and print each message as it arrives.
 
-    Each line is: topic, publisher, sequence number, body (text, or a Python
-    bytes literal when not UTF-8). Each message is acknowledged after it is printed.
+    Each line is: topic, publisher, sequence number, priority, body (text, or a
+    Python bytes literal when not UTF-8), and "redelivered=N" for a message
+    delivered before to a consumer that died. Each message is acknowledged after
+    it is printed. Exits 3 when the subscription is exclusive and another consumer holds it.
     """
     client = state.client()
-    qm = state.settings.qm
-    record = subscribe_to(client, qm, topic_filter, client_id, durable_name)
+    settings = state.settings
+    qm = settings.qm
+    record = subscribe_to(
+        client,
+        qm,
+        topic_filter,
+        client_id,
+        durable_name,
+        shared=shared,
+        selector=selector,
+        no_local=no_local,
+        consumer_modes=settings.consumer_modes,
+    )
     kind = "durable" if record.durable else "non-durable, removed on exit"
-    click.echo(f"subscribed {record.sub_id} to {record.topic_filter!r} ({kind})", err=True)
-    subscriber = Subscriber(client, qm, record)
+    extra = "".join(
+        [
+            f", selector {record.selector!r}" if record.selector else "",
+            ", no-local" if record.no_local else "",
+            f", {record.mode}",
+        ]
+    )
+    click.echo(f"subscribed {record.sub_id} to {record.shown_filter!r} ({kind}{extra})", err=True)
+    subscriber = Subscriber(client, qm, record, settings)
     received = 0
+    was_standby = False
     try:
         while count is None or received < count:
+            if subscriber.standby and not was_standby:
+                click.echo("standby: another consumer is active; waiting to take over", err=True)
+            was_standby = subscriber.standby
             delivery = subscriber.receive(timeout_ms=timeout_ms or POLL_MS)
             if delivery is None:
                 if timeout_ms is not None:
                     click.echo(f"no message within {timeout_ms} ms", err=True)
                     break
                 continue
-            click.echo(_format_message(delivery.message))
+            line = _format_message(delivery.message)
+            if delivery.redelivered:
+                line += f"  redelivered={delivery.delivery_count - 1}"
+            click.echo(line)
             subscriber.ack(delivery)
             received += 1
     except KeyboardInterrupt:
@@ -577,6 +639,26 @@ def subscribe_command(
     finally:
         subscriber.close()
     click.echo(f"received {received} message(s)", err=True)
+
+
+@main.command("browse", short_help="Show waiting messages of a subscription without taking them.")
+@click.argument("sub_id")
+@click.option(
+    "--count", "-n", type=click.IntRange(min=1), default=10, show_default=True, help="How many messages."
+)
+@click.pass_obj
+def browse_command(state: State, sub_id: str, count: int) -> None:
+    """Print the next messages SUB_ID would receive, in order, without consuming them (a QueueBrowser)."""
+    client = state.client()
+    qm = state.settings.qm
+    records = {r.sub_id: r for r in read_subscriptions(client, qm)[0]}
+    record = records.get(sub_id)
+    if record is None:
+        raise NoSuchSubscription(f"no subscription {sub_id!r} in queue manager {qm!r}")
+    messages = browse(client, qm, record, count)
+    for message in messages:
+        click.echo(_format_message(message))
+    click.echo(f"{len(messages)} message(s) shown", err=True)
 
 
 @main.command("unsubscribe", short_help="Delete a subscription and its queue.")
@@ -591,14 +673,30 @@ def unsubscribe_command(state: State, sub_id: str) -> None:
 @main.command("subscriptions")
 @click.pass_obj
 def subscriptions_command(state: State) -> None:
-    """List every subscription: id, topic filter, durable."""
-    records, problems = read_subscriptions(state.client(), state.settings.qm)
+    """List every subscription: id, filter, selector, no-local, durable, consumer mode,
+    live consumers, messages waiting and in flight."""
+    client = state.client()
+    qm = state.settings.qm
+    records, problems = read_subscriptions(client, qm)
     if not records:
         click.echo("no subscriptions")
     else:
-        table = _table("id", "filter", "durable")
+        table = _table(
+            "id", "filter", "selector", "no-local", "durable", "mode", "consumers", "depth", "in-flight"
+        )
         for record in records:
-            table.add_row(record.sub_id, record.topic_filter, "yes" if record.durable else "no")
+            load = subscription_load(client, qm, record.sub_id)
+            table.add_row(
+                record.sub_id,
+                record.shown_filter,
+                record.selector or "-",
+                "yes" if record.no_local else "no",
+                "yes" if record.durable else "no",
+                record.mode,
+                str(load.consumers),
+                str(load.depth),
+                str(load.in_flight),
+            )
         _console().print(table)
     _print_problems(problems)
 

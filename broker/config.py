@@ -14,9 +14,9 @@ import tomllib
 from contextvars import ContextVar
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -33,6 +33,28 @@ class _TomlSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return dict(_file_values.get() or {})
+
+
+#: How the consumers of one subscription share it: ``exclusive`` (one consumer;
+#: a second is refused, Jakarta Messaging 3.1 §6.11.1 for unshared durable
+#: subscriptions), ``shared`` (each message to one of many consumers) or
+#: ``activestandby`` (one active consumer; others wait and take over within a
+#: lease when it dies: SwiftMQ's queue controllers, seed 003).
+ConsumerModeName = Literal["exclusive", "shared", "activestandby"]
+
+
+class ConsumerMode(BaseModel):
+    """One rule of ``Settings.consumer_modes``: subscriptions whose id is SQL-LIKE ``predicate`` get ``mode``.
+
+    Attributes:
+        predicate: a SQL LIKE pattern on the subscription id (``%`` any run, ``_`` one character).
+        mode: the consumer mode of those subscriptions.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    predicate: str = Field(min_length=1)
+    mode: ConsumerModeName
 
 
 class Settings(BaseSettings):
@@ -62,6 +84,20 @@ class Settings(BaseSettings):
             max_body_bytes is never copied there, so a record is small).
         max_deliveries: an entry taken over this many times without being
             handled (its workers keep dying on it) is dead-lettered.
+        consumer_lease_ms: a consumer that has not renewed its lease (each receive
+            and heartbeat does) for this long is dead: its in-flight messages go
+            back to the queue and another consumer may take over, ms.
+        subscription_expiry_ms: a non-durable subscription whose consumers have
+            all been dead for this long is removed with its queue (MQTT 5 session
+            expiry), ms. Durable subscriptions stay.
+        max_redeliveries: a message whose consumers died this many times without
+            acknowledging it is dead-lettered instead of delivered again.
+        expired_to_dlq: a message that expires while waiting in a subscriber
+            queue is dead-lettered (it is always counted and never delivered).
+        consumer_modes: ordered rules ``{predicate, mode}``: the first whose SQL
+            LIKE predicate matches a new subscription's id gives its consumer
+            mode (seed 003's queue controllers); none matching: ``exclusive``.
+            A subscription made shared (``--shared``, ``$share/``) is always shared.
         server_port: TCP port of the embedded server.
         server_dir: data directory of the embedded server.
         server_config: a redis.conf for the embedded server; empty (the default)
@@ -87,6 +123,11 @@ class Settings(BaseSettings):
     journal_max_len: int = Field(default=1_000_000, ge=1)
     dead_letter_max_len: int = Field(default=100_000, ge=1)
     max_deliveries: int = Field(default=5, ge=2)
+    consumer_lease_ms: int = Field(default=10_000, ge=10)
+    subscription_expiry_ms: int = Field(default=60_000, ge=0)
+    max_redeliveries: int = Field(default=10, ge=0)
+    expired_to_dlq: bool = False
+    consumer_modes: list[ConsumerMode] = Field(default_factory=list)
     server_port: int = Field(default=6380, ge=1, le=65535)
     server_dir: str = ".broker"
     server_config: str = ""
@@ -104,6 +145,24 @@ class Settings(BaseSettings):
         if value and not Path(value).is_file():
             raise ValueError(f"no such file: {value!r} (leave it empty for the packaged redis.conf)")
         return value
+
+    @field_validator("consumer_modes")
+    @classmethod
+    def _predicates_valid(cls, value: list[ConsumerMode]) -> list[ConsumerMode]:
+        from broker.selectors import like
+
+        for rule in value:
+            like(rule.predicate, "")  # raises ValueError (InvalidSelector) for a bad pattern
+        return value
+
+    def consumer_mode(self, sub_id: str) -> ConsumerModeName:
+        """The consumer mode of subscription ``sub_id``: the first rule whose predicate matches, else exclusive."""
+        from broker.selectors import like
+
+        for rule in self.consumer_modes:
+            if like(rule.predicate, sub_id):
+                return rule.mode
+        return "exclusive"
 
     def server_config_file(self) -> str:
         """The redis.conf ``broker server`` loads: ``server_config``, or the one shipped in the package."""

@@ -68,6 +68,30 @@ class InvalidTopic(BrokerError, ValueError):
         super().__init__(text)
 
 
+class InvalidSelector(BrokerError, ValueError):
+    """A message selector (Jakarta Messaging 3.1 §3.8.1.1) is invalid.
+
+    Raised by ``broker.selectors.compile_selector`` and ``broker.selectors.select``
+    for a syntax error or a type error found when the selector is parsed, and by
+    ``broker.selectors.like`` for an invalid LIKE pattern or escape character
+    (then ``selector`` holds the pattern).
+
+    Attributes:
+        selector: the rejected selector (or LIKE pattern).
+        position: the 0-based character offset in ``selector`` where the error
+            was found; ``len(selector)`` when the selector ended too early.
+        reason: what is wrong there, one short phrase.
+    """
+
+    exit_code = 2
+
+    def __init__(self, selector: str, position: int, reason: str) -> None:
+        self.selector = selector
+        self.position = position
+        self.reason = reason
+        super().__init__(f"invalid selector {shown(selector)} at position {position}: {reason}")
+
+
 class InvalidTopicFilter(BrokerError, ValueError):
     """A topic filter (what a subscription names) is invalid.
 
@@ -141,6 +165,29 @@ class SubscriptionConflict(BrokerError, ValueError):
     """
 
     exit_code = 2
+
+
+class ConsumerConflict(BrokerError):
+    """A second consumer tried to attach to an exclusive subscription that has a live one.
+
+    Jakarta Messaging 3.1 §6.11.1: an unshared durable subscription has at most
+    one active consumer. Make the subscription shared, or give it the
+    ``activestandby`` consumer mode so that the second consumer waits.
+
+    Attributes:
+        sub_id: the subscription.
+        holder: the consumer id that holds it.
+    """
+
+    exit_code = 3
+
+    def __init__(self, sub_id: str, holder: str) -> None:
+        self.sub_id = sub_id
+        self.holder = holder
+        super().__init__(
+            f"subscription {sub_id!r} is exclusive and consumer {holder!r} is attached to it; "
+            "make it shared or activestandby (consumer_modes) to have more consumers"
+        )
 
 
 class InvalidMessage(BrokerError, ValueError):

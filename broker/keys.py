@@ -200,8 +200,64 @@ def sub_queue(qm: str, sub_id: str) -> str:
 
 
 def sub_inflight(qm: str, sub_id: str) -> str:
-    """A subscriber's in-flight list: ``{qm}:sub:<sub_id>:inflight``."""
+    """Protocol 2's one in-flight list of a subscription, ``{qm}:sub:<sub_id>:inflight``; removed with it."""
     return f"{_tag(qm)}:sub:{sub_id}:inflight"
+
+
+#: The default priority (Jakarta Messaging §3.4.10): its band is the subscriber queue itself.
+DEFAULT_PRIORITY = 4
+
+#: Priorities, highest first: the order a consumer takes the bands in.
+PRIORITIES = tuple(range(9, -1, -1))
+
+
+def sub_band(qm: str, sub_id: str, priority: int) -> str:
+    """The list of a subscription's messages of one priority (0-9).
+
+    ``{qm}:sub:<sub_id>`` for the default priority 4, ``{qm}:sub:<sub_id>:p<N>`` for the others.
+    """
+    queue = sub_queue(qm, sub_id)
+    return queue if priority == DEFAULT_PRIORITY else f"{queue}:p{priority}"
+
+
+def sub_bands(qm: str, sub_id: str) -> list[str]:
+    """Every priority band of a subscription, highest priority first (p9 .. p0)."""
+    return [sub_band(qm, sub_id, p) for p in PRIORITIES]
+
+
+def sub_bell(qm: str, sub_id: str) -> str:
+    """A subscription's bell, ``{qm}:sub:<sub_id>:bell``: a list of one element while messages may wait."""
+    return f"{sub_queue(qm, sub_id)}:bell"
+
+
+def sub_consumers(qm: str, sub_id: str) -> str:
+    """A subscription's consumers, ``{qm}:sub:<sub_id>:consumers``: zset consumer id -> lease deadline, ms."""
+    return f"{sub_queue(qm, sub_id)}:consumers"
+
+
+def inflight_prefix(qm: str, sub_id: str) -> str:
+    """Prefix of a subscription's per-consumer in-flight lists, passed to Lua: ``{qm}:sub:<sub_id>:inflight:``."""
+    return f"{sub_queue(qm, sub_id)}:inflight:"
+
+
+def consumer_inflight(qm: str, sub_id: str, consumer: str) -> str:
+    """One consumer's in-flight list: ``{qm}:sub:<sub_id>:inflight:<consumer>``."""
+    return inflight_prefix(qm, sub_id) + consumer
+
+
+def sub_holder(qm: str, sub_id: str) -> str:
+    """The consumer holding an exclusive or active-standby subscription: ``{qm}:sub:<sub_id>:active``."""
+    return f"{sub_queue(qm, sub_id)}:active"
+
+
+def sub_redelivered(qm: str, sub_id: str) -> str:
+    """Failed deliveries per message: ``{qm}:sub:<sub_id>:redelivered``, hash entry id -> count."""
+    return f"{sub_queue(qm, sub_id)}:redelivered"
+
+
+def expired(qm: str) -> str:
+    """Messages that expired while waiting, ``{qm}:expired``: hash sub id -> count."""
+    return f"{_tag(qm)}:expired"
 
 
 def pub_prefix(qm: str) -> str:

@@ -40,6 +40,7 @@ class Message(BaseModel):
         expiration_ms: absolute expiry in ms since the epoch; 0 = never.
         correlation_id: free text carried to subscribers.
         reply_to: free text carried to subscribers.
+        message_type: JMSType, free text carried to subscribers.
         properties: user properties, string keys and scalar values.
         body: the body, bytes (binary-safe end to end).
         entry_id: the publish stream entry id, set by the broker.
@@ -57,6 +58,7 @@ class Message(BaseModel):
     expiration_ms: int = Field(default=0, ge=0)
     correlation_id: str | None = None
     reply_to: str | None = None
+    message_type: str | None = None
     properties: dict[str, PropertyValue] = Field(default_factory=dict)
     body: bytes = b""
     entry_id: str | None = None
@@ -86,6 +88,7 @@ class Message(BaseModel):
             expiration_ms=header.get("expiration", 0),
             correlation_id=header.get("correlation_id"),
             reply_to=header.get("reply_to"),
+            message_type=header.get("type"),
             properties=header.get("props") or {},
             body=body,
             entry_id=header.get("entry_id"),
@@ -108,6 +111,26 @@ class Entry:
     reply: bool
     expiration_ms: int
     header: dict[str, Any]
+    client_id: str | None = None
+
+    def selector_properties(self) -> dict[str, object]:
+        """What a selector sees (Jakarta Messaging §3.8.1.1): user properties and the header fields.
+
+        ``JMSDeliveryMode`` ('PERSISTENT' / 'NON_PERSISTENT'), ``JMSPriority``,
+        ``JMSMessageID``, ``JMSTimestamp``, and ``JMSCorrelationID`` and
+        ``JMSType`` when set; user properties are looked up under their own names.
+        """
+        header = self.header
+        found: dict[str, object] = dict(header.get("props") or {})
+        found["JMSDeliveryMode"] = "PERSISTENT" if header.get("persistent", True) else "NON_PERSISTENT"
+        found["JMSPriority"] = header.get("priority", DEFAULT_PRIORITY)
+        found["JMSMessageID"] = self.msgid
+        found["JMSTimestamp"] = header["ts"]
+        if "correlation_id" in header:
+            found["JMSCorrelationID"] = header["correlation_id"]
+        if "type" in header:
+            found["JMSType"] = header["type"]
+        return found
 
 
 def _text(fields: dict[bytes, bytes], name: bytes, required: bool = False) -> str | None:
@@ -219,8 +242,11 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
     reply_to = _text(fields, b"reply_to")
     if reply_to is not None:
         header["reply_to"] = reply_to
+    message_type = _text(fields, b"type")
+    if message_type is not None:
+        header["type"] = message_type
     if props:
-        header["props"] = props
+        header["props"] = props  # last: lua/lib.lua's envelope_head cuts the header here
     return Entry(
         entry_id=entry_id,
         publisher=publisher,
@@ -231,6 +257,7 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
         reply=reply == "1",
         expiration_ms=expiration,
         header=header,
+        client_id=_text(fields, b"client_id"),
     )
 
 
@@ -280,6 +307,8 @@ def publication_fields(
     reply_to: str | None = None,
     properties: dict[str, PropertyValue] | None = None,
     reply: bool = False,
+    client_id: str | None = None,
+    message_type: str | None = None,
 ) -> dict[str, bytes | str]:
     """Build the fields of one publication entry (protocol version 1).
 
@@ -311,6 +340,10 @@ def publication_fields(
         fields["correlation_id"] = correlation_id
     if reply_to is not None:
         fields["reply_to"] = reply_to
+    if message_type is not None:
+        fields["type"] = message_type
+    if client_id is not None:
+        fields["client_id"] = client_id
     if properties:
         if any(isinstance(v, (dict, list)) for v in properties.values()):
             raise InvalidMessage("property values must be scalars")

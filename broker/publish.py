@@ -67,10 +67,19 @@ class Publisher:
         validate: check topics here and raise at once (default); with False the
             broker checks them and refuses invalid ones (visible with ``wait``).
         first_seq: the sequence number of the first publication.
+        client_id: the publishing connection's client id, sent with every
+            publication (a subscription with no-local made by the same client id
+            does not receive it); None sends none.
     """
 
     def __init__(
-        self, client: redis.Redis, qm: str, publisher_id: str, validate: bool = True, first_seq: int = 1
+        self,
+        client: redis.Redis,
+        qm: str,
+        publisher_id: str,
+        validate: bool = True,
+        first_seq: int = 1,
+        client_id: str | None = None,
     ) -> None:
         if not publisher_id or len(publisher_id.encode()) > keys.MAX_PUBLISHER_BYTES:
             raise InvalidMessage(f"publisher_id must be 1-{keys.MAX_PUBLISHER_BYTES} bytes")
@@ -79,6 +88,7 @@ class Publisher:
         self.publisher_id = publisher_id
         self.validate = validate
         self.next_seq = first_seq
+        self.client_id = client_id
         self._stream = keys.publish_stream(qm)
         self._valid_topics: set[str] = set()
         #: Default message ids are "<random 128-bit hex>-<seq>": unique, and the same on a retry.
@@ -98,7 +108,14 @@ class Publisher:
         self.next_seq += 1
         msgid = msgid or f"{self._msgid_prefix}-{seq}"
         fields = publication_fields(
-            self.publisher_id, topic, body, msgid=msgid, seq=seq, reply=reply, **options
+            self.publisher_id,
+            topic,
+            body,
+            msgid=msgid,
+            seq=seq,
+            reply=reply,
+            client_id=self.client_id,
+            **options,
         )
         return fields, msgid, seq
 
@@ -114,6 +131,7 @@ class Publisher:
         expiration_ms: int = 0,
         correlation_id: str | None = None,
         reply_to: str | None = None,
+        message_type: str | None = None,
         timestamp_ms: int | None = None,
         wait: bool = False,
         timeout_ms: int = 10_000,
@@ -131,6 +149,7 @@ class Publisher:
             expiration_ms: absolute expiry, ms since the epoch; 0 = never.
             correlation_id: carried to subscribers.
             reply_to: carried to subscribers.
+            message_type: JMSType, carried to subscribers (selectors can test it).
             timestamp_ms: publish time to record, ms; default the stream entry's.
             wait: block until a worker has handled it and return its result.
             timeout_ms: how long to wait, ms.
@@ -152,6 +171,7 @@ class Publisher:
             expiration_ms=expiration_ms,
             correlation_id=correlation_id,
             reply_to=reply_to,
+            message_type=message_type,
             timestamp_ms=timestamp_ms,
         )
         fields, msgid, seq = self._fields(topic, body, msgid, wait, options)

@@ -26,6 +26,8 @@ from broker import keys
 from broker.connection import translate_errors
 from broker.errors import CorruptRecord, ForeignKey
 from broker.links import parse_links
+from broker.models import DEFAULT_PRIORITY, Entry
+from broker.selectors import Selector, compile_selector
 from broker.subscriptions import SubscriptionRecord, parse_subscriptions
 from broker.topics import LinkGraph, TopicIndex, validate_topic
 
@@ -40,6 +42,28 @@ _TYPES = {"version": "string", "subs": "hash", "links": "hash"}
 
 def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
+
+
+@dataclass(slots=True)
+class Recipients:
+    """The subscriptions a topic reaches, and their queue keys per priority band.
+
+    Attributes:
+        sub_ids: subscription ids, sorted, each once.
+        conditional: those among them with a selector or no-local (decided per publication).
+    """
+
+    qm: str
+    sub_ids: tuple[str, ...]
+    conditional: frozenset[str]
+    _bands: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def queues(self, priority: int = DEFAULT_PRIORITY) -> tuple[str, ...]:
+        """The queue keys of every subscription, for a publication of ``priority`` (cached)."""
+        found = self._bands.get(priority)
+        if found is None:
+            found = self._bands[priority] = tuple(keys.sub_band(self.qm, s, priority) for s in self.sub_ids)
+        return found
 
 
 class RoutingTable:
@@ -61,8 +85,8 @@ class RoutingTable:
         self.links = LinkGraph()
         self.subscriptions: dict[str, SubscriptionRecord] = {}
         self.problems: list[CorruptRecord] = []
-        self._queue_of: dict[str, str] = {}
-        self._cache: dict[str, tuple[str, ...]] = {}
+        self.selectors: dict[str, Selector] = {}
+        self._cache: dict[str, Recipients] = {}
 
     def load(self, client: redis.Redis) -> None:
         """Read subscriptions, links and the version in one MULTI/EXEC and rebuild.
@@ -102,18 +126,19 @@ class RoutingTable:
         self.links = graph
         self.problems = problems
         self.subscriptions = {record.sub_id: record for record in records}
-        self._queue_of = {sub_id: keys.sub_queue(qm, sub_id) for sub_id in self.subscriptions}
+        self.selectors = {r.sub_id: compile_selector(r.selector) for r in records if r.selector}
+        self._conditional = frozenset(r.sub_id for r in records if r.selector or r.no_local)
         self._cache = {}
         self.version = version if version is not None else b"0"
 
-    def resolve(self, topic: str) -> tuple[str, ...]:
-        """The subscriber queue keys a publication on ``topic`` goes to, each once.
+    def resolve(self, topic: str) -> Recipients:
+        """The subscriptions a publication on ``topic`` reaches (before selectors and no-local), each once.
 
         Args:
             topic: a topic string; validated the first time it is seen.
 
         Returns:
-            Queue keys, sorted (a stable order makes the unit of work repeatable).
+            The ``Recipients`` (sorted ids: a stable order makes the unit of work repeatable).
 
         Raises:
             InvalidTopic: the topic is invalid (with a suggested correction).
@@ -125,11 +150,47 @@ class RoutingTable:
         sub_ids: set[str] = set()
         for linked in self.links.closure(topic):
             sub_ids |= self.index.match(linked)
-        queues = tuple(sorted(self._queue_of[s] for s in sub_ids))
+        found = Recipients(self.qm, tuple(sorted(sub_ids)), self._conditional.intersection(sub_ids))
         if len(self._cache) >= CACHE_TOPICS:
             self._cache.clear()
-        self._cache[topic] = queues
-        return queues
+        self._cache[topic] = found
+        return found
+
+    def queues(self, entry: Entry) -> tuple[str, ...]:
+        """The queue keys (priority bands) a publication goes to: its topic's subscriptions whose
+        selector selects it and that do not exclude it as no-local.
+
+        Subscriptions with neither cost nothing: their keys are cached per topic and priority.
+
+        Raises:
+            InvalidTopic: the topic is invalid (with a suggested correction).
+        """
+        recipients = self.resolve(entry.topic)
+        priority = entry.header.get("priority", DEFAULT_PRIORITY)
+        if not recipients.conditional:
+            return recipients.queues(priority)
+        properties = entry.selector_properties()
+        qm = self.qm
+        kept = []
+        for sub_id in recipients.sub_ids:
+            if sub_id in recipients.conditional and not self.admits(sub_id, properties, entry.client_id):
+                continue
+            kept.append(keys.sub_band(qm, sub_id, priority))
+        return tuple(kept)
+
+    def admits(self, sub_id: str, properties: dict[str, object], client_id: str | None) -> bool:
+        """Whether subscription ``sub_id``'s no-local and selector let a publication through."""
+        record = self.subscriptions[sub_id]
+        if record.no_local and client_id is not None and client_id == record.client_id:
+            return False
+        selector = self.selectors.get(sub_id)
+        if selector is None:
+            return True
+        try:
+            return selector.matches(properties)
+        except Exception:  # a selector never stops a worker; not selected
+            log.exception("selector of %s failed on a publication; not selected", sub_id)
+            return False
 
 
 @dataclass

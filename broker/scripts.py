@@ -213,7 +213,7 @@ class Scripts:
         qm = self.qm
         self._call(
             self._commit,
-            [*self._fixed, keys.journal(qm), *batch.queue_keys],
+            [*self._fixed, keys.journal(qm), keys.subscriptions(qm), *batch.queue_keys],
             [
                 keys.WORKER_GROUP,
                 token,

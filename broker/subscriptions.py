@@ -1,10 +1,14 @@
-"""Subscriptions and the subscriber's reliable pop.
+"""Subscriptions: their records, ``subscribe`` and ``unsubscribe``.
 
-A subscription is a topic filter (MQTT 5 §4.7) and a subscriber queue
-``{qm}:sub:<sub id>``. Its id is ``<client id>$<name>`` as in SwiftMQ's durable
-subscriptions. A **durable** subscription keeps collecting while its subscriber
-is away and lasts until ``unsubscribe``; a non-durable one is removed (with its
-queue) when its subscriber closes it.
+A subscription is a topic filter (MQTT 5 §4.7), optionally a selector
+(Jakarta Messaging §3.8.1.1) and no-local, and a subscriber queue
+``{qm}:sub:<sub id>`` (one list per priority band). Its id is
+``<client id>$<name>`` as in SwiftMQ's durable subscriptions. A **durable**
+subscription keeps collecting while its consumers are away and lasts until
+``unsubscribe``; a non-durable one is removed (with its queue) when its last
+consumer closes it, or ``subscription_expiry_ms`` after its consumers stopped
+renewing their leases (``broker.consumer.sweep_subscriptions``). Consumers
+(``broker.consumer.Subscriber``) are the other half.
 
 Every change bumps ``{qm}:version`` in the same MULTI as the change itself. A
 worker reads that counter in the same atomic call that dequeues, so a
@@ -14,33 +18,36 @@ subscription.
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from broker import keys
-from broker.connection import as_bytes, read_hash, translate_errors
+from broker.config import ConsumerMode
+from broker.connection import read_hash, translate_errors
 from broker.errors import (
     CorruptRecord,
-    InvalidMessage,
     InvalidName,
+    InvalidSelector,
     InvalidTopicFilter,
     NoSuchSubscription,
     SubscriptionConflict,
 )
-from broker.models import Message
-from broker.topics import validate_filter
+from broker.scripts import script_source
+from broker.selectors import compile_selector, like
+from broker.topics import split_shared, validate_filter
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
 
-def _check_name(what: str, value: str) -> None:
+def check_name(what: str, value: str) -> None:
     if not _NAME.match(value):
         shown = value if len(value) <= 40 else value[:40] + "..."
         raise InvalidName(f"{what} {shown!r} must be 1-128 characters of A-Z a-z 0-9 _ . -")
@@ -56,8 +63,12 @@ def check_sub_id(sub_id: str) -> None:
     client_id, sep, name = sub_id.partition("$")
     if not sep:
         raise InvalidName(f"subscription id {sub_id[:40]!r} is not <client id>$<name>")
-    _check_name("client id", client_id)
-    _check_name("subscription name", name)
+    check_name("client id", client_id)
+    check_name("subscription name", name)
+
+
+#: The consumer modes a record may hold (``broker.config.ConsumerModeName``).
+MODES = ("exclusive", "shared", "activestandby")
 
 
 @dataclass(frozen=True)
@@ -65,23 +76,52 @@ class SubscriptionRecord:
     """A subscription as stored in ``{qm}:subs`` (the protocol document, ``broker.keys``).
 
     Attributes:
-        sub_id: ``clientid$name``.
-        topic_filter: the MQTT-style filter.
-        durable: survives its subscriber going away.
+        sub_id: ``clientid$name`` (for an MQTT shared subscription, ``<ShareName>$<name>``).
+        topic_filter: the MQTT-style filter (without a ``$share/<ShareName>/`` prefix).
+        durable: survives its consumers going away.
         created_ms: when it was made, ms since the epoch.
+        selector: a message selector (Jakarta Messaging §3.8.1.1), "" for none.
+        no_local: publications whose ``client_id`` is this subscription's client
+            id are not delivered to it (Jakarta Messaging §6.11.1, MQTT 5 §3.8.3.1).
+        mode: ``exclusive``, ``shared`` or ``activestandby`` (``broker.config.ConsumerMode``).
+        share: the MQTT 5 ShareName of a ``$share/<ShareName>/<filter>`` subscription, or "".
     """
 
     sub_id: str
     topic_filter: str
     durable: bool
     created_ms: int
+    selector: str = ""
+    no_local: bool = False
+    mode: str = "exclusive"
+    share: str = ""
+
+    @property
+    def client_id(self) -> str:
+        """The part of the id before ``$``: the subscriber's client id (no-local compares with it)."""
+        return self.sub_id.partition("$")[0]
+
+    @property
+    def shown_filter(self) -> str:
+        """The filter as the subscriber wrote it (``$share/<ShareName>/<filter>`` for an MQTT shared one)."""
+        return f"$share/{self.share}/{self.topic_filter}" if self.share else self.topic_filter
 
     def to_json(self) -> str:
-        """The JSON stored as the hash value."""
-        return json.dumps(
-            {"filter": self.topic_filter, "durable": self.durable, "created_ms": self.created_ms},
-            separators=(",", ":"),
-        )
+        """The JSON stored as the hash value (optional fields only when not at their default)."""
+        data: dict[str, Any] = {
+            "filter": self.topic_filter,
+            "durable": self.durable,
+            "created_ms": self.created_ms,
+        }
+        if self.selector:
+            data["selector"] = self.selector
+        if self.no_local:
+            data["no_local"] = True
+        if self.mode != "exclusive":
+            data["mode"] = self.mode
+        if self.share:
+            data["share"] = self.share
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, sub_id: str, raw: bytes | str, qm: str = "") -> SubscriptionRecord:
@@ -89,7 +129,7 @@ class SubscriptionRecord:
 
         Raises:
             CorruptRecord: the id or the value cannot be read: not JSON, no valid
-                filter, a field of the wrong type.
+                filter, an invalid selector, a field of the wrong type.
         """
         key = keys.subscriptions(qm) if qm else "{qm}:subs"
         try:
@@ -103,18 +143,34 @@ class SubscriptionRecord:
             validate_filter(topic_filter)
             durable = data.get("durable", False)
             created = data.get("created_ms", 0)
+            selector = data.get("selector", "")
+            no_local = data.get("no_local", False)
+            mode = data.get("mode", "exclusive")
+            share = data.get("share", "")
             if not isinstance(durable, bool):
                 raise ValueError('"durable" must be true or false')
             if not isinstance(created, int) or isinstance(created, bool):
                 raise ValueError('"created_ms" must be an integer')
+            if not isinstance(selector, str):
+                raise ValueError('"selector" must be a string')
+            if not isinstance(no_local, bool):
+                raise ValueError('"no_local" must be true or false')
+            if mode not in MODES:
+                raise ValueError(f'"mode" must be one of {", ".join(MODES)}')
+            if not isinstance(share, str):
+                raise ValueError('"share" must be a string')
+            if selector:
+                compile_selector(selector)
         except InvalidName as exc:
             raise CorruptRecord(key, sub_id, str(exc)) from exc
         except InvalidTopicFilter as exc:
             raise CorruptRecord(key, sub_id, f"invalid filter: {exc.reason}") from exc
+        except InvalidSelector as exc:
+            raise CorruptRecord(key, sub_id, f"invalid selector: {exc}") from exc
         except ValueError as exc:  # json.JSONDecodeError included
             reason = "not JSON" if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise CorruptRecord(key, sub_id, reason) from exc
-        return cls(sub_id, topic_filter, durable, created)
+        return cls(sub_id, topic_filter, durable, created, selector, no_local, mode, share)
 
 
 def parse_subscriptions(qm: str, raw: dict[Any, Any]) -> tuple[list[SubscriptionRecord], list[CorruptRecord]]:
@@ -150,36 +206,74 @@ def read_subscriptions(client: redis.Redis, qm: str) -> tuple[list[SubscriptionR
     return parse_subscriptions(qm, read_hash(client, keys.subscriptions(qm)))
 
 
+def _derived_name(topic_filter: str, selector: str) -> str:
+    """The name of a shared subscription made without one: the same for the same filter and selector."""
+    digest = hashlib.sha1(f"{topic_filter}\n{selector}".encode("utf-8", "surrogateescape")).hexdigest()
+    return "share-" + digest[:12]
+
+
 @translate_errors
 def subscribe(
-    client: redis.Redis, qm: str, topic_filter: str, client_id: str, durable_name: str | None = None
+    client: redis.Redis,
+    qm: str,
+    topic_filter: str,
+    client_id: str,
+    durable_name: str | None = None,
+    *,
+    shared: bool = False,
+    selector: str | None = None,
+    no_local: bool = False,
+    consumer_modes: Sequence[ConsumerMode] = (),
 ) -> SubscriptionRecord:
-    """Create a subscription (or re-attach to a durable one).
+    """Create a subscription (or attach to an existing one with the same filter and options).
 
     Args:
         client: a redis-py client.
         qm: the queue manager.
-        topic_filter: an MQTT-style filter (``+`` one level, ``#`` the rest).
+        topic_filter: an MQTT-style filter (``+`` one level, ``#`` the rest), or
+            ``$share/<ShareName>/<filter>`` (MQTT 5 §4.8.2) for a shared
+            subscription ``<ShareName>$<name>`` that every consumer naming the
+            same ShareName and filter shares.
         client_id: the subscriber's client id.
         durable_name: the durable subscription's name; None makes a non-durable
-            subscription with a generated name.
+            subscription (with a generated name, or for a shared one a name
+            derived from the filter and selector).
+        shared: JMS 2 shared subscription: each message goes to one of its consumers.
+        selector: a message selector (Jakarta Messaging §3.8.1.1); None or "" for none.
+        no_local: do not deliver publications whose ``client_id`` is ``client_id``.
+        consumer_modes: the ``Settings.consumer_modes`` rules that give a
+            subscription that is not shared its consumer mode.
 
     Returns:
         The subscription record; ``sub_id`` names its queue.
 
     Raises:
-        InvalidTopicFilter: the filter is invalid.
-        InvalidName: the client id or name has characters other than ``A-Za-z0-9_.-``.
-        SubscriptionConflict: the durable subscription exists with another filter.
-        CorruptRecord: the stored record of this durable subscription cannot be
-            read (``unsubscribe`` removes it).
+        InvalidTopicFilter: the filter (or its ``$share`` syntax) is invalid.
+        InvalidSelector: the selector is invalid (the position is named).
+        InvalidName: the client id, name or ShareName has characters other than ``A-Za-z0-9_.-``.
+        SubscriptionConflict: the subscription exists with another filter, selector, no-local or sharing.
+        CorruptRecord: the stored record of this subscription cannot be read
+            (``unsubscribe`` removes it).
     """
-    validate_filter(topic_filter)
-    _check_name("client id", client_id)
-    name = durable_name if durable_name is not None else "nd-" + uuid.uuid4().hex[:12]
-    _check_name("subscription name", name)
-    sub_id = f"{client_id}${name}"
-    record = SubscriptionRecord(sub_id, topic_filter, durable_name is not None, int(time.time() * 1000))
+    share, inner = split_shared(topic_filter)
+    validate_filter(inner)
+    selector = (selector or "").strip()
+    if selector:
+        compile_selector(selector)
+    check_name("client id", client_id)
+    if share:
+        check_name("ShareName", share)
+        shared = True
+    if shared:
+        name = durable_name if durable_name is not None else _derived_name(inner, selector)
+    else:
+        name = durable_name if durable_name is not None else "nd-" + uuid.uuid4().hex[:12]
+    check_name("subscription name", name)
+    sub_id = f"{share or client_id}${name}"
+    mode = "shared" if shared else _mode_of(sub_id, consumer_modes)
+    record = SubscriptionRecord(
+        sub_id, inner, durable_name is not None, int(time.time() * 1000), selector, no_local, mode, share
+    )
     subs_key = keys.subscriptions(qm)
     with client.pipeline(transaction=True) as pipe:
         while True:
@@ -191,11 +285,17 @@ def subscribe(
                         old = SubscriptionRecord.from_json(sub_id, existing, qm)
                     except CorruptRecord as exc:
                         raise CorruptRecord(exc.key, sub_id, f"{exc.reason}; unsubscribe it first") from exc
-                    if old.topic_filter != topic_filter:
-                        raise SubscriptionConflict(
-                            f"durable subscription {sub_id!r} exists with filter {old.topic_filter!r}; "
-                            "unsubscribe it first"
-                        )
+                    for what, was, now in (
+                        ("filter", old.shown_filter, record.shown_filter),
+                        ("selector", old.selector, record.selector),
+                        ("no-local", old.no_local, record.no_local),
+                        ("shared", old.mode == "shared", record.mode == "shared"),
+                    ):
+                        if was != now:
+                            raise SubscriptionConflict(
+                                f"subscription {sub_id!r} exists with {what} {was!r}, not {now!r}; "
+                                "unsubscribe it first"
+                            )
                     pipe.unwatch()
                     return old
                 pipe.multi()
@@ -207,20 +307,59 @@ def subscribe(
                 continue
 
 
+def _mode_of(sub_id: str, rules: Sequence[ConsumerMode]) -> str:
+    for rule in rules:
+        if like(rule.predicate, sub_id):
+            return rule.mode
+    return "exclusive"
+
+
 @translate_errors
 def unsubscribe(client: redis.Redis, qm: str, sub_id: str) -> None:
-    """Delete a subscription and its queue (and in-flight list); also removes a record that cannot be read.
+    """Delete a subscription with its queue, bell, consumers and their in-flight lists, in one atomic call.
+
+    Also removes a record that cannot be read. A worker that resolved a topic
+    before the removal delivers nothing to it (``commit.lua`` checks that the
+    subscription still exists), so its queue is never made again.
 
     Raises:
         NoSuchSubscription: there is no such subscription.
     """
-    pipe = client.pipeline(transaction=True)
-    pipe.hdel(keys.subscriptions(qm), sub_id)
-    pipe.incr(keys.version(qm))
-    pipe.delete(keys.sub_queue(qm, sub_id), keys.sub_inflight(qm, sub_id))
-    removed, _, _ = pipe.execute()
-    if not removed:
+    if not remove_subscription(client, qm, sub_id):
         raise NoSuchSubscription(f"no subscription {sub_id!r} in queue manager {qm!r}")
+
+
+def remove_subscription(
+    client: redis.Redis, qm: str, sub_id: str, abandoned_before_ms: int | None = None
+) -> bool:
+    """Run ``remove_subscription.lua``: remove the subscription and every key it owns.
+
+    Args:
+        abandoned_before_ms: only remove a non-durable subscription whose consumers'
+            lease deadlines and creation are all before this time, ms since the epoch.
+
+    Returns:
+        True when a record was removed.
+    """
+    script = client.register_script(script_source("remove_subscription"))
+    removed = script(
+        keys=[
+            keys.subscriptions(qm),
+            keys.version(qm),
+            keys.sub_consumers(qm, sub_id),
+            keys.sub_bell(qm, sub_id),
+            keys.sub_holder(qm, sub_id),
+            keys.sub_redelivered(qm, sub_id),
+            keys.sub_inflight(qm, sub_id),
+            *keys.sub_bands(qm, sub_id),
+        ],
+        args=[
+            sub_id,
+            keys.inflight_prefix(qm, sub_id),
+            "" if abandoned_before_ms is None else abandoned_before_ms,
+        ],
+    )
+    return bool(removed)
 
 
 @translate_errors
@@ -231,92 +370,3 @@ def list_subscriptions(client: redis.Redis, qm: str) -> list[SubscriptionRecord]
         ForeignKey: ``{qm}:subs`` holds another Redis type.
     """
     return read_subscriptions(client, qm)[0]
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One message taken from a subscriber queue, not yet acknowledged.
-
-    Attributes:
-        message: the decoded message.
-        raw: the envelope as stored (needed to acknowledge it).
-    """
-
-    message: Message
-    raw: bytes
-
-
-class Subscriber:
-    """Reads one subscription's queue reliably: take into an in-flight list, then ack.
-
-    Args:
-        client: a redis-py client.
-        qm: the queue manager.
-        record: the subscription (from ``subscribe``).
-        recover: move messages left in flight by an earlier subscriber back
-            to the queue first, oldest first (default True).
-    """
-
-    def __init__(
-        self, client: redis.Redis, qm: str, record: SubscriptionRecord, recover: bool = True
-    ) -> None:
-        self.client = client
-        self.qm = qm
-        self.record = record
-        self.queue = keys.sub_queue(qm, record.sub_id)
-        self.inflight = keys.sub_inflight(qm, record.sub_id)
-        if recover:
-            self.recover()
-
-    @translate_errors
-    def recover(self) -> int:
-        """Put un-acknowledged messages back at the head of the queue; returns how many."""
-        moved = 0
-        while self.client.lmove(self.inflight, self.queue, "LEFT", "RIGHT") is not None:
-            moved += 1
-        return moved
-
-    @translate_errors
-    def receive(self, timeout_ms: int = 0) -> Delivery | None:
-        """Take the oldest message into the in-flight list.
-
-        Args:
-            timeout_ms: how long to block, ms; 0 returns at once.
-
-        Returns:
-            A ``Delivery`` to ``ack``, or None when the queue stayed empty.
-
-        Raises:
-            InvalidMessage: the envelope is malformed (it stays in flight).
-        """
-        if timeout_ms > 0:
-            # redis-py types the timeout as int; the server takes fractional seconds
-            timeout_s: Any = timeout_ms / 1000
-            raw = self.client.blmove(self.queue, self.inflight, timeout_s, "RIGHT", "LEFT")
-        else:
-            raw = self.client.lmove(self.queue, self.inflight, "RIGHT", "LEFT")
-        if raw is None:
-            return None
-        envelope = as_bytes(raw)
-        try:
-            return Delivery(Message.from_envelope(envelope), envelope)
-        except (InvalidMessage, KeyError, ValueError) as exc:
-            raise InvalidMessage(f"malformed envelope in {self.queue}: {exc}") from exc
-
-    @translate_errors
-    def ack(self, delivery: Delivery) -> None:
-        """Acknowledge a delivery: drop it from the in-flight list."""
-        value: Any = delivery.raw  # bytes: an ack must send back the exact bytes (redis-py types it str)
-        self.client.lrem(self.inflight, 1, value)
-
-    @translate_errors
-    def depth(self) -> int:
-        """Messages waiting in the queue (not counting in-flight ones)."""
-        return int(self.client.llen(self.queue))
-
-    @translate_errors
-    def close(self) -> None:
-        """Stop consuming. A non-durable subscription is deleted with its queue."""
-        if not self.record.durable:
-            with contextlib.suppress(NoSuchSubscription):
-                unsubscribe(self.client, self.qm, self.record.sub_id)

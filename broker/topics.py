@@ -175,8 +175,36 @@ def validate_topic(topic: str) -> str:
     return topic
 
 
+#: The prefix of an MQTT 5 shared subscription's filter: ``$share/<ShareName>/<filter>`` (§4.8.2).
+SHARE_PREFIX = "$share/"
+
+
+def split_shared(topic_filter: str) -> tuple[str, str]:
+    """Split an MQTT 5 shared subscription filter into ``(ShareName, filter)``.
+
+    ``$share/<ShareName>/<filter>`` (MQTT 5 §4.8.2): the ShareName is at least
+    one character with no ``/``, ``+`` or ``#``, followed by ``/`` and a
+    non-empty valid filter. Any other filter is returned as ``("", topic_filter)``.
+
+    Raises:
+        InvalidTopicFilter: the filter starts with ``$share/`` but breaks those rules.
+    """
+    if not topic_filter.startswith(SHARE_PREFIX):
+        return "", topic_filter
+    share, sep, inner = topic_filter[len(SHARE_PREFIX) :].partition(LEVEL_SEPARATOR)
+    if not share:
+        raise InvalidTopicFilter(topic_filter, "a $share filter needs a ShareName of at least one character")
+    if _SINGLE in share or _MULTI in share:
+        raise InvalidTopicFilter(topic_filter, "a ShareName must not contain '+' or '#' (MQTT 5 §4.8.2)")
+    if not sep or not inner:
+        raise InvalidTopicFilter(
+            topic_filter, "a $share filter needs '/' and a topic filter after the ShareName"
+        )
+    return share, inner
+
+
 def validate_filter(topic_filter: str) -> str:
-    """Check a topic filter (what a subscription names).
+    """Check a topic filter (what a subscription names), plain or ``$share/<ShareName>/<filter>``.
 
     Args:
         topic_filter: the topic filter to check.
@@ -185,9 +213,11 @@ def validate_filter(topic_filter: str) -> str:
         ``topic_filter`` itself, when it is valid.
 
     Raises:
-        InvalidTopicFilter: when ``topic_filter`` breaks a rule of MQTT 5 §4.7.
+        InvalidTopicFilter: when ``topic_filter`` breaks a rule of MQTT 5 §4.7,
+            or the shared subscription syntax of §4.8.2.
     """
-    problem = _filter_problem(topic_filter)
+    _, inner = split_shared(topic_filter)
+    problem = _filter_problem(inner)
     if problem is not None:
         raise InvalidTopicFilter(topic_filter, problem)
     return topic_filter
@@ -235,7 +265,8 @@ def matches(topic_filter: str, topic: str) -> bool:
     """Tell whether a topic filter matches a topic name.
 
     Args:
-        topic_filter: the subscription's topic filter.
+        topic_filter: the subscription's topic filter; a shared subscription's
+            ``$share/<ShareName>/<filter>`` matches as its filter part (MQTT 5 §4.8.2).
         topic: the publication's topic name.
 
     Returns:
@@ -247,7 +278,8 @@ def matches(topic_filter: str, topic: str) -> bool:
     """
     validate_filter(topic_filter)
     validate_topic(topic)
-    return _levels_match(topic_filter.split(LEVEL_SEPARATOR), topic.split(LEVEL_SEPARATOR))
+    _, inner = split_shared(topic_filter)
+    return _levels_match(inner.split(LEVEL_SEPARATOR), topic.split(LEVEL_SEPARATOR))
 
 
 def _truncate(topic: str) -> str | None:

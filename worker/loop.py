@@ -39,7 +39,8 @@ import redis
 from broker import keys
 from broker.config import Settings
 from broker.connection import connect
-from broker.errors import ForeignKey, InvalidMessage, InvalidTopic
+from broker.consumer import sweep_subscriptions
+from broker.errors import BrokerError, ForeignKey, InvalidMessage, InvalidTopic
 from broker.models import encode_envelope, parse_entry
 from broker.routing import RoutingTable
 from broker.scripts import Dequeued, Refusals, Scripts, parse_dequeue
@@ -142,6 +143,8 @@ class Worker:
         self._next_turn_sweep_ms = 0
         self._next_entry_sweep_ms = 0
         self._entry_sweep_start = "-"
+        self._next_subscription_sweep_ms = 0
+        self._subscription_sweep_start = ""
         self._last_problem = ""
         self._next_heartbeat_ms = 0
         self._started_ms = self.clock_ms()
@@ -224,6 +227,9 @@ class Worker:
         if now >= self._next_entry_sweep_ms:
             self._next_entry_sweep_ms = now + ENTRY_SWEEP_INTERVAL_MS
             self.sweep_entries(settings.lease_ms)
+        if now >= self._next_subscription_sweep_ms:
+            self._next_subscription_sweep_ms = now + settings.sweep_interval_ms
+            self.sweep_subscriptions()
         dequeued = self._prefetched
         self._prefetched = None
         if dequeued is None:
@@ -307,6 +313,29 @@ class Worker:
                 ", ".join(refused[:10]),
             )
         return refused
+
+    def sweep_subscriptions(self) -> list[str]:
+        """Give back dead consumers' in-flight messages and remove abandoned non-durable subscriptions.
+
+        Looks at up to ``broker.consumer.SWEEP_SUBSCRIPTIONS`` subscriptions per call,
+        going on from where the last call stopped.
+
+        Returns:
+            The subscription ids removed.
+        """
+        try:
+            self._subscription_sweep_start, removed = sweep_subscriptions(
+                self.client,
+                self.qm,
+                self.settings,
+                self._subscription_sweep_start,
+                records=self.table.subscriptions.values(),
+            )
+        except BrokerError as exc:  # a foreign key in one subscription must not stop the worker
+            log.warning("worker %s: subscription sweep: %s", self.name, exc)
+            self._subscription_sweep_start = ""
+            return []
+        return removed
 
     def _turns_to_give_up(self, dequeued: Dequeued) -> tuple[str, ...]:
         """Publishers beyond this worker's fair share of the work, to give up after this round.
@@ -497,7 +526,7 @@ class Worker:
         settings = self.settings
         try:
             entry = parse_entry(entry_id, fields, settings.max_body_bytes)
-            queues = self.table.resolve(entry.topic)
+            queues = self.table.queues(entry)
             envelope = encode_envelope(entry.header, entry.body) if queues else b""
         except InvalidTopic as exc:
             return self._refusal(publisher, entry_id, fields, exc.reason, exc.suggestion or "")

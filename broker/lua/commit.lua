@@ -17,7 +17,11 @@
 -- KEYS[2] active publishers set        "{qm}:publishers"
 -- KEYS[3] dead-letter stream           "{qm}:dlq"
 -- KEYS[4] delivery journal stream      "{qm}:journal"
--- KEYS[5..] the subscriber queues this batch delivers to ("{qm}:sub:<id>")
+-- KEYS[5] the subscription hash        "{qm}:subs" (fence: a subscription removed since the
+--   worker resolved the topic gets nothing, and its queue is never made again)
+-- KEYS[6..] the subscriber queues (priority bands) this batch delivers to
+--   ("{qm}:sub:<id>" or "{qm}:sub:<id>:p<N>"); each one's subscription's bell
+--   ("{qm}:sub:<id>:bell") is rung when it gets messages
 -- ARGV[1] consumer group
 -- ARGV[2] the worker's fencing token
 -- ARGV[3] lease_ms of a publisher's turn
@@ -25,14 +29,15 @@
 -- ARGV[5] dedup key prefix             "{qm}:dedup:" (id_key in lib.lua)
 -- ARGV[6] reply key prefix             "{qm}:reply:" (id_key in lib.lua)
 -- ARGV[7] journal: approximate max length of the journal stream; 0 = no journal
--- ARGV[8] length of the subscriber queue prefix "{qm}:sub:" (to journal subscription ids)
+-- ARGV[8] length of the subscriber queue prefix "{qm}:sub:" (subscription ids and bells are
+--   read from the queue keys)
 -- ARGV[9] approximate cap of the dead-letter stream, records
 -- ARGV[10] max_body_bytes: a dead letter keeps a body only up to this size
 -- ARGV[11] Y, the number of publishers whose turn to give up after this call
 --   even if their FIFO is not empty (fair share: another worker takes them)
 -- ARGV[12 .. 11+Y] those publishers
 -- ARGV[12+Y] S, the number of recipient sets
--- ARGV[13+Y .. 12+Y+S] recipient sets: space-separated KEYS indexes, e.g. "5 6 9"
+-- ARGV[13+Y .. 12+Y+S] recipient sets: space-separated KEYS indexes, e.g. "6 7 9"
 -- then one unit of work per publication, its fields in this order (UNIT_FIELDS
 -- in broker/unit_of_work.py; a test checks the two lists match):
 -- unit field 0 publisher
@@ -52,7 +57,7 @@
 --   gave_up: 1 when the FIFO is now empty and the turn was given up
 -- errors "BROKER foreign key: ..." before any write when a queue-manager-wide key is foreign
 
-local stream, active, dlq, journal = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local stream, active, dlq, journal, subs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
 local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
 local journal_len, sub_prefix_len = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -67,13 +72,24 @@ local PUBLISHER, ENTRY_ID, ACTION, PAYLOAD, MSGID, WINDOW, REPLY_TTL = 0, 1, 2, 
 local RECIPIENTS, SUGGESTION, SEQ, TOPIC, ENQUEUED_MS = 7, 8, 9, 10, 11
 local UNIT = 12
 
-local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}}
+local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}, {subs, 'hash'}}
 if journal_len > 0 then fixed[#fixed + 1] = {journal, 'stream'} end
 require_types(fixed)
 
--- The subscriber queues: each checked once per batch.
-local queue_foreign = {}
-for k = 5, #KEYS do queue_foreign[k] = foreign(KEYS[k], 'list') end
+-- The subscriber queues: each checked once per batch, with its bell, and
+-- whether its subscription still exists (gone: it gets nothing).
+local queue_foreign, sub_of, bell_of, gone = {}, {}, {}, {}
+local sub_prefix = string.sub(KEYS[6] or '', 1, sub_prefix_len)
+for k = 6, #KEYS do
+  local rest = string.sub(KEYS[k], sub_prefix_len + 1)
+  local sub_id = string.match(rest, '^(.*):p%d$') or rest
+  sub_of[k] = sub_id
+  bell_of[k] = sub_prefix .. sub_id .. ':bell'
+  gone[k] = redis.call('HEXISTS', subs, sub_id) == 0
+  if not gone[k] then
+    queue_foreign[k] = foreign(KEYS[k], 'list') or foreign(bell_of[k], 'list')
+  end
+end
 
 local sets = {}
 for s = 1, nsets do
@@ -151,7 +167,11 @@ for u = first, #ARGV, UNIT do
         step.status = 'duplicate'
       else
         step.status = 'delivered'
-        if set > 0 then step.count = #sets[set] end
+        if set > 0 then
+          for _, k in ipairs(sets[set]) do
+            if not gone[k] then step.count = step.count + 1 end
+          end
+        end
       end
     elseif action == 'expire' then
       step.status = 'expired'
@@ -174,7 +194,9 @@ local function subscription_ids(set)
   if set == 0 then return '[]' end
   if not names[set] then
     local ids = {}
-    for _, k in ipairs(sets[set]) do ids[#ids + 1] = string.sub(KEYS[k], sub_prefix_len + 1) end
+    for _, k in ipairs(sets[set]) do
+      if not gone[k] then ids[#ids + 1] = sub_of[k] end
+    end
     names[set] = cjson.encode(ids)
   end
   return names[set]
@@ -195,13 +217,15 @@ for i = 1, n do
     local status = step.status
     if status == 'delivered' and set > 0 then
       for _, k in ipairs(sets[set]) do
-        local list = pushes[k]
-        if not list then
-          list = {}
-          pushes[k] = list
-          push_order[#push_order + 1] = k
+        if not gone[k] then  -- a subscription removed since the worker resolved the topic gets nothing
+          local list = pushes[k]
+          if not list then
+            list = {}
+            pushes[k] = list
+            push_order[#push_order + 1] = k
+          end
+          list[#list + 1] = payload
         end
-        list[#list + 1] = payload
       end
     elseif status == 'refused' then
       local original = redis.call('XRANGE', stream, entry_id, entry_id)
@@ -238,6 +262,7 @@ for _, k in ipairs(push_order) do
   for i = 1, #list, CHUNK do
     redis.call('LPUSH', KEYS[k], unpack(list, i, math.min(i + CHUNK - 1, #list)))
   end
+  ring(bell_of[k])
 end
 for i = 1, #acks, CHUNK do
   redis.call('XACK', stream, group, unpack(acks, i, math.min(i + CHUNK - 1, #acks)))

@@ -93,3 +93,30 @@ local function refuse_unparsed(ctx, entry_id, fields, pub, reason)
   end
 end
 
+
+-- The time in ms since the epoch: `given` (a test's clock) or the server's.
+local function now_ms(given)
+  if given ~= nil and given ~= '' then return tonumber(given) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The header line of an envelope (keys.py: Envelope) without the body and
+-- without its "props" object (the last header field, written by the worker),
+-- so that a user property named like a header field is never read as one.
+-- Header fields are then found with string.match('"name":...'): a string value
+-- holding that text is JSON-escaped (\") and cannot match.
+local function envelope_head(env)
+  local nl = string.find(env, '\n', 1, true)
+  local head = env
+  if nl then head = string.sub(env, 1, nl - 1) end
+  local props = string.find(head, ',"props":', 1, true)
+  if props then head = string.sub(head, 1, props - 1) end
+  return head
+end
+
+-- Ring a subscription's bell: one element while messages may wait, so that a
+-- consumer blocked on it (BLMOVE bell bell RIGHT RIGHT) wakes. Check its type first.
+local function ring(bell)
+  if redis.call('LLEN', bell) == 0 then redis.call('RPUSH', bell, '1') end
+end

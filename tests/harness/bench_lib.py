@@ -199,7 +199,7 @@ class Topology:
         """topic -> queue keys, resolved by the broker's own ``RoutingTable``."""
         table = RoutingTable(self.qm)
         table.load(client)
-        return {t: table.resolve(t) for t in TOPICS}
+        return {t: table.resolve(t).queues() for t in TOPICS}
 
 
 # --------------------------------------------------------------------------------------------

@@ -54,6 +54,8 @@ def drain(workers: Iterable[Worker], max_rounds: int = 100_000) -> int:
 
 
 def queue_messages(client: redis.Redis, qm: str, sub_id: str) -> list[Message]:
-    """Every message in a subscriber queue, oldest first, without consuming them."""
-    raw = client.lrange(keys.sub_queue(qm, sub_id), 0, -1)
-    return [Message.from_envelope(item) for item in reversed(raw)]
+    """Every message in a subscriber queue in the order a consumer takes them, without consuming them."""
+    out = []
+    for band in keys.sub_bands(qm, sub_id):  # highest priority first, as a consumer takes them
+        out += [Message.from_envelope(item) for item in reversed(client.lrange(band, 0, -1))]
+    return out

@@ -46,7 +46,7 @@ def test_link_closing_a_cycle_is_refused_with_exit_2_but_accepted_as_backward(ru
 
 def test_durable_subscription_made_by_subscribe_is_listed_and_survives_exit(run):
     made = ok(run("subscribe", "/WEATHER/#", "--client-id", "app", "--durable", "wx", "--timeout-ms", "1"))
-    assert "subscribed app$wx to '/WEATHER/#' (durable)" in made.stderr
+    assert "subscribed app$wx to '/WEATHER/#' (durable, exclusive)" in made.stderr
     listed = ok(run("subscriptions")).stdout
     assert "app$wx" in listed and "/WEATHER/#" in listed and "yes" in listed
     assert "/WEATHER/#" in ok(run("topics")).stdout
@@ -120,7 +120,7 @@ def test_message_published_without_waiting_is_printed_by_subscribe_after_a_worke
             "1000",
         )
     )
-    assert got.stdout.strip() == "/WEATHER/JFK  publisher=station  seq=1  rain at 5"
+    assert got.stdout.strip() == "/WEATHER/JFK  publisher=station  seq=1  priority=4  rain at 5"
     assert "received 1 message(s)" in got.stderr
     assert real_redis.llen(keys.sub_inflight(QM, "app$inbox")) == 0  # acknowledged
 

@@ -1,0 +1,564 @@
+"""Consumers of a subscription: receive, acknowledge, heartbeat, recover, browse.
+
+Each consumer (a ``Subscriber``) has an id and its own in-flight list
+``{qm}:sub:<id>:inflight:<consumer>``, and renews a lease in the
+subscription's consumers zset with every receive and heartbeat. What it holds
+belongs to it alone:
+
+- a consumer that dies (its lease deadline passes) has its in-flight messages
+  given back to the head of the queue, in the order it received them, by
+  ``recover.lua`` (run by the other consumers' heartbeats, by a new consumer,
+  and by the workers' sweep); they are redelivered with ``redelivered`` set
+  and a ``delivery_count`` (JMSXDeliveryCount), and dead-lettered once they
+  have failed ``max_redeliveries`` times. A live consumer's in-flight messages
+  are never taken;
+- acknowledging removes a message from the consumer's own short list,
+  searched from its oldest end (``LREM ... -1``): no scan of a long list;
+- messages are taken highest priority first (one list per priority band,
+  Jakarta Messaging §3.4.10), oldest first within a band, so per-publisher
+  order holds within a priority; one whose expiration passed while it waited
+  is never handed over (``receive.lua``).
+
+Consumer modes (``SubscriptionRecord.mode``): ``shared`` (each message to one
+of many consumers), ``exclusive`` (a second consumer is refused with
+``ConsumerConflict``) and ``activestandby`` (a second consumer waits as a
+standby and takes over within a lease of the active one dying). The holder of
+an exclusive or active-standby subscription is ``{qm}:sub:<id>:active``.
+
+``sweep_subscriptions`` (run by the workers) also removes abandoned
+non-durable subscriptions: those whose consumers have all been dead for
+``subscription_expiry_ms`` (MQTT 5 session expiry).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from broker import keys
+from broker.config import Settings
+from broker.connection import as_bytes, translate_errors
+from broker.errors import ConsumerConflict, InvalidMessage
+from broker.models import Message
+from broker.scripts import script_source
+from broker.subscriptions import (
+    SubscriptionRecord,
+    check_name,
+    read_subscriptions,
+    remove_subscription,
+)
+
+log = logging.getLogger("broker.consumer")
+
+#: Most subscriptions one ``sweep_subscriptions`` call looks at.
+SWEEP_SUBSCRIPTIONS = 200
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message taken by a consumer, not yet acknowledged.
+
+    Attributes:
+        message: the decoded message.
+        raw: the envelope as stored (needed to acknowledge it).
+        delivery_count: how many times it has been delivered, this one
+            included (JMSXDeliveryCount, Jakarta Messaging §3.5.11); 1 the first time.
+    """
+
+    message: Message
+    raw: bytes
+    delivery_count: int = 1
+
+    @property
+    def redelivered(self) -> bool:
+        """It was delivered before to a consumer that did not acknowledge it (JMSRedelivered)."""
+        return self.delivery_count > 1
+
+
+def _consumer_id() -> str:
+    host = "".join(c if c.isalnum() or c in "_.-" else "-" for c in socket.gethostname())[:60] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class _Scripts:
+    """``receive.lua`` and ``recover.lua`` bound to one client."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.receive = client.register_script(script_source("receive"))
+        self.recover = client.register_script(script_source("recover"))
+
+
+_scripts_of: dict[int, _Scripts] = {}
+
+
+def _scripts(client: redis.Redis) -> _Scripts:
+    found = _scripts_of.get(id(client))
+    if found is None:
+        found = _scripts_of[id(client)] = _Scripts(client)
+    return found
+
+
+@translate_errors
+def recover(
+    client: redis.Redis,
+    qm: str,
+    sub_id: str,
+    *,
+    max_redeliveries: int = 10,
+    dead_letter_max_len: int = 100_000,
+    forget_ms: int = 60_000,
+    now_ms: int | None = None,
+    closing: str = "",
+) -> tuple[int, int, int]:
+    """Give back the in-flight messages of a subscription's dead consumers (``recover.lua``).
+
+    Args:
+        client: a redis-py client.
+        qm: the queue manager.
+        sub_id: the subscription.
+        max_redeliveries: a message that failed more often is dead-lettered instead.
+        dead_letter_max_len: approximate cap of the dead-letter stream.
+        forget_ms: consumers dead for longer are removed from the consumers zset, ms.
+        now_ms: the time, ms since the epoch; None for the server's clock.
+        closing: a consumer closing now: its in-flight messages are given back whatever its lease.
+
+    Returns:
+        ``(consumers recovered, messages given back, messages dead-lettered)``.
+
+    Raises:
+        ServerError: a key of the subscription holds another Redis type ("foreign key").
+    """
+    got = _scripts(client).recover(
+        keys=[
+            keys.sub_consumers(qm, sub_id),
+            keys.sub_redelivered(qm, sub_id),
+            keys.sub_bell(qm, sub_id),
+            keys.dead_letter(qm),
+            keys.subscriptions(qm),
+            *keys.sub_bands(qm, sub_id),
+            keys.sub_holder(qm, sub_id),
+        ],
+        args=[
+            "" if now_ms is None else now_ms,
+            max_redeliveries,
+            dead_letter_max_len,
+            keys.inflight_prefix(qm, sub_id),
+            sub_id,
+            forget_ms,
+            closing,
+        ],
+    )
+    return int(got[0]), int(got[1]), int(got[2])
+
+
+@translate_errors
+def sweep_subscriptions(
+    client: redis.Redis,
+    qm: str,
+    settings: Settings,
+    start: str = "",
+    now_ms: int | None = None,
+    records: Iterable[SubscriptionRecord] | None = None,
+) -> tuple[str, list[str]]:
+    """Recover dead consumers' messages and remove abandoned non-durable subscriptions.
+
+    Looks at up to ``SWEEP_SUBSCRIPTIONS`` subscriptions whose id sorts after ``start``.
+
+    Args:
+        client: a redis-py client.
+        qm: the queue manager.
+        settings: ``consumer_lease_ms``, ``subscription_expiry_ms``, ``max_redeliveries``,
+            ``dead_letter_max_len``.
+        start: go on after this subscription id ("" from the first).
+        now_ms: the time, ms since the epoch; None for this machine's clock.
+        records: the subscriptions (a worker's routing table has them); None reads them.
+
+    Returns:
+        ``(the last id looked at, or "" when the end was reached; subscription ids removed)``.
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    if records is None:
+        records = read_subscriptions(client, qm)[0]
+    todo = sorted((r for r in records if r.sub_id > start), key=lambda r: r.sub_id)[:SWEEP_SUBSCRIPTIONS]
+    removed = []
+    forget = max(settings.subscription_expiry_ms, settings.consumer_lease_ms) * 2
+    for record in todo:
+        recover(
+            client,
+            qm,
+            record.sub_id,
+            max_redeliveries=settings.max_redeliveries,
+            dead_letter_max_len=settings.dead_letter_max_len,
+            forget_ms=forget,
+            now_ms=now,
+        )
+        if not record.durable and remove_subscription(
+            client, qm, record.sub_id, abandoned_before_ms=now - settings.subscription_expiry_ms
+        ):
+            log.info("removed abandoned non-durable subscription %s", record.sub_id)
+            removed.append(record.sub_id)
+    last = todo[-1].sub_id if len(todo) == SWEEP_SUBSCRIPTIONS else ""
+    return last, removed
+
+
+def _decode(raw: Any, count: int, queue: str) -> Delivery:
+    envelope = as_bytes(raw)
+    try:
+        return Delivery(Message.from_envelope(envelope), envelope, count)
+    except (InvalidMessage, KeyError, ValueError) as exc:
+        raise InvalidMessage(f"malformed envelope in {queue}: {exc}") from exc
+
+
+class Subscriber:
+    """One consumer of a subscription: takes messages into its own in-flight list, then acks them.
+
+    Args:
+        client: a redis-py client (``decode_responses=False``).
+        qm: the queue manager.
+        record: the subscription (from ``subscribe``).
+        settings: ``consumer_lease_ms``, ``max_redeliveries``, ``expired_to_dlq``,
+            ``dead_letter_max_len``, ``subscription_expiry_ms``; default ``Settings()``.
+        consumer_id: this consumer's id (``A-Za-z0-9_.-``); default ``<host>-<pid>-<random>``.
+        heartbeat: renew the lease from a background thread every third of it
+            (default); False: the caller's own ``receive``/``heartbeat`` calls must
+            (each ``receive`` renews it too).
+        clock_ms: the time in ms since the epoch for scripts (tests); None: the server's clock.
+
+    Raises:
+        ConsumerConflict: the subscription is exclusive and another live consumer holds it.
+        InvalidName: ``consumer_id`` has other characters.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        qm: str,
+        record: SubscriptionRecord,
+        settings: Settings | None = None,
+        *,
+        consumer_id: str | None = None,
+        heartbeat: bool = True,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.client = client
+        self.qm = qm
+        self.record = record
+        self.settings = settings or Settings()
+        self.consumer_id = consumer_id or _consumer_id()
+        check_name("consumer id", self.consumer_id)
+        self.clock_ms = clock_ms
+        sub_id = record.sub_id
+        self.queue = keys.sub_queue(qm, sub_id)
+        self.bands = keys.sub_bands(qm, sub_id)
+        self.bell = keys.sub_bell(qm, sub_id)
+        self.inflight = keys.consumer_inflight(qm, sub_id, self.consumer_id)
+        self._redelivered = keys.sub_redelivered(qm, sub_id)
+        self._scripts = _scripts(client)
+        self.standby = False
+        self.closed = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.heartbeat()  # attach: lease, holder; ConsumerConflict for a second exclusive consumer
+        if heartbeat:
+            self._thread = threading.Thread(
+                target=self._beat, name=f"heartbeat-{self.consumer_id}", daemon=True
+            )
+            self._thread.start()
+
+    # -- leases ---------------------------------------------------------------------
+
+    def _now(self) -> str | int:
+        return "" if self.clock_ms is None else self.clock_ms()
+
+    def _take(self, count: int) -> list[Delivery]:
+        settings = self.settings
+        sub_id = self.record.sub_id
+        must_hold = self.record.mode != "shared"
+        reply = self._scripts.receive(
+            keys=[
+                keys.sub_consumers(self.qm, sub_id),
+                self.inflight,
+                self.bell,
+                self._redelivered,
+                keys.sub_holder(self.qm, sub_id),
+                keys.dead_letter(self.qm),
+                keys.expired(self.qm),
+                *self.bands,
+            ],
+            args=[
+                self.consumer_id,
+                count,
+                settings.consumer_lease_ms,
+                self._now(),
+                1 if must_hold else 0,
+                1 if settings.expired_to_dlq else 0,
+                settings.dead_letter_max_len,
+                sub_id,
+            ],
+        )
+        status = as_bytes(reply[0]).decode()
+        if status == "standby":
+            if self.record.mode == "exclusive":
+                holder = self.client.get(keys.sub_holder(self.qm, sub_id))
+                raise ConsumerConflict(sub_id, as_bytes(holder).decode() if holder else "?")
+            self.standby = True
+            return []
+        self.standby = False
+        return [_decode(reply[i], int(reply[i + 1]), self.queue) for i in range(2, len(reply), 2)]
+
+    @translate_errors
+    def heartbeat(self) -> None:
+        """Renew this consumer's lease (and its hold on an exclusive/active-standby
+        subscription, taking it over when the holder died), then give back the
+        in-flight messages of the subscription's dead consumers.
+
+        Raises:
+            ConsumerConflict: the subscription is exclusive and another live consumer holds it.
+        """
+        was_standby = self.standby
+        self.recover_dead()  # first: a dead holder's messages are back before this consumer takes over
+        self._take(0)
+        if was_standby and not self.standby:
+            log.info("consumer %s took over subscription %s", self.consumer_id, self.record.sub_id)
+
+    def recover_dead(self) -> tuple[int, int, int]:
+        """Give back the in-flight messages of this subscription's dead consumers (see ``recover``)."""
+        settings = self.settings
+        now = self._now()
+        return recover(
+            self.client,
+            self.qm,
+            self.record.sub_id,
+            max_redeliveries=settings.max_redeliveries,
+            dead_letter_max_len=settings.dead_letter_max_len,
+            forget_ms=max(settings.subscription_expiry_ms, settings.consumer_lease_ms) * 2,
+            now_ms=None if now == "" else int(now),
+        )
+
+    def _beat(self) -> None:
+        interval = self.settings.consumer_lease_ms / 3000
+        while not self._stop.wait(interval):
+            try:
+                self.heartbeat()
+            except Exception as exc:  # keep beating: the next one may succeed
+                log.warning("consumer %s: heartbeat failed: %s", self.consumer_id, exc)
+
+    # -- receiving ------------------------------------------------------------------
+
+    @translate_errors
+    def receive_many(self, max_messages: int, timeout_ms: int = 0) -> list[Delivery]:
+        """Take up to ``max_messages`` messages into this consumer's in-flight list, in one round trip.
+
+        Highest priority first, oldest first within a priority; messages that
+        expired while waiting are skipped (counted, dead-lettered with
+        ``expired_to_dlq``). A standby consumer receives nothing until it takes over.
+
+        Args:
+            max_messages: the most messages to take (>= 1).
+            timeout_ms: when none is waiting, wait up to this long for one, ms; 0 returns at once.
+
+        Returns:
+            The deliveries to acknowledge; empty when none came in time.
+
+        Raises:
+            ConsumerConflict: the subscription is exclusive and another live consumer holds it.
+            InvalidMessage: an envelope is malformed (it stays in flight).
+            ValueError: ``max_messages`` < 1.
+        """
+        if max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            if self.standby:
+                self.heartbeat()  # takes over when the holder died
+            got = [] if self.standby else self._take(max_messages)
+            if got:
+                return got
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                return []
+            if self.standby:
+                # the heartbeat takes over when the holder dies; look again then
+                self._stop.wait(min(left_ms, self.settings.consumer_lease_ms / 3) / 1000)
+                continue
+            # wait for the bell without taking it (a list moved onto itself is unchanged)
+            wait_s: Any = min(left_ms, self.settings.consumer_lease_ms // 3) / 1000
+            self.client.blmove(self.bell, self.bell, wait_s, "RIGHT", "RIGHT")
+
+    def receive(self, timeout_ms: int = 0) -> Delivery | None:
+        """Take the next message (see ``receive_many``); None when none came in time."""
+        got = self.receive_many(1, timeout_ms)
+        return got[0] if got else None
+
+    # -- acknowledging --------------------------------------------------------------
+
+    @translate_errors
+    def ack_many(self, deliveries: Iterable[Delivery]) -> int:
+        """Acknowledge deliveries in one round trip; returns how many were still in flight.
+
+        A delivery no longer in this consumer's in-flight list (its lease lapsed
+        and it was given back for redelivery) is not counted.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        items = list(deliveries)
+        for delivery in items:
+            value: Any = delivery.raw  # bytes: the exact bytes received
+            pipe.lrem(self.inflight, -1, value)
+        redelivered = [d.message.entry_id for d in items if d.redelivered and d.message.entry_id]
+        if redelivered:
+            pipe.hdel(self._redelivered, *redelivered)
+        replies = pipe.execute()
+        return sum(int(r) for r in replies[: len(items)])
+
+    def ack(self, delivery: Delivery) -> bool:
+        """Acknowledge one delivery; False when it was no longer in flight (see ``ack_many``)."""
+        return self.ack_many([delivery]) == 1
+
+    # -- looking ----------------------------------------------------------------------
+
+    def browse(self, n: int = 10) -> list[Message]:
+        """The next ``n`` waiting messages, in the order they would be received, without taking them
+        (see the module function ``browse``)."""
+        now = None if self.clock_ms is None else self.clock_ms()
+        return browse(self.client, self.qm, self.record, n, now_ms=now)
+
+    @translate_errors
+    def depth(self) -> int:
+        """Messages waiting in the subscription (every priority band; in-flight ones not counted)."""
+        pipe = self.client.pipeline(transaction=False)
+        for band in self.bands:
+            pipe.llen(band)
+        return sum(int(n) for n in pipe.execute())
+
+    @translate_errors
+    def in_flight(self) -> int:
+        """Messages this consumer holds, not yet acknowledged."""
+        return int(self.client.llen(self.inflight))
+
+    # -- closing ----------------------------------------------------------------------
+
+    @translate_errors
+    def close(self) -> None:
+        """Stop consuming: unacknowledged messages go back to the queue for redelivery, the
+        lease and hold are given up, and a non-durable subscription with no other live
+        consumer is removed with its queue."""
+        if self.closed:
+            return
+        self.closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        settings = self.settings
+        now = self._now()
+        recover(
+            self.client,
+            self.qm,
+            self.record.sub_id,
+            max_redeliveries=settings.max_redeliveries,
+            dead_letter_max_len=settings.dead_letter_max_len,
+            forget_ms=max(settings.subscription_expiry_ms, settings.consumer_lease_ms) * 2,
+            now_ms=None if now == "" else int(now),
+            closing=self.consumer_id,
+        )
+        if not self.record.durable:
+            cutoff = int(time.time() * 1000) + 1 if now == "" else int(now) + 1
+            remove_subscription(self.client, self.qm, self.record.sub_id, abandoned_before_ms=cutoff)
+
+    def abandon(self) -> None:
+        """Stop heartbeating without closing, as a consumer that died would (tests and fault injection)."""
+        self.closed = True
+        self._stop.set()
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@translate_errors
+def browse(
+    client: redis.Redis, qm: str, record: SubscriptionRecord, n: int = 10, now_ms: int | None = None
+) -> list[Message]:
+    """The next ``n`` waiting messages of a subscription, in the order they would be received.
+
+    Like Jakarta Messaging's ``QueueBrowser``: nothing changes (``LRANGE`` only).
+    Messages whose expiration has passed are left out.
+
+    Args:
+        client: a redis-py client.
+        qm: the queue manager.
+        record: the subscription.
+        n: the most messages returned.
+        now_ms: the time for expiry, ms since the epoch; None for this machine's clock.
+
+    Raises:
+        InvalidMessage: an envelope is malformed.
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    out: list[Message] = []
+    for band in keys.sub_bands(qm, record.sub_id):
+        start = 0
+        while len(out) < n:
+            # the oldest is rightmost: read a band from its right end, a page at a time
+            page = client.lrange(band, -(start + 100), -(start + 1))
+            if not page:
+                break
+            for item in reversed(page):
+                message = _decode(item, 1, band).message
+                if not (message.expiration_ms and message.expiration_ms <= now):
+                    out.append(message)
+                    if len(out) >= n:
+                        break
+            start += 100
+        if len(out) >= n:
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class Load:
+    """How busy a subscription is: live consumers, messages waiting, messages in flight."""
+
+    consumers: int
+    depth: int
+    in_flight: int
+
+
+@translate_errors
+def subscription_load(client: redis.Redis, qm: str, sub_id: str, now_ms: int | None = None) -> Load:
+    """Live consumers, waiting messages (every band) and in-flight messages (every consumer) of a subscription.
+
+    A key of another type counts as empty (``broker status`` names foreign keys).
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    raw_members: Any = client.zrange(keys.sub_consumers(qm, sub_id), 0, -1)
+    members = [as_bytes(c).decode() for c in raw_members]
+    pipe = client.pipeline(transaction=False)
+    pipe.zcount(keys.sub_consumers(qm, sub_id), now, "+inf")
+    for band in keys.sub_bands(qm, sub_id):
+        pipe.llen(band)
+    for member in members:
+        pipe.llen(keys.consumer_inflight(qm, sub_id, member))
+    replies = pipe.execute(raise_on_error=False)
+    counts = [r if isinstance(r, int) else 0 for r in replies]
+    bands = len(keys.PRIORITIES)
+    return Load(counts[0], sum(counts[1 : 1 + bands]), sum(counts[1 + bands :]))
+
+
+def consumers_of(
+    client: redis.Redis, qm: str, sub_id: str, now_ms: int | None = None
+) -> list[tuple[str, int]]:
+    """The subscription's consumers with live leases: ``[(consumer id, lease deadline ms)]``."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    raw: Any = client.zrangebyscore(keys.sub_consumers(qm, sub_id), now, "+inf", withscores=True)
+    return [(as_bytes(c).decode(), int(score)) for c, score in raw]

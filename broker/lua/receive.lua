@@ -1,0 +1,92 @@
+-- A consumer takes up to N messages of one subscription into its own in-flight
+-- list, highest priority first (Jakarta Messaging §3.4.10), oldest first within
+-- a priority. The call is also the consumer's heartbeat: its lease is renewed.
+-- A message whose expiration has passed is never handed over: it is counted
+-- (and dead-lettered when asked). The delivery count of a message redelivered
+-- after its consumer died comes from the redelivery hash.
+--
+-- KEYS[1] the subscription's consumers   "{qm}:sub:<id>:consumers"   zset consumer -> lease deadline ms
+-- KEYS[2] this consumer's in-flight list "{qm}:sub:<id>:inflight:<consumer>"
+-- KEYS[3] the subscription's bell        "{qm}:sub:<id>:bell"        list, one element while messages may wait
+-- KEYS[4] the redelivery counts          "{qm}:sub:<id>:redelivered" hash entry id -> failed deliveries
+-- KEYS[5] the subscription's holder      "{qm}:sub:<id>:active"      string consumer id (held while
+--   its lease in the consumers zset runs)
+-- KEYS[6] dead-letter stream             "{qm}:dlq"
+-- KEYS[7] expired counts                 "{qm}:expired"              hash sub id -> messages expired in its queue
+-- KEYS[8..17] the priority bands, highest first: "{qm}:sub:<id>:p9" .. ":p5", "{qm}:sub:<id>", ":p3" .. ":p0"
+-- ARGV[1] consumer id
+-- ARGV[2] most messages to take; 0 makes the call a heartbeat only
+-- ARGV[3] lease_ms of the consumer
+-- ARGV[4] now, ms since the epoch, or "" for the server's clock
+-- ARGV[5] 1: the consumer must hold the subscription (exclusive, active-standby); 0: shared
+-- ARGV[6] 1: expired messages are dead-lettered; 0: dropped (counted)
+-- ARGV[7] approximate cap of the dead-letter stream
+-- ARGV[8] the subscription id (expired counts, dead letters)
+-- returns {status, expired, env1, count1, env2, count2, ...}
+--   status: "ok" | "standby" (another consumer holds the subscription: nothing taken)
+--   count: the delivery count (JMSXDeliveryCount), 1 for a first delivery
+-- errors "BROKER foreign key: ..." before any write when a key is foreign
+
+local consumers, inflight, bell, redelivered, active, dlq, expired = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local consumer, max_n, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local must_hold, to_dlq, dlq_len, sub_id = ARGV[5] == '1', ARGV[6] == '1', ARGV[7], ARGV[8]
+
+local checks = {{consumers, 'zset'}, {inflight, 'list'}, {bell, 'list'}, {redelivered, 'hash'},
+                {active, 'string'}, {dlq, 'stream'}, {expired, 'hash'}}
+for k = 8, 17 do checks[#checks + 1] = {KEYS[k], 'list'} end
+require_types(checks)
+
+local now = now_ms(ARGV[4])
+if must_hold then
+  -- the holder keeps the subscription while its lease (its deadline in the
+  -- consumers zset) runs; a dead holder's messages are given back by recover.lua
+  local holder = redis.call('GET', active)
+  if holder and holder ~= consumer then
+    local deadline = tonumber(redis.call('ZSCORE', consumers, holder) or '0')
+    if deadline >= now then
+      redis.call('ZADD', consumers, now + lease_ms, consumer)
+      return {'standby', 0}
+    end
+  end
+  if holder ~= consumer then redis.call('SET', active, consumer) end
+end
+redis.call('ZADD', consumers, now + lease_ms, consumer)
+
+local out = {'ok', 0}
+local any_redelivered = redis.call('EXISTS', redelivered) == 1
+local taken, n_expired = 0, 0
+for k = 8, 17 do
+  while taken < max_n do
+    local env = redis.call('LMOVE', KEYS[k], inflight, 'RIGHT', 'LEFT')
+    if not env then break end
+    local head = envelope_head(env)
+    local expiration = tonumber(string.match(head, '"expiration":(%d+)') or '0')
+    local entry_id = string.match(head, '"entry_id":"([^"]*)"') or ''
+    if expiration > 0 and expiration <= now then
+      redis.call('LPOP', inflight)
+      n_expired = n_expired + 1
+      if any_redelivered then redis.call('HDEL', redelivered, entry_id) end
+      if to_dlq then
+        redis.call('XADD', dlq, 'MAXLEN', '~', dlq_len, '*', 'envelope', env,
+          'dlq.reason', 'expired while waiting in subscription ' .. sub_id, 'dlq.entry_id', entry_id,
+          'dlq.subscription', sub_id)
+      end
+    else
+      local count = 1
+      if any_redelivered then count = 1 + tonumber(redis.call('HGET', redelivered, entry_id) or '0') end
+      out[#out + 1] = env
+      out[#out + 1] = count
+      taken = taken + 1
+    end
+  end
+end
+if n_expired > 0 then redis.call('HINCRBY', expired, sub_id, n_expired) end
+out[2] = n_expired
+if max_n == 0 then
+  -- a heartbeat: nothing taken, the bell left as it is
+elseif taken < max_n then
+  redis.call('DEL', bell)       -- every band is empty
+else
+  ring(bell)                    -- more may wait: wake the next consumer
+end
+return out

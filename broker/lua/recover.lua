@@ -1,0 +1,79 @@
+-- Give back the in-flight messages of a subscription's dead consumers: those
+-- whose lease deadline has passed. Each message goes back to the head of its
+-- priority band, ahead of newer ones, in the order it was received, and its
+-- failed deliveries are counted; one delivered more than max_redeliveries
+-- times is dead-lettered instead. A live consumer's in-flight list is never
+-- touched. Consumers dead for longer than forget_ms are forgotten.
+--
+-- KEYS[1] the subscription's consumers   "{qm}:sub:<id>:consumers"   zset consumer -> lease deadline ms
+-- KEYS[2] the redelivery counts          "{qm}:sub:<id>:redelivered" hash entry id -> failed deliveries
+-- KEYS[3] the subscription's bell        "{qm}:sub:<id>:bell"
+-- KEYS[4] dead-letter stream             "{qm}:dlq"
+-- KEYS[5] the subscription hash          "{qm}:subs" (nothing is given back to a removed subscription)
+-- KEYS[6..15] the priority bands, highest first (as in receive.lua)
+-- KEYS[16] the subscription's holder     "{qm}:sub:<id>:active" (released by a closing consumer that holds it)
+-- ARGV[1] now, ms since the epoch, or "" for the server's clock
+-- ARGV[2] max_redeliveries
+-- ARGV[3] approximate cap of the dead-letter stream
+-- ARGV[4] the in-flight prefix           "{qm}:sub:<id>:inflight:" (.. consumer)
+-- ARGV[5] the subscription id
+-- ARGV[6] forget_ms: a consumer dead for longer is removed from the consumers zset
+-- ARGV[7] a consumer id to give back now whatever its lease (its own close), or ""
+--   (it also gives up the holder key if it holds it, and leaves the consumers zset)
+-- returns {consumers recovered, messages given back, messages dead-lettered}
+-- errors "BROKER foreign key: ..." before any write when a key is foreign
+
+local consumers, redelivered, bell, dlq, subs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local max_redeliveries, dlq_len = tonumber(ARGV[2]), ARGV[3]
+local prefix, sub_id, forget_ms, closing = ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7]
+
+local checks = {{consumers, 'zset'}, {redelivered, 'hash'}, {bell, 'list'}, {dlq, 'stream'}, {subs, 'hash'}}
+for k = 6, 15 do checks[#checks + 1] = {KEYS[k], 'list'} end
+checks[#checks + 1] = {KEYS[16], 'string'}
+require_types(checks)
+
+local now = now_ms(ARGV[1])
+local dead = redis.call('ZRANGEBYSCORE', consumers, '-inf', '(' .. now)
+if closing ~= '' and redis.call('ZSCORE', consumers, closing) then dead[#dead + 1] = closing end
+local lists = {}
+for _, c in ipairs(dead) do
+  local key = prefix .. c
+  local why = foreign(key, 'list')
+  if why then error({err = 'BROKER ' .. why}) end
+  lists[#lists + 1] = key
+end
+
+local exists = redis.call('HEXISTS', subs, sub_id) == 1
+local given, dropped, recovered = 0, 0, 0
+for _, key in ipairs(lists) do
+  local envs = redis.call('LRANGE', key, 0, -1)   -- newest first (receive pushes on the left)
+  if #envs > 0 then recovered = recovered + 1 end
+  if exists then
+    for _, env in ipairs(envs) do
+      local head = envelope_head(env)
+      local entry_id = string.match(head, '"entry_id":"([^"]*)"') or ''
+      local priority = tonumber(string.match(head, '"priority":(%d)') or '4')
+      local failed = redis.call('HINCRBY', redelivered, entry_id, 1)
+      if failed > max_redeliveries then
+        redis.call('HDEL', redelivered, entry_id)
+        redis.call('XADD', dlq, 'MAXLEN', '~', dlq_len, '*', 'envelope', env,
+          'dlq.reason', 'delivered ' .. failed .. ' times to consumers that died without acknowledging it '
+            .. '(max_redeliveries ' .. max_redeliveries .. ')',
+          'dlq.entry_id', entry_id, 'dlq.subscription', sub_id)
+        dropped = dropped + 1
+      else
+        -- RPUSH newest first: the oldest ends rightmost, where receive takes from
+        redis.call('RPUSH', KEYS[6 + (9 - priority)], env)
+        given = given + 1
+      end
+    end
+  end
+  redis.call('DEL', key)
+end
+if given > 0 then ring(bell) end
+if closing ~= '' then
+  redis.call('ZREM', consumers, closing)
+  if redis.call('GET', KEYS[16]) == closing then redis.call('DEL', KEYS[16]) end
+end
+redis.call('ZREMRANGEBYSCORE', consumers, '-inf', '(' .. (now - forget_ms))
+return {recovered, given, dropped}

@@ -1,0 +1,43 @@
+-- Remove a subscription with every key it owns, in one atomic call: its record,
+-- its priority bands, bell, consumers, their in-flight lists, holder key and
+-- redelivery counts; the index version is bumped so that workers reload. With
+-- a cutoff, only an abandoned non-durable subscription is removed (MQTT 5
+-- session expiry): no consumer's lease deadline, nor its creation, is later
+-- than the cutoff.
+--
+-- KEYS[1] the subscription hash          "{qm}:subs"
+-- KEYS[2] the index version              "{qm}:version"
+-- KEYS[3] the subscription's consumers   "{qm}:sub:<id>:consumers"
+-- KEYS[4] the subscription's bell        "{qm}:sub:<id>:bell"
+-- KEYS[5] the subscription's holder      "{qm}:sub:<id>:active"
+-- KEYS[6] the redelivery counts          "{qm}:sub:<id>:redelivered"
+-- KEYS[7] the protocol 2 in-flight list  "{qm}:sub:<id>:inflight"
+-- KEYS[8..17] the priority bands
+-- ARGV[1] the subscription id
+-- ARGV[2] the in-flight prefix           "{qm}:sub:<id>:inflight:" (.. consumer)
+-- ARGV[3] cutoff, ms since the epoch: remove only when abandoned since then; "" = remove
+-- returns 1 removed, 0 no such subscription (or not abandoned)
+-- errors "BROKER foreign key: ..." before any write when a key is foreign
+
+local subs, version, consumers = KEYS[1], KEYS[2], KEYS[3]
+local sub_id, prefix, cutoff = ARGV[1], ARGV[2], ARGV[3]
+require_types({{subs, 'hash'}, {version, 'string'}, {consumers, 'zset'}})
+
+local record = redis.call('HGET', subs, sub_id)
+if cutoff ~= '' then
+  if not record then return 0 end
+  local ok, data = pcall(cjson.decode, record)
+  if not ok or type(data) ~= 'table' or data.durable == true then return 0 end
+  if (tonumber(data.created_ms) or 0) > tonumber(cutoff) then return 0 end
+  local last = redis.call('ZRANGE', consumers, -1, -1, 'WITHSCORES')
+  if #last > 0 and tonumber(last[2]) > tonumber(cutoff) then return 0 end
+end
+
+local doomed = {}
+for k = 3, #KEYS do doomed[#doomed + 1] = KEYS[k] end
+for _, c in ipairs(redis.call('ZRANGE', consumers, 0, -1)) do doomed[#doomed + 1] = prefix .. c end
+redis.call('HDEL', subs, sub_id)
+redis.call('INCR', version)
+redis.call('DEL', unpack(doomed))
+if record then return 1 end
+return 0
