@@ -91,7 +91,10 @@ class Score:
         received: envelopes received.
         expected: publications this subscription owed (``owed``).
         lost: owed publications never received.
-        duplicated: receipts of a publication already received by this subscription.
+        duplicated: receipts of a publication already received by this subscription,
+            not flagged redelivered.
+        redelivered: receipts of a publication already received, flagged redelivered
+            (its consumer died or was stopped before acknowledging it: allowed).
         out_of_order: first receipts of a publication after a later publication of
             the same publisher (per-publisher FIFO, the broker's order guarantee).
         unexpected: receipts of an unknown msgid, or of a publication not for this subscription.
@@ -103,6 +106,7 @@ class Score:
     expected: int = 0
     lost: int = 0
     duplicated: int = 0
+    redelivered: int = 0
     out_of_order: int = 0
     unexpected: int = 0
     first: list[str] = field(default_factory=list)
@@ -130,13 +134,18 @@ class Score:
 
 
 def score(
-    sub_id: str, received: Iterable[str], published: Mapping[str, Expectation], owed: Iterable[str]
+    sub_id: str,
+    received: Iterable[str | tuple[str, bool]],
+    published: Mapping[str, Expectation],
+    owed: Iterable[str],
 ) -> Score:
     """Score what subscription ``sub_id`` received against what it was owed.
 
     Args:
         sub_id: the subscription.
-        received: the msgids it received, oldest first.
+        received: the msgids it received, oldest first; ``(msgid, redelivered)``
+            where the consumer reported the redelivered flag (a flagged second
+            receipt is a redelivery, not a duplicate).
         published: msgid -> ``Expectation`` of every publication made.
         owed: the msgids it must have received (a caller leaves out publications
             whose delivery is not promised, e.g. those refused or never acknowledged).
@@ -147,7 +156,8 @@ def score(
     result = Score()
     seen: set[str] = set()
     high: dict[str, tuple[int, str]] = {}
-    for msgid in received:
+    for item in received:
+        msgid, flagged = (item, False) if isinstance(item, str) else item
         result.received += 1
         pub = published.get(msgid)
         if pub is None or sub_id not in pub.recipients:
@@ -155,8 +165,11 @@ def score(
             result._note(f"unexpected: {sub_id} received {msgid!r}")
             continue
         if msgid in seen:
-            result.duplicated += 1
-            result._note(f"duplicated: {sub_id} received {msgid} again")
+            if flagged:
+                result.redelivered += 1
+            else:
+                result.duplicated += 1
+                result._note(f"duplicated: {sub_id} received {msgid} again, not flagged redelivered")
             continue
         seen.add(msgid)
         result.first.append(msgid)

@@ -40,6 +40,12 @@ injects faults chosen by ``random.Random(seed)``:
 - ``foreign:fifo`` / ``foreign:turn``: a string planted at a victim
   publisher's FIFO / a hash at its turn key, only while both are absent (nothing
   of it filed); its publications are refused meanwhile, and flow in order after;
+- ``consumer_kill``: a subscription's consumer takes a batch, records it and
+  dies without acknowledging it (a new consumer attaches once its lease
+  lapses; the batch is redelivered, flagged);
+- ``consumer_stop``: a consumer stalls for 1.5-3 consumer leases holding a
+  batch, then goes on: its batch was given back and is redelivered, flagged,
+  and its late acknowledgements change nothing;
 - ``corrupt:subscription`` / ``corrupt:link``: a record that is not JSON added
   to ``{qm}:subs`` / ``{qm}:links`` with ``INCR {qm}:version`` (no good
   publication depends on it), removed later the same way; the workers skip it
@@ -95,7 +101,8 @@ from redis.retry import Retry
 from broker import keys
 from broker.config import Settings
 from broker.connection import connect
-from broker.errors import BrokerError, ConnectionLost, ServerError, ServerNotFound
+from broker.consumer import Subscriber
+from broker.errors import BrokerError, ConnectionLost, ConsumerConflict, ServerError, ServerNotFound
 from broker.links import link
 from broker.maintenance import trim_acknowledged
 from broker.models import publication_fields
@@ -103,7 +110,7 @@ from broker.publish import Publisher
 from broker.server import Server, free_port, server_binary
 from broker.status import status
 from broker.stream import group_state
-from broker.subscriptions import Subscriber, subscribe
+from broker.subscriptions import subscribe
 from tests.harness.history import History, Poison, Publication, recipients
 from tests.harness.hook import run_worker
 from tests.harness.proxy import ProxyProcess, evalsha
@@ -181,6 +188,8 @@ FAULTS: dict[str, int] = {
     "foreign:turn": 2,
     "corrupt:subscription": 1,
     "corrupt:link": 1,
+    "consumer_kill": 2,
+    "consumer_stop": 2,
 }
 
 #: Fault kinds implemented but left out of the default weights (``--weight KIND=N`` turns one on).
@@ -341,6 +350,7 @@ class Harness:
         self._faults_lock = threading.Lock()
         self.weights = {**FAULTS, **args.weight}
         self.plants: list[Plant] = []
+        self.consumer_faults: dict[str, str] = {}
         self.plant_lock = threading.Lock()
         self.plant_seq = 0
         self.planted_keys: set[str] = set()
@@ -371,6 +381,8 @@ class Harness:
             max_body_bytes=MAX_BODY_BYTES,
             stop_grace_ms=2_000,
             max_deliveries=args.max_deliveries,
+            consumer_lease_ms=args.consumer_lease_ms,
+            max_redeliveries=1_000_000,  # a consumer killed again and again must not dead-letter good messages
         )
         for name, flt in FILTERS.items():
             self.sub_ids[name] = subscribe(self.admin, QM, flt, "chaos", name).sub_id
@@ -533,55 +545,80 @@ class Harness:
                 time.sleep(0.1)
 
     def _subscriber(self, sub_id: str) -> None:
-        """Pop live with the protocol's reliable pop; exactly one record per queue element.
+        """Consume one subscription with ``receive_many``/``ack_many``; every receipt recorded with its flag.
 
-        The client does not retry (a BLMOVE whose reply was lost must not be
-        re-sent blindly): on any connection error, the delivery recorded but
-        not acknowledged is removed from the in-flight list, and whatever else
-        is in flight (taken but never seen) is put back, oldest first.
+        The client does not retry: on a connection error the consumer is
+        abandoned (what it took but never saw stays in its in-flight list until
+        its lease lapses, then is given back and redelivered, flagged) and a new
+        one attaches, which waits for the old one's lease (the subscription is
+        exclusive). Consumer faults: ``consumer_kill`` abandons the consumer at
+        once (a SIGKILL: its batch is in flight, recorded, not acknowledged);
+        ``consumer_stop`` stalls it for 1.5-3 consumer leases, then it goes on as
+        a zombie whose in-flight messages were given back meanwhile.
         """
         client = redis.Redis.from_url(
             self.server.url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=1, socket_timeout=5
         )
+        assert self.settings is not None
         record = next(r for r in _subscriptions(self.admin) if r.sub_id == sub_id)
         subscriber: Subscriber | None = None
-        unacked: bytes | None = None
         idle_rounds = 0
         while True:
             try:
                 if subscriber is None:
-                    subscriber = Subscriber(client, QM, record, recover=False)
-                    if unacked is not None:
-                        client.lrem(subscriber.inflight, 1, unacked)
-                        unacked = None
-                    subscriber.recover()
-                delivery = subscriber.receive(timeout_ms=200)
-                if delivery is None:
+                    subscriber = Subscriber(client, QM, record, self.settings, heartbeat=False)
+                fault = self.consumer_faults.pop(sub_id, None)
+                got = subscriber.receive_many(10, timeout_ms=200)
+                for delivery in got:
+                    message = delivery.message
+                    self.history.receive(sub_id, message.msgid, message.entry_id, delivery.redelivered)
+                if fault == "consumer_kill":
+                    subscriber.abandon()  # dies with its batch recorded and unacknowledged
+                    subscriber = None
+                    self._fault(fault, f"consumer of {sub_id} with {len(got)} in flight")
+                    continue
+                if fault == "consumer_stop":
+                    self._fault(fault, f"consumer of {sub_id} with {len(got)} in flight")
+                    stall = self.settings.consumer_lease_ms / 1000 * self.rng.uniform(1.5, 3.0)
+                    self.stop_consuming.wait(stall)  # its lease lapses; the sweep gives its batch back
+                if not got:
                     idle_rounds += 1
                     if self.stop_consuming.is_set() and idle_rounds > 2:
                         break
                     continue
                 idle_rounds = 0
-                self.history.receive(sub_id, delivery.message.msgid, delivery.message.entry_id)
-                unacked = delivery.raw
-                subscriber.ack(delivery)
-                unacked = None
+                subscriber.ack_many(got)
+            except ConsumerConflict:
+                # the consumer before this one (abandoned) holds the subscription until its lease lapses
+                if subscriber is not None:
+                    subscriber.abandon()
+                subscriber = None
+                time.sleep(0.05)
             except (redis.RedisError, ConnectionLost, ServerError) as exc:
                 # The library translates redis-py's errors (ConnectionLost, ServerError); the
                 # harness's own raw calls raise redis-py's.
-                if "WRONGTYPE" in str(exc) and not isinstance(exc, (redis.ConnectionError, ConnectionLost)):
+                text = str(exc)
+                if ("WRONGTYPE" in text or "foreign key" in text) and not isinstance(
+                    exc, (redis.ConnectionError, ConnectionLost)
+                ):
                     # a foreign key planted at this queue: take nothing, wait until it is gone
                     self.stats.wrongtype_waits += 1
                     if sub_id != self.sub_ids["victim"]:
                         self.stats.anomalies.append(f"subscriber {sub_id}: {exc}")
+                if subscriber is not None:
+                    subscriber.abandon()
                 subscriber = None
                 if self.stop_consuming.is_set() and time.monotonic() > self.publish_deadline + 60:
                     break
                 time.sleep(0.1)
-            except BrokerError as exc:  # a malformed envelope: it is the newest in flight; set it aside
+            except BrokerError as exc:  # a malformed envelope: it stays in flight; count it
                 self.stats.anomalies.append(f"subscriber {sub_id}: {exc}")
-                with contextlib.suppress(redis.RedisError):
-                    client.lpop(keys.sub_inflight(QM, sub_id))
+                if subscriber is not None:
+                    subscriber.abandon()
+                subscriber = None
+        if subscriber is not None:
+            with contextlib.suppress(BrokerError, redis.RedisError):
+                subscriber.close()
         client.close()
 
     def _maintenance(self) -> None:
@@ -893,6 +930,9 @@ class Harness:
                 self._inject_foreign(kind)
             except redis.RedisError as exc:
                 _log(f"   {kind} not injected: {exc}")
+        elif kind in ("consumer_kill", "consumer_stop"):
+            # taken by the subscription's consumer thread on its next round (counted then)
+            self.consumer_faults[self.rng.choice(sorted(self.sub_ids.values()))] = kind
         elif kind == "redis_restart":
             if time.monotonic() - self.last_restart < 8:
                 return
@@ -1146,7 +1186,7 @@ class Harness:
                 f"p99={latencies[int(len(latencies) * 0.99)]:.0f}ms max={latencies[-1]:.0f}ms"
             )
         _log(
-            f"unknown_outcome={verdict.unknown} unknown_delivered={verdict.unknown_delivered} "
+            f"unknown_outcome={verdict.unknown} unknown_delivered={verdict.unknown_delivered} redelivered={verdict.redelivered} "
             f"unexpected={verdict.unexpected} good_dead_lettered={verdict.good_dead_lettered} "
             f"worker_restarts={stats.worker_restarts} aof_fixes={stats.aof_fixes} "
             f"max_stream_len={stats.max_stream_len} max_pending={stats.max_pending} trimmed={stats.trimmed} "
@@ -1251,6 +1291,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=200.0, help="publications per second, all publishers")
     parser.add_argument("--lease-ms", type=int, default=800, help="lease of a publisher's turn, ms")
     parser.add_argument("--max-deliveries", type=int, default=5, help="the workers' max_deliveries setting")
+    parser.add_argument(
+        "--consumer-lease-ms", type=int, default=600, help="lease of a subscription's consumer, ms"
+    )
     parser.add_argument("--fault-interval-ms", type=int, default=1_000, help="mean time between faults, ms")
     parser.add_argument(
         "--victim-share",

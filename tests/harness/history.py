@@ -10,7 +10,10 @@ what a per-publisher FIFO promises; each subscription is scored by
 
 - **lost**: an acknowledged publication whose topic (or a topic linked from it)
   matches the subscription, never received by it;
-- **duplicated**: a publication received more than once by one subscription;
+- **duplicated**: a publication received more than once by one subscription,
+  the later receipt not flagged redelivered (a consumer that dies or stalls
+  before acknowledging gets its messages redelivered, flagged: **redelivered**,
+  reported, not a failure);
 - **reordered**: a publication received after a later publication of the same
   publisher (first receipts only);
 - **unexpected**: a message that was never published, or not for this subscription.
@@ -130,6 +133,7 @@ class Verdict:
     dead_lettered: int = 0
     lost: int = 0
     duplicated: int = 0
+    redelivered: int = 0
     reordered: int = 0
     unexpected: int = 0
     unknown_delivered: int = 0
@@ -175,7 +179,7 @@ class History:
         self.publications: dict[str, list[Publication]] = defaultdict(list)
         self.by_msgid: dict[str, Publication] = {}
         self.poison: list[Poison] = []
-        self.received: dict[str, list[str]] = defaultdict(list)
+        self.received: dict[str, list[tuple[str, bool]]] = defaultdict(list)
         self.received_at: dict[str, list[float]] = defaultdict(list)
         #: msgid -> the stream entry ids its received envelopes came from (None: not known)
         self.received_entries: dict[str, set[str | None]] = defaultdict(set)
@@ -189,11 +193,14 @@ class History:
         with self._lock:
             self.poison.append(poison)
 
-    def receive(self, sub_id: str, msgid: str, entry_id: str | None = None) -> None:
-        """Record that ``sub_id`` received ``msgid`` (from stream entry ``entry_id``, when known)."""
+    def receive(
+        self, sub_id: str, msgid: str, entry_id: str | None = None, redelivered: bool = False
+    ) -> None:
+        """Record that ``sub_id`` received ``msgid`` (from stream entry ``entry_id``, when known),
+        flagged redelivered or not."""
         now = time.monotonic()
         with self._lock:
-            self.received[sub_id].append(msgid)
+            self.received[sub_id].append((msgid, redelivered))
             self.received_at[sub_id].append(now)
             self.received_entries[msgid].add(entry_id)
 
@@ -201,9 +208,9 @@ class History:
         """From acknowledgement to first receipt, per (subscription, publication), sorted, ms."""
         out = []
         with self._lock:
-            for sub_id, msgids in self.received.items():
+            for sub_id, receipts in self.received.items():
                 seen: set[str] = set()
-                for msgid, at in zip(msgids, self.received_at[sub_id], strict=True):
+                for (msgid, _), at in zip(receipts, self.received_at[sub_id], strict=True):
                     pub = self.by_msgid.get(msgid)
                     if pub is None or pub.acked_at is None or msgid in seen:
                         continue
@@ -250,6 +257,7 @@ class History:
             v.deliveries += result.received
             v.lost += result.lost
             v.duplicated += result.duplicated
+            v.redelivered += result.redelivered
             v.reordered += result.out_of_order
             v.unexpected += result.unexpected
             for text in result.examples:

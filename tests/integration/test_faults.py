@@ -702,6 +702,24 @@ def test_chaos_history_check_counts_lost_duplicated_reordered_and_unknown_outcom
     assert not verdict.ok
 
 
+def test_chaos_history_accepts_a_second_receipt_only_when_flagged_redelivered():
+    history = History()
+    for n in (1, 2):
+        pub = Publication("p", n, f"p.{n}", "/a/x", frozenset({"s"}))
+        pub.acked = True
+        history.add_publication(pub)
+    # A consumer died holding p.1 and p.2: both come again, flagged
+    for msgid, flagged in (("p.1", False), ("p.2", False), ("p.1", True), ("p.2", True)):
+        history.receive("s", msgid, redelivered=flagged)
+    verdict = history.check(["s"], [])
+    assert (verdict.duplicated, verdict.redelivered, verdict.reordered, verdict.lost) == (0, 2, 0, 0)
+    assert verdict.ok
+    # The same second receipt without the flag is a duplicate
+    history.receive("s", "p.1")
+    verdict = history.check(["s"], [])
+    assert (verdict.duplicated, verdict.redelivered) == (1, 2) and not verdict.ok
+
+
 def _dead_letter(pub: Publication, entry_id: str, reason: str) -> tuple[str, dict[bytes, bytes]]:
     return (
         "9-0",
