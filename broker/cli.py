@@ -398,9 +398,18 @@ def _parse_properties(
     properties: dict[str, PropertyValue] = {}
     for item in values:
         name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", ctx=ctx, param=param)
-        properties[name] = value
+        if not sep or not name or name == ":":
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE or KEY:=JSON", ctx=ctx, param=param)
+        if name.endswith(":"):  # KEY:=JSON, a typed value (httpie's syntax): 99, 2.5, true, null, "007"
+            try:
+                typed = json.loads(value)
+            except ValueError as exc:
+                raise click.BadParameter(f"{item!r}: {value!r} is not JSON", ctx=ctx, param=param) from exc
+            if isinstance(typed, (dict, list)):
+                raise click.BadParameter(f"{item!r}: a property is a scalar", ctx=ctx, param=param)
+            properties[name[:-1]] = typed
+        else:
+            properties[name] = value
     return properties
 
 
@@ -440,7 +449,7 @@ def _describe_result(result: PublishResult) -> str:
     multiple=True,
     metavar="KEY=VALUE",
     callback=_parse_properties,
-    help="A user property (string value); repeatable.",
+    help="A user property, a string; KEY:=JSON for a number, boolean or null (amount:=99); repeatable.",
 )
 @click.option(
     "--msgid",
@@ -833,14 +842,14 @@ def status_command(state: State, as_json: bool) -> None:
     )
     console.print(summary)
     if snapshot["subscriptions"]:
-        subs = _table("subscription", "filter", "durable", "depth", "in flight")
+        subs = _table("subscription", "filter", "durable", "mode", "consumers", "depth", "in-flight")
         for sub in snapshot["subscriptions"]:
             subs.add_row(
                 sub["id"],
                 sub["filter"],
                 "yes" if sub["durable"] else "no",
-                "?" if sub["depth"] is None else str(sub["depth"]),
-                "?" if sub["inflight"] is None else str(sub["inflight"]),
+                sub["mode"],
+                *("?" if sub[k] is None else str(sub[k]) for k in ("consumers", "depth", "inflight")),
             )
         console.print(subs)
     else:

@@ -18,6 +18,20 @@ MIN_SERVER_VERSION = (7, 0)
 #: How long to wait for a TCP connection to the server, ms.
 CONNECT_TIMEOUT_MS = 5_000
 
+#: Longest single blocking call (BLPOP, BLMOVE, XREAD BLOCK), ms: well under redis-py's
+#: default socket timeout (5 s since redis-py 6), which would otherwise end a longer wait
+#: with "Timeout reading from socket". Longer waits are made of several calls.
+BLOCK_SLICE_MS = 2_000
+
+
+def block_slice_ms(client: Any) -> int:
+    """The longest single blocking call on ``client``, ms: ``BLOCK_SLICE_MS``, or less when the
+    client's own socket timeout is shorter (half of it, at least 10 ms)."""
+    timeout = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}).get("socket_timeout")
+    if not timeout:
+        return BLOCK_SLICE_MS
+    return max(10, min(BLOCK_SLICE_MS, int(float(timeout) * 500)))
+
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")

@@ -46,7 +46,7 @@ import redis
 
 from broker import keys
 from broker.config import Settings
-from broker.connection import as_bytes, translate_errors
+from broker.connection import as_bytes, block_slice_ms, translate_errors
 from broker.errors import ConsumerConflict, InvalidMessage
 from broker.models import Message
 from broker.scripts import script_source
@@ -282,7 +282,7 @@ class Subscriber:
     def _take(self, count: int) -> list[Delivery]:
         settings = self.settings
         sub_id = self.record.sub_id
-        must_hold = self.record.mode != "shared"
+        mode_code = {"shared": 0, "exclusive": 1, "activestandby": 2}[self.record.mode]
         reply = self._scripts.receive(
             keys=[
                 keys.sub_consumers(self.qm, sub_id),
@@ -299,7 +299,7 @@ class Subscriber:
                 count,
                 settings.consumer_lease_ms,
                 self._now(),
-                1 if must_hold else 0,
+                mode_code,
                 1 if settings.expired_to_dlq else 0,
                 settings.dead_letter_max_len,
                 sub_id,
@@ -391,7 +391,9 @@ class Subscriber:
                 self._stop.wait(min(left_ms, self.settings.consumer_lease_ms / 3) / 1000)
                 continue
             # wait for the bell without taking it (a list moved onto itself is unchanged)
-            wait_s: Any = min(left_ms, self.settings.consumer_lease_ms // 3) / 1000
+            wait_s: Any = (
+                min(left_ms, self.settings.consumer_lease_ms // 3, block_slice_ms(self.client)) / 1000
+            )
             self.client.blmove(self.bell, self.bell, wait_s, "RIGHT", "RIGHT")
 
     def receive(self, timeout_ms: int = 0) -> Delivery | None:

@@ -3,8 +3,13 @@
 This docstring is the protocol document. A service in any language can publish
 with one ``XADD`` and consume with ``BLMOVE``/``LMOVE`` by following it.
 
-PROTOCOL_VERSION = 2 (2: dedup and reply keys carry the publisher id's byte length,
-so that ids containing ``:`` cannot collide; dead letters of oversized bodies keep no copy)
+PROTOCOL_VERSION = 3 (3: consumers: a list per priority band, a bell, one in-flight
+list per consumer with a lease in a consumers zset, a holder key for exclusive and
+active-standby subscriptions, redelivery counts; subscription records may carry a
+selector, no-local, a consumer mode and an MQTT ShareName; publications may carry
+``client_id`` and ``type``. 2: dedup and reply keys carry the publisher id's byte
+length, so that ids containing ``:`` cannot collide; dead letters of oversized
+bodies keep no copy)
 
 All keys of one queue manager ``<qm>`` start with the hash tag ``{<qm>}`` so that
 every MULTI/EXEC and every Lua call touches one Redis Cluster slot.
@@ -18,8 +23,16 @@ key                                 type      contents                          
 ``{qm}:version``                    string    integer, +1 on every subscription/link change admin, subscriptions     workers (in dequeue.lua)
 ``{qm}:subs``                       hash      sub id -> subscription JSON                   subscriptions            workers, admin
 ``{qm}:links``                      hash      source topic -> JSON ``{target: backward}``   admin                    workers, admin
-``{qm}:sub:<sub id>``               list      envelopes; LPUSH by workers, pop from RIGHT   workers                  subscribers
-``{qm}:sub:<sub id>:inflight``      list      envelopes taken but not yet acknowledged      subscribers (LMOVE)      subscribers (LREM on ack)
+``{qm}:sub:<sub id>``               list      envelopes of priority 4 (the default); LPUSH  workers (commit.lua)     consumers (receive.lua)
+                                              by workers, taken from the RIGHT (oldest)
+``{qm}:sub:<sub id>:p<N>``          list      envelopes of priority N (0-3, 5-9), the same  workers (commit.lua)     consumers (receive.lua)
+``{qm}:sub:<sub id>:bell``          list      one element while messages may wait            workers, receive.lua     blocked consumers (BLMOVE)
+``{qm}:sub:<sub id>:consumers``     zset      consumer id -> lease deadline, ms              consumers (receive.lua)  recover.lua, sweeps
+``{qm}:sub:<sub id>:inflight:<c>``  list      envelopes consumer <c> took, not acknowledged  receive.lua (LMOVE)      consumer <c> (LREM), recover.lua
+``{qm}:sub:<sub id>:active``        string    consumer holding an exclusive or               receive.lua              receive.lua, recover.lua
+                                              active-standby subscription
+``{qm}:sub:<sub id>:redelivered``   hash      entry id -> deliveries that failed             recover.lua              receive.lua (delivery count)
+``{qm}:expired``                    hash      sub id -> messages that expired while waiting  receive.lua              operators
 ``{qm}:pub:<publisher>:fifo``       list      stream entry ids of one publisher, in order   dequeue.lua (RPUSH)      commit.lua (LPOP head)
 ``{qm}:pub:<publisher>:turn``      string    token of the worker holding the turn, PX lease dequeue.lua (SET NX)    commit.lua (fencing)
 ``{qm}:publishers``                 set       publisher ids whose FIFO is not empty         dequeue.lua (SADD)       sweep_turns.lua (orphan sweep)
@@ -75,13 +88,16 @@ field              required  meaning
 ``seq``            no        per-publisher sequence number (decimal, 0 to 2**63-1)
 ``ts``             no        publish time, ms since the epoch (default: the entry id's ms)
 ``persistent``     no        ``1`` or ``0`` (default ``1``)
-``priority``       no        0-9 (Jakarta Messaging §3.4.10; default 4); carried, not reordered
+``priority``       no        0-9 (Jakarta Messaging §3.4.10; default 4); higher is received first
 ``expiration``     no        absolute expiry, ms since the epoch; ``0`` = never (default)
 ``correlation_id`` no        carried to subscribers
 ``reply_to``       no        carried to subscribers
 ``props``          no        JSON object of user properties (string keys, scalar values)
 ``reply``          no        ``1``: post the result to ``{qm}:reply:<n>:<publisher>:<msgid>``;
                              ``0`` or absent: no result. Anything else is refused
+``client_id``      no        the publishing client's id; a subscription made with
+                             no-local by the same client id does not receive it
+``type``           no        JMSType, carried to subscribers (selectors test ``JMSType``)
 =================  ========  ==========================================================
 
 Any other value out of its range (``persistent 2``, ``priority 10``, ``seq -1``,
@@ -103,7 +119,8 @@ newline byte. The header is a JSON object with ``v`` (protocol version),
 published on), ``ts`` (ms), ``entry_id`` (stream id) and ``size`` (body length
 in bytes), and, only when they differ from their defaults, ``persistent``
 (default true), ``priority`` (4), ``expiration`` (0), ``correlation_id``,
-``reply_to`` (absent = null) and ``props`` (absent = ``{}``).
+``reply_to``, ``type`` (absent = null) and ``props`` (absent = ``{}``), which
+is always the last field (the scripts read header fields before it).
 
 Reply (``{qm}:reply:<n>:<publisher>:<msgid>``, when ``reply=1``)
 ----------------------------------------------------------------
@@ -128,30 +145,63 @@ A subscription is one hash field: the id ``<client id>$<name>`` (each part
 1-128 characters of ``A-Za-z0-9_.-``) mapped to a JSON object ``{"filter":
 "<MQTT topic filter>", "durable": true|false, "created_ms": <ms>}``. Create it
 and bump the version in one transaction, so that every worker sees it before
-the next publication it handles::
+the next publication it handles. Optional fields: ``"selector"`` (a Jakarta
+Messaging selector, evaluated by the workers at fan-out), ``"no_local": true``,
+``"mode"`` (``"exclusive"``, the default, ``"shared"`` or ``"activestandby"``)
+and ``"share"`` (an MQTT 5 ShareName, for display)::
 
     MULTI
     HSET {QM1}:subs app$orders '{"filter":"/ORDERS/+","durable":true,"created_ms":0}'
     INCR {QM1}:version
     EXEC
 
-Remove it with ``HDEL``, ``INCR`` on the version and ``DEL`` of its queue and
-in-flight list, in one ``MULTI``. A record the workers cannot read (not JSON,
+Remove it with ``lua/remove_subscription.lua`` (or ``HDEL``, ``INCR`` on the
+version and ``DEL`` of every ``{qm}:sub:<id>*`` key above, in one ``MULTI``);
+a worker that resolved a topic before the removal delivers nothing to it
+(``commit.lua`` checks the record still exists), so its queue is never made again. A record the workers cannot read (not JSON,
 an invalid filter, an id outside that alphabet) matches nothing, and is named
 by ``broker status``, ``broker topics`` and the worker log.
 
-Subscriber's reliable pop
--------------------------
-``LMOVE {qm}:sub:<id> {qm}:sub:<id>:inflight RIGHT LEFT`` (or ``BLMOVE`` with a
-timeout), process, then ``LREM {qm}:sub:<id>:inflight 1 <envelope>``. At start a
-subscriber moves whatever is left in ``:inflight`` back with
-``LMOVE ... :inflight {qm}:sub:<id> LEFT RIGHT`` until it is empty, so the
-oldest unacknowledged message is redelivered first.
+Consumers (receive, acknowledge, heartbeat), for a service that is not written in Python
+-----------------------------------------------------------------------------------------
+A consumer has an id ``<c>`` (``A-Za-z0-9_.-``) and its own in-flight list.
+The Python ``Subscriber`` runs ``lua/receive.lua`` (several messages, highest
+priority first, expired ones skipped, delivery counts) and ``lua/recover.lua``;
+another language can run the same scripts, or these plain commands::
+
+    # heartbeat (and before each receive): renew the lease, deadline = now + lease ms
+    ZADD '{QM1}:sub:app$orders:consumers' 1767000010000 c1
+    # receive: the bands from priority 9 down to 0 (the default 4 is the key without :p4)
+    LMOVE '{QM1}:sub:app$orders:p9' '{QM1}:sub:app$orders:inflight:c1' RIGHT LEFT
+    ...
+    LMOVE '{QM1}:sub:app$orders' '{QM1}:sub:app$orders:inflight:c1' RIGHT LEFT
+    # nothing came: wait for the bell without taking it (a list moved onto itself)
+    BLMOVE '{QM1}:sub:app$orders:bell' '{QM1}:sub:app$orders:bell' RIGHT RIGHT 5
+    # acknowledge: the exact bytes received, searched from the oldest end
+    LREM '{QM1}:sub:app$orders:inflight:c1' -1 <envelope>
+
+A message's delivery count is 1 + ``HGET {qm}:sub:<id>:redelivered <entry_id>``.
+Plain commands neither skip expired messages (check ``expiration`` in the
+header yourself) nor respect an exclusive subscription's holder
+(``{qm}:sub:<id>:active`` names it; leave the subscription to it while its
+lease in the consumers zset runs). A consumer whose lease deadline passes is
+dead: ``recover.lua`` (run by the workers every ``sweep_interval_ms``, by every
+Python consumer's heartbeat, and when one attaches) puts its in-flight
+messages back at the head of their band, in the order it took them, counts
+the failed delivery, and dead-letters a message that failed more than
+``max_redeliveries`` times (fields ``envelope``, ``dlq.reason``,
+``dlq.entry_id``, ``dlq.subscription``). Keep a lease well above your
+processing time per batch.
+
+Close a consumer by putting its in-flight messages back (or acknowledging
+them) and ``ZREM`` it from the consumers zset. A non-durable subscription is
+removed (``lua/remove_subscription.lua``) when its last consumer closes, or
+``subscription_expiry_ms`` after the last consumer's lease deadline.
 """
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 #: Most bytes of a publisher id (the ``publisher`` field); the one place the rule lives
 #: (``dequeue.lua`` is passed it, and files an entry with a longer id as malformed).

@@ -14,6 +14,7 @@ recognised by the worker and delivered once.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 import redis
 
 from broker import keys
-from broker.connection import as_bytes
+from broker.connection import as_bytes, block_slice_ms
 from broker.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError
 from broker.models import DEFAULT_PRIORITY, PropertyValue, publication_fields
 from broker.topics import validate_topic
@@ -189,9 +190,16 @@ class Publisher:
         if not wait:
             return PublishResult("sent", entry_id, msgid, seq)
         try:
-            got = self.client.blpop(
-                [keys.reply(self.qm, self.publisher_id, msgid)], timeout=timeout_ms / 1000
-            )
+            got = None
+            deadline = time.monotonic() + timeout_ms / 1000
+            reply_key = keys.reply(self.qm, self.publisher_id, msgid)
+            while got is None:
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0:
+                    break
+                # in slices: one BLPOP longer than the socket timeout would fail as a lost connection
+                slice_s: Any = min(left_ms, block_slice_ms(self.client)) / 1000
+                got = self.client.blpop([reply_key], timeout=slice_s)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ConnectionLost(f"waiting for the result of message {msgid} failed: {exc}") from exc
         except redis.ResponseError as exc:

@@ -16,10 +16,11 @@ import redis
 
 from broker import keys
 from broker.connection import translate_errors
+from broker.consumer import subscription_load
 from broker.errors import BrokerError, ForeignKey
 from broker.links import read_links
 from broker.stream import group_state
-from broker.subscriptions import read_subscriptions
+from broker.subscriptions import SubscriptionRecord, read_subscriptions
 
 #: A worker whose last heartbeat is older than this is shown as "silent", ms.
 SILENT_AFTER_MS = 5_000
@@ -40,13 +41,30 @@ def _read(problems: list[str], what: str, call: Any, default: Any) -> Any:
     return default
 
 
+def _subscription_row(
+    client: redis.Redis, qm: str, record: SubscriptionRecord, foreign: bool
+) -> dict[str, Any]:
+    """One subscription's row: depth over every priority band, in flight over every consumer."""
+    load = None if foreign else subscription_load(client, qm, record.sub_id)
+    return {
+        "id": record.sub_id,
+        "filter": record.shown_filter,
+        "durable": record.durable,
+        "mode": record.mode,
+        "consumers": load.consumers if load else None,
+        "depth": load.depth if load else None,
+        "inflight": load.in_flight if load else None,
+    }
+
+
 @translate_errors
 def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     """A snapshot of the queue manager.
 
     Returns:
         ``{"stream_length", "pending", "lag", "dead_lettered", "active_publishers",
-        "version", "subscriptions": [{"id", "filter", "durable", "depth", "inflight"}],
+        "version", "subscriptions": [{"id", "filter", "durable", "mode", "consumers", "depth",
+        "inflight"}],
         "links": n, "workers": [{"name", "pid", "processed", "heartbeat_age_ms", "state"}],
         "problems": [str]}``. Depths are messages; ``depth``/``inflight`` are None
         for a queue key of another Redis type; ``state`` is "alive" or "silent"
@@ -113,14 +131,7 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
         "active_publishers": int(active or 0),
         "version": int(version) if version is not None and _text(version).isdigit() else _text(version or 0),
         "subscriptions": [
-            {
-                "id": r.sub_id,
-                "filter": r.topic_filter,
-                "durable": r.durable,
-                "depth": values[2 * i],
-                "inflight": values[2 * i + 1],
-            }
-            for i, r in enumerate(subs)
+            _subscription_row(client, qm, r, values[2 * i] is None) for i, r in enumerate(subs)
         ],
         "links": len(graph.links()) if graph is not None else 0,
         "workers": workers,

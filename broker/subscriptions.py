@@ -257,7 +257,7 @@ def subscribe(
     """
     share, inner = split_shared(topic_filter)
     validate_filter(inner)
-    selector = (selector or "").strip()
+    selector = selector if selector and selector.strip() else ""  # blank: no selector (Jakarta Messaging)
     if selector:
         compile_selector(selector)
     check_name("client id", client_id)

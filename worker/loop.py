@@ -38,7 +38,7 @@ import redis
 
 from broker import keys
 from broker.config import Settings
-from broker.connection import connect
+from broker.connection import block_slice_ms, connect
 from broker.consumer import sweep_subscriptions
 from broker.errors import BrokerError, ForeignKey, InvalidMessage, InvalidTopic
 from broker.models import encode_envelope, parse_entry
@@ -265,11 +265,13 @@ class Worker:
                     self.client.xread(
                         {self._stream: dequeued.last_delivered_id},
                         count=1,
-                        block=min(settings.block_ms, BUSY_POLL_MS),
+                        block=min(settings.block_ms, BUSY_POLL_MS, block_slice_ms(self.client)),
                     )
             elif block and not dequeued.entries:
                 self.client.xread(
-                    {self._stream: dequeued.last_delivered_id}, count=1, block=settings.block_ms
+                    {self._stream: dequeued.last_delivered_id},
+                    count=1,
+                    block=min(settings.block_ms, block_slice_ms(self.client)),
                 )
             return 0
         self.hook("holding_turn")

@@ -18,7 +18,8 @@
 -- ARGV[2] most messages to take; 0 makes the call a heartbeat only
 -- ARGV[3] lease_ms of the consumer
 -- ARGV[4] now, ms since the epoch, or "" for the server's clock
--- ARGV[5] 1: the consumer must hold the subscription (exclusive, active-standby); 0: shared
+-- ARGV[5] the consumer mode: 0 shared; 1 exclusive (must hold the subscription); 2 active-standby
+--   (must hold it to receive; waits as a standby, registered, while another holds it)
 -- ARGV[6] 1: expired messages are dead-lettered; 0: dropped (counted)
 -- ARGV[7] approximate cap of the dead-letter stream
 -- ARGV[8] the subscription id (expired counts, dead letters)
@@ -29,7 +30,8 @@
 
 local consumers, inflight, bell, redelivered, active, dlq, expired = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local consumer, max_n, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local must_hold, to_dlq, dlq_len, sub_id = ARGV[5] == '1', ARGV[6] == '1', ARGV[7], ARGV[8]
+local must_hold, standby_ok = ARGV[5] ~= '0', ARGV[5] == '2'
+local to_dlq, dlq_len, sub_id = ARGV[6] == '1', ARGV[7], ARGV[8]
 
 local checks = {{consumers, 'zset'}, {inflight, 'list'}, {bell, 'list'}, {redelivered, 'hash'},
                 {active, 'string'}, {dlq, 'stream'}, {expired, 'hash'}}
@@ -44,7 +46,8 @@ if must_hold then
   if holder and holder ~= consumer then
     local deadline = tonumber(redis.call('ZSCORE', consumers, holder) or '0')
     if deadline >= now then
-      redis.call('ZADD', consumers, now + lease_ms, consumer)
+      -- a standby (active-standby) is a consumer too; a refused second exclusive one is not
+      if standby_ok then redis.call('ZADD', consumers, now + lease_ms, consumer) end
       return {'standby', 0}
     end
   end

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from click.testing import CliRunner, Result
 
 from broker import cli, keys
@@ -298,3 +299,76 @@ def test_cli_command_line_takes_host_port_db_user_and_password_from_the_url():
     argv, env = cli_command("redis://app:p%40ss@10.0.0.5:6380/2", ("PING",))
     assert argv[1:] == ["-h", "10.0.0.5", "-p", "6380", "-n", "2", "--user", "app", "PING"]
     assert env == {"REDISCLI_AUTH": "p@ss"}
+
+
+def test_subscribe_with_selector_no_local_and_shared_shows_them_and_browse_does_not_consume(
+    run, real_redis, settings
+):
+    made = ok(
+        run(
+            "subscribe",
+            "/orders/#",
+            "--client-id",
+            "app",
+            "--durable",
+            "eu",
+            "--selector",
+            "region = 'eu' AND amount > 50",
+            "--no-local",
+            "--timeout-ms",
+            "1",
+        )
+    )
+    assert "selector \"region = 'eu' AND amount > 50\", no-local, exclusive" in made.stderr
+    shared = ok(
+        run("subscribe", "$share/grp/+/orders/+", "--client-id", "w1", "--durable", "s", "--timeout-ms", "1")
+    )
+    assert "subscribed grp$s to '$share/grp/+/orders/+' (durable, shared)" in shared.stderr
+    # typed properties (KEY:=JSON) meet the selector's numeric comparison; a string does not;
+    # no-local skips the subscriber's own client id
+    for args in (
+        ("/orders/1", "big", "-p", "region=eu", "-p", "amount:=99"),
+        ("/orders/2", "str", "-p", "region=eu", "-p", "amount=99"),
+        ("/orders/3", "mine", "--client-id", "app", "-p", "region=eu", "-p", "amount:=99"),
+    ):
+        ok(run("publish", *args, "--no-wait"))
+    drain(make_workers(real_redis, settings, 1))
+    assert real_redis.llen(keys.sub_queue(QM, "grp$s")) == 3
+    listed = ok(run("subscriptions")).stdout
+    row = next(line for line in listed.splitlines() if "app$eu" in line)
+    assert "region = 'eu' AND amount > 50" in row and "yes" in row and "exclusive" in row
+    assert "$share/grp/+/orders/+" in listed and "shared" in listed
+    browsed = ok(run("browse", "app$eu"))
+    assert browsed.stdout.splitlines() == ["/orders/1  publisher=cli  seq=1  priority=4  big"]
+    assert ok(run("browse", "app$eu")).stdout == browsed.stdout  # nothing was taken
+    assert run("browse", "app$nope").exit_code == 2
+
+
+def test_invalid_selector_is_refused_with_its_position_and_nothing_is_made(run, real_redis):
+    result = run(
+        "subscribe", "/a", "--client-id", "app", "--durable", "x", "--selector", "a = ", "--timeout-ms", "1"
+    )
+    assert result.exit_code == 2
+    assert "invalid selector 'a = ' at position 4" in result.stderr
+    assert real_redis.hlen(keys.subscriptions(QM)) == 0
+
+
+def test_a_second_exclusive_consumer_from_the_cli_is_refused(run, real_redis, settings):
+    from broker import Subscriber, subscribe
+
+    record = subscribe(real_redis, QM, "/a", "app", "one")
+    holder = Subscriber(real_redis, QM, record, settings, heartbeat=False)
+    result = run("subscribe", "/a", "--client-id", "app", "--durable", "one", "--timeout-ms", "1")
+    assert result.exit_code == 3 and "is exclusive" in result.stderr
+    holder.close()
+
+
+def test_waiting_for_a_result_longer_than_the_socket_timeout_is_a_reply_timeout(real_server, real_redis):
+    # redis-py's default socket timeout (5 s) must not turn a long wait into a "lost connection"
+    import redis as redis_py
+
+    from broker import Publisher, ReplyTimeout
+
+    client = redis_py.Redis.from_url(real_server.url, socket_timeout=0.5)
+    with pytest.raises(ReplyTimeout):
+        Publisher(client, QM, "p").publish("/a", b"x", wait=True, timeout_ms=1_500)

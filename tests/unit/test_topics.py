@@ -21,6 +21,7 @@ from broker.topics import (
     TopicIndex,
     is_wildcard,
     matches,
+    split_shared,
     suggest_topic,
     validate_filter,
     validate_topic,
@@ -772,3 +773,45 @@ def test_an_over_long_topic_is_echoed_short_in_the_error_but_kept_whole_on_it():
         validate_topic(topic)
     assert len(str(caught.value)) < 400 and "145001 bytes" in str(caught.value)
     assert caught.value.topic == topic
+
+
+# --- MQTT 5 shared subscriptions (§4.8.2) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "topic", "expected"),
+    [
+        ("$share/grp/a/+", "a/b", True),
+        ("$share/grp/a/+", "a/b/c", False),
+        ("$share/g/#", "x/y", True),
+        ("$share/g/#", "$SYS/x", False),  # the filter part follows the $-topic rule
+        ("$share/g/$SYS/#", "$SYS/x", True),
+    ],
+)
+def test_shared_filter_matches_on_its_filter_part(topic_filter, topic, expected):
+    assert matches(topic_filter, topic) is expected
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "reason"),
+    [
+        ("$share//a", "ShareName of at least one character"),
+        ("$share/g", "'/' and a topic filter"),
+        ("$share/g/", "'/' and a topic filter"),
+        ("$share/g+/a", "must not contain '+' or '#'"),
+        ("$share/#/a", "must not contain '+' or '#'"),
+        ("$share/g/a#", "'#' must occupy a whole level"),
+    ],
+)
+def test_invalid_shared_subscription_syntax_is_refused(topic_filter, reason):
+    with pytest.raises(InvalidTopicFilter) as caught:
+        matches(topic_filter, "a")
+    assert reason in str(caught.value)
+    with pytest.raises(InvalidTopicFilter):
+        validate_filter(topic_filter)
+
+
+def test_split_shared_returns_share_name_and_filter():
+    assert split_shared("$share/grp/a/+") == ("grp", "a/+")
+    assert split_shared("a/+") == ("", "a/+")
+    assert split_shared("$sharex/a") == ("", "$sharex/a")
