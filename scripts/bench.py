@@ -84,13 +84,33 @@ Measurements
    and bytes per subscription (tracemalloc over the build: index + its strings).
    match_1m_over_1k = resolve time at 1M / at 1k; in ``--quick`` the largest
    index is 100k and the table says so (the key keeps its name).
+7. **Selectors**: as 2 with 2 workers, twice side by side (in alternating
+   order when repeated): every publication carries the properties ``region``
+   ('eu' 70%, 'us', 'apac') and ``amount`` (0-99), in both runs; in one of
+   them every 5th subscription of the plan (290 of 1,450) was made with the
+   selector ``region = 'eu' AND amount >= 30`` (it selects ~49% of the
+   publications), in the other none. The queues must then hold exactly what
+   the selectors select (counted in the bench with the broker's
+   ``RoutingTable``). selector_ratio = pubs/s with / without. The preload
+   XADDs the fields ``publish_many`` writes, one round trip per chunk, as in 2
+   (``publish_many`` takes one set of properties per call). Also: the cost of
+   one ``compile_selector(s).matches(props)`` call, timed in a tight loop over
+   1,000 property dicts as a worker builds them (``Entry.selector_properties``):
+   median of 7 rounds, us (selector_eval_us; the bare loop's cost is shown).
+8. **One consumer** (in the bench process, its own connection; a
+   ``broker.consumer.Subscriber`` of one durable subscription): N envelopes
+   (as a worker writes them, 200-byte bodies) are LPUSHed straight into the
+   subscriber queue (untimed), then drained with ``receive_many(100)`` +
+   ``ack_many``; then N/5 others one at a time with ``receive()`` + ``ack()``.
+   consume_per_s = messages/s of the first; consume_batch_ratio = that / the
+   second's.
 
 The last line is, exactly::
 
-    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx>
+    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x>
 
 with broker_pubs_per_s the 2-worker uniform run and ceiling_ratio = that /
-the ceiling's tx/s. With ``--repeat R`` measurements 1-3 run R times,
+the ceiling's tx/s. With ``--repeat R`` measurements 1-3 and 7 run R times,
 interleaved, and the medians are used. ``--json PATH`` writes every figure.
 """
 
@@ -136,7 +156,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", metavar="PATH", help="write every figure to this JSON file")
     parser.add_argument(
-        "--n", type=int, help="publications per broker run and ceiling (default 100k, quick 20k)"
+        "--n",
+        type=int,
+        help="publications per broker run and ceiling, messages consumed (default 100k, quick 20k)",
     )
     parser.add_argument("--kombu-n", type=int, help="kombu publications (default 3,000, quick 1,000)")
     parser.add_argument("--rate", type=float, default=2000.0, help="paced publications/s for latency (2,000)")
@@ -145,7 +167,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--match-sizes", help="comma-separated index sizes (default 1000,100000,1000000; quick 1000,100000)"
     )
     parser.add_argument(
-        "--repeat", type=int, help="runs of measurements 1-3, medians reported (default 3, quick 1)"
+        "--repeat", type=int, help="runs of measurements 1-3 and 7, medians reported (default 3, quick 1)"
     )
     parser.add_argument("--interleave", type=int, default=20, help="publications per publish_many call (20)")
     parser.add_argument(
@@ -154,7 +176,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="before each measurement wait up to this many s for foreign CPU < 12%% of a core "
         "(default 5, quick 0)",
     )
-    parser.add_argument("--only", help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match")
+    parser.add_argument(
+        "--only",
+        help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume",
+    )
     parser.add_argument(
         "--profile",
         metavar="DIR",
@@ -170,7 +195,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ]
     args.repeat = args.repeat or (1 if quick else 3)
     args.idle_wait = args.idle_wait if args.idle_wait is not None else (0.0 if quick else 5.0)
-    sections = {"ceiling", "broker", "hot", "latency", "kombu", "match"}
+    sections = {"ceiling", "broker", "hot", "latency", "kombu", "match", "selectors", "consume"}
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
         parser.error(f"--only: unknown {sorted(args.only - sections)}")
@@ -262,7 +287,7 @@ class Bench:
         self.figures["settings"] = settings.model_dump(
             include={"batch_size", "heads", "lease_ms", "block_ms", "journal", "dedup_window_ms"}
         )
-        need_topology = args.only & {"ceiling", "broker", "hot", "latency"}
+        need_topology = args.only & {"ceiling", "broker", "hot", "latency", "selectors"}
         topo = None
         if need_topology:
             self.log("subscriptions and links (admin API) ...")
@@ -276,11 +301,23 @@ class Bench:
                 "example_route": topo.via.get("example"),
             }
             routes = topo.routes(client)
+        sel_topo = None
+        if "selectors" in args.only:
+            self.log(f"the same with a selector on every {lib.SELECTOR_EVERY}th subscription ...")
+            sel_topo = lib.Topology.build(client, QM, selector=lib.SELECTOR)
+            self.figures["topology_selectors"] = {
+                "selector": lib.SELECTOR,
+                "every": lib.SELECTOR_EVERY,
+                "selective_subscriptions": len(sel_topo.selective),
+                "setup_s": round(sel_topo.setup_s, 2),
+            }
         runs: dict[str, list[dict[str, Any]]] = {
             "ceiling": [],
             "broker_1w": [],
             "broker_2w": [],
             "hot_2w": [],
+            "selectors_off": [],
+            "selectors_on": [],
         }
         for rep in range(args.repeat):
             tag = f" (repeat {rep + 1}/{args.repeat})" if args.repeat > 1 else ""
@@ -320,15 +357,49 @@ class Bench:
                 if got:
                     runs["hot_2w"].append(got)
                     self.log(f"   {got['pubs_per_s']:,} pubs/s")
+            if "selectors" in args.only:
+                # side by side, the order alternating from one repeat to the next
+                for with_selectors in (False, True) if rep % 2 == 0 else (True, False):
+                    name = "selectors_on" if with_selectors else "selectors_off"
+                    what = f"{len(sel_topo.selective)} selectors" if with_selectors else "no selectors"
+                    self.idle(name)
+                    self.log(
+                        f"7. broker, 2 workers, properties on every publication, {what}, N={args.n:,}{tag}"
+                    )
+                    got = self.attempt(
+                        name,
+                        lib.run_broker,
+                        client,
+                        settings,
+                        sel_topo if with_selectors else topo,
+                        args.n,
+                        2,
+                        False,
+                        args.interleave,
+                        properties=True,
+                    )
+                    if got:
+                        runs[name].append(got)
+                        self.log(f"   {got['pubs_per_s']:,} pubs/s, F={got['fanout_measured']}")
         self.figures["runs"] = runs
         for name, key in (
             ("ceiling", "tx_per_s"),
             ("broker_1w", "pubs_per_s"),
             ("broker_2w", "pubs_per_s"),
             ("hot_2w", "pubs_per_s"),
+            ("selectors_off", "pubs_per_s"),
+            ("selectors_on", "pubs_per_s"),
         ):
             if runs[name]:
                 self.figures[name] = _median_run(runs[name], key)
+        if "selectors" in args.only:
+            self.log(f"7. selector evaluation: compile_selector({lib.SELECTOR!r}).matches, timeit")
+            self.figures["selector_eval"] = lib.run_selector_cost()
+            pairs = [
+                round(on["pubs_per_s"] / off["pubs_per_s"], 3)
+                for off, on in zip(runs["selectors_off"], runs["selectors_on"], strict=False)
+            ]
+            self.figures["selector_ratios"] = pairs
         if "latency" in args.only:
             self.idle("latency")
             self.log(f"4. latency: paced {args.rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers")
@@ -341,6 +412,18 @@ class Bench:
             got = self.attempt("kombu", lib.run_kombu, client, self.server.url, args.kombu_n)
             if got:
                 self.figures["kombu"] = got
+        if "consume" in args.only:
+            single_n = max(1000, args.n // 5)
+            self.idle("consume")
+            self.log(
+                f"8. one consumer: receive_many(100) + ack_many of {args.n:,}, receive + ack of {single_n:,}"
+            )
+            got = self.attempt("consume", lib.run_consume, client, settings, QM, args.n, single_n)
+            if got:
+                self.figures["consume"] = got
+                self.log(
+                    f"   {got['msgs_per_s']:,} msgs/s batched, {got['single_msgs_per_s']:,} one at a time"
+                )
         if "match" in args.only:
             self.idle("matching")
             self.log(f"6. matching: indexes of {', '.join(f'{n:,}' for n in args.match_sizes)} subscriptions")
@@ -386,6 +469,9 @@ class Bench:
         small = by_n.get(1000) or (matching[0] if matching else None)
         large = matching[-1] if matching else None
         ratio = large["resolve_us"] / small["resolve_us"] if small and large else nan
+        sel_off = f.get("selectors_off", {}).get("pubs_per_s", nan)
+        sel_on = f.get("selectors_on", {}).get("pubs_per_s", nan)
+        consume = f.get("consume") or {}
         out = {
             "broker_pubs_per_s": broker,
             "ceiling_ratio": broker / ceiling if ceiling == ceiling and ceiling else nan,
@@ -394,6 +480,10 @@ class Bench:
             "p99_ms": p99,
             "match_1m_over_1k": ratio,
             "match_ratio_sizes": f"{large['n']:,} / {small['n']:,}" if small and large else None,
+            "selector_ratio": sel_on / sel_off if sel_off == sel_off and sel_off else nan,
+            "selector_eval_us": f.get("selector_eval", {}).get("median_us", nan),
+            "consume_per_s": consume.get("msgs_per_s", nan),
+            "consume_batch_ratio": consume.get("batch_over_single", nan),
         }
         f["summary"] = out
         return out
@@ -406,7 +496,11 @@ class Bench:
             f"broker_pubs_per_s={num(s['broker_pubs_per_s'], '.0f')} "
             f"ceiling_ratio={num(s['ceiling_ratio'], '.2f')} kombu_ratio={num(s['kombu_ratio'], '.1f')} "
             f"hot_publisher_ratio={num(s['hot_publisher_ratio'], '.2f')} p99_ms={num(s['p99_ms'], '.1f')} "
-            f"match_1m_over_1k={num(s['match_1m_over_1k'], '.2f')}"
+            f"match_1m_over_1k={num(s['match_1m_over_1k'], '.2f')} "
+            f"selector_ratio={num(s['selector_ratio'], '.2f')} "
+            f"selector_eval_us={num(s['selector_eval_us'], '.2f')} "
+            f"consume_per_s={num(s['consume_per_s'], '.0f')} "
+            f"consume_batch_ratio={num(s['consume_batch_ratio'], '.1f')}"
         )
 
     def table(self) -> Table:
@@ -503,6 +597,58 @@ class Bench:
                 f"build {m['build_s']} s",
                 "",
             )
+        for key, label in (("selectors_off", "7. no selectors"), ("selectors_on", "7. 20% selectors")):
+            if key not in f:
+                continue
+            b = f[key]
+            if key == "selectors_off":
+                notes = (
+                    f"as 2 with 2 workers, region + amount properties on every publication; "
+                    f"N={b['n']:,} ({_fmt(b['preload_xadd_per_s'])} XADD/s); steady 10-90% "
+                    f"{_fmt(b['steady_10_90_pubs_per_s'])}/s; F={b['fanout_measured']}; "
+                    f"redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
+                )
+            else:
+                ev = f.get("selector_eval") or {}
+                off = f.get("selectors_off", {}).get("pubs_per_s")
+                ratio = f"{b['pubs_per_s'] / off:.2f}" if off else "-"
+                notes = (
+                    f"same, {b['selective_subscriptions']} subscriptions with {lib.SELECTOR!r}: "
+                    f"{b['selector_evaluations'] / b['n']:.2f} evaluations/pub, "
+                    f"{b['selected_share']:.0%} selected; F={b['fanout_measured']} "
+                    f"(= expected {b['expected_deliveries'] / b['n']:.3f}); with/without {ratio} "
+                    f"(per repeat {', '.join(str(x) for x in f.get('selector_ratios') or [])}); "
+                    f"steady 10-90% {_fmt(b['steady_10_90_pubs_per_s'])}/s; "
+                    f"redis {b['redis_cpu_us_per_pub']} CPU-us/pub; one evaluation "
+                    f"{_fmt(ev.get('median_us'), 2)} us median (loop alone {_fmt(ev.get('loop_us'), 2)} us, "
+                    f"{ev.get('sample', 0):,} property dicts, {_fmt(ev.get('selected_share'), 2)} selected)"
+                )
+            table.add_row(
+                label,
+                _fmt(b["pubs_per_s"]),
+                _fmt(b["deliveries_per_s"]),
+                notes,
+                cpu3(b["cpu"], ("workers", "bench")),
+            )
+        if "consume" in f:
+            c = f["consume"]
+            table.add_row(
+                "8. consume batched",
+                "-",
+                _fmt(c["msgs_per_s"]),
+                f"1 Subscriber (in the bench process): receive_many({c['batch']}) + ack_many, "
+                f"{c['n']:,} preloaded messages; {c['batch_over_single']:.1f}x one at a time; "
+                f"redis {c['redis_cpu_us_per_msg']} CPU-us/msg",
+                cpu3(c["cpu"], ("bench",)),
+            )
+            table.add_row(
+                "8. consume one by one",
+                "-",
+                _fmt(c["single_msgs_per_s"]),
+                f"same, receive() + ack(), {c['single_n']:,} messages; "
+                f"redis {c['single_redis_cpu_us_per_msg']} CPU-us/msg",
+                cpu3(c["single_cpu"], ("bench",)),
+            )
         return table
 
     def redis_text(self) -> str:
@@ -512,6 +658,8 @@ class Bench:
             ("broker_1w", "1 worker"),
             ("broker_2w", "2 workers"),
             ("hot_2w", "hot publisher"),
+            ("selectors_off", "no selectors"),
+            ("selectors_on", "20% selectors"),
         ):
             run = self.figures.get(key)
             if not run or "redis_commands" not in run:

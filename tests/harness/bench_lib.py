@@ -19,7 +19,9 @@ import statistics
 import subprocess
 import sys
 import time
+import timeit
 import tracemalloc
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,8 +34,10 @@ from broker import keys
 from broker.config import Settings
 from broker.errors import LinkCycle
 from broker.links import link
+from broker.models import encode_envelope, parse_entry, publication_fields
 from broker.publish import Publisher
 from broker.routing import RoutingTable, explain
+from broker.selectors import compile_selector
 from broker.stream import group_state
 from broker.subscriptions import subscribe
 from broker.topics import LinkGraph, TopicIndex
@@ -131,6 +135,27 @@ def link_plan() -> list[tuple[str, str]]:
     return plan
 
 
+#: The selector of the selector variant of the topology (measurement 7): ~49% of the publications
+#: (``selector_props``) have region 'eu' (70%) and an amount of 30 or more (70%).
+SELECTOR = "region = 'eu' AND amount >= 30"
+#: Every how many subscriptions of ``subscription_plan`` one carries ``SELECTOR`` (20%).
+SELECTOR_EVERY = 5
+
+
+def plan_selectors(count: int, selector: str | None, every: int = SELECTOR_EVERY) -> list[str | None]:
+    """The selector of each of ``count`` planned subscriptions: ``selector`` for every ``every``-th
+    (indexes ``every - 1``, ``2 * every - 1``, ...), None for the others (and for all when ``selector`` is None)."""
+    return [selector if selector and i % every == every - 1 else None for i in range(count)]
+
+
+def selector_props(rng: random.Random) -> dict[str, str | int]:
+    """The user properties of one publication of the selector runs: ``region`` and ``amount``."""
+    return {
+        "region": "eu" if rng.random() < 0.7 else ("us" if rng.random() < 0.5 else "apac"),
+        "amount": rng.randrange(100),
+    }
+
+
 #: The queue the latency consumer pops: ``bench/0/#`` receives every topic of region 0.
 LATENCY_SUB = "hash$r0"
 LATENCY_TOPICS = [t for t in TOPICS if t.startswith("bench/0/")]
@@ -147,10 +172,12 @@ class Topology:
         snapshot: key -> DUMP payload of the subscription, link and version keys.
         setup_s: how long subscribe + link took, s.
         checked: topic -> number of subscriptions ``admin.explain`` resolved it to.
+        selective: the subscriptions made with a selector (``build(selector=...)``).
     """
 
     qm: str
     sub_ids: list[str] = field(default_factory=list)
+    selective: list[str] = field(default_factory=list)
     queues: list[str] = field(default_factory=list)
     snapshot: dict[str, bytes] = field(default_factory=dict)
     setup_s: float = 0.0
@@ -158,8 +185,11 @@ class Topology:
     via: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, client: redis.Redis, qm: str, sample: int = 8) -> Topology:
+    def build(cls, client: redis.Redis, qm: str, sample: int = 8, selector: str | None = None) -> Topology:
         """Subscribe, link, check F with ``explain`` on ``sample`` topics, and DUMP the result.
+
+        With ``selector``, every ``SELECTOR_EVERY``-th subscription of ``subscription_plan``
+        carries it (``plan_selectors``); F is then the fan-out before selectors.
 
         Raises:
             BenchError: a sampled topic does not resolve to exactly ``FANOUT`` subscriptions.
@@ -167,9 +197,16 @@ class Topology:
         topo = cls(qm)
         client.flushdb()
         start = time.perf_counter()
-        for topic_filter, client_id, name in subscription_plan():
-            record = subscribe(client, qm, topic_filter, client_id=client_id, durable_name=name)
+        plan = subscription_plan()
+        for (topic_filter, client_id, name), chosen in zip(
+            plan, plan_selectors(len(plan), selector), strict=True
+        ):
+            record = subscribe(
+                client, qm, topic_filter, client_id=client_id, durable_name=name, selector=chosen
+            )
             topo.sub_ids.append(record.sub_id)
+            if chosen:
+                topo.selective.append(record.sub_id)
         for source, target in link_plan():
             link(client, qm, source, target)
         topo.setup_s = time.perf_counter() - start
@@ -449,32 +486,99 @@ def schedule(n: int, hot: bool, chunk: int) -> list[tuple[str, int]]:
     return order
 
 
-def preload(client: redis.Redis, qm: str, n: int, hot: bool, chunk: int, seed: int = 1) -> dict[str, Any]:
+def _publish_with_props(
+    pipe: Any, stream: str, pub: Publisher, prefix: str, items: list[tuple[str, bytes]], props: list[dict]
+) -> str:
+    """XADD ``items`` as ``Publisher.publish_many`` would (its seq, a msgid), each with its own
+    properties, in one round trip; returns the last msgid. (``publish_many`` takes one set of
+    properties per call.)"""
+    msgid = ""
+    for (topic, body), properties in zip(items, props, strict=True):
+        seq = pub.next_seq
+        pub.next_seq += 1
+        msgid = f"{prefix}-{seq}"
+        pipe.xadd(
+            stream,
+            publication_fields(pub.publisher_id, topic, body, msgid=msgid, seq=seq, properties=properties),
+        )
+    pipe.execute()
+    return msgid
+
+
+def preload(
+    client: redis.Redis,
+    qm: str,
+    n: int,
+    hot: bool,
+    chunk: int,
+    seed: int = 1,
+    properties: bool = False,
+) -> dict[str, Any]:
     """XADD ``n`` publications with ``Publisher.publish_many``, one call per chunk, interleaved.
 
+    With ``properties``, every publication carries its own ``selector_props`` (same topics
+    and bodies as without), XADDed with the fields ``publish_many`` writes, one round trip
+    per chunk; the deliveries expected after the subscriptions' selectors are counted with
+    the broker's ``RoutingTable`` (loaded from the server) and ``Selector.matches``.
+
     Returns:
-        ``{"n", "elapsed_s", "xadd_per_s", "per_publisher": {id: count}, "msgids": sample}``.
+        ``{"n", "elapsed_s", "xadd_per_s", "per_publisher": {id: count}, "msgids": sample}``,
+        and with ``properties`` ``expected_deliveries``, ``selector_evaluations``, ``selected_share``.
     """
     rng = random.Random(seed)
+    props_rng = random.Random(seed + 1000)
     body_list = bodies()
     pubs = {pid: Publisher(client, qm, pid) for pid in publisher_ids()}
+    prefixes = {pid: uuid.uuid4().hex for pid in pubs}
     counts: Counter[str] = Counter()
     msgids: list[tuple[str, str]] = []
+    table: RoutingTable | None = None
+    expected = evaluations = selected = 0
+    published: list[tuple[str, dict[str, str | int]]] = []
+    if properties:
+        table = RoutingTable(qm)
+        table.load(client)
+    pipe = client.pipeline(transaction=False)
+    stream = keys.publish_stream(qm)
     start = time.perf_counter()
     for pid, take in schedule(n, hot, chunk):
         items = [(rng.choice(TOPICS), body_list[rng.randrange(len(body_list))]) for _ in range(take)]
-        results = pubs[pid].publish_many(items, batch=take)
+        if properties:
+            props = [selector_props(props_rng) for _ in range(take)]
+            last = _publish_with_props(pipe, stream, pubs[pid], prefixes[pid], items, props)
+        else:
+            last = pubs[pid].publish_many(items, batch=take)[-1].msgid
         counts[pid] += take
         if rng.random() < 0.02:
-            msgids.append((pid, results[-1].msgid))
+            msgids.append((pid, last))
+        if properties:
+            published += [(topic, p) for (topic, _), p in zip(items, props, strict=True)]
     elapsed = time.perf_counter() - start
-    return {
+    if table is not None:
+        for topic, p in published:
+            for sub_id in table.resolve(topic).sub_ids:
+                selector = table.selectors.get(sub_id)
+                if selector is None:
+                    expected += 1
+                else:
+                    evaluations += 1
+                    hit = selector.matches(p)
+                    selected += hit
+                    expected += hit
+    out = {
         "n": n,
         "elapsed_s": round(elapsed, 3),
         "xadd_per_s": round(n / elapsed),
         "hot_share": round(counts["p00"] / n, 3),
         "msgids": msgids[:100],
     }
+    if properties:
+        out |= {
+            "expected_deliveries": expected,
+            "selector_evaluations": evaluations,
+            "selected_share": round(selected / evaluations, 3) if evaluations else None,
+        }
+    return out
 
 
 def group_progress(client: redis.Redis, qm: str) -> tuple[bool, int, int]:
@@ -644,13 +748,16 @@ def run_broker(
     chunk: int,
     profile_dir: str | None = None,
     label: str = "",
+    properties: bool = False,
 ) -> dict[str, Any]:
     """Preload ``n`` publications, then time the pool draining them into the subscriber queues.
 
     The clock starts when all ``workers`` have registered (a worker writes its first
     heartbeat after its first round, so whatever was acknowledged before that is
     subtracted) and stops when the group has nothing pending and no lag. Then the
-    subscriber queues must hold exactly ``n x FANOUT`` envelopes.
+    subscriber queues must hold exactly ``n x FANOUT`` envelopes (with ``properties``:
+    every publication carries ``selector_props``, and the queues must hold what the
+    topology's selectors select, counted by ``preload``).
 
     Returns:
         Figures: pubs/s, deliveries/s, measured F, CPU, Redis time per publication, ...
@@ -660,7 +767,8 @@ def run_broker(
     """
     qm = topo.qm
     topo.restore(client)
-    loaded = preload(client, qm, n, hot=hot, chunk=chunk)
+    loaded = preload(client, qm, n, hot=hot, chunk=chunk, properties=properties)
+    expected = loaded.get("expected_deliveries", n * FANOUT)
     client.config_resetstat()
     pool = _pool(settings, workers)
     t_spawn = time.perf_counter()
@@ -729,7 +837,9 @@ def run_broker(
         "elapsed_s": round(elapsed, 3),
         "measured_publications": measured,
         "pubs_per_s": round(measured / elapsed),
-        "deliveries_per_s": round(measured * FANOUT / elapsed),
+        "deliveries_per_s": round(measured * FANOUT / elapsed)
+        if expected == n * FANOUT
+        else round(measured * expected / n / elapsed),
         "steady_10_90_pubs_per_s": steady,
         "from_spawn_pubs_per_s": round(n / (t_end - t_spawn)),
         "spawn_to_registered_s": round(t0 - t_spawn, 3),
@@ -755,9 +865,17 @@ def run_broker(
     }
     if profile is not None:
         result["profile"] = profile
-    if delivered != n * FANOUT or dead:
+    if properties:
+        result |= {
+            "properties": True,
+            "selective_subscriptions": len(topo.selective),
+            "expected_deliveries": expected,
+            "selector_evaluations": loaded["selector_evaluations"],
+            "selected_share": loaded["selected_share"],
+        }
+    if delivered != expected or dead:
         raise BenchError(
-            f"expected {n * FANOUT} deliveries, found {delivered} ({dead} dead-lettered): {result}"
+            f"expected {expected} deliveries, found {delivered} ({dead} dead-lettered): {result}"
         )
     return result
 
@@ -1185,3 +1303,189 @@ def wait_idle(
                 "foreign_pct": cpu["foreign"],
                 "idle": cpu["foreign"] < busy_pct,
             }
+
+
+# --------------------------------------------------------------------------------------------
+# 7. Selectors: the cost of one evaluation (the fan-out runs are run_broker(properties=True))
+# --------------------------------------------------------------------------------------------
+
+
+def selector_sample(size: int = 1000, seed: int = 21) -> list[dict[str, object]]:
+    """What a worker's selectors see for ``size`` publications with ``selector_props``: each built
+    with ``publication_fields``, parsed with ``parse_entry`` and read with ``Entry.selector_properties``
+    (user properties and the JMS header fields)."""
+    rng = random.Random(seed)
+    body = bodies(1)[0]
+    now_ms = int(time.time() * 1000)
+    sample = []
+    for i in range(size):
+        fields = publication_fields(
+            f"p{i % PUBLISHERS:02d}",
+            TOPICS[i % len(TOPICS)],
+            body,
+            msgid=f"m{i}",
+            seq=i + 1,
+            properties=selector_props(rng),
+        )
+        raw = {k.encode(): v if isinstance(v, bytes) else str(v).encode() for k, v in fields.items()}
+        sample.append(parse_entry(f"{now_ms}-{i}", raw, 1 << 20).selector_properties())
+    return sample
+
+
+def run_selector_cost(
+    selector: str = SELECTOR, size: int = 1000, rounds: int = 7, min_s: float = 0.05
+) -> dict[str, Any]:
+    """Time ``compile_selector(selector).matches`` over ``selector_sample(size)`` in a tight loop.
+
+    ``rounds`` timeit rounds of at least ``min_s`` each; the loop's own cost (a for loop
+    calling a one-argument no-op) is measured the same way and reported, not subtracted.
+
+    Returns:
+        ``{"selector", "sample", "selected_share", "median_us", "min_us", "loop_us", "rounds"}``.
+    """
+    sample = selector_sample(size)
+    matches = compile_selector(selector).matches
+
+    def noop(properties: object) -> bool:
+        return True
+
+    def per_call(fn: Callable[[Any], Any]) -> list[float]:
+        timer = timeit.Timer("for p in sample: fn(p)", globals={"sample": sample, "fn": fn})
+        number, taken = timer.autorange()
+        number = max(1, round(number * min_s / taken))
+        return [t / (number * len(sample)) for t in timer.repeat(rounds, number)]
+
+    times = per_call(matches)
+    loop = per_call(noop)
+    return {
+        "selector": selector,
+        "sample": len(sample),
+        "selected_share": round(sum(matches(p) for p in sample) / len(sample), 3),
+        "median_us": round(statistics.median(times) * 1e6, 3),
+        "min_us": round(min(times) * 1e6, 3),
+        "loop_us": round(statistics.median(loop) * 1e6, 3),
+        "rounds": rounds,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 8. One consumer: receive_many + ack_many against receive + ack
+# --------------------------------------------------------------------------------------------
+
+#: The topic filter of the consumer measurement's subscriptions (nothing is published to it).
+CONSUME_FILTER = "bench/consume"
+
+
+def preload_queue(client: redis.Redis, queue: str, n: int, per_push: int = 1000) -> float:
+    """LPUSH ``n`` envelopes as a worker writes them (``encode_envelope`` of a ``parse_entry``-shaped
+    header, 200-byte body, 50 publishers) into ``queue``; returns the envelopes pushed per second."""
+    body_list = bodies()
+    now_ms = int(time.time() * 1000)
+    pipe = client.pipeline(transaction=False)
+    envelopes: list[bytes] = []
+    start = time.perf_counter()
+    for i in range(n):
+        body = body_list[i % len(body_list)]
+        header = {
+            "v": keys.PROTOCOL_VERSION,
+            "msgid": f"c{i}",
+            "publisher": f"p{i % PUBLISHERS:02d}",
+            "seq": i // PUBLISHERS + 1,
+            "topic": TOPICS[i % len(TOPICS)],
+            "ts": now_ms,
+            "entry_id": f"{now_ms}-{i}",
+            "size": len(body),
+        }
+        envelopes.append(encode_envelope(header, body))
+        if len(envelopes) >= per_push:
+            pipe.lpush(queue, *envelopes)
+            envelopes = []
+            if len(pipe) >= 10:
+                pipe.execute()
+    if envelopes:
+        pipe.lpush(queue, *envelopes)
+    pipe.execute()
+    return n / (time.perf_counter() - start)
+
+
+def _drain(subscriber: Any, n: int, batch: int) -> tuple[int, int]:
+    """Receive and acknowledge until ``n`` came or the queue is empty: ``(received, acknowledged)``."""
+    got = acked = 0
+    if batch == 1:
+        while got < n:
+            delivery = subscriber.receive()
+            if delivery is None:
+                break
+            got += 1
+            acked += subscriber.ack(delivery)
+        return got, acked
+    while got < n:
+        deliveries = subscriber.receive_many(batch)
+        if not deliveries:
+            break
+        got += len(deliveries)
+        acked += subscriber.ack_many(deliveries)
+    return got, acked
+
+
+def run_consume(
+    client: redis.Redis, settings: Settings, qm: str, n: int, single_n: int, batch: int = 100
+) -> dict[str, Any]:
+    """One consumer, in this process (its own connection): drain ``n`` preloaded messages with
+    ``receive_many(batch)`` + ``ack_many``, then ``single_n`` others with ``receive`` + ``ack``.
+
+    Each run has its own durable subscription (``CONSUME_FILTER``), whose queue is filled
+    directly with ``preload_queue`` (untimed), and a ``broker.consumer.Subscriber`` with its
+    default heartbeat thread. Afterwards the queue and the in-flight list must be empty.
+
+    Raises:
+        BenchError: a message was not received or not acknowledged.
+    """
+    from broker.connection import connect
+    from broker.consumer import Subscriber
+
+    client.flushdb()
+    conn = connect(settings.redis_url)
+    out: dict[str, Any] = {"mode": "in-process", "batch": batch}
+    try:
+        for label, count, size in (("batch", n, batch), ("single", single_n, 1)):
+            record = subscribe(client, qm, CONSUME_FILTER, client_id="consume", durable_name=label)
+            pushed_per_s = preload_queue(client, keys.sub_queue(qm, record.sub_id), count)
+            subscriber = Subscriber(conn, qm, record, settings)
+            try:
+                client.config_resetstat()
+                meter = CpuMeter({"redis": [redis_pid(client)], "bench": [os.getpid()]})
+                start = time.perf_counter()
+                got, acked = _drain(subscriber, count, size)
+                elapsed = time.perf_counter() - start
+                cpu = meter.stop()
+                left, in_flight = subscriber.depth(), subscriber.in_flight()
+            finally:
+                subscriber.close()
+            stats = commandstats(client)
+            if got != count or acked != count or left or in_flight:
+                raise BenchError(
+                    f"consume ({label}): received {got}, acknowledged {acked} of {count}; "
+                    f"{left} left in the queue, {in_flight} in flight"
+                )
+            prefix = "" if label == "batch" else "single_"
+            out |= {
+                f"{prefix}n": count,
+                f"{prefix}msgs_per_s": round(count / elapsed),
+                f"{prefix}elapsed_s": round(elapsed, 3),
+                f"{prefix}preload_per_s": round(pushed_per_s),
+                f"{prefix}cpu": cpu,
+                f"{prefix}redis_cpu_us_per_msg": round(cpu["redis"] / 100 * elapsed * 1e6 / count, 2),
+                f"{prefix}redis_commands": sorted(
+                    (
+                        (k, round(v["calls"] / count, 3), round(v["usec"] / count, 2))
+                        for k, v in stats.items()
+                    ),
+                    key=lambda x: -x[2],
+                )[:6],
+            }
+    finally:
+        conn.close()
+        client.flushdb()
+    out["batch_over_single"] = round(out["msgs_per_s"] / out["single_msgs_per_s"], 2)
+    return out
