@@ -47,7 +47,7 @@ import redis
 from broker import keys
 from broker.config import Settings
 from broker.connection import as_bytes, block_slice_ms, translate_errors
-from broker.errors import ConsumerConflict, InvalidMessage
+from broker.errors import ConsumerConflict, InvalidMessage, ServerError
 from broker.models import Message
 from broker.scripts import script_source
 from broker.subscriptions import (
@@ -97,13 +97,12 @@ class _Scripts:
         self.recover = client.register_script(script_source("recover"))
 
 
-_scripts_of: dict[int, _Scripts] = {}
-
-
 def _scripts(client: redis.Redis) -> _Scripts:
-    found = _scripts_of.get(id(client))
+    """The consumer scripts registered on ``client`` (once per client object)."""
+    found: _Scripts | None = getattr(client, "_broker_consumer_scripts", None)
     if found is None:
-        found = _scripts_of[id(client)] = _Scripts(client)
+        found = _Scripts(client)
+        client._broker_consumer_scripts = found  # type: ignore[attr-defined]
     return found
 
 
@@ -191,21 +190,36 @@ def sweep_subscriptions(
     todo = sorted((r for r in records if r.sub_id > start), key=lambda r: r.sub_id)[:SWEEP_SUBSCRIPTIONS]
     removed = []
     forget = max(settings.subscription_expiry_ms, settings.consumer_lease_ms) * 2
+    # One round trip finds the subscriptions with a dead consumer (or none at all): only
+    # those need a script call. A foreign consumers key answers an error: look at it too.
+    cutoff = now - settings.subscription_expiry_ms
+    pipe = client.pipeline(transaction=False)
     for record in todo:
-        recover(
-            client,
-            qm,
-            record.sub_id,
-            max_redeliveries=settings.max_redeliveries,
-            dead_letter_max_len=settings.dead_letter_max_len,
-            forget_ms=forget,
-            now_ms=now,
-        )
-        if not record.durable and remove_subscription(
-            client, qm, record.sub_id, abandoned_before_ms=now - settings.subscription_expiry_ms
-        ):
-            log.info("removed abandoned non-durable subscription %s", record.sub_id)
-            removed.append(record.sub_id)
+        consumers = keys.sub_consumers(qm, record.sub_id)
+        pipe.zrangebyscore(consumers, "-inf", f"({now}", start=0, num=1)
+        pipe.zrange(consumers, -1, -1, withscores=True)
+    probes = pipe.execute(raise_on_error=False)
+    for i, record in enumerate(todo):
+        dead, newest = probes[2 * i], probes[2 * i + 1]
+        foreign = isinstance(dead, Exception) or isinstance(newest, Exception)
+        last_seen = max(record.created_ms, int(newest[0][1]) if newest and not foreign else 0)
+        abandoned = not record.durable and last_seen < cutoff
+        try:
+            if dead or foreign:
+                recover(
+                    client,
+                    qm,
+                    record.sub_id,
+                    max_redeliveries=settings.max_redeliveries,
+                    dead_letter_max_len=settings.dead_letter_max_len,
+                    forget_ms=forget,
+                    now_ms=now,
+                )
+            if abandoned and remove_subscription(client, qm, record.sub_id, abandoned_before_ms=cutoff):
+                log.info("removed abandoned non-durable subscription %s", record.sub_id)
+                removed.append(record.sub_id)
+        except ServerError as exc:  # a foreign key in one subscription: name it, go on with the others
+            log.warning("subscription sweep: %s: %s", record.sub_id, exc)
     last = todo[-1].sub_id if len(todo) == SWEEP_SUBSCRIPTIONS else ""
     return last, removed
 

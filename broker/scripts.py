@@ -196,6 +196,7 @@ class Scripts:
         batch: CommitBatch,
         journal_max_len: int = 0,
         give_up: tuple[str, ...] = (),
+        version: bytes | str = b"",
     ) -> None:
         """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication.
 
@@ -209,11 +210,14 @@ class Scripts:
             journal_max_len: approximate cap of the delivery journal; 0 = no journal.
             give_up: publishers whose turn to give up after this call even if
                 their FIFO is not empty (fair share between workers).
+            version: the index version the recipients were resolved at
+                (``RoutingTable.version``); when the server's differs, the script
+                checks that each recipient subscription still exists.
         """
         qm = self.qm
         self._call(
             self._commit,
-            [*self._fixed, keys.journal(qm), keys.subscriptions(qm), *batch.queue_keys],
+            [*self._fixed, keys.journal(qm), keys.subscriptions(qm), keys.version(qm), *batch.queue_keys],
             [
                 keys.WORKER_GROUP,
                 token,
@@ -225,6 +229,7 @@ class Scripts:
                 self._sub_prefix_len,
                 self.refusals.dead_letter_max_len,
                 self.refusals.max_body_bytes,
+                version,
                 len(give_up),
                 *map(_b, give_up),
                 len(batch.sets),

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-#: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..5] are fixed keys).
-FIRST_QUEUE_KEY = 6
+#: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..6] are fixed keys).
+FIRST_QUEUE_KEY = 7
 
 #: The ARGV fields of one unit of work in ``commit.lua``, in order.
 UNIT_FIELDS = (

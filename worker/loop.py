@@ -49,6 +49,9 @@ from broker.unit_of_work import Action, CommitBatch, Outcome, UnitOfWork, decode
 
 log = logging.getLogger("broker.worker")
 
+#: Least time between two subscription sweeps (dead consumers, abandoned subscriptions), ms.
+SUBSCRIPTION_SWEEP_MS = 1_000
+
 #: Named points where tests and the chaos harness inject faults:
 #: after_dequeue: entries read and filed in FIFOs, nothing handled yet;
 #: waiting_for_turn: some entries read are for publishers another worker holds;
@@ -228,7 +231,7 @@ class Worker:
             self._next_entry_sweep_ms = now + ENTRY_SWEEP_INTERVAL_MS
             self.sweep_entries(settings.lease_ms)
         if now >= self._next_subscription_sweep_ms:
-            self._next_subscription_sweep_ms = now + settings.sweep_interval_ms
+            self._next_subscription_sweep_ms = now + max(settings.sweep_interval_ms, SUBSCRIPTION_SWEEP_MS)
             self.sweep_subscriptions()
         dequeued = self._prefetched
         self._prefetched = None
@@ -450,7 +453,9 @@ class Worker:
         def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for batch in batches:
-                self.scripts.commit(pipe, self.name, settings.lease_ms, batch, journal, give_up)
+                self.scripts.commit(
+                    pipe, self.name, settings.lease_ms, batch, journal, give_up, self.table.version or b""
+                )
             if prefetch:  # the next dequeue rides in the same round trip as this commit
                 kept = sorted(set(heads) - set(give_up))
                 self.scripts.dequeue(

@@ -19,9 +19,11 @@
 -- KEYS[4] delivery journal stream      "{qm}:journal"
 -- KEYS[5] the subscription hash        "{qm}:subs" (fence: a subscription removed since the
 --   worker resolved the topic gets nothing, and its queue is never made again)
--- KEYS[6..] the subscriber queues (priority bands) this batch delivers to
+-- KEYS[6] the index version            "{qm}:version" (unchanged since the worker loaded its
+--   routing table: every subscription it resolved to still exists, nothing to look up)
+-- KEYS[7..] the subscriber queues (priority bands) this batch delivers to
 --   ("{qm}:sub:<id>" or "{qm}:sub:<id>:p<N>"); each one's subscription's bell
---   ("{qm}:sub:<id>:bell") is rung when it gets messages
+--   ("{qm}:sub:<id>:bell") is rung when an empty band gets messages
 -- ARGV[1] consumer group
 -- ARGV[2] the worker's fencing token
 -- ARGV[3] lease_ms of a publisher's turn
@@ -33,11 +35,12 @@
 --   read from the queue keys)
 -- ARGV[9] approximate cap of the dead-letter stream, records
 -- ARGV[10] max_body_bytes: a dead letter keeps a body only up to this size
--- ARGV[11] Y, the number of publishers whose turn to give up after this call
+-- ARGV[11] the index version the worker's routing table was loaded at
+-- ARGV[12] Y, the number of publishers whose turn to give up after this call
 --   even if their FIFO is not empty (fair share: another worker takes them)
--- ARGV[12 .. 11+Y] those publishers
--- ARGV[12+Y] S, the number of recipient sets
--- ARGV[13+Y .. 12+Y+S] recipient sets: space-separated KEYS indexes, e.g. "6 7 9"
+-- ARGV[13 .. 12+Y] those publishers
+-- ARGV[13+Y] S, the number of recipient sets
+-- ARGV[14+Y .. 13+Y+S] recipient sets: space-separated KEYS indexes, e.g. "7 8 10"
 -- then one unit of work per publication, its fields in this order (UNIT_FIELDS
 -- in broker/unit_of_work.py; a test checks the two lists match):
 -- unit field 0 publisher
@@ -62,32 +65,41 @@ local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
 local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
 local journal_len, sub_prefix_len = tonumber(ARGV[7]), tonumber(ARGV[8])
 local dlq_len, max_body = ARGV[9], tonumber(ARGV[10])
-local ngive_up = tonumber(ARGV[11])
+local resolved_version = ARGV[11]
+local ngive_up = tonumber(ARGV[12])
 local give_up = {}
-for i = 12, 11 + ngive_up do give_up[ARGV[i]] = true end
-local nsets = tonumber(ARGV[12 + ngive_up])
-local sets_at = 12 + ngive_up
+for i = 13, 12 + ngive_up do give_up[ARGV[i]] = true end
+local nsets = tonumber(ARGV[13 + ngive_up])
+local sets_at = 13 + ngive_up
 local first = sets_at + 1 + nsets
 local PUBLISHER, ENTRY_ID, ACTION, PAYLOAD, MSGID, WINDOW, REPLY_TTL = 0, 1, 2, 3, 4, 5, 6
 local RECIPIENTS, SUGGESTION, SEQ, TOPIC, ENQUEUED_MS = 7, 8, 9, 10, 11
 local UNIT = 12
 
-local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}, {subs, 'hash'}}
+local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}, {subs, 'hash'}, {KEYS[6], 'string'}}
 if journal_len > 0 then fixed[#fixed + 1] = {journal, 'stream'} end
 require_types(fixed)
 
--- The subscriber queues: each checked once per batch, with its bell, and
--- whether its subscription still exists (gone: it gets nothing).
+-- The subscriber queues: each checked once per batch; whether its subscription
+-- still exists (gone: it gets nothing; looked up only when the index changed
+-- since the worker loaded it); and, for an empty band, its bell (rung below).
+local changed = redis.call('GET', KEYS[6]) ~= resolved_version
 local queue_foreign, sub_of, bell_of, gone = {}, {}, {}, {}
-local sub_prefix = string.sub(KEYS[6] or '', 1, sub_prefix_len)
-for k = 6, #KEYS do
+local sub_prefix = string.sub(KEYS[7] or '', 1, sub_prefix_len)
+for k = 7, #KEYS do
   local rest = string.sub(KEYS[k], sub_prefix_len + 1)
   local sub_id = string.match(rest, '^(.*):p%d$') or rest
   sub_of[k] = sub_id
-  bell_of[k] = sub_prefix .. sub_id .. ':bell'
-  gone[k] = redis.call('HEXISTS', subs, sub_id) == 0
+  gone[k] = changed and redis.call('HEXISTS', subs, sub_id) == 0
   if not gone[k] then
-    queue_foreign[k] = foreign(KEYS[k], 'list') or foreign(bell_of[k], 'list')
+    local found = redis.call('TYPE', KEYS[k])['ok']
+    if found == 'none' then
+      -- an empty band: its bell is rung when it gets messages (a non-empty band's is rung already)
+      bell_of[k] = sub_prefix .. sub_id .. ':bell'
+      queue_foreign[k] = foreign(bell_of[k], 'list')
+    elseif found ~= 'list' then
+      queue_foreign[k] = 'foreign key: ' .. KEYS[k] .. ' holds a ' .. found .. ', not a list'
+    end
   end
 end
 
@@ -262,7 +274,7 @@ for _, k in ipairs(push_order) do
   for i = 1, #list, CHUNK do
     redis.call('LPUSH', KEYS[k], unpack(list, i, math.min(i + CHUNK - 1, #list)))
   end
-  ring(bell_of[k])
+  if bell_of[k] then ring(bell_of[k]) end
 end
 for i = 1, #acks, CHUNK do
   redis.call('XACK', stream, group, unpack(acks, i, math.min(i + CHUNK - 1, #acks)))

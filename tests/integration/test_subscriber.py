@@ -319,3 +319,14 @@ def test_receive_blocks_until_a_message_arrives_and_close_gives_unacked_messages
     sub.close()
     again = Subscriber(real_redis, QM, record, cs, heartbeat=False)
     assert [(d.message.body, d.delivery_count) for d in again.receive_many(5)] == [(b"1", 2), (b"2", 1)]
+
+
+def test_a_foreign_key_in_one_subscription_does_not_stop_the_sweep_of_the_others(real_redis, settings):
+    bad = subscribe(real_redis, QM, "/A", "a", "bad")
+    temporary = subscribe(real_redis, QM, "/A", "z")
+    real_redis.set(keys.sub_consumers(QM, bad.sub_id), "not a zset")
+    clock = Clock()
+    cs = _consumer_settings(settings, subscription_expiry_ms=5_000)
+    _, removed = sweep_subscriptions(real_redis, QM, cs, now_ms=clock.now + 60_000)
+    assert removed == [temporary.sub_id]
+    assert real_redis.get(keys.sub_consumers(QM, bad.sub_id)) == b"not a zset"  # never written over
