@@ -86,16 +86,23 @@ require_types(fixed)
 local changed = redis.call('GET', KEYS[6]) ~= resolved_version
 local queue_foreign, sub_of, bell_of, gone = {}, {}, {}, {}
 local sub_prefix = string.sub(KEYS[7] or '', 1, sub_prefix_len)
+-- the subscription id of queue KEYS[k] (its band suffix cut), worked out only when needed
+local function sub_id_of(k)
+  local id = sub_of[k]
+  if not id then
+    local rest = string.sub(KEYS[k], sub_prefix_len + 1)
+    id = string.match(rest, '^(.*):p%d$') or rest
+    sub_of[k] = id
+  end
+  return id
+end
 for k = 7, #KEYS do
-  local rest = string.sub(KEYS[k], sub_prefix_len + 1)
-  local sub_id = string.match(rest, '^(.*):p%d$') or rest
-  sub_of[k] = sub_id
-  gone[k] = changed and redis.call('HEXISTS', subs, sub_id) == 0
+  gone[k] = changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0
   if not gone[k] then
     local found = redis.call('TYPE', KEYS[k])['ok']
     if found == 'none' then
       -- an empty band: its bell is rung when it gets messages (a non-empty band's is rung already)
-      bell_of[k] = sub_prefix .. sub_id .. ':bell'
+      bell_of[k] = sub_prefix .. sub_id_of(k) .. ':bell'
       queue_foreign[k] = foreign(bell_of[k], 'list')
     elseif found ~= 'list' then
       queue_foreign[k] = 'foreign key: ' .. KEYS[k] .. ' holds a ' .. found .. ', not a list'
@@ -207,7 +214,7 @@ local function subscription_ids(set)
   if not names[set] then
     local ids = {}
     for _, k in ipairs(sets[set]) do
-      if not gone[k] then ids[#ids + 1] = sub_of[k] end
+      if not gone[k] then ids[#ids + 1] = sub_id_of(k) end
     end
     names[set] = cjson.encode(ids)
   end

