@@ -190,6 +190,35 @@ class ConsumerConflict(BrokerError):
         )
 
 
+class NoSuchTopicObject(BrokerError):
+    """No topic object of that name (``broker topic alter/delete/display``, ``--topic-object``)."""
+
+    exit_code = 2
+
+
+class TopicObjectConflict(BrokerError, ValueError):
+    """A topic object cannot be defined or changed that way: it exists already, its topic string
+    would change (IBM MQ: delete and define again), another object has that topic string, or it is
+    ``SYSTEM.BASE.TOPIC`` (which always exists and cannot be deleted)."""
+
+    exit_code = 2
+
+
+class SubscriptionRefused(BrokerError):
+    """A subscription is refused by the topic tree: ``SUB(DISABLED)`` or, for a durable one,
+    ``DURSUB(NO)`` on the closest topic object at or above the filter (IBM MQ).
+
+    Attributes:
+        topic_object: the object whose attribute refused it.
+    """
+
+    exit_code = 3
+
+    def __init__(self, reason: str, topic_object: str) -> None:
+        self.topic_object = topic_object
+        super().__init__(reason)
+
+
 class InvalidMessage(BrokerError, ValueError):
     """A publication is malformed: a missing or badly typed field, or a body too large."""
 

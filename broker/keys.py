@@ -33,6 +33,9 @@ key                                 type      contents                          
                                               active-standby subscription
 ``{qm}:sub:<sub id>:redelivered``   hash      entry id -> deliveries that failed             recover.lua              receive.lua (delivery count)
 ``{qm}:expired``                    hash      sub id -> messages that expired while waiting  receive.lua              operators
+``{qm}:topics``                     hash      topic object name -> JSON (topic string,       ``broker topic``         workers, subscribe
+                                              attributes; ``broker.topic_objects``)
+``{qm}:skipped``                    hash      sub id -> deliveries skipped, queue full       commit.lua               ``broker status``
 ``{qm}:pub:<publisher>:fifo``       list      stream entry ids of one publisher, in order   dequeue.lua (RPUSH)      commit.lua (LPOP head)
 ``{qm}:pub:<publisher>:turn``      string    token of the worker holding the turn, PX lease dequeue.lua (SET NX)    commit.lua (fencing)
 ``{qm}:publishers``                 set       publisher ids whose FIFO is not empty         dequeue.lua (SADD)       sweep_turns.lua (orphan sweep)
@@ -303,6 +306,16 @@ def sub_holder(qm: str, sub_id: str) -> str:
 def sub_redelivered(qm: str, sub_id: str) -> str:
     """Failed deliveries per message: ``{qm}:sub:<sub_id>:redelivered``, hash entry id -> count."""
     return f"{sub_queue(qm, sub_id)}:redelivered"
+
+
+def topic_objects(qm: str) -> str:
+    """The hash of administrative topic objects: ``{qm}:topics``, name -> JSON (``broker.topic_objects``)."""
+    return f"{_tag(qm)}:topics"
+
+
+def skipped(qm: str) -> str:
+    """Deliveries skipped because a subscriber queue was full, ``{qm}:skipped``: hash sub id -> count."""
+    return f"{_tag(qm)}:skipped"
 
 
 def expired(qm: str) -> str:
