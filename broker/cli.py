@@ -33,7 +33,7 @@ from broker.config import Settings, load_settings
 from broker.connection import connect, redact_url, wait_for_server
 from broker.consumer import Subscriber, browse, subscription_load
 from broker.errors import BrokerError, ConnectionLost, NoSuchSubscription, PublicationRefused, ServerError
-from broker.models import DEFAULT_PRIORITY, Message, PropertyValue
+from broker.models import Message, PropertyValue
 from broker.publish import Publisher, PublishResult
 from broker.status import status as status_of
 from broker.subscriptions import read_subscriptions
@@ -472,11 +472,14 @@ def _describe_result(result: PublishResult) -> str:
 @click.option(
     "--priority",
     type=click.IntRange(0, 9),
-    default=DEFAULT_PRIORITY,
-    show_default=True,
-    help="Priority 0 (lowest) to 9; carried to subscribers.",
+    default=None,
+    help="Priority 0 (lowest) to 9; higher is received first. Default: the topic's DEFPRTY (4).",
 )
-@click.option("--non-persistent", is_flag=True, help="Mark the message NON_PERSISTENT.")
+@click.option(
+    "--persistent/--non-persistent",
+    default=None,
+    help="Delivery mode. Default: the topic's DEFPSIST (persistent).",
+)
 @click.option(
     "--client-id",
     default=None,
@@ -501,8 +504,8 @@ def publish_command(
     msgid: str | None,
     wait: bool,
     timeout_ms: int,
-    priority: int,
-    non_persistent: bool,
+    priority: int | None,
+    persistent: bool | None,
     client_id: str | None,
     message_type: str | None,
     validate: bool,
@@ -523,7 +526,7 @@ def publish_command(
         payload,
         properties=properties or None,
         msgid=msgid,
-        persistent=not non_persistent,
+        persistent=persistent,
         priority=priority,
         message_type=message_type,
         wait=wait,

@@ -261,6 +261,36 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
     )
 
 
+def set_header(header: dict[str, Any], name: str, value: Any) -> None:
+    """Set a header field, keeping ``props`` last (``lua/lib.lua``'s ``envelope_head`` relies on it);
+    a value at its default (persistent true, priority 4, expiration 0) is left out."""
+    props = header.pop("props", None)
+    header.pop(name, None)
+    if (name, value) not in (("persistent", True), ("priority", DEFAULT_PRIORITY), ("expiration", 0)):
+        header[name] = value
+    if props is not None:
+        header["props"] = props
+
+
+def apply_topic_defaults(entry: Entry, fields: dict[bytes, bytes], attributes: Any) -> None:
+    """Apply a topic's effective DEFPSIST, DEFPRTY and CAPEXPRY (``broker.topic_objects``) to an entry.
+
+    A publication that gives no ``persistent`` / ``priority`` field gets the topic's default;
+    its expiration is capped at its publish time (``ts``) + CAPEXPRY ms.
+    """
+    header = entry.header
+    if b"persistent" not in fields or fields[b"persistent"] == b"":
+        set_header(header, "persistent", attributes["defpsist"] == "YES")
+    if b"priority" not in fields or fields[b"priority"] == b"":
+        set_header(header, "priority", int(attributes["defprty"]))
+    cap = attributes["capexpry"]
+    if isinstance(cap, int):
+        capped = int(header["ts"]) + cap
+        if not entry.expiration_ms or entry.expiration_ms > capped:
+            entry.expiration_ms = capped
+            set_header(header, "expiration", capped)
+
+
 def encode_envelope(header: dict[str, Any], body: bytes) -> bytes:
     """Build the envelope a subscriber pops: header JSON, a newline, the body.
 
@@ -300,8 +330,8 @@ def publication_fields(
     msgid: str | None = None,
     seq: int | None = None,
     timestamp_ms: int | None = None,
-    persistent: bool = True,
-    priority: int = DEFAULT_PRIORITY,
+    persistent: bool | None = None,
+    priority: int | None = None,
     expiration_ms: int = 0,
     correlation_id: str | None = None,
     reply_to: str | None = None,
@@ -313,13 +343,14 @@ def publication_fields(
     """Build the fields of one publication entry (protocol version 1).
 
     Returns:
-        ``{field: value}`` for ``XADD``; optional fields left at their default are omitted.
+        ``{field: value}`` for ``XADD``; optional fields not given (None) are omitted, and
+        ``persistent``/``priority`` then take the topic's defaults (1 and 4 without topic objects).
 
     Raises:
         InvalidMessage: priority out of 0-9, a negative expiration, or a property
             value that is not a scalar.
     """
-    if not 0 <= priority <= 9:
+    if priority is not None and not 0 <= priority <= 9:
         raise InvalidMessage(f"priority must be 0-9, not {priority}")
     if expiration_ms < 0:
         raise InvalidMessage("expiration_ms must be >= 0")
@@ -330,9 +361,10 @@ def publication_fields(
         fields["seq"] = str(seq)
     if timestamp_ms is not None:
         fields["ts"] = str(timestamp_ms)
-    if not persistent:
-        fields["persistent"] = "0"
-    if priority != DEFAULT_PRIORITY:
+    # Not given (None): the topic's default applies (DEFPSIST / DEFPRTY, broker.topic_objects).
+    if persistent is not None:
+        fields["persistent"] = "1" if persistent else "0"
+    if priority is not None:
         fields["priority"] = str(priority)
     if expiration_ms:
         fields["expiration"] = str(expiration_ms)

@@ -25,7 +25,7 @@ import redis
 from broker import keys
 from broker.connection import as_bytes, block_slice_ms
 from broker.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError
-from broker.models import DEFAULT_PRIORITY, PropertyValue, publication_fields
+from broker.models import PropertyValue, publication_fields
 from broker.topics import validate_topic
 
 
@@ -127,8 +127,8 @@ class Publisher:
         *,
         properties: dict[str, PropertyValue] | None = None,
         msgid: str | None = None,
-        persistent: bool = True,
-        priority: int = DEFAULT_PRIORITY,
+        persistent: bool | None = None,
+        priority: int | None = None,
         expiration_ms: int = 0,
         correlation_id: str | None = None,
         reply_to: str | None = None,
@@ -145,8 +145,9 @@ class Publisher:
             properties: user properties (scalar values).
             msgid: the message id; default ``<random hex>-<seq>``. Re-sending the same id
                 within the dedup window delivers nothing twice.
-            persistent: Jakarta Messaging delivery mode.
-            priority: 0-9.
+            persistent: Jakarta Messaging delivery mode; None: the topic's DEFPSIST (persistent
+                without topic objects).
+            priority: 0-9; None: the topic's DEFPRTY (4 without topic objects).
             expiration_ms: absolute expiry, ms since the epoch; 0 = never.
             correlation_id: carried to subscribers.
             reply_to: carried to subscribers.

@@ -29,6 +29,7 @@ from broker.links import parse_links
 from broker.models import DEFAULT_PRIORITY, Entry
 from broker.selectors import Selector, compile_selector
 from broker.subscriptions import SubscriptionRecord, parse_subscriptions
+from broker.topic_objects import Effective, TopicTree, fixed_prefix
 from broker.topics import LinkGraph, TopicIndex, validate_topic
 
 log = logging.getLogger("broker.routing")
@@ -37,7 +38,7 @@ log = logging.getLogger("broker.routing")
 CACHE_TOPICS = 100_000
 
 #: The Redis type of each key the table reads.
-_TYPES = {"version": "string", "subs": "hash", "links": "hash"}
+_TYPES = {"version": "string", "subs": "hash", "links": "hash", "topics": "hash"}
 
 
 def _text(raw: bytes | str) -> str:
@@ -51,11 +52,14 @@ class Recipients:
     Attributes:
         sub_ids: subscription ids, sorted, each once.
         conditional: those among them with a selector or no-local (decided per publication).
+        attributes: the effective topic-object attributes of the topic published on;
+            None when the queue manager has no topic object but the base at its defaults.
     """
 
     qm: str
     sub_ids: tuple[str, ...]
     conditional: frozenset[str]
+    attributes: Effective | None = None
     _bands: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def queues(self, priority: int = DEFAULT_PRIORITY) -> tuple[str, ...]:
@@ -86,6 +90,12 @@ class RoutingTable:
         self.subscriptions: dict[str, SubscriptionRecord] = {}
         self.problems: list[CorruptRecord] = []
         self.selectors: dict[str, Selector] = {}
+        self.tree = TopicTree.parse(qm, {})
+        #: sub id -> (MAXDEPTH of its queue, durable), for subscriptions whose queue is bounded
+        self.limits: dict[str, tuple[int, bool]] = {}
+        #: queue key (every priority band) -> (MAXDEPTH, durable), for the bounded queues
+        self.queue_limits: dict[str, tuple[int, bool]] = {}
+        self._first_wildcard: dict[str, int] = {}
         self._cache: dict[str, Recipients] = {}
 
     def load(self, client: redis.Redis) -> None:
@@ -97,25 +107,32 @@ class RoutingTable:
             redis.RedisError: as redis-py raises it.
         """
         qm = self.qm
-        names = {"version": keys.version(qm), "subs": keys.subscriptions(qm), "links": keys.links(qm)}
+        names = {
+            "version": keys.version(qm),
+            "subs": keys.subscriptions(qm),
+            "links": keys.links(qm),
+            "topics": keys.topic_objects(qm),
+        }
         pipe = client.pipeline(transaction=True)
         for key in names.values():
             pipe.type(key)
         pipe.get(names["version"])
         pipe.hgetall(names["subs"])
         pipe.hgetall(names["links"])
+        pipe.hgetall(names["topics"])
         replies = pipe.execute(raise_on_error=False)
-        for (what, key), found in zip(names.items(), replies[:3], strict=True):
+        for (what, key), found in zip(names.items(), replies[:4], strict=True):
             kind = _text(found)
             if kind not in ("none", _TYPES[what]):
                 raise ForeignKey(key, kind, _TYPES[what])
-        version, subs, links = replies[3:]
-        for reply in (version, subs, links):
+        version, subs, links, topics = replies[4:]
+        for reply in (version, subs, links, topics):
             if isinstance(reply, Exception):
                 raise reply
         records, problems = parse_subscriptions(qm, subs)
         graph, link_problems = parse_links(qm, links)
-        problems += link_problems
+        tree = TopicTree.parse(qm, topics)
+        problems += link_problems + tree.problems
         index = TopicIndex()
         for record in records:
             index.add(record.topic_filter, record.sub_id)
@@ -127,6 +144,23 @@ class RoutingTable:
         self.problems = problems
         self.subscriptions = {record.sub_id: record for record in records}
         self.selectors = {r.sub_id: compile_selector(r.selector) for r in records if r.selector}
+        self.tree = tree
+        self.limits = {}
+        self._first_wildcard = {}
+        for record in records:
+            levels = record.topic_filter.split("/")
+            first = next((i for i, level in enumerate(levels) if level in ("+", "#")), None)
+            if first is not None:
+                self._first_wildcard[record.sub_id] = first
+            if not tree.trivial:
+                depth = tree.effective(fixed_prefix(record.topic_filter))["maxdepth"]
+                if isinstance(depth, int):
+                    self.limits[record.sub_id] = (depth, record.durable)
+        self.queue_limits = {
+            keys.sub_band(qm, sub_id, p): limit
+            for sub_id, limit in self.limits.items()
+            for p in keys.PRIORITIES
+        }
         self._conditional = frozenset(r.sub_id for r in records if r.selector or r.no_local)
         self._cache = {}
         self.version = version if version is not None else b"0"
@@ -148,9 +182,21 @@ class RoutingTable:
             return cached
         validate_topic(topic)
         sub_ids: set[str] = set()
+        tree = None if self.tree.trivial else self.tree
         for linked in self.links.closure(topic):
-            sub_ids |= self.index.match(linked)
-        found = Recipients(self.qm, tuple(sorted(sub_ids)), self._conditional.intersection(sub_ids))
+            matched = self.index.match(linked)
+            if tree is not None and matched:
+                blocks = tree.effective(linked).blocks
+                if blocks:  # WILDCARD(BLOCK): wildcard subscriptions made above the object get nothing
+                    first = self._first_wildcard
+                    matched = {s for s in matched if first.get(s, blocks) >= blocks}
+            sub_ids |= matched
+        found = Recipients(
+            self.qm,
+            tuple(sorted(sub_ids)),
+            self._conditional.intersection(sub_ids),
+            None if tree is None else tree.effective(topic),
+        )
         if len(self._cache) >= CACHE_TOPICS:
             self._cache.clear()
         self._cache[topic] = found

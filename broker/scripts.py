@@ -217,7 +217,14 @@ class Scripts:
         qm = self.qm
         self._call(
             self._commit,
-            [*self._fixed, keys.journal(qm), keys.subscriptions(qm), keys.version(qm), *batch.queue_keys],
+            [
+                *self._fixed,
+                keys.journal(qm),
+                keys.subscriptions(qm),
+                keys.version(qm),
+                keys.skipped(qm),
+                *batch.queue_keys,
+            ],
             [
                 keys.WORKER_GROUP,
                 token,
@@ -230,6 +237,7 @@ class Scripts:
                 self.refusals.dead_letter_max_len,
                 self.refusals.max_body_bytes,
                 version,
+                batch.encoded_limits(),
                 len(give_up),
                 *map(_b, give_up),
                 len(batch.sets),

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-#: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..6] are fixed keys).
-FIRST_QUEUE_KEY = 7
+#: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..7] are fixed keys).
+FIRST_QUEUE_KEY = 8
 
 #: The ARGV fields of one unit of work in ``commit.lua``, in order.
 UNIT_FIELDS = (
@@ -34,7 +34,13 @@ UNIT_FIELDS = (
     "seq",
     "topic",
     "enqueued_ms",
+    "delivery",
+    "dead_letter",
 )
+
+
+#: IBM MQ's PMSGDLV / NPMSGDLV: what a publication does when a recipient queue is full.
+DELIVERY_POLICIES = ("ALL", "ALLDUR", "ALLAVAIL")
 
 
 class Action(StrEnum):
@@ -80,6 +86,9 @@ class UnitOfWork:
         seq: the publisher's sequence number, or None (journal).
         topic: the topic string (journal).
         enqueued_ms: the publication's time, ms since the epoch (journal).
+        delivery: ``ALL``, ``ALLDUR`` or ``ALLAVAIL``: what to do when a recipient queue
+            is at its MAXDEPTH (``broker.topic_objects``).
+        dead_letter: a refused publication goes to the dead-letter stream (USEDLQ).
     """
 
     publisher: str
@@ -95,6 +104,8 @@ class UnitOfWork:
     seq: int | None = None
     topic: str = ""
     enqueued_ms: int = 0
+    delivery: str = "ALLAVAIL"
+    dead_letter: bool = True
 
 
 def _b(text: str) -> bytes:
@@ -109,9 +120,11 @@ class CommitBatch:
     publications (the usual case) is sent once per batch.
     """
 
-    __slots__ = ("queue_keys", "_key_index", "sets", "_set_index", "args", "units")
+    __slots__ = ("queue_keys", "_key_index", "sets", "_set_index", "args", "units", "limits")
 
     def __init__(self) -> None:
+        #: KEYS index -> (MAXDEPTH, durable) of the bounded queues in this batch
+        self.limits: dict[int, tuple[int, bool]] = {}
         self.queue_keys: list[str] = []
         self._key_index: dict[str, int] = {}
         self.sets: list[str] = []
@@ -138,6 +151,14 @@ class CommitBatch:
         number = self._set_index[queues] = len(self.sets)
         return number
 
+    def limit(self, queue: str, maxdepth: int, durable: bool) -> None:
+        """Bound ``queue`` (already added by ``add``) at ``maxdepth`` messages for this batch."""
+        self.limits[self._key_index[queue]] = (maxdepth, durable)
+
+    def encoded_limits(self) -> str:
+        """The bounded queues for ``commit.lua``: ``"<KEYS index>:<maxdepth>:<1 durable|0> ..."``."""
+        return " ".join(f"{k}:{depth}:{int(durable)}" for k, (depth, durable) in self.limits.items())
+
     def add(self, unit: UnitOfWork) -> None:
         """Encode one unit of work (``UNIT_FIELDS`` order) at the end of the batch."""
         payload: bytes | str = unit.envelope if unit.action is Action.DELIVER else unit.reason
@@ -155,6 +176,8 @@ class CommitBatch:
             "" if unit.seq is None else str(unit.seq),
             unit.topic,
             unit.enqueued_ms,
+            unit.delivery,
+            1 if unit.dead_letter else 0,
         )
         self.units.append(unit)
 

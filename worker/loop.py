@@ -41,7 +41,7 @@ from broker.config import Settings
 from broker.connection import block_slice_ms, connect
 from broker.consumer import sweep_subscriptions
 from broker.errors import BrokerError, ForeignKey, InvalidMessage, InvalidTopic
-from broker.models import encode_envelope, parse_entry
+from broker.models import apply_topic_defaults, encode_envelope, parse_entry
 from broker.routing import RoutingTable
 from broker.scripts import Dequeued, Refusals, Scripts, parse_dequeue
 from broker.stream import ensure_group
@@ -435,7 +435,14 @@ class Worker:
                     log.error("entry %s: %s; dead-lettering it", entry_id, reason)
                     batch.add(self._refusal(publisher, entry_id, found[1], reason))
                 else:
-                    batch.add(self.unit_of_work(publisher, entry_id, found[1], now_ms))
+                    unit = self.unit_of_work(publisher, entry_id, found[1], now_ms)
+                    batch.add(unit)
+                    limits = self.table.queue_limits
+                    if limits and unit.queues:
+                        for queue in unit.queues:
+                            bound = limits.get(queue)
+                            if bound is not None:
+                                batch.limit(queue, *bound)
         return batches
 
     def _send(
@@ -503,9 +510,15 @@ class Worker:
         return done
 
     def _refusal(
-        self, publisher: str, entry_id: str, fields: dict[bytes, bytes], reason: str, suggestion: str = ""
+        self,
+        publisher: str,
+        entry_id: str,
+        fields: dict[bytes, bytes],
+        reason: str,
+        suggestion: str = "",
+        dead_letter: bool = True,
     ) -> UnitOfWork:
-        """The unit of work that refuses an entry (dead-letters it, posts "refused" if asked)."""
+        """The unit of work that refuses an entry (dead-letters it unless USEDLQ(NO), posts "refused" if asked)."""
         reply_ttl = self.settings.reply_ttl_ms if fields.get(b"reply") == b"1" else 0
         return UnitOfWork(
             publisher,
@@ -515,6 +528,7 @@ class Worker:
             reason=reason,
             suggestion=suggestion,
             reply_ttl_ms=reply_ttl,
+            dead_letter=dead_letter,
         )
 
     def unit_of_work(
@@ -531,8 +545,21 @@ class Worker:
             now_ms: the time, ms since the epoch (expiry).
         """
         settings = self.settings
+        delivery, dead_letter = "ALLAVAIL", True
         try:
             entry = parse_entry(entry_id, fields, settings.max_body_bytes)
+            attributes = self.table.resolve(entry.topic).attributes
+            if attributes is not None:  # a topic object at or above the topic (broker.topic_objects)
+                dead_letter = attributes["usedlq"] == "YES"
+                if attributes["pub"] == "DISABLED":
+                    reason = (
+                        f"publishing on {entry.topic!r} is disabled: topic object "
+                        f"{attributes.source['pub']!r} has PUB(DISABLED)"
+                    )
+                    return self._refusal(publisher, entry_id, fields, reason, dead_letter=dead_letter)
+                apply_topic_defaults(entry, fields, attributes)
+                persistent = entry.header.get("persistent", True)
+                delivery = attributes["pmsgdlv"] if persistent else attributes["npmsgdlv"]
             queues = self.table.queues(entry)
             envelope = encode_envelope(entry.header, entry.body) if queues else b""
         except InvalidTopic as exc:
@@ -559,6 +586,8 @@ class Worker:
             queues=queues,
             dedup_window_ms=window,
             reply_ttl_ms=reply_ttl,
+            delivery=delivery,
+            dead_letter=dead_letter,
             **journal,
         )
 

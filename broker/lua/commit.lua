@@ -21,7 +21,8 @@
 --   worker resolved the topic gets nothing, and its queue is never made again)
 -- KEYS[6] the index version            "{qm}:version" (unchanged since the worker loaded its
 --   routing table: every subscription it resolved to still exists, nothing to look up)
--- KEYS[7..] the subscriber queues (priority bands) this batch delivers to
+-- KEYS[7] deliveries skipped per subscription "{qm}:skipped" (a full queue, ALLDUR/ALLAVAIL)
+-- KEYS[8..] the subscriber queues (priority bands) this batch delivers to
 --   ("{qm}:sub:<id>" or "{qm}:sub:<id>:p<N>"); each one's subscription's bell
 --   ("{qm}:sub:<id>:bell") is rung when an empty band gets messages
 -- ARGV[1] consumer group
@@ -36,11 +37,14 @@
 -- ARGV[9] approximate cap of the dead-letter stream, records
 -- ARGV[10] max_body_bytes: a dead letter keeps a body only up to this size
 -- ARGV[11] the index version the worker's routing table was loaded at
--- ARGV[12] Y, the number of publishers whose turn to give up after this call
+-- ARGV[12] bounded queues (topic objects' MAXDEPTH): "<KEYS index>:<maxdepth>:<durable 1|0> ...",
+--   "" for none. A bounded queue's depth is the sum of its subscription's priority bands
+--   ("{qm}:sub:<id>" and "{qm}:sub:<id>:p<N>", built here from the queue key)
+-- ARGV[13] Y, the number of publishers whose turn to give up after this call
 --   even if their FIFO is not empty (fair share: another worker takes them)
--- ARGV[13 .. 12+Y] those publishers
--- ARGV[13+Y] S, the number of recipient sets
--- ARGV[14+Y .. 13+Y+S] recipient sets: space-separated KEYS indexes, e.g. "7 8 10"
+-- ARGV[14 .. 13+Y] those publishers
+-- ARGV[14+Y] S, the number of recipient sets
+-- ARGV[15+Y .. 14+Y+S] recipient sets: space-separated KEYS indexes, e.g. "8 9 11"
 -- then one unit of work per publication, its fields in this order (UNIT_FIELDS
 -- in broker/unit_of_work.py; a test checks the two lists match):
 -- unit field 0 publisher
@@ -55,6 +59,8 @@
 -- unit field 9 seq: "" or decimal (journal)
 -- unit field 10 topic (journal)
 -- unit field 11 enqueued_ms (journal)
+-- unit field 12 delivery: "ALL" | "ALLDUR" | "ALLAVAIL" when a recipient queue is full (PMSGDLV/NPMSGDLV)
+-- unit field 13 dead_letter: "1" a refused publication is dead-lettered, "0" not (USEDLQ)
 -- returns 3 integers per publication: status, subscriptions, gave_up
 --   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped
 --   gave_up: 1 when the FIFO is now empty and the turn was given up
@@ -65,18 +71,21 @@ local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
 local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
 local journal_len, sub_prefix_len = tonumber(ARGV[7]), tonumber(ARGV[8])
 local dlq_len, max_body = ARGV[9], tonumber(ARGV[10])
-local resolved_version = ARGV[11]
-local ngive_up = tonumber(ARGV[12])
+local resolved_version, limits_arg = ARGV[11], ARGV[12]
+local ngive_up = tonumber(ARGV[13])
 local give_up = {}
-for i = 13, 12 + ngive_up do give_up[ARGV[i]] = true end
-local nsets = tonumber(ARGV[13 + ngive_up])
-local sets_at = 13 + ngive_up
+for i = 14, 13 + ngive_up do give_up[ARGV[i]] = true end
+local nsets = tonumber(ARGV[14 + ngive_up])
+local sets_at = 14 + ngive_up
 local first = sets_at + 1 + nsets
 local PUBLISHER, ENTRY_ID, ACTION, PAYLOAD, MSGID, WINDOW, REPLY_TTL = 0, 1, 2, 3, 4, 5, 6
 local RECIPIENTS, SUGGESTION, SEQ, TOPIC, ENQUEUED_MS = 7, 8, 9, 10, 11
-local UNIT = 12
+local DELIVERY, DEAD_LETTER = 12, 13
+local UNIT = 14
 
+local skipped_key = KEYS[7]
 local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}, {subs, 'hash'}, {KEYS[6], 'string'}}
+if limits_arg ~= '' then fixed[#fixed + 1] = {skipped_key, 'hash'} end
 if journal_len > 0 then fixed[#fixed + 1] = {journal, 'stream'} end
 require_types(fixed)
 
@@ -85,7 +94,7 @@ require_types(fixed)
 -- since the worker loaded it); and, for an empty band, its bell (rung below).
 local changed = redis.call('GET', KEYS[6]) ~= resolved_version
 local queue_foreign, sub_of, bell_of, gone = {}, {}, {}, {}
-local sub_prefix = string.sub(KEYS[7] or '', 1, sub_prefix_len)
+local sub_prefix = string.sub(KEYS[8] or '', 1, sub_prefix_len)
 -- the subscription id of queue KEYS[k] (its band suffix cut), worked out only when needed
 local function sub_id_of(k)
   local id = sub_of[k]
@@ -96,7 +105,7 @@ local function sub_id_of(k)
   end
   return id
 end
-for k = 7, #KEYS do
+for k = 8, #KEYS do
   gone[k] = changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0
   if not gone[k] then
     local found = redis.call('TYPE', KEYS[k])['ok']
@@ -109,6 +118,24 @@ for k = 7, #KEYS do
     end
   end
 end
+
+-- Bounded queues: room left = MAXDEPTH - messages waiting in every band of the subscription.
+local limit, durable_q, room = {}, {}, {}
+for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do
+  k = tonumber(k)
+  if not gone[k] and not queue_foreign[k] then
+    local id = sub_id_of(k)
+    local waiting = 0
+    for p = 0, 9 do
+      local band = sub_prefix .. id
+      if p ~= 4 then band = band .. ':p' .. p end
+      local kind = redis.call('TYPE', band)['ok']
+      if kind == 'list' then waiting = waiting + redis.call('LLEN', band) end
+    end
+    limit[k], durable_q[k], room[k] = tonumber(depth), dur == '1', tonumber(depth) - waiting
+  end
+end
+local skipped = {}       -- sub id -> deliveries skipped (full queue)
 
 local sets = {}
 for s = 1, nsets do
@@ -177,6 +204,21 @@ for u = first, #ARGV, UNIT do
             if queue_foreign[k] then why = queue_foreign[k]; break end
           end
         end
+        -- a full bounded queue: refuse as a whole (ALL; ALLDUR for a durable subscription) or skip it
+        if not why and set > 0 and limits_arg ~= '' then
+          local policy = ARGV[u + DELIVERY]
+          for _, k in ipairs(sets[set]) do
+            if room[k] and room[k] <= 0 then
+              if policy == 'ALL' or (policy == 'ALLDUR' and durable_q[k]) then
+                why = 'subscriber queue ' .. KEYS[k] .. ' is full (MAXDEPTH ' .. limit[k] .. ', delivery ' .. policy .. ')'
+                step.skip = nil
+                break
+              end
+              step.skip = step.skip or {}
+              step.skip[k] = true
+            end
+          end
+        end
         -- refused after all: the record this script just made did not exist before it
         if why and recorded then redis.call('DEL', recorded) end
       end
@@ -188,7 +230,15 @@ for u = first, #ARGV, UNIT do
         step.status = 'delivered'
         if set > 0 then
           for _, k in ipairs(sets[set]) do
-            if not gone[k] then step.count = step.count + 1 end
+            if gone[k] then
+              -- removed since the worker resolved the topic
+            elseif step.skip and step.skip[k] then
+              local id = sub_id_of(k)
+              skipped[id] = (skipped[id] or 0) + 1
+            else
+              step.count = step.count + 1
+              if room[k] then room[k] = room[k] - 1 end
+            end
           end
         end
       end
@@ -236,7 +286,8 @@ for i = 1, n do
     local status = step.status
     if status == 'delivered' and set > 0 then
       for _, k in ipairs(sets[set]) do
-        if not gone[k] then  -- a subscription removed since the worker resolved the topic gets nothing
+        -- a subscription removed since the worker resolved the topic, or a full queue skipped, gets nothing
+        if not gone[k] and not (step.skip and step.skip[k]) then
           local list = pushes[k]
           if not list then
             list = {}
@@ -250,7 +301,7 @@ for i = 1, n do
       local original = redis.call('XRANGE', stream, entry_id, entry_id)
       local fields = {}
       if #original == 1 then fields = original[1][2] end
-      dead_letter(dlq, dlq_len, max_body, entry_id, fields, step.reason)
+      if ARGV[u + DEAD_LETTER] == '1' then dead_letter(dlq, dlq_len, max_body, entry_id, fields, step.reason) end
     end
     acks[#acks + 1] = entry_id
     if step.reply then
@@ -264,7 +315,15 @@ for i = 1, n do
     end
     if journal_len > 0 and status ~= 'skipped' then
       local subs = '[]'
-      if status == 'delivered' then subs = subscription_ids(set) end
+      if status == 'delivered' and step.skip then
+        local ids = {}
+        for _, k in ipairs(sets[set]) do
+          if not gone[k] and not step.skip[k] then ids[#ids + 1] = sub_id_of(k) end
+        end
+        if #ids > 0 then subs = cjson.encode(ids) end
+      elseif status == 'delivered' then
+        subs = subscription_ids(set)
+      end
       redis.call('XADD', journal, 'MAXLEN', '~', journal_len, '*',
         'entry_id', entry_id, 'msgid', msgid, 'publisher', pub, 'seq', ARGV[u + SEQ],
         'topic', ARGV[u + TOPIC], 'subs', subs, 'enq_ms', ARGV[u + ENQUEUED_MS], 'dlv_ms', now_ms, 'status', status)
@@ -272,6 +331,8 @@ for i = 1, n do
     out[#out + 1] = STATUS[status]; out[#out + 1] = step.count; out[#out + 1] = 0
   end
 end
+
+for id, n in pairs(skipped) do redis.call('HINCRBY', skipped_key, id, n) end
 
 -- Apply the fan-out (one variadic LPUSH per queue keeps each queue's order),
 -- the acknowledgements and the FIFO pops, then pass on the turns.
