@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -19,8 +20,11 @@ from broker.connection import translate_errors
 from broker.consumer import subscription_load
 from broker.errors import BrokerError, ForeignKey
 from broker.links import read_links
+from broker.routing import RoutingTable
 from broker.stream import group_state
 from broker.subscriptions import SubscriptionRecord, read_subscriptions
+from broker.topic_objects import BASE
+from broker.topics import validate_topic
 
 #: A worker whose last heartbeat is older than this is shown as "silent", ms.
 SILENT_AFTER_MS = 5_000
@@ -137,3 +141,107 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
         "workers": workers,
         "problems": problems,
     }
+
+
+@dataclass
+class TopicStatus:
+    """One topic string's status (IBM MQ's ``DISPLAY TPSTATUS``).
+
+    Attributes:
+        topic: the topic string.
+        attributes: ``[(attribute, effective value, topic object it comes from)]``.
+        via: topic reached (the topic, then linked ones) -> subscription ids matched there.
+        subscriptions: the subscriptions a publication on it reaches, once each (after WILDCARD(BLOCK)).
+        publishers: publisher id -> publications on this topic among the stream entries scanned.
+        last_publication_ms: the newest of those, ms since the epoch, or None.
+        scanned: how many of the newest stream entries were looked at (trimmed ones are gone).
+    """
+
+    topic: str
+    attributes: list[tuple[str, Any, str]]
+    via: dict[str, list[str]]
+    subscriptions: list[str]
+    publishers: dict[str, int]
+    last_publication_ms: int | None
+    scanned: int
+
+
+@translate_errors
+def topic_status(client: redis.Redis, qm: str, topic: str, scan: int = 10_000) -> TopicStatus:
+    """Effective attributes (with their object), matching subscriptions (and through which link),
+    publishers seen and the last publication time of ``topic``.
+
+    Publishers and the last publication come from the newest ``scan`` entries of the
+    publish stream (no per-publication bookkeeping on the hot path).
+
+    Raises:
+        InvalidTopic: the topic is invalid.
+        ForeignKey: a record hash holds another Redis type.
+    """
+    validate_topic(topic)
+    table = RoutingTable(qm)
+    table.load(client)
+    effective = table.tree.effective(topic)
+    attributes = [(name, effective.values[name], effective.source[name]) for name in sorted(effective.values)]
+    via: dict[str, list[str]] = {}
+    for linked in table.links.closure(topic):
+        via[linked] = sorted(table.index.match(linked))
+    publishers: dict[str, int] = {}
+    last: int | None = None
+    entries: Any = client.xrevrange(keys.publish_stream(qm), count=scan)
+    for entry_id, fields in entries:
+        if fields.get(b"topic") != topic.encode("utf-8", "surrogateescape"):
+            continue
+        who = _text(fields.get(b"publisher", b"?"))
+        publishers[who] = publishers.get(who, 0) + 1
+        ms = int(_text(entry_id).split("-", 1)[0])
+        last = ms if last is None else max(last, ms)
+    return TopicStatus(
+        topic,
+        attributes,
+        via,
+        list(table.resolve(topic).sub_ids),
+        publishers,
+        last,
+        len(entries),
+    )
+
+
+@dataclass
+class TopicNode:
+    """One node of the topic tree: a level of the topic strings that objects, subscriptions and links name."""
+
+    topic_object: str = ""
+    subscriptions: int = 0
+    links_to: list[str] = field(default_factory=list)
+    children: dict[str, TopicNode] = field(default_factory=dict)
+
+
+@translate_errors
+def topic_tree(client: redis.Redis, qm: str) -> TopicNode:
+    """The topic tree administration knows: topic objects, subscription filters and links, by level.
+
+    The root is ``SYSTEM.BASE.TOPIC`` (topic string ""). A node's ``subscriptions``
+    counts the subscriptions whose filter is exactly that string.
+    """
+    table = RoutingTable(qm)
+    table.load(client)
+    root = TopicNode(topic_object=BASE)
+
+    def node(topic_string: str) -> TopicNode:
+        at = root
+        if topic_string == "":
+            return at
+        for level in topic_string.split("/"):
+            at = at.children.setdefault(level, TopicNode())
+        return at
+
+    for obj in table.tree.objects.values():
+        if obj.name != BASE:
+            node(obj.topic_string).topic_object = obj.name
+    for record in table.subscriptions.values():
+        node(record.topic_filter).subscriptions += 1
+    for source, target, _backward in table.links.links():
+        node(source).links_to.append(target)
+        node(target)
+    return root

@@ -39,9 +39,11 @@ from broker.errors import (
     InvalidTopicFilter,
     NoSuchSubscription,
     SubscriptionConflict,
+    SubscriptionRefused,
 )
 from broker.scripts import script_source
 from broker.selectors import compile_selector, like
+from broker.topic_objects import TopicTree, fixed_prefix
 from broker.topics import split_shared, validate_filter
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -252,6 +254,8 @@ def subscribe(
         InvalidSelector: the selector is invalid (the position is named).
         InvalidName: the client id, name or ShareName has characters other than ``A-Za-z0-9_.-``.
         SubscriptionConflict: the subscription exists with another filter, selector, no-local or sharing.
+        SubscriptionRefused: a new subscription under a topic object with ``SUB(DISABLED)``,
+            or a durable one under ``DURSUB(NO)`` (``broker.topic_objects``).
         CorruptRecord: the stored record of this subscription cannot be read
             (``unsubscribe`` removes it).
     """
@@ -274,11 +278,11 @@ def subscribe(
     record = SubscriptionRecord(
         sub_id, inner, durable_name is not None, int(time.time() * 1000), selector, no_local, mode, share
     )
-    subs_key = keys.subscriptions(qm)
+    subs_key, topics_key = keys.subscriptions(qm), keys.topic_objects(qm)
     with client.pipeline(transaction=True) as pipe:
         while True:
             try:
-                pipe.watch(subs_key)
+                pipe.watch(subs_key, topics_key)
                 existing = pipe.hget(subs_key, sub_id)
                 if existing is not None:
                     try:
@@ -298,6 +302,7 @@ def subscribe(
                             )
                     pipe.unwatch()
                     return old
+                _check_topic_tree(qm, TopicTree.parse(qm, read_hash(pipe, topics_key)), record)
                 pipe.multi()
                 pipe.hset(subs_key, sub_id, record.to_json())
                 pipe.incr(keys.version(qm))
@@ -305,6 +310,25 @@ def subscribe(
                 return record
             except redis.WatchError:
                 continue
+
+
+def _check_topic_tree(qm: str, tree: TopicTree, record: SubscriptionRecord) -> None:
+    """Refuse a new subscription under ``SUB(DISABLED)``, or a durable one under ``DURSUB(NO)``.
+
+    The node is the filter up to its first wildcard level (``topic_objects.fixed_prefix``).
+    """
+    node = fixed_prefix(record.topic_filter)
+    effective = tree.effective(node)
+    if effective["sub"] == "DISABLED":
+        name = effective.source["sub"]
+        raise SubscriptionRefused(
+            f"subscriptions under {node!r} are disabled: topic object {name!r} has SUB(DISABLED)", name
+        )
+    if record.durable and effective["dursub"] == "NO":
+        name = effective.source["dursub"]
+        raise SubscriptionRefused(
+            f"durable subscriptions under {node!r} are not allowed: topic object {name!r} has DURSUB(NO)", name
+        )
 
 
 def _mode_of(sub_id: str, rules: Sequence[ConsumerMode]) -> str:
