@@ -104,13 +104,27 @@ Measurements
    ``ack_many``; then N/5 others one at a time with ``receive()`` + ``ack()``.
    consume_per_s = messages/s of the first; consume_batch_ratio = that / the
    second's.
+9. **Topic objects**: as 2 with 2 workers, twice side by side (in alternating
+   order when repeated), same topology and publications: in one run 200
+   administrative topic objects (``broker.topic_objects.define``, after the
+   restore, untimed) are bound to prefixes of the benchmark's topics --
+   ``bench/r``, ``audit/r`` and ``bench/r/c`` of regions 0-8 and 92 leaf topics
+   (``bench_lib.topic_object_plan``) -- so 90% of the publications fall under an
+   object and region 9 inherits from ``SYSTEM.BASE.TOPIC``; in the other none
+   (the restore flushes them, and the run checks ``{qm}:topics`` is absent).
+   Their attributes change nothing (``pubscope=ALL``, ``defprty=ASPARENT``,
+   ``usedlq=YES``, ``pub=ENABLED``, ``capexpry=NOLIMIT``, every fifth
+   ``maxdepth=10**9``), so both runs must deliver exactly N x F with nothing
+   dead-lettered. topic_objects_ratio = pubs/s with / without: the cost of
+   resolving each topic's effective attributes in the worker and of enforcing
+   them (on a branch where the worker does not read the objects, ~1.00).
 
 The last line is, exactly::
 
-    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x>
+    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx>
 
 with broker_pubs_per_s the 2-worker uniform run and ceiling_ratio = that /
-the ceiling's tx/s. With ``--repeat R`` measurements 1-3 and 7 run R times,
+the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7 and 9 run R times,
 interleaved, and the medians are used. ``--json PATH`` writes every figure.
 """
 
@@ -167,7 +181,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--match-sizes", help="comma-separated index sizes (default 1000,100000,1000000; quick 1000,100000)"
     )
     parser.add_argument(
-        "--repeat", type=int, help="runs of measurements 1-3 and 7, medians reported (default 3, quick 1)"
+        "--repeat", type=int, help="runs of measurements 1-3, 7 and 9, medians reported (default 3, quick 1)"
     )
     parser.add_argument("--interleave", type=int, default=20, help="publications per publish_many call (20)")
     parser.add_argument(
@@ -178,7 +192,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume",
+        help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics",
     )
     parser.add_argument(
         "--profile",
@@ -195,7 +209,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ]
     args.repeat = args.repeat or (1 if quick else 3)
     args.idle_wait = args.idle_wait if args.idle_wait is not None else (0.0 if quick else 5.0)
-    sections = {"ceiling", "broker", "hot", "latency", "kombu", "match", "selectors", "consume"}
+    sections = {"ceiling", "broker", "hot", "latency", "kombu", "match", "selectors", "consume", "topics"}
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
         parser.error(f"--only: unknown {sorted(args.only - sections)}")
@@ -287,7 +301,7 @@ class Bench:
         self.figures["settings"] = settings.model_dump(
             include={"batch_size", "heads", "lease_ms", "block_ms", "journal", "dedup_window_ms"}
         )
-        need_topology = args.only & {"ceiling", "broker", "hot", "latency", "selectors"}
+        need_topology = args.only & {"ceiling", "broker", "hot", "latency", "selectors", "topics"}
         topo = None
         if need_topology:
             self.log("subscriptions and links (admin API) ...")
@@ -311,6 +325,13 @@ class Bench:
                 "selective_subscriptions": len(sel_topo.selective),
                 "setup_s": round(sel_topo.setup_s, 2),
             }
+        objects = lib.topic_object_plan() if "topics" in args.only else []
+        if objects:
+            self.figures["topic_objects"] = {
+                "count": len(objects),
+                "coverage": round(lib.topic_object_coverage(objects), 3),
+                "examples": [f"{o.name} -> {o.topic_string}" for o in objects[::40]],
+            }
         runs: dict[str, list[dict[str, Any]]] = {
             "ceiling": [],
             "broker_1w": [],
@@ -318,6 +339,8 @@ class Bench:
             "hot_2w": [],
             "selectors_off": [],
             "selectors_on": [],
+            "topics_off": [],
+            "topics_on": [],
         }
         for rep in range(args.repeat):
             tag = f" (repeat {rep + 1}/{args.repeat})" if args.repeat > 1 else ""
@@ -381,6 +404,28 @@ class Bench:
                     if got:
                         runs[name].append(got)
                         self.log(f"   {got['pubs_per_s']:,} pubs/s, F={got['fanout_measured']}")
+            if "topics" in args.only:
+                # side by side, same topology and publications, the order alternating
+                for with_objects in (False, True) if rep % 2 == 0 else (True, False):
+                    name = "topics_on" if with_objects else "topics_off"
+                    what = f"{len(objects)} topic objects" if with_objects else "no topic objects"
+                    self.idle(name)
+                    self.log(f"9. broker, 2 workers, {what}, N={args.n:,}{tag}")
+                    got = self.attempt(
+                        name,
+                        lib.run_broker,
+                        client,
+                        settings,
+                        topo,
+                        args.n,
+                        2,
+                        False,
+                        args.interleave,
+                        topic_objects=objects if with_objects else [],
+                    )
+                    if got:
+                        runs[name].append(got)
+                        self.log(f"   {got['pubs_per_s']:,} pubs/s, F={got['fanout_measured']}")
         self.figures["runs"] = runs
         for name, key in (
             ("ceiling", "tx_per_s"),
@@ -389,6 +434,8 @@ class Bench:
             ("hot_2w", "pubs_per_s"),
             ("selectors_off", "pubs_per_s"),
             ("selectors_on", "pubs_per_s"),
+            ("topics_off", "pubs_per_s"),
+            ("topics_on", "pubs_per_s"),
         ):
             if runs[name]:
                 self.figures[name] = _median_run(runs[name], key)
@@ -400,6 +447,11 @@ class Bench:
                 for off, on in zip(runs["selectors_off"], runs["selectors_on"], strict=False)
             ]
             self.figures["selector_ratios"] = pairs
+        if "topics" in args.only:
+            self.figures["topic_objects_ratios"] = [
+                round(on["pubs_per_s"] / off["pubs_per_s"], 3)
+                for off, on in zip(runs["topics_off"], runs["topics_on"], strict=False)
+            ]
         if "latency" in args.only:
             self.idle("latency")
             self.log(f"4. latency: paced {args.rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers")
@@ -472,6 +524,8 @@ class Bench:
         sel_off = f.get("selectors_off", {}).get("pubs_per_s", nan)
         sel_on = f.get("selectors_on", {}).get("pubs_per_s", nan)
         consume = f.get("consume") or {}
+        top_off = f.get("topics_off", {}).get("pubs_per_s", nan)
+        top_on = f.get("topics_on", {}).get("pubs_per_s", nan)
         out = {
             "broker_pubs_per_s": broker,
             "ceiling_ratio": broker / ceiling if ceiling == ceiling and ceiling else nan,
@@ -484,6 +538,7 @@ class Bench:
             "selector_eval_us": f.get("selector_eval", {}).get("median_us", nan),
             "consume_per_s": consume.get("msgs_per_s", nan),
             "consume_batch_ratio": consume.get("batch_over_single", nan),
+            "topic_objects_ratio": top_on / top_off if top_off == top_off and top_off else nan,
         }
         f["summary"] = out
         return out
@@ -500,7 +555,8 @@ class Bench:
             f"selector_ratio={num(s['selector_ratio'], '.2f')} "
             f"selector_eval_us={num(s['selector_eval_us'], '.2f')} "
             f"consume_per_s={num(s['consume_per_s'], '.0f')} "
-            f"consume_batch_ratio={num(s['consume_batch_ratio'], '.1f')}"
+            f"consume_batch_ratio={num(s['consume_batch_ratio'], '.1f')} "
+            f"topic_objects_ratio={num(s['topic_objects_ratio'], '.2f')}"
         )
 
     def table(self) -> Table:
@@ -630,6 +686,40 @@ class Bench:
                 notes,
                 cpu3(b["cpu"], ("workers", "bench")),
             )
+        for key, label in (
+            ("topics_off", "9. no topic objects"),
+            ("topics_on", f"9. {lib.TOPIC_OBJECTS} topic objects"),
+        ):
+            if key not in f:
+                continue
+            b = f[key]
+            if key == "topics_off":
+                notes = (
+                    f"as 2 with 2 workers, {{qm}}:topics absent; N={b['n']:,} "
+                    f"({_fmt(b['preload_xadd_per_s'])} XADD/s); steady 10-90% "
+                    f"{_fmt(b['steady_10_90_pubs_per_s'])}/s; F={b['fanout_measured']}; "
+                    f"redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
+                )
+            else:
+                off = f.get("topics_off", {}).get("pubs_per_s")
+                ratio = f"{b['pubs_per_s'] / off:.2f}" if off else "-"
+                notes = (
+                    f"same topology and publications, {b['topic_objects']} objects defined "
+                    f"({b['topic_objects_define_s']} s, untimed) over bench/r, audit/r, bench/r/c, "
+                    f"leaf topics; {b['topic_objects_coverage']:.0%} of topics under one; attributes "
+                    f"that change nothing; F={b['fanout_measured']}, {b['dead_lettered']} dead-lettered; "
+                    f"with/without {ratio} (per repeat "
+                    f"{', '.join(str(x) for x in f.get('topic_objects_ratios') or [])}); "
+                    f"steady 10-90% {_fmt(b['steady_10_90_pubs_per_s'])}/s; "
+                    f"redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
+                )
+            table.add_row(
+                label,
+                _fmt(b["pubs_per_s"]),
+                _fmt(b["deliveries_per_s"]),
+                notes,
+                cpu3(b["cpu"], ("workers", "bench")),
+            )
         if "consume" in f:
             c = f["consume"]
             table.add_row(
@@ -660,6 +750,8 @@ class Bench:
             ("hot_2w", "hot publisher"),
             ("selectors_off", "no selectors"),
             ("selectors_on", "20% selectors"),
+            ("topics_off", "no topic objects"),
+            ("topics_on", "200 topic objects"),
         ):
             run = self.figures.get(key)
             if not run or "redis_commands" not in run:

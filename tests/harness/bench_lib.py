@@ -40,6 +40,8 @@ from broker.routing import RoutingTable, explain
 from broker.selectors import compile_selector
 from broker.stream import group_state
 from broker.subscriptions import subscribe
+from broker.topic_objects import Attributes, TopicObject
+from broker.topic_objects import define as define_topic
 from broker.topics import LinkGraph, TopicIndex
 
 #: Fan-out of every publication: subscriber queues it reaches.
@@ -154,6 +156,81 @@ def selector_props(rng: random.Random) -> dict[str, str | int]:
         "region": "eu" if rng.random() < 0.7 else ("us" if rng.random() < 0.5 else "apac"),
         "amount": rng.randrange(100),
     }
+
+
+#: How many administrative topic objects the topic-object variant defines (measurement 9).
+TOPIC_OBJECTS = 200
+#: maxdepth of some of them: far above anything a run puts in one queue (never reached).
+HUGE_DEPTH = 10**9
+
+
+def topic_object_plan(count: int = TOPIC_OBJECTS, seed: int = 13) -> list[TopicObject]:
+    """``count`` topic objects over the benchmark's topic space, none of which changes a delivery.
+
+    Topic strings are prefixes of ``TOPICS`` (and the link targets ``audit/r``), all in
+    regions 0-8, so that 90% of the topics (and of the uniformly drawn publications) fall
+    under an object and region 9 resolves up to ``SYSTEM.BASE.TOPIC``: ``bench/r`` (9),
+    ``audit/r`` (9), ``bench/r/c`` (90) and then leaf topics ``bench/r/c/j`` drawn with
+    ``seed`` (the rest). Attributes repeat the base's behaviour (``pubscope=ALL``,
+    ``defprty=ASPARENT``, ``usedlq=YES``, ``pub=ENABLED``, ``capexpry=NOLIMIT``) and every
+    fifth object has ``maxdepth=HUGE_DEPTH``: nothing is refused, re-prioritised or
+    bounded, so the deliveries are those of the run without objects.
+    """
+    regions = range(9)
+    strings = [f"bench/{r}" for r in regions] + [f"audit/{r}" for r in regions]
+    strings += [f"bench/{r}/{c}" for r in regions for c in range(10)]
+    leaves = [t for t in TOPICS if int(t.split("/")[1]) in regions]
+    strings += sorted(random.Random(seed).sample(leaves, count - len(strings)))
+    variants = (
+        Attributes(pubscope="ALL", defprty="ASPARENT"),
+        Attributes(pubscope="ALL", defprty="ASPARENT", usedlq="YES"),
+        Attributes(pub="ENABLED", capexpry="NOLIMIT"),
+        Attributes(pubscope="ALL", usedlq="YES"),
+        Attributes(defprty="ASPARENT", maxdepth=HUGE_DEPTH),
+    )
+    return [
+        TopicObject(
+            name="BENCH." + s.replace("/", "."),
+            topic_string=s,
+            attributes=variants[i % len(variants)],
+            description="bench: no effect on deliveries",
+        )
+        for i, s in enumerate(strings)
+    ]
+
+
+def topic_object_coverage(objects: Sequence[TopicObject]) -> float:
+    """Share of ``TOPICS`` at or below the topic string of some object (the rest inherit from the base)."""
+    bound = {o.topic_string for o in objects}
+    covered = sum(1 for t in TOPICS if any("/".join(t.split("/")[:k]) in bound for k in range(1, 5)))
+    return covered / len(TOPICS)
+
+
+def define_topic_objects(client: redis.Redis, qm: str, objects: Sequence[TopicObject]) -> float:
+    """Define ``objects`` (``broker.topic_objects.define``, one version bump each) on a queue manager
+    that must have none; returns the seconds taken.
+
+    Raises:
+        BenchError: ``{qm}:topics`` was not empty, or does not hold exactly ``objects`` afterwards.
+    """
+    key = keys.topic_objects(qm)
+    if client.exists(key):
+        raise BenchError(f"{key} holds {client.hlen(key)} topic objects before defining the bench's")
+    start = time.perf_counter()
+    for obj in objects:
+        define_topic(client, qm, obj.name, obj.topic_string, obj.attributes, obj.description)
+    taken = time.perf_counter() - start
+    if client.hlen(key) != len(objects):
+        raise BenchError(f"{key} holds {client.hlen(key)} topic objects, not {len(objects)}")
+    return taken
+
+
+def clear_topic_objects(client: redis.Redis, qm: str) -> None:
+    """Remove every topic object (DEL ``{qm}:topics``) and bump ``{qm}:version`` so workers reload."""
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(keys.topic_objects(qm))
+    pipe.incr(keys.version(qm))
+    pipe.execute()
 
 
 #: The queue the latency consumer pops: ``bench/0/#`` receives every topic of region 0.
@@ -749,6 +826,7 @@ def run_broker(
     profile_dir: str | None = None,
     label: str = "",
     properties: bool = False,
+    topic_objects: Sequence[TopicObject] | None = None,
 ) -> dict[str, Any]:
     """Preload ``n`` publications, then time the pool draining them into the subscriber queues.
 
@@ -757,7 +835,10 @@ def run_broker(
     subtracted) and stops when the group has nothing pending and no lag. Then the
     subscriber queues must hold exactly ``n x FANOUT`` envelopes (with ``properties``:
     every publication carries ``selector_props``, and the queues must hold what the
-    topology's selectors select, counted by ``preload``).
+    topology's selectors select, counted by ``preload``). With ``topic_objects``, they are
+    defined after the topology is restored and before the preload (untimed), must still all
+    be there when the drain ends, and are removed afterwards; without, the queue manager must
+    have none.
 
     Returns:
         Figures: pubs/s, deliveries/s, measured F, CPU, Redis time per publication, ...
@@ -767,6 +848,12 @@ def run_broker(
     """
     qm = topo.qm
     topo.restore(client)
+    objects_key = keys.topic_objects(qm)
+    define_s = None
+    if topic_objects:
+        define_s = define_topic_objects(client, qm, topic_objects)
+    elif client.exists(objects_key):
+        raise BenchError(f"{objects_key} holds {client.hlen(objects_key)} topic objects after the restore")
     loaded = preload(client, qm, n, hot=hot, chunk=chunk, properties=properties)
     expected = loaded.get("expected_deliveries", n * FANOUT)
     client.config_resetstat()
@@ -809,6 +896,9 @@ def run_broker(
         if profiler is not None:
             profiler.stop()
         pool.stop()
+        objects_left = client.hlen(objects_key)
+        if topic_objects:
+            clear_topic_objects(client, qm)
     stats = commandstats(client)
     if t0 is None:  # finished before every worker registered: fall back to the spawn time
         t0, acked0 = t_spawn, 0
@@ -873,6 +963,17 @@ def run_broker(
             "selector_evaluations": loaded["selector_evaluations"],
             "selected_share": loaded["selected_share"],
         }
+    if topic_objects is not None:
+        result |= {
+            "topic_objects": len(topic_objects),
+            "topic_objects_define_s": round(define_s, 3) if define_s is not None else None,
+            "topic_objects_coverage": round(topic_object_coverage(topic_objects), 3),
+        }
+    if objects_left != len(topic_objects or ()):
+        raise BenchError(
+            f"{objects_key} held {objects_left} topic objects at the end of the run, "
+            f"not {len(topic_objects or ())}"
+        )
     if delivered != expected or dead:
         raise BenchError(
             f"expected {expected} deliveries, found {delivered} ({dead} dead-lettered): {result}"

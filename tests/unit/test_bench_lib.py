@@ -23,3 +23,25 @@ def test_the_selector_selects_about_half_of_the_publications() -> None:
     share = sum(selector.matches(p) for p in sample) / len(sample)
     assert 0.4 < share < 0.6
     assert {"region", "amount", "JMSPriority", "JMSMessageID"} <= set(sample[0])
+
+
+def test_the_topic_objects_cover_most_topics_and_change_nothing() -> None:
+    from broker.topic_objects import BASE_DEFAULTS, TopicTree, check_name
+    from broker.topics import validate_topic
+
+    objects = lib.topic_object_plan()
+    assert len(objects) == lib.TOPIC_OBJECTS == 200
+    assert len({o.name for o in objects}) == len({o.topic_string for o in objects}) == 200
+    for obj in objects:
+        check_name(obj.name)
+        validate_topic(obj.topic_string)
+    assert lib.topic_object_coverage(objects) == 0.9
+    assert any(o.attributes.maxdepth == lib.HUGE_DEPTH for o in objects)
+    tree = TopicTree.parse("BENCH", {o.name: o.to_json() for o in objects})
+    assert not tree.problems and not tree.trivial
+    for topic in lib.TOPICS + [f"audit/{r}/{c}" for r in range(10) for c in range(10)]:
+        eff = tree.effective(topic)
+        for name in ("pub", "defprty", "defpsist", "usedlq", "capexpry", "pmsgdlv", "npmsgdlv", "wildcard"):
+            assert eff[name] == getattr(BASE_DEFAULTS, name), (topic, name)
+        assert eff["maxdepth"] in ("NOLIMIT", lib.HUGE_DEPTH)
+        assert eff.blocks == 0
