@@ -24,11 +24,13 @@ from typing import Any, NoReturn
 
 import click
 import redis
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
 
-from broker import links, routing
+from broker import links, routing, topic_objects
 from broker.config import Settings, load_settings
 from broker.connection import connect, redact_url, wait_for_server
 from broker.consumer import Subscriber, browse, subscription_load
@@ -36,6 +38,7 @@ from broker.errors import BrokerError, ConnectionLost, NoSuchSubscription, Publi
 from broker.models import Message, PropertyValue
 from broker.publish import Publisher, PublishResult
 from broker.status import status as status_of
+from broker.status import topic_status, topic_tree
 from broker.subscriptions import read_subscriptions
 from broker.subscriptions import subscribe as subscribe_to
 from broker.subscriptions import unsubscribe as unsubscribe_from
@@ -487,6 +490,12 @@ def _describe_result(result: PublishResult) -> str:
 )
 @click.option("--type", "message_type", default=None, help="JMSType of the message (selectors can test it).")
 @click.option(
+    "--topic-object",
+    default=None,
+    metavar="NAME",
+    help="Publish through topic object NAME: its topic string, joined with '/' to TOPIC unless TOPIC is ''.",
+)
+@click.option(
     "--validate/--no-validate",
     default=True,
     show_default=True,
@@ -508,6 +517,7 @@ def publish_command(
     persistent: bool | None,
     client_id: str | None,
     message_type: str | None,
+    topic_object: str | None,
     validate: bool,
 ) -> None:
     """Publish one message with BODY (text) on TOPIC and print where it went.
@@ -529,6 +539,7 @@ def publish_command(
         persistent=persistent,
         priority=priority,
         message_type=message_type,
+        topic_object=topic_object,
         wait=wait,
         timeout_ms=timeout_ms,
     )
@@ -567,6 +578,12 @@ def _format_message(message: Message) -> str:
 )
 @click.option("--no-local", is_flag=True, help="Skip publications sent with the same --client-id.")
 @click.option(
+    "--topic-object",
+    default=None,
+    metavar="NAME",
+    help="Subscribe through topic object NAME: its topic string, joined with '/' to FILTER unless FILTER is ''.",
+)
+@click.option(
     "--shared",
     is_flag=True,
     help="Shared subscription: every consumer of it gets a share of the messages (also: FILTER "
@@ -592,6 +609,7 @@ def subscribe_command(
     durable_name: str | None,
     selector: str | None,
     no_local: bool,
+    topic_object: str | None,
     shared: bool,
     count: int | None,
     timeout_ms: int | None,
@@ -616,6 +634,7 @@ def subscribe_command(
         selector=selector,
         no_local=no_local,
         consumer_modes=settings.consumer_modes,
+        topic_object=topic_object,
     )
     kind = "durable" if record.durable else "non-durable, removed on exit"
     extra = "".join(
@@ -811,6 +830,184 @@ def topics_command(state: State, topic: str | None) -> None:
     _print_problems(route.problems)
 
 
+# --- topic objects (IBM MQ's DEFINE/ALTER/DELETE/DISPLAY TOPIC, DISPLAY TPSTATUS) ----------------
+
+_ATTRIBUTE_OPTIONS = (
+    ("pub", "ENABLED | DISABLED | ASPARENT: publishing under the node"),
+    ("sub", "ENABLED | DISABLED | ASPARENT: new subscriptions under the node"),
+    ("dursub", "YES | NO | ASPARENT: durable subscriptions may be made"),
+    ("defpsist", "YES | NO | ASPARENT: persistence of a publication that gives none"),
+    ("defprty", "0-9 | ASPARENT: priority of a publication that gives none"),
+    ("capexpry", "ms | NOLIMIT | ASPARENT: cap on a publication's expiry"),
+    ("maxdepth", "messages | NOLIMIT | ASPARENT: bound of the queues of subscriptions made under the node"),
+    ("pmsgdlv", "ALL | ALLDUR | ALLAVAIL | ASPARENT: persistent publications when a queue is full"),
+    ("npmsgdlv", "ALL | ALLDUR | ALLAVAIL | ASPARENT: non-persistent publications when a queue is full"),
+    ("usedlq", "YES | NO | ASPARENT: refused publications go to the dead-letter stream"),
+    ("wildcard", "PASSTHRU | BLOCK: wildcard subscriptions above the node get nothing at or below it"),
+    ("pubscope", "QMGR | ALL | ASPARENT (stored; federation)"),
+    ("subscope", "QMGR | ALL | ASPARENT (stored; federation)"),
+    ("cluster", "cluster name | ASPARENT (stored; federation)"),
+    ("clroute", "DIRECT | TOPICHOST (stored; federation)"),
+    ("proxysub", "FIRSTUSE | FORCE (stored; federation)"),
+)
+
+
+def _attribute_options(func: Any) -> Any:
+    for name, text in reversed(_ATTRIBUTE_OPTIONS):
+        func = click.option(f"--{name}", default=None, metavar="VALUE", help=text)(func)
+    return click.option("--description", default=None, help="Free text.")(func)
+
+
+def _attribute_values(given: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, _ in _ATTRIBUTE_OPTIONS:
+        value = given.get(name)
+        if value is None:
+            continue
+        text = str(value).strip()
+        out[name] = int(text) if text.isdigit() else (text if name == "cluster" else text.upper())
+    return out
+
+
+def _attributes_error(exc: ValidationError) -> click.BadParameter:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "attributes"
+    return click.BadParameter(f"{where}: {err['msg']}")
+
+
+@main.group(
+    "topic", short_help="Administrative topic objects: define, alter, delete, display, apply, status, tree."
+)
+def topic_group() -> None:
+    """Topic objects (IBM MQ): a name bound to a topic string, with attributes that topics below
+    inherit from the closest object up to SYSTEM.BASE.TOPIC. Durations in ms."""
+
+
+@topic_group.command("define")
+@click.argument("name")
+@click.option("--topic-string", required=True, help="The topic string (cannot be changed later).")
+@click.option("--replace", is_flag=True, help="Redefine an existing object (same topic string).")
+@_attribute_options
+@click.pass_obj
+def topic_define(
+    state: State, name: str, topic_string: str, replace: bool, description: str | None, **given: Any
+) -> None:
+    """Define topic object NAME for --topic-string; unset attributes are ASPARENT."""
+    try:
+        attributes = topic_objects.Attributes(**_attribute_values(given))
+    except ValidationError as exc:
+        raise _attributes_error(exc) from exc
+    obj = topic_objects.define(
+        state.client(), state.settings.qm, name, topic_string, attributes, description or "", replace=replace
+    )
+    click.echo(f"defined topic object {obj.name} for {obj.topic_string!r}")
+
+
+@topic_group.command("alter")
+@click.argument("name")
+@_attribute_options
+@click.pass_obj
+def topic_alter(state: State, name: str, description: str | None, **given: Any) -> None:
+    """Change attributes of topic object NAME (others keep their values); SYSTEM.BASE.TOPIC holds the defaults."""
+    changes = _attribute_values(given)
+    if not changes and description is None:
+        raise click.UsageError("name at least one attribute to change")
+    try:
+        obj = topic_objects.alter(state.client(), state.settings.qm, name, description=description, **changes)
+    except ValidationError as exc:
+        raise _attributes_error(exc) from exc
+    click.echo(f"altered topic object {obj.name}")
+
+
+@topic_group.command("delete")
+@click.argument("name")
+@click.pass_obj
+def topic_delete(state: State, name: str) -> None:
+    """Delete topic object NAME; topics below it inherit from the next object up."""
+    topic_objects.delete(state.client(), state.settings.qm, name)
+    click.echo(f"deleted topic object {name}")
+
+
+@topic_group.command("display")
+@click.argument("name", default="*")
+@click.pass_obj
+def topic_display(state: State, name: str) -> None:
+    """Show topic objects: NAME, or a generic name ending in '*' (default: all)."""
+    objects = topic_objects.display(state.client(), state.settings.qm, name)
+    table = _table("name", "topic string", *(n.upper() for n, _ in _ATTRIBUTE_OPTIONS))
+    for obj in objects:
+        attrs = obj.attributes
+        table.add_row(
+            obj.name, obj.topic_string or "''", *(str(getattr(attrs, n)) for n, _ in _ATTRIBUTE_OPTIONS)
+        )
+    _console().print(table)
+
+
+@topic_group.command("apply")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--prune", is_flag=True, help="Also delete topic objects that are not in FILE.")
+@click.pass_obj
+def topic_apply(state: State, file: str, prune: bool) -> None:
+    """Make the topic objects match FILE (TOML, [[topic]] tables), idempotently."""
+    applied = topic_objects.apply(
+        state.client(), state.settings.qm, topic_objects.load_file(file), prune=prune
+    )
+    for what in ("defined", "altered", "deleted", "unchanged"):
+        names = getattr(applied, what)
+        click.echo(f"{what}: {len(names)}" + (f" ({', '.join(names)})" if names else ""))
+
+
+@topic_group.command("status")
+@click.argument("topic_string")
+@click.pass_obj
+def topic_status_command(state: State, topic_string: str) -> None:
+    """Show TOPIC_STRING's effective attributes (and the object each comes from), the subscriptions it
+    reaches (and through which link), and the publishers seen among the newest stream entries."""
+    found = topic_status(state.client(), state.settings.qm, topic_string)
+    console = _console()
+    table = _table("attribute", "value", "from", title=f"topic {found.topic!r}")
+    for name, value, source in found.attributes:
+        table.add_row(name.upper(), str(value), source)
+    console.print(table)
+    route = _table("topic reached", "how", "subscriptions matched")
+    for reached, matched in found.via.items():
+        route.add_row(
+            reached, "published on" if reached == found.topic else "linked", ", ".join(matched) or "-"
+        )
+    console.print(route)
+    click.echo(f"delivered once to {len(found.subscriptions)}: {', '.join(found.subscriptions) or '-'}")
+    seen = ", ".join(f"{p} ({n})" for p, n in sorted(found.publishers.items())) or "none"
+    last = "-" if found.last_publication_ms is None else str(found.last_publication_ms)
+    click.echo(
+        f"publishers in the newest {found.scanned} stream entries: {seen}; last publication (ms): {last}"
+    )
+
+
+@topic_group.command("tree")
+@click.pass_obj
+def topic_tree_command(state: State) -> None:
+    """Draw the topic tree: topic objects, subscription counts, links."""
+    root = topic_tree(state.client(), state.settings.qm)
+
+    def label(level: str, node: Any) -> str:
+        parts = [level or "''"]
+        if node.topic_object:
+            parts.append(f"[{node.topic_object}]")
+        if node.subscriptions:
+            parts.append(f"{node.subscriptions} subscription{'' if node.subscriptions == 1 else 's'}")
+        parts += [f"-> {target}" for target in node.links_to]
+        return "  ".join(parts)
+
+    def grow(branch: Tree, node: Any) -> None:
+        for level in sorted(node.children):
+            child = node.children[level]
+            grow(branch.add(label(level, child)), child)
+
+    tree = Tree(label("", root))
+    grow(tree, root)
+    _console().print(tree)
+
+
 @main.command("status", short_help="Show stream, queues, dead letters and workers.")
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as one JSON object.")
 @click.pass_obj
@@ -845,14 +1042,25 @@ def status_command(state: State, as_json: bool) -> None:
     )
     console.print(summary)
     if snapshot["subscriptions"]:
-        subs = _table("subscription", "filter", "durable", "mode", "consumers", "depth", "in-flight")
+        counts = ("consumers", "depth", "inflight", "skipped", "expired")
+        subs = _table(
+            "subscription",
+            "filter",
+            "durable",
+            "mode",
+            "consumers",
+            "depth",
+            "in-flight",
+            "skipped",
+            "expired",
+        )
         for sub in snapshot["subscriptions"]:
             subs.add_row(
                 sub["id"],
                 sub["filter"],
                 "yes" if sub["durable"] else "no",
                 sub["mode"],
-                *("?" if sub[k] is None else str(sub[k]) for k in ("consumers", "depth", "inflight")),
+                *("?" if sub[k] is None else str(sub[k]) for k in counts),
             )
         console.print(subs)
     else:

@@ -26,6 +26,7 @@ from broker import keys
 from broker.connection import as_bytes, block_slice_ms
 from broker.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError
 from broker.models import PropertyValue, publication_fields
+from broker.topic_objects import topic_of
 from broker.topics import validate_topic
 
 
@@ -134,6 +135,7 @@ class Publisher:
         reply_to: str | None = None,
         message_type: str | None = None,
         timestamp_ms: int | None = None,
+        topic_object: str | None = None,
         wait: bool = False,
         timeout_ms: int = 10_000,
     ) -> PublishResult:
@@ -153,6 +155,8 @@ class Publisher:
             reply_to: carried to subscribers.
             message_type: JMSType, carried to subscribers (selectors can test it).
             timestamp_ms: publish time to record, ms; default the stream entry's.
+            topic_object: publish through this topic object: its topic string, joined with
+                ``/`` to ``topic`` when ``topic`` is not empty (IBM MQ; ``broker.topic_objects``).
             wait: block until a worker has handled it and return its result.
             timeout_ms: how long to wait, ms.
 
@@ -162,10 +166,13 @@ class Publisher:
         Raises:
             InvalidTopic: ``validate`` is on and the topic is invalid (with a suggestion).
             InvalidMessage: priority, expiration or properties are invalid.
+            NoSuchTopicObject: ``topic_object`` does not exist.
             ReplyTimeout: ``wait`` and no result came within ``timeout_ms``.
             ConnectionLost: the server cannot be reached.
             ServerError: the server refused the write (e.g. out of memory).
         """
+        if topic_object is not None:
+            topic = topic_of(self.client, self.qm, topic_object, topic)
         options = dict(
             properties=properties,
             persistent=persistent,

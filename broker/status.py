@@ -50,6 +50,11 @@ def _subscription_row(
 ) -> dict[str, Any]:
     """One subscription's row: depth over every priority band, in flight over every consumer."""
     load = None if foreign else subscription_load(client, qm, record.sub_id)
+    try:
+        skipped: int | None = int(client.hget(keys.skipped(qm), record.sub_id) or 0)
+        expired: int | None = int(client.hget(keys.expired(qm), record.sub_id) or 0)
+    except (redis.ResponseError, ValueError):  # a foreign or corrupt counter hash: unknown
+        skipped = expired = None
     return {
         "id": record.sub_id,
         "filter": record.shown_filter,
@@ -58,6 +63,8 @@ def _subscription_row(
         "consumers": load.consumers if load else None,
         "depth": load.depth if load else None,
         "inflight": load.in_flight if load else None,
+        "skipped": skipped,
+        "expired": expired,
     }
 
 
@@ -68,7 +75,7 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     Returns:
         ``{"stream_length", "pending", "lag", "dead_lettered", "active_publishers",
         "version", "subscriptions": [{"id", "filter", "durable", "mode", "consumers", "depth",
-        "inflight"}],
+        "inflight", "skipped", "expired"}],
         "links": n, "workers": [{"name", "pid", "processed", "heartbeat_age_ms", "state"}],
         "problems": [str]}``. Depths are messages; ``depth``/``inflight`` are None
         for a queue key of another Redis type; ``state`` is "alive" or "silent"

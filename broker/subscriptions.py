@@ -43,7 +43,7 @@ from broker.errors import (
 )
 from broker.scripts import script_source
 from broker.selectors import compile_selector, like
-from broker.topic_objects import TopicTree, fixed_prefix
+from broker.topic_objects import TopicTree, fixed_prefix, topic_of
 from broker.topics import split_shared, validate_filter
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -226,6 +226,7 @@ def subscribe(
     selector: str | None = None,
     no_local: bool = False,
     consumer_modes: Sequence[ConsumerMode] = (),
+    topic_object: str | None = None,
 ) -> SubscriptionRecord:
     """Create a subscription (or attach to an existing one with the same filter and options).
 
@@ -245,6 +246,8 @@ def subscribe(
         no_local: do not deliver publications whose ``client_id`` is ``client_id``.
         consumer_modes: the ``Settings.consumer_modes`` rules that give a
             subscription that is not shared its consumer mode.
+        topic_object: subscribe through this topic object: its topic string, joined with
+            ``/`` to ``topic_filter`` when that is not empty (IBM MQ).
 
     Returns:
         The subscription record; ``sub_id`` names its queue.
@@ -259,6 +262,8 @@ def subscribe(
         CorruptRecord: the stored record of this subscription cannot be read
             (``unsubscribe`` removes it).
     """
+    if topic_object is not None:
+        topic_filter = topic_of(client, qm, topic_object, topic_filter)
     share, inner = split_shared(topic_filter)
     validate_filter(inner)
     selector = selector if selector and selector.strip() else ""  # blank: no selector (Jakarta Messaging)
@@ -327,7 +332,8 @@ def _check_topic_tree(qm: str, tree: TopicTree, record: SubscriptionRecord) -> N
     if record.durable and effective["dursub"] == "NO":
         name = effective.source["dursub"]
         raise SubscriptionRefused(
-            f"durable subscriptions under {node!r} are not allowed: topic object {name!r} has DURSUB(NO)", name
+            f"durable subscriptions under {node!r} are not allowed: topic object {name!r} has DURSUB(NO)",
+            name,
         )
 
 
