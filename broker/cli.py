@@ -976,6 +976,9 @@ def topic_status_command(state: State, topic_string: str) -> None:
         )
     console.print(route)
     click.echo(f"delivered once to {len(found.subscriptions)}: {', '.join(found.subscriptions) or '-'}")
+    if found.blocked:
+        why = f"WILDCARD(BLOCK) of topic object {found.blocked_by}" if found.blocked_by else "WILDCARD(BLOCK)"
+        click.echo(f"blocked by {why}: {', '.join(found.blocked)}")
     seen = ", ".join(f"{p} ({n})" for p, n in sorted(found.publishers.items())) or "none"
     last = "-" if found.last_publication_ms is None else str(found.last_publication_ms)
     click.echo(

@@ -162,6 +162,9 @@ class TopicStatus:
         publishers: publisher id -> publications on this topic among the stream entries scanned.
         last_publication_ms: the newest of those, ms since the epoch, or None.
         scanned: how many of the newest stream entries were looked at (trimmed ones are gone).
+        blocked: subscriptions matched in ``via`` that get nothing here: wildcard ones above a
+            ``WILDCARD(BLOCK)`` topic object (named in ``blocked_by``).
+        blocked_by: that topic object, "" when none.
     """
 
     topic: str
@@ -171,6 +174,8 @@ class TopicStatus:
     publishers: dict[str, int]
     last_publication_ms: int | None
     scanned: int
+    blocked: list[str] = field(default_factory=list)
+    blocked_by: str = ""
 
 
 @translate_errors
@@ -203,14 +208,18 @@ def topic_status(client: redis.Redis, qm: str, topic: str, scan: int = 10_000) -
         publishers[who] = publishers.get(who, 0) + 1
         ms = int(_text(entry_id).split("-", 1)[0])
         last = ms if last is None else max(last, ms)
+    delivered = list(table.resolve(topic).sub_ids)
+    blocked = sorted({s for matched in via.values() for s in matched} - set(delivered))
     return TopicStatus(
         topic,
         attributes,
         via,
-        list(table.resolve(topic).sub_ids),
+        delivered,
         publishers,
         last,
         len(entries),
+        blocked,
+        effective.blocked_by,
     )
 
 

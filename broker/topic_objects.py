@@ -108,11 +108,15 @@ class Attributes(BaseModel):
     proxysub: Literal["FIRSTUSE", "FORCE"] = "FIRSTUSE"
 
     def model_post_init(self, context: Any) -> None:
-        for name, low, high in (("defprty", 0, 9), ("capexpry", 1, None), ("maxdepth", 0, None)):
+        for name, low, high, words in (
+            ("defprty", 0, 9, "or ASPARENT"),
+            ("capexpry", 1, None, "ms, NOLIMIT or ASPARENT"),
+            ("maxdepth", 0, None, "messages, NOLIMIT or ASPARENT"),
+        ):
             value = getattr(self, name)
             if isinstance(value, int) and (value < low or (high is not None and value > high)):
                 bound = f"{low}-{high}" if high is not None else f">= {low}"
-                raise ValueError(f"{name.upper()} must be {bound}, ASPARENT or NOLIMIT, not {value}")
+                raise ValueError(f"{name.upper()} must be {bound} {words}, not {value}")
 
 
 #: The attributes that ``ASPARENT`` can inherit (the others belong to one object).

@@ -372,3 +372,44 @@ def test_waiting_for_a_result_longer_than_the_socket_timeout_is_a_reply_timeout(
     client = redis_py.Redis.from_url(real_server.url, socket_timeout=0.5)
     with pytest.raises(ReplyTimeout):
         Publisher(client, QM, "p").publish("/a", b"x", wait=True, timeout_ms=1_500)
+
+
+def test_topic_objects_from_the_cli_define_display_status_tree_apply_and_refuse(
+    run, real_redis, settings, tmp_path
+):
+    assert (
+        "defined topic object PAY"
+        in ok(run("topic", "define", "PAY", "--topic-string", "/PAY", "--pub", "disabled")).stdout
+    )
+    ok(run("topic", "define", "SPORT", "--topic-string", "/SPORT", "--defprty", "7", "--wildcard", "BLOCK"))
+    bad = run("topic", "define", "X", "--topic-string", "/x", "--defprty", "12")
+    assert bad.exit_code == 2 and "DEFPRTY must be 0-9" in bad.output
+    again = run("topic", "define", "PAY", "--topic-string", "/ELSEWHERE", "--replace")
+    assert again.exit_code == 2 and "cannot be changed" in again.stderr
+    assert "PAY" in ok(run("topic", "display", "P*")).stdout
+    assert run("topic", "delete", "SYSTEM.BASE.TOPIC").exit_code == 2
+    # publishing under a disabled node is refused with the object named (exit 3)
+    ok(run("publish", "/PAY/EU", "x", "--no-wait"))
+    ok(run("subscribe", "#", "--client-id", "ops", "--durable", "all", "--timeout-ms", "1"))
+    ok(run("publish", "--topic-object", "SPORT", "TENNIS", "ace", "--no-wait"))
+    drain(make_workers(real_redis, settings, 1))
+    (dead,) = real_redis.xrange(keys.dead_letter(QM))
+    assert b"topic object 'PAY' has PUB(DISABLED)" in dead[1][b"dlq.reason"]
+    status = ok(run("topic", "status", "/SPORT/TENNIS")).stdout
+    assert (
+        "DEFPRTY" in status
+        and "SPORT" in status
+        and "blocked by WILDCARD(BLOCK) of topic object SPORT: ops$all" in status
+    )
+    assert "publishers in the newest" in status and "cli (1)" in status
+    tree = ok(run("topic", "tree")).stdout
+    assert "SYSTEM.BASE.TOPIC" in tree and "[SPORT]" in tree and "1 subscription" in tree
+    # subscriptions under SUB(DISABLED) are refused (exit 3)
+    ok(run("topic", "alter", "PAY", "--sub", "disabled"))
+    no = run("subscribe", "/PAY/#", "--client-id", "c", "--timeout-ms", "1")
+    assert no.exit_code == 3 and "SUB(DISABLED)" in no.stderr
+    # apply a file twice: the second time changes nothing
+    path = tmp_path / "topics.toml"
+    path.write_text('[[topic]]\nname = "NEWS"\ntopic_string = "/NEWS"\nmaxdepth = 5\n')
+    assert "defined: 1 (NEWS)" in ok(run("topic", "apply", str(path))).stdout
+    assert "unchanged: 1 (NEWS)" in ok(run("topic", "apply", str(path))).stdout
