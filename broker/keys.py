@@ -65,7 +65,21 @@ from a prefix passed in ARGV, never from a prefix written in Lua:
   name injective: publisher ``a`` with msgid ``b:c`` is ``{qm}:reply:1:a:b:c``,
   publisher ``a:b`` with msgid ``c`` is ``{qm}:reply:3:a:b:c``.
 
+- the priority bands of a bounded queue (``commit.lua``, MAXDEPTH): ``sub_prefix(qm)``
+  followed by ``<sub id>`` and, for priorities other than 4, ``:p<N>``; and a
+  subscription's bell: ``<sub id>:bell``.
+
 Tests check that the Lua and Python builders give the same strings.
+
+Topic objects (``{qm}:topics``), for a service that is not written in Python
+---------------------------------------------------------------------------
+One hash field per object: the name (1-48 characters of ``A-Za-z0-9._/%``)
+mapped to ``{"topic_string": "/PAYMENTS", "attributes": {"pub": "DISABLED",
+"maxdepth": 1000}, "description": "", "altered_ms": 0}`` (attributes left out
+are ``ASPARENT``). Change it and ``INCR {qm}:version`` in one ``MULTI``, as for
+subscriptions; ``broker topic apply`` does this from a TOML file.
+``SYSTEM.BASE.TOPIC`` (topic string "") holds the defaults; a record that cannot
+be read is skipped and named by ``broker status``.
 
 Key types are the broker's: a key of another type where the broker keeps one
 of the above (a *foreign key*) is never written over. A publication that would

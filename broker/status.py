@@ -23,7 +23,7 @@ from broker.links import read_links
 from broker.routing import RoutingTable
 from broker.stream import group_state
 from broker.subscriptions import SubscriptionRecord, read_subscriptions
-from broker.topic_objects import BASE
+from broker.topic_objects import BASE, read_tree
 from broker.topics import validate_topic
 
 #: A worker whose last heartbeat is older than this is shown as "silent", ms.
@@ -88,7 +88,8 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     state = _read(problems, "publish stream", lambda: group_state(client, qm), None)
     subs, bad_subs = _read(problems, "subscriptions", lambda: read_subscriptions(client, qm), ([], []))
     graph, bad_links = _read(problems, "links", lambda: read_links(client, qm), (None, []))
-    problems += [str(p) for p in (*bad_subs, *bad_links)]
+    tree = _read(problems, "topic objects", lambda: read_tree(client, qm), None)
+    problems += [str(p) for p in (*bad_subs, *bad_links, *(tree.problems if tree else []))]
 
     pipe = client.pipeline(transaction=False)
     for record in subs:

@@ -126,11 +126,13 @@ for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do
   if not gone[k] and not queue_foreign[k] then
     local id = sub_id_of(k)
     local waiting = 0
+    local queue = sub_prefix .. id
     for p = 0, 9 do
-      local band = sub_prefix .. id
-      if p ~= 4 then band = band .. ':p' .. p end
-      local kind = redis.call('TYPE', band)['ok']
-      if kind == 'list' then waiting = waiting + redis.call('LLEN', band) end
+      local band = queue
+      if p ~= 4 then band = queue .. ':p' .. p end
+      -- pcall: a band of another type (a foreign key) holds no messages of this subscription
+      local n = redis.pcall('LLEN', band)
+      if type(n) == 'number' then waiting = waiting + n end
     end
     limit[k], durable_q[k], room[k] = tonumber(depth), dur == '1', tonumber(depth) - waiting
   end
