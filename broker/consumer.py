@@ -282,6 +282,7 @@ class Subscriber:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.heartbeat()  # attach: lease, holder; ConsumerConflict for a second exclusive consumer
+        self._give_back_protocol_2()
         if heartbeat:
             self._thread = threading.Thread(
                 target=self._beat, name=f"heartbeat-{self.consumer_id}", daemon=True
@@ -343,6 +344,22 @@ class Subscriber:
         self._take(0)
         if was_standby and not self.standby:
             log.info("consumer %s took over subscription %s", self.consumer_id, self.record.sub_id)
+
+    def _give_back_protocol_2(self) -> int:
+        """Move what a protocol-2 subscriber left in the subscription's one in-flight list back to the
+        head of the queue, oldest first (a rolling upgrade loses nothing); returns how many."""
+        legacy = keys.sub_inflight(self.qm, self.record.sub_id)
+        moved = 0
+        while self.client.lmove(legacy, self.queue, "LEFT", "RIGHT") is not None:
+            moved += 1
+        if moved:
+            self.client.rpush(self.bell, b"1")
+            log.warning(
+                "consumer %s: gave back %d messages left in flight by a protocol-2 subscriber",
+                self.consumer_id,
+                moved,
+            )
+        return moved
 
     def recover_dead(self) -> tuple[int, int, int]:
         """Give back the in-flight messages of this subscription's dead consumers (see ``recover``)."""

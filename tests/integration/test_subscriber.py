@@ -330,3 +330,14 @@ def test_a_foreign_key_in_one_subscription_does_not_stop_the_sweep_of_the_others
     _, removed = sweep_subscriptions(real_redis, QM, cs, now_ms=clock.now + 60_000)
     assert removed == [temporary.sub_id]
     assert real_redis.get(keys.sub_consumers(QM, bad.sub_id)) == b"not a zset"  # never written over
+
+
+def test_messages_left_in_flight_by_a_protocol_2_subscriber_are_given_back_oldest_first(real_redis, settings):
+    record = subscribe(real_redis, QM, "/A", "c", "old")
+    _publish(real_redis, settings, "/A", [b"1", b"2", b"3"])
+    queue, legacy = keys.sub_queue(QM, record.sub_id), keys.sub_inflight(QM, record.sub_id)
+    for _ in range(2):  # a protocol-2 subscriber took two and was upgraded away
+        real_redis.lmove(queue, legacy, "RIGHT", "LEFT")
+    sub = Subscriber(real_redis, QM, record, _consumer_settings(settings), heartbeat=False)
+    assert [d.message.body for d in sub.receive_many(10)] == [b"1", b"2", b"3"]
+    assert real_redis.exists(legacy) == 0
