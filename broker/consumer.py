@@ -106,6 +106,11 @@ def _scripts(client: redis.Redis) -> _Scripts:
     return found
 
 
+def forget_ms(settings: Settings) -> int:
+    """How long a dead consumer stays in its subscription's consumers zset, ms (then forgotten)."""
+    return max(settings.subscription_expiry_ms, settings.consumer_lease_ms) * 2
+
+
 @translate_errors
 def recover(
     client: redis.Redis,
@@ -189,7 +194,7 @@ def sweep_subscriptions(
         records = read_subscriptions(client, qm)[0]
     todo = sorted((r for r in records if r.sub_id > start), key=lambda r: r.sub_id)[:SWEEP_SUBSCRIPTIONS]
     removed = []
-    forget = max(settings.subscription_expiry_ms, settings.consumer_lease_ms) * 2
+    forget = forget_ms(settings)
     # One round trip finds the subscriptions with a dead consumer (or none at all): only
     # those need a script call. A foreign consumers key answers an error: look at it too.
     cutoff = now - settings.subscription_expiry_ms
@@ -361,8 +366,9 @@ class Subscriber:
             )
         return moved
 
-    def recover_dead(self) -> tuple[int, int, int]:
-        """Give back the in-flight messages of this subscription's dead consumers (see ``recover``)."""
+    def recover_dead(self, closing: str = "") -> tuple[int, int, int]:
+        """Give back the in-flight messages of this subscription's dead consumers (see ``recover``);
+        with ``closing``, also that consumer's, whatever its lease."""
         settings = self.settings
         now = self._now()
         return recover(
@@ -371,8 +377,9 @@ class Subscriber:
             self.record.sub_id,
             max_redeliveries=settings.max_redeliveries,
             dead_letter_max_len=settings.dead_letter_max_len,
-            forget_ms=max(settings.subscription_expiry_ms, settings.consumer_lease_ms) * 2,
+            forget_ms=forget_ms(settings),
             now_ms=None if now == "" else int(now),
+            closing=closing,
         )
 
     def _beat(self) -> None:
@@ -490,18 +497,8 @@ class Subscriber:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        settings = self.settings
         now = self._now()
-        recover(
-            self.client,
-            self.qm,
-            self.record.sub_id,
-            max_redeliveries=settings.max_redeliveries,
-            dead_letter_max_len=settings.dead_letter_max_len,
-            forget_ms=max(settings.subscription_expiry_ms, settings.consumer_lease_ms) * 2,
-            now_ms=None if now == "" else int(now),
-            closing=self.consumer_id,
-        )
+        self.recover_dead(closing=self.consumer_id)
         if not self.record.durable:
             cutoff = int(time.time() * 1000) + 1 if now == "" else int(now) + 1
             remove_subscription(self.client, self.qm, self.record.sub_id, abandoned_before_ms=cutoff)
