@@ -234,6 +234,11 @@ def _cpu(cpu: dict[str, float] | None) -> str:
     return " ".join(f"{k} {v:.0f}" for k, v in cpu.items())
 
 
+def _ratios(off: list[dict[str, Any]], on: list[dict[str, Any]]) -> list[float]:
+    """pubs/s with / without, per repeat (the runs of one repeat are side by side)."""
+    return [round(b["pubs_per_s"] / a["pubs_per_s"], 3) for a, b in zip(off, on, strict=False)]
+
+
 def _median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """The run whose ``key`` is the median (the lower middle for an even count)."""
     ordered = sorted(runs, key=lambda r: r[key])
@@ -274,6 +279,28 @@ class Bench:
             self.errors[name] = str(exc)[:2000]
             self.log(f"[red]{name} failed: {str(exc)[:500]}[/red]")
             return None
+
+    def side_by_side(
+        self,
+        runs: dict[str, list[dict[str, Any]]],
+        rep: int,
+        label: str,
+        off: tuple[str, str, dict[str, Any]],
+        on: tuple[str, str, dict[str, Any]],
+        measure: Any,
+        tag: str,
+    ) -> None:
+        """Measure both variants of one comparison, the order alternating from one repeat to the next.
+
+        ``off``/``on``: ``(run name, what it is, keyword arguments of measure)``.
+        """
+        for name, what, kwargs in (off, on) if rep % 2 == 0 else (on, off):
+            self.idle(name)
+            self.log(f"{label}, {what}, N={self.args.n:,}{tag}")
+            got = self.attempt(name, measure, **dict(kwargs))
+            if got:
+                runs[name].append(got)
+                self.log(f"   {got['pubs_per_s']:,} pubs/s, F={got['fanout_measured']}")
 
     def run(self) -> None:
         args = self.args
@@ -342,6 +369,11 @@ class Bench:
             "topics_off": [],
             "topics_on": [],
         }
+
+        def two_workers(topology: Any, **extra: Any) -> Any:
+            """The 2-worker broker run of a side-by-side comparison (7. selectors, 9. topic objects)."""
+            return lib.run_broker(client, settings, topology, args.n, 2, False, args.interleave, **extra)
+
         for rep in range(args.repeat):
             tag = f" (repeat {rep + 1}/{args.repeat})" if args.repeat > 1 else ""
             if "ceiling" in args.only:
@@ -381,51 +413,33 @@ class Bench:
                     runs["hot_2w"].append(got)
                     self.log(f"   {got['pubs_per_s']:,} pubs/s")
             if "selectors" in args.only:
-                # side by side, the order alternating from one repeat to the next
-                for with_selectors in (False, True) if rep % 2 == 0 else (True, False):
-                    name = "selectors_on" if with_selectors else "selectors_off"
-                    what = f"{len(sel_topo.selective)} selectors" if with_selectors else "no selectors"
-                    self.idle(name)
-                    self.log(
-                        f"7. broker, 2 workers, properties on every publication, {what}, N={args.n:,}{tag}"
-                    )
-                    got = self.attempt(
-                        name,
-                        lib.run_broker,
-                        client,
-                        settings,
-                        sel_topo if with_selectors else topo,
-                        args.n,
-                        2,
-                        False,
-                        args.interleave,
-                        properties=True,
-                    )
-                    if got:
-                        runs[name].append(got)
-                        self.log(f"   {got['pubs_per_s']:,} pubs/s, F={got['fanout_measured']}")
+                self.side_by_side(
+                    runs,
+                    rep,
+                    "7. broker, 2 workers, properties on every publication",
+                    ("selectors_off", "no selectors", dict(topology=topo, properties=True)),
+                    (
+                        "selectors_on",
+                        f"{len(sel_topo.selective)} selectors",
+                        dict(topology=sel_topo, properties=True),
+                    ),
+                    two_workers,
+                    tag,
+                )
             if "topics" in args.only:
-                # side by side, same topology and publications, the order alternating
-                for with_objects in (False, True) if rep % 2 == 0 else (True, False):
-                    name = "topics_on" if with_objects else "topics_off"
-                    what = f"{len(objects)} topic objects" if with_objects else "no topic objects"
-                    self.idle(name)
-                    self.log(f"9. broker, 2 workers, {what}, N={args.n:,}{tag}")
-                    got = self.attempt(
-                        name,
-                        lib.run_broker,
-                        client,
-                        settings,
-                        topo,
-                        args.n,
-                        2,
-                        False,
-                        args.interleave,
-                        topic_objects=objects if with_objects else [],
-                    )
-                    if got:
-                        runs[name].append(got)
-                        self.log(f"   {got['pubs_per_s']:,} pubs/s, F={got['fanout_measured']}")
+                self.side_by_side(
+                    runs,
+                    rep,
+                    "9. broker, 2 workers",
+                    ("topics_off", "no topic objects", dict(topology=topo, topic_objects=[])),
+                    (
+                        "topics_on",
+                        f"{len(objects)} topic objects",
+                        dict(topology=topo, topic_objects=objects),
+                    ),
+                    two_workers,
+                    tag,
+                )
         self.figures["runs"] = runs
         for name, key in (
             ("ceiling", "tx_per_s"),
@@ -442,16 +456,9 @@ class Bench:
         if "selectors" in args.only:
             self.log(f"7. selector evaluation: compile_selector({lib.SELECTOR!r}).matches, timeit")
             self.figures["selector_eval"] = lib.run_selector_cost()
-            pairs = [
-                round(on["pubs_per_s"] / off["pubs_per_s"], 3)
-                for off, on in zip(runs["selectors_off"], runs["selectors_on"], strict=False)
-            ]
-            self.figures["selector_ratios"] = pairs
+            self.figures["selector_ratios"] = _ratios(runs["selectors_off"], runs["selectors_on"])
         if "topics" in args.only:
-            self.figures["topic_objects_ratios"] = [
-                round(on["pubs_per_s"] / off["pubs_per_s"], 3)
-                for off, on in zip(runs["topics_off"], runs["topics_on"], strict=False)
-            ]
+            self.figures["topic_objects_ratios"] = _ratios(runs["topics_off"], runs["topics_on"])
         if "latency" in args.only:
             self.idle("latency")
             self.log(f"4. latency: paced {args.rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers")
@@ -582,6 +589,15 @@ class Bench:
             py = sum(cpu.get(k, 0.0) for k in py_keys)
             return f"{cpu.get('redis', 0):.0f} / {py:.0f} / {cpu.get('foreign', 0):.0f}"
 
+        def broker_row(label: str, b: dict[str, Any], notes: str) -> None:
+            table.add_row(
+                label,
+                _fmt(b["pubs_per_s"]),
+                _fmt(b["deliveries_per_s"]),
+                notes,
+                cpu3(b["cpu"], ("workers", "bench")),
+            )
+
         if "ceiling" in f:
             c = f["ceiling"]
             table.add_row(
@@ -607,13 +623,7 @@ class Bench:
                 f"work split {'/'.join(f'{x:.0%}' for x in b['work_split']) if b.get('work_split') else '?'}; "
                 f"dedup records {b['dedup_records_found']}; redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
             )
-            table.add_row(
-                label,
-                _fmt(b["pubs_per_s"]),
-                _fmt(b["deliveries_per_s"]),
-                notes,
-                cpu3(b["cpu"], ("workers", "bench")),
-            )
+            broker_row(label, b, notes)
         if "latency" in f:
             lat = f["latency"]
             table.add_row(
@@ -679,13 +689,7 @@ class Bench:
                     f"{_fmt(ev.get('median_us'), 2)} us median (loop alone {_fmt(ev.get('loop_us'), 2)} us, "
                     f"{ev.get('sample', 0):,} property dicts, {_fmt(ev.get('selected_share'), 2)} selected)"
                 )
-            table.add_row(
-                label,
-                _fmt(b["pubs_per_s"]),
-                _fmt(b["deliveries_per_s"]),
-                notes,
-                cpu3(b["cpu"], ("workers", "bench")),
-            )
+            broker_row(label, b, notes)
         for key, label in (
             ("topics_off", "9. no topic objects"),
             ("topics_on", f"9. {lib.TOPIC_OBJECTS} topic objects"),
@@ -713,13 +717,7 @@ class Bench:
                     f"steady 10-90% {_fmt(b['steady_10_90_pubs_per_s'])}/s; "
                     f"redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
                 )
-            table.add_row(
-                label,
-                _fmt(b["pubs_per_s"]),
-                _fmt(b["deliveries_per_s"]),
-                notes,
-                cpu3(b["cpu"], ("workers", "bench")),
-            )
+            broker_row(label, b, notes)
         if "consume" in f:
             c = f["consume"]
             table.add_row(
