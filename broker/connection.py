@@ -135,6 +135,50 @@ def connect(url: str, check: bool = False) -> redis.Redis:
     return client
 
 
+#: What a ``change_field`` decision returns to leave the record as it is (nothing written).
+KEEP: Any = object()
+
+
+def change_field(
+    client: redis.Redis,
+    key: str,
+    field: str,
+    decide: Callable[[Any], Any],
+    version_key: str,
+    watch: tuple[str, ...] = (),
+) -> Any:
+    """Change one record of a hash and bump the index version, in one transaction.
+
+    The one mechanism behind subscriptions, links and topic objects: WATCH
+    ``key`` (and ``watch``), call ``decide(pipe)`` (it reads through ``pipe``,
+    which executes at once until MULTI), then ``HSET key field <value>`` (a
+    ``str``) or ``HDEL`` (``None``) together with ``INCR version_key``. A
+    concurrent change to a watched key makes it start again. ``decide`` may
+    raise to refuse, or return ``KEEP`` to write nothing.
+
+    Returns:
+        What ``decide`` returned.
+    """
+    with client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(key, *watch)
+                value = decide(pipe)
+                if value is KEEP:
+                    pipe.unwatch()
+                    return value
+                pipe.multi()
+                if value is None:
+                    pipe.hdel(key, field)
+                else:
+                    pipe.hset(key, field, value)
+                pipe.incr(version_key)
+                pipe.execute()
+                return value
+            except redis.WatchError:
+                continue
+
+
 def wait_for_server(url: str, timeout_ms: int, poll_ms: int = 200) -> redis.Redis:
     """Connect to ``url``, waiting up to ``timeout_ms`` for the server to come up.
 

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from broker import keys
-from broker.connection import read_hash, translate_errors
+from broker.connection import change_field, read_hash, translate_errors
 from broker.errors import CorruptRecord, ForeignKey, InvalidLink, InvalidTopic, LinkCycle, NoSuchLink, shown
 from broker.topics import LinkGraph, validate_topic
 
@@ -103,36 +103,26 @@ def _change_links(
         except InvalidTopic as exc:
             raise InvalidLink(f"cannot link {shown(source)} -> {shown(target)}: {exc.reason}") from exc
     links_key = keys.links(qm)
-    with client.pipeline(transaction=True) as pipe:
-        while True:
-            try:
-                pipe.watch(links_key)
-                if pipe.type(links_key) not in (b"none", b"hash", "none", "hash"):
-                    raise ForeignKey(links_key, _text(pipe.type(links_key)), "hash")
-                graph, problems = parse_links(qm, pipe.hgetall(links_key))
-                if target is None:  # remove the whole record of source, readable or not
-                    if not pipe.hexists(links_key, source):
-                        raise NoSuchLink(f"there is no link record for {shown(source)}")
-                    targets: dict[str, bool] = {}
-                else:
-                    broken = [p for p in problems if p.field == source]
-                    if broken:
-                        raise broken[0]
-                    if add:
-                        graph.add(source, target, backward=backward)
-                    else:
-                        graph.remove(source, target)
-                    targets = graph.targets(source)
-                pipe.multi()
-                if targets:
-                    pipe.hset(links_key, source, json.dumps(targets, sort_keys=True))
-                else:
-                    pipe.hdel(links_key, source)
-                pipe.incr(keys.version(qm))
-                pipe.execute()
-                return
-            except redis.WatchError:
-                continue
+
+    def decide(pipe: Any) -> str | None:
+        if pipe.type(links_key) not in (b"none", b"hash", "none", "hash"):
+            raise ForeignKey(links_key, _text(pipe.type(links_key)), "hash")
+        graph, problems = parse_links(qm, pipe.hgetall(links_key))
+        if target is None:  # remove the whole record of source, readable or not
+            if not pipe.hexists(links_key, source):
+                raise NoSuchLink(f"there is no link record for {shown(source)}")
+            return None
+        broken = [p for p in problems if p.field == source]
+        if broken:
+            raise broken[0]
+        if add:
+            graph.add(source, target, backward=backward)
+        else:
+            graph.remove(source, target)
+        targets = graph.targets(source)
+        return json.dumps(targets, sort_keys=True) if targets else None
+
+    change_field(client, links_key, source, decide, keys.version(qm))
 
 
 @translate_errors

@@ -31,7 +31,7 @@ import redis
 
 from broker import keys
 from broker.config import ConsumerMode
-from broker.connection import read_hash, translate_errors
+from broker.connection import KEEP, change_field, read_hash, translate_errors
 from broker.errors import (
     CorruptRecord,
     InvalidName,
@@ -284,37 +284,32 @@ def subscribe(
         sub_id, inner, durable_name is not None, int(time.time() * 1000), selector, no_local, mode, share
     )
     subs_key, topics_key = keys.subscriptions(qm), keys.topic_objects(qm)
-    with client.pipeline(transaction=True) as pipe:
-        while True:
-            try:
-                pipe.watch(subs_key, topics_key)
-                existing = pipe.hget(subs_key, sub_id)
-                if existing is not None:
-                    try:
-                        old = SubscriptionRecord.from_json(sub_id, existing, qm)
-                    except CorruptRecord as exc:
-                        raise CorruptRecord(exc.key, sub_id, f"{exc.reason}; unsubscribe it first") from exc
-                    for what, was, now in (
-                        ("filter", old.shown_filter, record.shown_filter),
-                        ("selector", old.selector, record.selector),
-                        ("no-local", old.no_local, record.no_local),
-                        ("shared", old.mode == "shared", record.mode == "shared"),
-                    ):
-                        if was != now:
-                            raise SubscriptionConflict(
-                                f"subscription {sub_id!r} exists with {what} {was!r}, not {now!r}; "
-                                "unsubscribe it first"
-                            )
-                    pipe.unwatch()
-                    return old
-                _check_topic_tree(qm, TopicTree.parse(qm, read_hash(pipe, topics_key)), record)
-                pipe.multi()
-                pipe.hset(subs_key, sub_id, record.to_json())
-                pipe.incr(keys.version(qm))
-                pipe.execute()
-                return record
-            except redis.WatchError:
-                continue
+    found: list[SubscriptionRecord] = []
+
+    def decide(pipe: Any) -> Any:
+        existing = pipe.hget(subs_key, sub_id)
+        if existing is None:
+            _check_topic_tree(qm, TopicTree.parse(qm, read_hash(pipe, topics_key)), record)
+            return record.to_json()
+        try:
+            old = SubscriptionRecord.from_json(sub_id, existing, qm)
+        except CorruptRecord as exc:
+            raise CorruptRecord(exc.key, sub_id, f"{exc.reason}; unsubscribe it first") from exc
+        for what, was, now in (
+            ("filter", old.shown_filter, record.shown_filter),
+            ("selector", old.selector, record.selector),
+            ("no-local", old.no_local, record.no_local),
+            ("shared", old.mode == "shared", record.mode == "shared"),
+        ):
+            if was != now:
+                raise SubscriptionConflict(
+                    f"subscription {sub_id!r} exists with {what} {was!r}, not {now!r}; unsubscribe it first"
+                )
+        found.append(old)
+        return KEEP  # attach to it: nothing to write
+
+    change_field(client, subs_key, sub_id, decide, keys.version(qm), watch=(topics_key,))
+    return found[-1] if found else record
 
 
 def _check_topic_tree(qm: str, tree: TopicTree, record: SubscriptionRecord) -> None:

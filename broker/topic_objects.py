@@ -59,7 +59,7 @@ import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker import keys
-from broker.connection import read_hash, translate_errors
+from broker.connection import change_field, read_hash, translate_errors
 from broker.errors import ConfigError, CorruptRecord, InvalidName, NoSuchTopicObject, TopicObjectConflict
 from broker.topics import LEVEL_SEPARATOR, split_shared, validate_topic
 
@@ -372,26 +372,19 @@ def read_tree(client: redis.Redis, qm: str) -> TopicTree:
 
 
 def _change(client: redis.Redis, qm: str, name: str, decide: Any) -> TopicObject | None:
-    """WATCH the objects hash, let ``decide(existing or None)`` return the new object (or None to
-    delete), write it and bump the version in one MULTI."""
+    """Let ``decide(existing or None)`` return the new object (or None to delete) and write it with
+    the version bump (``connection.change_field``)."""
     key = keys.topic_objects(qm)
-    with client.pipeline(transaction=True) as pipe:
-        while True:
-            try:
-                pipe.watch(key)
-                raw = pipe.hget(key, name)
-                existing = TopicObject.from_json(name, raw, qm) if raw is not None else None
-                new = decide(existing)
-                pipe.multi()
-                if new is None:
-                    pipe.hdel(key, name)
-                else:
-                    pipe.hset(key, name, new.to_json())
-                pipe.incr(keys.version(qm))
-                pipe.execute()
-                return new
-            except redis.WatchError:
-                continue
+    result: list[TopicObject | None] = []
+
+    def value(pipe: Any) -> str | None:
+        raw = pipe.hget(key, name)
+        new = decide(TopicObject.from_json(name, raw, qm) if raw is not None else None)
+        result[:] = [new]
+        return None if new is None else new.to_json()
+
+    change_field(client, key, name, value, keys.version(qm))
+    return result[0]
 
 
 @translate_errors
