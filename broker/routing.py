@@ -202,16 +202,21 @@ class RoutingTable:
         self._cache[topic] = found
         return found
 
-    def queues(self, entry: Entry) -> tuple[str, ...]:
+    def queues(self, entry: Entry, recipients: Recipients | None = None) -> tuple[str, ...]:
         """The queue keys (priority bands) a publication goes to: its topic's subscriptions whose
         selector selects it and that do not exclude it as no-local.
 
         Subscriptions with neither cost nothing: their keys are cached per topic and priority.
 
+        Args:
+            entry: the parsed publication.
+            recipients: ``resolve(entry.topic)`` when the caller has it already.
+
         Raises:
             InvalidTopic: the topic is invalid (with a suggested correction).
         """
-        recipients = self.resolve(entry.topic)
+        if recipients is None:
+            recipients = self.resolve(entry.topic)
         priority = entry.header.get("priority", DEFAULT_PRIORITY)
         if not recipients.conditional:
             return recipients.queues(priority)

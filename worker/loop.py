@@ -548,7 +548,8 @@ class Worker:
         delivery, dead_letter = "ALLAVAIL", True
         try:
             entry = parse_entry(entry_id, fields, settings.max_body_bytes)
-            attributes = self.table.resolve(entry.topic).attributes
+            recipients = self.table.resolve(entry.topic)
+            attributes = recipients.attributes
             if attributes is not None:  # a topic object at or above the topic (broker.topic_objects)
                 dead_letter = attributes["usedlq"] == "YES"
                 if attributes["pub"] == "DISABLED":
@@ -560,7 +561,7 @@ class Worker:
                 apply_topic_defaults(entry, fields, attributes)
                 persistent = entry.header.get("persistent", True)
                 delivery = attributes["pmsgdlv"] if persistent else attributes["npmsgdlv"]
-            queues = self.table.queues(entry)
+            queues = self.table.queues(entry, recipients)
             envelope = encode_envelope(entry.header, entry.body) if queues else b""
         except InvalidTopic as exc:
             return self._refusal(publisher, entry_id, fields, exc.reason, exc.suggestion or "")
