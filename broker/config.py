@@ -98,6 +98,18 @@ class Settings(BaseSettings):
             LIKE predicate matches a new subscription's id gives its consumer
             mode (seed 003's queue controllers); none matching: ``exclusive``.
             A subscription made shared (``--shared``, ``$share/``) is always shared.
+        topic_scheme: how topic strings are read, for the whole queue manager:
+            ``mqtt`` (``/`` levels, ``+`` and ``#`` wildcards, MQTT 5 §4.7) or
+            ``swiftmq`` (``.`` nodes, SQL-LIKE predicate nodes, hierarchy rules
+            of SwiftMQ's Topic Manager, seed 003; ``broker.hierarchy``). The first
+            worker or subscribe records it in ``{qm}:manager``; a process whose
+            setting differs is refused (``broker reset`` to change it).
+        direct_subscriber_selection: swiftmq scheme: a publication's topic is a
+            plain string matched against the subscriptions' predicates (true, the
+            default); false: it is itself a predicate selecting among the declared
+            topics, whose subscribers receive it (SwiftMQ's indirect selection).
+        topics: declared topics (SwiftMQ's ``<topics>``), added to those declared
+            with ``broker topic declare``; indirect selection picks among them.
         server_port: TCP port of the embedded server.
         server_dir: data directory of the embedded server.
         server_config: a redis.conf for the embedded server; empty (the default)
@@ -128,6 +140,9 @@ class Settings(BaseSettings):
     max_redeliveries: int = Field(default=10, ge=0)
     expired_to_dlq: bool = False
     consumer_modes: list[ConsumerMode] = Field(default_factory=list)
+    topic_scheme: Literal["mqtt", "swiftmq"] = "mqtt"
+    direct_subscriber_selection: bool = True
+    topics: list[str] = Field(default_factory=list)
     server_port: int = Field(default=6380, ge=1, le=65535)
     server_dir: str = ".broker"
     server_config: str = ""

@@ -35,6 +35,9 @@ key                                 type      contents                          
 ``{qm}:expired``                    hash      sub id -> messages that expired while waiting  receive.lua              operators
 ``{qm}:topics``                     hash      topic object name -> JSON (topic string,       ``broker topic``         workers, subscribe
                                               attributes; ``broker.topic_objects``)
+``{qm}:manager``                    hash      ``topic_scheme`` -> ``mqtt`` or ``swiftmq``   first worker/subscribe   workers, subscribe
+``{qm}:declared``                   hash      declared topic -> JSON ``{"declared_ms": n}`` ``broker topic declare`` workers (indirect
+                                                                                                                 selection), operators
 ``{qm}:skipped``                    hash      sub id -> deliveries skipped, queue full       commit.lua               ``broker status``
 ``{qm}:pub:<publisher>:fifo``       list      stream entry ids of one publisher, in order   dequeue.lua (RPUSH)      commit.lua (LPOP head)
 ``{qm}:pub:<publisher>:turn``      string    token of the worker holding the turn, PX lease dequeue.lua (SET NX)    commit.lua (fencing)
@@ -325,6 +328,17 @@ def sub_redelivered(qm: str, sub_id: str) -> str:
 def topic_objects(qm: str) -> str:
     """The hash of administrative topic objects: ``{qm}:topics``, name -> JSON (``broker.topic_objects``)."""
     return f"{_tag(qm)}:topics"
+
+
+def manager(qm: str) -> str:
+    """The queue manager's own record, ``{qm}:manager``: hash ``topic_scheme`` -> ``mqtt`` | ``swiftmq``
+    (written once, by the first worker or subscribe; ``broker.schemes.recorded_scheme``)."""
+    return f"{_tag(qm)}:manager"
+
+
+def declared_topics(qm: str) -> str:
+    """Topics declared administratively (SwiftMQ's ``<topics>``), ``{qm}:declared``: hash topic -> JSON."""
+    return f"{_tag(qm)}:declared"
 
 
 def skipped(qm: str) -> str:

@@ -1,0 +1,96 @@
+"""Topic schemes: how a queue manager reads topic strings (``mqtt`` or ``swiftmq``).
+
+A queue manager has one scheme, recorded in ``{qm}:manager`` by the first worker
+or subscribe that runs with it (``Settings.topic_scheme``). Every process that
+routes, subscribes or publishes reads topics the same way, so a process whose
+setting differs from the recorded one is refused with ``ConfigError`` rather than
+matching differently from the others.
+
+* ``mqtt``: ``/``-separated levels, ``+``/``#`` wildcards (MQTT 5 §4.7,
+  ``broker.topics``).
+* ``swiftmq``: ``.``-separated nodes, SQL-LIKE predicate nodes after the root,
+  publish/subscribe reaching parents and sub-nodes (SwiftMQ's Topic Manager,
+  seed 003, ``broker.hierarchy``).
+
+The **root topic** of a topic string is its first level (``mqtt``) or node
+(``swiftmq``): slow-subscriber conditions are defined per root topic.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, cast
+
+import redis
+
+from broker import keys
+from broker.connection import as_bytes, translate_errors
+from broker.errors import ConfigError, ForeignKey
+
+SchemeName = Literal["mqtt", "swiftmq"]
+
+#: The schemes, with the separator of their levels (nodes).
+SEPARATORS: dict[str, str] = {"mqtt": "/", "swiftmq": "."}
+
+DEFAULT_SCHEME: SchemeName = "mqtt"
+
+
+def separator(scheme: str) -> str:
+    """The level separator of ``scheme``: ``/`` (mqtt) or ``.`` (swiftmq).
+
+    Raises:
+        ConfigError: an unknown scheme.
+    """
+    try:
+        return SEPARATORS[scheme]
+    except KeyError:
+        raise ConfigError(f"unknown topic scheme {scheme!r}; known: {', '.join(SEPARATORS)}") from None
+
+
+def root_topic(topic: str, scheme: str) -> str:
+    """The root topic of ``topic``: its first level (``mqtt``, may be empty) or node (``swiftmq``).
+
+    Examples: ``root_topic("feed.bloomberg", "swiftmq") == "feed"``,
+    ``root_topic("sport/tennis", "mqtt") == "sport"``.
+    """
+    return topic.partition(separator(scheme))[0]
+
+
+@translate_errors
+def recorded_scheme(client: redis.Redis, qm: str, wanted: str | None = None) -> SchemeName:
+    """The queue manager's topic scheme, recording ``wanted`` when none is recorded yet.
+
+    Args:
+        client: a redis-py client.
+        qm: the queue manager.
+        wanted: the scheme this process is configured with; None only reads
+            (``mqtt`` when nothing is recorded).
+
+    Returns:
+        The recorded scheme.
+
+    Raises:
+        ConfigError: ``wanted`` differs from the recorded scheme, or the record
+            holds an unknown scheme.
+        ForeignKey: ``{qm}:manager`` holds another Redis type.
+    """
+    key = keys.manager(qm)
+    if wanted is not None:
+        separator(wanted)
+    try:
+        if wanted is not None:
+            client.hsetnx(key, "topic_scheme", wanted)
+        raw = client.hget(key, "topic_scheme")
+    except redis.ResponseError as exc:
+        if "WRONGTYPE" in str(exc):
+            found_type = client.type(key)
+            raise ForeignKey(key, as_bytes(found_type).decode(), "hash") from exc
+        raise
+    found = (raw.decode() if isinstance(raw, bytes) else raw) if raw is not None else DEFAULT_SCHEME
+    if found not in SEPARATORS:
+        raise ConfigError(f"{key} records an unknown topic scheme {found!r}; known: {', '.join(SEPARATORS)}")
+    if wanted is not None and found != wanted:
+        raise ConfigError(
+            f"queue manager {qm} uses the topic scheme {found!r} (recorded in {key}); this process is "
+            f"configured with {wanted!r}: set topic_scheme = {found!r}, or `broker reset` the queue manager"
+        )
+    return cast(SchemeName, found)
