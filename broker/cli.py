@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from typing import Any, NoReturn
 
 import click
@@ -30,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from broker import links, routing, topic_objects
+from broker import declared, links, routing, topic_objects
 from broker.config import Settings, load_settings
 from broker.connection import connect, redact_url, wait_for_server
 from broker.consumer import Subscriber, browse, subscription_load
@@ -529,7 +530,12 @@ def publish_command(
         raise click.UsageError("give BODY or --body-file, not both")
     payload: bytes = body_file.read() if body_file is not None else (body or "").encode()
     publisher = Publisher(
-        state.client(), state.settings.qm, publisher_id, validate=validate, client_id=client_id
+        state.client(),
+        state.settings.qm,
+        publisher_id,
+        validate=validate,
+        client_id=client_id,
+        scheme=state.settings.topic_scheme,
     )
     result = publisher.publish(
         topic,
@@ -616,6 +622,11 @@ def subscribe_command(
 ) -> None:
     """Subscribe to FILTER ('+' one level, '#' the rest) and print each message as it arrives.
 
+    With topic_scheme = "swiftmq", FILTER is a dot topic (iit.sales.US) that also
+    receives its parents' and sub-nodes' publications, and its nodes after the
+    root may be SQL-LIKE predicates (iit.%.US; '%' any run, '_' one character,
+    '\\' escapes them).
+
     Each line is: topic, publisher, sequence number, priority, body (text, or a
     Python bytes literal when not UTF-8), and "redelivered=N" for a message
     delivered before to a consumer that died. Each message is acknowledged after
@@ -635,6 +646,7 @@ def subscribe_command(
         no_local=no_local,
         consumer_modes=settings.consumer_modes,
         topic_object=topic_object,
+        scheme=settings.topic_scheme,
     )
     kind = "durable" if record.durable else "non-durable, removed on exit"
     extra = "".join(
@@ -917,6 +929,40 @@ def topic_alter(state: State, name: str, description: str | None, **given: Any) 
     except ValidationError as exc:
         raise _attributes_error(exc) from exc
     click.echo(f"altered topic object {obj.name}")
+
+
+@topic_group.command("declare")
+@click.argument("topics", nargs=-1, required=True)
+@click.pass_obj
+def topic_declare(state: State, topics: tuple[str, ...]) -> None:
+    """Declare TOPICS (swiftmq scheme: indirect selection picks among the declared topics)."""
+    for topic in topics:
+        done = declared.declare(state.client(), state.settings.qm, topic)
+        click.echo(f"declared {topic}" if done else f"{topic} was declared already")
+
+
+@topic_group.command("undeclare")
+@click.argument("topics", nargs=-1, required=True)
+@click.pass_obj
+def topic_undeclare(state: State, topics: tuple[str, ...]) -> None:
+    """Undeclare TOPICS; their subscriptions stay."""
+    for topic in topics:
+        declared.undeclare(state.client(), state.settings.qm, topic)
+        note = " (the topics setting declares it again when a worker starts)"
+        click.echo(f"undeclared {topic}" + (note if topic in state.settings.topics else ""))
+
+
+@topic_group.command("list")
+@click.pass_obj
+def topic_list(state: State) -> None:
+    """List the declared topics (name, source: cli or config, when)."""
+    found, problems = declared.list_declared(state.client(), state.settings.qm)
+    table = _table("topic", "source", "declared")
+    for item in found:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(item.declared_ms / 1000))
+        table.add_row(item.topic, item.source, when)
+    _console().print(table)
+    _print_problems(problems)
 
 
 @topic_group.command("delete")

@@ -170,6 +170,15 @@ class Settings(BaseSettings):
             like(rule.predicate, "")  # raises ValueError (InvalidSelector) for a bad pattern
         return value
 
+    @field_validator("topics")
+    @classmethod
+    def _declared_valid(cls, value: list[str]) -> list[str]:
+        from broker.hierarchy import validate_topic
+
+        for topic in value:
+            validate_topic(topic)  # raises InvalidTopic, a ValueError
+        return value
+
     def consumer_mode(self, sub_id: str) -> ConsumerModeName:
         """The consumer mode of subscription ``sub_id``: the first rule whose predicate matches, else exclusive."""
         from broker.selectors import like

@@ -150,6 +150,12 @@ class NoSuchLink(BrokerError, LookupError):
     exit_code = 2
 
 
+class NoSuchTopic(BrokerError, LookupError):
+    """``broker topic undeclare`` names a topic that is not declared (``broker.declared``)."""
+
+    exit_code = 2
+
+
 class NoSuchSubscription(BrokerError, LookupError):
     """A subscription id names no subscription of this queue manager."""
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from broker import keys
+from broker import hierarchy, keys
 from broker.connection import as_bytes, block_slice_ms
 from broker.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError
 from broker.models import PropertyValue, publication_fields
@@ -72,6 +72,9 @@ class Publisher:
         client_id: the publishing connection's client id, sent with every
             publication (a subscription with no-local made by the same client id
             does not receive it); None sends none.
+        scheme: the queue manager's topic scheme (``Settings.topic_scheme``) that
+            ``validate`` checks topics against: ``mqtt`` (MQTT 5 §4.7) or ``swiftmq``
+            (dot nodes, ``broker.hierarchy``).
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Publisher:
         validate: bool = True,
         first_seq: int = 1,
         client_id: str | None = None,
+        scheme: str = "mqtt",
     ) -> None:
         if not publisher_id or len(publisher_id.encode()) > keys.MAX_PUBLISHER_BYTES:
             raise InvalidMessage(f"publisher_id must be 1-{keys.MAX_PUBLISHER_BYTES} bytes")
@@ -93,6 +97,7 @@ class Publisher:
         self.client_id = client_id
         self._stream = keys.publish_stream(qm)
         self._valid_topics: set[str] = set()
+        self._validate_topic = hierarchy.validate_topic if scheme == "swiftmq" else validate_topic
         #: Default message ids are "<random 128-bit hex>-<seq>": unique, and the same on a retry.
         self._msgid_prefix = uuid.uuid4().hex
 
@@ -100,7 +105,7 @@ class Publisher:
         self, topic: str, body: bytes | str, msgid: str | None, reply: bool, options: dict[str, Any]
     ) -> tuple[dict[Any, Any], str, int]:
         if self.validate and topic not in self._valid_topics:
-            validate_topic(topic)
+            self._validate_topic(topic)
             if len(self._valid_topics) >= 10_000:
                 self._valid_topics.clear()
             self._valid_topics.add(topic)

@@ -22,11 +22,14 @@ from dataclasses import dataclass, field
 
 import redis
 
-from broker import keys
+from broker import hierarchy, keys
 from broker.connection import translate_errors
-from broker.errors import CorruptRecord, ForeignKey
+from broker.declared import parse_declared
+from broker.errors import CorruptRecord, ForeignKey, InvalidTopicFilter
+from broker.hierarchy import DeclaredTopics, HierarchyIndex
 from broker.links import parse_links
 from broker.models import DEFAULT_PRIORITY, Entry
+from broker.schemes import scheme_of
 from broker.selectors import Selector, compile_selector
 from broker.subscriptions import SubscriptionRecord, parse_subscriptions
 from broker.topic_objects import Effective, TopicTree, fixed_prefix
@@ -38,7 +41,14 @@ log = logging.getLogger("broker.routing")
 CACHE_TOPICS = 100_000
 
 #: The Redis type of each key the table reads.
-_TYPES = {"version": "string", "subs": "hash", "links": "hash", "topics": "hash"}
+_TYPES = {
+    "version": "string",
+    "subs": "hash",
+    "links": "hash",
+    "topics": "hash",
+    "manager": "hash",
+    "declared": "hash",
+}
 
 
 def _text(raw: bytes | str) -> str:
@@ -85,7 +95,12 @@ class RoutingTable:
     def __init__(self, qm: str) -> None:
         self.qm = qm
         self.version: bytes | None = None
-        self.index = TopicIndex()
+        self.index: TopicIndex | HierarchyIndex = TopicIndex()
+        #: the queue manager's topic scheme (``{qm}:manager``; ``broker.schemes``)
+        self.scheme = "mqtt"
+        #: swiftmq scheme: direct subscriber selection (else indirect, among ``declared``)
+        self.direct = True
+        self.declared = DeclaredTopics()
         self.links = LinkGraph()
         self.subscriptions: dict[str, SubscriptionRecord] = {}
         self.problems: list[CorruptRecord] = []
@@ -112,30 +127,44 @@ class RoutingTable:
             "subs": keys.subscriptions(qm),
             "links": keys.links(qm),
             "topics": keys.topic_objects(qm),
+            "manager": keys.manager(qm),
+            "declared": keys.declared_topics(qm),
         }
         pipe = client.pipeline(transaction=True)
         for key in names.values():
             pipe.type(key)
         pipe.get(names["version"])
-        pipe.hgetall(names["subs"])
-        pipe.hgetall(names["links"])
-        pipe.hgetall(names["topics"])
+        for what in ("subs", "links", "topics", "manager", "declared"):
+            pipe.hgetall(names[what])
         replies = pipe.execute(raise_on_error=False)
-        for (what, key), found in zip(names.items(), replies[:4], strict=True):
+        for (what, key), found in zip(names.items(), replies[: len(names)], strict=True):
             kind = _text(found)
             if kind not in ("none", _TYPES[what]):
                 raise ForeignKey(key, kind, _TYPES[what])
-        version, subs, links, topics = replies[4:]
-        for reply in (version, subs, links, topics):
+        for reply in replies[len(names) :]:
             if isinstance(reply, Exception):
                 raise reply
+        version, subs, links, topics, manager, declared = replies[len(names) :]
+        self.scheme = scheme_of(qm, manager)
+        self.direct = _text(manager.get(b"direct_subscriber_selection", b"true")) != "false"
         records, problems = parse_subscriptions(qm, subs)
         graph, link_problems = parse_links(qm, links)
         tree = TopicTree.parse(qm, topics)
         problems += link_problems + tree.problems
-        index = TopicIndex()
+        self.declared, declared_problems = parse_declared(qm, declared)
+        problems += declared_problems
+        index: TopicIndex | HierarchyIndex = TopicIndex() if self.scheme == "mqtt" else HierarchyIndex()
+        kept = []
         for record in records:
-            index.add(record.topic_filter, record.sub_id)
+            try:
+                index.add(record.topic_filter, record.sub_id)
+            except InvalidTopicFilter as exc:
+                problems.append(
+                    CorruptRecord(names["subs"], record.sub_id, f"under the {self.scheme} scheme: {exc}")
+                )
+                continue
+            kept.append(record)
+        records = kept
         if problems:
             for problem in problems:
                 log.warning("routing table of %s: %s; it is skipped (matches nothing)", qm, problem)
@@ -180,10 +209,9 @@ class RoutingTable:
         cached = self._cache.get(topic)
         if cached is not None:
             return cached
-        validate_topic(topic)
         sub_ids: set[str] = set()
         tree = None if self.tree.trivial else self.tree
-        for linked in self.links.closure(topic):
+        for linked in self._reached(topic):
             matched = self.index.match(linked)
             if tree is not None and matched:
                 blocks = tree.effective(linked).blocks
@@ -201,6 +229,28 @@ class RoutingTable:
             self._cache.clear()
         self._cache[topic] = found
         return found
+
+    def _reached(self, topic: str) -> list[str]:
+        """The topics a publication on ``topic`` is delivered on: the topic (under indirect selection,
+        the declared topics it selects), then every topic linked from them, each once.
+
+        Raises:
+            InvalidTopic: the topic is invalid under the queue manager's scheme (with a suggestion).
+        """
+        if self.scheme == "mqtt":
+            validate_topic(topic)
+            return self.links.closure(topic)
+        if self.direct:
+            hierarchy.validate_topic(topic)
+            starts = [topic]
+        else:
+            starts = self.declared.select(topic)
+        if not self.links:
+            return starts
+        reached: dict[str, None] = {}
+        for start in starts:
+            reached.update(dict.fromkeys(self.links.closure(start)))
+        return list(reached)
 
     def queues(self, entry: Entry, recipients: Recipients | None = None) -> tuple[str, ...]:
         """The queue keys (priority bands) a publication goes to: its topic's subscriptions whose
@@ -269,12 +319,11 @@ def explain(client: redis.Redis, qm: str, topic: str) -> Route:
         InvalidTopic: the topic is invalid (with a suggestion).
         ForeignKey: the subscription or link hash holds another Redis type.
     """
-    validate_topic(topic)
     table = RoutingTable(qm)
     table.load(client)
     route = Route(topic, problems=list(table.problems))
     seen: set[str] = set()
-    for linked in table.links.closure(topic):
+    for linked in table._reached(topic):
         matched = sorted(table.index.match(linked))
         route.via[linked] = matched
         seen.update(matched)

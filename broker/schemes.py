@@ -18,13 +18,16 @@ The **root topic** of a topic string is its first level (``mqtt``) or node
 
 from __future__ import annotations
 
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import redis
 
 from broker import keys
 from broker.connection import as_bytes, translate_errors
 from broker.errors import ConfigError, ForeignKey
+
+if TYPE_CHECKING:
+    from broker.config import Settings
 
 SchemeName = Literal["mqtt", "swiftmq"]
 
@@ -53,6 +56,48 @@ def root_topic(topic: str, scheme: str) -> str:
     ``root_topic("sport/tennis", "mqtt") == "sport"``.
     """
     return topic.partition(separator(scheme))[0]
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def scheme_of(qm: str, manager: dict[Any, Any]) -> SchemeName:
+    """The scheme recorded in the ``{qm}:manager`` hash as read (``mqtt`` when none is).
+
+    Raises:
+        ConfigError: the record holds an unknown scheme.
+    """
+    raw = manager.get(b"topic_scheme", manager.get("topic_scheme"))
+    found = _text(raw) if raw is not None else DEFAULT_SCHEME
+    if found not in SEPARATORS:
+        raise ConfigError(
+            f"{keys.manager(qm)} records an unknown topic scheme {found!r}; known: {', '.join(SEPARATORS)}"
+        )
+    return cast(SchemeName, found)
+
+
+@translate_errors
+def record_manager(client: redis.Redis, settings: Settings) -> None:
+    """Record the queue manager's topic scheme and subscriber selection, or check them against ``settings``.
+
+    The first process records them; every later one must agree (a worker calls this at start).
+
+    Raises:
+        ConfigError: the recorded scheme or selection mode differs from ``settings``.
+        ForeignKey: ``{qm}:manager`` holds another Redis type.
+    """
+    qm = settings.qm
+    recorded_scheme(client, qm, settings.topic_scheme)
+    key = keys.manager(qm)
+    wanted = "true" if settings.direct_subscriber_selection else "false"
+    client.hsetnx(key, "direct_subscriber_selection", wanted)
+    found = _text(client.hget(key, "direct_subscriber_selection") or b"true")
+    if found != wanted:
+        raise ConfigError(
+            f"queue manager {qm} uses direct_subscriber_selection = {found} (recorded in {key}); this "
+            f"process is configured with {wanted}: change the setting, or `broker reset` the queue manager"
+        )
 
 
 @translate_errors
@@ -85,12 +130,10 @@ def recorded_scheme(client: redis.Redis, qm: str, wanted: str | None = None) -> 
             found_type = client.type(key)
             raise ForeignKey(key, as_bytes(found_type).decode(), "hash") from exc
         raise
-    found = (raw.decode() if isinstance(raw, bytes) else raw) if raw is not None else DEFAULT_SCHEME
-    if found not in SEPARATORS:
-        raise ConfigError(f"{key} records an unknown topic scheme {found!r}; known: {', '.join(SEPARATORS)}")
+    found = scheme_of(qm, {} if raw is None else {b"topic_scheme": raw})
     if wanted is not None and found != wanted:
         raise ConfigError(
             f"queue manager {qm} uses the topic scheme {found!r} (recorded in {key}); this process is "
             f"configured with {wanted!r}: set topic_scheme = {found!r}, or `broker reset` the queue manager"
         )
-    return cast(SchemeName, found)
+    return found

@@ -277,6 +277,15 @@ def _like_regex(pattern: str, escape: str | None) -> re.Pattern[str]:
     return re.compile("".join(pieces), re.DOTALL)
 
 
+def like_regex(pattern: str, escape: str | None = None) -> re.Pattern[str]:
+    """The compiled form of a SQL LIKE pattern: ``like_regex(p, e).fullmatch(v)`` is ``like(p, v, e)``.
+
+    Raises:
+        InvalidSelector: as ``like``.
+    """
+    return _like_regex(pattern, escape)
+
+
 def like(pattern: str, value: str, escape: str | None = None) -> bool:
     """Whether the whole of ``value`` matches the SQL LIKE ``pattern`` (case-sensitive).
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 
-from broker import keys
+from broker import hierarchy, keys
 from broker.config import ConsumerMode
 from broker.connection import KEEP, change_field, read_hash, translate_errors
 from broker.errors import (
@@ -41,6 +41,7 @@ from broker.errors import (
     SubscriptionConflict,
     SubscriptionRefused,
 )
+from broker.schemes import recorded_scheme
 from broker.scripts import script_source
 from broker.selectors import compile_selector, like
 from broker.topic_objects import TopicTree, fixed_prefix, topic_of
@@ -227,6 +228,7 @@ def subscribe(
     no_local: bool = False,
     consumer_modes: Sequence[ConsumerMode] = (),
     topic_object: str | None = None,
+    scheme: str | None = None,
 ) -> SubscriptionRecord:
     """Create a subscription (or attach to an existing one with the same filter and options).
 
@@ -248,12 +250,19 @@ def subscribe(
             subscription that is not shared its consumer mode.
         topic_object: subscribe through this topic object: its topic string, joined with
             ``/`` to ``topic_filter`` when that is not empty (IBM MQ).
+        scheme: the topic scheme this process is configured with (``Settings.topic_scheme``),
+            recorded for the queue manager if none is yet; None reads the recorded one.
+            Under ``swiftmq`` the filter is a dot topic whose nodes after the root may be
+            SQL-LIKE predicates (``iit.%.US``, ``broker.hierarchy``); ``$share/`` is not
+            interpreted (use ``shared``).
 
     Returns:
         The subscription record; ``sub_id`` names its queue.
 
     Raises:
-        InvalidTopicFilter: the filter (or its ``$share`` syntax) is invalid.
+        InvalidTopicFilter: the filter (or its ``$share`` syntax) is invalid under the
+            queue manager's scheme (swiftmq: e.g. a predicate root node ``i%.%.swiftmq``).
+        ConfigError: ``scheme`` differs from the queue manager's recorded scheme.
         InvalidSelector: the selector is invalid (the position is named).
         InvalidName: the client id, name or ShareName has characters other than ``A-Za-z0-9_.-``.
         SubscriptionConflict: the subscription exists with another filter, selector, no-local or sharing.
@@ -264,8 +273,11 @@ def subscribe(
     """
     if topic_object is not None:
         topic_filter = topic_of(client, qm, topic_object, topic_filter)
-    share, inner = split_shared(topic_filter)
-    validate_filter(inner)
+    if recorded_scheme(client, qm, scheme) == "swiftmq":
+        share, inner = "", hierarchy.validate_filter(topic_filter)
+    else:
+        share, inner = split_shared(topic_filter)
+        validate_filter(inner)
     selector = selector if selector and selector.strip() else ""  # blank: no selector (Jakarta Messaging)
     if selector:
         compile_selector(selector)

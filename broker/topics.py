@@ -593,6 +593,10 @@ class LinkGraph:
     def __init__(self) -> None:
         self._targets: dict[str, dict[str, bool]] = {}
 
+    def __len__(self) -> int:
+        """The number of topics with at least one link from them."""
+        return len(self._targets)
+
     def add(self, source: str, target: str, backward: bool = False) -> None:
         """Link a source topic to a target topic.
 

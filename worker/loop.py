@@ -40,9 +40,11 @@ from broker import keys
 from broker.config import Settings
 from broker.connection import block_slice_ms, connect
 from broker.consumer import sweep_subscriptions
+from broker.declared import seed_declared
 from broker.errors import BrokerError, ForeignKey, InvalidMessage, InvalidTopic
 from broker.models import apply_topic_defaults, encode_envelope, parse_entry
 from broker.routing import RoutingTable
+from broker.schemes import record_manager
 from broker.scripts import Dequeued, Refusals, Scripts, parse_dequeue
 from broker.stream import ensure_group
 from broker.unit_of_work import Action, CommitBatch, Outcome, UnitOfWork, decode_outcomes
@@ -153,7 +155,16 @@ class Worker:
         self._started_ms = self.clock_ms()
 
     def setup(self) -> None:
-        """Create the stream's consumer group if needed and load the routing table."""
+        """Record (or check) the queue manager's topic scheme, declare the configured topics,
+        create the stream's consumer group if needed and load the routing table.
+
+        Raises:
+            ConfigError: the settings' topic scheme or subscriber selection differs from
+                the queue manager's (``broker.schemes.record_manager``), or a declared topic is invalid.
+        """
+        record_manager(self.client, self.settings)
+        if self.settings.topics:
+            seed_declared(self.client, self.qm, self.settings.topics)
         ensure_group(self.client, self.qm)
         self.scripts.load()
         self.table.load(self.client)
