@@ -273,11 +273,8 @@ def subscribe(
     """
     if topic_object is not None:
         topic_filter = topic_of(client, qm, topic_object, topic_filter)
-    if recorded_scheme(client, qm, scheme) == "swiftmq":
-        share, inner = "", hierarchy.validate_filter(topic_filter)
-    else:
-        share, inner = split_shared(topic_filter)
-        validate_filter(inner)
+    # with a scheme given, bad input is refused before Redis is asked anything
+    share, inner = _parse_filter(topic_filter, scheme or recorded_scheme(client, qm))
     selector = selector if selector and selector.strip() else ""  # blank: no selector (Jakarta Messaging)
     if selector:
         compile_selector(selector)
@@ -290,6 +287,8 @@ def subscribe(
     else:
         name = durable_name if durable_name is not None else "nd-" + uuid.uuid4().hex[:12]
     check_name("subscription name", name)
+    if scheme is not None:
+        recorded_scheme(client, qm, scheme)  # records it, or refuses a process configured otherwise
     sub_id = f"{share or client_id}${name}"
     mode = "shared" if shared else _mode_of(sub_id, consumer_modes)
     record = SubscriptionRecord(
@@ -322,6 +321,19 @@ def subscribe(
 
     change_field(client, subs_key, sub_id, decide, keys.version(qm), watch=(topics_key,))
     return found[-1] if found else record
+
+
+def _parse_filter(topic_filter: str, scheme: str) -> tuple[str, str]:
+    """``(ShareName, filter)`` of a subscription's filter under ``scheme``, checked.
+
+    Raises:
+        InvalidTopicFilter: the filter is invalid under ``scheme``.
+    """
+    if scheme == "swiftmq":
+        return "", hierarchy.validate_filter(topic_filter)
+    share, inner = split_shared(topic_filter)
+    validate_filter(inner)
+    return share, inner
 
 
 def _check_topic_tree(qm: str, tree: TopicTree, record: SubscriptionRecord) -> None:

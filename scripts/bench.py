@@ -118,6 +118,16 @@ Measurements
    dead-lettered. topic_objects_ratio = pubs/s with / without: the cost of
    resolving each topic's effective attributes in the worker and of enforcing
    them (on a branch where the worker does not read the objects, ~1.00).
+10. **swiftmq scheme** (seed 003): as 2 with 2 workers, twice side by side
+   (alternating): the workload above, and the same workload as dot topics
+   ``bench.r.c.j`` in a queue manager with ``topic_scheme = "swiftmq"``
+   (``bench_lib.swiftmq_subscription_plan``: ``+`` levels become ``%``
+   predicates, 320 of 1,540 subscriptions; ``bench/r/#`` becomes the node
+   ``bench.r``; the same links; F=10 checked the same way). swiftmq/mqtt =
+   pubs/s ratio. Then matching alone: per-topic ``match`` of ``TopicIndex``
+   (mqtt), of the swiftmq ``HierarchyIndex`` with the same plain depth-4
+   subscriptions, and of one where every 10th is a predicate (``d12_``), at the
+   ``match`` sizes (``bench_lib.run_hierarchy_matching``).
 
 The last line is, exactly::
 
@@ -192,7 +202,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics",
+        help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,swiftmq",
     )
     parser.add_argument(
         "--profile",
@@ -209,7 +219,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ]
     args.repeat = args.repeat or (1 if quick else 3)
     args.idle_wait = args.idle_wait if args.idle_wait is not None else (0.0 if quick else 5.0)
-    sections = {"ceiling", "broker", "hot", "latency", "kombu", "match", "selectors", "consume", "topics"}
+    sections = {
+        "ceiling",
+        "broker",
+        "hot",
+        "latency",
+        "kombu",
+        "match",
+        "selectors",
+        "consume",
+        "topics",
+        "swiftmq",
+    }
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
         parser.error(f"--only: unknown {sorted(args.only - sections)}")
@@ -328,7 +349,7 @@ class Bench:
         self.figures["settings"] = settings.model_dump(
             include={"batch_size", "heads", "lease_ms", "block_ms", "journal", "dedup_window_ms"}
         )
-        need_topology = args.only & {"ceiling", "broker", "hot", "latency", "selectors", "topics"}
+        need_topology = args.only & {"ceiling", "broker", "hot", "latency", "selectors", "topics", "swiftmq"}
         topo = None
         if need_topology:
             self.log("subscriptions and links (admin API) ...")
@@ -352,6 +373,16 @@ class Bench:
                 "selective_subscriptions": len(sel_topo.selective),
                 "setup_s": round(sel_topo.setup_s, 2),
             }
+        swift_topo = None
+        if "swiftmq" in args.only:
+            self.log("the same topology in the swiftmq scheme (dot topics, % predicates) ...")
+            swift_topo = lib.Topology.build(client, QM, scheme="swiftmq")
+            self.figures["topology_swiftmq"] = {
+                "subscriptions": len(swift_topo.sub_ids),
+                "predicates": sum(1 for f, _, _ in lib.swiftmq_subscription_plan() if "%" in f),
+                "setup_s": round(swift_topo.setup_s, 2),
+                "example_route": swift_topo.via.get("example"),
+            }
         objects = lib.topic_object_plan() if "topics" in args.only else []
         if objects:
             self.figures["topic_objects"] = {
@@ -368,6 +399,8 @@ class Bench:
             "selectors_on": [],
             "topics_off": [],
             "topics_on": [],
+            "swiftmq_off": [],
+            "swiftmq_on": [],
         }
 
         def two_workers(topology: Any, **extra: Any) -> Any:
@@ -440,8 +473,20 @@ class Bench:
                     two_workers,
                     tag,
                 )
+            if "swiftmq" in args.only:
+                self.side_by_side(
+                    runs,
+                    rep,
+                    "10. broker, 2 workers",
+                    ("swiftmq_off", "mqtt scheme", dict(topology=topo)),
+                    ("swiftmq_on", "swiftmq scheme, dot topics", dict(topology=swift_topo)),
+                    two_workers,
+                    tag,
+                )
         self.figures["runs"] = runs
         for name, key in (
+            ("swiftmq_off", "pubs_per_s"),
+            ("swiftmq_on", "pubs_per_s"),
             ("ceiling", "tx_per_s"),
             ("broker_1w", "pubs_per_s"),
             ("broker_2w", "pubs_per_s"),
@@ -459,6 +504,13 @@ class Bench:
             self.figures["selector_ratios"] = _ratios(runs["selectors_off"], runs["selectors_on"])
         if "topics" in args.only:
             self.figures["topic_objects_ratios"] = _ratios(runs["topics_off"], runs["topics_on"])
+        if "swiftmq" in args.only:
+            self.figures["swiftmq_ratios"] = _ratios(runs["swiftmq_off"], runs["swiftmq_on"])
+            self.idle("swiftmq matching")
+            self.log(f"10. swiftmq matching: indexes of {', '.join(f'{n:,}' for n in args.match_sizes)}")
+            self.figures["swiftmq_matching"] = lib.run_hierarchy_matching(
+                args.match_sizes, min_s=0.2 if args.quick else 0.4
+            )
         if "latency" in args.only:
             self.idle("latency")
             self.log(f"4. latency: paced {args.rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers")
@@ -718,6 +770,33 @@ class Bench:
                     f"redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
                 )
             broker_row(label, b, notes)
+        for key, label in (("swiftmq_off", "10. mqtt scheme"), ("swiftmq_on", "10. swiftmq scheme")):
+            if key not in f:
+                continue
+            b = f[key]
+            if key == "swiftmq_off":
+                notes = f"as 2 with 2 workers (the same runs as 10. swiftmq, alternating); F={b['fanout_measured']}"
+            else:
+                off = f.get("swiftmq_off", {}).get("pubs_per_s")
+                ratio = f"{b['pubs_per_s'] / off:.2f}" if off else "-"
+                topo = f.get("topology_swiftmq", {})
+                notes = (
+                    f"the same workload as dot topics bench.r.c.j: {topo.get('subscriptions')} subscriptions, "
+                    f"{topo.get('predicates')} with % predicates, the same links; F={b['fanout_measured']}; "
+                    f"swiftmq/mqtt {ratio} (per repeat {', '.join(str(x) for x in f.get('swiftmq_ratios') or [])}); "
+                    f"steady 10-90% {_fmt(b['steady_10_90_pubs_per_s'])}/s; redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
+                )
+            broker_row(label, b, notes)
+        for m in f.get("swiftmq_matching") or []:
+            table.add_row(
+                f"10. swiftmq match {m['n']:,}",
+                "-",
+                "-",
+                f"match per topic: mqtt TopicIndex {m['mqtt_us']:.2f} us, swiftmq plain {m['plain_us']:.2f} us, "
+                f"swiftmq with {m['predicates']:,} predicates (10%) {m['predicates_us']:.2f} us; "
+                f"{m['avg_results']} results avg (depth-4 topics, 90% in the index)",
+                "",
+            )
         if "consume" in f:
             c = f["consume"]
             table.add_row(

@@ -41,7 +41,7 @@ from broker.config import Settings
 from broker.connection import block_slice_ms, connect
 from broker.consumer import sweep_subscriptions
 from broker.declared import seed_declared
-from broker.errors import BrokerError, ForeignKey, InvalidMessage, InvalidTopic
+from broker.errors import BrokerError, ConnectionLost, ForeignKey, InvalidMessage, InvalidTopic, ServerError
 from broker.models import apply_topic_defaults, encode_envelope, parse_entry
 from broker.routing import RoutingTable
 from broker.schemes import record_manager
@@ -186,8 +186,8 @@ class Worker:
                         self.setup()
                         ready = True
                     self.run_once(block=True)
-                except (redis.RedisError, ForeignKey) as exc:
-                    if self.stopping and isinstance(exc, redis.ConnectionError):
+                except (redis.RedisError, ForeignKey, ConnectionLost, ServerError) as exc:
+                    if self.stopping and isinstance(exc, (redis.ConnectionError, ConnectionLost)):
                         log.info("worker %s: the server went away while stopping", self.name)
                         break
                     self._report(exc)

@@ -33,6 +33,7 @@ import redis
 from broker import keys
 from broker.config import Settings
 from broker.errors import LinkCycle
+from broker.hierarchy import HierarchyIndex
 from broker.links import link
 from broker.models import encode_envelope, parse_entry, publication_fields
 from broker.publish import Publisher
@@ -134,6 +135,32 @@ def link_plan() -> list[tuple[str, str]]:
     """The links: ``audit/r/c -> audit/r`` (100), then ``bench/r/c/j -> audit/r/c`` (1,000)."""
     plan = [(f"audit/{r}/{c}", f"audit/{r}") for r in range(10) for c in range(10)]
     plan += [(t, "audit/" + "/".join(t.split("/")[1:3])) for t in TOPICS]
+    return plan
+
+
+#: The same 1,000 topics as dot topics, for the swiftmq scheme.
+SWIFT_TOPICS: list[str] = [t.replace("/", ".") for t in TOPICS]
+
+
+def swiftmq_subscription_plan() -> list[tuple[str, str, str]]:
+    """``subscription_plan`` in the swiftmq scheme: every ``bench.r.c.j`` reaches exactly 10 subscriptions.
+
+    ``+`` levels become ``%`` predicates (320 of the 1,540 subscriptions, 21%); ``bench/r/#``
+    becomes ``bench.r`` (a node receives its sub-nodes); ``+/r/#`` has no swiftmq form (the
+    root cannot be a predicate) and becomes ``bench.r.c`` (100, plain); the links are the same.
+    """
+    rng10 = range(10)
+    plan: list[tuple[str, str, str]] = []
+    plan += [(f"bench.{r}", "hash", f"r{r}") for r in rng10]
+    plan += [(f"bench.{r}.%.%", "plus2r", f"r{r}") for r in rng10]
+    plan += [(f"bench.%.%.{j}", "plus2j", f"j{j}") for j in rng10]
+    plan += [(f"bench.%.{c}.{j}", "plusr", f"c{c}j{j}") for c in rng10 for j in rng10]
+    plan += [(f"bench.{r}.%.{j}", "plusc", f"r{r}j{j}") for r in rng10 for j in rng10]
+    plan += [(f"bench.{r}.{c}.%", "plusj", f"r{r}c{c}") for r in rng10 for c in rng10]
+    plan += [(f"bench.{r}.{c}", "node", f"r{r}c{c}") for r in rng10 for c in rng10]
+    plan += [(f"audit.{r}.{c}", "link1", f"r{r}c{c}") for r in rng10 for c in rng10]
+    plan += [(f"audit.{r}", "link2", f"r{r}") for r in rng10]
+    plan += [(t, "exact", t.replace(".", "_")) for t in SWIFT_TOPICS]
     return plan
 
 
@@ -260,9 +287,13 @@ class Topology:
     setup_s: float = 0.0
     checked: dict[str, int] = field(default_factory=dict)
     via: dict[str, list[str]] = field(default_factory=dict)
+    scheme: str = "mqtt"
+    topics: list[str] = field(default_factory=lambda: TOPICS)
 
     @classmethod
-    def build(cls, client: redis.Redis, qm: str, sample: int = 8, selector: str | None = None) -> Topology:
+    def build(
+        cls, client: redis.Redis, qm: str, sample: int = 8, selector: str | None = None, scheme: str = "mqtt"
+    ) -> Topology:
         """Subscribe, link, check F with ``explain`` on ``sample`` topics, and DUMP the result.
 
         With ``selector``, every ``SELECTOR_EVERY``-th subscription of ``subscription_plan``
@@ -271,25 +302,34 @@ class Topology:
         Raises:
             BenchError: a sampled topic does not resolve to exactly ``FANOUT`` subscriptions.
         """
-        topo = cls(qm)
+        swift = scheme == "swiftmq"
+        topo = cls(qm, scheme=scheme, topics=SWIFT_TOPICS if swift else TOPICS)
         client.flushdb()
         start = time.perf_counter()
-        plan = subscription_plan()
+        plan = swiftmq_subscription_plan() if swift else subscription_plan()
         for (topic_filter, client_id, name), chosen in zip(
             plan, plan_selectors(len(plan), selector), strict=True
         ):
             record = subscribe(
-                client, qm, topic_filter, client_id=client_id, durable_name=name, selector=chosen
+                client,
+                qm,
+                topic_filter,
+                client_id=client_id,
+                durable_name=name,
+                selector=chosen,
+                scheme=scheme,
             )
             topo.sub_ids.append(record.sub_id)
             if chosen:
                 topo.selective.append(record.sub_id)
         for source, target in link_plan():
+            if swift:
+                source, target = source.replace("/", "."), target.replace("/", ".")
             link(client, qm, source, target)
         topo.setup_s = time.perf_counter() - start
         topo.queues = [keys.sub_queue(qm, s) for s in topo.sub_ids]
         rng = random.Random(3)
-        for topic in rng.sample(TOPICS, sample):
+        for topic in rng.sample(topo.topics, sample):
             route = explain(client, qm, topic)
             topo.checked[topic] = len(route.subscriptions)
             topo.via.setdefault("example", [f"{t}: {len(s)}" for t, s in route.via.items()])
@@ -297,8 +337,10 @@ class Topology:
                 raise BenchError(
                     f"{topic} resolves to {len(route.subscriptions)} subscriptions, not {FANOUT}"
                 )
-        for key in (keys.subscriptions(qm), keys.links(qm), keys.version(qm)):
-            topo.snapshot[key] = client.dump(key)
+        for key in (keys.subscriptions(qm), keys.links(qm), keys.version(qm), keys.manager(qm)):
+            payload = client.dump(key)
+            if payload is not None:
+                topo.snapshot[key] = payload
         return topo
 
     def restore(self, client: redis.Redis) -> None:
@@ -313,7 +355,7 @@ class Topology:
         """topic -> queue keys, resolved by the broker's own ``RoutingTable``."""
         table = RoutingTable(self.qm)
         table.load(client)
-        return {t: table.resolve(t).queues() for t in TOPICS}
+        return {t: table.resolve(t).queues() for t in self.topics}
 
 
 # --------------------------------------------------------------------------------------------
@@ -590,6 +632,7 @@ def preload(
     chunk: int,
     seed: int = 1,
     properties: bool = False,
+    topics: Sequence[str] = TOPICS,
 ) -> dict[str, Any]:
     """XADD ``n`` publications with ``Publisher.publish_many``, one call per chunk, interleaved.
 
@@ -619,7 +662,7 @@ def preload(
     stream = keys.publish_stream(qm)
     start = time.perf_counter()
     for pid, take in schedule(n, hot, chunk):
-        items = [(rng.choice(TOPICS), body_list[rng.randrange(len(body_list))]) for _ in range(take)]
+        items = [(rng.choice(topics), body_list[rng.randrange(len(body_list))]) for _ in range(take)]
         if properties:
             props = [selector_props(props_rng) for _ in range(take)]
             last = _publish_with_props(pipe, stream, pubs[pid], prefixes[pid], items, props)
@@ -854,7 +897,8 @@ def run_broker(
         define_s = define_topic_objects(client, qm, topic_objects)
     elif client.exists(objects_key):
         raise BenchError(f"{objects_key} holds {client.hlen(objects_key)} topic objects after the restore")
-    loaded = preload(client, qm, n, hot=hot, chunk=chunk, properties=properties)
+    loaded = preload(client, qm, n, hot=hot, chunk=chunk, properties=properties, topics=topo.topics)
+    settings = settings.model_copy(update={"topic_scheme": topo.scheme})
     expected = loaded.get("expected_deliveries", n * FANOUT)
     client.config_resetstat()
     pool = _pool(settings, workers)
@@ -1380,6 +1424,88 @@ def run_matching(sizes: Sequence[int], min_s: float = 0.3, rounds: int = 5) -> l
     built.clear()
     gc.collect()
     return results
+
+
+def hierarchy_filters(n: int, predicate_share: float, seed: int = 17) -> list[str]:
+    """``n`` distinct swiftmq subscriptions of depth 4 (``r<a>.c<b>.d<c>.e<d>``); every
+    ``1 / predicate_share``-th one has a node after the root turned into a predicate that
+    matches about ten values (``d12_``, ``e4_``; ``c%`` for one-digit values)."""
+    rng = random.Random(seed)
+    found: dict[str, None] = {}
+    while len(found) < n:
+        nodes = [
+            f"r{rng.randrange(20)}",
+            f"c{rng.randrange(100)}",
+            f"d{rng.randrange(100)}",
+            f"e{rng.randrange(1000)}",
+        ]
+        found[".".join(nodes)] = None
+    filters = list(found)
+    if predicate_share:
+        every = round(1 / predicate_share)
+        for i in range(every - 1, n, every):
+            nodes = filters[i].split(".")
+            k = 1 + i % 3
+            nodes[k] = nodes[k][:-1] + "_" if len(nodes[k]) > 2 else nodes[k][0] + "%"
+            filters[i] = ".".join(nodes)
+    return filters
+
+
+def run_hierarchy_matching(
+    sizes: Sequence[int], min_s: float = 0.3, rounds: int = 5, predicate_share: float = 0.1
+) -> list[dict[str, Any]]:
+    """Time ``match`` of the swiftmq ``HierarchyIndex`` against ``TopicIndex`` (mqtt) on the same topics.
+
+    For each size: the mqtt index of the plain filters (``/`` levels), the swiftmq index of the
+    same plain filters, and the swiftmq index with ``predicate_share`` of them predicates.
+    The sample: 90% topics that are plain filters of the index, 10% random depth-4 topics.
+    Best of ``rounds`` interleaved rounds, as ``run_matching``.
+
+    Returns:
+        One dict per size: ``n``, ``mqtt_us``, ``plain_us``, ``predicates_us``, ``avg_results``
+        (with predicates), ``predicates``.
+    """
+    rng = random.Random(23)
+    built = []
+    for n in sizes:
+        plain = hierarchy_filters(n, 0.0)
+        mixed = hierarchy_filters(n, predicate_share)
+        mqtt, swift, swift_mixed = TopicIndex(), HierarchyIndex(), HierarchyIndex()
+        for i, f in enumerate(plain):
+            mqtt.add(f.replace(".", "/"), f"s{i}")
+            swift.add(f, f"s{i}")
+        for i, f in enumerate(mixed):
+            swift_mixed.add(f, f"s{i}")
+        exact = [f for f in mixed if "%" not in f and "_" not in f][:1000]  # in all three indexes
+        sample = [
+            rng.choice(exact)
+            if rng.random() < 0.9
+            else hierarchy_filters(1, 0.0, seed=rng.randrange(10**9))[0]
+            for _ in range(2000)
+        ]
+        slashed = [t.replace(".", "/") for t in sample]
+        results = statistics.mean(len(swift_mixed.match(t)) for t in sample)
+        built.append((n, sample, slashed, mqtt, swift, swift_mixed, results))
+    out = []
+    for n, sample, slashed, mqtt, swift, swift_mixed, results in built:
+        best = [float("inf")] * 3
+        for _ in range(rounds):
+            best[0] = min(best[0], _time_per_call(mqtt.match, slashed, min_s / rounds))
+            best[1] = min(best[1], _time_per_call(swift.match, sample, min_s / rounds))
+            best[2] = min(best[2], _time_per_call(swift_mixed.match, sample, min_s / rounds))
+        out.append(
+            {
+                "n": n,
+                "mqtt_us": round(best[0] * 1e6, 3),
+                "plain_us": round(best[1] * 1e6, 3),
+                "predicates_us": round(best[2] * 1e6, 3),
+                "avg_results": round(results, 2),
+                "predicates": swift_mixed.predicate_count,
+            }
+        )
+    built.clear()
+    gc.collect()
+    return out
 
 
 def wait_idle(
