@@ -123,7 +123,8 @@ Measurements
    ``bench.r.c.j`` in a queue manager with ``topic_scheme = "swiftmq"``
    (``bench_lib.swiftmq_subscription_plan``: ``+`` levels become ``%``
    predicates, 320 of 1,540 subscriptions; ``bench/r/#`` becomes the node
-   ``bench.r``; the same links; F=10 checked the same way). swiftmq/mqtt =
+   ``bench.r``; only the 1,000 links ``bench.r.c.j -> audit.r.c``, as ``audit.r``
+   receives its sub-nodes' publications; F=10 checked the same way). swiftmq/mqtt =
    pubs/s ratio. Then matching alone: per-topic ``match`` of ``TopicIndex``
    (mqtt), of the swiftmq ``HierarchyIndex`` with the same plain depth-4
    subscriptions, and of one where every 10th is a predicate (``d12_``), at the
@@ -782,7 +783,7 @@ class Bench:
                 topo = f.get("topology_swiftmq", {})
                 notes = (
                     f"the same workload as dot topics bench.r.c.j: {topo.get('subscriptions')} subscriptions, "
-                    f"{topo.get('predicates')} with % predicates, the same links; F={b['fanout_measured']}; "
+                    f"{topo.get('predicates')} with % predicates, 1,000 links; F={b['fanout_measured']}; "
                     f"swiftmq/mqtt {ratio} (per repeat {', '.join(str(x) for x in f.get('swiftmq_ratios') or [])}); "
                     f"steady 10-90% {_fmt(b['steady_10_90_pubs_per_s'])}/s; redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
                 )

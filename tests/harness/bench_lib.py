@@ -147,7 +147,10 @@ def swiftmq_subscription_plan() -> list[tuple[str, str, str]]:
 
     ``+`` levels become ``%`` predicates (320 of the 1,540 subscriptions, 21%); ``bench/r/#``
     becomes ``bench.r`` (a node receives its sub-nodes); ``+/r/#`` has no swiftmq form (the
-    root cannot be a predicate) and becomes ``bench.r.c`` (100, plain); the links are the same.
+    root cannot be a predicate) and becomes ``bench.r.c`` (100, plain). The links are
+    ``bench.r.c.j -> audit.r.c`` only: ``audit.r`` receives what is delivered on its sub-node
+    ``audit.r.c``, and a link ``audit.r.c -> audit.r`` would deliver on ``audit.r`` and so reach
+    all ten ``audit.r.*`` (publishing on a node reaches its sub-nodes).
     """
     rng10 = range(10)
     plan: list[tuple[str, str, str]] = []
@@ -324,6 +327,8 @@ class Topology:
                 topo.selective.append(record.sub_id)
         for source, target in link_plan():
             if swift:
+                if source.startswith("audit/"):
+                    continue  # audit.r receives audit.r.c's publications as its sub-node's already
                 source, target = source.replace("/", "."), target.replace("/", ".")
             link(client, qm, source, target)
         topo.setup_s = time.perf_counter() - start
