@@ -74,6 +74,18 @@ from a prefix passed in ARGV, never from a prefix written in Lua:
 
 Tests check that the Lua and Python builders give the same strings.
 
+Topic schemes and declared topics (``{qm}:manager``, ``{qm}:declared``)
+-----------------------------------------------------------------------
+``HGET {qm}:manager topic_scheme`` says how every topic string and subscription
+filter of the queue manager is read: ``mqtt`` (absent means ``mqtt``: ``/`` levels,
+``+``/``#``) or ``swiftmq`` (``.`` nodes, SQL-LIKE ``%``/``_`` predicate nodes after
+the root with ``\`` as escape; a subscription to a node also receives its parents'
+and sub-nodes' publications: ``broker.hierarchy``). ``direct_subscriber_selection``
+``false`` makes a swiftmq publication's topic a predicate over the fields of
+``{qm}:declared``. The first worker writes both (HSETNX); change them only on an
+empty queue manager. Declare a topic as a subscription is made:
+``MULTI; HSET {qm}:declared <topic> '{"declared_ms":0,"source":"cli"}'; INCR {qm}:version; EXEC``.
+
 Topic objects (``{qm}:topics``), for a service that is not written in Python
 ---------------------------------------------------------------------------
 One hash field per object: the name (1-48 characters of ``A-Za-z0-9._/%``)
