@@ -234,16 +234,46 @@ def matches(topic_filter: str, topic: str) -> bool:
     return True
 
 
+def _literal_prefix(node: str) -> str:
+    """The characters a predicate node's matches all start with: its text before the first wildcard."""
+    out: list[str] = []
+    i = 0
+    while i < len(node) and node[i] not in _WILD:
+        if node[i] == ESCAPE:
+            i += 1
+        out.append(node[i])
+        i += 1
+    return "".join(out)
+
+
 class _Node:
-    """One node of a hierarchy trie: literal children, predicate children, and subscriptions ending here."""
+    """One node of a hierarchy trie: literal children, predicate children, and subscriptions ending here.
+
+    Predicate children are grouped by their literal prefix (``d12_`` under ``d12``), so a
+    level is tested only against the predicates whose prefix it starts with.
+    """
 
     __slots__ = ("children", "predicates", "subs")
 
     def __init__(self) -> None:
         self.children: dict[str, _Node] | None = None
-        #: predicate node text -> (compiled predicate, child)
-        self.predicates: dict[str, tuple[re.Pattern[str], _Node]] | None = None
+        #: literal prefix -> predicate node text -> (compiled predicate, child)
+        self.predicates: dict[str, dict[str, tuple[re.Pattern[str], _Node]]] | None = None
         self.subs: set[str] | None = None
+
+    def matching(self, level: str) -> Iterator[_Node]:
+        """The predicate children whose predicate matches ``level``."""
+        groups = self.predicates
+        if not groups:
+            return
+        if len(groups) <= len(level):
+            chosen = [g for prefix, g in groups.items() if level.startswith(prefix)]
+        else:
+            chosen = [g for i in range(len(level) + 1) if (g := groups.get(level[:i])) is not None]
+        for group in chosen:
+            for pattern, child in group.values():
+                if pattern.fullmatch(level) is not None:
+                    yield child
 
     def is_empty(self) -> bool:
         return not (self.children or self.predicates or self.subs)
@@ -256,7 +286,7 @@ class _Node:
             if node.children:
                 stack.extend(node.children.values())
             if node.predicates:
-                stack.extend(child for _, child in node.predicates.values())
+                stack.extend(child for group in node.predicates.values() for _, child in group.values())
             if node is not self:
                 yield node
 
@@ -282,9 +312,10 @@ class _Trie:
             else:
                 if node.predicates is None:
                     node.predicates = {}
-                found = node.predicates.get(text)
+                group = node.predicates.setdefault(_literal_prefix(text), {})
+                found = group.get(text)
                 if found is None:
-                    found = node.predicates[text] = (pattern, _Node())
+                    found = group[text] = (pattern, _Node())
                 child = found[1]
             node = child
         if node.subs is None:
@@ -300,7 +331,8 @@ class _Trie:
             if pattern is None:
                 child = node.children.get(text) if node.children else None
             else:
-                found = node.predicates.get(text) if node.predicates else None
+                group = node.predicates.get(_literal_prefix(text)) if node.predicates else None
+                found = group.get(text) if group else None
                 child = found[1] if found else None
             if child is None:
                 return False
@@ -315,9 +347,15 @@ class _Trie:
         for parent, text, predicate in reversed(path):
             if not node.is_empty():
                 break
-            holder = parent.predicates if predicate else parent.children
-            if holder is not None:
-                holder.pop(text, None)
+            if predicate and parent.predicates is not None:
+                prefix = _literal_prefix(text)
+                group = parent.predicates.get(prefix)
+                if group is not None:
+                    group.pop(text, None)
+                    if not group:
+                        del parent.predicates[prefix]
+            elif parent.children is not None:
+                parent.children.pop(text, None)
             if not parent.children:
                 parent.children = None
             if not parent.predicates:
@@ -336,9 +374,7 @@ class _Trie:
                     if child is not None:
                         following.append(child)
                 if node.predicates is not None:
-                    for pattern, child in node.predicates.values():
-                        if pattern.fullmatch(level) is not None:
-                            following.append(child)
+                    following.extend(node.matching(level))
             if not following:
                 return
             for node in following:

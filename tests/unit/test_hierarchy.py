@@ -134,3 +134,11 @@ def test_the_index_agrees_with_the_reference_definition_on_random_subscriptions_
     for _ in range(400):
         topic = ".".join(_random_node(rng, False) for _ in range(rng.randint(1, 5)))
         assert index.match(topic) == {f for f in filters if matches(f, topic)}, topic
+
+
+def test_predicates_grouped_by_literal_prefix_still_match_escaped_and_empty_prefixes():
+    index = _index("iit.a\\%%", "iit.%x", "iit.ab_", "iit.a_")
+    assert index.match("iit.a%z") == {"iit.a\\%%"}
+    assert index.match("iit.abx") == {"iit.%x", "iit.ab_"}
+    assert index.match("iit.ab") == {"iit.a_"}
+    assert index.remove("iit.a\\%%", "iit.a\\%%") and index.match("iit.a%z") == set()
