@@ -1080,6 +1080,7 @@ def status_command(state: State, as_json: bool) -> None:
         ("dead-lettered", "dead_lettered"),
         ("active publishers", "active_publishers"),
         ("links", "links"),
+        ("topic scheme", "topic_scheme"),
         ("index version", "version"),
     )
     for label, name in rows:

@@ -79,7 +79,7 @@ Topic schemes and declared topics (``{qm}:manager``, ``{qm}:declared``)
 ``HGET {qm}:manager topic_scheme`` says how every topic string and subscription
 filter of the queue manager is read: ``mqtt`` (absent means ``mqtt``: ``/`` levels,
 ``+``/``#``) or ``swiftmq`` (``.`` nodes, SQL-LIKE ``%``/``_`` predicate nodes after
-the root with ``\`` as escape; a subscription to a node also receives its parents'
+the root with ``\\`` as escape; a subscription to a node also receives its parents'
 and sub-nodes' publications: ``broker.hierarchy``). ``direct_subscriber_selection``
 ``false`` makes a swiftmq publication's topic a predicate over the fields of
 ``{qm}:declared``. The first worker writes both (HSETNX); change them only on an

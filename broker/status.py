@@ -16,11 +16,12 @@ from typing import Any
 import redis
 
 from broker import keys
-from broker.connection import translate_errors
+from broker.connection import read_hash, translate_errors
 from broker.consumer import subscription_load
 from broker.errors import BrokerError, ForeignKey
 from broker.links import read_links
 from broker.routing import RoutingTable
+from broker.schemes import scheme_of
 from broker.stream import group_state
 from broker.subscriptions import SubscriptionRecord, read_subscriptions
 from broker.topic_objects import BASE, read_tree
@@ -69,12 +70,24 @@ def _subscription_row(
 
 
 @translate_errors
+def _scheme_text(client: redis.Redis, qm: str) -> str:
+    """``mqtt``, ``swiftmq (direct selection)`` or ``swiftmq (indirect, N declared topics)``."""
+    manager = read_hash(client, keys.manager(qm))
+    scheme = scheme_of(qm, manager)
+    if scheme != "swiftmq":
+        return scheme
+    if manager.get(b"direct_subscriber_selection", b"true") != b"false":
+        return "swiftmq (direct selection)"
+    declared = len(read_hash(client, keys.declared_topics(qm)))
+    return f"swiftmq (indirect selection, {declared} declared topics)"
+
+
 def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     """A snapshot of the queue manager.
 
     Returns:
         ``{"stream_length", "pending", "lag", "dead_lettered", "active_publishers",
-        "version", "subscriptions": [{"id", "filter", "durable", "mode", "consumers", "depth",
+        "version", "topic_scheme", "subscriptions": [{"id", "filter", "durable", "mode", "consumers", "depth",
         "inflight", "skipped", "expired"}],
         "links": n, "workers": [{"name", "pid", "processed", "heartbeat_age_ms", "state"}],
         "problems": [str]}``. Depths are messages; ``depth``/``inflight`` are None
@@ -90,6 +103,7 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     graph, bad_links = _read(problems, "links", lambda: read_links(client, qm), (None, []))
     tree = _read(problems, "topic objects", lambda: read_tree(client, qm), None)
     problems += [str(p) for p in (*bad_subs, *bad_links, *(tree.problems if tree else []))]
+    scheme = _read(problems, "topic scheme", lambda: _scheme_text(client, qm), "?")
 
     pipe = client.pipeline(transaction=False)
     for record in subs:
@@ -146,6 +160,7 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
             _subscription_row(client, qm, r, values[2 * i] is None) for i, r in enumerate(subs)
         ],
         "links": len(graph.links()) if graph is not None else 0,
+        "topic_scheme": scheme,
         "workers": workers,
         "problems": problems,
     }
