@@ -69,7 +69,6 @@ def _subscription_row(
     }
 
 
-@translate_errors
 def _scheme_text(client: redis.Redis, qm: str) -> str:
     """``mqtt``, ``swiftmq (direct selection)`` or ``swiftmq (indirect, N declared topics)``."""
     manager = read_hash(client, keys.manager(qm))
@@ -82,6 +81,7 @@ def _scheme_text(client: redis.Redis, qm: str) -> str:
     return f"swiftmq (indirect selection, {declared} declared topics)"
 
 
+@translate_errors
 def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     """A snapshot of the queue manager.
 
