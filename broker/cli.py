@@ -21,6 +21,8 @@ import json
 import signal
 import sys
 import time
+from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import click
@@ -35,11 +37,12 @@ from broker import declared, links, routing, topic_objects
 from broker.config import Settings, load_settings
 from broker.connection import connect, redact_url, wait_for_server
 from broker.consumer import Subscriber, browse, subscription_load
+from broker.durables import delete_durables
 from broker.errors import BrokerError, ConnectionLost, NoSuchSubscription, PublicationRefused, ServerError
 from broker.models import Message, PropertyValue
 from broker.publish import Publisher, PublishResult
 from broker.status import status as status_of
-from broker.status import topic_status, topic_tree
+from broker.status import topic_status, topic_tree, usage_list
 from broker.subscriptions import read_subscriptions
 from broker.subscriptions import subscribe as subscribe_to
 from broker.subscriptions import unsubscribe as unsubscribe_from
@@ -254,17 +257,21 @@ def worker_command(state: State, concurrency: int | None, wait_ms: int) -> None:
 )
 @click.pass_obj
 def scheduler_command(state: State, interval_ms: int, wait_ms: int) -> None:
-    """Schedule the admin jobs (trim acknowledged stream entries, usage snapshots)
-    and run an rq worker with its scheduler on the broker-admin queue until Ctrl-C."""
+    """Schedule the admin jobs (trim acknowledged stream entries, usage snapshots, and with
+    durable_idle_expiry_ms the deletion of idle durable subscriptions) and run an rq worker with
+    its scheduler on the broker-admin queue until Ctrl-C; it also runs `broker jobs` schedules."""
+    import logging
+
     from broker.jobs import run_scheduler
 
     settings = state.settings
     wait_for_server(settings.redis_url, wait_ms).close()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     click.echo(
         f"admin jobs every {interval_ms} ms for queue manager {settings.qm} on {redact_url(settings.redis_url)}",
         err=True,
     )
-    run_scheduler(settings.redis_url, settings.qm, interval_ms)
+    run_scheduler(settings.redis_url, settings.qm, interval_ms, settings.durable_idle_expiry_ms)
 
 
 @main.command("server", short_help="Run the embedded Valkey server in the foreground.")
@@ -742,6 +749,207 @@ def subscriptions_command(state: State) -> None:
             )
         _console().print(table)
     _print_problems(problems)
+
+
+def _usage_table(rows: Any, last: str) -> Table:
+    """The columns of SwiftMQ's usage lists (name, client id, topic, selector, no-local, bound to)
+    and ``last`` (``depth`` or ``consumers``)."""
+    durable = last == "depth"
+    table = _table(
+        "name",
+        *(("durable name",) if durable else ()),
+        "client id",
+        "topic",
+        "selector",
+        "no-local",
+        "bound to",
+        last,
+    )
+    for row in rows:
+        value = getattr(row, last)
+        table.add_row(
+            row.name,
+            *((row.durable_name,) if durable else ()),
+            row.client_id,
+            row.topic,
+            row.selector or "-",
+            "yes" if row.no_local else "no",
+            row.bound_to,
+            "?" if value is None else str(value),
+        )
+    return table
+
+
+def _print_usage(rows: Any, problems: list[str], last: str, none: str, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"rows": [asdict(r) for r in rows], "problems": problems}, indent=2))
+        return
+    if not rows:
+        click.echo(none)
+    else:
+        _console().print(_usage_table(rows, last))
+    _print_problems(problems)
+
+
+@main.group("durables", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print {rows, problems} as one JSON object.")
+@click.pass_context
+def durables_group(ctx: click.Context, as_json: bool) -> None:
+    """List durable subscriptions: name, durable name, client id, topic, selector, no-local,
+    the queue each is bound to and its depth (messages waiting, every priority band).
+
+    A record that cannot be read, or a key of another Redis type, is listed as a problem.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    state: State = ctx.obj
+    rows, problems = usage_list(state.client(), state.settings.qm, "durables")
+    _print_usage(rows, problems, "depth", "no durable subscriptions", as_json)
+
+
+@durables_group.command("delete")
+@click.option(
+    "--client-id",
+    "client_id_predicate",
+    required=True,
+    metavar="PREDICATE",
+    help="SQL LIKE on client ids: '%' any run, '_' one character, '\\' escapes (mandatory).",
+)
+@click.option(
+    "--durable-name",
+    "durable_name_predicate",
+    required=True,
+    metavar="PREDICATE",
+    help="SQL LIKE on durable names (mandatory; '%' for every name).",
+)
+@click.option("--dry-run", is_flag=True, help="List what would be deleted, with the messages each holds.")
+@click.pass_obj
+def durables_delete(
+    state: State, client_id_predicate: str, durable_name_predicate: str, dry_run: bool
+) -> None:
+    """Delete the durable subscriptions whose client id and durable name match the predicates,
+    with every message they hold (SwiftMQ's Delete Durable). Non-durable ones are never touched.
+
+    Quote the predicates: --client-id 'sales' --durable-name '%'.
+    """
+    done = delete_durables(
+        state.client(), state.settings.qm, client_id_predicate, durable_name_predicate, dry_run=dry_run
+    )
+    if done.deleted:
+        table = _table("subscription", "messages held" if dry_run else "messages lost")
+        for item in done.deleted:
+            table.add_row(item.sub_id, str(item.messages))
+        _console().print(table)
+    click.echo(done.summary())
+    _print_problems(done.problems)
+
+
+@main.command("subscribers")
+@click.option("--json", "as_json", is_flag=True, help="Print {rows, problems} as one JSON object.")
+@click.pass_obj
+def subscribers_command(state: State, as_json: bool) -> None:
+    """List active subscribers: subscriptions (durable or not) with at least one live consumer,
+    with client id, topic, selector, no-local, the queue each is bound to and its live consumers."""
+    rows, problems = usage_list(state.client(), state.settings.qm, "subscribers")
+    _print_usage(rows, problems, "consumers", "no active subscribers", as_json)
+
+
+# --- scheduled jobs ----------------------------------------------------------------------------
+
+
+def _utc(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@main.group("jobs", short_help="Scheduled admin jobs: schedule, list, cancel.")
+def jobs_group() -> None:
+    """Admin jobs run at cron times by `broker scheduler` (SwiftMQ's scheduler jobs).
+    Cron expressions are five fields (minute hour day-of-month month day-of-week), in UTC."""
+
+
+@jobs_group.group("schedule")
+def jobs_schedule() -> None:
+    """Schedule a job at the times of a cron expression."""
+
+
+@jobs_schedule.command("delete-durable")
+@click.option("--cron", required=True, help="Five cron fields, UTC, e.g. '0 3 * * *' (03:00 every day).")
+@click.option(
+    "--client-id", "client_id_predicate", required=True, metavar="PREDICATE", help="SQL LIKE on client ids."
+)
+@click.option(
+    "--durable-name",
+    "durable_name_predicate",
+    required=True,
+    metavar="PREDICATE",
+    help="SQL LIKE on durable names.",
+)
+@click.pass_obj
+def jobs_schedule_delete_durable(
+    state: State, cron: str, client_id_predicate: str, durable_name_predicate: str
+) -> None:
+    """Schedule Delete Durable: at each time of --cron, delete the durable subscriptions (and their
+    messages) whose client id and durable name match the predicates (see `broker durables delete`)."""
+    from broker.jobs import add_schedule
+
+    settings = state.settings
+    made = add_schedule(
+        state.client(),
+        settings.redis_url,
+        settings.qm,
+        "delete-durable",
+        cron,
+        {"client_id": client_id_predicate, "durable_name": durable_name_predicate},
+    )
+    click.echo(
+        f"scheduled {made.schedule_id}: delete-durable at {made.cron!r}; next run {_utc(made.next_run_ms)}"
+    )
+
+
+@jobs_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print {schedules, problems} as one JSON object.")
+@click.pass_obj
+def jobs_list(state: State, as_json: bool) -> None:
+    """List scheduled jobs: id, job, parameters, cron schedule, next run, last run and its result."""
+    from broker.jobs import list_schedules
+
+    found, problems = list_schedules(state.client(), state.settings.qm)
+    if as_json:
+        rows = [
+            {"id": s.schedule_id, **{k: v for k, v in asdict(s).items() if k != "schedule_id"}} for s in found
+        ]
+        click.echo(json.dumps({"schedules": rows, "problems": problems}, indent=2))
+        return
+    if not found:
+        click.echo("no scheduled jobs")
+    else:
+        table = _table("id", "job", "parameters", "schedule (UTC)", "next run", "last run", "last result")
+        for item in found:
+            params = " ".join(f"{k}={v}" for k, v in item.params.items())
+            table.add_row(
+                item.schedule_id,
+                item.job,
+                params,
+                item.cron,
+                _utc(item.next_run_ms),
+                _utc(item.last_run_ms),
+                item.last_result or "-",
+            )
+        _console().print(table)
+    _print_problems(problems)
+
+
+@jobs_group.command("cancel")
+@click.argument("schedule_id")
+@click.pass_obj
+def jobs_cancel(state: State, schedule_id: str) -> None:
+    """Cancel scheduled job SCHEDULE_ID (also one whose record cannot be read): it never runs again."""
+    from broker.jobs import cancel_schedule
+
+    cancel_schedule(state.client(), state.settings.qm, schedule_id)
+    click.echo(f"cancelled {schedule_id}")
 
 
 # --- administration ----------------------------------------------------------------------------

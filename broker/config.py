@@ -90,6 +90,10 @@ class Settings(BaseSettings):
         subscription_expiry_ms: a non-durable subscription whose consumers have
             all been dead for this long is removed with its queue (MQTT 5 session
             expiry), ms. Durable subscriptions stay.
+        durable_idle_expiry_ms: a durable subscription that no consumer has used for
+            this long (its last consumer closed, or its lease ran out, that long
+            ago) is deleted with its messages by the scheduler's admin job, ms;
+            0 (the default) keeps durable subscriptions until they are deleted.
         max_redeliveries: a message whose consumers died this many times without
             acknowledging it is dead-lettered instead of delivered again.
         expired_to_dlq: a message that expires while waiting in a subscriber
@@ -137,6 +141,7 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(default=5, ge=2)
     consumer_lease_ms: int = Field(default=10_000, ge=10)
     subscription_expiry_ms: int = Field(default=60_000, ge=0)
+    durable_idle_expiry_ms: int = Field(default=0, ge=0)
     max_redeliveries: int = Field(default=10, ge=0)
     expired_to_dlq: bool = False
     consumer_modes: list[ConsumerMode] = Field(default_factory=list)

@@ -144,16 +144,17 @@ def change_field(
     key: str,
     field: str,
     decide: Callable[[Any], Any],
-    version_key: str,
+    version_key: str | None,
     watch: tuple[str, ...] = (),
 ) -> Any:
     """Change one record of a hash and bump the index version, in one transaction.
 
-    The one mechanism behind subscriptions, links and topic objects: WATCH
-    ``key`` (and ``watch``), call ``decide(pipe)`` (it reads through ``pipe``,
-    which executes at once until MULTI), then ``HSET key field <value>`` (a
-    ``str``) or ``HDEL`` (``None``) together with ``INCR version_key``. A
-    concurrent change to a watched key makes it start again. ``decide`` may
+    The one mechanism behind subscriptions, links, topic objects and schedules:
+    WATCH ``key`` (and ``watch``), call ``decide(pipe)`` (it reads through
+    ``pipe``, which executes at once until MULTI), then ``HSET key field
+    <value>`` (a ``str``) or ``HDEL`` (``None``) together with ``INCR
+    version_key`` (none when it is None: records the workers do not route by).
+    A concurrent change to a watched key makes it start again. ``decide`` may
     raise to refuse, or return ``KEEP`` to write nothing.
 
     Returns:
@@ -172,7 +173,8 @@ def change_field(
                     pipe.hdel(key, field)
                 else:
                     pipe.hset(key, field, value)
-                pipe.incr(version_key)
+                if version_key is not None:
+                    pipe.incr(version_key)
                 pipe.execute()
                 return value
             except redis.WatchError:

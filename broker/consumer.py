@@ -150,6 +150,7 @@ def recover(
             keys.subscriptions(qm),
             *keys.sub_bands(qm, sub_id),
             keys.sub_holder(qm, sub_id),
+            keys.last_active(qm),
         ],
         args=[
             "" if now_ms is None else now_ms,

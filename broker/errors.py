@@ -349,3 +349,19 @@ class InvalidName(BrokerError, ValueError):
     """
 
     exit_code = 2
+
+
+class InvalidSchedule(BrokerError, ValueError):
+    """A scheduled job cannot be made that way: an unknown job, a cron expression that is
+    not five valid fields (or never fires), or a missing job parameter.
+
+    Raised by ``broker.schedules.add_schedule`` before anything is stored.
+    """
+
+    exit_code = 2
+
+
+class NoSuchSchedule(BrokerError, LookupError):
+    """A schedule id names no scheduled job of this queue manager (``broker jobs cancel``)."""
+
+    exit_code = 2

@@ -1,22 +1,45 @@
 """The broker's scheduled admin jobs, run by an rq worker with its scheduler (``broker scheduler``).
 
 rq stores each job's dotted path (``broker.jobs.<name>``), so these functions
-must not move, and they take primitive arguments only. Each periodic job
-re-enqueues itself with ``enqueue_in`` after it runs.
+must not move, and they take primitive arguments only. Two kinds:
+
+- periodic jobs (trimming the stream, usage snapshots, idle durable expiry):
+  each re-enqueues itself with ``enqueue_in`` after it runs; ``schedule``
+  makes sure each runs in exactly one chain per queue manager.
+- scheduled jobs (``broker jobs schedule``; SwiftMQ's Scheduler Swiftlet jobs):
+  a record in ``{qm}:schedules`` (``broker.schedules``) and an rq job enqueued
+  at its next cron time (``enqueue_at``). ``run_schedule`` runs the job only
+  while the record exists and names that rq job, then enqueues the next run
+  and records its id, only if the record still exists: a cancelled schedule
+  (record removed, rq job deleted) never runs again, and a corrupt record is
+  logged and left for ``broker jobs list`` to name, never run.
+
+One scheduler process per queue manager.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
-from datetime import timedelta
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import redis
 from rq import Queue, Worker
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
 
-from broker import keys
-from broker.connection import connect, redact_url
+from broker import keys, schedules
+from broker.connection import connect, redact_url, translate_errors
+from broker.durables import Deletion, delete_durables, expire_idle_durables
+from broker.errors import BrokerError, CorruptRecord
 from broker.maintenance import trim_acknowledged
+from broker.schedules import Schedule
 from broker.status import status
+
+log = logging.getLogger("broker.jobs")
 
 #: The rq queue the admin jobs run on.
 ADMIN_QUEUE = "broker-admin"
@@ -51,22 +74,48 @@ def usage_snapshot(redis_url: str, qm: str) -> dict[str, int]:
     return figures
 
 
+def expire_idle(redis_url: str, qm: str, idle_ms: int) -> list[str]:
+    """Delete the durable subscriptions no consumer has used for ``idle_ms`` ms (``durable_idle_expiry_ms``).
+
+    Each deletion is logged with the messages lost (``broker.durables``); problems are logged too.
+
+    Returns:
+        The subscription ids deleted.
+    """
+    done = expire_idle_durables(connect(redis_url), qm, idle_ms)
+    _log_problems("idle durable expiry", done)
+    return [d.sub_id for d in done.deleted]
+
+
+def _log_problems(what: str, done: Deletion) -> None:
+    for problem in done.problems:
+        log.warning("%s: %s", what, problem)
+
+
 def _description(redis_url: str, qm: str, job: str) -> str:
     """What rq logs for a job instead of its arguments (which hold the URL and its password)."""
     return f"broker.jobs.{job} of queue manager {qm} on {redact_url(redis_url)}"
 
 
-def periodic(redis_url: str, qm: str, job: str, interval_ms: int) -> None:
-    """Run the job named ``job`` ("trim_stream" or "usage_snapshot"), then schedule the next run.
+#: The periodic jobs, by the name ``periodic`` is given.
+PERIODIC: dict[str, Callable[..., Any]] = {
+    "trim_stream": trim_stream,
+    "usage_snapshot": usage_snapshot,
+    "expire_idle": expire_idle,
+}
+
+
+def periodic(redis_url: str, qm: str, job: str, interval_ms: int, *args: Any) -> None:
+    """Run the periodic job named ``job`` (a name of ``PERIODIC``) with ``args``, then schedule the next run
+    ``interval_ms`` ms later.
 
     Raises:
         ValueError: an unknown job name.
     """
-    functions = {"trim_stream": trim_stream, "usage_snapshot": usage_snapshot}
-    if job not in functions:
-        raise ValueError(f"unknown admin job {job!r}; known: {', '.join(sorted(functions))}")
+    if job not in PERIODIC:
+        raise ValueError(f"unknown admin job {job!r}; known: {', '.join(sorted(PERIODIC))}")
     try:
-        functions[job](redis_url, qm)
+        PERIODIC[job](redis_url, qm, *args)
     finally:
         queue = Queue(ADMIN_QUEUE, connection=connect(redis_url))
         queue.enqueue_in(
@@ -76,38 +125,263 @@ def periodic(redis_url: str, qm: str, job: str, interval_ms: int) -> None:
             qm,
             job,
             interval_ms,
+            *args,
             description=_description(redis_url, qm, job),
         )
 
 
-def schedule(redis_url: str, qm: str, interval_ms: int = 60_000) -> list[str]:
-    """Enqueue the periodic admin jobs once (an rq worker with ``--with-scheduler`` runs them).
+def _periodic_chains(queue: Queue, qm: str) -> dict[str, list[Job]]:
+    """The queued and scheduled runs of ``periodic`` for ``qm``, by job name."""
+    ids = [*queue.get_job_ids(), *queue.scheduled_job_registry.get_job_ids()]
+    chains: dict[str, list[Job]] = {}
+    for job in Job.fetch_many(ids, connection=queue.connection):
+        try:
+            if job is None or job.func_name != f"{__name__}.periodic":
+                continue
+            args = job.args
+        except Exception:  # a job rq cannot load: not one of ours to judge
+            continue
+        if len(args) >= 4 and args[1] == qm:
+            chains.setdefault(str(args[2]), []).append(job)
+    return chains
 
-    Returns:
-        The rq job ids.
-    """
-    queue = Queue(ADMIN_QUEUE, connection=connect(redis_url))
-    return [
-        queue.enqueue(
-            periodic, redis_url, qm, job, interval_ms, description=_description(redis_url, qm, job)
-        ).id
-        for job in ("trim_stream", "usage_snapshot")
-    ]
 
+def schedule(redis_url: str, qm: str, interval_ms: int = 60_000, idle_expiry_ms: int = 0) -> list[str]:
+    """Make each periodic admin job of ``qm`` run in exactly one chain, with these arguments.
 
-def run_scheduler(redis_url: str, qm: str, interval_ms: int = 60_000) -> None:
-    """Schedule the periodic admin jobs (unless already scheduled) and run an rq worker for them.
-
-    The worker runs rq's scheduler too (``with_scheduler``), which enqueues the
-    jobs' next runs; it stops on SIGTERM/SIGINT as rq workers do.
+    A chain that is missing (never made, or broken when a scheduler died mid-run)
+    is enqueued now; one with other arguments (another interval or idle expiry),
+    a duplicate, or one no longer wanted is deleted. ``expire_idle`` runs only
+    when ``idle_expiry_ms`` is above 0.
 
     Args:
         redis_url: the broker's Redis.
         qm: the queue manager.
         interval_ms: how often each job runs, ms.
+        idle_expiry_ms: ``durable_idle_expiry_ms``: how long a durable subscription may go unused, ms.
+
+    Returns:
+        The rq job ids enqueued.
+    """
+    queue = Queue(ADMIN_QUEUE, connection=connect(redis_url))
+    wanted: dict[str, tuple[Any, ...]] = {"trim_stream": (), "usage_snapshot": ()}
+    if idle_expiry_ms > 0:
+        wanted["expire_idle"] = (idle_expiry_ms,)
+    chains = _periodic_chains(queue, qm)
+    enqueued = []
+    for name in sorted(set(wanted) | set(chains)):
+        keep = None
+        for job in chains.get(name, []):
+            if keep is None and name in wanted and tuple(job.args[3:]) == (interval_ms, *wanted[name]):
+                keep = job
+            else:
+                job.delete()
+        if keep is None and name in wanted:
+            enqueued.append(
+                queue.enqueue(
+                    periodic,
+                    redis_url,
+                    qm,
+                    name,
+                    interval_ms,
+                    *wanted[name],
+                    description=_description(redis_url, qm, name),
+                ).id
+            )
+    return enqueued
+
+
+def run_scheduler(redis_url: str, qm: str, interval_ms: int = 60_000, idle_expiry_ms: int = 0) -> None:
+    """Schedule the periodic admin jobs (see ``schedule``) and run an rq worker for them.
+
+    The worker runs rq's scheduler too (``with_scheduler``), which enqueues the
+    jobs' next runs and the scheduled jobs (``broker jobs``) when they are due;
+    it stops on SIGTERM/SIGINT as rq workers do.
+
+    Args:
+        redis_url: the broker's Redis.
+        qm: the queue manager.
+        interval_ms: how often each periodic job runs, ms.
+        idle_expiry_ms: ``durable_idle_expiry_ms``, ms; 0 runs no idle durable expiry.
     """
     client = connect(redis_url)
     queue = Queue(ADMIN_QUEUE, connection=client)
-    if not queue.count and not queue.scheduled_job_registry.count:
-        schedule(redis_url, qm, interval_ms)
+    schedule(redis_url, qm, interval_ms, idle_expiry_ms)
     Worker([queue], connection=client).work(with_scheduler=True)
+
+
+# --- scheduled jobs (broker jobs schedule | list | cancel) -----------------------------------------
+
+
+def _run_delete_durable(client: redis.Redis, qm: str, params: Mapping[str, str]) -> str:
+    done = delete_durables(client, qm, params["client_id"], params["durable_name"])
+    _log_problems("Delete Durable", done)
+    ids = ", ".join(d.sub_id for d in done.deleted)
+    return done.summary() + (f": {ids}" if ids else "")
+
+
+#: How each job of ``broker.schedules.JOBS`` runs: (client, qm, params) -> one line of result.
+RUNNERS: dict[str, Callable[[redis.Redis, str, Mapping[str, str]], str]] = {
+    "delete-durable": _run_delete_durable,
+}
+
+
+def _enqueue_run(
+    client: redis.Redis, redis_url: str, qm: str, schedule_id: str, token: str, at_ms: int
+) -> None:
+    Queue(ADMIN_QUEUE, connection=client).enqueue_at(
+        datetime.fromtimestamp(at_ms / 1000, tz=UTC),
+        run_schedule,
+        redis_url,
+        qm,
+        schedule_id,
+        token,
+        job_id=token,
+        description=_description(redis_url, qm, f"run_schedule {schedule_id}"),
+    )
+
+
+def _delete_rq_job(client: redis.Redis, job_id: str) -> bool:
+    """Delete an rq job wherever it is (queued, scheduled, finished); False when there is none."""
+    try:
+        Job.fetch(job_id, connection=client).delete()
+    except NoSuchJobError:
+        return False
+    return True
+
+
+@translate_errors
+def add_schedule(
+    client: redis.Redis,
+    redis_url: str,
+    qm: str,
+    job: str,
+    cron: str,
+    params: Mapping[str, str],
+    now_ms: int | None = None,
+) -> Schedule:
+    """Schedule ``job`` with ``params`` at the times of ``cron`` (five fields, UTC).
+
+    Everything is checked before anything is stored. The rq job of the first run
+    is enqueued first, then the record: a record always names an rq job.
+
+    Args:
+        client: a redis-py client.
+        redis_url: the broker's Redis, as the scheduler reaches it (the rq job's argument).
+        qm: the queue manager.
+        job: a name of ``broker.schedules.JOBS`` (``delete-durable``).
+        cron: the cron expression.
+        params: the job's parameters (``client_id`` and ``durable_name`` for ``delete-durable``).
+        now_ms: the time, ms since the epoch; None for this machine's clock.
+
+    Returns:
+        The schedule stored, with its id and first run.
+
+    Raises:
+        InvalidSchedule: an unknown job, a cron expression that is not five valid fields or
+            never fires, a missing parameter.
+        InvalidSelector: a predicate parameter is invalid.
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    made = schedules.new_schedule(job, cron, params, now)
+    _enqueue_run(client, redis_url, qm, made.schedule_id, made.rq_job, made.next_run_ms)
+    if not schedules.store(client, qm, made):  # an id taken (8 random hex digits): try once more
+        _delete_rq_job(client, made.rq_job)
+        return add_schedule(client, redis_url, qm, job, cron, params, now_ms)
+    log.info("scheduled %s %s at %r (%s)", made.schedule_id, job, cron, made.params)
+    return made
+
+
+@translate_errors
+def cancel_schedule(client: redis.Redis, qm: str, schedule_id: str) -> Schedule | CorruptRecord:
+    """Cancel a schedule: remove its record (even a corrupt one) and delete its rq job.
+
+    A run already under way finishes; no run starts after this returns.
+
+    Returns:
+        The schedule removed, or the ``CorruptRecord`` an unreadable one was.
+
+    Raises:
+        NoSuchSchedule: there is no such schedule.
+    """
+    removed = schedules.remove(client, qm, schedule_id)
+    if isinstance(removed, Schedule):
+        _delete_rq_job(client, removed.rq_job)
+    log.info("cancelled schedule %s", schedule_id)
+    return removed
+
+
+@translate_errors
+def list_schedules(client: redis.Redis, qm: str) -> tuple[list[Schedule], list[str]]:
+    """Every schedule (sorted by next run), and problems: records that cannot be read, and
+    schedules whose rq job is gone (nothing will run them: cancel and schedule them again).
+
+    Raises:
+        ForeignKey: ``{qm}:schedules`` holds another Redis type.
+    """
+    found, corrupt = schedules.read_schedules(client, qm)
+    problems = [str(p) for p in corrupt]
+    for item in found:
+        if not Job.exists(item.rq_job, connection=client):
+            problems.append(
+                f"schedule {item.schedule_id}: its rq job {item.rq_job} is gone, so it will not run; "
+                "cancel it and schedule it again"
+            )
+    return found, problems
+
+
+def run_schedule(redis_url: str, qm: str, schedule_id: str, token: str, now_ms: int | None = None) -> str:
+    """The rq job of one run of a schedule: run it, then enqueue the next run.
+
+    Runs only while the record exists and names this rq job (``token``): a
+    cancelled schedule, or a stale run of one, does nothing and ends its chain.
+    A corrupt record is logged and not run (``broker jobs list`` names it).
+
+    Args:
+        redis_url: the broker's Redis.
+        qm: the queue manager.
+        schedule_id: the schedule.
+        token: this run's rq job id.
+        now_ms: the time, ms since the epoch; None for this machine's clock.
+
+    Returns:
+        What happened, one line (also logged): the job's result, "cancelled", "stale" or "corrupt".
+    """
+    client = connect(redis_url)
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    try:
+        record = schedules.get_schedule(client, qm, schedule_id)
+    except BrokerError as exc:  # a corrupt record, a foreign {qm}:schedules
+        log.error("schedule %s not run: %s", schedule_id, exc)
+        return "corrupt"
+    if record is None:
+        log.info("schedule %s was cancelled: not run", schedule_id)
+        return "cancelled"
+    if record.rq_job != token:
+        log.warning(
+            "schedule %s: rq job %s is not its current run (%s): not run", schedule_id, token, record.rq_job
+        )
+        return "stale"
+    try:
+        result = RUNNERS[record.job](client, qm, record.params)
+    except Exception as exc:  # the next run is still scheduled; the failure is recorded
+        log.exception("schedule %s (%s) failed", schedule_id, record.job)
+        result = f"failed: {exc}"
+    log.info("schedule %s (%s %s): %s", schedule_id, record.job, record.params, result)
+    next_run = schedules.next_run_ms(record.cron, now)
+    following = schedules.run_token(schedule_id)
+    _enqueue_run(client, redis_url, qm, schedule_id, following, next_run)
+    recorded = schedules.advance(
+        client,
+        qm,
+        schedule_id,
+        token,
+        next_run_ms=next_run,
+        rq_job=following,
+        last_run_ms=now,
+        last_result=result,
+    )
+    if not recorded:  # cancelled while it ran: its next run must not stay queued
+        _delete_rq_job(client, following)
+        log.info("schedule %s was cancelled while it ran: no next run", schedule_id)
+    return result

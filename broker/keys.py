@@ -53,6 +53,12 @@ key                                 type      contents                          
                                               publisher, seq, topic, subs (JSON list of
                                               subscription ids), enq_ms, dlv_ms, status
 ``{qm}:usage``                      stream    usage snapshots (field ``snapshot``: JSON)    rq job usage_snapshot    operators
+``{qm}:last_active``                hash      sub id -> ms: when its last consumer closed,  recover.lua (on close    idle durable expiry
+                                              or the newest lease deadline of consumers     and when it forgets      (``broker.durables``),
+                                              forgotten; the expiry job starts an unknown   dead consumers), the     ``broker durables``
+                                              one at the time it first sees it (HSETNX)     expiry job
+``{qm}:schedules``                  hash      schedule id -> JSON (job, cron, parameters,   ``broker jobs``, each    rq job run_schedule,
+                                              next run, the rq job id that runs it)         run of the schedule      ``broker jobs list``
 ==================================  ========  ============================================  =======================  ==========================
 
 Keys whose names are built inside Lua from data the script reads are built
@@ -187,8 +193,9 @@ and ``"share"`` (an MQTT 5 ShareName, for display)::
     INCR {QM1}:version
     EXEC
 
-Remove it with ``lua/remove_subscription.lua`` (or ``HDEL``, ``INCR`` on the
-version and ``DEL`` of every ``{qm}:sub:<id>*`` key above, in one ``MULTI``);
+Remove it with ``lua/remove_subscription.lua`` (or ``HDEL`` of its record and
+of its ``{qm}:last_active`` field, ``INCR`` on the version and ``DEL`` of every
+``{qm}:sub:<id>*`` key above, in one ``MULTI``);
 a worker that resolved a topic before the removal delivers nothing to it
 (``commit.lua`` checks the record still exists), so its queue is never made again. A record the workers cannot read (not JSON,
 an invalid filter, an id outside that alphabet) matches nothing, and is named
@@ -226,9 +233,28 @@ the failed delivery, and dead-letters a message that failed more than
 processing time per batch.
 
 Close a consumer by putting its in-flight messages back (or acknowledging
-them) and ``ZREM`` it from the consumers zset. A non-durable subscription is
+them), ``ZREM`` it from the consumers zset and record when the subscription
+was last used, ``HSET {qm}:last_active <sub id> <now ms>`` (``recover.lua``
+does all three when passed the closing consumer). A non-durable subscription is
 removed (``lua/remove_subscription.lua``) when its last consumer closes, or
-``subscription_expiry_ms`` after the last consumer's lease deadline.
+``subscription_expiry_ms`` after the last consumer's lease deadline. A durable
+one is removed by ``broker durables delete`` or the Delete Durable job
+(``broker jobs``), or, with ``durable_idle_expiry_ms`` set, once no consumer has
+used it for that long: its last use is the newest of its consumers' lease
+deadlines, its ``{qm}:last_active`` time and its ``created_ms`` (a subscription
+with neither consumers nor a ``last_active`` time is first given the time the
+expiry job sees it).
+
+Schedules (``{qm}:schedules``)
+------------------------------
+One hash field per scheduled admin job (``broker.schedules``): the schedule id
+mapped to ``{"job": "delete-durable", "cron": "0 3 * * *", "params":
+{"client_id": "sales", "durable_name": "%"}, "created_ms": n, "next_run_ms": n,
+"rq_job": "<id>"}`` and, once it ran, ``"last_run_ms"`` and ``"last_result"``.
+``cron`` is five fields (minute hour day-of-month month day-of-week), in UTC.
+The rq job ``broker.jobs.run_schedule`` runs it only while the record exists
+and names that rq job, then enqueues the next run and records its id; removing
+the field cancels the schedule.
 """
 
 from __future__ import annotations
@@ -438,6 +464,16 @@ def alive(qm: str) -> str:
 def usage(qm: str) -> str:
     """The stream of usage snapshots: ``{qm}:usage``."""
     return f"{_tag(qm)}:usage"
+
+
+def last_active(qm: str) -> str:
+    """When each subscription was last used by a consumer, ``{qm}:last_active``: hash sub id -> ms."""
+    return f"{_tag(qm)}:last_active"
+
+
+def schedules(qm: str) -> str:
+    """Scheduled admin jobs, ``{qm}:schedules``: hash schedule id -> JSON (``broker.schedules``)."""
+    return f"{_tag(qm)}:schedules"
 
 
 def all_keys_pattern(qm: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import redis
 
@@ -277,3 +277,112 @@ def topic_tree(client: redis.Redis, qm: str) -> TopicNode:
         node(source).links_to.append(target)
         node(target)
     return root
+
+
+@dataclass(frozen=True)
+class SubscriberUsage:
+    """One row of SwiftMQ's Topic Manager usage lists ``durables`` and ``subscriber`` (seed 003).
+
+    Attributes:
+        name: the subscription id, ``<client id>$<durable name>``.
+        client_id: the part before ``$`` (an MQTT shared subscription's ShareName).
+        durable_name: the part after ``$`` (a generated name for a non-durable subscription).
+        topic: the topic filter as the subscriber wrote it.
+        selector: the message selector, "" for none.
+        no_local: it does not receive its own client id's publications.
+        bound_to: the subscriber queue it is bound to, ``{qm}:sub:<id>`` (the default priority
+            band; the other bands are ``:p<N>`` beside it).
+        durable: a durable subscription.
+        consumers: consumers with a live lease; None when the consumers key is foreign.
+        depth: messages waiting, every priority band; None when a band key is foreign.
+    """
+
+    name: str
+    client_id: str
+    durable_name: str
+    topic: str
+    selector: str
+    no_local: bool
+    bound_to: str
+    durable: bool
+    consumers: int | None
+    depth: int | None
+
+
+def _usage_rows(
+    client: redis.Redis, qm: str, records: list[SubscriptionRecord], now_ms: int, problems: list[str]
+) -> list[SubscriberUsage]:
+    """Live consumers and depth of each subscription, in one round trip; foreign keys go to ``problems``."""
+    pipe = client.pipeline(transaction=False)
+    asked: list[tuple[str, str]] = []
+    for record in records:
+        consumers = keys.sub_consumers(qm, record.sub_id)
+        pipe.zcount(consumers, now_ms, "+inf")
+        asked.append((consumers, "zset"))
+        for band in keys.sub_bands(qm, record.sub_id):
+            pipe.llen(band)
+            asked.append((band, "list"))
+    replies = iter(zip(asked, pipe.execute(raise_on_error=False), strict=True))
+
+    def count(n: int) -> int | None:
+        total: int | None = 0
+        for (key, expected), reply in (next(replies) for _ in range(n)):
+            if isinstance(reply, redis.ResponseError):
+                problems.append(str(ForeignKey(key, _text(client.type(key)), expected)))
+                total = None
+            elif total is not None:
+                total += int(reply)
+        return total
+
+    rows = []
+    for record in records:
+        live = count(1)
+        depth = count(len(keys.PRIORITIES))
+        client_id, _, name = record.sub_id.partition("$")
+        rows.append(
+            SubscriberUsage(
+                record.sub_id,
+                client_id,
+                name,
+                record.shown_filter,
+                record.selector,
+                record.no_local,
+                keys.sub_queue(qm, record.sub_id),
+                record.durable,
+                live,
+                depth,
+            )
+        )
+    return rows
+
+
+#: SwiftMQ's usage lists: ``durables`` (every durable subscription) and ``subscriber``
+#: (subscriptions, durable or not, with at least one live consumer).
+UsageList = Literal["durables", "subscribers"]
+
+
+@translate_errors
+def usage_list(
+    client: redis.Redis, qm: str, which: UsageList, now_ms: int | None = None
+) -> tuple[list[SubscriberUsage], list[str]]:
+    """One of the Topic Manager's usage lists (seed 003): ``durables`` or ``subscribers``.
+
+    Never fails because of what it finds: a corrupt record or a foreign key is a line of problems.
+
+    Args:
+        client: a redis-py client.
+        qm: the queue manager.
+        which: ``durables``: every durable subscription, with its queue and depth;
+            ``subscribers``: the active ones, durable or not, with at least one live consumer.
+        now_ms: the time for live leases, ms since the epoch; None for this machine's clock.
+
+    Returns:
+        ``(rows sorted by name, problems)``.
+    """
+    problems: list[str] = []
+    records, corrupt = _read(problems, "subscriptions", lambda: read_subscriptions(client, qm), ([], []))
+    problems += [str(p) for p in corrupt]
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    if which == "durables":
+        return _usage_rows(client, qm, [r for r in records if r.durable], now, problems), problems
+    return [row for row in _usage_rows(client, qm, records, now, problems) if row.consumers], problems

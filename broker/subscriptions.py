@@ -390,8 +390,35 @@ def remove_subscription(
     Returns:
         True when a record was removed.
     """
+    return remove_counted(client, qm, sub_id, abandoned_before_ms) is not None
+
+
+def remove_counted(
+    client: redis.Redis,
+    qm: str,
+    sub_id: str,
+    abandoned_before_ms: int | None = None,
+    *,
+    durable: bool = False,
+) -> int | None:
+    """Run ``remove_subscription.lua`` and say how many messages went with the subscription.
+
+    Args:
+        abandoned_before_ms: only remove an abandoned subscription: a non-durable one whose
+            consumers' lease deadlines and creation are all before this time, ms since the
+            epoch, or with ``durable`` a durable one whose lease deadlines, creation and
+            ``{qm}:last_active`` time are (an idle durable subscription).
+        durable: the cutoff applies to a durable subscription (and never removes a non-durable one).
+
+    Returns:
+        The messages lost (waiting in every band and in flight), or None when no record was removed.
+
+    Raises:
+        redis.ResponseError: a queue-manager-wide key or the consumers key is foreign
+            (the message starts with "BROKER foreign key"); nothing was removed.
+    """
     script = client.register_script(script_source("remove_subscription"))
-    removed = script(
+    removed, held = script(
         keys=[
             keys.subscriptions(qm),
             keys.version(qm),
@@ -401,14 +428,16 @@ def remove_subscription(
             keys.sub_redelivered(qm, sub_id),
             keys.sub_inflight(qm, sub_id),
             *keys.sub_bands(qm, sub_id),
+            keys.last_active(qm),
         ],
         args=[
             sub_id,
             keys.inflight_prefix(qm, sub_id),
             "" if abandoned_before_ms is None else abandoned_before_ms,
+            "durable" if durable else "",
         ],
     )
-    return bool(removed)
+    return int(held) if int(removed) else None
 
 
 @translate_errors

@@ -12,6 +12,8 @@
 -- KEYS[5] the subscription hash          "{qm}:subs" (nothing is given back to a removed subscription)
 -- KEYS[6..15] the priority bands, highest first (as in receive.lua)
 -- KEYS[16] the subscription's holder     "{qm}:sub:<id>:active" (released by a closing consumer that holds it)
+-- KEYS[17] last use of subscriptions     "{qm}:last_active" hash sub id -> ms: set to now when a consumer
+--   closes, and raised to the newest lease deadline of the consumers it forgets
 -- ARGV[1] now, ms since the epoch, or "" for the server's clock
 -- ARGV[2] max_redeliveries
 -- ARGV[3] approximate cap of the dead-letter stream
@@ -30,6 +32,7 @@ local prefix, sub_id, forget_ms, closing = ARGV[4], ARGV[5], tonumber(ARGV[6]), 
 local checks = {{consumers, 'zset'}, {redelivered, 'hash'}, {bell, 'list'}, {dlq, 'stream'}, {subs, 'hash'}}
 for k = 6, 15 do checks[#checks + 1] = {KEYS[k], 'list'} end
 checks[#checks + 1] = {KEYS[16], 'string'}
+checks[#checks + 1] = {KEYS[17], 'hash'}
 require_types(checks)
 
 local now = now_ms(ARGV[1])
@@ -71,9 +74,22 @@ for _, key in ipairs(lists) do
   redis.call('DEL', key)
 end
 if given > 0 then ring(bell) end
+-- the subscription's last use, kept when its consumers leave the zset (a durable
+-- subscription idle for durable_idle_expiry_ms is removed: broker.durables)
+local last_active = KEYS[17]
+local function used_at(ms)
+  if not exists then return end
+  local known = tonumber(redis.call('HGET', last_active, sub_id) or '0') or 0
+  if ms > known then redis.call('HSET', last_active, sub_id, ms) end
+end
 if closing ~= '' then
-  redis.call('ZREM', consumers, closing)
+  if redis.call('ZREM', consumers, closing) == 1 then used_at(now) end
   if redis.call('GET', KEYS[16]) == closing then redis.call('DEL', KEYS[16]) end
 end
-redis.call('ZREMRANGEBYSCORE', consumers, '-inf', '(' .. (now - forget_ms))
+local forgotten = '(' .. (now - forget_ms)
+local newest = redis.call('ZREVRANGEBYSCORE', consumers, forgotten, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+if #newest > 0 then
+  used_at(tonumber(newest[2]))
+  redis.call('ZREMRANGEBYSCORE', consumers, '-inf', forgotten)
+end
 return {recovered, given, dropped}

@@ -413,3 +413,157 @@ def test_topic_objects_from_the_cli_define_display_status_tree_apply_and_refuse(
     path.write_text('[[topic]]\nname = "NEWS"\ntopic_string = "/NEWS"\nmaxdepth = 5\n')
     assert "defined: 1 (NEWS)" in ok(run("topic", "apply", str(path))).stdout
     assert "unchanged: 1 (NEWS)" in ok(run("topic", "apply", str(path))).stdout
+
+
+# --- usage lists (durables, subscribers) and Delete Durable -----------------------------------------
+
+
+def test_durables_lists_each_durable_with_its_client_id_queue_and_depth_and_no_non_durable(run, real_redis):
+    from broker import subscribe
+
+    subscribe(real_redis, QM, "/orders/#", "sales", "eu", selector="region = 'eu'", no_local=True)
+    subscribe(real_redis, QM, "/x", "app", None)  # non-durable
+    real_redis.lpush(keys.sub_band(QM, "sales$eu", 7), b"m1")
+    real_redis.lpush(keys.sub_queue(QM, "sales$eu"), b"m2")
+    out = ok(run("durables")).stdout
+    (row,) = [line for line in out.splitlines() if "sales$eu" in line]
+    for cell in ("sales", "eu", "/orders/#", "region = 'eu'", "yes", "{TEST}:sub:sales$eu", "2"):
+        assert cell in row
+    assert "app$" not in out
+    data = json.loads(ok(run("durables", "--json")).stdout)
+    assert data["problems"] == []
+    assert data["rows"] == [
+        {
+            "name": "sales$eu",
+            "client_id": "sales",
+            "durable_name": "eu",
+            "topic": "/orders/#",
+            "selector": "region = 'eu'",
+            "no_local": True,
+            "bound_to": "{TEST}:sub:sales$eu",
+            "durable": True,
+            "consumers": 0,
+            "depth": 2,
+        }
+    ]
+
+
+def test_subscribers_lists_only_subscriptions_with_a_live_consumer_durable_or_not(run, real_redis, settings):
+    from broker import Subscriber, subscribe
+
+    idle = subscribe(real_redis, QM, "/a", "app", "idle")
+    busy = subscribe(real_redis, QM, "/a", "app", "busy")
+    temp = subscribe(real_redis, QM, "/b", "tmp", None)
+    assert ok(run("subscribers")).stdout.strip() == "no active subscribers"
+    consumers = [Subscriber(real_redis, QM, r, settings, heartbeat=False) for r in (busy, temp)]
+    out = ok(run("subscribers")).stdout
+    assert "app$busy" in out and temp.sub_id in out and idle.sub_id not in out
+    (row,) = [line for line in out.splitlines() if "app$busy" in line]
+    assert row.rstrip(" │|").endswith("1")  # one consumer
+    rows = json.loads(ok(run("subscribers", "--json")).stdout)["rows"]
+    assert [(r["name"], r["consumers"], r["durable"]) for r in rows] == [
+        ("app$busy", 1, True),
+        (temp.sub_id, 1, False),
+    ]
+    for consumer in consumers:
+        consumer.close()
+
+
+def test_a_durable_made_by_hand_with_valkey_cli_is_listed_by_durables(run, real_server):
+    # Given a durable subscription a non-Python service made with plain commands
+    import subprocess
+
+    from broker.server import cli_binary
+
+    record = '{"filter":"/ORDERS/+","durable":true,"created_ms":0,"selector":"amount > 5"}'
+    for args in (("HSET", keys.subscriptions(QM), "svc$orders", record), ("INCR", keys.version(QM))):
+        subprocess.run([cli_binary(), "-p", str(real_server.port), *args], check=True, capture_output=True)
+    subprocess.run(
+        [cli_binary(), "-p", str(real_server.port), "LPUSH", keys.sub_queue(QM, "svc$orders"), "m"],
+        check=True,
+        capture_output=True,
+    )
+    # When the operator lists durables, Then it is there with its filter, selector, queue and depth
+    (row,) = json.loads(ok(run("durables", "--json")).stdout)["rows"]
+    assert (row["name"], row["client_id"], row["durable_name"], row["topic"]) == (
+        "svc$orders",
+        "svc",
+        "orders",
+        "/ORDERS/+",
+    )
+    assert row["selector"] == "amount > 5" and row["depth"] == 1
+    assert "svc$orders" in ok(run("durables")).stdout
+
+
+def test_durables_and_subscribers_name_a_corrupt_record_and_a_foreign_key_instead_of_failing(run, real_redis):
+    from broker import subscribe
+
+    subscribe(real_redis, QM, "/a", "app", "ok")
+    subscribe(real_redis, QM, "/a", "app", "foreign")
+    real_redis.hset(keys.subscriptions(QM), "app$bad", "{not json")
+    real_redis.set(keys.sub_band(QM, "app$foreign", 9), "a string")
+    listed = ok(run("durables"))
+    assert "app$ok" in listed.stdout and "app$foreign" in listed.stdout
+    assert "corrupt record 'app$bad'" in listed.stdout
+    assert "foreign key: {TEST}:sub:app$foreign:p9 holds a string, not a list" in listed.stdout
+    row = next(
+        r for r in json.loads(ok(run("durables", "--json")).stdout)["rows"] if r["name"] == "app$foreign"
+    )
+    assert row["depth"] is None
+    assert "corrupt record 'app$bad'" in ok(run("subscribers")).stdout
+    # a foreign subscription hash: named, not a traceback
+    real_redis.delete(keys.subscriptions(QM))
+    real_redis.set(keys.subscriptions(QM), "x")
+    whole = ok(run("durables"))
+    assert "foreign key: {TEST}:subs holds a string, not a hash" in whole.stdout
+
+
+def test_durables_delete_needs_both_predicates_lists_on_dry_run_and_deletes(run, real_redis):
+    from broker import subscribe
+
+    for client_id in ("sales", "salesx"):
+        subscribe(real_redis, QM, "/a", client_id, "d1")
+    missing = run("durables", "delete", "--client-id", "sales")
+    assert missing.exit_code == 2 and "--durable-name" in missing.output
+    bad = run("durables", "delete", "--client-id", "sales\\", "--durable-name", "%")
+    assert bad.exit_code == 2 and "escape character" in bad.stderr
+    dry = ok(run("durables", "delete", "--client-id", "sales", "--durable-name", "%", "--dry-run"))
+    assert "sales$d1" in dry.stdout and "messages held" in dry.stdout
+    assert dry.stdout.strip().endswith("would delete 1 durable subscription (0 message(s))")
+    assert real_redis.hlen(keys.subscriptions(QM)) == 2
+    done = ok(run("durables", "delete", "--client-id", "sales", "--durable-name", "%"))
+    assert done.stdout.strip().endswith("deleted 1 durable subscription (0 message(s))")
+    assert real_redis.hkeys(keys.subscriptions(QM)) == [b"salesx$d1"]
+
+
+def test_jobs_schedule_list_and_cancel_from_the_cli(run, real_redis):
+    bad = run(
+        "jobs", "schedule", "delete-durable", "--cron", "0 3 * *", "--client-id", "s", "--durable-name", "%"
+    )
+    assert bad.exit_code == 2 and "must have 5 fields" in bad.stderr
+    assert real_redis.exists(keys.schedules(QM)) == 0
+    made = ok(
+        run(
+            "jobs",
+            "schedule",
+            "delete-durable",
+            "--cron",
+            "0 3 * * *",
+            "--client-id",
+            "sales",
+            "--durable-name",
+            "%",
+        )
+    )
+    assert made.stdout.startswith("scheduled delete-durable-") and "next run 20" in made.stdout
+    schedule_id = made.stdout.split()[1].rstrip(":")
+    listed = ok(run("jobs", "list")).stdout
+    (row,) = [line for line in listed.splitlines() if schedule_id in line]
+    assert "delete-durable" in row and "client_id=sales durable_name=%" in row and "0 3 * * *" in row
+    assert "03:00:00 UTC" in row
+    [entry] = json.loads(ok(run("jobs", "list", "--json")).stdout)["schedules"]
+    assert entry["id"] == schedule_id and entry["params"] == {"client_id": "sales", "durable_name": "%"}
+    assert ok(run("jobs", "cancel", schedule_id)).stdout.strip() == f"cancelled {schedule_id}"
+    assert ok(run("jobs", "list")).stdout.strip() == "no scheduled jobs"
+    again = run("jobs", "cancel", schedule_id)
+    assert again.exit_code == 2 and "no scheduled job" in again.stderr

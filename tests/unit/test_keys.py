@@ -26,6 +26,8 @@ def test_every_key_shares_the_queue_manager_hash_tag():
         keys.dead_letter(QM),
         keys.workers(QM),
         keys.active_publishers(QM),
+        keys.last_active(QM),
+        keys.schedules(QM),
     ]
     assert all(name.startswith("{TEST}:") for name in names)
     assert len(set(names)) == len(names)
