@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -1167,8 +1166,7 @@ def topic_list(state: State) -> None:
     found, problems = declared.list_declared(state.client(), state.settings.qm)
     table = _table("topic", "source", "declared")
     for item in found:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(item.declared_ms / 1000))
-        table.add_row(item.topic, item.source, when)
+        table.add_row(item.topic, item.source, _utc(item.declared_ms))
     _console().print(table)
     _print_problems(problems)
 
