@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator
 
 from broker.errors import InvalidSelector, InvalidTopic, InvalidTopicFilter
 from broker.selectors import like_regex
-from broker.topics import MAX_TOPIC_BYTES
+from broker.topics import MAX_TOPIC_BYTES, common_problem, strip_invalid_characters
 
 __all__ = [
     "ESCAPE",
@@ -65,24 +65,16 @@ __all__ = [
 SEPARATOR = "."
 ESCAPE = "\\"
 _WILD = frozenset("%_")
-_CONTROL = re.compile("[\x01-\x1f\x7f-\x9f]")
 
 
 def _string_problem(text: str) -> str | None:
-    """The rules a swiftmq topic name and a swiftmq filter share; None when ``text`` keeps them."""
-    if not text:
-        return "it must be at least one character long"
-    if "\x00" in text:
-        return "it must not contain the null character U+0000"
-    control = _CONTROL.search(text)
-    if control is not None:
-        return f"it must not contain the control character U+{ord(control.group()):04X}"
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        return "it is not valid UTF-8 (it contains a lone surrogate)"
-    if size > MAX_TOPIC_BYTES:
-        return f"it is {size} bytes long in UTF-8, more than the {MAX_TOPIC_BYTES} allowed"
+    """The rules a swiftmq topic name and a swiftmq filter share; None when ``text`` keeps them.
+
+    Those of the mqtt scheme (``broker.topics.common_problem``), and no empty node.
+    """
+    problem = common_problem(text)
+    if problem is not None:
+        return problem
     if any(not node for node in text.split(SEPARATOR)):
         return "a node must not be empty (two '.' in a row, or a '.' first or last)"
     return None
@@ -162,7 +154,7 @@ def suggest_topic(topic: str) -> str | None:
     """
     if _string_problem(topic) is None:
         return topic
-    cleaned = _CONTROL.sub("", "".join(c for c in topic if c != "\x00" and not "\ud800" <= c <= "\udfff"))
+    cleaned = strip_invalid_characters(topic)
     candidate = SEPARATOR.join(node for node in cleaned.split(SEPARATOR) if node)
     while candidate and len(candidate.encode("utf-8")) > MAX_TOPIC_BYTES:
         candidate = candidate.rpartition(SEPARATOR)[0]

@@ -87,7 +87,7 @@ def _encoded_length(text: str) -> int | None:
         return None
 
 
-def _common_problem(text: str) -> str | None:
+def common_problem(text: str) -> str | None:
     """Check the rules that topic names and topic filters share.
 
     Args:
@@ -120,7 +120,7 @@ def _topic_problem(topic: str) -> str | None:
     Returns:
         Why ``topic`` is invalid, or None when it is valid.
     """
-    problem = _common_problem(topic)
+    problem = common_problem(topic)
     if problem is not None:
         return problem
     if _SINGLE in topic or _MULTI in topic:
@@ -137,7 +137,7 @@ def _filter_problem(topic_filter: str) -> str | None:
     Returns:
         Why ``topic_filter`` is invalid, or None when it is valid.
     """
-    problem = _common_problem(topic_filter)
+    problem = common_problem(topic_filter)
     if problem is not None:
         return problem
     if _SINGLE not in topic_filter and _MULTI not in topic_filter:
@@ -304,6 +304,13 @@ def _truncate(topic: str) -> str | None:
     return truncated or None
 
 
+def strip_invalid_characters(text: str) -> str:
+    """``text`` without U+0000, control characters and lone surrogates (for a suggested correction)."""
+    return _CONTROL.sub(
+        "", "".join(char for char in text if char != "\x00" and not "\ud800" <= char <= "\udfff")
+    )
+
+
 def suggest_topic(topic: str) -> str | None:
     """Propose a valid topic name close to an invalid one.
 
@@ -322,9 +329,7 @@ def suggest_topic(topic: str) -> str | None:
     """
     if _topic_problem(topic) is None:
         return topic
-    cleaned = _CONTROL.sub(
-        "", "".join(char for char in topic if char != "\x00" and not "\ud800" <= char <= "\udfff")
-    )
+    cleaned = strip_invalid_characters(topic)
     levels: list[str] = []
     for level in cleaned.split(LEVEL_SEPARATOR):
         stripped = "".join(char for char in level if char not in _WILDCARDS)
