@@ -354,17 +354,44 @@ def unsubscribe(client: redis.Redis, qm: str, sub_id: str) -> None:
         raise NoSuchSubscription(f"no subscription {sub_id!r} in queue manager {qm!r}")
 
 
+@dataclass(frozen=True)
+class Removal:
+    """What ``remove_subscription`` did; true when a record was removed.
+
+    Attributes:
+        removed: a subscription record was removed.
+        messages: the messages deleted with it (waiting in its bands and in its consumers'
+            in-flight lists); when nothing was removed, those waiting in its bands.
+    """
+
+    removed: bool
+    messages: int = 0
+
+    def __bool__(self) -> bool:
+        return self.removed
+
+
 def remove_subscription(
-    client: redis.Redis, qm: str, sub_id: str, abandoned_before_ms: int | None = None
-) -> bool:
+    client: redis.Redis,
+    qm: str,
+    sub_id: str,
+    abandoned_before_ms: int | None = None,
+    min_depth: int | None = None,
+) -> Removal:
     """Run ``remove_subscription.lua``: remove the subscription and every key it owns.
 
     Args:
         abandoned_before_ms: only remove a non-durable subscription whose consumers'
             lease deadlines and creation are all before this time, ms since the epoch.
+        min_depth: only remove it while at least this many messages wait in its bands
+            (a slow-subscriber condition that still holds), messages.
 
     Returns:
-        True when a record was removed.
+        The ``Removal``: true when a record was removed, and how many messages went with it.
+
+    Raises:
+        redis.ResponseError: ``BROKER foreign key`` when the subscription hash, the
+            version or the consumers zset holds another type (nothing is removed).
     """
     script = client.register_script(script_source("remove_subscription"))
     removed = script(
@@ -382,9 +409,10 @@ def remove_subscription(
             sub_id,
             keys.inflight_prefix(qm, sub_id),
             "" if abandoned_before_ms is None else abandoned_before_ms,
+            "" if min_depth is None else min_depth,
         ],
     )
-    return bool(removed)
+    return Removal(bool(removed[0]), int(removed[1]))
 
 
 @translate_errors

@@ -3,7 +3,8 @@
 -- redelivery counts; the index version is bumped so that workers reload. With
 -- a cutoff, only an abandoned non-durable subscription is removed (MQTT 5
 -- session expiry): no consumer's lease deadline, nor its creation, is later
--- than the cutoff.
+-- than the cutoff. With a least depth, it is removed only while at least that
+-- many messages wait in its bands (a slow-subscriber condition still holds).
 --
 -- KEYS[1] the subscription hash          "{qm}:subs"
 -- KEYS[2] the index version              "{qm}:version"
@@ -16,28 +17,39 @@
 -- ARGV[1] the subscription id
 -- ARGV[2] the in-flight prefix           "{qm}:sub:<id>:inflight:" (.. consumer)
 -- ARGV[3] cutoff, ms since the epoch: remove only when abandoned since then; "" = remove
--- returns 1 removed, 0 no such subscription (or not abandoned)
+-- ARGV[4] least depth: remove only when its bands hold at least this many messages; "" = remove
+-- returns {removed, messages}: removed 1, or 0 (no such subscription, not abandoned, or not
+--   that deep); messages: those deleted with it (waiting in its bands and in flight), or
+--   waiting in its bands when it was not removed
 -- errors "BROKER foreign key: ..." before any write when a key is foreign
 
 local subs, version, consumers = KEYS[1], KEYS[2], KEYS[3]
-local sub_id, prefix, cutoff = ARGV[1], ARGV[2], ARGV[3]
+local sub_id, prefix, cutoff, least = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 require_types({{subs, 'hash'}, {version, 'string'}, {consumers, 'zset'}})
 
 local record = redis.call('HGET', subs, sub_id)
 if cutoff ~= '' then
-  if not record then return 0 end
+  if not record then return {0, 0} end
   local ok, data = pcall(cjson.decode, record)
-  if not ok or type(data) ~= 'table' or data.durable == true then return 0 end
-  if (tonumber(data.created_ms) or 0) > tonumber(cutoff) then return 0 end
+  if not ok or type(data) ~= 'table' or data.durable == true then return {0, 0} end
+  if (tonumber(data.created_ms) or 0) > tonumber(cutoff) then return {0, 0} end
   local last = redis.call('ZRANGE', consumers, -1, -1, 'WITHSCORES')
-  if #last > 0 and tonumber(last[2]) > tonumber(cutoff) then return 0 end
+  if #last > 0 and tonumber(last[2]) > tonumber(cutoff) then return {0, 0} end
 end
+local bands = {}
+for k = 8, #KEYS do bands[#bands + 1] = KEYS[k] end
+local waiting = total_length(bands)
+if least ~= '' and (not record or waiting < tonumber(least)) then return {0, waiting} end
 
-local doomed = {}
+local doomed, inflight = {}, {KEYS[7]}
 for k = 3, #KEYS do doomed[#doomed + 1] = KEYS[k] end
-for _, c in ipairs(redis.call('ZRANGE', consumers, 0, -1)) do doomed[#doomed + 1] = prefix .. c end
+for _, c in ipairs(redis.call('ZRANGE', consumers, 0, -1)) do
+  doomed[#doomed + 1] = prefix .. c
+  inflight[#inflight + 1] = prefix .. c
+end
+local messages = waiting + total_length(inflight)
 redis.call('HDEL', subs, sub_id)
 redis.call('INCR', version)
 redis.call('DEL', unpack(doomed))
-if record then return 1 end
-return 0
+if record then return {1, messages} end
+return {0, messages}
