@@ -171,28 +171,47 @@ end
 -- of their subscription, read once per subscription. limit[k] = MAXDEPTH or nil.
 local watching = limits_arg ~= ''
 local limit, durable_q, depth_of = {}, {}, {}
-local function waiting_in(id)
-  local queue = sub_prefix .. id
-  local others = {}
-  for p = 0, 9 do
-    if p ~= 4 then others[#others + 1] = queue .. ':p' .. p end
+-- the suffixes of the bands other than the default one (built once: number to string is slow)
+local OTHER_BANDS = {':p0', ':p1', ':p2', ':p3', ':p5', ':p6', ':p7', ':p8', ':p9'}
+-- messages waiting in every band of the subscription of queue KEYS[k]
+local function waiting_in(k)
+  local id = sub_id_of(k)
+  local queue, waiting = KEYS[k], nil
+  if #queue == sub_prefix_len + #id then
+    waiting = band_depth[k]  -- the default band, its depth read above with flow control
+  else
+    queue = sub_prefix .. id
   end
-  local waiting = total_length({queue})
+  local others = {}
+  for i = 1, 9 do others[i] = queue .. OTHER_BANDS[i] end
+  -- pcall: a band of another type (a foreign key) holds no messages of this subscription
+  if not waiting then waiting = redis.pcall('LLEN', queue) end
+  if type(waiting) ~= 'number' then waiting = 0 end
   -- the other bands are usually absent: one EXISTS says so
   if redis.call('EXISTS', unpack(others)) > 0 then waiting = waiting + total_length(others) end
   return waiting
 end
+-- the deepest watched subscription and the lowest MAXDEPTH: the n-th unit of the batch cannot
+-- find a queue deeper than deepest_watched + n, so below a threshold it need not look at each one
+local deepest_watched, lowest_limit = 0, math.huge
 for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do
   k = tonumber(k)
   if not gone[k] and not queue_foreign[k] then
     local id = sub_id_of(k)
-    if not depth_of[id] then depth_of[id] = waiting_in(id) end
+    if not depth_of[id] then
+      depth_of[id] = waiting_in(k)
+      if depth_of[id] > deepest_watched then deepest_watched = depth_of[id] end
+    end
     durable_q[k] = dur == '1'
-    if depth ~= '0' then limit[k] = tonumber(depth) end
+    if depth ~= '0' then
+      limit[k] = tonumber(depth)
+      if limit[k] < lowest_limit then lowest_limit = limit[k] end
+    end
   end
 end
 local skipped, withheld = {}, {}   -- sub id -> deliveries skipped (full queue or slow), withheld (slow)
 local disconnect, disconnect_order = {}, {}  -- sub id -> max_messages of the condition
+local conditions = {}    -- a unit's slow field -> {max_messages, non-durable flag, durable flag}
 
 local sets = {}
 for s = 1, nsets do
@@ -265,21 +284,28 @@ for u = first, #ARGV, UNIT do
         -- a slow subscriber (its root topic's condition): withheld this publication
         local condition = ARGV[u + SLOW]
         if not why and set > 0 and condition ~= '' then
-          local most, non_durable, durable = string.match(condition, '^(%d+):(%d):(%d)$')
-          most = tonumber(most)
-          for _, k in ipairs(sets[set]) do
-            local id = not gone[k] and sub_id_of(k)
-            if id and depth_of[id] and depth_of[id] >= most then
-              step.skip = step.skip or {}
-              step.skip[k] = 'slow'
-              if (durable_q[k] and durable == '1') or (not durable_q[k] and non_durable == '1') then
-                slow_said[id] = most
+          local parsed = conditions[condition]
+          if not parsed then
+            local m, nd, dd = string.match(condition, '^(%d+):(%d):(%d)$')
+            parsed = {tonumber(m), nd, dd}
+            conditions[condition] = parsed
+          end
+          local most, non_durable, durable = parsed[1], parsed[2], parsed[3]
+          if deepest_watched + n >= most then
+            for _, k in ipairs(sets[set]) do
+              local id = not gone[k] and sub_id_of(k)
+              if id and depth_of[id] and depth_of[id] >= most then
+                step.skip = step.skip or {}
+                step.skip[k] = 'slow'
+                if (durable_q[k] and durable == '1') or (not durable_q[k] and non_durable == '1') then
+                  slow_said[id] = most
+                end
               end
             end
           end
         end
         -- a full bounded queue: refuse as a whole (ALL; ALLDUR for a durable subscription) or skip it
-        if not why and set > 0 and watching then
+        if not why and set > 0 and deepest_watched + n >= lowest_limit then
           local policy = ARGV[u + DELIVERY]
           for _, k in ipairs(sets[set]) do
             if limit[k] and not (step.skip and step.skip[k]) and depth_of[sub_id_of(k)] >= limit[k] then
@@ -303,7 +329,7 @@ for u = first, #ARGV, UNIT do
       else
         step.status = 'delivered'
         if set > 0 then
-          local deepest = 0
+          local flow_depth = 0
           for _, k in ipairs(sets[set]) do
             if gone[k] then
               -- removed since the worker resolved the topic
@@ -320,12 +346,12 @@ for u = first, #ARGV, UNIT do
               if fc_start then
                 local depth = band_depth[k] + 1
                 band_depth[k] = depth
-                if depth > deepest then deepest = depth end
+                if depth > flow_depth then flow_depth = depth end
               end
             end
           end
-          if fc_start and deepest > fc_start then
-            step.delay = flow_delay(deepest)
+          if fc_start and flow_depth > fc_start then
+            step.delay = flow_delay(flow_depth)
             if step.delay > t.delay then t.delay = step.delay end
           end
         end

@@ -41,7 +41,10 @@ def test_defaults_without_a_file(tmp_path, monkeypatch):
         ('[[slow_subscriber_conditions]]\nname = "feed"\npersistence_mode = "sometimes"', "persistence_mode"),
         ('[[slow_subscriber_conditions]]\nname = "feed"\nsubscription_type = "nearby"', "subscription_type"),
         ('[[slow_subscriber_conditions]]\nname = "feed"\nmax_message = 10', "max_message"),
-        ("[[slow_subscriber_conditions]]\nmax_messages = 10", "slow_subscriber_conditions.0.name: Field required"),
+        (
+            "[[slow_subscriber_conditions]]\nmax_messages = 10",
+            "slow_subscriber_conditions.0.name: Field required",
+        ),
         ('[[slow_subscriber_conditions]]\nname = "feed/x"', "is not a root topic of the mqtt scheme"),
         ('[[slow_subscriber_conditions]]\nname = "+"', "is not a root topic"),
         (
