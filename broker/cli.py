@@ -424,6 +424,13 @@ def _parse_properties(
 
 
 def _describe_result(result: PublishResult) -> str:
+    text = _describe_status(result)
+    if result.flow_control_delay_ms:
+        text += f"; flow control: the broker asks to wait {result.flow_control_delay_ms} ms before the next"
+    return text
+
+
+def _describe_status(result: PublishResult) -> str:
     if result.status == "sent":
         return f"sent (entry {result.entry_id}, msgid {result.msgid}); not waiting for the result"
     if result.status == "delivered":
@@ -1298,7 +1305,7 @@ def status_command(state: State, as_json: bool) -> None:
     )
     console.print(summary)
     if snapshot["subscriptions"]:
-        counts = ("consumers", "depth", "inflight", "skipped", "expired")
+        counts = ("consumers", "depth", "inflight", "skipped", "slow", "expired")
         subs = _table(
             "subscription",
             "filter",
@@ -1308,6 +1315,7 @@ def status_command(state: State, as_json: bool) -> None:
             "depth",
             "in-flight",
             "skipped",
+            "slow",
             "expired",
         )
         for sub in snapshot["subscriptions"]:

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -55,6 +55,73 @@ class ConsumerMode(BaseModel):
 
     predicate: str = Field(min_length=1)
     mode: ConsumerModeName
+
+
+#: Which publications a slow-subscriber condition looks at, by their delivery mode (JMSDeliveryMode).
+PersistenceMode = Literal["all", "persistent", "non_persistent"]
+
+#: Which subscriptions a slow-subscriber condition looks at: ``local`` ones (every
+#: subscription made on this queue manager), ``remote`` ones (a federated router's
+#: transmission queue: none exist yet) or ``all``.
+SubscriptionType = Literal["all", "local", "remote"]
+
+
+class SlowSubscriberCondition(BaseModel):
+    """One of ``Settings.slow_subscriber_conditions`` (SwiftMQ's Topic Manager, seed 003).
+
+    During a publication's unit of work, a subscriber queue that holds ``max_messages``
+    messages or more (every priority band) gets no copy of a publication on the
+    condition's root topic (or any topic below it) whose delivery mode matches
+    ``persistence_mode``; the other subscribers get theirs, and the publication counts
+    as delivered. The withheld copy is counted in ``{qm}:skipped`` and ``{qm}:slow``.
+    Once the queue holds fewer than ``max_messages``, it gets publications again.
+
+    A slow subscription is withheld publications before the queue's MAXDEPTH is
+    looked at, so a slow subscriber never gets a publication refused under
+    PMSGDLV(ALL).
+
+    Attributes:
+        name: the root topic: the first level (``mqtt``: ``sport`` for ``sport/tennis``;
+            "" for the topics beginning with ``/``) or node (``swiftmq``: ``feed`` for
+            ``feed.bloomberg``) of the topics it covers (``broker.schemes.root_topic``).
+        max_messages: messages waiting in a subscriber queue (every priority band) at
+            which it counts as slow, >= 1.
+        persistence_mode: the publications it applies to: ``persistent``,
+            ``non_persistent`` (the default) or ``all``; a publication's delivery mode
+            is its own, else its topic's DEFPSIST, else persistent.
+        subscription_type: the subscriptions it applies to: ``local`` and ``all`` match
+            every subscription of this queue manager; ``remote`` matches the
+            transmission queues of remote routers, which do not exist yet (a future
+            federation issue), so today a ``remote`` condition matches no subscriber
+            and costs nothing.
+        disconnect_non_durable_subscriber: also remove a non-durable subscription it
+            matches (with its queue and its consumers' in-flight messages), right after
+            the unit of work, logged at WARNING.
+        disconnect_delete_durable_subscriber: also delete a durable subscription it
+            matches with all its messages, right after the unit of work, logged at
+            WARNING. The messages are lost: use it for dead durable subscriptions.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    max_messages: int = Field(default=500, ge=1)
+    persistence_mode: PersistenceMode = "non_persistent"
+    subscription_type: SubscriptionType = "all"
+    disconnect_non_durable_subscriber: bool = False
+    disconnect_delete_durable_subscriber: bool = False
+
+    def applies(self, persistent: bool) -> bool:
+        """Whether the condition looks at a publication with this delivery mode at all.
+
+        False for a ``remote`` condition (no remote subscription exists) and for a
+        publication whose delivery mode ``persistence_mode`` leaves out.
+        """
+        if self.subscription_type == "remote":
+            return False
+        if self.persistence_mode == "all":
+            return True
+        return persistent == (self.persistence_mode == "persistent")
 
 
 class Settings(BaseSettings):
@@ -114,6 +181,25 @@ class Settings(BaseSettings):
             topics, whose subscribers receive it (SwiftMQ's indirect selection).
         topics: declared topics (SwiftMQ's ``<topics>``), added to those declared
             with ``broker topic declare``; indirect selection picks among them.
+        flowcontrol_enabled: delay-based flow control (SwiftMQ's Topic Manager, seed
+            003): each unit of work works out a delay from the depth of the subscriber
+            queues it delivered to, and the publisher waits that long before its next
+            publication (``flow_control_delay_ms`` in the result; the
+            ``{qm}:pub:<publisher>:flow`` key for a publisher that does not wait for
+            results). The delay is that of the slowest subscriber (the deepest queue).
+            False: no delay is worked out or asked for, at no cost.
+        flow_control_start_depth: depth of a subscriber queue (messages in the priority
+            band a publication goes to, itself included) up to which the delay is 0.
+        flow_control_full_depth: depth, messages, at which the delay reaches
+            ``flow_control_max_delay_ms``; in between it grows linearly:
+            ``max_delay * (depth - start) / (full - start)`` ms, rounded down. Must be
+            above ``flow_control_start_depth``.
+        flow_control_max_delay_ms: the largest delay asked of a publisher, ms.
+        slow_subscriber_conditions: per root topic, when a subscriber is too slow to
+            get more publications (``SlowSubscriberCondition``); at most one per
+            root topic. TOML: ``[[slow_subscriber_conditions]]`` tables with
+            ``name = "feed"``, ``max_messages = 100``, ... A publication whose root
+            topic has none costs nothing more.
         server_port: TCP port of the embedded server.
         server_dir: data directory of the embedded server.
         server_config: a redis.conf for the embedded server; empty (the default)
@@ -148,6 +234,11 @@ class Settings(BaseSettings):
     topic_scheme: Literal["mqtt", "swiftmq"] = "mqtt"
     direct_subscriber_selection: bool = True
     topics: list[str] = Field(default_factory=list)
+    flowcontrol_enabled: bool = True
+    flow_control_start_depth: int = Field(default=1_000, ge=0)
+    flow_control_full_depth: int = Field(default=100_000, ge=1)
+    flow_control_max_delay_ms: int = Field(default=1_000, ge=1, le=3_600_000)
+    slow_subscriber_conditions: list[SlowSubscriberCondition] = Field(default_factory=list)
     server_port: int = Field(default=6380, ge=1, le=65535)
     server_dir: str = ".broker"
     server_config: str = ""
@@ -183,6 +274,56 @@ class Settings(BaseSettings):
         for topic in value:
             validate_topic(topic)  # raises InvalidTopic, a ValueError
         return value
+
+    @field_validator("flow_control_full_depth")
+    @classmethod
+    def _full_above_start(cls, value: int, info: ValidationInfo) -> int:
+        start = info.data.get("flow_control_start_depth")
+        if start is not None and start >= value:
+            raise ValueError(f"must be above flow_control_start_depth ({start}), not {value}")
+        return value
+
+    @field_validator("slow_subscriber_conditions")
+    @classmethod
+    def _one_condition_per_root_topic(
+        cls, value: list[SlowSubscriberCondition], info: ValidationInfo
+    ) -> list[SlowSubscriberCondition]:
+        from broker.schemes import separator
+
+        scheme = info.data.get("topic_scheme", "mqtt")
+        sep = separator(scheme)
+        seen: set[str] = set()
+        for condition in value:
+            name = condition.name
+            if name in seen:
+                raise ValueError(
+                    f"two conditions for the root topic {name!r}; give each root topic at most one"
+                )
+            seen.add(name)
+            bad = [c for c in (sep, "+", "#", "\x00") if c in name]
+            if bad:
+                raise ValueError(
+                    f"{name!r} is not a root topic of the {scheme} scheme (it contains {bad[0]!r}): "
+                    f"give the first level of the topics, e.g. {name.split(sep)[0]!r}"
+                )
+        return value
+
+    def flow_control_delay_ms(self, depth: int) -> int:
+        """The flow-control delay for a subscriber queue ``depth`` messages deep, ms (``commit.lua``'s twin).
+
+        0 up to ``flow_control_start_depth``, ``flow_control_max_delay_ms`` from
+        ``flow_control_full_depth`` on, linear (rounded down) in between; 0 with flow control off.
+        """
+        start, full, most = (
+            self.flow_control_start_depth,
+            self.flow_control_full_depth,
+            self.flow_control_max_delay_ms,
+        )
+        if not self.flowcontrol_enabled or depth <= start:
+            return 0
+        if depth >= full:
+            return most
+        return most * (depth - start) // (full - start)
 
     def consumer_mode(self, sub_id: str) -> ConsumerModeName:
         """The consumer mode of subscription ``sub_id``: the first rule whose predicate matches, else exclusive."""

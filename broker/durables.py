@@ -39,7 +39,7 @@ from broker.connection import translate_errors
 from broker.consumer import subscription_load
 from broker.errors import BrokerError, ForeignKey, InvalidSelector
 from broker.selectors import like
-from broker.subscriptions import SubscriptionRecord, read_subscriptions, remove_counted
+from broker.subscriptions import SubscriptionRecord, read_subscriptions, remove_subscription
 
 log = logging.getLogger("broker.durables")
 
@@ -125,11 +125,14 @@ def _delete(
 ) -> tuple[Deleted | None, str | None]:
     """Remove one durable subscription; ``(Deleted or None when it was not removed, problem)``."""
     try:
-        lost = remove_counted(client, qm, record.sub_id, idle_before_ms, durable=idle_before_ms is not None)
+        removal = remove_subscription(
+            client, qm, record.sub_id, idle_before_ms, durable=idle_before_ms is not None
+        )
     except (redis.ResponseError, BrokerError) as exc:
         return None, f"{record.sub_id}: not deleted: {exc}"
-    if lost is None:
+    if not removal:
         return None, None
+    lost = removal.messages
     log.warning("deleted durable subscription %s (%s): %d message(s) lost", record.sub_id, why, lost)
     return Deleted(record.sub_id, lost), None
 

@@ -1,6 +1,15 @@
-"""Flow control for bulk publishing: wait while the workers are too far behind.
+"""Flow control: the broker's delay for a publisher, and the backlog bound of bulk publishing.
 
-A bulk publisher (``broker pipeline publish``) can add entries to the publish
+**Delay-based flow control** (SwiftMQ's Topic Manager, seed 003): the unit of
+work of each publication works out a delay from the depth of the subscriber
+queues it went to, the slowest subscriber's (``Settings.flowcontrol_enabled``,
+``flow_control_*``), and asks the publisher to wait that long before its next
+publication: in the result (``flow_control_delay_ms``) and in the publisher's
+flow key (``{qm}:pub:<publisher>:flow``), which a publisher that does not wait
+for results reads in the same round trip as its ``XADD``. ``FlowGate`` is what a
+publisher keeps of it: ``learn`` the delay, ``wait`` before the next publication.
+
+**The backlog bound.** A bulk publisher (``broker pipeline publish``) can add entries to the publish
 stream much faster than the workers fan them out. Left alone, the stream grows
 until the server runs out of memory (``maxmemory-policy noeviction`` then
 refuses every write, the workers' included). ``wait_for_room`` lets the
@@ -26,6 +35,69 @@ import redis
 from broker import keys
 from broker.errors import BacklogTimeout, ConnectionLost
 from broker.stream import group_state
+
+
+def parse_delay(raw: bytes | str | int | None) -> int:
+    """A flow key's value (``GET {qm}:pub:<publisher>:flow``) as a delay, ms.
+
+    Returns:
+        The delay, ms; 0 for an absent key (None) or a value that is not a positive integer.
+    """
+    if raw is None or isinstance(raw, Exception):
+        return 0
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        return 0
+    return max(value, 0)
+
+
+class FlowGate:
+    """What a publisher owes the broker's flow control: the delay to wait before its next publication.
+
+    Args:
+        enabled: False: ``learn`` forgets everything and ``wait`` never waits.
+        clock_ms: a monotonic clock in ms (injectable for tests).
+        sleep_ms: sleeps for the given ms (injectable for tests).
+
+    Attributes:
+        waited_ms: the time waited so far, ms (all ``wait`` calls).
+    """
+
+    def __init__(
+        self,
+        enabled: bool = True,
+        clock_ms: Callable[[], float] | None = None,
+        sleep_ms: Callable[[float], None] | None = None,
+    ) -> None:
+        self.enabled = enabled
+        self.clock = clock_ms or (lambda: time.monotonic() * 1000)
+        self.sleep = sleep_ms or (lambda ms: time.sleep(ms / 1000))
+        self.waited_ms = 0.0
+        self._until: float | None = None
+
+    def learn(self, delay_ms: int) -> None:
+        """The broker asked for ``delay_ms`` (ms, from now) before the next publication; 0: nothing."""
+        if self.enabled and delay_ms > 0:
+            until = self.clock() + delay_ms
+            if self._until is None or until > self._until:
+                self._until = until
+
+    def wait(self) -> float:
+        """Before a publication: sleep what is left of the delay learnt last, then forget it.
+
+        Returns:
+            How long it slept, ms (0 when nothing is owed).
+        """
+        if self._until is None:
+            return 0.0
+        left = self._until - self.clock()
+        self._until = None
+        if left <= 0:
+            return 0.0
+        self.sleep(left)
+        self.waited_ms += left
+        return left
 
 
 def _count_after(client: redis.Redis, stream: str, last_id: str, limit: int) -> int:

@@ -38,9 +38,14 @@ key                                 type      contents                          
 ``{qm}:manager``                    hash      ``topic_scheme`` -> ``mqtt`` or ``swiftmq``   first worker/subscribe   workers, subscribe
 ``{qm}:declared``                   hash      declared topic -> JSON ``{"declared_ms": n}`` ``broker topic declare`` workers (indirect
                                                                                                                  selection), operators
-``{qm}:skipped``                    hash      sub id -> deliveries skipped, queue full       commit.lua               ``broker status``
+``{qm}:skipped``                    hash      sub id -> deliveries skipped: queue full       commit.lua               ``broker status``
+                                              (MAXDEPTH) or slow subscriber
+``{qm}:slow``                       hash      sub id -> deliveries withheld by a slow-       commit.lua               ``broker status``
+                                              subscriber condition (also in ``skipped``)
 ``{qm}:pub:<publisher>:fifo``       list      stream entry ids of one publisher, in order   dequeue.lua (RPUSH)      commit.lua (LPOP head)
 ``{qm}:pub:<publisher>:turn``      string    token of the worker holding the turn, PX lease dequeue.lua (SET NX)    commit.lua (fencing)
+``{qm}:pub:<publisher>:flow``       string    flow-control delay asked of the publisher,    commit.lua (only when    publishers (GET with
+                                              ms; PX the same delay (absent: no delay)      the delay is > 0)        their XADD)
 ``{qm}:publishers``                 set       publisher ids whose FIFO is not empty         dequeue.lua (SADD)       sweep_turns.lua (orphan sweep)
 ``{qm}:dedup:<n>:<publisher>:<msgid>`` string stream entry id that delivered it, PX window commit.lua             commit.lua
 ``{qm}:reply:<n>:<publisher>:<msgid>`` list   one result JSON, PX reply TTL                 commit.lua, dequeue.lua  the waiting publisher
@@ -65,8 +70,9 @@ Keys whose names are built inside Lua from data the script reads are built
 from a prefix passed in ARGV, never from a prefix written in Lua:
 
 - the per-publisher keys: ``pub_prefix(qm)`` = ``{qm}:pub:``, followed by
-  ``<publisher>:fifo`` or ``<publisher>:turn`` (Python twins: ``fifo_key``,
-  ``turn_key``). These are injective: the suffix is fixed.
+  ``<publisher>:fifo``, ``<publisher>:turn`` or ``<publisher>:flow`` (Python
+  twins: ``fifo_key``, ``turn_key``, ``flow_key``). These are injective: the
+  suffix is fixed.
 - the message-id keys: ``dedup_prefix(qm)`` = ``{qm}:dedup:`` and
   ``reply_prefix(qm)`` = ``{qm}:reply:``, followed by ``<n>:<publisher>:<msgid>``
   where ``<n>`` is the publisher id's length in bytes, in decimal (``id_key``
@@ -74,9 +80,11 @@ from a prefix passed in ARGV, never from a prefix written in Lua:
   name injective: publisher ``a`` with msgid ``b:c`` is ``{qm}:reply:1:a:b:c``,
   publisher ``a:b`` with msgid ``c`` is ``{qm}:reply:3:a:b:c``.
 
-- the priority bands of a bounded queue (``commit.lua``, MAXDEPTH): ``sub_prefix(qm)``
-  followed by ``<sub id>`` and, for priorities other than 4, ``:p<N>``; and a
-  subscription's bell: ``<sub id>:bell``.
+- the priority bands of a watched queue (``commit.lua``: MAXDEPTH, slow-subscriber
+  conditions): ``sub_prefix(qm)`` followed by ``<sub id>`` and, for priorities other
+  than 4, ``:p<N>``; and a subscription's bell: ``<sub id>:bell``. The subscription id
+  of a queue key is the key without the prefix and without a ``:p<N>`` suffix
+  (Python twin: ``band_sub_id``).
 
 Tests check that the Lua and Python builders give the same strings.
 
@@ -166,9 +174,22 @@ Exactly one JSON object per publication, posted in the same unit of work as
 its final outcome: ``status`` one of ``delivered``, ``duplicate``, ``expired``,
 ``refused``; ``subscriptions`` (how many queues got it); ``entry_id``;
 ``publisher``; ``msgid``; for ``refused``: ``reason`` and ``suggestion`` (a
-corrected topic, absent when there is none). ``<n>`` is the publisher id's
-length in bytes: publisher ``svc-7`` with msgid ``o-1`` waits with
-``BLPOP '{QM1}:reply:5:svc-7:o-1' 10``.
+corrected topic, absent when there is none); when the workers run with flow
+control on (``flowcontrol_enabled``), ``flow_control_delay_ms``: how long the
+publisher should wait before its next publication, ms (0: no wait). ``<n>`` is
+the publisher id's length in bytes: publisher ``svc-7`` with msgid ``o-1`` waits
+with ``BLPOP '{QM1}:reply:5:svc-7:o-1' 10``.
+
+Flow control (``{qm}:pub:<publisher>:flow``), for a publisher that does not wait for results
+------------------------------------------------------------------------------------------
+The delay of a publication is that of its slowest subscriber queue (SwiftMQ's
+delay-based flow control, seed 003): 0 while every queue it went to holds fewer
+than ``flow_control_start_depth`` messages, growing linearly to
+``flow_control_max_delay_ms`` at ``flow_control_full_depth``. When it is above 0,
+the unit of work also sets ``{qm}:pub:<publisher>:flow`` to the delay (decimal
+ms, ``PX`` the delay). A publisher reads it in the same round trip as its
+``XADD`` (``GET``) and waits that long before its next publication; an absent
+key means no wait. The broker never writes over a flow key of another type.
 
 Dead letter (one entry of ``{qm}:dlq``)
 ---------------------------------------
@@ -380,8 +401,15 @@ def declared_topics(qm: str) -> str:
 
 
 def skipped(qm: str) -> str:
-    """Deliveries skipped because a subscriber queue was full, ``{qm}:skipped``: hash sub id -> count."""
+    """Deliveries skipped because a subscriber queue was full (MAXDEPTH) or its subscriber slow,
+    ``{qm}:skipped``: hash sub id -> count."""
     return f"{_tag(qm)}:skipped"
+
+
+def slow(qm: str) -> str:
+    """Deliveries withheld by a slow-subscriber condition, ``{qm}:slow``: hash sub id -> count
+    (each is also counted in ``{qm}:skipped``)."""
+    return f"{_tag(qm)}:slow"
 
 
 def expired(qm: str) -> str:
@@ -402,6 +430,22 @@ def fifo_key(qm: str, publisher: str) -> str:
 def turn_key(qm: str, publisher: str) -> str:
     """A publisher's turn, the worker token holding it: ``{qm}:pub:<publisher>:turn``."""
     return f"{pub_prefix(qm)}{publisher}:turn"
+
+
+def flow_key(qm: str, publisher: str) -> str:
+    """The flow-control delay asked of a publisher, ms: ``{qm}:pub:<publisher>:flow`` (Lua: prefix ..
+    pub .. ':flow'); a string, PX the delay, written only when the delay is above 0."""
+    return f"{pub_prefix(qm)}{publisher}:flow"
+
+
+def band_sub_id(qm: str, queue: str) -> str:
+    """The subscription id of a queue key (any priority band): ``sub_id_of`` in ``commit.lua``.
+
+    ``band_sub_id(qm, sub_band(qm, s, p)) == s`` for every priority ``p``.
+    """
+    rest = queue[len(sub_prefix(qm)) :]
+    head, sep, band = rest.rpartition(":p")
+    return head if sep and len(band) == 1 and band.isdigit() else rest
 
 
 def active_publishers(qm: str) -> str:

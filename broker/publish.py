@@ -9,6 +9,12 @@ Every publication from this class carries a message id (unique per Publisher
 instance and sequence number, unless given),
 so a retry after a lost reply (redis-py retries on connection errors) is
 recognised by the worker and delivered once.
+
+Flow control (``broker.flow``): the broker asks a publisher to slow down to its
+slowest subscriber's pace with a delay. A ``Publisher`` learns it from the result
+(``wait``) or reads its flow key with each ``XADD`` (one round trip, pipelined),
+and waits that long before its next publication, unless made with
+``flow_control=False``.
 """
 
 from __future__ import annotations
@@ -16,15 +22,16 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from broker import hierarchy, keys
 from broker.connection import as_bytes, block_slice_ms
 from broker.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError
+from broker.flow import FlowGate, parse_delay
 from broker.models import PropertyValue, publication_fields
 from broker.topic_objects import topic_of
 from broker.topics import validate_topic
@@ -42,6 +49,10 @@ class PublishResult:
         subscriptions: how many subscriber queues received it (when waited for).
         reason: why it was refused, or None.
         suggestion: a corrected topic when the topic was refused, or None.
+        flow_control_delay_ms: how long the broker asked the publisher to wait before its
+            next publication, ms (its slowest subscriber's delay): from the result with
+            ``wait``, else from the publisher's flow key read with the XADD (the delay of
+            its latest publications the workers handled). 0: no wait, or flow control off.
     """
 
     status: str
@@ -51,6 +62,7 @@ class PublishResult:
     subscriptions: int = 0
     reason: str | None = None
     suggestion: str | None = None
+    flow_control_delay_ms: int = 0
 
     @property
     def ok(self) -> bool:
@@ -75,6 +87,10 @@ class Publisher:
         scheme: the queue manager's topic scheme (``Settings.topic_scheme``) that
             ``validate`` checks topics against: ``mqtt`` (MQTT 5 §4.7) or ``swiftmq``
             (dot nodes, ``broker.hierarchy``).
+        flow_control: wait the delay the broker asks for (``PublishResult.flow_control_delay_ms``)
+            before the next publication; False: never wait, and do not read the flow key.
+        clock_ms: a monotonic clock in ms, for the flow-control wait (injectable for tests).
+        sleep_ms: sleeps for the given ms, for the flow-control wait (injectable for tests).
     """
 
     def __init__(
@@ -86,6 +102,9 @@ class Publisher:
         first_seq: int = 1,
         client_id: str | None = None,
         scheme: str = "mqtt",
+        flow_control: bool = True,
+        clock_ms: Callable[[], float] | None = None,
+        sleep_ms: Callable[[float], None] | None = None,
     ) -> None:
         if not publisher_id or len(publisher_id.encode()) > keys.MAX_PUBLISHER_BYTES:
             raise InvalidMessage(f"publisher_id must be 1-{keys.MAX_PUBLISHER_BYTES} bytes")
@@ -96,6 +115,9 @@ class Publisher:
         self.next_seq = first_seq
         self.client_id = client_id
         self._stream = keys.publish_stream(qm)
+        self.flow_control = flow_control
+        self.flow = FlowGate(flow_control, clock_ms, sleep_ms)
+        self._flow_key = keys.flow_key(qm, publisher_id)
         self._valid_topics: set[str] = set()
         self._validate_topic = hierarchy.validate_topic if scheme == "swiftmq" else validate_topic
         #: Default message ids are "<random 128-bit hex>-<seq>": unique, and the same on a retry.
@@ -144,7 +166,7 @@ class Publisher:
         wait: bool = False,
         timeout_ms: int = 10_000,
     ) -> PublishResult:
-        """Publish one message with a single ``XADD``.
+        """Publish one message with a single ``XADD``, after the flow-control delay the broker asked for.
 
         Args:
             topic: the topic string.
@@ -163,7 +185,7 @@ class Publisher:
             topic_object: publish through this topic object: its topic string, joined with
                 ``/`` to ``topic`` when ``topic`` is not empty (IBM MQ; ``broker.topic_objects``).
             wait: block until a worker has handled it and return its result.
-            timeout_ms: how long to wait, ms.
+            timeout_ms: how long to wait for the result, ms (not counting the flow-control wait).
 
         Returns:
             A ``PublishResult``: status "sent", or the worker's result with ``wait``.
@@ -189,8 +211,20 @@ class Publisher:
             timestamp_ms=timestamp_ms,
         )
         fields, msgid, seq = self._fields(topic, body, msgid, wait, options)
+        self.flow.wait()
+        delay = 0
         try:
-            entry_id = as_bytes(self.client.xadd(self._stream, fields)).decode()
+            if self.flow_control and not wait:  # the flow key rides in the same round trip
+                pipe = self.client.pipeline(transaction=False)
+                pipe.xadd(self._stream, fields)
+                pipe.get(self._flow_key)
+                added, flow = pipe.execute(raise_on_error=False)
+                if isinstance(added, Exception):
+                    raise added
+                delay = parse_delay(flow)
+            else:
+                added = self.client.xadd(self._stream, fields)
+            entry_id = as_bytes(added).decode()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Unknown outcome: a retry with the same msgid must carry the same seq.
             self.next_seq = seq
@@ -201,7 +235,8 @@ class Publisher:
             self.next_seq = seq
             raise ServerError(f"publish refused by the server: {exc}") from exc
         if not wait:
-            return PublishResult("sent", entry_id, msgid, seq)
+            self.flow.learn(delay)
+            return PublishResult("sent", entry_id, msgid, seq, flow_control_delay_ms=delay)
         try:
             got = None
             deadline = time.monotonic() + timeout_ms / 1000
@@ -220,6 +255,8 @@ class Publisher:
         if got is None:
             raise ReplyTimeout(f"no result for message {msgid} within {timeout_ms} ms (is a worker running?)")
         data = json.loads(got[1])
+        delay = parse_delay(data.get("flow_control_delay_ms"))
+        self.flow.learn(delay)
         return PublishResult(
             status=data["status"],
             entry_id=data.get("entry_id", entry_id),
@@ -228,12 +265,16 @@ class Publisher:
             subscriptions=int(data.get("subscriptions", 0)),
             reason=data.get("reason"),
             suggestion=data.get("suggestion"),
+            flow_control_delay_ms=delay,
         )
 
     def publish_many(
         self, items: Iterable[tuple[str, bytes | str]], batch: int = 500, **options: Any
     ) -> list[PublishResult]:
         """Publish many messages, pipelining ``batch`` XADDs per round trip, in order.
+
+        With flow control, each round trip also reads the publisher's flow key, and the
+        next round trip waits the delay it holds (``Publisher``).
 
         Args:
             items: ``(topic, body)`` pairs.
@@ -251,14 +292,22 @@ class Publisher:
         pipe = self.client.pipeline(transaction=False)
 
         def flush() -> None:
+            self.flow.wait()
+            if self.flow_control:
+                pipe.get(self._flow_key)
             try:
-                ids = pipe.execute()
+                replies = pipe.execute(raise_on_error=False)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 raise ConnectionLost(f"publish failed: {exc}") from exc
-            except redis.ResponseError as exc:
-                raise ServerError(f"publish refused by the server: {exc}") from exc
+            ids = replies[: len(pending)]
+            for reply in ids:
+                if isinstance(reply, Exception):
+                    raise ServerError(f"publish refused by the server: {reply}") from reply
+            delay = parse_delay(replies[-1]) if self.flow_control else 0
+            self.flow.learn(delay)
             results.extend(
-                PublishResult("sent", eid.decode(), m, s) for eid, (m, s) in zip(ids, pending, strict=True)
+                PublishResult("sent", cast(bytes, eid).decode(), m, s, flow_control_delay_ms=delay)
+                for eid, (m, s) in zip(ids, pending, strict=True)
             )
             pending.clear()
 

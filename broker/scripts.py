@@ -19,12 +19,24 @@ from typing import Any
 import redis
 
 from broker import keys
+from broker.config import Settings
 from broker.unit_of_work import CommitBatch
 
 
 def _b(text: str) -> bytes:
     """Encode a publisher id back to the bytes Redis holds (ids that were not UTF-8 round-trip)."""
     return text.encode("utf-8", "surrogateescape")
+
+
+def flow_control_arg(settings: Settings) -> str:
+    """The flow-control curve as ``commit.lua`` takes it: ``"<start depth>:<full depth>:<max delay ms>"``,
+    or "" when ``flowcontrol_enabled`` is off."""
+    if not settings.flowcontrol_enabled:
+        return ""
+    return (
+        f"{settings.flow_control_start_depth}:{settings.flow_control_full_depth}:"
+        f"{settings.flow_control_max_delay_ms}"
+    )
 
 
 def _read(name: str) -> str:
@@ -197,10 +209,13 @@ class Scripts:
         journal_max_len: int = 0,
         give_up: tuple[str, ...] = (),
         version: bytes | str = b"",
+        flow_control: str = "",
     ) -> None:
-        """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication.
+        """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication,
+        then the subscriptions a slow-subscriber condition asks to disconnect.
 
-        Decode the reply with ``broker.unit_of_work.decode_outcomes``; see ``broker/lua/commit.lua``.
+        Decode the reply with ``broker.unit_of_work.decode_outcomes`` and
+        ``decode_disconnects``; see ``broker/lua/commit.lua``.
 
         Args:
             pipe: a redis-py pipeline (its ``execute`` returns the replies) or client.
@@ -213,6 +228,8 @@ class Scripts:
             version: the index version the recipients were resolved at
                 (``RoutingTable.version``); when the server's differs, the script
                 checks that each recipient subscription still exists.
+            flow_control: the delay curve, ``"<start depth>:<full depth>:<max delay ms>"``
+                (``flow_control_arg``); "" when flow control is off (nothing is read for it).
         """
         qm = self.qm
         self._call(
@@ -223,6 +240,7 @@ class Scripts:
                 keys.subscriptions(qm),
                 keys.version(qm),
                 keys.skipped(qm),
+                keys.slow(qm),
                 *batch.queue_keys,
             ],
             [
@@ -238,6 +256,7 @@ class Scripts:
                 self.refusals.max_body_bytes,
                 version,
                 batch.encoded_limits(),
+                flow_control,
                 len(give_up),
                 *map(_b, give_up),
                 len(batch.sets),

@@ -53,9 +53,10 @@ def _subscription_row(
     load = None if foreign else subscription_load(client, qm, record.sub_id)
     try:
         skipped: int | None = int(client.hget(keys.skipped(qm), record.sub_id) or 0)
+        slow: int | None = int(client.hget(keys.slow(qm), record.sub_id) or 0)
         expired: int | None = int(client.hget(keys.expired(qm), record.sub_id) or 0)
     except (redis.ResponseError, ValueError):  # a foreign or corrupt counter hash: unknown
-        skipped = expired = None
+        skipped = slow = expired = None
     return {
         "id": record.sub_id,
         "filter": record.shown_filter,
@@ -65,6 +66,7 @@ def _subscription_row(
         "depth": load.depth if load else None,
         "inflight": load.in_flight if load else None,
         "skipped": skipped,
+        "slow": slow,
         "expired": expired,
     }
 
@@ -88,10 +90,12 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     Returns:
         ``{"stream_length", "pending", "lag", "dead_lettered", "active_publishers",
         "version", "topic_scheme", "subscriptions": [{"id", "filter", "durable", "mode", "consumers", "depth",
-        "inflight", "skipped", "expired"}],
+        "inflight", "skipped", "slow", "expired"}],
         "links": n, "workers": [{"name", "pid", "processed", "heartbeat_age_ms", "state"}],
         "problems": [str]}``. Depths are messages; ``depth``/``inflight`` are None
-        for a queue key of another Redis type; ``state`` is "alive" or "silent"
+        for a queue key of another Redis type; ``skipped`` counts deliveries left out
+        (a full MAXDEPTH queue or a slow subscriber), ``slow`` those of them a
+        slow-subscriber condition withheld; ``state`` is "alive" or "silent"
         (no heartbeat for ``SILENT_AFTER_MS``).
 
     Raises:

@@ -378,47 +378,54 @@ def unsubscribe(client: redis.Redis, qm: str, sub_id: str) -> None:
         raise NoSuchSubscription(f"no subscription {sub_id!r} in queue manager {qm!r}")
 
 
-def remove_subscription(
-    client: redis.Redis, qm: str, sub_id: str, abandoned_before_ms: int | None = None
-) -> bool:
-    """Run ``remove_subscription.lua``: remove the subscription and every key it owns.
+@dataclass(frozen=True)
+class Removal:
+    """What ``remove_subscription`` did; true when a record was removed.
 
-    Args:
-        abandoned_before_ms: only remove a non-durable subscription whose consumers'
-            lease deadlines and creation are all before this time, ms since the epoch.
-
-    Returns:
-        True when a record was removed.
+    Attributes:
+        removed: a subscription record was removed.
+        messages: the messages deleted with it (waiting in its bands and in its consumers'
+            in-flight lists); when nothing was removed, those waiting in its bands.
     """
-    return remove_counted(client, qm, sub_id, abandoned_before_ms) is not None
+
+    removed: bool
+    messages: int = 0
+
+    def __bool__(self) -> bool:
+        return self.removed
 
 
-def remove_counted(
+def remove_subscription(
     client: redis.Redis,
     qm: str,
     sub_id: str,
     abandoned_before_ms: int | None = None,
+    min_depth: int | None = None,
     *,
     durable: bool = False,
-) -> int | None:
-    """Run ``remove_subscription.lua`` and say how many messages went with the subscription.
+) -> Removal:
+    """Run ``remove_subscription.lua``: remove the subscription and every key it owns.
 
     Args:
         abandoned_before_ms: only remove an abandoned subscription: a non-durable one whose
             consumers' lease deadlines and creation are all before this time, ms since the
             epoch, or with ``durable`` a durable one whose lease deadlines, creation and
             ``{qm}:last_active`` time are (an idle durable subscription).
+        min_depth: only remove it while at least this many messages wait in its bands
+            (a slow-subscriber condition that still holds), messages.
         durable: the cutoff applies to a durable subscription (and never removes a non-durable one).
 
     Returns:
-        The messages lost (waiting in every band and in flight), or None when no record was removed.
+        The ``Removal``: true when a record was removed, and how many messages went with it
+        (waiting in every band and in flight).
 
     Raises:
-        redis.ResponseError: a queue-manager-wide key or the consumers key is foreign
-            (the message starts with "BROKER foreign key"); nothing was removed.
+        redis.ResponseError: ``BROKER foreign key`` when the subscription hash, the
+            version, the consumers zset or ``{qm}:last_active`` holds another type
+            (nothing is removed).
     """
     script = client.register_script(script_source("remove_subscription"))
-    removed, held = script(
+    removed, messages = script(
         keys=[
             keys.subscriptions(qm),
             keys.version(qm),
@@ -435,9 +442,10 @@ def remove_counted(
             keys.inflight_prefix(qm, sub_id),
             "" if abandoned_before_ms is None else abandoned_before_ms,
             "durable" if durable else "",
+            "" if min_depth is None else min_depth,
         ],
     )
-    return int(held) if int(removed) else None
+    return Removal(bool(removed), int(messages))
 
 
 @translate_errors

@@ -17,8 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-#: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..7] are fixed keys).
-FIRST_QUEUE_KEY = 8
+from broker.config import SlowSubscriberCondition
+
+#: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..8] are fixed keys).
+FIRST_QUEUE_KEY = 9
 
 #: The ARGV fields of one unit of work in ``commit.lua``, in order.
 UNIT_FIELDS = (
@@ -36,6 +38,7 @@ UNIT_FIELDS = (
     "enqueued_ms",
     "delivery",
     "dead_letter",
+    "slow",
 )
 
 
@@ -89,6 +92,9 @@ class UnitOfWork:
         delivery: ``ALL``, ``ALLDUR`` or ``ALLAVAIL``: what to do when a recipient queue
             is at its MAXDEPTH (``broker.topic_objects``).
         dead_letter: a refused publication goes to the dead-letter stream (USEDLQ).
+        slow: the slow-subscriber condition of the publication's root topic, when it
+            applies to the publication (``SlowSubscriberCondition.applies``); the
+            queues are then watched (``CommitBatch.watch``). None: no condition.
     """
 
     publisher: str
@@ -106,6 +112,7 @@ class UnitOfWork:
     enqueued_ms: int = 0
     delivery: str = "ALLAVAIL"
     dead_letter: bool = True
+    slow: SlowSubscriberCondition | None = None
 
 
 def _b(text: str) -> bytes:
@@ -155,8 +162,13 @@ class CommitBatch:
         """Bound ``queue`` (already added by ``add``) at ``maxdepth`` messages for this batch."""
         self.limits[self._key_index[queue]] = (maxdepth, durable)
 
+    def watch(self, queue: str, durable: bool) -> None:
+        """Have ``commit.lua`` count the messages waiting in ``queue``'s subscription (every band),
+        for a slow-subscriber condition; ``queue`` was added by ``add``. A bounded queue keeps its bound."""
+        self.limits.setdefault(self._key_index[queue], (0, durable))
+
     def encoded_limits(self) -> str:
-        """The bounded queues for ``commit.lua``: ``"<KEYS index>:<maxdepth>:<1 durable|0> ..."``."""
+        """The watched queues for ``commit.lua``: ``"<KEYS index>:<maxdepth, 0 = none>:<1 durable|0> ..."``."""
         return " ".join(f"{k}:{depth}:{int(durable)}" for k, (depth, durable) in self.limits.items())
 
     def add(self, unit: UnitOfWork) -> None:
@@ -178,21 +190,49 @@ class CommitBatch:
             unit.enqueued_ms,
             unit.delivery,
             1 if unit.dead_letter else 0,
+            _encoded_condition(unit.slow),
         )
         self.units.append(unit)
 
 
-def decode_outcomes(batch: CommitBatch, reply: list[int]) -> list[tuple[UnitOfWork, Outcome, int, bool]]:
+def _encoded_condition(condition: SlowSubscriberCondition | None) -> str:
+    """A unit's ``slow`` field: ``"<max_messages>:<disconnect non-durable 1|0>:<disconnect durable 1|0>"``, or ""."""
+    if condition is None:
+        return ""
+    return (
+        f"{condition.max_messages}:{int(condition.disconnect_non_durable_subscriber)}:"
+        f"{int(condition.disconnect_delete_durable_subscriber)}"
+    )
+
+
+def decode_outcomes(
+    batch: CommitBatch, reply: list[int | bytes]
+) -> list[tuple[UnitOfWork, Outcome, int, bool]]:
     """Pair each unit of ``batch`` with what ``commit.lua`` answered for it.
 
     Args:
         batch: the batch sent.
-        reply: the script's reply, 3 integers per unit (code, subscriptions, released).
+        reply: the script's reply, 3 integers per unit (code, subscriptions, released),
+            then what ``decode_disconnects`` reads.
 
     Returns:
         ``[(unit, outcome, subscriptions, turn_given_up)]`` in batch order.
     """
     return [
-        (unit, OUTCOMES[reply[3 * i]], int(reply[3 * i + 1]), bool(reply[3 * i + 2]))
+        (unit, OUTCOMES[int(reply[3 * i])], int(reply[3 * i + 1]), bool(reply[3 * i + 2]))
         for i, unit in enumerate(batch.units)
     ]
+
+
+def decode_disconnects(batch: CommitBatch, reply: list[int | bytes]) -> list[tuple[str, int]]:
+    """The subscriptions a slow-subscriber condition asked to disconnect, after the units' integers.
+
+    Returns:
+        ``[(sub id, max_messages of the condition)]``, each subscription once.
+    """
+    rest = reply[3 * len(batch.units) :]
+    out = []
+    for i in range(0, len(rest) - 1, 2):
+        sub_id, most = rest[i], rest[i + 1]
+        out.append((sub_id.decode() if isinstance(sub_id, bytes) else str(sub_id), int(most)))
+    return out

@@ -118,7 +118,23 @@ Measurements
    dead-lettered. topic_objects_ratio = pubs/s with / without: the cost of
    resolving each topic's effective attributes in the worker and of enforcing
    them (on a branch where the worker does not read the objects, ~1.00).
-10. **swiftmq scheme** (seed 003): as 2 with 2 workers, twice side by side
+10. **Flow control**: as 2 with 2 workers, twice side by side (in alternating
+   order when repeated), same topology and publications: with
+   ``flowcontrol_enabled`` off, and on (the default curve: 0 ms up to 1,000
+   messages, 1,000 ms at 100,000). The queues are never drained, so from 1,000
+   messages on every unit of work asks for a delay and sets its publishers'
+   flow keys; the preload is done before the workers start, so nothing waits:
+   the figure is the workers' cost of working the delay out (an ``LLEN`` per
+   queue per batch, the curve, a ``SET`` per publisher per batch).
+   flow_control_ratio = pubs/s on / off.
+11. **Slow-subscriber condition**: as 2 with 2 workers, twice side by side:
+   with no condition, and with one on the root topic ``bench`` (every
+   publication) for every delivery mode whose ``max_messages`` (10**9) is never
+   reached, so both runs deliver N x F. The cost of watching every recipient
+   queue: its subscription's depth read once per batch (an ``LLEN`` and an
+   ``EXISTS`` of the other bands), compared per delivery.
+   slow_condition_ratio = pubs/s with / without.
+12. **swiftmq scheme** (seed 003): as 2 with 2 workers, twice side by side
    (alternating): the workload above, and the same workload as dot topics
    ``bench.r.c.j`` in a queue manager with ``topic_scheme = "swiftmq"``
    (``bench_lib.swiftmq_subscription_plan``: ``+`` levels become ``%``
@@ -132,10 +148,10 @@ Measurements
 
 The last line is, exactly::
 
-    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx>
+    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx> flow_control_ratio=<x.xx> slow_condition_ratio=<x.xx> swiftmq_ratio=<x.xx>
 
 with broker_pubs_per_s the 2-worker uniform run and ceiling_ratio = that /
-the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7 and 9 run R times,
+the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7 and 9-11 run R times,
 interleaved, and the medians are used. ``--json PATH`` writes every figure.
 """
 
@@ -154,7 +170,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from broker.config import Settings
+from broker.config import Settings, SlowSubscriberCondition
 from broker.connection import connect
 from broker.server import Server
 from tests.harness import bench_lib as lib
@@ -192,7 +208,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--match-sizes", help="comma-separated index sizes (default 1000,100000,1000000; quick 1000,100000)"
     )
     parser.add_argument(
-        "--repeat", type=int, help="runs of measurements 1-3, 7 and 9, medians reported (default 3, quick 1)"
+        "--repeat",
+        type=int,
+        help="runs of measurements 1-3, 7 and 9-11, medians reported (default 3, quick 1)",
     )
     parser.add_argument("--interleave", type=int, default=20, help="publications per publish_many call (20)")
     parser.add_argument(
@@ -203,7 +221,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,swiftmq",
+        help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,slow,swiftmq",
     )
     parser.add_argument(
         "--profile",
@@ -230,6 +248,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "selectors",
         "consume",
         "topics",
+        "flow",
+        "slow",
         "swiftmq",
     }
     args.only = set(args.only.split(",")) if args.only else sections
@@ -350,7 +370,17 @@ class Bench:
         self.figures["settings"] = settings.model_dump(
             include={"batch_size", "heads", "lease_ms", "block_ms", "journal", "dedup_window_ms"}
         )
-        need_topology = args.only & {"ceiling", "broker", "hot", "latency", "selectors", "topics", "swiftmq"}
+        need_topology = args.only & {
+            "ceiling",
+            "broker",
+            "hot",
+            "latency",
+            "selectors",
+            "topics",
+            "flow",
+            "slow",
+            "swiftmq",
+        }
         topo = None
         if need_topology:
             self.log("subscriptions and links (admin API) ...")
@@ -402,11 +432,19 @@ class Bench:
             "topics_on": [],
             "swiftmq_off": [],
             "swiftmq_on": [],
+            "flow_off": [],
+            "flow_on": [],
+            "slow_off": [],
+            "slow_on": [],
         }
 
-        def two_workers(topology: Any, **extra: Any) -> Any:
-            """The 2-worker broker run of a side-by-side comparison (7. selectors, 9. topic objects)."""
-            return lib.run_broker(client, settings, topology, args.n, 2, False, args.interleave, **extra)
+        def two_workers(topology: Any, run_settings: Settings = settings, **extra: Any) -> Any:
+            """The 2-worker broker run of a side-by-side comparison (7. selectors, 9.-11.)."""
+            return lib.run_broker(client, run_settings, topology, args.n, 2, False, args.interleave, **extra)
+
+        flow_off = settings.model_copy(update={"flowcontrol_enabled": False})
+        never_slow = SlowSubscriberCondition(name="bench", max_messages=10**9, persistence_mode="all")
+        slow_on = settings.model_copy(update={"slow_subscriber_conditions": [never_slow]})
 
         for rep in range(args.repeat):
             tag = f" (repeat {rep + 1}/{args.repeat})" if args.repeat > 1 else ""
@@ -474,11 +512,35 @@ class Bench:
                     two_workers,
                     tag,
                 )
-            if "swiftmq" in args.only:
+            if "flow" in args.only:
                 self.side_by_side(
                     runs,
                     rep,
                     "10. broker, 2 workers",
+                    ("flow_off", "flow control off", dict(topology=topo, run_settings=flow_off)),
+                    ("flow_on", "flow control on (the default)", dict(topology=topo)),
+                    two_workers,
+                    tag,
+                )
+            if "slow" in args.only:
+                self.side_by_side(
+                    runs,
+                    rep,
+                    "11. broker, 2 workers",
+                    ("slow_off", "no slow-subscriber condition", dict(topology=topo)),
+                    (
+                        "slow_on",
+                        "a condition on root topic bench, never met",
+                        dict(topology=topo, run_settings=slow_on),
+                    ),
+                    two_workers,
+                    tag,
+                )
+            if "swiftmq" in args.only:
+                self.side_by_side(
+                    runs,
+                    rep,
+                    "12. broker, 2 workers",
                     ("swiftmq_off", "mqtt scheme", dict(topology=topo)),
                     ("swiftmq_on", "swiftmq scheme, dot topics", dict(topology=swift_topo)),
                     two_workers,
@@ -496,6 +558,10 @@ class Bench:
             ("selectors_on", "pubs_per_s"),
             ("topics_off", "pubs_per_s"),
             ("topics_on", "pubs_per_s"),
+            ("flow_off", "pubs_per_s"),
+            ("flow_on", "pubs_per_s"),
+            ("slow_off", "pubs_per_s"),
+            ("slow_on", "pubs_per_s"),
         ):
             if runs[name]:
                 self.figures[name] = _median_run(runs[name], key)
@@ -505,10 +571,13 @@ class Bench:
             self.figures["selector_ratios"] = _ratios(runs["selectors_off"], runs["selectors_on"])
         if "topics" in args.only:
             self.figures["topic_objects_ratios"] = _ratios(runs["topics_off"], runs["topics_on"])
+        for name in ("flow", "slow"):
+            if name in args.only:
+                self.figures[f"{name}_ratios"] = _ratios(runs[f"{name}_off"], runs[f"{name}_on"])
         if "swiftmq" in args.only:
             self.figures["swiftmq_ratios"] = _ratios(runs["swiftmq_off"], runs["swiftmq_on"])
             self.idle("swiftmq matching")
-            self.log(f"10. swiftmq matching: indexes of {', '.join(f'{n:,}' for n in args.match_sizes)}")
+            self.log(f"12. swiftmq matching: indexes of {', '.join(f'{n:,}' for n in args.match_sizes)}")
             self.figures["swiftmq_matching"] = lib.run_hierarchy_matching(
                 args.match_sizes, min_s=0.2 if args.quick else 0.4
             )
@@ -584,8 +653,12 @@ class Bench:
         sel_off = f.get("selectors_off", {}).get("pubs_per_s", nan)
         sel_on = f.get("selectors_on", {}).get("pubs_per_s", nan)
         consume = f.get("consume") or {}
-        top_off = f.get("topics_off", {}).get("pubs_per_s", nan)
-        top_on = f.get("topics_on", {}).get("pubs_per_s", nan)
+
+        def on_over_off(name: str) -> float:
+            off = f.get(f"{name}_off", {}).get("pubs_per_s", nan)
+            on = f.get(f"{name}_on", {}).get("pubs_per_s", nan)
+            return on / off if off == off and off else nan
+
         out = {
             "broker_pubs_per_s": broker,
             "ceiling_ratio": broker / ceiling if ceiling == ceiling and ceiling else nan,
@@ -598,7 +671,10 @@ class Bench:
             "selector_eval_us": f.get("selector_eval", {}).get("median_us", nan),
             "consume_per_s": consume.get("msgs_per_s", nan),
             "consume_batch_ratio": consume.get("batch_over_single", nan),
-            "topic_objects_ratio": top_on / top_off if top_off == top_off and top_off else nan,
+            "topic_objects_ratio": on_over_off("topics"),
+            "flow_control_ratio": on_over_off("flow"),
+            "slow_condition_ratio": on_over_off("slow"),
+            "swiftmq_ratio": on_over_off("swiftmq"),
         }
         f["summary"] = out
         return out
@@ -616,7 +692,10 @@ class Bench:
             f"selector_eval_us={num(s['selector_eval_us'], '.2f')} "
             f"consume_per_s={num(s['consume_per_s'], '.0f')} "
             f"consume_batch_ratio={num(s['consume_batch_ratio'], '.1f')} "
-            f"topic_objects_ratio={num(s['topic_objects_ratio'], '.2f')}"
+            f"topic_objects_ratio={num(s['topic_objects_ratio'], '.2f')} "
+            f"flow_control_ratio={num(s['flow_control_ratio'], '.2f')} "
+            f"slow_condition_ratio={num(s['slow_condition_ratio'], '.2f')} "
+            f"swiftmq_ratio={num(s['swiftmq_ratio'], '.2f')}"
         )
 
     def table(self) -> Table:
@@ -641,6 +720,14 @@ class Bench:
                 return ""
             py = sum(cpu.get(k, 0.0) for k in py_keys)
             return f"{cpu.get('redis', 0):.0f} / {py:.0f} / {cpu.get('foreign', 0):.0f}"
+
+        def run_notes(b: dict[str, Any], what: str) -> str:
+            """The notes of a plain side-by-side broker run: what it is, N, XADD/s, steady rate, F, Redis CPU."""
+            return (
+                f"{what}; N={b['n']:,} ({_fmt(b['preload_xadd_per_s'])} XADD/s); steady 10-90% "
+                f"{_fmt(b['steady_10_90_pubs_per_s'])}/s; F={b['fanout_measured']}; "
+                f"redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
+            )
 
         def broker_row(label: str, b: dict[str, Any], notes: str) -> None:
             table.add_row(
@@ -721,12 +808,7 @@ class Bench:
                 continue
             b = f[key]
             if key == "selectors_off":
-                notes = (
-                    f"as 2 with 2 workers, region + amount properties on every publication; "
-                    f"N={b['n']:,} ({_fmt(b['preload_xadd_per_s'])} XADD/s); steady 10-90% "
-                    f"{_fmt(b['steady_10_90_pubs_per_s'])}/s; F={b['fanout_measured']}; "
-                    f"redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
-                )
+                notes = run_notes(b, "as 2 with 2 workers, region + amount properties on every publication")
             else:
                 ev = f.get("selector_eval") or {}
                 off = f.get("selectors_off", {}).get("pubs_per_s")
@@ -751,12 +833,7 @@ class Bench:
                 continue
             b = f[key]
             if key == "topics_off":
-                notes = (
-                    f"as 2 with 2 workers, {{qm}}:topics absent; N={b['n']:,} "
-                    f"({_fmt(b['preload_xadd_per_s'])} XADD/s); steady 10-90% "
-                    f"{_fmt(b['steady_10_90_pubs_per_s'])}/s; F={b['fanout_measured']}; "
-                    f"redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
-                )
+                notes = run_notes(b, "as 2 with 2 workers, {qm}:topics absent")
             else:
                 off = f.get("topics_off", {}).get("pubs_per_s")
                 ratio = f"{b['pubs_per_s'] / off:.2f}" if off else "-"
@@ -771,12 +848,42 @@ class Bench:
                     f"redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
                 )
             broker_row(label, b, notes)
-        for key, label in (("swiftmq_off", "10. mqtt scheme"), ("swiftmq_on", "10. swiftmq scheme")):
+        for name, off_row, on_row in (
+            (
+                "flow",
+                ("10. flow control off", "as 2 with 2 workers, flowcontrol_enabled false"),
+                (
+                    "10. flow control on",
+                    "same, flow control on (the default curve; queues are never drained, so past 1,000 "
+                    "messages every publication gets a delay and its publisher's flow key is set)",
+                ),
+            ),
+            (
+                "slow",
+                ("11. no slow condition", "as 2 with 2 workers, no slow-subscriber condition"),
+                (
+                    "11. slow condition",
+                    "same, a slow-subscriber condition on root topic 'bench' (every publication, "
+                    "persistence_mode all) never met (max_messages 10**9): every recipient queue watched",
+                ),
+            ),
+        ):
+            for key, (label, what) in ((f"{name}_off", off_row), (f"{name}_on", on_row)):
+                if key not in f:
+                    continue
+                b = f[key]
+                notes = run_notes(b, what)
+                off = f.get(f"{name}_off", {}).get("pubs_per_s")
+                if key.endswith("_on") and off:
+                    repeats = ", ".join(str(x) for x in f.get(f"{name}_ratios") or [])
+                    notes += f"; on/off {b['pubs_per_s'] / off:.2f} (per repeat {repeats})"
+                broker_row(label, b, notes)
+        for key, label in (("swiftmq_off", "12. mqtt scheme"), ("swiftmq_on", "12. swiftmq scheme")):
             if key not in f:
                 continue
             b = f[key]
             if key == "swiftmq_off":
-                notes = f"as 2 with 2 workers (the same runs as 10. swiftmq, alternating); F={b['fanout_measured']}"
+                notes = f"as 2 with 2 workers (the same runs as 12. swiftmq, alternating); F={b['fanout_measured']}"
             else:
                 off = f.get("swiftmq_off", {}).get("pubs_per_s")
                 ratio = f"{b['pubs_per_s'] / off:.2f}" if off else "-"
@@ -790,7 +897,7 @@ class Bench:
             broker_row(label, b, notes)
         for m in f.get("swiftmq_matching") or []:
             table.add_row(
-                f"10. swiftmq match {m['n']:,}",
+                f"12. swiftmq match {m['n']:,}",
                 "-",
                 "-",
                 f"match per topic: mqtt TopicIndex {m['mqtt_us']:.2f} us, swiftmq plain {m['plain_us']:.2f} us, "
@@ -830,6 +937,10 @@ class Bench:
             ("selectors_on", "20% selectors"),
             ("topics_off", "no topic objects"),
             ("topics_on", "200 topic objects"),
+            ("flow_off", "flow control off"),
+            ("flow_on", "flow control on"),
+            ("slow_off", "no slow condition"),
+            ("slow_on", "slow condition"),
         ):
             run = self.figures.get(key)
             if not run or "redis_commands" not in run:

@@ -17,6 +17,14 @@ Seed 004 (IPCOM000031305D), on Redis:
 4. **Unit of work** (``commit.lua``, one per publication, pipelined): fenced on
    the turn and the FIFO head; LPUSH to every queue, dedup record, XACK, reply,
    pop the head, and give up the turn when the FIFO is empty. All or nothing.
+   With flow control on, it also works out the publication's flow-control delay
+   (its slowest subscriber's); a slow-subscriber condition on its root topic
+   withholds it from subscriber queues that are too deep.
+5. **Disconnect** (only when a slow-subscriber condition says so): right after
+   the commit, the subscriptions it matched are removed
+   (``remove_subscription.lua``, only if still that deep), each logged at
+   WARNING. The unit of work is already whole without it: should the worker die
+   first, the next matching publication asks again.
 
 A worker never dies on one message: an entry that cannot be parsed, has an
 invalid topic or an oversized body is dead-lettered (``{qm}:dlq``) with the
@@ -44,10 +52,18 @@ from broker.declared import seed_declared
 from broker.errors import BrokerError, ConnectionLost, ForeignKey, InvalidMessage, InvalidTopic, ServerError
 from broker.models import apply_topic_defaults, encode_envelope, parse_entry
 from broker.routing import RoutingTable
-from broker.schemes import record_manager
-from broker.scripts import Dequeued, Refusals, Scripts, parse_dequeue
+from broker.schemes import record_manager, root_topic
+from broker.scripts import Dequeued, Refusals, Scripts, flow_control_arg, parse_dequeue
 from broker.stream import ensure_group
-from broker.unit_of_work import Action, CommitBatch, Outcome, UnitOfWork, decode_outcomes
+from broker.subscriptions import remove_subscription
+from broker.unit_of_work import (
+    Action,
+    CommitBatch,
+    Outcome,
+    UnitOfWork,
+    decode_disconnects,
+    decode_outcomes,
+)
 
 log = logging.getLogger("broker.worker")
 
@@ -153,6 +169,9 @@ class Worker:
         self._last_problem = ""
         self._next_heartbeat_ms = 0
         self._started_ms = self.clock_ms()
+        self._flow_control = flow_control_arg(settings)
+        #: root topic -> its slow-subscriber condition
+        self._slow = {c.name: c for c in settings.slow_subscriber_conditions}
 
     def setup(self) -> None:
         """Record (or check) the queue manager's topic scheme, declare the configured topics,
@@ -454,6 +473,11 @@ class Worker:
                             bound = limits.get(queue)
                             if bound is not None:
                                 batch.limit(queue, *bound)
+                    if unit.slow is not None:
+                        subscriptions = self.table.subscriptions
+                        for queue in unit.queues:
+                            record = subscriptions.get(keys.band_sub_id(self.qm, queue))
+                            batch.watch(queue, record is not None and record.durable)
         return batches
 
     def _send(
@@ -472,7 +496,14 @@ class Worker:
             pipe = self.client.pipeline(transaction=False)
             for batch in batches:
                 self.scripts.commit(
-                    pipe, self.name, settings.lease_ms, batch, journal, give_up, self.table.version or b""
+                    pipe,
+                    self.name,
+                    settings.lease_ms,
+                    batch,
+                    journal,
+                    give_up,
+                    self.table.version or b"",
+                    self._flow_control,
                 )
             if prefetch:  # the next dequeue rides in the same round trip as this commit
                 kept = sorted(set(heads) - set(give_up))
@@ -503,7 +534,10 @@ class Worker:
         entries = self._entries
         done = 0
         counts = self.counts
+        disconnects: dict[str, int] = {}
         for batch, reply in zip(batches, results, strict=True):
+            if self._slow:
+                disconnects.update(decode_disconnects(batch, reply))
             for unit, outcome, _subscriptions, released in decode_outcomes(batch, reply):
                 entries.pop(unit.entry_id, None)
                 if outcome is Outcome.FENCED:  # the turn is no longer ours
@@ -518,7 +552,41 @@ class Worker:
             self.turns = set(self._prefetched.turns)
         if len(entries) > 4 * self.settings.batch_size:
             self._entries = {k: v for k, v in entries.items() if v[0] in self.turns}
+        for sub_id, max_messages in disconnects.items():
+            self._disconnect(sub_id, max_messages)
         return done
+
+    def _disconnect(self, sub_id: str, max_messages: int) -> bool:
+        """Remove a subscription a slow-subscriber condition matched, if it still holds ``max_messages``.
+
+        Logged at WARNING with what was lost. Never raises: the units of work are
+        committed already, and a failure here is retried by the next publication
+        the condition matches.
+
+        Returns:
+            True when it was removed.
+        """
+        record = self.table.subscriptions.get(sub_id)
+        shown = record.shown_filter if record is not None else "?"
+        kind = "durable" if record is not None and record.durable else "non-durable"
+        try:
+            removal = remove_subscription(self.client, self.qm, sub_id, min_depth=max_messages)
+        except Exception as exc:  # a foreign key, a lost connection: never stop the worker for this
+            log.warning("worker %s: could not disconnect slow subscription %s: %s", self.name, sub_id, exc)
+            return False
+        if removal:
+            self.counts["disconnected"] = self.counts.get("disconnected", 0) + 1
+            log.warning(
+                "worker %s: slow subscriber: %s subscription %s (filter %r) removed by its slow-subscriber "
+                "condition (%d messages or more waiting); %d messages lost",
+                self.name,
+                kind,
+                sub_id,
+                shown,
+                max_messages,
+                removal.messages,
+            )
+        return removal.removed
 
     def _refusal(
         self,
@@ -556,7 +624,7 @@ class Worker:
             now_ms: the time, ms since the epoch (expiry).
         """
         settings = self.settings
-        delivery, dead_letter = "ALLAVAIL", True
+        delivery, dead_letter, slow = "ALLAVAIL", True, None
         try:
             entry = parse_entry(entry_id, fields, settings.max_body_bytes)
             recipients = self.table.resolve(entry.topic)
@@ -574,6 +642,10 @@ class Worker:
                 delivery = attributes["pmsgdlv"] if persistent else attributes["npmsgdlv"]
             queues = self.table.queues(entry, recipients)
             envelope = encode_envelope(entry.header, entry.body) if queues else b""
+            if self._slow and queues:
+                condition = self._slow.get(root_topic(entry.topic, settings.topic_scheme))
+                if condition is not None and condition.applies(entry.header.get("persistent", True)):
+                    slow = condition
         except InvalidTopic as exc:
             return self._refusal(publisher, entry_id, fields, exc.reason, exc.suggestion or "")
         except InvalidMessage as exc:
@@ -600,6 +672,7 @@ class Worker:
             reply_ttl_ms=reply_ttl,
             delivery=delivery,
             dead_letter=dead_letter,
+            slow=slow,
             **journal,
         )
 

@@ -13,6 +13,23 @@
 -- PMSGDLV(ALL): delivered to every subscriber or to none). The second phase
 -- writes, grouped (one LPUSH per queue, one XACK, one LTRIM per FIFO).
 --
+-- Flow control (ARGV[13], SwiftMQ's delay-based flow control, seed 003): the
+-- depth of each subscriber queue (KEYS[9..]) is read once per batch (one LLEN;
+-- none for a queue that does not exist) and counted up as publications go to
+-- it; a publication's delay is curve(the deepest queue it went to, itself
+-- included): the slowest subscriber's. It is posted in the result
+-- ("flow_control_delay_ms") and, when above 0, set on the publisher's flow key
+-- (the largest of its publications in the batch, PX that delay), which a
+-- publisher that does not wait for results reads. ARGV[13] "" reads nothing.
+--
+-- Slow-subscriber conditions (unit field 14, seed 003): a publication whose
+-- root topic has a condition that applies to it gives no copy to a watched
+-- subscriber queue (ARGV[12]) holding max_messages or more (every band); the
+-- others get theirs. Counted in KEYS[7] and KEYS[8]. A queue withheld a
+-- publication is no recipient of it: MAXDEPTH is looked at after, on the rest.
+-- When the condition says so, the subscription is returned (after the units'
+-- integers) for the worker to disconnect after this call.
+--
 -- KEYS[1] publish stream               "{qm}:publish"
 -- KEYS[2] active publishers set        "{qm}:publishers"
 -- KEYS[3] dead-letter stream           "{qm}:dlq"
@@ -21,14 +38,16 @@
 --   worker resolved the topic gets nothing, and its queue is never made again)
 -- KEYS[6] the index version            "{qm}:version" (unchanged since the worker loaded its
 --   routing table: every subscription it resolved to still exists, nothing to look up)
--- KEYS[7] deliveries skipped per subscription "{qm}:skipped" (a full queue, ALLDUR/ALLAVAIL)
--- KEYS[8..] the subscriber queues (priority bands) this batch delivers to
+-- KEYS[7] deliveries skipped per subscription "{qm}:skipped" (a full queue, ALLDUR/ALLAVAIL,
+--   or a slow subscriber)
+-- KEYS[8] deliveries withheld per subscription by a slow-subscriber condition "{qm}:slow"
+-- KEYS[9..] the subscriber queues (priority bands) this batch delivers to
 --   ("{qm}:sub:<id>" or "{qm}:sub:<id>:p<N>"); each one's subscription's bell
 --   ("{qm}:sub:<id>:bell") is rung when an empty band gets messages
 -- ARGV[1] consumer group
 -- ARGV[2] the worker's fencing token
 -- ARGV[3] lease_ms of a publisher's turn
--- ARGV[4] per-publisher key prefix     "{qm}:pub:"   (.. publisher .. ":fifo" / ":turn")
+-- ARGV[4] per-publisher key prefix     "{qm}:pub:"   (.. publisher .. ":fifo" / ":turn" / ":flow")
 -- ARGV[5] dedup key prefix             "{qm}:dedup:" (id_key in lib.lua)
 -- ARGV[6] reply key prefix             "{qm}:reply:" (id_key in lib.lua)
 -- ARGV[7] journal: approximate max length of the journal stream; 0 = no journal
@@ -37,14 +56,18 @@
 -- ARGV[9] approximate cap of the dead-letter stream, records
 -- ARGV[10] max_body_bytes: a dead letter keeps a body only up to this size
 -- ARGV[11] the index version the worker's routing table was loaded at
--- ARGV[12] bounded queues (topic objects' MAXDEPTH): "<KEYS index>:<maxdepth>:<durable 1|0> ...",
---   "" for none. A bounded queue's depth is the sum of its subscription's priority bands
---   ("{qm}:sub:<id>" and "{qm}:sub:<id>:p<N>", built here from the queue key)
--- ARGV[13] Y, the number of publishers whose turn to give up after this call
+-- ARGV[12] watched queues: "<KEYS index>:<maxdepth>:<durable 1|0> ...", "" for none; maxdepth
+--   is the topic objects' MAXDEPTH, 0 for none (a queue watched for a slow-subscriber
+--   condition only). A watched queue's depth is the sum of its subscription's priority bands
+--   ("{qm}:sub:<id>" and "{qm}:sub:<id>:p<N>", built here from the queue key), read once
+--   per subscription per batch and counted up as publications go to any of its bands
+-- ARGV[13] flow control: "<start depth>:<full depth>:<max delay ms>", "" when off. A delay is
+--   0 up to the start depth, max from the full depth on, linear (rounded down) in between
+-- ARGV[14] Y, the number of publishers whose turn to give up after this call
 --   even if their FIFO is not empty (fair share: another worker takes them)
--- ARGV[14 .. 13+Y] those publishers
--- ARGV[14+Y] S, the number of recipient sets
--- ARGV[15+Y .. 14+Y+S] recipient sets: space-separated KEYS indexes, e.g. "8 9 11"
+-- ARGV[15 .. 14+Y] those publishers
+-- ARGV[15+Y] S, the number of recipient sets
+-- ARGV[16+Y .. 15+Y+S] recipient sets: space-separated KEYS indexes, e.g. "9 10 12"
 -- then one unit of work per publication, its fields in this order (UNIT_FIELDS
 -- in broker/unit_of_work.py; a test checks the two lists match):
 -- unit field 0 publisher
@@ -61,9 +84,14 @@
 -- unit field 11 enqueued_ms (journal)
 -- unit field 12 delivery: "ALL" | "ALLDUR" | "ALLAVAIL" when a recipient queue is full (PMSGDLV/NPMSGDLV)
 -- unit field 13 dead_letter: "1" a refused publication is dead-lettered, "0" not (USEDLQ)
+-- unit field 14 slow: "" or the slow-subscriber condition of its root topic, when it applies
+--   to the publication: "<max_messages>:<disconnect non-durable 1|0>:<disconnect durable 1|0>";
+--   every queue of its recipient set is watched (ARGV[12])
 -- returns 3 integers per publication: status, subscriptions, gave_up
 --   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped
 --   gave_up: 1 when the FIFO is now empty and the turn was given up
+-- then, per subscription a delivered publication's condition asks to disconnect, each once:
+--   its id and the condition's max_messages (the worker removes it only if still that deep)
 -- errors "BROKER foreign key: ..." before any write when a queue-manager-wide key is foreign
 
 local stream, active, dlq, journal, subs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -71,30 +99,47 @@ local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
 local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
 local journal_len, sub_prefix_len = tonumber(ARGV[7]), tonumber(ARGV[8])
 local dlq_len, max_body = ARGV[9], tonumber(ARGV[10])
-local resolved_version, limits_arg = ARGV[11], ARGV[12]
-local ngive_up = tonumber(ARGV[13])
+local resolved_version, limits_arg, flow_arg = ARGV[11], ARGV[12], ARGV[13]
+local ngive_up = tonumber(ARGV[14])
 local give_up = {}
-for i = 14, 13 + ngive_up do give_up[ARGV[i]] = true end
-local nsets = tonumber(ARGV[14 + ngive_up])
-local sets_at = 14 + ngive_up
+for i = 15, 14 + ngive_up do give_up[ARGV[i]] = true end
+local nsets = tonumber(ARGV[15 + ngive_up])
+local sets_at = 15 + ngive_up
 local first = sets_at + 1 + nsets
 local PUBLISHER, ENTRY_ID, ACTION, PAYLOAD, MSGID, WINDOW, REPLY_TTL = 0, 1, 2, 3, 4, 5, 6
 local RECIPIENTS, SUGGESTION, SEQ, TOPIC, ENQUEUED_MS = 7, 8, 9, 10, 11
-local DELIVERY, DEAD_LETTER = 12, 13
-local UNIT = 14
+local DELIVERY, DEAD_LETTER, SLOW = 12, 13, 14
+local UNIT = 15
+local FIRST_QUEUE = 9
 
-local skipped_key = KEYS[7]
+local skipped_key, slow_key = KEYS[7], KEYS[8]
 local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}, {subs, 'hash'}, {KEYS[6], 'string'}}
-if limits_arg ~= '' then fixed[#fixed + 1] = {skipped_key, 'hash'} end
+if limits_arg ~= '' then
+  fixed[#fixed + 1] = {skipped_key, 'hash'}
+  fixed[#fixed + 1] = {slow_key, 'hash'}
+end
 if journal_len > 0 then fixed[#fixed + 1] = {journal, 'stream'} end
 require_types(fixed)
 
+-- Flow control: the curve, or nil when off.
+local fc_start, fc_full, fc_max
+if flow_arg ~= '' then
+  local a, b, c = string.match(flow_arg, '^(%d+):(%d+):(%d+)$')
+  fc_start, fc_full, fc_max = tonumber(a), tonumber(b), tonumber(c)
+end
+local function flow_delay(depth)
+  if depth <= fc_start then return 0 end
+  if depth >= fc_full then return fc_max end
+  return math.floor(fc_max * (depth - fc_start) / (fc_full - fc_start))
+end
+
 -- The subscriber queues: each checked once per batch; whether its subscription
 -- still exists (gone: it gets nothing; looked up only when the index changed
--- since the worker loaded it); and, for an empty band, its bell (rung below).
+-- since the worker loaded it); for an empty band, its bell (rung below); and,
+-- with flow control, its depth.
 local changed = redis.call('GET', KEYS[6]) ~= resolved_version
-local queue_foreign, sub_of, bell_of, gone = {}, {}, {}, {}
-local sub_prefix = string.sub(KEYS[8] or '', 1, sub_prefix_len)
+local queue_foreign, sub_of, bell_of, gone, band_depth = {}, {}, {}, {}, {}
+local sub_prefix = string.sub(KEYS[FIRST_QUEUE] or '', 1, sub_prefix_len)
 -- the subscription id of queue KEYS[k] (its band suffix cut), worked out only when needed
 local function sub_id_of(k)
   local id = sub_of[k]
@@ -105,7 +150,7 @@ local function sub_id_of(k)
   end
   return id
 end
-for k = 8, #KEYS do
+for k = FIRST_QUEUE, #KEYS do
   gone[k] = changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0
   if not gone[k] then
     local found = redis.call('TYPE', KEYS[k])['ok']
@@ -113,31 +158,60 @@ for k = 8, #KEYS do
       -- an empty band: its bell is rung when it gets messages (a non-empty band's is rung already)
       bell_of[k] = sub_prefix .. sub_id_of(k) .. ':bell'
       queue_foreign[k] = foreign(bell_of[k], 'list')
+      band_depth[k] = 0
     elseif found ~= 'list' then
       queue_foreign[k] = 'foreign key: ' .. KEYS[k] .. ' holds a ' .. found .. ', not a list'
+    elseif fc_start then
+      band_depth[k] = redis.call('LLEN', KEYS[k])
     end
   end
 end
 
--- Bounded queues: room left = MAXDEPTH - messages waiting in every band of the subscription.
-local limit, durable_q, room = {}, {}, {}
+-- Watched queues (MAXDEPTH, slow-subscriber conditions): the messages waiting in every band
+-- of their subscription, read once per subscription. limit[k] = MAXDEPTH or nil.
+local watching = limits_arg ~= ''
+local limit, durable_q, depth_of = {}, {}, {}
+-- the suffixes of the bands other than the default one (built once: number to string is slow)
+local OTHER_BANDS = {':p0', ':p1', ':p2', ':p3', ':p5', ':p6', ':p7', ':p8', ':p9'}
+-- messages waiting in every band of the subscription of queue KEYS[k]
+local function waiting_in(k)
+  local id = sub_id_of(k)
+  local queue, waiting = KEYS[k], nil
+  if #queue == sub_prefix_len + #id then
+    waiting = band_depth[k]  -- the default band, its depth read above with flow control
+  else
+    queue = sub_prefix .. id
+  end
+  local others = {}
+  for i = 1, 9 do others[i] = queue .. OTHER_BANDS[i] end
+  -- pcall: a band of another type (a foreign key) holds no messages of this subscription
+  if not waiting then waiting = redis.pcall('LLEN', queue) end
+  if type(waiting) ~= 'number' then waiting = 0 end
+  -- the other bands are usually absent: one EXISTS says so
+  if redis.call('EXISTS', unpack(others)) > 0 then waiting = waiting + total_length(others) end
+  return waiting
+end
+-- the deepest watched subscription and the lowest MAXDEPTH: the n-th unit of the batch cannot
+-- find a queue deeper than deepest_watched + n, so below a threshold it need not look at each one
+local deepest_watched, lowest_limit = 0, math.huge
 for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do
   k = tonumber(k)
   if not gone[k] and not queue_foreign[k] then
     local id = sub_id_of(k)
-    local waiting = 0
-    local queue = sub_prefix .. id
-    for p = 0, 9 do
-      local band = queue
-      if p ~= 4 then band = queue .. ':p' .. p end
-      -- pcall: a band of another type (a foreign key) holds no messages of this subscription
-      local n = redis.pcall('LLEN', band)
-      if type(n) == 'number' then waiting = waiting + n end
+    if not depth_of[id] then
+      depth_of[id] = waiting_in(k)
+      if depth_of[id] > deepest_watched then deepest_watched = depth_of[id] end
     end
-    limit[k], durable_q[k], room[k] = tonumber(depth), dur == '1', tonumber(depth) - waiting
+    durable_q[k] = dur == '1'
+    if depth ~= '0' then
+      limit[k] = tonumber(depth)
+      if limit[k] < lowest_limit then lowest_limit = limit[k] end
+    end
   end
 end
-local skipped = {}       -- sub id -> deliveries skipped (full queue)
+local skipped, withheld = {}, {}   -- sub id -> deliveries skipped (full queue or slow), withheld (slow)
+local disconnect, disconnect_order = {}, {}  -- sub id -> max_messages of the condition
+local conditions = {}    -- a unit's slow field -> {max_messages, non-durable flag, durable flag}
 
 local sets = {}
 for s = 1, nsets do
@@ -147,7 +221,7 @@ for s = 1, nsets do
 end
 
 local STATUS = {delivered = 1, duplicate = 2, expired = 3, refused = 4, skipped = 5}
-local turns = {}         -- publisher -> {ok = bool, popped = n, fifo = key, turn = key}
+local turns = {}         -- publisher -> {ok = bool, popped = n, fifo = key, turn = key, delay = ms}
 local turn_order = {}
 
 local function turn_of(pub)
@@ -156,7 +230,7 @@ local function turn_of(pub)
     local turn = pub_prefix .. pub .. ':turn'
     -- pcall: a foreign turn key is simply not this worker's turn
     t = {ok = redis.pcall('GET', turn) == token, popped = 0,
-         fifo = pub_prefix .. pub .. ':fifo', turn = turn}
+         fifo = pub_prefix .. pub .. ':fifo', turn = turn, delay = 0}
     turns[pub] = t
     turn_order[#turn_order + 1] = pub
   end
@@ -164,7 +238,7 @@ local function turn_of(pub)
 end
 
 -- Phase 1: read and decide. plan[i] = nil (fenced) or
--- {u = ARGV index, status, count, reason, reply = key to post on}
+-- {u = ARGV index, status, count, reason, reply = key to post on, skip = {k = true}, delay = ms}
 local plan = {}
 local n = 0
 for u = first, #ARGV, UNIT do
@@ -176,7 +250,7 @@ for u = first, #ARGV, UNIT do
   if t.ok and redis.pcall('LINDEX', t.fifo, t.popped) ~= entry_id then t.ok = false end
   if t.ok then
     t.popped = t.popped + 1
-    local step = {u = u, status = 'skipped', count = 0}
+    local step = {u = u, status = 'skipped', count = 0, delay = 0}
     local reply_key, reply_why = nil, nil
     if reply_ttl > 0 then
       reply_key = id_key(reply_prefix, pub, msgid)
@@ -188,6 +262,7 @@ for u = first, #ARGV, UNIT do
       -- whatever else changed since. One SET NX GET records it (nil: fresh), finds
       -- it (a string: duplicate) or fails on a foreign key, writing nothing.
       local why, duplicate, recorded = nil, false, nil
+      local slow_said = {}  -- sub id -> max_messages: subscriptions to disconnect if delivered
       if window > 0 then
         local key = id_key(dedup_prefix, pub, msgid)
         local found = redis.pcall('SET', key, entry_id, 'NX', 'PX', window, 'GET')
@@ -206,18 +281,41 @@ for u = first, #ARGV, UNIT do
             if queue_foreign[k] then why = queue_foreign[k]; break end
           end
         end
+        -- a slow subscriber (its root topic's condition): withheld this publication
+        local condition = ARGV[u + SLOW]
+        if not why and set > 0 and condition ~= '' then
+          local parsed = conditions[condition]
+          if not parsed then
+            local m, nd, dd = string.match(condition, '^(%d+):(%d):(%d)$')
+            parsed = {tonumber(m), nd, dd}
+            conditions[condition] = parsed
+          end
+          local most, non_durable, durable = parsed[1], parsed[2], parsed[3]
+          if deepest_watched + n >= most then
+            for _, k in ipairs(sets[set]) do
+              local id = not gone[k] and sub_id_of(k)
+              if id and depth_of[id] and depth_of[id] >= most then
+                step.skip = step.skip or {}
+                step.skip[k] = 'slow'
+                if (durable_q[k] and durable == '1') or (not durable_q[k] and non_durable == '1') then
+                  slow_said[id] = most
+                end
+              end
+            end
+          end
+        end
         -- a full bounded queue: refuse as a whole (ALL; ALLDUR for a durable subscription) or skip it
-        if not why and set > 0 and limits_arg ~= '' then
+        if not why and set > 0 and deepest_watched + n >= lowest_limit then
           local policy = ARGV[u + DELIVERY]
           for _, k in ipairs(sets[set]) do
-            if room[k] and room[k] <= 0 then
+            if limit[k] and not (step.skip and step.skip[k]) and depth_of[sub_id_of(k)] >= limit[k] then
               if policy == 'ALL' or (policy == 'ALLDUR' and durable_q[k]) then
                 why = 'subscriber queue ' .. KEYS[k] .. ' is full (MAXDEPTH ' .. limit[k] .. ', delivery ' .. policy .. ')'
                 step.skip = nil
                 break
               end
               step.skip = step.skip or {}
-              step.skip[k] = true
+              step.skip[k] = 'full'
             end
           end
         end
@@ -231,17 +329,35 @@ for u = first, #ARGV, UNIT do
       else
         step.status = 'delivered'
         if set > 0 then
+          local flow_depth = 0
           for _, k in ipairs(sets[set]) do
             if gone[k] then
               -- removed since the worker resolved the topic
             elseif step.skip and step.skip[k] then
               local id = sub_id_of(k)
               skipped[id] = (skipped[id] or 0) + 1
+              if step.skip[k] == 'slow' then withheld[id] = (withheld[id] or 0) + 1 end
             else
               step.count = step.count + 1
-              if room[k] then room[k] = room[k] - 1 end
+              if watching then
+                local id = sub_id_of(k)
+                if depth_of[id] then depth_of[id] = depth_of[id] + 1 end
+              end
+              if fc_start then
+                local depth = band_depth[k] + 1
+                band_depth[k] = depth
+                if depth > flow_depth then flow_depth = depth end
+              end
             end
           end
+          if fc_start and flow_depth > fc_start then
+            step.delay = flow_delay(flow_depth)
+            if step.delay > t.delay then t.delay = step.delay end
+          end
+        end
+        for id, most in pairs(slow_said) do
+          if not disconnect[id] then disconnect_order[#disconnect_order + 1] = id end
+          disconnect[id] = most
         end
       end
     elseif action == 'expire' then
@@ -250,6 +366,18 @@ for u = first, #ARGV, UNIT do
       step.status, step.reason = 'refused', payload
     end
     plan[n] = step
+  end
+end
+
+-- The flow keys to set: a publisher's largest delay of this batch, unless its key is foreign.
+local flow_keys = {}
+if fc_start then
+  for _, pub in ipairs(turn_order) do
+    local t = turns[pub]
+    if t.delay > 0 then
+      local key = pub_prefix .. pub .. ':flow'
+      if not foreign(key, 'string') then flow_keys[#flow_keys + 1] = {key, t.delay} end
+    end
   end
 end
 
@@ -313,6 +441,7 @@ for i = 1, n do
         result.reason = step.reason
         if ARGV[u + SUGGESTION] ~= '' then result.suggestion = ARGV[u + SUGGESTION] end
       end
+      if fc_start then result.flow_control_delay_ms = step.delay end
       post_reply(step.reply, ARGV[u + REPLY_TTL], result)
     end
     if journal_len > 0 and status ~= 'skipped' then
@@ -335,6 +464,8 @@ for i = 1, n do
 end
 
 for id, n in pairs(skipped) do redis.call('HINCRBY', skipped_key, id, n) end
+for id, n in pairs(withheld) do redis.call('HINCRBY', slow_key, id, n) end
+for _, pair in ipairs(flow_keys) do redis.call('SET', pair[1], pair[2], 'PX', pair[2]) end
 
 -- Apply the fan-out (one variadic LPUSH per queue keeps each queue's order),
 -- the acknowledgements and the FIFO pops, then pass on the turns.
@@ -373,5 +504,9 @@ for i = 1, n do
 end
 for pub, i in pairs(last_of) do
   if gave_up[pub] then out[3 * i] = 1 end
+end
+-- the subscriptions to disconnect, after the units' integers
+for _, id in ipairs(disconnect_order) do
+  out[#out + 1] = id; out[#out + 1] = disconnect[id]
 end
 return out

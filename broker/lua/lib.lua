@@ -23,6 +23,17 @@ local function require_types(list)
   end
 end
 
+-- Messages in the lists `names` together: LLEN each; a key of another type (a
+-- foreign key) holds none of them.
+local function total_length(names)
+  local total = 0
+  for _, name in ipairs(names) do
+    local n = redis.pcall('LLEN', name)
+    if type(n) == 'number' then total = total + n end
+  end
+  return total
+end
+
 -- A key built from a publisher id and a message id, injective whatever the ids
 -- hold: prefix .. <byte length of publisher> .. ":" .. publisher .. ":" .. msgid
 -- (keys.py: dedup, reply).

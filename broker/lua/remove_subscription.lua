@@ -5,6 +5,8 @@
 -- a non-durable one (MQTT 5 session expiry) whose consumers' lease deadlines
 -- and creation are all before the cutoff, or, in durable mode, an idle durable
 -- one whose lease deadlines, creation and last-use time are all before it.
+-- With a least depth, it is removed only while at least that many messages
+-- wait in its bands (a slow-subscriber condition still holds).
 --
 -- KEYS[1] the subscription hash          "{qm}:subs"
 -- KEYS[2] the index version              "{qm}:version"
@@ -19,11 +21,15 @@
 -- ARGV[2] the in-flight prefix           "{qm}:sub:<id>:inflight:" (.. consumer)
 -- ARGV[3] cutoff, ms since the epoch: remove only when abandoned since then; "" = remove
 -- ARGV[4] "durable": the cutoff removes an idle durable subscription (not a non-durable one); "" otherwise
--- returns {1 removed or 0 no such subscription (or not abandoned), messages it held (waiting + in flight)}
+-- ARGV[5] least depth: remove only when its bands hold at least this many messages; "" = remove
+-- returns {removed, messages}: removed 1, or 0 (no such subscription, not abandoned, or not
+--   that deep); messages: those deleted with it (waiting in its bands and in flight), or
+--   waiting in its bands when it was not removed for its depth (0 otherwise)
 -- errors "BROKER foreign key: ..." before any write when a key is foreign
 
 local subs, version, consumers, last_active = KEYS[1], KEYS[2], KEYS[3], KEYS[18]
 local sub_id, prefix, cutoff, durable_mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == 'durable'
+local least = ARGV[5] or ''
 require_types({{subs, 'hash'}, {version, 'string'}, {consumers, 'zset'}, {last_active, 'hash'}})
 
 local record = redis.call('HGET', subs, sub_id)
@@ -39,17 +45,21 @@ if cutoff ~= '' then
     return {0, 0}
   end
 end
+local bands = {}
+for k = 8, 17 do bands[#bands + 1] = KEYS[k] end
+local waiting = total_length(bands)
+if least ~= '' and (not record or waiting < tonumber(least)) then return {0, waiting} end
 
-local doomed, held = {}, 0
+local doomed, inflight = {}, {KEYS[7]}
 for k = 3, 17 do doomed[#doomed + 1] = KEYS[k] end
-for _, c in ipairs(redis.call('ZRANGE', consumers, 0, -1)) do doomed[#doomed + 1] = prefix .. c end
--- what is lost: the protocol 2 in-flight list, the bands and the consumers' in-flight lists
-for k = 5, #doomed do
-  if redis.call('TYPE', doomed[k]).ok == 'list' then held = held + redis.call('LLEN', doomed[k]) end
+for _, c in ipairs(redis.call('ZRANGE', consumers, 0, -1)) do
+  doomed[#doomed + 1] = prefix .. c
+  inflight[#inflight + 1] = prefix .. c
 end
+local messages = waiting + total_length(inflight)
 redis.call('HDEL', subs, sub_id)
 redis.call('HDEL', last_active, sub_id)
 redis.call('INCR', version)
 redis.call('DEL', unpack(doomed))
-if record then return {1, held} end
-return {0, 0}
+if record then return {1, messages} end
+return {0, messages}

@@ -213,6 +213,13 @@ def journal() -> None:
     "(default: never wait).",
 )
 @click.option(
+    "--flow-control/--no-flow-control",
+    default=True,
+    show_default=True,
+    help="Wait, before each batch, the flow-control delay the broker asks for (its slowest "
+    "subscriber's pace).",
+)
+@click.option(
     "--partitions",
     type=click.IntRange(min=1),
     default=None,
@@ -243,6 +250,7 @@ def publish_command(
     null_value: str | None,
     batch: int,
     max_backlog: int | None,
+    flow_control: bool,
     partitions: int | None,
     progress: bool,
     fail_partition: int | None,
@@ -303,6 +311,7 @@ def publish_command(
             qm=settings.qm,
             batch=batch,
             max_backlog=max_backlog,
+            flow_control=flow_control,
             partitions=partitions,
             fail_partition=fail_partition,
             on_progress=on_progress,

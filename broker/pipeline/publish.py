@@ -9,7 +9,11 @@ Plan (``publish_dataset``):
 3. Each partition (one Spark task) opens its own Redis client and XADDs its
    rows in that order, ``batch`` per pipelined round trip, waiting for room
    first when ``max_backlog`` is set (``broker.flow.wait_for_room``). So each
-   publisher's entries reach the stream in seq order, from one writer.
+   publisher's entries reach the stream in seq order, from one writer. With
+   flow control (the default), each round trip also reads the flow keys of the
+   batch's publishers, and the next round trip waits the largest delay they
+   held (``broker.flow.FlowGate``): the partition slows to its slowest
+   subscriber's pace.
 
 Re-running the job, or Spark re-running a failed task, sends the same entries
 again with the same msgids and seqs; the workers find the msgid in their
@@ -41,7 +45,7 @@ import redis
 from broker import keys
 from broker.connection import connect
 from broker.errors import ConnectionLost, ServerError
-from broker.flow import wait_for_room
+from broker.flow import FlowGate, parse_delay, wait_for_room
 from broker.models import publication_fields
 from broker.pipeline.session import task_attempts
 from broker.pipeline.source import SourceSpec, prepare, read_source
@@ -130,8 +134,15 @@ def _publish_partition(
     counter: Any,
     fail_partition: int | None,
     marker_dir: str | None,
+    flow_control: bool = True,
+    clock_ms: Callable[[], float] | None = None,
+    sleep_ms: Callable[[float], None] | None = None,
 ) -> Iterator[tuple[str, int]]:
     """Publish one partition's rows in order (runs in a Spark task).
+
+    Each batch is one pipelined round trip; with ``flow_control`` it also reads the flow
+    keys of the batch's publishers (``{qm}:pub:<publisher>:flow``), and the next batch
+    waits the largest delay read, ms (``clock_ms``/``sleep_ms`` are injectable for tests).
 
     Yields:
         ``(publisher, rows)`` for each publisher of the partition.
@@ -152,6 +163,8 @@ def _publish_partition(
     counts: dict[str, int] = {}
     pipe = client.pipeline(transaction=False)
     pending = sent = 0
+    gate = FlowGate(flow_control, clock_ms, sleep_ms)
+    batch_publishers: dict[str, None] = {}  # the publishers of the batch, in order
 
     def flush() -> None:
         nonlocal pending, sent
@@ -159,7 +172,17 @@ def _publish_partition(
             return
         if max_backlog:
             wait_for_room(client, qm, max_backlog, timeout_ms=backlog_timeout_ms)
-        pipe.execute()
+        gate.wait()
+        if flow_control:
+            for publisher in batch_publishers:
+                pipe.get(keys.flow_key(qm, publisher))
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies[:pending]:
+            if isinstance(reply, Exception):
+                raise reply
+        if flow_control:
+            gate.learn(max((parse_delay(r) for r in replies[pending:]), default=0))
+        batch_publishers.clear()
         counter.add(pending)
         sent += pending
         pending = 0
@@ -173,6 +196,7 @@ def _publish_partition(
                 publisher, row["topic"], row["body"].encode(), msgid=row["msgid"], seq=row["seq"]
             )
             pipe.xadd(stream, cast(dict[Any, Any], fields))
+            batch_publishers[publisher] = None
             counts[publisher] = counts.get(publisher, 0) + 1
             pending += 1
             if pending >= batch:
@@ -199,6 +223,7 @@ def publish_dataset(
     batch: int = DEFAULT_BATCH,
     max_backlog: int | None = None,
     backlog_timeout_ms: int | None = None,
+    flow_control: bool = True,
     partitions: int | None = None,
     fail_partition: int | None = None,
     on_progress: Callable[[Progress], None] | None = None,
@@ -218,6 +243,8 @@ def publish_dataset(
             ``partitions * batch``.
         backlog_timeout_ms: fail the task (``ReplyTimeout``) when the backlog stays
             at ``max_backlog`` this long, ms; None: wait for as long as it takes.
+        flow_control: wait, before each batch, the flow-control delay the broker asked
+            of the previous batch's publishers (their slowest subscriber's); False: never.
         partitions: tasks publishing in parallel (each owns whole publishers);
             None: Spark's default parallelism.
         fail_partition: testing: the partition with this index raises
@@ -274,6 +301,7 @@ def publish_dataset(
                 batch=batch,
                 max_backlog=max_backlog,
                 backlog_timeout_ms=backlog_timeout_ms,
+                flow_control=flow_control,
                 counter=counter,
                 fail_partition=fail_partition,
                 marker_dir=marker_dir,

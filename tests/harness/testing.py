@@ -6,7 +6,8 @@ test depends on timing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 
 import redis
 
@@ -51,6 +52,37 @@ def drain(workers: Iterable[Worker], max_rounds: int = 100_000) -> int:
         if done == 0 and not any(w.turns for w in pool):
             return total
     raise AssertionError(f"workers still busy after {max_rounds} rounds")
+
+
+def work_while(worker: Worker, publish: Callable[[], None]) -> None:
+    """Run ``publish`` (which waits for results) in a thread while ``worker`` handles rounds, until it returns.
+
+    The worker blocks on the stream until the publisher's entry arrives, so nothing waits on timing.
+    """
+    thread = threading.Thread(target=publish)
+    thread.start()
+    while thread.is_alive():
+        worker.run_once(block=True)
+        thread.join(timeout=0)
+    thread.join()
+
+
+class FakeTime:
+    """A clock in ms that moves only when someone sleeps (or a test moves ``now``); records every sleep.
+
+    For the injectable ``clock_ms``/``sleep_ms`` of publishers (flow control): no test really sleeps.
+    """
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, ms: float) -> None:
+        self.slept.append(ms)
+        self.now += ms
 
 
 def queue_messages(client: redis.Redis, qm: str, sub_id: str) -> list[Message]:

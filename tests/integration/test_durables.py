@@ -13,7 +13,7 @@ from broker.consumer import recover
 from broker.durables import delete_durables, expire_idle_durables
 from broker.errors import InvalidSelector
 from broker.jobs import ADMIN_QUEUE, periodic
-from broker.subscriptions import list_subscriptions, remove_counted
+from broker.subscriptions import Removal, list_subscriptions, remove_subscription
 from tests.harness.testing import drain, make_workers
 
 QM = "TEST"
@@ -197,9 +197,9 @@ def test_the_removal_checks_idleness_again_so_a_consumer_attaching_meanwhile_kee
     record = subscribe(real_redis, QM, "/a", "app", "d")
     Subscriber(real_redis, QM, record, settings, heartbeat=False, clock_ms=lambda: t)
     deadline = t + settings.consumer_lease_ms
-    assert remove_counted(real_redis, QM, record.sub_id, deadline - 1, durable=True) is None
+    assert not remove_subscription(real_redis, QM, record.sub_id, deadline - 1, durable=True)
     assert ids(real_redis) == ["app$d"]
-    assert remove_counted(real_redis, QM, record.sub_id, deadline, durable=True) == 0
+    assert remove_subscription(real_redis, QM, record.sub_id, deadline, durable=True) == Removal(True, 0)
     assert ids(real_redis) == []
 
 
@@ -209,15 +209,15 @@ def test_the_removal_checks_the_last_active_time_again_so_a_consumer_that_just_c
     t = later_than_creation()
     record = subscribe(real_redis, QM, "/a", "app", "d")
     Subscriber(real_redis, QM, record, settings, heartbeat=False, clock_ms=lambda: t).close()
-    assert remove_counted(real_redis, QM, record.sub_id, t - 1, durable=True) is None
-    assert remove_counted(real_redis, QM, record.sub_id, t, durable=True) == 0
+    assert not remove_subscription(real_redis, QM, record.sub_id, t - 1, durable=True)
+    assert remove_subscription(real_redis, QM, record.sub_id, t, durable=True) == Removal(True, 0)
 
 
 def test_the_idle_cutoff_never_removes_a_non_durable_in_durable_mode_nor_a_durable_otherwise(real_redis):
     by_hand(real_redis, "app$nd", durable=False)
     by_hand(real_redis, "app$d")
-    assert remove_counted(real_redis, QM, "app$nd", 10**13, durable=True) is None
-    assert remove_counted(real_redis, QM, "app$d", 10**13) is None
+    assert not remove_subscription(real_redis, QM, "app$nd", 10**13, durable=True)
+    assert not remove_subscription(real_redis, QM, "app$d", 10**13)
     assert ids(real_redis) == ["app$d", "app$nd"]
 
 

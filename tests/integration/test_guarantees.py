@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import random
-import threading
 
 import pytest
 
 from broker import Publisher, keys, link, subscribe, unlink
 from broker.models import publication_fields
 from broker.status import status
-from tests.harness.testing import drain, make_workers, queue_messages
+from tests.harness.testing import drain, make_workers, queue_messages, work_while
 from worker.loop import Worker
 
 QM = "TEST"
@@ -166,12 +165,7 @@ def test_publisher_waiting_learns_delivered_count_and_refusal_with_suggestion(re
         results["ok"] = Publisher(real_redis, QM, "p").publish("/A/B", b"x", wait=True)
         results["bad"] = Publisher(real_redis, QM, "q", validate=False).publish("/A/+", b"x", wait=True)
 
-    thread = threading.Thread(target=publish)
-    thread.start()
-    while thread.is_alive():
-        worker.run_once(block=True)  # blocks on the stream until the publisher's entry arrives
-        thread.join(timeout=0)
-    thread.join()
+    work_while(worker, publish)
     assert results["ok"].status == "delivered" and results["ok"].subscriptions == 2
     assert results["bad"].status == "refused"
     assert results["bad"].suggestion == "/A"

@@ -7,6 +7,7 @@ import pytest
 from broker import keys
 from broker.errors import BacklogTimeout
 from broker.flow import backlog, wait_for_room
+from tests.harness.testing import FakeTime
 
 QM = "TEST"
 
@@ -128,3 +129,115 @@ def test_group_state_reads_pending_lag_and_acknowledged_and_names_a_foreign_stre
         group_state(real_redis, "GS")
     with pytest.raises(ForeignKey):
         ensure_group(real_redis, "GS")
+
+
+# -- delay-based flow control: what a publisher keeps of the broker's delay ----------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "delay"), [(None, 0), (b"250", 250), ("7", 7), (b"-3", 0), (b"soon", 0), (ValueError("x"), 0)]
+)
+def test_parse_delay_reads_a_flow_key_value_or_gives_zero(raw, delay):
+    from broker.flow import parse_delay
+
+    assert parse_delay(raw) == delay
+
+
+def test_flow_gate_waits_what_is_left_of_the_largest_delay_once():
+    from broker.flow import FlowGate
+
+    t = FakeTime(1_000.0)
+    gate = FlowGate(clock_ms=t.clock, sleep_ms=t.sleep)
+    assert gate.wait() == 0 and t.slept == []  # nothing learnt: no wait
+    gate.learn(100)
+    gate.learn(40)  # a smaller delay does not shorten the larger one
+    t.now += 30  # the publisher spent 30 ms on something else meanwhile
+    assert gate.wait() == 70
+    assert t.slept == [70]
+    assert gate.wait() == 0 and t.slept == [70]  # owed once
+    gate.learn(0)
+    assert gate.wait() == 0 and gate.waited_ms == 70
+
+
+def test_a_disabled_flow_gate_never_waits():
+    from broker.flow import FlowGate
+
+    t = FakeTime()
+    gate = FlowGate(enabled=False, clock_ms=t.clock, sleep_ms=t.sleep)
+    gate.learn(500)
+    assert gate.wait() == 0 and t.slept == []
+
+
+def test_publisher_reads_its_flow_key_with_the_xadd_and_waits_before_the_next(fake_redis):
+    from broker.publish import Publisher
+
+    # Given the broker asked publisher p to wait 250 ms
+    t = FakeTime()
+    pub = Publisher(fake_redis, QM, "p", clock_ms=t.clock, sleep_ms=t.sleep)
+    fake_redis.set(keys.flow_key(QM, "p"), "250", px=250)
+    # When it publishes without waiting for the result
+    first = pub.publish("/t", b"1")
+    # Then the result says so, and it has not waited yet
+    assert first.flow_control_delay_ms == 250 and t.slept == []
+    # When the key is gone and it publishes again, it waits the delay first
+    fake_redis.delete(keys.flow_key(QM, "p"))
+    second = pub.publish("/t", b"2")
+    assert t.slept == [250]
+    assert second.flow_control_delay_ms == 0
+    pub.publish("/t", b"3")
+    assert t.slept == [250]
+    assert fake_redis.xlen(keys.publish_stream(QM)) == 3
+
+
+def test_publisher_without_flow_control_neither_reads_the_key_nor_waits(fake_redis, monkeypatch):
+    from broker.publish import Publisher
+
+    t = FakeTime()
+    fake_redis.set(keys.flow_key(QM, "p"), "250")
+    pub = Publisher(fake_redis, QM, "p", flow_control=False, clock_ms=t.clock, sleep_ms=t.sleep)
+
+    def no_get(*args, **kwargs):
+        raise AssertionError("the flow key must not be read")
+
+    monkeypatch.setattr(fake_redis, "get", no_get)
+    results = [pub.publish("/t", b"1"), pub.publish("/t", b"2")]
+    assert [r.flow_control_delay_ms for r in results] == [0, 0] and t.slept == []
+
+
+def test_publish_many_reads_the_flow_key_once_per_batch_and_waits_before_the_next_batch(fake_redis):
+    from broker.publish import Publisher
+
+    t = FakeTime()
+    pub = Publisher(fake_redis, QM, "p", clock_ms=t.clock, sleep_ms=t.sleep)
+    fake_redis.set(keys.flow_key(QM, "p"), "80")
+    reads: list[str] = []
+    real_pipeline = fake_redis.pipeline
+
+    def counting_pipeline(*args, **kwargs):
+        pipe = real_pipeline(*args, **kwargs)
+        original = pipe.get
+
+        def get(name):
+            reads.append(name)
+            return original(name)
+
+        pipe.get = get
+        return pipe
+
+    fake_redis.pipeline = counting_pipeline
+    results = pub.publish_many([("/t", str(i)) for i in range(5)], batch=2)
+    # 3 batches (2 + 2 + 1): one read each, and a wait of 80 ms before the 2nd and the 3rd
+    assert reads == [keys.flow_key(QM, "p")] * 3
+    assert t.slept == [80, 80]
+    assert [r.flow_control_delay_ms for r in results] == [80] * 5
+    assert fake_redis.xlen(keys.publish_stream(QM)) == 5
+
+
+def test_a_foreign_flow_key_does_not_fail_the_publication(fake_redis):
+    from broker.publish import Publisher
+
+    fake_redis.rpush(keys.flow_key(QM, "p"), "not a delay")
+    pub = Publisher(fake_redis, QM, "p")
+    assert pub.publish("/t", b"1").flow_control_delay_ms == 0
+    assert pub.publish_many([("/t", "2")])[0].status == "sent"
+    assert fake_redis.xlen(keys.publish_stream(QM)) == 2

@@ -62,22 +62,32 @@ def test_bad_client_id_is_refused(any_redis):
         subscribe(any_redis, QM, "/a", "bad id:with colon")
 
 
-def test_publisher_retry_after_an_unknown_outcome_reuses_seq_and_default_msgid(fake_redis, monkeypatch):
+@pytest.mark.parametrize("flow_control", [False, True])
+def test_publisher_retry_after_an_unknown_outcome_reuses_seq_and_default_msgid(
+    fake_redis, monkeypatch, flow_control
+):
     import redis
 
     from broker import Publisher
     from broker.errors import ConnectionLost
 
-    pub = Publisher(fake_redis, QM, "p")
-    real_xadd = fake_redis.xadd
+    pub = Publisher(fake_redis, QM, "p", flow_control=flow_control)
+    # with flow control the XADD goes in a pipeline with the GET of the flow key
+    name = "pipeline" if flow_control else "xadd"
+    real = getattr(fake_redis, name)
 
     def lost(*args, **kwargs):
         raise redis.ConnectionError("reply lost")
 
-    monkeypatch.setattr(fake_redis, "xadd", lost)
+    def lost_pipeline(*args, **kwargs):
+        pipe = real(*args, **kwargs)
+        pipe.execute = lost
+        return pipe
+
+    monkeypatch.setattr(fake_redis, name, lost_pipeline if flow_control else lost)
     with pytest.raises(ConnectionLost, match="outcome unknown"):
         pub.publish("/a", b"x")
-    monkeypatch.setattr(fake_redis, "xadd", real_xadd)
+    monkeypatch.setattr(fake_redis, name, real)
     retried = pub.publish("/a", b"x")
     assert retried.seq == 1
     assert retried.msgid.endswith("-1")
@@ -93,3 +103,28 @@ def test_commit_lua_names_the_unit_fields_in_the_order_python_encodes_them():
     named = re.findall(r"^-- unit field (\d+) (\w+)", source, flags=re.MULTILINE)
     assert [(int(n), name) for n, name in named] == list(enumerate(UNIT_FIELDS))
     assert f"local UNIT = {len(UNIT_FIELDS)}" in source
+
+
+def test_flow_key_is_prefix_plus_publisher_plus_flow_and_band_sub_id_inverts_sub_band():
+    assert keys.flow_key(QM, "p") == keys.pub_prefix(QM) + "p" + ":flow"
+    for sub_id in ("a$b", "a$p4", "c$x:p", "a$b:p12"):
+        for priority in range(10):
+            assert keys.band_sub_id(QM, keys.sub_band(QM, sub_id, priority)) == sub_id
+    assert keys.slow(QM).startswith("{TEST}:") and keys.slow(QM) != keys.skipped(QM)
+
+
+def test_commit_batch_watches_queues_without_loosening_a_bound():
+    from broker.config import SlowSubscriberCondition
+    from broker.unit_of_work import Action, CommitBatch, UnitOfWork
+
+    batch = CommitBatch()
+    queues = (keys.sub_queue(QM, "a$b"), keys.sub_queue(QM, "a$c"))
+    condition = SlowSubscriberCondition(name="t", max_messages=7, disconnect_delete_durable_subscriber=True)
+    batch.add(UnitOfWork("p", "1-0", Action.DELIVER, "m", queues=queues, slow=condition))
+    batch.limit(queues[0], 10, False)
+    batch.watch(queues[0], True)  # already bounded: keeps its bound
+    batch.watch(queues[1], True)
+    assert batch.encoded_limits() == "9:10:0 10:0:1"
+    assert batch.args[-1] == "7:0:1"
+    batch.add(UnitOfWork("p", "2-0", Action.DELIVER, "m2", queues=queues))
+    assert batch.args[-1] == ""
