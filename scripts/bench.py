@@ -446,6 +446,47 @@ class Bench:
         never_slow = SlowSubscriberCondition(name="bench", max_messages=10**9, persistence_mode="all")
         slow_on = settings.model_copy(update={"slow_subscriber_conditions": [never_slow]})
 
+        #: (section, label, (run, what, kwargs) without, (run, what, kwargs) with): 7., 9.-12.
+        comparisons = [
+            (
+                "selectors",
+                "7. broker, 2 workers, properties on every publication",
+                ("selectors_off", "no selectors", dict(topology=topo, properties=True)),
+                (
+                    "selectors_on",
+                    f"{len(sel_topo.selective) if sel_topo else 0} selectors",
+                    dict(topology=sel_topo, properties=True),
+                ),
+            ),
+            (
+                "topics",
+                "9. broker, 2 workers",
+                ("topics_off", "no topic objects", dict(topology=topo, topic_objects=[])),
+                ("topics_on", f"{len(objects)} topic objects", dict(topology=topo, topic_objects=objects)),
+            ),
+            (
+                "flow",
+                "10. broker, 2 workers",
+                ("flow_off", "flow control off", dict(topology=topo, run_settings=flow_off)),
+                ("flow_on", "flow control on (the default)", dict(topology=topo)),
+            ),
+            (
+                "slow",
+                "11. broker, 2 workers",
+                ("slow_off", "no slow-subscriber condition", dict(topology=topo)),
+                (
+                    "slow_on",
+                    "a condition on root topic bench, never met",
+                    dict(topology=topo, run_settings=slow_on),
+                ),
+            ),
+            (
+                "swiftmq",
+                "12. broker, 2 workers",
+                ("swiftmq_off", "mqtt scheme", dict(topology=topo)),
+                ("swiftmq_on", "swiftmq scheme, dot topics", dict(topology=swift_topo)),
+            ),
+        ]
         for rep in range(args.repeat):
             tag = f" (repeat {rep + 1}/{args.repeat})" if args.repeat > 1 else ""
             if "ceiling" in args.only:
@@ -484,68 +525,9 @@ class Bench:
                 if got:
                     runs["hot_2w"].append(got)
                     self.log(f"   {got['pubs_per_s']:,} pubs/s")
-            if "selectors" in args.only:
-                self.side_by_side(
-                    runs,
-                    rep,
-                    "7. broker, 2 workers, properties on every publication",
-                    ("selectors_off", "no selectors", dict(topology=topo, properties=True)),
-                    (
-                        "selectors_on",
-                        f"{len(sel_topo.selective)} selectors",
-                        dict(topology=sel_topo, properties=True),
-                    ),
-                    two_workers,
-                    tag,
-                )
-            if "topics" in args.only:
-                self.side_by_side(
-                    runs,
-                    rep,
-                    "9. broker, 2 workers",
-                    ("topics_off", "no topic objects", dict(topology=topo, topic_objects=[])),
-                    (
-                        "topics_on",
-                        f"{len(objects)} topic objects",
-                        dict(topology=topo, topic_objects=objects),
-                    ),
-                    two_workers,
-                    tag,
-                )
-            if "flow" in args.only:
-                self.side_by_side(
-                    runs,
-                    rep,
-                    "10. broker, 2 workers",
-                    ("flow_off", "flow control off", dict(topology=topo, run_settings=flow_off)),
-                    ("flow_on", "flow control on (the default)", dict(topology=topo)),
-                    two_workers,
-                    tag,
-                )
-            if "slow" in args.only:
-                self.side_by_side(
-                    runs,
-                    rep,
-                    "11. broker, 2 workers",
-                    ("slow_off", "no slow-subscriber condition", dict(topology=topo)),
-                    (
-                        "slow_on",
-                        "a condition on root topic bench, never met",
-                        dict(topology=topo, run_settings=slow_on),
-                    ),
-                    two_workers,
-                    tag,
-                )
-            if "swiftmq" in args.only:
-                self.side_by_side(
-                    runs,
-                    rep,
-                    "12. broker, 2 workers",
-                    ("swiftmq_off", "mqtt scheme", dict(topology=topo)),
-                    ("swiftmq_on", "swiftmq scheme, dot topics", dict(topology=swift_topo)),
-                    two_workers,
-                    tag,
-                )
+            for section, label, off, on in comparisons:
+                if section in args.only:
+                    self.side_by_side(runs, rep, label, off, on, two_workers, tag)
         self.figures["runs"] = runs
         for name, key in (
             ("swiftmq_off", "pubs_per_s"),
