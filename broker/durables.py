@@ -58,8 +58,13 @@ def check_predicate(what: str, pattern: str) -> None:
         InvalidSelector: it is empty, or an escape ends it or precedes another character.
     """
     if not pattern:
-        raise InvalidSelector(pattern, 0, f"the {what} predicate is mandatory ('%' matches every {what})")
-    like(pattern, "", ESCAPE)
+        raise InvalidSelector(
+            pattern, 0, f"the {what} predicate is mandatory ('%' matches every {what})", f"{what} predicate"
+        )
+    try:
+        like(pattern, "", ESCAPE)
+    except InvalidSelector as exc:
+        raise InvalidSelector(pattern, exc.position, exc.reason, f"{what} predicate") from None
 
 
 def matching(

@@ -81,15 +81,18 @@ class InvalidSelector(BrokerError, ValueError):
         position: the 0-based character offset in ``selector`` where the error
             was found; ``len(selector)`` when the selector ended too early.
         reason: what is wrong there, one short phrase.
+
+    ``what`` names the text in the message when it is not a selector (a Delete
+    Durable job's "client id predicate").
     """
 
     exit_code = 2
 
-    def __init__(self, selector: str, position: int, reason: str) -> None:
+    def __init__(self, selector: str, position: int, reason: str, what: str = "selector") -> None:
         self.selector = selector
         self.position = position
         self.reason = reason
-        super().__init__(f"invalid selector {shown(selector)} at position {position}: {reason}")
+        super().__init__(f"invalid {what} {shown(selector)} at position {position}: {reason}")
 
 
 class InvalidTopicFilter(BrokerError, ValueError):

@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 import redis
 
-from broker import keys
+from broker import hierarchy, keys
 from broker.connection import read_hash, translate_errors
 from broker.consumer import subscription_load
-from broker.errors import BrokerError, ForeignKey
+from broker.errors import BrokerError, ForeignKey, InvalidTopicFilter
 from broker.links import read_links
 from broker.routing import RoutingTable
 from broker.schemes import scheme_of
@@ -108,6 +108,14 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     tree = _read(problems, "topic objects", lambda: read_tree(client, qm), None)
     problems += [str(p) for p in (*bad_subs, *bad_links, *(tree.problems if tree else []))]
     scheme = _read(problems, "topic scheme", lambda: _scheme_text(client, qm), "?")
+    if scheme.startswith("swiftmq"):  # the workers skip a filter the scheme refuses (it matches nothing)
+        for record in subs:
+            try:
+                hierarchy.validate_filter(record.topic_filter)
+            except InvalidTopicFilter as exc:
+                problems.append(
+                    f"subscription {record.sub_id!r} matches nothing under the swiftmq scheme: {exc}"
+                )
 
     pipe = client.pipeline(transaction=False)
     for record in subs:

@@ -15,6 +15,7 @@ from broker.config import ConsumerMode, Settings
 from broker.declared import declare, list_declared, undeclare
 from broker.errors import ConfigError, InvalidTopicFilter, NoSuchTopic
 from broker.links import link
+from broker.status import status
 from tests.harness.testing import drain, make_workers, queue_messages
 
 QM = "TEST"
@@ -184,3 +185,12 @@ def test_cli_declares_lists_and_undeclares_topics(run):
     assert run("topic", "undeclare", "feed").exit_code == 0
     missing = run("topic", "undeclare", "feed")
     assert missing.exit_code == 2 and "not declared" in missing.output
+
+
+def test_status_names_a_subscription_the_swiftmq_scheme_refuses(real_redis, swift):
+    make_workers(real_redis, swift, 1)
+    real_redis.hset(keys.subscriptions(QM), "svc$bad", '{"filter":"f%.x","durable":true,"created_ms":0}')
+    problems = status(real_redis, QM)["problems"]
+    assert any(
+        "'svc$bad' matches nothing under the swiftmq scheme" in p and "root node" in p for p in problems
+    )
