@@ -56,6 +56,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from broker import keys
 from broker.config import Settings
 from broker.connection import as_bytes, connect, redact_url
+from broker.consumer import Subscriber
 from broker.errors import DemoError
 from broker.links import link
 from broker.maintenance import reset
@@ -65,7 +66,7 @@ from broker.oracle import recipients as oracle_recipients
 from broker.publish import Publisher
 from broker.server import Server
 from broker.stream import ensure_group, group_state
-from broker.subscriptions import subscribe, unsubscribe
+from broker.subscriptions import SubscriptionRecord, subscribe
 from worker.pool import Pool
 
 #: The demo's subscriptions: ``(filter, client id, durable name or None)``.
@@ -398,15 +399,15 @@ def _progress_of(client: redis.Redis, qm: str) -> tuple[int, int, int | None]:
     return state.acknowledged, state.pending, state.lag
 
 
-def _setup(client: redis.Redis, qm: str) -> tuple[dict[str, str], list[str]]:
-    """Make the subscriptions and links; returns sub id -> filter, and the non-durable sub ids."""
+def _setup(client: redis.Redis, qm: str) -> tuple[dict[str, str], list[SubscriptionRecord]]:
+    """Make the subscriptions and links; returns sub id -> filter, and the non-durable subscriptions."""
     subs: dict[str, str] = {}
-    transient: list[str] = []
+    transient: list[SubscriptionRecord] = []
     for topic_filter, client_id, durable_name in SUBSCRIPTIONS:
         record = subscribe(client, qm, topic_filter, client_id, durable_name)
         subs[record.sub_id] = topic_filter
         if not record.durable:
-            transient.append(record.sub_id)
+            transient.append(record)
     for source, target in LINKS:
         link(client, qm, source, target)
     return subs, transient
@@ -523,6 +524,7 @@ def run_demo(
         run_settings = settings.model_copy(update=update)
         qm = run_settings.qm
         client = connect(run_settings.redis_url, check=True)
+        holders: list[Subscriber] = []
         try:
             if server is None and not replace:
                 existing = sum(1 for _ in client.scan_iter(match=keys.all_keys_pattern(qm), count=1000))
@@ -535,6 +537,10 @@ def run_demo(
             reset(client, qm)
             ensure_group(client, qm)
             subs, transient = _setup(client, qm)
+            # A consumer per non-durable subscription keeps it alive as its subscriber would
+            # (heartbeats); without one, the workers' sweep would remove it after
+            # subscription_expiry_ms (MQTT 5 session expiry) on a slow run.
+            holders += [Subscriber(client, qm, record, run_settings) for record in transient]
             pool = Pool(run_settings)
             bars = Progress(
                 TextColumn("{task.description:<13}"),
@@ -561,9 +567,9 @@ def run_demo(
             received = {sub_id: read_queue(client, qm, sub_id) for sub_id in subs}
             per_subscription = verify(publications, subs, LINKS, received)
             dead_lettered = int(client.xlen(keys.dead_letter(qm)))
-            for sub_id in transient:  # their subscribers are done: close them as a subscriber would
-                unsubscribe(client, qm, sub_id)
         finally:
+            for holder in holders:  # done: closing removes a non-durable subscription
+                holder.close()
             client.close()
     finally:
         if server is not None:

@@ -29,7 +29,7 @@ from broker.errors import CorruptRecord, ForeignKey, InvalidTopicFilter
 from broker.hierarchy import DeclaredTopics, HierarchyIndex
 from broker.links import parse_links
 from broker.models import DEFAULT_PRIORITY, Entry
-from broker.schemes import scheme_of
+from broker.schemes import scheme_of, separator
 from broker.selectors import Selector, compile_selector
 from broker.subscriptions import SubscriptionRecord, parse_subscriptions
 from broker.topic_objects import Effective, TopicTree, fixed_prefix
@@ -149,7 +149,7 @@ class RoutingTable:
         self.direct = _text(manager.get(b"direct_subscriber_selection", b"true")) != "false"
         records, problems = parse_subscriptions(qm, subs)
         graph, link_problems = parse_links(qm, links)
-        tree = TopicTree.parse(qm, topics)
+        tree = TopicTree.parse(qm, topics, separator(self.scheme))
         problems += link_problems + tree.problems
         self.declared, declared_problems = parse_declared(qm, declared)
         problems += declared_problems
@@ -182,7 +182,7 @@ class RoutingTable:
             if first is not None:
                 self._first_wildcard[record.sub_id] = first
             if not tree.trivial:
-                depth = tree.effective(fixed_prefix(record.topic_filter))["maxdepth"]
+                depth = tree.effective(fixed_prefix(record.topic_filter, tree.separator))["maxdepth"]
                 if isinstance(depth, int):
                     self.limits[record.sub_id] = (depth, record.durable)
         self.queue_limits = {

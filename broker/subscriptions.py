@@ -41,7 +41,7 @@ from broker.errors import (
     SubscriptionConflict,
     SubscriptionRefused,
 )
-from broker.schemes import recorded_scheme
+from broker.schemes import recorded_scheme, separator
 from broker.scripts import script_source
 from broker.selectors import compile_selector, like
 from broker.topic_objects import TopicTree, fixed_prefix, topic_of
@@ -274,7 +274,8 @@ def subscribe(
     if topic_object is not None:
         topic_filter = topic_of(client, qm, topic_object, topic_filter)
     # with a scheme given, bad input is refused before Redis is asked anything
-    share, inner = _parse_filter(topic_filter, scheme or recorded_scheme(client, qm))
+    scheme_name = scheme or recorded_scheme(client, qm)
+    share, inner = _parse_filter(topic_filter, scheme_name)
     selector = selector if selector and selector.strip() else ""  # blank: no selector (Jakarta Messaging)
     if selector:
         compile_selector(selector)
@@ -300,7 +301,8 @@ def subscribe(
     def decide(pipe: Any) -> Any:
         existing = pipe.hget(subs_key, sub_id)
         if existing is None:
-            _check_topic_tree(qm, TopicTree.parse(qm, read_hash(pipe, topics_key)), record)
+            tree = TopicTree.parse(qm, read_hash(pipe, topics_key), separator(scheme_name))
+            _check_topic_tree(qm, tree, record)
             return record.to_json()
         try:
             old = SubscriptionRecord.from_json(sub_id, existing, qm)
@@ -341,7 +343,7 @@ def _check_topic_tree(qm: str, tree: TopicTree, record: SubscriptionRecord) -> N
 
     The node is the filter up to its first wildcard level (``topic_objects.fixed_prefix``).
     """
-    node = fixed_prefix(record.topic_filter)
+    node = fixed_prefix(record.topic_filter, tree.separator)
     effective = tree.effective(node)
     if effective["sub"] == "DISABLED":
         name = effective.source["sub"]

@@ -58,9 +58,10 @@ from typing import Any, Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from broker import keys
+from broker import hierarchy, keys
 from broker.connection import change_field, read_hash, translate_errors
 from broker.errors import ConfigError, CorruptRecord, InvalidName, NoSuchTopicObject, TopicObjectConflict
+from broker.schemes import recorded_scheme, separator
 from broker.topics import LEVEL_SEPARATOR, split_shared, validate_topic
 
 #: The root topic object: topic string "", holds the defaults, cannot be deleted.
@@ -212,19 +213,31 @@ def check_name(name: str) -> None:
         )
 
 
-def parent_of(topic_string: str) -> str | None:
-    """The topic string one level up ("" above a one-level string), None above ""."""
+def parent_of(topic_string: str, separator: str = LEVEL_SEPARATOR) -> str | None:
+    """The topic string one level up ("" above a one-level string), None above "".
+
+    ``separator`` is the scheme's: ``/`` (mqtt) or ``.`` (swiftmq, where the levels are nodes).
+    """
     if topic_string == "":
         return None
-    head, sep, _ = topic_string.rpartition(LEVEL_SEPARATOR)
+    head, sep, _ = topic_string.rpartition(separator)
     return head if sep else ""
 
 
-def fixed_prefix(topic_filter: str) -> str:
+def fixed_prefix(topic_filter: str, separator: str = LEVEL_SEPARATOR) -> str:
     """The topic string a subscription is made under: its filter up to the first wildcard level.
 
     ``/PAYMENTS/+/EU`` -> ``/PAYMENTS``; ``#`` -> ""; a ``$share/<name>/`` prefix is dropped.
+    Under the swiftmq scheme (``separator`` ``.``): up to the first predicate node
+    (``iit.%.US`` -> ``iit``).
     """
+    if separator == hierarchy.SEPARATOR:
+        nodes = []
+        for node in topic_filter.split(separator):
+            if hierarchy.is_predicate(node):
+                break
+            nodes.append(node)
+        return separator.join(nodes)
     _, inner = split_shared(topic_filter)
     levels = []
     for level in inner.split(LEVEL_SEPARATOR):
@@ -256,8 +269,8 @@ class Effective:
         return self.values[name]
 
 
-def _levels(topic_string: str) -> int:
-    return len(topic_string.split(LEVEL_SEPARATOR)) if topic_string else 0
+def _levels(topic_string: str, separator: str) -> int:
+    return len(topic_string.split(separator)) if topic_string else 0
 
 
 @dataclass
@@ -267,17 +280,24 @@ class TopicTree:
     Attributes:
         objects: name -> object (``SYSTEM.BASE.TOPIC`` always present).
         problems: records that could not be read (they are skipped).
+        separator: the level separator of the queue manager's topic scheme: ``/``, or ``.``
+            under swiftmq, where attributes are inherited along dot nodes (``iit.sales.US``
+            inherits from an object at ``iit.sales``, then ``iit``).
     """
 
     objects: dict[str, TopicObject] = field(default_factory=dict)
     problems: list[CorruptRecord] = field(default_factory=list)
+    separator: str = LEVEL_SEPARATOR
     _by_string: dict[str, TopicObject] = field(default_factory=dict)
     _cache: dict[str, Effective] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, qm: str, raw: dict[Any, Any]) -> TopicTree:
-        """Build the tree from the ``{qm}:topics`` hash; unreadable records are kept in ``problems``."""
-        tree = cls()
+    def parse(cls, qm: str, raw: dict[Any, Any], separator: str = LEVEL_SEPARATOR) -> TopicTree:
+        """Build the tree from the ``{qm}:topics`` hash; unreadable records are kept in ``problems``.
+
+        ``separator``: the topic scheme's (``broker.schemes.separator``).
+        """
+        tree = cls(separator=separator)
         for raw_name, value in raw.items():
             name = raw_name.decode("utf-8", "replace") if isinstance(raw_name, bytes) else raw_name
             try:
@@ -321,14 +341,14 @@ class TopicTree:
             if obj is not None:
                 attrs = obj.attributes
                 if obj.name != BASE and attrs.wildcard == "BLOCK" and not blocked_by:
-                    blocks, blocked_by = _levels(node), obj.name
+                    blocks, blocked_by = _levels(node, self.separator), obj.name
                 for name in INHERITED:
                     if name not in values:
                         value = getattr(attrs, name)
                         if value != ASPARENT:
                             values[name] = value
                             source[name] = obj.name
-            node = parent_of(node)
+            node = parent_of(node, self.separator)
         own = self._by_string.get(topic_string)
         for name in ("wildcard", "clroute", "proxysub"):
             values[name] = getattr(own.attributes, name) if own is not None else getattr(BASE_DEFAULTS, name)
@@ -368,7 +388,9 @@ def read_tree(client: redis.Redis, qm: str) -> TopicTree:
     Raises:
         ForeignKey: ``{qm}:topics`` holds another Redis type.
     """
-    return TopicTree.parse(qm, read_hash(client, keys.topic_objects(qm)))
+    return TopicTree.parse(
+        qm, read_hash(client, keys.topic_objects(qm)), separator(recorded_scheme(client, qm))
+    )
 
 
 def _change(client: redis.Redis, qm: str, name: str, decide: Any) -> TopicObject | None:
@@ -527,7 +549,8 @@ def display(client: redis.Redis, qm: str, pattern: str = "*") -> list[TopicObjec
 @translate_errors
 def topic_of(client: redis.Redis, qm: str, object_name: str, topic_string: str = "") -> str:
     """The topic string a publication or subscription names through a topic object (IBM MQ's rule):
-    the object's topic string, joined with ``/`` to ``topic_string`` when one is given too.
+    the object's topic string, joined with ``/`` (``.`` under the swiftmq scheme) to
+    ``topic_string`` when one is given too.
 
     Raises:
         NoSuchTopicObject: no such object.
@@ -537,7 +560,7 @@ def topic_of(client: redis.Redis, qm: str, object_name: str, topic_string: str =
         return obj.topic_string
     if not obj.topic_string:
         return topic_string
-    return f"{obj.topic_string}{LEVEL_SEPARATOR}{topic_string}"
+    return f"{obj.topic_string}{separator(recorded_scheme(client, qm))}{topic_string}"
 
 
 @dataclass(frozen=True)

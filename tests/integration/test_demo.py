@@ -94,3 +94,16 @@ def test_checker_detects_a_lost_a_duplicated_a_swapped_and_a_misrouted_message()
     assert result["lga$departures"]["lost"] == 0
     assert result["lga$departures"]["unexpected"] == 1
     assert result["lga$departures"]["duplicated"] == 0  # a misrouted copy is unexpected, not duplicated
+
+
+def test_non_durable_subscriptions_outlive_a_replay_longer_than_the_subscription_expiry(
+    real_server, settings
+):
+    # Given workers that remove a non-durable subscription as soon as it has no live consumer
+    # (a replay slower than subscription_expiry_ms, as on a loaded machine)
+    demo_settings = settings.model_copy(
+        update={"redis_url": real_server.url, "subscription_expiry_ms": 0, "sweep_interval_ms": 1}
+    )
+    # When the demo replays, Then its non-durable subscriptions, held by their consumers, get everything
+    report = run_demo(demo_settings, limit=2000, concurrency=1, embedded=False, progress=False, replace=True)
+    assert report.ok, report.per_subscription

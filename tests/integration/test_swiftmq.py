@@ -13,9 +13,10 @@ import pytest
 from broker import Publisher, keys, subscribe
 from broker.config import ConsumerMode, Settings
 from broker.declared import declare, list_declared, undeclare
-from broker.errors import ConfigError, InvalidTopicFilter, NoSuchTopic
+from broker.errors import ConfigError, InvalidTopicFilter, NoSuchTopic, SubscriptionRefused
 from broker.links import link
 from broker.status import status
+from broker.topic_objects import Attributes, define, topic_of
 from tests.harness.testing import drain, make_workers, queue_messages
 
 QM = "TEST"
@@ -194,3 +195,17 @@ def test_status_names_a_subscription_the_swiftmq_scheme_refuses(real_redis, swif
     assert any(
         "'svc$bad' matches nothing under the swiftmq scheme" in p and "root node" in p for p in problems
     )
+
+
+def test_topic_objects_are_inherited_along_dot_nodes_under_the_swiftmq_scheme(real_redis, swift):
+    make_workers(real_redis, swift, 1)  # records the swiftmq scheme
+    define(real_redis, QM, "SALES", "iit.sales", Attributes(pub="DISABLED"))
+    define(real_redis, QM, "PROJ", "iit.projects", Attributes(sub="DISABLED"))
+    subs = _subscribe(real_redis, "iit.sales.US", "iit")
+    _publish(real_redis, swift, "iit.sales.US", "iit.other")
+    assert _received(real_redis, subs["iit"]) == ["iit.other"]  # iit.sales.US inherits PUB(DISABLED)
+    reason = real_redis.xrange(keys.dead_letter(QM))[0][1][b"dlq.reason"].decode()
+    assert "topic object 'SALES' has PUB(DISABLED)" in reason
+    with pytest.raises(SubscriptionRefused, match="PROJ"):
+        subscribe(real_redis, QM, "iit.projects.%", "c", "p", scheme="swiftmq")  # made under iit.projects
+    assert topic_of(real_redis, QM, "SALES", "EU") == "iit.sales.EU"
