@@ -276,7 +276,7 @@ def topic_tree(client: redis.Redis, qm: str) -> TopicNode:
         at = root
         if topic_string == "":
             return at
-        for level in topic_string.split("/"):
+        for level in topic_string.split(table.tree.separator):  # "/" levels, or swiftmq's "." nodes
             at = at.children.setdefault(level, TopicNode())
         return at
 
