@@ -248,8 +248,12 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _url_scheme(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")):
-            raise ValueError("must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://")
+        if not value.startswith(
+            ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+        ):
+            raise ValueError(
+                "must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://"
+            )
         return value
 
     @field_validator("server_config")

@@ -10,9 +10,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
+from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
-from broker.errors import ConfigError, ConnectionLost, ForeignKey, ServerError
+from broker.errors import ClusterUnsupported, ConfigError, ConnectionLost, ForeignKey, ServerError
 
 #: Oldest server the broker supports (XAUTOCLAIM, LMOVE, SET ... GET, Lua 5.1 + cjson).
 MIN_SERVER_VERSION = (7, 0)
@@ -44,16 +44,19 @@ def translate_errors(func: Callable[_P, _R]) -> Callable[_P, _R]:
 
     ``redis.ConnectionError`` and ``redis.TimeoutError`` become ``ConnectionLost``;
     any other ``redis.RedisError`` (an error reply: out of memory, a wrong type)
-    becomes ``ServerError``. The broker's own errors pass through.
+    becomes ``ServerError``. On a cluster client, a slot no master serves (a
+    cluster partly down: redis-py's ``SlotNotCoveredError``) becomes
+    ``ConnectionLost``, any other of redis-py's cluster errors (keys of several
+    slots in one transaction) ``ServerError``. The broker's own errors pass through.
     """
 
     @functools.wraps(func)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return func(*args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, SlotNotCoveredError) as exc:
             raise ConnectionLost(f"cannot reach Redis: {exc}") from exc
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             raise ServerError(f"Redis answered with an error: {exc}") from exc
 
     return wrapper
@@ -116,6 +119,16 @@ def is_cluster_url(url: str) -> bool:
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` is a redis-py ``RedisCluster`` (``connect`` of a cluster URL)."""
     return isinstance(client, RedisCluster)
+
+
+def require_single_server(client: Any, operation: str, why: str) -> None:
+    """Refuse ``operation`` on a cluster client: it needs one Redis server.
+
+    Raises:
+        ClusterUnsupported: ``client`` is a ``RedisCluster``; the message says ``why``.
+    """
+    if is_cluster(client):
+        raise ClusterUnsupported(operation, why)
 
 
 def _cluster_url(url: str) -> str:

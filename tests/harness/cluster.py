@@ -44,7 +44,8 @@ class LocalCluster:
         # The cluster bus port defaults to the client port + 10000, which a free port above
         # 55535 cannot have: each master gets a free bus port of its own.
         self.servers = [
-            Server(args=(*EPHEMERAL, *CLUSTER_ARGS, "--cluster-port", str(free_port()))) for _ in range(masters)
+            Server(args=(*EPHEMERAL, *CLUSTER_ARGS, "--cluster-port", str(free_port())))
+            for _ in range(masters)
         ]
 
     @property
