@@ -11,6 +11,7 @@ from broker.connection import connect
 from broker.consumer import Delivery, Subscriber
 from broker.errors import (
     BrokerError,
+    ClusterUnsupported,
     ConfigError,
     ConnectionLost,
     ConsumerConflict,
@@ -44,6 +45,7 @@ from broker.topics import matches, validate_filter, validate_topic
 __all__ = [
     "PROTOCOL_VERSION",
     "BrokerError",
+    "ClusterUnsupported",
     "ConfigError",
     "ConnectionLost",
     "ConsumerConflict",

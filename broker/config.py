@@ -128,8 +128,10 @@ class Settings(BaseSettings):
     """Everything a worker, publisher or command needs to know.
 
     Attributes:
-        redis_url: the Redis server (``redis://host:port/db``); default the
-            embedded server that ``broker server`` runs on port 6380.
+        redis_url: the Redis server (``redis://host:port/db``, ``rediss://`` for
+            TLS, ``unix:///path``), or a Redis Cluster (``redis+cluster://host:port``,
+            any one node; ``rediss+cluster://`` for TLS; database 0 only); default
+            the embedded server that ``broker server`` runs on port 6380.
         qm: queue manager name; every key is under the hash tag ``{qm}``.
         concurrency: worker processes in the pool.
         batch_size: most publication entries one dequeue reads.
@@ -246,8 +248,12 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _url_scheme(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
+        if not value.startswith(
+            ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+        ):
+            raise ValueError(
+                "must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://"
+            )
         return value
 
     @field_validator("server_config")

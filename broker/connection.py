@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
-from broker.errors import ConnectionLost, ForeignKey, ServerError
+from broker.errors import ClusterUnsupported, ConfigError, ConnectionLost, ForeignKey, ServerError
 
 #: Oldest server the broker supports (XAUTOCLAIM, LMOVE, SET ... GET, Lua 5.1 + cjson).
 MIN_SERVER_VERSION = (7, 0)
@@ -42,16 +44,19 @@ def translate_errors(func: Callable[_P, _R]) -> Callable[_P, _R]:
 
     ``redis.ConnectionError`` and ``redis.TimeoutError`` become ``ConnectionLost``;
     any other ``redis.RedisError`` (an error reply: out of memory, a wrong type)
-    becomes ``ServerError``. The broker's own errors pass through.
+    becomes ``ServerError``. On a cluster client, a slot no master serves (a
+    cluster partly down: redis-py's ``SlotNotCoveredError``) becomes
+    ``ConnectionLost``, any other of redis-py's cluster errors (keys of several
+    slots in one transaction) ``ServerError``. The broker's own errors pass through.
     """
 
     @functools.wraps(func)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return func(*args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except (redis.ConnectionError, redis.TimeoutError, SlotNotCoveredError) as exc:
             raise ConnectionLost(f"cannot reach Redis: {exc}") from exc
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             raise ServerError(f"Redis answered with an error: {exc}") from exc
 
     return wrapper
@@ -102,37 +107,98 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+#: URL schemes that name a Redis Cluster (any one node of it) rather than one server.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def is_cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster: ``redis+cluster://`` or ``rediss+cluster://`` (TLS)."""
+    return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` is a redis-py ``RedisCluster`` (``connect`` of a cluster URL)."""
+    return isinstance(client, RedisCluster)
+
+
+def require_single_server(client: Any, operation: str, why: str) -> None:
+    """Refuse ``operation`` on a cluster client: it needs one Redis server.
+
+    Raises:
+        ClusterUnsupported: ``client`` is a ``RedisCluster``; the message says ``why``.
+    """
+    if is_cluster(client):
+        raise ClusterUnsupported(operation, why)
+
+
+def _cluster_url(url: str) -> str:
+    """The ``redis://`` (or ``rediss://``) URL that redis-py's ``RedisCluster.from_url`` takes for ``url``.
+
+    Raises:
+        ConfigError: ``url`` names a database other than 0 (a cluster has only database 0).
+    """
+    scheme, rest = url.split("://", 1)
+    plain = f"{CLUSTER_SCHEMES[scheme.lower()]}://{rest}"
+    parts = urlsplit(plain)
+    if parts.path.strip("/") not in ("", "0"):
+        raise ConfigError(f"{redact_url(url)}: a Redis Cluster has only database 0")
+    return plain
+
+
 def connect(url: str, check: bool = False) -> redis.Redis:
     """A redis-py client for ``url``: bytes replies, publisher ids round-trip as bytes.
 
     Args:
-        url: ``redis://host:port/db``.
-        check: PING the server and check its version now.
+        url: one server, ``redis://host:port/db`` (``rediss://`` for TLS,
+            ``unix:///path``), or a Redis Cluster, ``redis+cluster://host:port``
+            (``rediss+cluster://`` for TLS): any one node of it; the client
+            discovers the others (``CLUSTER SLOTS``) and follows MOVED/ASK.
+            Every key of one queue manager shares the hash tag ``{qm}``, so all
+            of its keys live in one slot on one master.
 
     Returns:
-        The client (``decode_responses=False``, ``encoding_errors="surrogateescape"``).
+        The client (``decode_responses=False``, ``encoding_errors="surrogateescape"``):
+        a ``redis.Redis``, or for a cluster URL a ``redis.cluster.RedisCluster``
+        (typed as ``redis.Redis``: it answers the same commands; ``is_cluster``
+        tells them apart).
 
     Raises:
-        ConnectionLost: ``check`` and the server cannot be reached.
-        ServerError: ``check`` and the server is older than Redis 7.0.
+        ConnectionLost: ``check`` and the server cannot be reached; for a cluster
+            URL, also when no node of the cluster can be reached at all (the
+            cluster client connects at once to learn the slot map).
+        ServerError: ``check`` and the server (every master of a cluster) is
+            older than Redis 7.0.
+        ConfigError: a cluster URL names a database other than 0.
     """
-    client = redis.Redis.from_url(
-        url,
-        encoding_errors="surrogateescape",
-        health_check_interval=30,
-        socket_connect_timeout=CONNECT_TIMEOUT_MS / 1000,
-    )
+    options: dict[str, Any] = {
+        "encoding_errors": "surrogateescape",
+        "health_check_interval": 30,
+        "socket_connect_timeout": CONNECT_TIMEOUT_MS / 1000,
+    }
+    client: Any
+    if is_cluster_url(url):
+        try:
+            client = RedisCluster.from_url(_cluster_url(url), **options)
+        except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
+            raise ConnectionLost(f"cannot reach the Redis Cluster at {redact_url(url)}: {exc}") from exc
+    else:
+        client = redis.Redis.from_url(url, **options)
     if check:
         try:
-            info = client.info("server")
+            if is_cluster(client):
+                infos = client.info("server", target_nodes=RedisCluster.PRIMARIES)
+            else:
+                infos = client.info("server")
         except redis.ConnectionError as exc:
             raise ConnectionLost(f"cannot reach Redis at {redact_url(url)}: {exc}") from exc
-        version = tuple(int(x) for x in str(info["redis_version"]).split(".")[:2])
-        if version < MIN_SERVER_VERSION:
-            raise ServerError(
-                f"Redis {info['redis_version']} at {redact_url(url)} is too old; the broker needs >= 7.0"
-            )
-    return client
+        # A cluster client answers with one INFO per master ({node name: info}).
+        for info in infos.values() if is_cluster(client) else [infos]:
+            version = tuple(int(x) for x in str(info["redis_version"]).split(".")[:2])
+            if version < MIN_SERVER_VERSION:
+                raise ServerError(
+                    f"Redis {info['redis_version']} at {redact_url(url)} is too old; the broker needs >= 7.0"
+                )
+    return cast(redis.Redis, client)
 
 
 #: What a ``change_field`` decision returns to leave the record as it is (nothing written).

@@ -280,6 +280,26 @@ class ServerError(BrokerError):
     exit_code = 4
 
 
+class ClusterUnsupported(BrokerError):
+    """An operation that cannot run on a Redis Cluster client (``redis+cluster://``).
+
+    Raised by the operations that must see every key of a server (resetting a
+    queue manager by ``SCAN``, starting the embedded server for a cluster URL)
+    or that reach keys of several queue managers (hence several slots) in one
+    atomic step. The hot path (publish, dequeue, unit of work, consume) never
+    raises it: every key of one queue manager shares its ``{qm}`` hash slot.
+
+    Attributes:
+        operation: what was attempted, a few words.
+    """
+
+    exit_code = 2
+
+    def __init__(self, operation: str, why: str) -> None:
+        self.operation = operation
+        super().__init__(f"{operation} is not supported on a Redis Cluster: {why}")
+
+
 class WorkerPoolFailed(BrokerError):
     """Worker processes keep dying (more than 30 restarts a minute); the pool gives up."""
 

@@ -32,7 +32,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
 from broker import keys, schedules
-from broker.connection import connect, redact_url, translate_errors
+from broker.connection import connect, redact_url, require_single_server, translate_errors
 from broker.durables import Deletion, delete_durables, expire_idle_durables
 from broker.errors import BrokerError, CorruptRecord
 from broker.maintenance import trim_acknowledged
@@ -105,6 +105,23 @@ PERIODIC: dict[str, Callable[..., Any]] = {
 }
 
 
+#: Why the rq admin jobs cannot use a Redis Cluster.
+RQ_ON_CLUSTER = (
+    "rq keeps its queues and jobs in keys of no common hash tag, and its worker needs a single "
+    "server's connection pool; run the scheduler against a plain redis:// server"
+)
+
+
+def _rq_client(client: redis.Redis, operation: str) -> redis.Redis:
+    """``client`` for rq, refused when it is a cluster client.
+
+    Raises:
+        ClusterUnsupported: ``client`` is a ``RedisCluster`` (``redis+cluster://``).
+    """
+    require_single_server(client, operation, RQ_ON_CLUSTER)
+    return client
+
+
 def periodic(redis_url: str, qm: str, job: str, interval_ms: int, *args: Any) -> None:
     """Run the periodic job named ``job`` (a name of ``PERIODIC``) with ``args``, then schedule the next run
     ``interval_ms`` ms later.
@@ -117,7 +134,7 @@ def periodic(redis_url: str, qm: str, job: str, interval_ms: int, *args: Any) ->
     try:
         PERIODIC[job](redis_url, qm, *args)
     finally:
-        queue = Queue(ADMIN_QUEUE, connection=connect(redis_url))
+        queue = Queue(ADMIN_QUEUE, connection=_rq_client(connect(redis_url), "the admin scheduler"))
         queue.enqueue_in(
             timedelta(milliseconds=interval_ms),
             periodic,
@@ -162,8 +179,11 @@ def schedule(redis_url: str, qm: str, interval_ms: int = 60_000, idle_expiry_ms:
 
     Returns:
         The rq job ids enqueued.
+
+    Raises:
+        ClusterUnsupported: ``redis_url`` names a Redis Cluster (rq needs one server).
     """
-    queue = Queue(ADMIN_QUEUE, connection=connect(redis_url))
+    queue = Queue(ADMIN_QUEUE, connection=_rq_client(connect(redis_url), "the admin scheduler"))
     wanted: dict[str, tuple[Any, ...]] = {"trim_stream": (), "usage_snapshot": ()}
     if idle_expiry_ms > 0:
         wanted["expire_idle"] = (idle_expiry_ms,)
@@ -203,8 +223,11 @@ def run_scheduler(redis_url: str, qm: str, interval_ms: int = 60_000, idle_expir
         qm: the queue manager.
         interval_ms: how often each periodic job runs, ms.
         idle_expiry_ms: ``durable_idle_expiry_ms``, ms; 0 runs no idle durable expiry.
+
+    Raises:
+        ClusterUnsupported: ``redis_url`` names a Redis Cluster (rq needs one server).
     """
-    client = connect(redis_url)
+    client = _rq_client(connect(redis_url), "the admin scheduler")
     queue = Queue(ADMIN_QUEUE, connection=client)
     schedule(redis_url, qm, interval_ms, idle_expiry_ms)
     Worker([queue], connection=client).work(with_scheduler=True)
@@ -229,7 +252,7 @@ RUNNERS: dict[str, Callable[[redis.Redis, str, Mapping[str, str]], str]] = {
 def _enqueue_run(
     client: redis.Redis, redis_url: str, qm: str, schedule_id: str, token: str, at_ms: int
 ) -> None:
-    Queue(ADMIN_QUEUE, connection=client).enqueue_at(
+    Queue(ADMIN_QUEUE, connection=_rq_client(client, "a scheduled admin job")).enqueue_at(
         datetime.fromtimestamp(at_ms / 1000, tz=UTC),
         run_schedule,
         redis_url,
@@ -281,6 +304,7 @@ def add_schedule(
         InvalidSchedule: an unknown job, a cron expression that is not five valid fields or
             never fires, a missing parameter.
         InvalidSelector: a predicate parameter is invalid.
+        ClusterUnsupported: ``client`` is a Redis Cluster client (rq needs one server).
     """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     made = schedules.new_schedule(job, cron, params, now)

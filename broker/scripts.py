@@ -346,10 +346,15 @@ class Scripts:
         return nxt.decode(), [r.decode() for r in refused]
 
     def give_up(self, token: str, publishers: list[str]) -> int:
-        """Give up the turns this worker holds on ``publishers``; returns how many."""
+        """Give up the turns this worker holds on ``publishers``; returns how many.
+
+        The turn keys are passed as KEYS (all in the ``{qm}`` slot), so that a
+        cluster client sends the call to the master that holds them.
+        """
         if not publishers:
             return 0
-        return int(self._give_up(keys=[], args=[self._prefix, token, *map(_b, publishers)]))
+        turns = [_b(keys.turn_key(self.qm, p)) for p in publishers]
+        return int(self._give_up(keys=turns, args=[token]))
 
 
 def parse_dequeue(raw: list[Any]) -> Dequeued:

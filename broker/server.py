@@ -84,8 +84,9 @@ def cli_command(url: str, args: tuple[str, ...] | list[str]) -> tuple[list[str],
     the command line (where ``ps`` would show it).
 
     Args:
-        url: ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS) or
-            ``unix:///path/to/socket``.
+        url: ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS),
+            ``unix:///path/to/socket``, or a cluster node ``redis+cluster://host:port``
+            (``rediss+cluster://``): then ``-c``, valkey-cli's cluster mode.
         args: the command and its arguments, passed on as they are.
 
     Returns:
@@ -97,6 +98,9 @@ def cli_command(url: str, args: tuple[str, ...] | list[str]) -> tuple[list[str],
     parts = urlsplit(url)
     argv = [cli_binary()]
     env: dict[str, str] = {}
+    cluster = parts.scheme.endswith("+cluster")
+    if cluster:
+        argv.append("-c")  # cluster mode: follow MOVED/ASK redirections
     if parts.scheme == "unix":
         argv += ["-s", parts.path]
     else:
@@ -104,7 +108,7 @@ def cli_command(url: str, args: tuple[str, ...] | list[str]) -> tuple[list[str],
         db = parts.path.strip("/")
         if db:
             argv += ["-n", db]
-        if parts.scheme == "rediss":
+        if parts.scheme in ("rediss", "rediss+cluster"):
             argv.append("--tls")
     if parts.username:
         argv += ["--user", unquote(parts.username)]

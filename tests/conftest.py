@@ -15,6 +15,7 @@ from broker import cli
 from broker.config import Settings
 from broker.connection import connect
 from broker.server import Server
+from tests.harness.cluster import LocalCluster
 from tests.harness.testing import start_server
 
 QM = "TEST"
@@ -25,6 +26,14 @@ def real_server() -> Iterator[Server]:
     server = start_server()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[LocalCluster]:
+    """A 3-master Redis Cluster (``tests.harness.cluster``) for the session; only ``test_cluster.py`` uses it."""
+    cluster = LocalCluster().start()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from broker import keys
 from broker.config import Settings
@@ -205,7 +206,13 @@ class Worker:
                         self.setup()
                         ready = True
                     self.run_once(block=True)
-                except (redis.RedisError, ForeignKey, ConnectionLost, ServerError) as exc:
+                except (
+                    redis.RedisError,
+                    RedisClusterException,
+                    ForeignKey,
+                    ConnectionLost,
+                    ServerError,
+                ) as exc:
                     if self.stopping and isinstance(exc, (redis.ConnectionError, ConnectionLost)):
                         log.info("worker %s: the server went away while stopping", self.name)
                         break
@@ -235,7 +242,7 @@ class Worker:
             self.scripts.give_up(self.name, sorted(self.turns))
             self.client.hdel(keys.workers(self.qm), self.name)
             self.client.zrem(keys.alive(self.qm), self.name)
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             log.warning("worker %s: could not release turns on stop: %s", self.name, exc)
         self.turns.clear()
 
