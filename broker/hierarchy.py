@@ -190,18 +190,23 @@ def validate_filter(topic_filter: str) -> str:
     return topic_filter
 
 
+def _parse_predicate_topic(topic: str) -> list[tuple[str, re.Pattern[str] | None]]:
+    """``_parse_filter`` of a published predicate topic, refusing it as a topic (``InvalidTopic``)."""
+    try:
+        return _parse_filter(topic)
+    except InvalidTopicFilter as exc:
+        raise InvalidTopic(
+            topic, exc.reason, suggest_topic(topic) if _string_problem(topic) else None
+        ) from None
+
+
 def validate_predicate_topic(topic: str) -> str:
     """Check a topic published on under indirect selection: a predicate, like a filter.
 
     Raises:
         InvalidTopic: it breaks a rule of ``validate_filter`` (the root node cannot be a predicate).
     """
-    try:
-        _parse_filter(topic)
-    except InvalidTopicFilter as exc:
-        raise InvalidTopic(
-            topic, exc.reason, suggest_topic(topic) if _string_problem(topic) else None
-        ) from None
+    _parse_predicate_topic(topic)
     return topic
 
 
@@ -480,8 +485,7 @@ class DeclaredTopics:
         Raises:
             InvalidTopic: ``predicate_topic`` is not a valid predicate topic.
         """
-        validate_predicate_topic(predicate_topic)
-        parsed = _parse_filter(predicate_topic)
+        parsed = _parse_predicate_topic(predicate_topic)
         current = [self._root]
         for text, pattern in parsed:
             following: list[_Node] = []

@@ -650,7 +650,7 @@ class Worker:
             queues = self.table.queues(entry, recipients)
             envelope = encode_envelope(entry.header, entry.body) if queues else b""
             if self._slow and queues:
-                condition = self._slow.get(root_topic(entry.topic, settings.topic_scheme))
+                condition = self._slow.get(root_topic(entry.topic, self.table.scheme))
                 if condition is not None and condition.applies(entry.header.get("persistent", True)):
                     slow = condition
         except InvalidTopic as exc:
