@@ -1272,12 +1272,22 @@ def topic_tree_command(state: State) -> None:
 
 @main.command("status", short_help="Show stream, queues, dead letters and workers.")
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as one JSON object.")
+@click.option(
+    "--network",
+    "network",
+    is_flag=True,
+    help="Show the network: queue managers, channels, proxy subscriptions.",
+)
 @click.pass_obj
-def status_command(state: State, as_json: bool) -> None:
+def status_command(state: State, as_json: bool, network: bool) -> None:
     """Show the queue manager: stream length, pending, lag, dead-lettered, queues, workers.
 
-    Queue depths and in-flight counts are messages; heartbeat age is ms.
+    Queue depths and in-flight counts are messages; heartbeat age is ms. With --network,
+    the network of queue managers instead (lag and in-flight are messages).
     """
+    if network:
+        _print_network_status(state, as_json)
+        return
     snapshot = status_of(state.client(), state.settings.qm)
     if as_json:
         click.echo(json.dumps(snapshot, indent=2, sort_keys=True))
@@ -1343,6 +1353,205 @@ def status_command(state: State, as_json: bool) -> None:
     else:
         console.print("no workers")
     _print_problems(snapshot["problems"])
+
+
+def _print_network_status(state: State, as_json: bool) -> None:
+    from broker.network_admin import network_status
+
+    settings = state.settings
+    found = network_status(state.client(), settings.qm, settings.redis_url)
+    if as_json:
+        click.echo(json.dumps(found, indent=2, sort_keys=True))
+        return
+    if found["network"] is None:
+        click.echo(f"{settings.qm} is in no network (broker network apply configs/network.toml)")
+        return
+    console = _console()
+    console.print(
+        Text.assemble("network ", (found["network"], "bold"), " as seen from ", (settings.qm, "bold"))
+    )
+    qms = _table(
+        "queue manager",
+        "parent",
+        "clusters",
+        "reachable",
+        "state",
+        "announces",
+        "proxies",
+        "workers",
+        "channel processes",
+    )
+    for row in found["queue_managers"]:
+        if row["reachable"]:
+            cells = [
+                row["state"],
+                ", ".join(row["announced"]) or "-",
+                str(row["proxies"]),
+                str(row["workers"]),
+                str(row["channel_processes"]),
+            ]
+        else:
+            cells = [Text(row["error"][:60], style="bold red"), "", "", "", ""]
+        qms.add_row(
+            row["qm"],
+            row["parent"] or "-",
+            ", ".join(row["clusters"]) or "-",
+            "yes" if row["reachable"] else Text("no", style="bold red"),
+            *cells,
+        )
+    console.print(qms)
+    channels = _table("channel", "state", "moved", "lag", "in-flight", "backoff (ms)", "last error")
+    for row in found["channels"]:
+        bad = row.get("state") == "retrying" or row.get("error")
+        channels.add_row(
+            f"{row['from']} -> {row['to']}",
+            Text(row.get("state", "?"), style="bold red" if bad else ""),
+            str(row.get("moved", "?")),
+            "?" if row["lag"] is None else str(row["lag"]),
+            str(row.get("in_flight", "?")),
+            str(row.get("backoff_ms", "?")),
+            (row.get("error") or row.get("last_error") or "")[:60],
+        )
+    console.print(channels)
+    _print_proxy_rows(console, found["proxies"], settings.qm)
+
+
+def _print_proxy_rows(console: Console, rows: list[dict[str, Any]], qm: str) -> None:
+    if not rows:
+        console.print(f"{qm} holds no proxy subscriptions")
+        return
+    table = _table(
+        "for queue manager", "topic key", "source", "since (UTC)", title=f"proxy subscriptions held at {qm}"
+    )
+    for row in rows:
+        source = (
+            row["source"]
+            if row["source"] == "dynamic"
+            else (f"static at {row['at']}" + (", keep_on_unsubscribe" if row["keep"] else ""))
+        )
+        table.add_row(row["qm"], row["topic"], source, _utc(row["since_ms"]))
+    console.print(table)
+
+
+@main.group("network", short_help="The network of queue managers: apply, show, withdraw.")
+def network_group() -> None:
+    """Many queue managers, one topic space: hierarchies, clusters, proxy subscriptions."""
+
+
+@network_group.command("apply")
+@click.argument("network_file", default="configs/network.toml", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Check the file and print the topology; change nothing.")
+@click.pass_obj
+def network_apply(state: State, network_file: str, dry_run: bool) -> None:
+    """Store NETWORK_FILE's topology in every queue manager it names (their workers reload at once)."""
+    from broker.network import load_network
+    from broker.network_admin import apply_network, describe_network
+
+    network = load_network(network_file)
+    if dry_run:
+        click.echo(json.dumps(describe_network(network), indent=2))
+        return
+    settings = state.settings
+    done = apply_network(network, settings.redis_url, state.client())
+    for qm, what in done.results.items():
+        click.echo(f"{qm}: {what}")
+    if done.failed:
+        _fail(f"not applied on {', '.join(done.failed)}: run it again when they can be reached", 4)
+
+
+@network_group.command("show")
+@click.pass_obj
+def network_show(state: State) -> None:
+    """Print the topology stored in this queue manager (JSON)."""
+    from broker.channel import read_network
+    from broker.network_admin import describe_network
+
+    network = read_network(state.client(), state.settings.qm)
+    if network is None:
+        _fail(f"{state.settings.qm} is in no network: run 'broker network apply' first", 3)
+    click.echo(json.dumps(describe_network(network), indent=2))
+
+
+@network_group.command("withdraw")
+@click.pass_obj
+def network_withdraw(state: State) -> None:
+    """Withdraw this queue manager's announcements before an orderly shutdown (SwiftMQ): others
+    stop forwarding to it, except static subscriptions with keep_on_unsubscribe. Its channel
+    process announces again when it starts."""
+    from broker.network_admin import withdraw
+
+    settings = state.settings
+    record = withdraw(state.client(), settings.qm, settings.redis_url)
+    click.echo(f"{settings.qm}: withdrawn ({len(record['keys'])} keys announced)")
+
+
+@main.command("proxies", short_help="List the proxy subscriptions held at this queue manager.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print {proxies, announced, problems} as one JSON object."
+)
+@click.pass_obj
+def proxies_command(state: State, as_json: bool) -> None:
+    """List the proxy subscriptions this queue manager holds for others (remote queue manager,
+    topic key, dynamic or static), and what it announces itself."""
+    from broker.network_admin import list_proxies
+
+    qm = state.settings.qm
+    rows, announced, problems = list_proxies(state.client(), qm)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"proxies": [asdict(r) for r in rows], "announced": announced, "problems": problems},
+                indent=2,
+                sort_keys=True,
+            )
+        )
+        return
+    console = _console()
+    _print_proxy_rows(console, [asdict(r) for r in rows], qm)
+    if announced is None:
+        console.print(f"{qm} announces nothing yet (no channel process has run)")
+    else:
+        keys_ = ", ".join(announced.get("keys", {})) or "nothing"
+        console.print(f"{qm} announces ({announced.get('state')}): {keys_}")
+    _print_problems(problems)
+
+
+@main.command("channel", short_help="Run the channel process: proxy subscriptions and channel movers.")
+@click.option(
+    "--once", is_flag=True, help="One round (announce, reconcile, one move per channel), then exit."
+)
+@click.option(
+    "--wait-ms",
+    type=click.IntRange(0),
+    default=30_000,
+    show_default=True,
+    help="How long to wait for the Redis server to come up, ms.",
+)
+@click.pass_obj
+def channel_command(state: State, once: bool, wait_ms: int) -> None:
+    """Run this queue manager's channel process until SIGTERM or Ctrl-C: it announces its
+    subscriptions, keeps its proxy subscriptions in step with the network, and moves its
+    transmission streams to the receiving queue managers, in order, each entry once."""
+    import logging
+
+    from broker.channel import ChannelProcess
+    from broker.channel import main as channel_main
+
+    settings = state.settings
+    wait_for_server(settings.redis_url, wait_ms).close()
+    if once:
+        process = ChannelProcess(state.client(), settings)
+        process.rejoin()
+        moved = process.run_once()
+        click.echo(
+            f"{settings.qm}: moved {moved} transmission entries; channels: {', '.join(sorted(process.movers)) or '-'}"
+        )
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    click.echo(
+        f"channel process for queue manager {settings.qm} on {redact_url(settings.redis_url)}", err=True
+    )
+    channel_main(settings)
 
 
 def _register_pipeline_commands() -> None:

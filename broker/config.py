@@ -202,6 +202,12 @@ class Settings(BaseSettings):
             root topic. TOML: ``[[slow_subscriber_conditions]]`` tables with
             ``name = "feed"``, ``max_messages = 100``, ... A publication whose root
             topic has none costs nothing more.
+        network_poll_ms: how often a channel process (``broker channel``) looks at the
+            network's announcements and topic objects and reconciles its queue manager's
+            proxy subscriptions, ms (SwiftMQ's subscription exchange, seed 003).
+        channel_batch: most transmission entries a channel mover moves per call.
+        channel_max_backoff_ms: the longest pause of a channel mover whose receiver cannot be
+            reached; it doubles from 100 ms up to this, ms, and is reported in ``status --network``.
         server_port: TCP port of the embedded server.
         server_dir: data directory of the embedded server.
         server_config: a redis.conf for the embedded server; empty (the default)
@@ -241,6 +247,9 @@ class Settings(BaseSettings):
     flow_control_full_depth: int = Field(default=100_000, ge=1)
     flow_control_max_delay_ms: int = Field(default=1_000, ge=1, le=3_600_000)
     slow_subscriber_conditions: list[SlowSubscriberCondition] = Field(default_factory=list)
+    network_poll_ms: int = Field(default=200, ge=1)
+    channel_batch: int = Field(default=500, ge=1, le=10_000)
+    channel_max_backoff_ms: int = Field(default=5_000, ge=100)
     server_port: int = Field(default=6380, ge=1, le=65535)
     server_dir: str = ".broker"
     server_config: str = ""

@@ -520,6 +520,73 @@ def schedules(qm: str) -> str:
     return f"{_tag(qm)}:schedules"
 
 
+# --- Many queue managers, one topic space (``broker.network``, ``broker.channel``) ---
+
+
+def network(qm: str) -> str:
+    """The network's topology as this queue manager knows it, ``{qm}:network``: a string of JSON
+    (``broker.network.Network``, with its digest), written by ``broker network apply``."""
+    return f"{_tag(qm)}:network"
+
+
+def announced(qm: str) -> str:
+    """What this queue manager announces to the others (SwiftMQ's "some/none"), ``{qm}:announced``:
+    a string of JSON ``{"state": "up" | "withdrawn", "keys": {topic key: since ms}, "at_ms": n}``
+    (a topic key is a root topic, or a subscription's filter), written by its channel process."""
+    return f"{_tag(qm)}:announced"
+
+
+def proxies(qm: str) -> str:
+    """The proxy subscriptions held here for other queue managers, ``{qm}:proxies``: hash
+    ``<remote qm> <dynamic|static> <topic key>`` -> JSON (``broker.network.ProxySubscription``)."""
+    return f"{_tag(qm)}:proxies"
+
+
+def cluster_topics(qm: str) -> str:
+    """Copies of the cluster topic objects of every publish/subscribe cluster in the network,
+    ``{qm}:cluster_topics``: hash topic string -> JSON ``{"cluster", "clroute", "hosts"}``."""
+    return f"{_tag(qm)}:cluster_topics"
+
+
+def network_seen(qm: str) -> str:
+    """Remote queue managers seen announcing at least once, ``{qm}:network_seen``: hash qm -> ms
+    (a static remote subscription without keep_on_unsubscribe ends then)."""
+    return f"{_tag(qm)}:network_seen"
+
+
+def xmit_prefix(qm: str) -> str:
+    """Prefix of the transmission streams: ``{qm}:xmit:`` (``commit.lua`` tells them from subscriber queues)."""
+    return f"{_tag(qm)}:xmit:"
+
+
+def transmission(qm: str, to_qm: str) -> str:
+    """The transmission stream of the channel from ``qm`` to ``to_qm``: ``{qm}:xmit:<to_qm>``; each
+    entry is one envelope (field ``e``), its entry id the channel sequence."""
+    return f"{xmit_prefix(qm)}{to_qm}"
+
+
+def channel_state(qm: str, to_qm: str) -> str:
+    """The sending side's state of a channel, ``{qm}:channel:<to_qm>``: hash (moved, last id, lag,
+    last error, backoff), written by its mover."""
+    return f"{_tag(qm)}:channel:{to_qm}"
+
+
+def channel_mover(qm: str, to_qm: str) -> str:
+    """The lease of a channel's mover, ``{qm}:channel:<to_qm>:mover``: one mover per channel."""
+    return f"{_tag(qm)}:channel:{to_qm}:mover"
+
+
+def received(qm: str) -> str:
+    """The receiving side of every channel into ``qm``, ``{qm}:received``: hash ``<from qm>`` ->
+    the last channel sequence (transmission entry id) filed, ``<from qm>:count`` -> how many."""
+    return f"{_tag(qm)}:received"
+
+
+def network_agents(qm: str) -> str:
+    """Heartbeats of this queue manager's channel processes, ``{qm}:agents``: hash name -> JSON."""
+    return f"{_tag(qm)}:agents"
+
+
 def all_keys_pattern(qm: str) -> str:
     """A SCAN pattern matching every key of the queue manager."""
     return f"{_tag(qm)}:*"

@@ -9,6 +9,7 @@ returns.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,8 @@ PropertyValue = str | int | float | bool | None
 DEFAULT_PRIORITY = 4
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 MAX_PUBLISHER_BYTES = keys.MAX_PUBLISHER_BYTES
+#: Queue manager names in ``origin`` / ``route`` (as ``Settings.qm``).
+_QM_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
 class Message(BaseModel):
@@ -44,6 +47,9 @@ class Message(BaseModel):
         properties: user properties, string keys and scalar values.
         body: the body, bytes (binary-safe end to end).
         entry_id: the publish stream entry id, set by the broker.
+        origin: the queue manager it was published at, when it came from another one
+            over a channel (``broker.network``); None when published here.
+        route: the queue managers it passed through before this one, origin first.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -62,6 +68,8 @@ class Message(BaseModel):
     properties: dict[str, PropertyValue] = Field(default_factory=dict)
     body: bytes = b""
     entry_id: str | None = None
+    origin: str | None = None
+    route: tuple[str, ...] = ()
 
     @classmethod
     def from_envelope(cls, envelope: bytes) -> Message:
@@ -92,6 +100,8 @@ class Message(BaseModel):
             properties=header.get("props") or {},
             body=body,
             entry_id=header.get("entry_id"),
+            origin=header.get("origin"),
+            route=tuple(header.get("route") or ()),
         )
 
 
@@ -245,6 +255,16 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
     message_type = _text(fields, b"type")
     if message_type is not None:
         header["type"] = message_type
+    origin = _text(fields, b"origin")
+    if origin is not None:
+        route = (_text(fields, b"route") or "").split(",")
+        if not all(_QM_NAME.match(name) for name in (origin, *route)) or route[0] != origin:
+            raise InvalidMessage(
+                "fields 'origin' and 'route' must be queue manager names, the route "
+                "comma-separated and starting with the origin"
+            )
+        header["origin"] = origin
+        header["route"] = route
     if props:
         header["props"] = props  # last: lua/lib.lua's envelope_head cuts the header here
     return Entry(

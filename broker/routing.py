@@ -17,6 +17,7 @@ until an operator removes it.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -25,15 +26,17 @@ import redis
 from broker import hierarchy, keys
 from broker.connection import translate_errors
 from broker.declared import parse_declared
-from broker.errors import CorruptRecord, ForeignKey, InvalidTopicFilter
+from broker.errors import ConfigError, CorruptRecord, ForeignKey, InvalidTopicFilter
 from broker.hierarchy import DeclaredTopics, HierarchyIndex
 from broker.links import parse_links
 from broker.models import DEFAULT_PRIORITY, Entry
+from broker.network import LOCAL, ProxySubscription, RouteClass, Topology, key_matches, parse_network
 from broker.schemes import scheme_of, separator
 from broker.selectors import Selector, compile_selector
 from broker.subscriptions import SubscriptionRecord, parse_subscriptions
 from broker.topic_objects import Effective, TopicTree, fixed_prefix
 from broker.topics import LinkGraph, TopicIndex, validate_topic
+from broker.topics import matches as mqtt_matches
 
 log = logging.getLogger("broker.routing")
 
@@ -48,6 +51,9 @@ _TYPES = {
     "topics": "hash",
     "manager": "hash",
     "declared": "hash",
+    "network": "string",
+    "proxies": "hash",
+    "cluster_topics": "hash",
 }
 
 
@@ -112,6 +118,13 @@ class RoutingTable:
         self.queue_limits: dict[str, tuple[int, bool]] = {}
         self._first_wildcard: dict[str, int] = {}
         self._cache: dict[str, Recipients] = {}
+        #: the network this queue manager is in (``{qm}:network``), None when it is alone
+        self.topology: Topology | None = None
+        #: the proxy subscriptions held here (``{qm}:proxies``), by announced key
+        self.proxies: dict[str, list[ProxySubscription]] = {}
+        #: copies of the network's cluster topic objects: topic string -> (cluster, clroute, hosts)
+        self.cluster_topics: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+        self._forward_cache: dict[tuple[str, str, tuple[str, ...]], tuple[str, ...]] = {}
 
     def load(self, client: redis.Redis) -> None:
         """Read subscriptions, links and the version in one MULTI/EXEC and rebuild.
@@ -129,6 +142,9 @@ class RoutingTable:
             "topics": keys.topic_objects(qm),
             "manager": keys.manager(qm),
             "declared": keys.declared_topics(qm),
+            "network": keys.network(qm),
+            "proxies": keys.proxies(qm),
+            "cluster_topics": keys.cluster_topics(qm),
         }
         pipe = client.pipeline(transaction=True)
         for key in names.values():
@@ -136,6 +152,9 @@ class RoutingTable:
         pipe.get(names["version"])
         for what in ("subs", "links", "topics", "manager", "declared"):
             pipe.hgetall(names[what])
+        pipe.get(names["network"])
+        pipe.hgetall(names["proxies"])
+        pipe.hgetall(names["cluster_topics"])
         replies = pipe.execute(raise_on_error=False)
         for (what, key), found in zip(names.items(), replies[: len(names)], strict=True):
             kind = _text(found)
@@ -144,7 +163,7 @@ class RoutingTable:
         for reply in replies[len(names) :]:
             if isinstance(reply, Exception):
                 raise reply
-        version, subs, links, topics, manager, declared = replies[len(names) :]
+        version, subs, links, topics, manager, declared, network, proxies, clustered = replies[len(names) :]
         self.scheme = scheme_of(qm, manager)
         self.direct = _text(manager.get(b"direct_subscriber_selection", b"true")) != "false"
         records, problems = parse_subscriptions(qm, subs)
@@ -153,6 +172,7 @@ class RoutingTable:
         problems += link_problems + tree.problems
         self.declared, declared_problems = parse_declared(qm, declared)
         problems += declared_problems
+        problems += self._load_network(network, proxies, clustered)
         index: TopicIndex | HierarchyIndex = TopicIndex() if self.scheme == "mqtt" else HierarchyIndex()
         kept = []
         for record in records:
@@ -192,7 +212,121 @@ class RoutingTable:
         }
         self._conditional = frozenset(r.sub_id for r in records if r.selector or r.no_local)
         self._cache = {}
+        self._forward_cache = {}
         self.version = version if version is not None else b"0"
+
+    def _load_network(
+        self, network: bytes | None, proxies: dict[bytes, bytes], clustered: dict[bytes, bytes]
+    ) -> list[CorruptRecord]:
+        """Read the network record, the proxy subscriptions and the cluster topic copies; a record
+        that cannot be read is a problem (it matches nothing)."""
+        qm, problems = self.qm, []
+        self.topology, self.proxies, self.cluster_topics = None, {}, {}
+        if network is not None:
+            try:
+                parsed = parse_network(network, keys.network(qm))
+            except ConfigError as exc:
+                problems.append(CorruptRecord(keys.network(qm), "", str(exc)))
+            else:
+                if qm in parsed.queue_managers:
+                    self.topology = Topology(parsed)
+                else:
+                    problems.append(CorruptRecord(keys.network(qm), "", f"{qm} is not in the network"))
+        for raw_field, raw in proxies.items():
+            try:
+                proxy = ProxySubscription.from_json(raw)
+            except (ValueError, TypeError) as exc:
+                problems.append(CorruptRecord(keys.proxies(qm), _text(raw_field), str(exc)))
+                continue
+            self.proxies.setdefault(proxy.topic, []).append(proxy)
+        for raw_field, raw in clustered.items():
+            try:
+                data = json.loads(raw)
+                self.cluster_topics[_text(raw_field)] = (
+                    str(data["cluster"]),
+                    str(data.get("clroute", "DIRECT")),
+                    tuple(data.get("hosts", ())),
+                )
+            except (ValueError, TypeError, KeyError) as exc:
+                problems.append(CorruptRecord(keys.cluster_topics(qm), _text(raw_field), repr(exc)))
+        return problems
+
+    def route_class(self, topic: str) -> RouteClass:
+        """The route class of a publication on ``topic`` (``broker.network``): the cluster of the
+        closest cluster topic object at or above it (one defined here first, else the network's
+        copies), with its topic hosts under CLROUTE(TOPICHOST); ``LOCAL`` for a local topic."""
+        sep = self.tree.separator
+        node: str | None = topic
+        while node is not None:
+            obj = self.tree.object_at(node)
+            if obj is not None and obj.attributes.cluster not in ("ASPARENT", ""):
+                copy = self.cluster_topics.get(node)
+                hosts = tuple(sorted({self.qm, *(copy[2] if copy else ())}))
+                return (obj.attributes.cluster, hosts if obj.attributes.clroute == "TOPICHOST" else ())
+            copy = self.cluster_topics.get(node)
+            if copy is not None:
+                cluster, clroute, hosts = copy
+                return (cluster, hosts if clroute == "TOPICHOST" else ())
+            if obj is not None and obj.attributes.cluster == "":
+                return LOCAL  # a local topic object: its topics stay out of the clusters
+            cut = node.rfind(sep)
+            node = node[:cut] if cut > 0 else (None if node == "" else "")
+        return LOCAL
+
+    def forwards(self, entry: Entry, attributes: Effective | None = None) -> tuple[str, ...]:
+        """The transmission streams a publication goes to: one per channel whose far side
+        leads to a queue manager holding a proxy subscription for it (``broker.network``).
+
+        A publication made here under ``PUBSCOPE(QMGR)`` goes nowhere else (IBM MQ). One that
+        came over a channel goes on only towards destinations whose path from its origin runs
+        through here, never to a queue manager on its route. Cached per topic, origin and route.
+        """
+        if self.topology is None or not self.proxies:
+            return ()
+        header = entry.header
+        origin = header.get("origin") or self.qm
+        route = tuple(header.get("route") or ())
+        memo = (entry.topic, origin, route)
+        found = self._forward_cache.get(memo)
+        if found is None:
+            if origin == self.qm and attributes is not None and attributes["pubscope"] == "QMGR":
+                found = ()
+            else:
+                found = self._channels(entry.topic, origin, route)
+            if len(self._forward_cache) >= CACHE_TOPICS:
+                self._forward_cache.clear()
+            self._forward_cache[memo] = found
+        return found
+
+    def _channels(self, topic: str, origin: str, route: tuple[str, ...]) -> tuple[str, ...]:
+        topology = self.topology
+        assert topology is not None
+        here, sep = self.qm, separator(self.scheme)
+        match = mqtt_matches if self.scheme == "mqtt" else hierarchy.matches
+        mode = topology.network.announce
+        route_class: RouteClass | None = None
+        towards: set[str] = set()
+        for key, held in self.proxies.items():
+            if not key_matches(key, topic, mode, sep, match):
+                continue
+            if route_class is None:
+                route_class = self.route_class(topic)
+            for proxy in held:
+                dest = proxy.qm
+                if dest == here or dest in route:
+                    continue
+                static = proxy.source == "static"
+                if static:
+                    path = topology.path(route_class, proxy.at, dest)
+                    if path is None or here not in path[:-1]:
+                        continue
+                path = topology.path(route_class, origin, dest)
+                if path is None or here not in path[:-1]:
+                    continue
+                if not static and not all(topology.announced_to(dest, hop, key) for hop in path[:-1]):
+                    continue
+                towards.add(path[path.index(here) + 1])
+        return tuple(keys.transmission(here, to) for to in sorted(towards))
 
     def resolve(self, topic: str) -> Recipients:
         """The subscriptions a publication on ``topic`` reaches (before selectors and no-local), each once.

@@ -119,7 +119,7 @@ class Scripts:
         self._fixed = (keys.publish_stream(qm), keys.active_publishers(qm), keys.dead_letter(qm))
         self._dedup_prefix = keys.dedup_prefix(qm)
         self._reply_prefix = keys.reply_prefix(qm)
-        self._sub_prefix_len = len(keys.sub_prefix(qm))
+        self._sub_prefix = keys.sub_prefix(qm)
 
     def load(self) -> None:
         """Load every script into the server's script cache (SCRIPT LOAD); needed before pipelined calls."""
@@ -251,7 +251,7 @@ class Scripts:
                 self._dedup_prefix,
                 self._reply_prefix,
                 journal_max_len,
-                self._sub_prefix_len,
+                self._sub_prefix,
                 self.refusals.dead_letter_max_len,
                 self.refusals.max_body_bytes,
                 version,

@@ -602,6 +602,10 @@ class LinkGraph:
         """The number of topics with at least one link from them."""
         return len(self._targets)
 
+    def sources(self) -> list[str]:
+        """The topics with at least one link from them."""
+        return list(self._targets)
+
     def add(self, source: str, target: str, backward: bool = False) -> None:
         """Link a source topic to a target topic.
 

@@ -484,7 +484,8 @@ class Worker:
                         subscriptions = self.table.subscriptions
                         for queue in unit.queues:
                             record = subscriptions.get(keys.band_sub_id(self.qm, queue))
-                            batch.watch(queue, record is not None and record.durable)
+                            if record is not None:  # not a transmission stream
+                                batch.watch(queue, record.durable)
         return batches
 
     def _send(
@@ -648,6 +649,10 @@ class Worker:
                 persistent = entry.header.get("persistent", True)
                 delivery = attributes["pmsgdlv"] if persistent else attributes["npmsgdlv"]
             queues = self.table.queues(entry, recipients)
+            if self.table.topology is not None:  # in a network: the proxy subscriptions' channels
+                forwards = self.table.forwards(entry, attributes)
+                if forwards:
+                    queues = (*queues, *forwards)
             envelope = encode_envelope(entry.header, entry.body) if queues else b""
             if self._slow and queues:
                 condition = self._slow.get(root_topic(entry.topic, self.table.scheme))

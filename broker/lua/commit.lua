@@ -43,7 +43,8 @@
 -- KEYS[8] deliveries withheld per subscription by a slow-subscriber condition "{qm}:slow"
 -- KEYS[9..] the subscriber queues (priority bands) this batch delivers to
 --   ("{qm}:sub:<id>" or "{qm}:sub:<id>:p<N>"); each one's subscription's bell
---   ("{qm}:sub:<id>:bell") is rung when an empty band gets messages
+--   ("{qm}:sub:<id>:bell") is rung when an empty band gets messages; and the transmission
+--   streams of the channels it forwards on ("{qm}:xmit:<to qm>", ARGV[8])
 -- ARGV[1] consumer group
 -- ARGV[2] the worker's fencing token
 -- ARGV[3] lease_ms of a publisher's turn
@@ -51,8 +52,10 @@
 -- ARGV[5] dedup key prefix             "{qm}:dedup:" (id_key in lib.lua)
 -- ARGV[6] reply key prefix             "{qm}:reply:" (id_key in lib.lua)
 -- ARGV[7] journal: approximate max length of the journal stream; 0 = no journal
--- ARGV[8] length of the subscriber queue prefix "{qm}:sub:" (subscription ids and bells are
---   read from the queue keys)
+-- ARGV[8] the subscriber queue prefix "{qm}:sub:" (subscription ids and bells are read from
+--   the queue keys); a recipient key outside it is a transmission stream "{qm}:xmit:<to qm>"
+--   (a proxy subscription's queue, broker.network): it gets one XADD * e <envelope> per
+--   publication, is never gone, watched or counted for flow control, and holds a stream
 -- ARGV[9] approximate cap of the dead-letter stream, records
 -- ARGV[10] max_body_bytes: a dead letter keeps a body only up to this size
 -- ARGV[11] the index version the worker's routing table was loaded at
@@ -97,7 +100,8 @@
 local stream, active, dlq, journal, subs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
 local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
-local journal_len, sub_prefix_len = tonumber(ARGV[7]), tonumber(ARGV[8])
+local journal_len, sub_prefix = tonumber(ARGV[7]), ARGV[8]
+local sub_prefix_len = #sub_prefix
 local dlq_len, max_body = ARGV[9], tonumber(ARGV[10])
 local resolved_version, limits_arg, flow_arg = ARGV[11], ARGV[12], ARGV[13]
 local ngive_up = tonumber(ARGV[14])
@@ -139,7 +143,7 @@ end
 -- with flow control, its depth.
 local changed = redis.call('GET', KEYS[6]) ~= resolved_version
 local queue_foreign, sub_of, bell_of, gone, band_depth = {}, {}, {}, {}, {}
-local sub_prefix = string.sub(KEYS[FIRST_QUEUE] or '', 1, sub_prefix_len)
+local xmit = {}  -- KEYS index -> true: a transmission stream
 -- the subscription id of queue KEYS[k] (its band suffix cut), worked out only when needed
 local function sub_id_of(k)
   local id = sub_of[k]
@@ -151,8 +155,15 @@ local function sub_id_of(k)
   return id
 end
 for k = FIRST_QUEUE, #KEYS do
-  gone[k] = changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0
-  if not gone[k] then
+  if string.sub(KEYS[k], 1, sub_prefix_len) ~= sub_prefix then
+    xmit[k] = true
+    gone[k] = false
+    queue_foreign[k] = foreign(KEYS[k], 'stream')
+    band_depth[k] = 0
+  else
+    gone[k] = changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0
+  end
+  if not gone[k] and not xmit[k] then
     local found = redis.call('TYPE', KEYS[k])['ok']
     if found == 'none' then
       -- an empty band: its bell is rung when it gets messages (a non-empty band's is rung already)
@@ -196,7 +207,7 @@ end
 local deepest_watched, lowest_limit = 0, math.huge
 for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do
   k = tonumber(k)
-  if not gone[k] and not queue_foreign[k] then
+  if not gone[k] and not queue_foreign[k] and not xmit[k] then
     local id = sub_id_of(k)
     if not depth_of[id] then
       depth_of[id] = waiting_in(k)
@@ -293,7 +304,7 @@ for u = first, #ARGV, UNIT do
           local most, non_durable, durable = parsed[1], parsed[2], parsed[3]
           if deepest_watched + n >= most then
             for _, k in ipairs(sets[set]) do
-              local id = not gone[k] and sub_id_of(k)
+              local id = not gone[k] and not xmit[k] and sub_id_of(k)
               if id and depth_of[id] and depth_of[id] >= most then
                 step.skip = step.skip or {}
                 step.skip[k] = 'slow'
@@ -337,6 +348,8 @@ for u = first, #ARGV, UNIT do
               local id = sub_id_of(k)
               skipped[id] = (skipped[id] or 0) + 1
               if step.skip[k] == 'slow' then withheld[id] = (withheld[id] or 0) + 1 end
+            elseif xmit[k] then
+              step.forwarded = (step.forwarded or 0) + 1
             else
               step.count = step.count + 1
               if watching then
@@ -394,7 +407,7 @@ local function subscription_ids(set)
   if not names[set] then
     local ids = {}
     for _, k in ipairs(sets[set]) do
-      if not gone[k] then ids[#ids + 1] = sub_id_of(k) end
+      if not gone[k] and not xmit[k] then ids[#ids + 1] = sub_id_of(k) end
     end
     names[set] = cjson.encode(ids)
   end
@@ -442,6 +455,7 @@ for i = 1, n do
         if ARGV[u + SUGGESTION] ~= '' then result.suggestion = ARGV[u + SUGGESTION] end
       end
       if fc_start then result.flow_control_delay_ms = step.delay end
+      if step.forwarded then result.forwarded = step.forwarded end
       post_reply(step.reply, ARGV[u + REPLY_TTL], result)
     end
     if journal_len > 0 and status ~= 'skipped' then
@@ -449,7 +463,7 @@ for i = 1, n do
       if status == 'delivered' and step.skip then
         local ids = {}
         for _, k in ipairs(sets[set]) do
-          if not gone[k] and not step.skip[k] then ids[#ids + 1] = sub_id_of(k) end
+          if not gone[k] and not step.skip[k] and not xmit[k] then ids[#ids + 1] = sub_id_of(k) end
         end
         if #ids > 0 then subs = cjson.encode(ids) end
       elseif status == 'delivered' then
@@ -472,10 +486,14 @@ for _, pair in ipairs(flow_keys) do redis.call('SET', pair[1], pair[2], 'PX', pa
 local CHUNK = 1000
 for _, k in ipairs(push_order) do
   local list = pushes[k]
-  for i = 1, #list, CHUNK do
-    redis.call('LPUSH', KEYS[k], unpack(list, i, math.min(i + CHUNK - 1, #list)))
+  if xmit[k] then  -- a channel: one entry per publication, its id the channel sequence
+    for i = 1, #list do redis.call('XADD', KEYS[k], '*', 'e', list[i]) end
+  else
+    for i = 1, #list, CHUNK do
+      redis.call('LPUSH', KEYS[k], unpack(list, i, math.min(i + CHUNK - 1, #list)))
+    end
+    if bell_of[k] then ring(bell_of[k]) end
   end
-  if bell_of[k] then ring(bell_of[k]) end
 end
 for i = 1, #acks, CHUNK do
   redis.call('XACK', stream, group, unpack(acks, i, math.min(i + CHUNK - 1, #acks)))

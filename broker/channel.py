@@ -1,0 +1,698 @@
+"""Channels between queue managers: the announcing agent and the movers (``broker channel``).
+
+One channel process runs per queue manager (a Procfile process type, supervised like the
+workers). It does two things in one loop:
+
+- **The agent** (SwiftMQ's subscription exchange, IBM MQ's proxy subscriptions; seeds 002
+  and 003, ``broker.network``): it writes what this queue manager announces
+  (``{qm}:announced``: the keys of its subscriptions, "some/none"), reads what every other
+  queue manager announces and the cluster topic objects they define, and reconciles this
+  queue manager's proxy subscriptions (``{qm}:proxies``) and cluster topic copies
+  (``{qm}:cluster_topics``) with them, bumping ``{qm}:version`` so that the workers route
+  with them. A queue manager that cannot be reached keeps its proxy subscriptions until it
+  withdraws them: messages for it wait in its transmission stream.
+- **The movers**, one per channel to a neighbour: each moves the entries of the
+  transmission stream ``{qm}:xmit:<to>`` (written by ``commit.lua`` inside the unit of work)
+  into the receiver's publish stream, in order, with ``lua/channel_in.lua``, which files an
+  entry only if its channel sequence (its transmission entry id) is above the last one filed
+  from this sender. The last sequence filed is read from the receiver, so a mover killed at
+  any point, or a receiver restarted from an older AOF, sends again what is missing and
+  nothing twice. Entries are trimmed from the transmission stream ``retention_ms`` after
+  they were filed. A receiver that cannot be reached is retried with a doubling pause
+  (100 ms up to ``channel_max_backoff_ms``), reported in the channel's state
+  (``{qm}:channel:<to>``).
+
+A forwarded publication keeps its publisher id, message id, timestamp, sequence number and
+properties, and carries its origin queue manager and route (``origin``, ``route``): the
+receiver's dedup record drops a second copy by message id, and its workers never forward it
+back along its route.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+from redis.exceptions import RedisClusterException
+
+from broker import keys
+from broker.config import Settings
+from broker.connection import connect
+from broker.errors import ConfigError, InvalidMessage
+from broker.models import decode_envelope
+from broker.network import (
+    Network,
+    ProxySubscription,
+    Topology,
+    announce_key,
+    parse_network,
+)
+from broker.routing import RoutingTable
+from broker.schemes import separator
+from broker.scripts import script_source
+from broker.topic_objects import TopicObject, fixed_prefix
+
+log = logging.getLogger("broker.channel")
+
+#: Errors that mean "that server cannot be reached now": retried, never fatal.
+UNREACHABLE = (redis.RedisError, RedisClusterException, OSError)
+
+#: A channel mover's lease on its channel, ms (another process's mover takes over after it).
+MOVER_LEASE_MS = 10_000
+
+#: The first pause after a failed move, ms; it doubles up to ``channel_max_backoff_ms``.
+FIRST_BACKOFF_MS = 100
+
+Clock = Callable[[], int]
+
+
+def _text(raw: bytes | str | None) -> str:
+    if raw is None:
+        return ""
+    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+
+
+def forwarded_fields(envelope: bytes, sender: str) -> list[bytes | str]:
+    """The publication entry fields of a transmission entry, for the receiver's publish stream.
+
+    Args:
+        envelope: the transmission entry's ``e`` field (the envelope subscribers get).
+        sender: the queue manager sending it (appended to the route).
+
+    Returns:
+        Flat ``[field, value, ...]``: publisher, msgid, topic, body, ts, persistent, priority,
+        the optional fields it has, then ``origin`` and ``route`` (comma-separated, origin first).
+
+    Raises:
+        InvalidMessage: the envelope is not in the protocol's format.
+    """
+    header, body = decode_envelope(envelope)
+    try:
+        publisher, msgid, topic, ts = header["publisher"], header["msgid"], header["topic"], int(header["ts"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidMessage(f"envelope header lacks {exc}") from exc
+    origin = header.get("origin") or sender
+    route = [*(header.get("route") or ()), sender]
+    flat: list[bytes | str] = [
+        b"publisher",
+        str(publisher).encode("utf-8", "surrogateescape"),
+        b"msgid",
+        str(msgid),
+        b"topic",
+        str(topic),
+        b"body",
+        body,
+        b"ts",
+        str(ts),
+        b"persistent",
+        "1" if header.get("persistent", True) else "0",
+        b"priority",
+        str(header.get("priority", keys.DEFAULT_PRIORITY)),
+    ]
+    if header.get("seq") is not None:
+        flat += [b"seq", str(header["seq"])]
+    if header.get("expiration"):
+        flat += [b"expiration", str(header["expiration"])]
+    for name, wire in (("correlation_id", b"correlation_id"), ("reply_to", b"reply_to"), ("type", b"type")):
+        if header.get(name) is not None:
+            flat += [wire, str(header[name])]
+    if header.get("props"):
+        flat += [b"props", json.dumps(header["props"], separators=(",", ":"))]
+    flat += [b"origin", str(origin), b"route", ",".join(route)]
+    return flat
+
+
+class Peers:
+    """Clients of the network's queue managers, one per distinct Redis URL, made when first used.
+
+    Args:
+        own_url: the process's own ``redis_url`` (a node without ``url`` is there).
+        own_client: the client already open on it.
+    """
+
+    def __init__(self, own_url: str, own_client: redis.Redis) -> None:
+        self.own_url = own_url
+        self._clients: dict[str, redis.Redis] = {own_url: own_client}
+        self.network: Network | None = None
+
+    def url(self, qm: str) -> str:
+        node = self.network.queue_managers.get(qm) if self.network else None
+        return node.url if node is not None and node.url else self.own_url
+
+    def client(self, qm: str) -> redis.Redis:
+        """The client of ``qm``'s Redis (connected lazily; ``drop`` it after an error)."""
+        url = self.url(qm)
+        found = self._clients.get(url)
+        if found is None:
+            found = self._clients[url] = connect(url)
+        return found
+
+    def drop(self, qm: str) -> None:
+        """Forget ``qm``'s client (not the process's own): the next use connects again."""
+        url = self.url(qm)
+        if url != self.own_url:
+            client = self._clients.pop(url, None)
+            if client is not None:
+                with contextlib.suppress(*UNREACHABLE):
+                    client.close()
+
+
+def read_network(client: redis.Redis, qm: str) -> Network | None:
+    """The network record of ``qm`` (``{qm}:network``), or None when it is in no network.
+
+    Raises:
+        ConfigError: the record is not a valid network.
+    """
+    raw = client.get(keys.network(qm))
+    return None if raw is None else parse_network(raw, keys.network(qm))
+
+
+def read_announced(client: redis.Redis, qm: str) -> dict[str, Any] | None:
+    """What ``qm`` announces (``{qm}:announced``), or None when it never announced.
+
+    Raises:
+        ValueError: the record is not JSON of the documented shape.
+    """
+    raw = client.get(keys.announced(qm))
+    if raw is None:
+        return None
+    data = json.loads(raw)
+    if not isinstance(data, dict) or not isinstance(data.get("keys", {}), dict):
+        raise ValueError(f"{keys.announced(qm)} is not an announcement record")
+    return data
+
+
+def announced_keys(table: RoutingTable, topology: Topology) -> set[str]:
+    """The keys a queue manager announces, from its routing table: one per subscription
+    (``SUBSCOPE(QMGR)`` ones excepted), per link source, and per ``PROXYSUB(FORCE)`` object."""
+    mode, sep = topology.network.announce, separator(table.scheme)
+    tree = None if table.tree.trivial else table.tree
+    found: set[str] = set()
+    for record in table.subscriptions.values():
+        if tree is not None and tree.effective(fixed_prefix(record.topic_filter, sep))["subscope"] == "QMGR":
+            continue
+        found.add(announce_key(record.topic_filter, mode, sep))
+    for source in table.links.sources():
+        found.add(announce_key(source, mode, sep))
+    if tree is not None:
+        for obj in tree.objects.values():
+            if obj.attributes.proxysub == "FORCE" and obj.topic_string:
+                whole = obj.topic_string + ("/#" if sep == "/" else "")
+                found.add(announce_key(whole, mode, sep))
+    return found
+
+
+@dataclass
+class Agent:
+    """The announcing and reconciling half of a channel process, for queue manager ``qm``.
+
+    Args:
+        client: the queue manager's own client.
+        qm: the queue manager.
+        peers: clients of the other queue managers.
+        clock_ms: ms since the epoch (injectable).
+    """
+
+    client: redis.Redis
+    qm: str
+    peers: Peers
+    clock_ms: Clock
+    topology: Topology | None = None
+    #: remote qm -> its last announcement read (kept while it cannot be reached)
+    remote: dict[str, dict[str, Any]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def load(self) -> Topology | None:
+        """Read the network record (None: not in a network).
+
+        Raises:
+            ConfigError: the record is invalid or does not name this queue manager.
+        """
+        network = read_network(self.client, self.qm)
+        if network is None:
+            self.topology = None
+            return None
+        if self.qm not in network.queue_managers:
+            raise ConfigError(f"{self.qm} is not in the network stored in {keys.network(self.qm)}")
+        if self.topology is None or self.topology.network != network:
+            self.topology = Topology(network)
+        self.peers.network = network
+        return self.topology
+
+    def round(self) -> bool:
+        """Announce, then reconcile; returns whether the proxy subscriptions or copies changed.
+
+        Raises:
+            redis.RedisError: this queue manager's own server cannot be reached.
+            ConfigError: the network record is invalid.
+        """
+        topology = self.load()
+        if topology is None:
+            return False
+        self.announce(topology)
+        return self.reconcile(topology)
+
+    def announce(self, topology: Topology, state: str | None = None) -> dict[str, Any]:
+        """Write ``{qm}:announced`` when what this queue manager announces changed.
+
+        Args:
+            state: ``withdrawn`` to withdraw every key (an orderly shutdown), ``up`` to announce
+                again; None keeps the recorded state.
+
+        Returns:
+            The record as written.
+        """
+        qm, now = self.qm, self.clock_ms()
+        try:
+            old = read_announced(self.client, qm) or {}
+        except ValueError:
+            old = {}
+        state = state or old.get("state", "up")
+        found: set[str] = set()
+        if state == "up":
+            table = RoutingTable(qm)
+            table.load(self.client)
+            found = announced_keys(table, topology)
+        before = old.get("keys", {})
+        record = {"state": state, "keys": {k: before.get(k, now) for k in sorted(found)}, "at_ms": now}
+        if record["keys"] != before or state != old.get("state") or not old:
+            self.client.set(keys.announced(qm), json.dumps(record, separators=(",", ":")))
+            log.info("%s announces %s (%s)", qm, sorted(found) or "nothing", state)
+        return record
+
+    def reconcile(self, topology: Topology) -> bool:
+        """Make ``{qm}:proxies`` and ``{qm}:cluster_topics`` what the network says; bump the
+        version when either changed. A queue manager that cannot be read keeps its entries."""
+        qm, now, network = self.qm, self.clock_ms(), topology.network
+        self.problems = []
+        current = {_text(f): v for f, v in self.client.hgetall(keys.proxies(qm)).items()}
+        seen = {_text(f) for f in self.client.hkeys(keys.network_seen(qm))}
+        newly_seen: list[str] = []
+        desired: dict[str, ProxySubscription] = {}
+        unreachable: set[str] = set()
+        for other in network.queue_managers:
+            if other == qm:
+                continue
+            try:
+                record = read_announced(self.peers.client(other), other)
+            except UNREACHABLE as exc:
+                self.peers.drop(other)
+                unreachable.add(other)
+                self.problems.append(f"{other}: {exc}")
+                continue
+            except ValueError as exc:
+                self.problems.append(str(exc))
+                unreachable.add(other)
+                continue
+            if record is None:
+                continue
+            self.remote[other] = record
+            if other not in seen:
+                newly_seen.append(other)
+                seen.add(other)
+            for key, since in record.get("keys", {}).items():
+                if topology.announced_to(other, qm, key):
+                    proxy = ProxySubscription(other, key, "dynamic", since_ms=int(since))
+                    desired[proxy.field] = proxy
+        for static in network.static_subscriptions:
+            if static.to != qm and (static.keep_on_unsubscribe or static.to not in seen):
+                proxy = ProxySubscription(
+                    static.to, static.topic, "static", static.at, static.keep_on_unsubscribe, now
+                )
+                desired[proxy.field] = proxy
+        wanted = {f: p.to_json() for f, p in desired.items()}
+        for name, raw in current.items():  # one that cannot be read now keeps what it had
+            try:
+                kept = ProxySubscription.from_json(raw)
+            except ValueError:
+                continue
+            if kept.source == "dynamic" and kept.qm in unreachable:
+                wanted[name] = _text(raw)
+            elif name in wanted:  # unchanged: keep its record (and its since_ms)
+                again = ProxySubscription.from_json(wanted[name])
+                if (again.qm, again.topic, again.source, again.at, again.keep) == (
+                    kept.qm,
+                    kept.topic,
+                    kept.source,
+                    kept.at,
+                    kept.keep,
+                ):
+                    wanted[name] = _text(raw)
+        copies = self._cluster_copies(topology)
+        old_copies = {_text(f): _text(v) for f, v in self.client.hgetall(keys.cluster_topics(qm)).items()}
+        if copies is None:
+            copies = old_copies
+        changed = wanted != current or copies != old_copies
+        if changed or newly_seen:
+            pipe = self.client.pipeline(transaction=True)
+            gone = [f for f in current if f not in wanted]
+            if gone:
+                pipe.hdel(keys.proxies(qm), *gone)
+            fresh: dict[Any, Any] = {f: v for f, v in wanted.items() if current.get(f) != v}
+            if fresh:
+                pipe.hset(keys.proxies(qm), mapping=fresh)
+            gone_copies = [t for t in old_copies if t not in copies]
+            if gone_copies:
+                pipe.hdel(keys.cluster_topics(qm), *gone_copies)
+            fresh_copies: dict[Any, Any] = {t: v for t, v in copies.items() if old_copies.get(t) != v}
+            if fresh_copies:
+                pipe.hset(keys.cluster_topics(qm), mapping=fresh_copies)
+            if newly_seen:
+                pipe.hset(keys.network_seen(qm), mapping=dict.fromkeys(newly_seen, now))
+            if changed:
+                pipe.incr(keys.version(qm))
+            pipe.execute()
+            if changed:
+                log.info("%s: proxy subscriptions now %s", qm, sorted(wanted))
+        return changed
+
+    def _cluster_copies(self, topology: Topology) -> dict[str, str] | None:
+        """topic string -> JSON copy of the cluster topic objects defined in the network, or None
+        when a cluster member cannot be read (the copies are then left as they are)."""
+        members = topology.members
+        found: dict[str, dict[str, Any]] = {}
+        for name, node in topology.network.queue_managers.items():
+            if not node.clusters:
+                continue
+            try:
+                client = self.client if name == self.qm else self.peers.client(name)
+                raw = client.hgetall(keys.topic_objects(name))
+            except UNREACHABLE as exc:
+                self.peers.drop(name)
+                self.problems.append(f"{name}: {exc}")
+                return None
+            for raw_name, value in raw.items():
+                try:
+                    obj = TopicObject.from_json(_text(raw_name), value, name)
+                except Exception:  # a corrupt record: broker status names it on its own queue manager
+                    continue
+                cluster = obj.attributes.cluster
+                if cluster in ("ASPARENT", "") or name not in members.get(cluster, ()):
+                    continue
+                copy = found.setdefault(
+                    obj.topic_string, {"cluster": cluster, "clroute": obj.attributes.clroute, "hosts": []}
+                )
+                copy["hosts"] = sorted({*copy["hosts"], name})
+        return {t: json.dumps(c, sort_keys=True, separators=(",", ":")) for t, c in found.items()}
+
+
+@dataclass
+class Mover:
+    """Moves the channel from ``qm`` to ``to``: transmission entries into ``to``'s publish stream.
+
+    Args:
+        client: ``qm``'s client.
+        qm: the sending queue manager.
+        to: the receiving queue manager.
+        peers: clients of the network (``to``'s is used).
+        name: the mover's lease token.
+        clock_ms: ms since the epoch (injectable).
+        batch: most entries per move.
+        max_backoff_ms: the longest pause after failures, ms.
+        retention_ms: how long a filed entry stays in the transmission stream, ms.
+    """
+
+    client: redis.Redis
+    qm: str
+    to: str
+    peers: Peers
+    name: str
+    clock_ms: Clock
+    batch: int = 500
+    max_backoff_ms: int = 5_000
+    retention_ms: int = 60_000
+    hook: Callable[[str], None] = lambda point: None
+    last: str | None = None
+    backoff_ms: int = 0
+    next_try_ms: int = 0
+    moved: int = 0
+    _lease_until: int = 0
+    _script: Any = None
+
+    @property
+    def stream(self) -> str:
+        return keys.transmission(self.qm, self.to)
+
+    def _lease(self, now: int) -> bool:
+        """Hold the channel's mover lease (one mover per channel); False when another holds it."""
+        if now < self._lease_until - MOVER_LEASE_MS // 2:
+            return True
+        key = keys.channel_mover(self.qm, self.to)
+        if (
+            self.client.set(key, self.name, nx=True, px=MOVER_LEASE_MS)
+            or _text(self.client.get(key)) == self.name
+        ):
+            self.client.pexpire(key, MOVER_LEASE_MS)
+            self._lease_until = now + MOVER_LEASE_MS
+            return True
+        return False
+
+    def move_once(self) -> int:
+        """Move up to ``batch`` entries; returns how many were moved (filed or dropped as already filed).
+
+        Never raises for an unreachable server: the failure is recorded in the channel's state
+        and the next try waits (doubling pause).
+        """
+        now = self.clock_ms()
+        if now < self.next_try_ms:
+            return 0
+        in_flight = 0
+        try:
+            if not self._lease(now):
+                return 0
+            receiver = self.peers.client(self.to)
+            if self._script is None or self._script.registered_client is not receiver:
+                self._script = receiver.register_script(script_source("channel_in"))
+            if self.last is None:  # the receiver says what it has: the only source of truth
+                self.last = _text(receiver.hget(keys.received(self.to), self.qm)) or "0-0"
+            raw = self.client.xrange(self.stream, f"({self.last}", "+", count=self.batch)
+            if not raw:
+                if self.backoff_ms:
+                    self._record(now, "running", "")
+                self.backoff_ms = 0
+                return 0
+            args: list[Any] = [self.qm]
+            bad: list[tuple[str, str]] = []
+            for entry_id, fields in raw:
+                sequence = _text(entry_id)
+                try:
+                    flat = forwarded_fields(cast(bytes, (fields or {}).get(b"e", b"")), self.qm)
+                except InvalidMessage as exc:
+                    bad.append((sequence, str(exc)))
+                    continue
+                args += [sequence, len(flat), *flat]
+            if bad:
+                self._dead_letter(bad)
+            in_flight = len(raw) - len(bad)
+            self.hook("before_channel_in")
+            filed = dropped = 0
+            if len(args) > 1:
+                filed, dropped, last = self._script(
+                    keys=[keys.publish_stream(self.to), keys.received(self.to)], args=args
+                )
+                self.last = _text(last)
+            else:
+                self.last = _text(raw[-1][0])
+            self.hook("after_channel_in")
+            self.moved += int(filed)
+            in_flight = 0
+            self._after(now, int(filed), int(dropped))
+            self.backoff_ms = 0
+            return len(raw)
+        except UNREACHABLE as exc:
+            self.last = None
+            self.peers.drop(self.to)
+            self.backoff_ms = min(max(FIRST_BACKOFF_MS, self.backoff_ms * 2), self.max_backoff_ms)
+            self.next_try_ms = now + self.backoff_ms
+            log.warning("channel %s -> %s: %s; retrying in %d ms", self.qm, self.to, exc, self.backoff_ms)
+            with contextlib.suppress(*UNREACHABLE):
+                self._record(now, "retrying", f"{type(exc).__name__}: {exc}", in_flight)
+            return 0
+
+    def _after(self, now: int, filed: int, dropped: int) -> None:
+        """Record a successful move on the sending side and trim what the receiver filed long enough ago."""
+        assert self.last is not None
+        pipe = self.client.pipeline(transaction=True)
+        state = keys.channel_state(self.qm, self.to)
+        pipe.hincrby(state, "moved", filed)
+        if dropped:
+            pipe.hincrby(state, "dropped_as_filed", dropped)
+        pipe.hset(
+            state,
+            mapping={
+                "last": self.last,
+                "state": "running",
+                "in_flight": 0,
+                "backoff_ms": 0,
+                "updated_ms": now,
+            },
+        )
+        minimum = int(self.last.split("-", 1)[0]) - self.retention_ms
+        if minimum > 0:
+            pipe.xtrim(self.stream, minid=f"{minimum}-0")
+        pipe.execute()
+
+    def _record(self, now: int, state: str, error: str, in_flight: int = 0) -> None:
+        mapping: dict[Any, Any] = {
+            "state": state,
+            "backoff_ms": self.backoff_ms,
+            "in_flight": in_flight,
+            "updated_ms": now,
+        }
+        if error:
+            mapping["last_error"] = error[:500]
+            mapping["last_error_ms"] = now
+        self.client.hset(keys.channel_state(self.qm, self.to), mapping=mapping)
+
+    def _dead_letter(self, bad: list[tuple[str, str]]) -> None:
+        """Move unreadable transmission entries (written by something else) to the dead-letter stream."""
+        pipe = self.client.pipeline(transaction=True)
+        for sequence, reason in bad:
+            pipe.xadd(
+                keys.dead_letter(self.qm),
+                {"entry_id": sequence, "reason": f"channel {self.qm} -> {self.to}: {reason}"},
+            )
+            pipe.xdel(self.stream, sequence)
+        pipe.execute()
+        log.error(
+            "channel %s -> %s: %d unreadable transmission entries dead-lettered", self.qm, self.to, len(bad)
+        )
+
+
+class ChannelProcess:
+    """The channel process of one queue manager: its agent and its movers, in one loop.
+
+    Args:
+        client: the queue manager's client.
+        settings: the broker settings (``qm``, ``redis_url``, ``network_poll_ms``, ...).
+        name: the process's name (mover leases, heartbeat); default ``<host>-<pid>-<random>``.
+        clock_ms: ms since the epoch (injectable).
+        hook: called with a crash point's name (``before_channel_in``, ``after_channel_in``).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        settings: Settings,
+        name: str | None = None,
+        clock_ms: Clock | None = None,
+        hook: Callable[[str], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.qm = settings.qm
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.hook = hook or (lambda point: None)
+        self.peers = Peers(settings.redis_url, client)
+        self.agent = Agent(client, self.qm, self.peers, self.clock_ms)
+        self.movers: dict[str, Mover] = {}
+        self.stopping = False
+        self._next_round_ms = 0
+
+    def _movers(self, topology: Topology | None) -> list[Mover]:
+        """One mover per neighbour of the current topology."""
+        wanted = topology.neighbours.get(self.qm, ()) if topology is not None else ()
+        retention = topology.network.retention_ms if topology is not None else 60_000
+        for to in wanted:
+            if to not in self.movers:
+                self.movers[to] = Mover(
+                    self.client,
+                    self.qm,
+                    to,
+                    self.peers,
+                    self.name,
+                    self.clock_ms,
+                    self.settings.channel_batch,
+                    self.settings.channel_max_backoff_ms,
+                    retention,
+                    self.hook,
+                )
+        for to in [t for t in self.movers if t not in wanted]:
+            del self.movers[to]
+        return list(self.movers.values())
+
+    def rejoin(self) -> None:
+        """Announce again after an orderly withdrawal (a restarted queue manager, SwiftMQ)."""
+        topology = self.agent.load()
+        if topology is not None:
+            self.agent.announce(topology, state="up")
+
+    def run_once(self) -> int:
+        """One agent round when due, then one move per channel; returns the entries moved."""
+        now = self.clock_ms()
+        if now >= self._next_round_ms:
+            self._next_round_ms = now + self.settings.network_poll_ms
+            self.agent.round()
+            self._heartbeat(now)
+        return sum(mover.move_once() for mover in self._movers(self.agent.topology))
+
+    def _heartbeat(self, now: int) -> None:
+        beat = {
+            "name": self.name,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "seen_ms": now,
+            "channels": sorted(self.movers),
+            "problems": self.agent.problems[:5],
+        }
+        self.client.hset(keys.network_agents(self.qm), self.name, json.dumps(beat, separators=(",", ":")))
+
+    def run(self, idle_wait_ms: int = 100) -> None:
+        """Loop until ``stopping``: never ends on a Redis error (logged, retried after a pause)."""
+        try:
+            self.rejoin()
+        except UNREACHABLE as exc:
+            log.warning("channel process %s: %s", self.qm, exc)
+        while not self.stopping:
+            try:
+                moved = self.run_once()
+            except UNREACHABLE as exc:
+                log.warning("channel process %s: %s; retrying", self.qm, exc)
+                moved = 0
+                time.sleep(0.5)
+            except ConfigError as exc:
+                log.error("channel process %s: %s", self.qm, exc)
+                moved = 0
+                time.sleep(1.0)
+            if moved == 0 and not self.stopping:
+                self._wait(idle_wait_ms)
+        with contextlib.suppress(*UNREACHABLE):
+            self.client.hdel(keys.network_agents(self.qm), self.name)
+
+    def _wait(self, idle_wait_ms: int) -> None:
+        """Block until a transmission stream gets an entry, or ``idle_wait_ms`` passes."""
+        movers = [m for m in self.movers.values() if m.last is not None and m.backoff_ms == 0]
+        if not movers:
+            time.sleep(idle_wait_ms / 1000)
+            return
+        try:
+            streams: dict[Any, Any] = {m.stream: m.last for m in movers}
+            self.client.xread(streams, count=1, block=idle_wait_ms)
+        except UNREACHABLE:
+            time.sleep(idle_wait_ms / 1000)
+
+
+def main(settings: Settings) -> None:
+    """Run a channel process until SIGTERM/SIGINT (the ``broker channel`` command, a Procfile entry)."""
+    import signal
+
+    client = connect(settings.redis_url)
+    process = ChannelProcess(client, settings)
+
+    def _stop(signum: int, frame: object) -> None:
+        process.stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    log.info("channel process %s for %s", process.name, settings.qm)
+    process.run()

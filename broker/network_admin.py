@@ -1,0 +1,225 @@
+"""Administering the network of queue managers: apply the topology, withdraw, list proxy
+subscriptions, and the network's status (``broker network``, ``broker proxies``,
+``broker status --network``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+
+from broker import keys
+from broker.channel import UNREACHABLE, Agent, Peers, read_announced, read_network
+from broker.connection import redact_url, translate_errors
+from broker.errors import ConfigError
+from broker.network import Network, ProxySubscription, Topology
+
+
+def _text(raw: bytes | str | None) -> str:
+    if raw is None:
+        return ""
+    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+
+
+@dataclass
+class Applied:
+    """What ``apply_network`` did on each queue manager: qm -> "applied", "unchanged" or the error."""
+
+    results: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[str]:
+        return [qm for qm, what in self.results.items() if what not in ("applied", "unchanged")]
+
+
+def apply_network(network: Network, own_url: str, own_client: redis.Redis) -> Applied:
+    """Store the topology in every queue manager of the network (``{qm}:network``, with a version
+    bump in the same MULTI so its workers reload at once).
+
+    A queue manager that cannot be reached is reported in the result, the others are applied:
+    run it again when it is back.
+    """
+    peers = Peers(own_url, own_client)
+    peers.network = network
+    text = network.to_json()
+    done = Applied()
+    for qm in network.queue_managers:
+        try:
+            client = peers.client(qm)
+            if _text(client.get(keys.network(qm))) == text:
+                done.results[qm] = "unchanged"
+                continue
+            pipe = client.pipeline(transaction=True)
+            pipe.set(keys.network(qm), text)
+            pipe.incr(keys.version(qm))
+            pipe.execute()
+            done.results[qm] = "applied"
+        except UNREACHABLE as exc:
+            peers.drop(qm)
+            done.results[qm] = f"not applied: {exc}"
+    return done
+
+
+@translate_errors
+def withdraw(client: redis.Redis, qm: str, url: str) -> dict[str, Any]:
+    """Withdraw every announcement of ``qm`` (an orderly shutdown for maintenance, SwiftMQ): the
+    other queue managers drop its dynamic proxy subscriptions at their next round; static ones
+    with ``keep_on_unsubscribe`` keep forwarding into their transmission streams. Its channel
+    process announces again when it starts.
+
+    Raises:
+        ConfigError: ``qm`` is in no network.
+    """
+    agent = Agent(client, qm, Peers(url, client), lambda: _now_ms())
+    topology = agent.load()
+    if topology is None:
+        raise ConfigError(f"{qm} is in no network: run 'broker network apply' first")
+    return agent.announce(topology, state="withdrawn")
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+@dataclass
+class ProxyRow:
+    """One proxy subscription held here, for ``broker proxies``."""
+
+    qm: str
+    topic: str
+    source: str
+    at: str
+    keep: bool
+    since_ms: int
+
+
+@translate_errors
+def list_proxies(client: redis.Redis, qm: str) -> tuple[list[ProxyRow], dict[str, Any] | None, list[str]]:
+    """The proxy subscriptions ``qm`` holds, what it announces, and the records that cannot be read.
+
+    Returns:
+        ``(rows sorted by remote qm and key, the announcement record or None, problems)``.
+    """
+    rows, problems = [], []
+    for raw_field, raw in client.hgetall(keys.proxies(qm)).items():
+        try:
+            proxy = ProxySubscription.from_json(raw)
+        except (ValueError, TypeError) as exc:
+            problems.append(f"{keys.proxies(qm)} field {_text(raw_field)!r}: {exc}")
+            continue
+        rows.append(ProxyRow(proxy.qm, proxy.topic, proxy.source, proxy.at, proxy.keep, proxy.since_ms))
+    try:
+        announced = read_announced(client, qm)
+    except ValueError as exc:
+        announced = None
+        problems.append(str(exc))
+    return sorted(rows, key=lambda r: (r.qm, r.topic, r.source)), announced, problems
+
+
+@translate_errors
+def network_status(client: redis.Redis, qm: str, url: str) -> dict[str, Any]:
+    """The network as seen from ``qm``: queue managers, channels and proxy subscriptions.
+
+    Returns:
+        ``{"network": digest or None, "queue_managers": [...], "channels": [...], "proxies": [...]}``;
+        a queue manager that cannot be reached is listed with ``reachable: false`` and its error.
+        Channel ``lag`` is entries written to the transmission stream and not yet filed by the
+        receiver (messages); ``in_flight`` those sent in a move that failed.
+    """
+    network = read_network(client, qm)
+    if network is None:
+        return {"network": None, "queue_managers": [], "channels": [], "proxies": []}
+    topology = Topology(network)
+    peers = Peers(url, client)
+    peers.network = network
+    qms: list[dict[str, Any]] = []
+    reach: dict[str, redis.Redis | None] = {}
+    for name, node in network.queue_managers.items():
+        row: dict[str, Any] = {
+            "qm": name,
+            "url": redact_url(node.url or url),
+            "parent": node.parent,
+            "clusters": list(node.clusters),
+        }
+        try:
+            peer = peers.client(name)
+            announced = read_announced(peer, name) or {}
+            pipe = peer.pipeline(transaction=False)
+            pipe.hlen(keys.proxies(name))
+            pipe.hlen(keys.workers(name))
+            pipe.hgetall(keys.network_agents(name))
+            pipe.get(keys.network(name))
+            proxies, workers, agents, stored = pipe.execute()
+            row.update(
+                reachable=True,
+                state=announced.get("state", "never announced"),
+                announced=sorted(announced.get("keys", {})),
+                proxies=proxies,
+                workers=workers,
+                channel_processes=len(agents),
+                same_network=_text(stored) == network.to_json(),
+            )
+            reach[name] = peer
+        except (*UNREACHABLE, ValueError) as exc:
+            peers.drop(name)
+            row.update(reachable=False, error=f"{type(exc).__name__}: {exc}")
+            reach[name] = None
+        qms.append(row)
+    channels = []
+    for sender, neighbours in sorted(topology.neighbours.items()):
+        for to in neighbours:
+            channels.append(_channel_row(sender, to, reach.get(sender), reach.get(to)))
+    proxies = [asdict(p) for p in list_proxies(client, qm)[0]]
+    return {"network": network.digest, "queue_managers": qms, "channels": channels, "proxies": proxies}
+
+
+def _channel_row(
+    sender: str, to: str, source: redis.Redis | None, target: redis.Redis | None
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"from": sender, "to": to}
+    written = filed = None
+    if source is not None:
+        try:
+            state = {_text(k): _text(v) for k, v in source.hgetall(keys.channel_state(sender, to)).items()}
+            row.update(
+                state=state.get("state", "idle"),
+                moved=int(state.get("moved", 0) or 0),
+                in_flight=int(state.get("in_flight", 0) or 0),
+                backoff_ms=int(state.get("backoff_ms", 0) or 0),
+                last_error=state.get("last_error", ""),
+            )
+            try:
+                info: dict[Any, Any] = source.xinfo_stream(keys.transmission(sender, to))
+                written = int(info.get("entries-added", info.get(b"entries-added", 0)) or 0)
+            except redis.ResponseError:
+                written = 0  # no transmission stream yet
+        except UNREACHABLE as exc:
+            row["error"] = f"{sender}: {exc}"
+    if target is not None:
+        try:
+            filed = int(target.hget(keys.received(to), f"{sender}:count") or 0)
+        except UNREACHABLE as exc:
+            row["error"] = f"{to}: {exc}"
+    row["lag"] = None if written is None or filed is None else max(written - filed, 0)
+    return row
+
+
+def describe_network(network: Network) -> dict[str, Any]:
+    """A summary of a network file for ``broker network apply --dry-run`` and ``show``."""
+    topology = Topology(network)
+    return {
+        "digest": network.digest,
+        "announce": network.announce,
+        "queue_managers": {
+            n: {"parent": q.parent, "clusters": list(q.clusters)} for n, q in network.queue_managers.items()
+        },
+        "clusters": {c: list(m) for c, m in topology.members.items()},
+        "channels": {q: list(n) for q, n in topology.neighbours.items()},
+        "static_subscriptions": [json.loads(s.model_dump_json()) for s in network.static_subscriptions],
+        "announce_filters": [json.loads(f.model_dump_json()) for f in network.announce_filters],
+    }
