@@ -1070,11 +1070,11 @@ _ATTRIBUTE_OPTIONS = (
     ("npmsgdlv", "ALL | ALLDUR | ALLAVAIL | ASPARENT: non-persistent publications when a queue is full"),
     ("usedlq", "YES | NO | ASPARENT: refused publications go to the dead-letter stream"),
     ("wildcard", "PASSTHRU | BLOCK: wildcard subscriptions above the node get nothing at or below it"),
-    ("pubscope", "QMGR | ALL | ASPARENT (stored; federation)"),
-    ("subscope", "QMGR | ALL | ASPARENT (stored; federation)"),
-    ("cluster", "cluster name | ASPARENT (stored; federation)"),
-    ("clroute", "DIRECT | TOPICHOST (stored; federation)"),
-    ("proxysub", "FIRSTUSE | FORCE (stored; federation)"),
+    ("pubscope", "QMGR | ALL | ASPARENT: QMGR keeps publications made here from other queue managers"),
+    ("subscope", "QMGR | ALL | ASPARENT: QMGR keeps subscriptions made here from being announced"),
+    ("cluster", "cluster name | '' (local) | ASPARENT: topics under the node are cluster topics"),
+    ("clroute", "DIRECT | TOPICHOST: cluster routing, straight to members or through the topic hosts"),
+    ("proxysub", "FIRSTUSE | FORCE: FORCE announces the node even with no subscription under it"),
 )
 
 
@@ -1535,7 +1535,6 @@ def channel_command(state: State, once: bool, wait_ms: int) -> None:
     import logging
 
     from broker.channel import ChannelProcess
-    from broker.channel import main as channel_main
 
     settings = state.settings
     wait_for_server(settings.redis_url, wait_ms).close()
@@ -1547,11 +1546,15 @@ def channel_command(state: State, once: bool, wait_ms: int) -> None:
             f"{settings.qm}: moved {moved} transmission entries; channels: {', '.join(sorted(process.movers)) or '-'}"
         )
         return
+    from worker.pool import Pool, run_channel
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     click.echo(
-        f"channel process for queue manager {settings.qm} on {redact_url(settings.redis_url)}", err=True
+        f"channel process for queue manager {settings.qm} on {redact_url(settings.redis_url)} "
+        "(restarted if it dies); Ctrl-C stops it",
+        err=True,
     )
-    channel_main(settings)
+    Pool(settings.model_copy(update={"concurrency": 1}), entry_point=run_channel, name="broker-channel").run()
 
 
 def _register_pipeline_commands() -> None:

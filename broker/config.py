@@ -90,10 +90,11 @@ class SlowSubscriberCondition(BaseModel):
             ``non_persistent`` (the default) or ``all``; a publication's delivery mode
             is its own, else its topic's DEFPSIST, else persistent.
         subscription_type: the subscriptions it applies to: ``local`` and ``all`` match
-            every subscription of this queue manager; ``remote`` matches the
-            transmission queues of remote routers, which do not exist yet (a future
-            federation issue), so today a ``remote`` condition matches no subscriber
-            and costs nothing.
+            every subscription of this queue manager; ``remote`` would match the
+            transmission streams of the channels to other queue managers
+            (``broker.network``), which are not watched: a transmission stream keeps
+            filed entries for ``retention_ms``, so its length is not its backlog. A
+            ``remote`` condition matches no subscriber and costs nothing.
         disconnect_non_durable_subscriber: also remove a non-durable subscription it
             matches (with its queue and its consumers' in-flight messages), right after
             the unit of work, logged at WARNING.

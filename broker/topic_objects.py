@@ -32,11 +32,16 @@ NPMSGDLV    ALL | ALLDUR | ALLAVAIL       commit.lua: non-persistent publication
 USEDLQ      YES | NO                      commit.lua: whether a refused publication is dead-lettered
 WILDCARD    PASSTHRU | BLOCK              worker: wildcard subscriptions above the node
                                           get nothing at or below it (not inherited)
-PUBSCOPE    QMGR | ALL                    stored, inherited, shown (federation issue)
-SUBSCOPE    QMGR | ALL                    stored, inherited, shown (federation issue)
-CLUSTER     a cluster name, "" for none   stored, inherited, shown (federation issue)
-CLROUTE     DIRECT | TOPICHOST            stored, shown; not inherited (federation issue)
-PROXYSUB    FIRSTUSE | FORCE              stored, shown; not inherited (federation issue)
+PUBSCOPE    QMGR | ALL                    worker: a publication made here under QMGR is not
+                                          forwarded to other queue managers (``broker.network``)
+SUBSCOPE    QMGR | ALL                    channel process: a subscription made under QMGR is
+                                          not announced to other queue managers
+CLUSTER     a cluster name, "" for none   worker: topics under the node are cluster topics of
+                                          that publish/subscribe cluster (route class)
+CLROUTE     DIRECT | TOPICHOST            worker: cluster edges straight between members, or
+                                          only through the topic hosts; not inherited
+PROXYSUB    FIRSTUSE | FORCE              channel process: FORCE announces the node even with
+                                          no subscription under it; not inherited
 ==========  ============================  ============================================
 
 The defaults on ``SYSTEM.BASE.TOPIC`` keep the broker's behaviour without

@@ -51,6 +51,18 @@ def run_worker(settings_json: str) -> None:
     main(Settings.model_validate_json(settings_json))
 
 
+def run_channel(settings_json: str) -> None:
+    """The entry point of a supervised channel process (``broker channel``): ``broker.channel.main``.
+
+    Args:
+        settings_json: ``Settings.model_dump_json()`` of the pool's settings.
+    """
+    from broker.channel import main
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    main(Settings.model_validate_json(settings_json))
+
+
 class Pool:
     """Run and supervise ``settings.concurrency`` worker processes.
 
