@@ -64,6 +64,23 @@ key                                 type      contents                          
                                               one at the time it first sees it (HSETNX)     expiry job
 ``{qm}:schedules``                  hash      schedule id -> JSON (job, cron, parameters,   ``broker jobs``, each    rq job run_schedule,
                                               next run, the rq job id that runs it)         run of the schedule      ``broker jobs list``
+``{qm}:network``                    string    the network's topology, JSON (``broker.       ``broker network apply`` workers (routing table),
+                                              network.Network``)                                                     channel process
+``{qm}:announced``                  string    what this queue manager announces, JSON       channel process (agent)  the other queue managers'
+                                              ``{"state", "keys": {key: since ms}}``                                 channel processes
+``{qm}:proxies``                    hash      ``<qm> <dynamic|static> <key>`` -> JSON: the  channel process (agent)  workers (``forwards``),
+                                              proxy subscriptions held here for <qm>                                 ``broker proxies``
+``{qm}:cluster_topics``             hash      topic string -> JSON ``{cluster, clroute,     channel process (agent)  workers (route class)
+                                              hosts}``: the network's cluster topic objects
+``{qm}:network_seen``               hash      qm -> ms it first announced                   channel process (agent)  channel process (statics)
+``{qm}:xmit:<to qm>``               stream    transmission stream of the channel to <to>:   commit.lua (XADD, in     channel mover
+                                              field ``e`` = the envelope; id = channel seq  the unit of work)
+``{qm}:channel:<to qm>``            hash      the channel's state: moved, last, state,      channel mover            ``status --network``
+                                              in_flight, backoff_ms, last_error
+``{qm}:channel:<to qm>:mover``      string    the mover's lease token, PX 10 s              channel mover            channel mover
+``{qm}:received``                   hash      ``<from qm>`` -> last channel seq filed,      channel_in.lua           channel mover, status
+                                              ``<from qm>:count`` -> entries filed
+``{qm}:agents``                     hash      channel process name -> JSON heartbeat        channel process          ``status --network``
 ==================================  ========  ============================================  =======================  ==========================
 
 Keys whose names are built inside Lua from data the script reads are built
@@ -99,6 +116,20 @@ and sub-nodes' publications: ``broker.hierarchy``). ``direct_subscriber_selectio
 ``{qm}:declared``. The first worker writes both (HSETNX); change them only on an
 empty queue manager. Declare a topic as a subscription is made:
 ``MULTI; HSET {qm}:declared <topic> '{"declared_ms":0,"source":"cli"}'; INCR {qm}:version; EXEC``.
+
+Many queue managers (``broker.network``, ``broker.channel``)
+------------------------------------------------------------
+A publication that must reach another queue manager is written, in its unit of work, to the
+transmission stream ``{qm}:xmit:<to qm>`` of the channel to the next queue manager on its
+way (one entry per channel, field ``e`` = the envelope). The channel mover files it in the
+receiver's publish stream with ``channel_in.lua`` as an ordinary publication entry whose
+fields are rebuilt from the envelope (``publisher``, ``msgid``, ``topic``, ``body``, ``ts``,
+``seq``, ``persistent``, ``priority``, ``expiration``, ``correlation_id``, ``reply_to``,
+``type``, ``props``) plus two optional fields a publisher never sets: ``origin`` (the queue
+manager it was published at) and ``route`` (comma-separated queue managers it passed,
+origin first). Both reach subscribers in the envelope header (``origin``, ``route``). The
+receiver drops an entry whose channel sequence (its transmission entry id) is not above
+``HGET {qm}:received <from qm>``, and a second copy of a message id by its dedup record.
 
 Topic objects (``{qm}:topics``), for a service that is not written in Python
 ---------------------------------------------------------------------------
