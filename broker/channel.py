@@ -66,8 +66,9 @@ log = logging.getLogger("broker.channel")
 #: Errors that mean "that server cannot be reached now": retried, never fatal.
 UNREACHABLE = (redis.RedisError, RedisClusterException, OSError)
 
-#: A channel mover's lease on its channel, ms (another process's mover takes over after it).
-MOVER_LEASE_MS = 10_000
+#: A channel mover's lease on its channel, ms: a restarted process's mover takes over after
+#: it. Only to spare work: two movers on one channel never file an entry twice.
+MOVER_LEASE_MS = 3_000
 
 #: The first pause after a failed move, ms; it doubles up to ``channel_max_backoff_ms``.
 FIRST_BACKOFF_MS = 100
@@ -230,6 +231,8 @@ class Agent:
     #: remote qm -> its last announcement read (kept while it cannot be reached)
     remote: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: the index version and state the last announcement was worked out at
+    _announced_at: tuple[bytes | None, str] | None = None
 
     def load(self) -> Topology | None:
         """Read the network record (None: not in a network).
@@ -277,6 +280,9 @@ class Agent:
         except ValueError:
             old = {}
         state = state or old.get("state", "up")
+        version = self.client.get(keys.version(qm))
+        if old and self._announced_at == (version, state) and old.get("state") == state:
+            return old  # nothing it announces can have changed (subscriptions, links, objects)
         found: set[str] = set()
         if state == "up":
             table = RoutingTable(qm)
@@ -287,6 +293,7 @@ class Agent:
         if record["keys"] != before or state != old.get("state") or not old:
             self.client.set(keys.announced(qm), json.dumps(record, separators=(",", ":")))
             log.info("%s announces %s (%s)", qm, sorted(found) or "nothing", state)
+        self._announced_at = (version, state)
         return record
 
     def reconcile(self, topology: Topology) -> bool:
