@@ -425,6 +425,8 @@ def _parse_properties(
 
 def _describe_result(result: PublishResult) -> str:
     text = _describe_status(result)
+    if result.forwarded:
+        text += f"; forwarded on {result.forwarded} channel{'' if result.forwarded == 1 else 's'} to other queue managers"
     if result.flow_control_delay_ms:
         text += f"; flow control: the broker asks to wait {result.flow_control_delay_ms} ms before the next"
     return text

@@ -53,6 +53,8 @@ class PublishResult:
             next publication, ms (its slowest subscriber's delay): from the result with
             ``wait``, else from the publisher's flow key read with the XADD (the delay of
             its latest publications the workers handled). 0: no wait, or flow control off.
+        forwarded: how many channels to other queue managers it was forwarded on (when waited
+            for; ``broker.network``): its subscribers there are not counted in ``subscriptions``.
     """
 
     status: str
@@ -63,6 +65,7 @@ class PublishResult:
     reason: str | None = None
     suggestion: str | None = None
     flow_control_delay_ms: int = 0
+    forwarded: int = 0
 
     @property
     def ok(self) -> bool:
@@ -266,6 +269,7 @@ class Publisher:
             reason=data.get("reason"),
             suggestion=data.get("suggestion"),
             flow_control_delay_ms=delay,
+            forwarded=int(data.get("forwarded", 0)),
         )
 
     def publish_many(
