@@ -232,7 +232,7 @@ class Agent:
     remote: dict[str, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     #: the index version and state the last announcement was worked out at
-    _announced_at: tuple[bytes | None, str] | None = None
+    _announced_at: tuple[Any, str] | None = None
 
     def load(self) -> Topology | None:
         """Read the network record (None: not in a network).
@@ -673,6 +673,10 @@ class ChannelProcess:
                 time.sleep(1.0)
             if moved == 0 and not self.stopping:
                 self._wait(idle_wait_ms)
+        self.close()
+
+    def close(self) -> None:
+        """Forget this process's heartbeat (a stopped process is not listed as running)."""
         with contextlib.suppress(*UNREACHABLE):
             self.client.hdel(keys.network_agents(self.qm), self.name)
 

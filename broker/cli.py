@@ -578,7 +578,10 @@ def _format_message(message: Message) -> str:
     except UnicodeDecodeError:
         body = repr(message.body)
     seq = "-" if message.seq is None else str(message.seq)
-    return f"{message.topic}  publisher={message.publisher}  seq={seq}  priority={message.priority}  {body}"
+    via = f"  from={'>'.join(message.route)}" if message.origin else ""
+    return (
+        f"{message.topic}  publisher={message.publisher}  seq={seq}  priority={message.priority}{via}  {body}"
+    )
 
 
 @main.command("subscribe", short_help="Subscribe to a topic filter and print messages.")
@@ -1544,6 +1547,7 @@ def channel_command(state: State, once: bool, wait_ms: int) -> None:
         process = ChannelProcess(state.client(), settings)
         process.rejoin()
         moved = process.run_once()
+        process.close()
         click.echo(
             f"{settings.qm}: moved {moved} transmission entries; channels: {', '.join(sorted(process.movers)) or '-'}"
         )

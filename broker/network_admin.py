@@ -161,7 +161,7 @@ def network_status(client: redis.Redis, qm: str, url: str) -> dict[str, Any]:
                 announced=sorted(announced.get("keys", {})),
                 proxies=proxies,
                 workers=workers,
-                channel_processes=len(agents),
+                channel_processes=_live(agents),
                 same_network=_text(stored) == network.to_json(),
             )
             reach[name] = peer
@@ -176,6 +176,21 @@ def network_status(client: redis.Redis, qm: str, url: str) -> dict[str, Any]:
             channels.append(_channel_row(sender, to, reach.get(sender), reach.get(to)))
     proxies = [asdict(p) for p in list_proxies(client, qm)[0]]
     return {"network": network.digest, "queue_managers": qms, "channels": channels, "proxies": proxies}
+
+
+#: A channel process whose heartbeat is older than this is not counted as running, ms.
+AGENT_SILENT_MS = 10_000
+
+
+def _live(agents: dict[Any, Any]) -> int:
+    """How many channel process heartbeats are recent (each round writes one)."""
+    now, live = _now_ms(), 0
+    for raw in agents.values():
+        try:
+            live += now - int(json.loads(raw)["seen_ms"]) < AGENT_SILENT_MS
+        except (ValueError, KeyError, TypeError):
+            continue
+    return live
 
 
 def _channel_row(
