@@ -70,6 +70,11 @@ UNREACHABLE = (redis.RedisError, RedisClusterException, OSError)
 #: it. Only to spare work: two movers on one channel never file an entry twice.
 MOVER_LEASE_MS = 3_000
 
+#: Delete a lease only while it is still the caller's (KEYS[1] the lease, ARGV[1] the token).
+_RELEASE_LEASE = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+
 #: The first pause after a failed move, ms; it doubles up to ``channel_max_backoff_ms``.
 FIRST_BACKOFF_MS = 100
 
@@ -101,8 +106,14 @@ def forwarded_fields(envelope: bytes, sender: str) -> list[bytes | str]:
         publisher, msgid, topic, ts = header["publisher"], header["msgid"], header["topic"], int(header["ts"])
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidMessage(f"envelope header lacks {exc}") from exc
-    origin = header.get("origin") or sender
-    route = [*(header.get("route") or ()), sender]
+    origin, route = header.get("origin") or sender, header.get("route") or []
+    if (
+        not isinstance(origin, str)
+        or not isinstance(route, list)
+        or not all(isinstance(r, str) for r in route)
+    ):
+        raise InvalidMessage("envelope header's origin is not a name or its route not a list of names")
+    route = [*route, sender]
     flat: list[bytes | str] = [
         b"publisher",
         str(publisher).encode("utf-8", "surrogateescape"),
@@ -187,7 +198,11 @@ def read_announced(client: redis.Redis, qm: str) -> dict[str, Any] | None:
     if raw is None:
         return None
     data = json.loads(raw)
-    if not isinstance(data, dict) or not isinstance(data.get("keys", {}), dict):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("keys", {}), dict)
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in data.get("keys", {}).values())
+    ):
         raise ValueError(f"{keys.announced(qm)} is not an announcement record")
     return data
 
@@ -340,7 +355,7 @@ class Agent:
         for name, raw in current.items():  # one that cannot be read now keeps what it had
             try:
                 kept = ProxySubscription.from_json(raw)
-            except ValueError:
+            except (ValueError, TypeError):  # a corrupt record: replaced by what is wanted, or removed
                 continue
             if kept.source == "dynamic" and kept.qm in unreachable:
                 wanted[name] = _text(raw)
@@ -463,11 +478,20 @@ class Mover:
             return True
         return False
 
-    def move_once(self) -> int:
+    def release(self) -> None:
+        """Give up the channel's lease if this mover holds it (an orderly stop: the next process's
+        mover takes over at once instead of after ``MOVER_LEASE_MS``)."""
+        if self._lease_until:
+            self._lease_until = 0
+            self.client.eval(_RELEASE_LEASE, 1, keys.channel_mover(self.qm, self.to), self.name)
+
+    def move_once(self, _again: bool = True) -> int:
         """Move up to ``batch`` entries; returns how many were moved (filed or dropped as already filed).
 
         Never raises for an unreachable server: the failure is recorded in the channel's state
-        and the next try waits (doubling pause).
+        and the next try waits (doubling pause). A receiver whose record of the last sequence
+        filed went back (restarted from an older AOF or snapshot, which this mover's client
+        may not notice: it reconnects on its own) is sent again what it lost, in the same call.
         """
         now = self.clock_ms()
         if now < self.next_try_ms:
@@ -487,28 +511,39 @@ class Mover:
                     self._record(now, "running", "")
                 self.backoff_ms = 0
                 return 0
-            args: list[Any] = [self.qm]
-            bad: list[tuple[str, str]] = []
+            # the sequence this batch is read after: the receiver refuses it when its record is below
+            args: list[Any] = [self.qm, self.last]
+            bad: list[tuple[str, dict[Any, Any], str]] = []
             for entry_id, fields in raw:
                 sequence = _text(entry_id)
                 try:
                     flat = forwarded_fields(cast(bytes, (fields or {}).get(b"e", b"")), self.qm)
                 except InvalidMessage as exc:
-                    bad.append((sequence, str(exc)))
+                    bad.append((sequence, fields or {}, str(exc)))
                     continue
                 args += [sequence, len(flat), *flat]
-            if bad:
+            if bad:  # deleted from the stream: the next read after self.last does not see them
                 self._dead_letter(bad)
             in_flight = len(raw) - len(bad)
             self.hook("before_channel_in")
             filed = dropped = 0
-            if len(args) > 1:
-                filed, dropped, last = self._script(
+            if len(args) > 2:
+                filed, dropped, last, behind = self._script(
                     keys=[keys.publish_stream(self.to), keys.received(self.to)], args=args
                 )
+                if int(behind):
+                    log.warning(
+                        "channel %s -> %s: the receiver's last sequence filed is %s, below %s (restarted "
+                        "from an older state?): sending again from there",
+                        self.qm,
+                        self.to,
+                        _text(last),
+                        self.last,
+                    )
+                    self.client.hincrby(keys.channel_state(self.qm, self.to), "resent_from_behind", 1)
+                    self.last = _text(last)
+                    return self.move_once(_again=False) if _again else 0
                 self.last = _text(last)
-            else:
-                self.last = _text(raw[-1][0])
             self.hook("after_channel_in")
             self.moved += int(filed)
             in_flight = 0
@@ -560,15 +595,18 @@ class Mover:
             mapping["last_error_ms"] = now
         self.client.hset(keys.channel_state(self.qm, self.to), mapping=mapping)
 
-    def _dead_letter(self, bad: list[tuple[str, str]]) -> None:
-        """Move unreadable transmission entries (written by something else) to the dead-letter stream."""
+    def _dead_letter(self, bad: list[tuple[str, dict[Any, Any], str]]) -> None:
+        """Move unreadable transmission entries (written by something else) to the dead-letter
+        stream: the entry's own fields, then ``dlq.reason`` and ``dlq.entry_id`` (its
+        transmission entry id), as every dead letter (``broker.keys``)."""
         pipe = self.client.pipeline(transaction=True)
-        for sequence, reason in bad:
-            pipe.xadd(
-                keys.dead_letter(self.qm),
-                {"entry_id": sequence, "reason": f"channel {self.qm} -> {self.to}: {reason}"},
-            )
+        for sequence, fields, reason in bad:
+            record: dict[Any, Any] = {k: v for k, v in fields.items() if not _text(k).startswith("dlq.")}
+            record[b"dlq.reason"] = f"channel {self.qm} -> {self.to}: unreadable transmission entry: {reason}"
+            record[b"dlq.entry_id"] = sequence
+            pipe.xadd(keys.dead_letter(self.qm), record)
             pipe.xdel(self.stream, sequence)
+        pipe.hincrby(keys.channel_state(self.qm, self.to), "dead_lettered", len(bad))
         pipe.execute()
         log.error(
             "channel %s -> %s: %d unreadable transmission entries dead-lettered", self.qm, self.to, len(bad)
@@ -639,7 +677,13 @@ class ChannelProcess:
         now = self.clock_ms()
         if now >= self._next_round_ms:
             self._next_round_ms = now + self.settings.network_poll_ms
-            self.agent.round()
+            try:
+                self.agent.round()
+            except ConfigError as exc:
+                # an invalid network record: the movers go on with the last topology read, so
+                # that what is in the transmission streams still moves; the heartbeat says why
+                log.error("channel process %s: %s", self.qm, exc)
+                self.agent.problems = [str(exc)]
             self._heartbeat(now)
         return sum(mover.move_once() for mover in self._movers(self.agent.topology))
 
@@ -676,7 +720,11 @@ class ChannelProcess:
         self.close()
 
     def close(self) -> None:
-        """Forget this process's heartbeat (a stopped process is not listed as running)."""
+        """Give up the movers' leases and forget this process's heartbeat (a stopped process is
+        not listed as running, and the next one, or ``broker channel --once`` again, moves at once)."""
+        for mover in self.movers.values():
+            with contextlib.suppress(*UNREACHABLE):
+                mover.release()
         with contextlib.suppress(*UNREACHABLE):
             self.client.hdel(keys.network_agents(self.qm), self.name)
 

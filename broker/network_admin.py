@@ -126,19 +126,23 @@ def network_status(client: redis.Redis, qm: str, url: str) -> dict[str, Any]:
     """The network as seen from ``qm``: queue managers, channels and proxy subscriptions.
 
     Returns:
-        ``{"network": digest or None, "queue_managers": [...], "channels": [...], "proxies": [...]}``;
-        a queue manager that cannot be reached is listed with ``reachable: false`` and its error.
-        Channel ``lag`` is entries written to the transmission stream and not yet filed by the
-        receiver (messages); ``in_flight`` those sent in a move that failed.
+        ``{"network": digest or None, "queue_managers": [...], "channels": [...], "proxies": [...],
+        "problems": [...]}``; a queue manager that cannot be reached is listed with
+        ``reachable: false`` and its error. Channel ``lag`` is entries written to the
+        transmission stream and not yet filed by the receiver (messages); ``in_flight`` those
+        sent in a move that failed. ``problems``: ``qm``'s proxy subscription records that cannot
+        be read, and what its running channel processes report (a record of another queue
+        manager they cannot read, ...).
     """
     network = read_network(client, qm)
     if network is None:
-        return {"network": None, "queue_managers": [], "channels": [], "proxies": []}
+        return {"network": None, "queue_managers": [], "channels": [], "proxies": [], "problems": []}
     topology = Topology(network)
     peers = Peers(url, client)
     peers.network = network
     qms: list[dict[str, Any]] = []
     reach: dict[str, redis.Redis | None] = {}
+    problems: list[str] = []
     for name, node in network.queue_managers.items():
         row: dict[str, Any] = {
             "qm": name,
@@ -155,6 +159,8 @@ def network_status(client: redis.Redis, qm: str, url: str) -> dict[str, Any]:
             pipe.hgetall(keys.network_agents(name))
             pipe.get(keys.network(name))
             proxies, workers, agents, stored = pipe.execute()
+            if name == qm:
+                problems += _agent_problems(agents)
             row.update(
                 reachable=True,
                 state=announced.get("state", "never announced"),
@@ -174,8 +180,15 @@ def network_status(client: redis.Redis, qm: str, url: str) -> dict[str, Any]:
     for sender, neighbours in sorted(topology.neighbours.items()):
         for to in neighbours:
             channels.append(_channel_row(sender, to, reach.get(sender), reach.get(to)))
-    proxies = [asdict(p) for p in list_proxies(client, qm)[0]]
-    return {"network": network.digest, "queue_managers": qms, "channels": channels, "proxies": proxies}
+    rows, _, bad_proxies = list_proxies(client, qm)
+    proxies = [asdict(p) for p in rows]
+    return {
+        "network": network.digest,
+        "queue_managers": qms,
+        "channels": channels,
+        "proxies": proxies,
+        "problems": bad_proxies + problems,
+    }
 
 
 #: A channel process whose heartbeat is older than this is not counted as running, ms.
@@ -193,6 +206,19 @@ def _live(agents: dict[Any, Any]) -> int:
     return live
 
 
+def _agent_problems(agents: dict[Any, Any]) -> list[str]:
+    """What the channel processes whose heartbeat is recent report (``problems`` of the heartbeat)."""
+    now, found = _now_ms(), []
+    for name, raw in agents.items():
+        try:
+            beat = json.loads(raw)
+            if now - int(beat["seen_ms"]) < AGENT_SILENT_MS:
+                found += [f"channel process {_text(name)}: {p}" for p in beat.get("problems") or ()]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return found
+
+
 def _channel_row(
     sender: str, to: str, source: redis.Redis | None, target: redis.Redis | None
 ) -> dict[str, Any]:
@@ -207,6 +233,7 @@ def _channel_row(
                 in_flight=int(state.get("in_flight", 0) or 0),
                 backoff_ms=int(state.get("backoff_ms", 0) or 0),
                 last_error=state.get("last_error", ""),
+                dead_lettered=int(state.get("dead_lettered", 0) or 0),
             )
             try:
                 info: dict[Any, Any] = source.xinfo_stream(keys.transmission(sender, to))
@@ -220,6 +247,8 @@ def _channel_row(
             filed = int(target.hget(keys.received(to), f"{sender}:count") or 0)
         except UNREACHABLE as exc:
             row["error"] = f"{to}: {exc}"
+    if written is not None:  # an unreadable entry the mover dead-lettered is never filed
+        written -= row.get("dead_lettered", 0)
     row["lag"] = None if written is None or filed is None else max(written - filed, 0)
     return row
 

@@ -8,16 +8,25 @@
 -- nothing is filed twice, and since the mover always sends in sequence order from the
 -- last one filed, nothing is skipped.
 --
+-- The mover also says after which sequence it read the batch (the last one it knows
+-- filed here). When this queue manager's record is below it, this queue manager lost
+-- entries it had filed (restarted from an older AOF or snapshot, with a mover that never
+-- saw the restart: its client reconnects on its own): nothing is filed, and the reply
+-- gives the record, from which the mover sends again. Without this check the entries
+-- between the record and the mover's sequence would never be sent again.
+--
 -- Every sequence is checked before the first write (Redis does not roll back a script).
 --
 -- KEYS[1] publish stream     "{qm}:publish"
 -- KEYS[2] received           "{qm}:received"  (<from qm> -> last sequence, <from qm>:count -> filed)
 -- ARGV[1] the sending queue manager
--- ARGV[2..] per entry: its channel sequence "<ms>-<n>", the number of field/value items n,
+-- ARGV[2] the sequence the mover read the batch after ("" to not check it)
+-- ARGV[3..] per entry: its channel sequence "<ms>-<n>", the number of field/value items n,
 --   then the n items (the publication's fields, protocol version 3)
--- returns {filed, dropped, last sequence filed from that sender}
+-- returns {filed, dropped, last sequence filed from that sender, behind}: behind is 1 when
+--   the record was below ARGV[2] (then nothing was filed), else 0
 
-local publish, received, sender = KEYS[1], KEYS[2], ARGV[1]
+local publish, received, sender, expected = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 require_types({{publish, 'stream'}, {received, 'hash'}})
 
 local function split(id)
@@ -28,7 +37,7 @@ end
 
 -- read every entry first: a malformed one stops the call before any write
 local entries = {}
-local i = 2
+local i = 3
 while i <= #ARGV do
   local seq, count = ARGV[i], tonumber(ARGV[i + 1])
   if not split(seq) or not count or count < 2 or count % 2 ~= 0 or i + 1 + count > #ARGV then
@@ -41,6 +50,13 @@ end
 local last = redis.call('HGET', received, sender) or '0-0'
 local last_ms, last_n = split(last)
 if not last_ms then last_ms, last_n = 0, 0 end
+if expected ~= '' then
+  local want_ms, want_n = split(expected)
+  if not want_ms then return redis.error_reply('BROKER bad channel batch: sequence ' .. expected) end
+  if last_ms < want_ms or (last_ms == want_ms and last_n < want_n) then
+    return {0, 0, last, 1}
+  end
+end
 local filed, dropped = 0, 0
 for _, entry in ipairs(entries) do
   local ms, n = split(entry[1])
@@ -56,4 +72,4 @@ if filed > 0 then
   redis.call('HSET', received, sender, last)
   redis.call('HINCRBY', received, sender .. ':count', filed)
 end
-return {filed, dropped, last}
+return {filed, dropped, last, 0}
