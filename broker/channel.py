@@ -75,6 +75,9 @@ _RELEASE_LEASE = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 )
 
+#: A channel process heartbeat older than this is removed by the live ones, ms.
+AGENT_GONE_AFTER_MS = 60_000
+
 #: The first pause after a failed move, ms; it doubles up to ``channel_max_backoff_ms``.
 FIRST_BACKOFF_MS = 100
 
@@ -643,6 +646,7 @@ class ChannelProcess:
         self.movers: dict[str, Mover] = {}
         self.stopping = False
         self._next_round_ms = 0
+        self._next_forget_ms = 0
 
     def _movers(self, topology: Topology | None) -> list[Mover]:
         """One mover per neighbour of the current topology."""
@@ -696,7 +700,19 @@ class ChannelProcess:
             "channels": sorted(self.movers),
             "problems": self.agent.problems[:5],
         }
-        self.client.hset(keys.network_agents(self.qm), self.name, json.dumps(beat, separators=(",", ":")))
+        agents = keys.network_agents(self.qm)
+        self.client.hset(agents, self.name, json.dumps(beat, separators=(",", ":")))
+        if now >= self._next_forget_ms:  # forget processes killed without a chance to say so
+            self._next_forget_ms = now + AGENT_GONE_AFTER_MS // 6
+            gone = []
+            for name, raw in self.client.hgetall(agents).items():
+                try:
+                    if now - int(json.loads(raw)["seen_ms"]) > AGENT_GONE_AFTER_MS:
+                        gone.append(name)
+                except (ValueError, KeyError, TypeError):
+                    gone.append(name)
+            if gone:
+                self.client.hdel(agents, *gone)
 
     def run(self, idle_wait_ms: int = 100) -> None:
         """Loop until ``stopping``: never ends on a Redis error (logged, retried after a pause)."""

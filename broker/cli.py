@@ -1419,6 +1419,7 @@ def _print_network_status(state: State, as_json: bool) -> None:
         )
     console.print(channels)
     _print_proxy_rows(console, found["proxies"], settings.qm)
+    _print_problems(found.get("problems"))
 
 
 def _print_proxy_rows(console: Console, rows: list[dict[str, Any]], qm: str) -> None:

@@ -77,7 +77,7 @@ key                                 type      contents                          
                                               field ``e`` = the envelope; id = channel seq  the unit of work)
 ``{qm}:channel:<to qm>``            hash      the channel's state: moved, last, state,      channel mover            ``status --network``
                                               in_flight, backoff_ms, last_error
-``{qm}:channel:<to qm>:mover``      string    the mover's lease token, PX 10 s              channel mover            channel mover
+``{qm}:channel:<to qm>:mover``      string    the mover's lease token, PX 3 s               channel mover            channel mover
 ``{qm}:received``                   hash      ``<from qm>`` -> last channel seq filed,      channel_in.lua           channel mover, status
                                               ``<from qm>:count`` -> entries filed
 ``{qm}:agents``                     hash      channel process name -> JSON heartbeat        channel process          ``status --network``

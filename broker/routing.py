@@ -172,7 +172,7 @@ class RoutingTable:
         problems += link_problems + tree.problems
         self.declared, declared_problems = parse_declared(qm, declared)
         problems += declared_problems
-        problems += self._load_network(network, proxies, clustered)
+        problems += self.load_network_records(network, proxies, clustered)
         index: TopicIndex | HierarchyIndex = TopicIndex() if self.scheme == "mqtt" else HierarchyIndex()
         kept = []
         for record in records:
@@ -215,7 +215,7 @@ class RoutingTable:
         self._forward_cache = {}
         self.version = version if version is not None else b"0"
 
-    def _load_network(
+    def load_network_records(
         self, network: bytes | None, proxies: dict[bytes, bytes], clustered: dict[bytes, bytes]
     ) -> list[CorruptRecord]:
         """Read the network record, the proxy subscriptions and the cluster topic copies; a record
@@ -443,6 +443,18 @@ class Route:
     via: dict[str, list[str]] = field(default_factory=dict)
     subscriptions: list[str] = field(default_factory=list)
     problems: list[CorruptRecord] = field(default_factory=list)
+
+
+@translate_errors
+def network_problems(client: redis.Redis, qm: str) -> list[CorruptRecord]:
+    """The network records of ``qm`` that cannot be read (``{qm}:network``, ``{qm}:proxies``,
+    ``{qm}:cluster_topics``): the workers skip them (``broker status`` names them)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.get(keys.network(qm))
+    pipe.hgetall(keys.proxies(qm))
+    pipe.hgetall(keys.cluster_topics(qm))
+    network, proxies, clustered = pipe.execute()
+    return RoutingTable(qm).load_network_records(network, proxies, clustered)
 
 
 @translate_errors

@@ -20,7 +20,7 @@ from broker.connection import read_hash, translate_errors
 from broker.consumer import subscription_load
 from broker.errors import BrokerError, ForeignKey, InvalidTopicFilter
 from broker.links import read_links
-from broker.routing import RoutingTable
+from broker.routing import RoutingTable, network_problems
 from broker.schemes import scheme_of
 from broker.stream import group_state
 from broker.subscriptions import SubscriptionRecord, read_subscriptions
@@ -107,6 +107,7 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     graph, bad_links = _read(problems, "links", lambda: read_links(client, qm), (None, []))
     tree = _read(problems, "topic objects", lambda: read_tree(client, qm), None)
     problems += [str(p) for p in (*bad_subs, *bad_links, *(tree.problems if tree else []))]
+    problems += [str(p) for p in _read(problems, "network records", lambda: network_problems(client, qm), [])]
     scheme = _read(problems, "topic scheme", lambda: _scheme_text(client, qm), "?")
     if scheme.startswith("swiftmq"):  # the workers skip a filter the scheme refuses (it matches nothing)
         for record in subs:
