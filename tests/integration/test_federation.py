@@ -29,9 +29,9 @@ from broker.models import Message
 from broker.network import Topology, parse_network
 from broker.network_admin import apply_network, list_proxies, network_status, withdraw
 from broker.publish import Publisher
-from broker.server import Server
+from broker.server import Server, free_port
 from broker.subscriptions import subscribe, unsubscribe
-from broker.topic_objects import Attributes, define
+from broker.topic_objects import Attributes, define, delete
 from tests.harness.cluster import LocalCluster
 from tests.harness.testing import drain, make_workers, queue_messages
 
@@ -257,6 +257,17 @@ def test_hierarchy_delivers_every_publication_once_in_order_and_proxies_follow_s
         expected["pR"] + expected["pR2"] + expected["pB"]
     )
     assert fed.xmit_len("R", "B") == fed.xmit_len("A", "R") == fed.xmit_len("C", "A") == 0
+    status = network_status(fed.client, fed["R"], fed.url)
+    moved = {(c["from"][len(fed.prefix) :], c["to"][len(fed.prefix) :]): c for c in status["channels"]}
+    assert {edge: (c["moved"], c["lag"]) for edge, c in moved.items()} == {
+        ("R", "A"): (18, 0),
+        ("R", "B"): (0, 0),
+        ("A", "R"): (0, 0),
+        ("A", "C"): (24, 0),
+        ("B", "R"): (6, 0),
+        ("C", "A"): (0, 0),
+    }
+    assert all(row["reachable"] and row["same_network"] for row in status["queue_managers"])
 
     # unsubscribing one of two keeps the proxy subscriptions ("some"), the last removes them ("none")
     unsubscribe(fed.client, fed["C"], first.sub_id)
@@ -309,6 +320,14 @@ def test_only_cluster_topics_cross_a_cluster_and_topichost_routes_through_the_ho
     # no local topic was ever sent over a channel
     for sender, to in itertools.permutations("HXY", 2):
         assert all(m.topic.startswith("sports/") for m in fed.xmit(sender, to))
+
+    # the object deleted, its copies go and the topic is local again
+    delete(fed.client, fed["H"], "SPORTS")
+    fed.settle()
+    assert all(fed.client.hlen(keys.cluster_topics(fed[q])) == 0 for q in "HXY")
+    fed.publish("X", "pX", "sports/goal", 2, first=4)
+    fed.settle()
+    assert sorted(m.msgid for m in fed.messages("Y", sport.sub_id)) == sorted(sent)
 
 
 def test_a_local_topic_object_keeps_its_topics_out_of_the_cluster(make_fed):
@@ -867,6 +886,29 @@ def test_network_commands_from_apply_to_withdraw(run_at, real_server, real_redis
     Publisher(real_redis, "HUB", "p", flow_control=False).publish("news/x", b"two", msgid="m2")
     drain(hub_workers)
     assert real_redis.xlen(keys.transmission("HUB", "LEAF")) == 1  # m2 is not forwarded
+
+
+def test_apply_reports_a_queue_manager_it_cannot_reach_and_status_shows_it(run_at, real_server, tmp_path):
+    gone = f"redis://127.0.0.1:{free_port()}/0"  # nobody listens there
+    path = tmp_path / "network.toml"
+    path.write_text(
+        f'[queue_managers.HUB]\nurl = "{real_server.url}"\n'
+        f'[queue_managers.GONE]\nurl = "{gone}"\nparent = "HUB"\n'
+    )
+    result = run_at("HUB", "network", "apply", str(path))
+    assert result.exit_code == 4
+    assert result.stdout.splitlines()[0] == "HUB: applied"
+    assert result.stdout.splitlines()[1].startswith("GONE: not applied: ")
+    assert "error: not applied on GONE: run it again when they can be reached" in result.stderr
+    status = json.loads(ok(run_at("HUB", "status", "--network", "--json")).stdout)
+    rows = {r["qm"]: r for r in status["queue_managers"]}
+    assert rows["HUB"]["reachable"] and not rows["GONE"]["reachable"]
+    assert {(c["from"], c["to"]): c["lag"] for c in status["channels"]} == {
+        ("HUB", "GONE"): None,
+        ("GONE", "HUB"): None,
+    }
+    text = ok(run_at("HUB", "status", "--network")).stdout
+    assert "GONE" in text and "no" in text
 
 
 def test_withdraw_outside_a_network_fails_clearly(run_at):
