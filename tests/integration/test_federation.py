@@ -784,6 +784,7 @@ def test_a_receiver_on_another_server_that_crashes_gets_everything_when_it_is_ba
             state = real_redis.hgetall(keys.channel_state(fed["M"], fed["D"]))
             assert state[b"state"] == b"running" and state[b"backoff_ms"] == b"0"
         finally:
+            fed.clients["D"].close()
             restarted.stop()
     finally:
         other.stop()
