@@ -319,7 +319,7 @@ class Agent:
         version when either changed. A queue manager that cannot be read keeps its entries."""
         qm, now, network = self.qm, self.clock_ms(), topology.network
         self.problems = []
-        current = {_text(f): v for f, v in self.client.hgetall(keys.proxies(qm)).items()}
+        current = {_text(f): _text(v) for f, v in self.client.hgetall(keys.proxies(qm)).items()}
         seen = {_text(f) for f in self.client.hkeys(keys.network_seen(qm))}
         newly_seen: list[str] = []
         desired: dict[str, ProxySubscription] = {}

@@ -30,7 +30,8 @@ def real_server() -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[LocalCluster]:
-    """A 3-master Redis Cluster (``tests.harness.cluster``) for the session; only ``test_cluster.py`` uses it."""
+    """A 3-master Redis Cluster (``tests.harness.cluster``) for the session (``test_cluster.py``,
+    ``test_federation.py``: each test uses queue manager names of its own)."""
     cluster = LocalCluster().start()
     yield cluster
     cluster.stop()
