@@ -29,6 +29,12 @@ network (seed 003):
   to ``to`` even before ``to`` announces it; with ``keep_on_unsubscribe`` also after
   ``to`` withdraws it (an orderly shutdown), so nothing is lost during maintenance.
 
+- **At the destination**, a forwarded publication is routed like a local one, with that
+  queue manager's own links, selectors and topic objects (a link at the origin does not
+  carry it to remote subscribers of the link's target). Publisher ids are network-wide:
+  the receiver's dedup record drops a second copy of a publisher id and message id,
+  whichever queue manager it came from.
+
 The topology is read from ``configs/network.toml`` and stored in every queue manager
 (``{qm}:network``, ``broker network apply``), so a worker reads it with its routing table.
 """
