@@ -301,7 +301,7 @@ class Agent:
         version when either changed. A queue manager that cannot be read keeps its entries."""
         qm, now, network = self.qm, self.clock_ms(), topology.network
         self.problems = []
-        current = {_text(f): v for f, v in self.client.hgetall(keys.proxies(qm)).items()}
+        current = {_text(f): _text(v) for f, v in self.client.hgetall(keys.proxies(qm)).items()}
         seen = {_text(f) for f in self.client.hkeys(keys.network_seen(qm))}
         newly_seen: list[str] = []
         desired: dict[str, ProxySubscription] = {}
@@ -693,12 +693,18 @@ class ChannelProcess:
             time.sleep(idle_wait_ms / 1000)
 
 
-def main(settings: Settings) -> None:
-    """Run a channel process until SIGTERM/SIGINT (the ``broker channel`` command, a Procfile entry)."""
+def main(settings: Settings, name: str | None = None, hook: Callable[[str], None] | None = None) -> None:
+    """Run a channel process until SIGTERM/SIGINT (the ``broker channel`` command, a Procfile entry).
+
+    Args:
+        settings: the broker settings.
+        name: the process's name (``ChannelProcess``); default ``<host>-<pid>-<random>``.
+        hook: crash-point hook of its movers (the chaos harness).
+    """
     import signal
 
     client = connect(settings.redis_url)
-    process = ChannelProcess(client, settings)
+    process = ChannelProcess(client, settings, name=name, hook=hook)
 
     def _stop(signum: int, frame: object) -> None:
         process.stopping = True
