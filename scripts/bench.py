@@ -317,6 +317,14 @@ def _cpu(cpu: dict[str, float] | None) -> str:
     return " ".join(f"{k} {v:.0f}" for k, v in cpu.items())
 
 
+def _percentiles(lat: dict[str, Any]) -> str:
+    """A latency run's percentiles, as the table shows them."""
+    return (
+        f"p50 {lat['p50_ms']:.2f} / p90 {lat['p90_ms']:.2f} / p99 {lat['p99_ms']:.2f} / "
+        f"p99.9 {lat['p999_ms']:.2f} / max {lat['max_ms']:.1f} ms ({lat['measured']:,} msgs)"
+    )
+
+
 def _ratios(off: list[dict[str, Any]], on: list[dict[str, Any]]) -> list[float]:
     """pubs/s with / without, per repeat (the runs of one repeat are side by side)."""
     return [round(b["pubs_per_s"] / a["pubs_per_s"], 3) for a, b in zip(off, on, strict=False)]
@@ -888,9 +896,7 @@ class Bench:
                 "4. latency 2 workers",
                 _fmt(lat["achieved_rate"]),
                 _fmt((lat["achieved_rate"] or 0) * lib.FANOUT),
-                f"paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, XADD -> BRPOP: "
-                f"p50 {lat['p50_ms']:.2f} / p90 {lat['p90_ms']:.2f} / p99 {lat['p99_ms']:.2f} / "
-                f"p99.9 {lat['p999_ms']:.2f} / max {lat['max_ms']:.1f} ms ({lat['measured']:,} msgs); "
+                f"paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, XADD -> BRPOP: {_percentiles(lat)}; "
                 f"publisher at most {lat['publisher_max_behind_ms']} ms behind its schedule",
                 cpu3(lat["cpu"], ("workers", "bench", "publisher")),
             )
@@ -1053,8 +1059,7 @@ class Bench:
                 _fmt(lat["achieved_rate"]),
                 "-",
                 f"{lat['origin']} -> {lat['destination']}, paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, "
-                f"XADD -> worker -> channel -> worker -> BRPOP: p50 {lat['p50_ms']:.2f} / p90 {lat['p90_ms']:.2f} / "
-                f"p99 {lat['p99_ms']:.2f} / max {lat['max_ms']:.1f} ms ({lat['measured']:,} msgs)",
+                f"XADD -> worker -> channel -> worker -> BRPOP: {_percentiles(lat)}",
                 cpu3(lat["cpu"], ("workers", "channels", "bench", "publisher")),
             )
         if "consume" in f:
