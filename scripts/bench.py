@@ -493,7 +493,7 @@ class Bench:
                 "13. federation: a local 3-master cluster, the workload on one queue manager per master ..."
             )
             started = time.perf_counter()
-            self.fed = lib.Federation.start()
+            self.fed = lib.Federation.start(topo)  # the topology above when built, else built there
             self.figures["federation_setup"] = {
                 "queue_managers": {qm: self.fed.port(qm) for qm in self.fed.qms},
                 "masters": self.fed.cluster.ports,

@@ -1792,8 +1792,9 @@ class Federation:
     topos: dict[str, Topology]
 
     @classmethod
-    def start(cls) -> Federation:
-        """Start the cluster and build every queue manager's topology (each on its own master)."""
+    def start(cls, topology: Topology | None = None) -> Federation:
+        """Start the cluster and give every queue manager the benchmark's topology: ``topology``'s
+        (built on another server), or one built here on the first queue manager's master."""
         from broker.connection import connect
         from tests.harness.cluster import LocalCluster, spread_names
 
@@ -1803,7 +1804,7 @@ class Federation:
             direct = {
                 qm: connect(f"redis://127.0.0.1:{cluster.owner(keys.publish_stream(qm))}/0") for qm in qms
             }
-            first = Topology.build(direct[qms[0]], qms[0])
+            first = topology or Topology.build(direct[qms[0]], qms[0])
             topos = {qm: first.for_qm(qm) for qm in qms}
             return cls(cluster, qms, connect(cluster.url), direct, topos)
         except BaseException:
