@@ -757,12 +757,18 @@ class ChannelProcess:
             time.sleep(idle_wait_ms / 1000)
 
 
-def main(settings: Settings) -> None:
-    """Run a channel process until SIGTERM/SIGINT (the ``broker channel`` command, a Procfile entry)."""
+def main(settings: Settings, name: str | None = None, hook: Callable[[str], None] | None = None) -> None:
+    """Run a channel process until SIGTERM/SIGINT (the ``broker channel`` command, a Procfile entry).
+
+    Args:
+        settings: the broker settings.
+        name: the process's name (``ChannelProcess``); default ``<host>-<pid>-<random>``.
+        hook: crash-point hook of its movers (the chaos harness).
+    """
     import signal
 
     client = connect(settings.redis_url)
-    process = ChannelProcess(client, settings)
+    process = ChannelProcess(client, settings, name=name, hook=hook)
 
     def _stop(signum: int, frame: object) -> None:
         process.stopping = True

@@ -146,12 +146,37 @@ Measurements
    subscriptions, and of one where every 10th is a predicate (``d12_``), at the
    ``match`` sizes (``bench_lib.run_hierarchy_matching``).
 
+13. **Federation** (``--only federation``): a local 3-master Redis Cluster (in
+   memory, ``broker.local_cluster``) with one queue manager per master
+   (``FEDA``, ``FEDB``, ``FEDC``, numbered when needed to land on distinct
+   masters), each with the workload above (built on its own master). Runs with
+   1, 2 and 3 queue managers (side by side in each repeat): each gets
+   ``--fed-n`` publications preloaded (publishers of its own) and a pool of
+   ``--fed-workers`` (1) worker(s); with 2 and 3 they are one network (the
+   first the hierarchy's root, the others its children, announcing their
+   subscriptions' root topics) with a channel process each, so every
+   publication is also forwarded to, and delivered F=10 times at, every other
+   queue manager (from a child to the other child through the root). The clock
+   starts when every worker has registered and stops when every transmission
+   stream is filed by its receiver and every queue manager's group is drained;
+   every queue manager's queues must then hold k x N x F envelopes. pubs/s =
+   origin publications delivered network-wide per second (entries handled / k);
+   fed_kqm_ratio = that / the 1-queue-manager run's, per repeat, median. Also
+   per master: Redis CPU-us per publication (``INFO CPU`` ``used_cpu_sys`` +
+   ``used_cpu_user`` deltas / publications), and the workers' and channel
+   processes' CPU-us per publication, so that scaling can be predicted where
+   cores are not shared. Then the latency of a forwarded publication: two queue
+   managers (root and child, one worker each), a publisher paced at
+   ``--fed-rate`` (200/s) at the root, timed from ``time.time_ns()`` before the
+   XADD to the BRPOP of the child's queue of ``bench/0/#`` (as 4., through the
+   root's worker, its transmission stream, the channel, the child's worker).
+
 The last line is, exactly::
 
-    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx> flow_control_ratio=<x.xx> slow_condition_ratio=<x.xx> swiftmq_ratio=<x.xx>
+    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx> flow_control_ratio=<x.xx> slow_condition_ratio=<x.xx> swiftmq_ratio=<x.xx> fed_3qm_ratio=<x.xx>
 
 with broker_pubs_per_s the 2-worker uniform run and ceiling_ratio = that /
-the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7 and 9-11 run R times,
+the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7, 9-11 and 13 run R times,
 interleaved, and the medians are used. ``--json PATH`` writes every figure.
 """
 
@@ -162,6 +187,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -176,6 +202,9 @@ from broker.server import Server
 from tests.harness import bench_lib as lib
 
 QM = "BENCH"
+
+#: Queue managers in the federation runs (13.).
+FED_SIZES = (1, 2, 3)
 
 #: Targets the team is working towards (F=10, this box).
 TARGETS = {
@@ -221,7 +250,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,slow,swiftmq",
+        help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,"
+        "slow,swiftmq,federation",
+    )
+    parser.add_argument(
+        "--fed-n", type=int, help="federation: publications per queue manager (default 10,000, quick 3,000)"
+    )
+    parser.add_argument(
+        "--fed-workers", type=int, default=1, help="federation: workers per queue manager (1)"
+    )
+    parser.add_argument(
+        "--fed-rate", type=float, default=200.0, help="federation: paced publications/s for latency (200)"
     )
     parser.add_argument(
         "--profile",
@@ -237,6 +276,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         int(x) for x in (args.match_sizes or ("1000,100000" if quick else "1000,100000,1000000")).split(",")
     ]
     args.repeat = args.repeat or (1 if quick else 3)
+    args.fed_n = args.fed_n or (3_000 if quick else 10_000)
     args.idle_wait = args.idle_wait if args.idle_wait is not None else (0.0 if quick else 5.0)
     sections = {
         "ceiling",
@@ -251,6 +291,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "flow",
         "slow",
         "swiftmq",
+        "federation",
     }
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
@@ -276,6 +317,14 @@ def _cpu(cpu: dict[str, float] | None) -> str:
     return " ".join(f"{k} {v:.0f}" for k, v in cpu.items())
 
 
+def _percentiles(lat: dict[str, Any]) -> str:
+    """A latency run's percentiles, as the table shows them."""
+    return (
+        f"p50 {lat['p50_ms']:.2f} / p90 {lat['p90_ms']:.2f} / p99 {lat['p99_ms']:.2f} / "
+        f"p99.9 {lat['p999_ms']:.2f} / max {lat['max_ms']:.1f} ms ({lat['measured']:,} msgs)"
+    )
+
+
 def _ratios(off: list[dict[str, Any]], on: list[dict[str, Any]]) -> list[float]:
     """pubs/s with / without, per repeat (the runs of one repeat are side by side)."""
     return [round(b["pubs_per_s"] / a["pubs_per_s"], 3) for a, b in zip(off, on, strict=False)]
@@ -298,6 +347,7 @@ class Bench:
         }
         self.errors: dict[str, str] = {}
         self.server: Server | None = None
+        self.fed: lib.Federation | None = None
 
     def log(self, text: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}", highlight=False)
@@ -436,7 +486,19 @@ class Bench:
             "flow_on": [],
             "slow_off": [],
             "slow_on": [],
+            **{f"fed_{k}qm": [] for k in FED_SIZES},
         }
+        if "federation" in args.only:
+            self.log(
+                "13. federation: a local 3-master cluster, the workload on one queue manager per master ..."
+            )
+            started = time.perf_counter()
+            self.fed = lib.Federation.start(topo)  # the topology above when built, else built there
+            self.figures["federation_setup"] = {
+                "queue_managers": {qm: self.fed.port(qm) for qm in self.fed.qms},
+                "masters": self.fed.cluster.ports,
+                "setup_s": round(time.perf_counter() - started, 1),
+            }
 
         def two_workers(topology: Any, run_settings: Settings = settings, **extra: Any) -> Any:
             """The 2-worker broker run of a side-by-side comparison (7. selectors, 9.-11.)."""
@@ -528,6 +590,28 @@ class Bench:
             for section, label, off, on in comparisons:
                 if section in args.only:
                     self.side_by_side(runs, rep, label, off, on, two_workers, tag)
+            if self.fed is not None:
+                for k in FED_SIZES:
+                    self.idle(f"federation {k}")
+                    self.log(
+                        f"13. federation, {k} queue manager(s), {args.fed_workers} worker(s) each, "
+                        f"N={args.fed_n:,} each{tag}"
+                    )
+                    got = self.attempt(
+                        f"fed_{k}qm",
+                        lib.run_federation,
+                        self.fed,
+                        settings,
+                        k,
+                        args.fed_n,
+                        args.fed_workers,
+                        args.interleave,
+                    )
+                    if got:
+                        runs[f"fed_{k}qm"].append(got)
+                        self.log(
+                            f"   {got['pubs_per_s']:,} pubs/s ({got['entries_per_s']:,} entries/s handled)"
+                        )
         self.figures["runs"] = runs
         for name, key in (
             ("swiftmq_off", "pubs_per_s"),
@@ -544,6 +628,7 @@ class Bench:
             ("flow_on", "pubs_per_s"),
             ("slow_off", "pubs_per_s"),
             ("slow_on", "pubs_per_s"),
+            *((f"fed_{k}qm", "pubs_per_s") for k in FED_SIZES),
         ):
             if runs[name]:
                 self.figures[name] = _median_run(runs[name], key)
@@ -563,6 +648,19 @@ class Bench:
             self.figures["swiftmq_matching"] = lib.run_hierarchy_matching(
                 args.match_sizes, min_s=0.2 if args.quick else 0.4
             )
+        if self.fed is not None:
+            self.figures["federation_ratios"] = {
+                f"{k}qm": _ratios(runs["fed_1qm"], runs[f"fed_{k}qm"]) for k in FED_SIZES[1:]
+            }
+            self.idle("federation latency")
+            self.log(
+                f"13. forwarded latency: paced {args.fed_rate:,.0f}/s for {args.latency_s:.0f} s, 2 queue managers"
+            )
+            got = self.attempt(
+                "fed_latency", lib.run_federation_latency, self.fed, settings, args.fed_rate, args.latency_s
+            )
+            if got:
+                self.figures["fed_latency"] = got
         if "latency" in args.only:
             self.idle("latency")
             self.log(f"4. latency: paced {args.rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers")
@@ -614,6 +712,8 @@ class Bench:
         client.flushdb()
 
     def stop(self) -> None:
+        if self.fed is not None:
+            self.fed.stop()
         if self.server is not None:
             self.server.stop()
 
@@ -657,9 +757,52 @@ class Bench:
             "flow_control_ratio": on_over_off("flow"),
             "slow_condition_ratio": on_over_off("slow"),
             "swiftmq_ratio": on_over_off("swiftmq"),
+            **self.federation_summary(),
         }
         f["summary"] = out
         return out
+
+    def federation_summary(self) -> dict[str, Any]:
+        """The federation figures (13.): pubs/s and Redis CPU-us per publication (all masters) with
+        1, 2 and 3 queue managers, the median ratios to 1, the forwarded latency."""
+        f, nan = self.figures, float("nan")
+        out: dict[str, Any] = {}
+        for k in FED_SIZES:
+            run = f.get(f"fed_{k}qm", {})
+            out[f"federation_{k}qm_pubs_per_s"] = run.get("pubs_per_s", nan)
+            out[f"federation_{k}qm_redis_cpu_us_per_pub"] = run.get("redis_cpu_us_per_pub", nan)
+            ratios = f.get("federation_ratios", {}).get(f"{k}qm")
+            if k > 1:
+                out[f"federation_{k}qm_ratio"] = statistics.median(ratios) if ratios else nan
+        out["federation_latency_p50_ms"] = f.get("fed_latency", {}).get("p50_ms", nan)
+        out["federation_latency_p99_ms"] = f.get("fed_latency", {}).get("p99_ms", nan)
+        return out
+
+    def federation_text(self) -> str:
+        """Per master and per process kind, CPU-us per publication in each federation run, and the summary."""
+        f = self.figures
+        lines = []
+        for k in FED_SIZES:
+            b = f.get(f"fed_{k}qm")
+            if not b:
+                continue
+            nodes = ", ".join(f"{n['qm']}@{n['port']} {n['cpu_us_per_pub']}" for n in b["nodes"])
+            lines.append(
+                f"  {k} queue manager(s): redis per master {nodes} (sum {b['redis_cpu_us_per_pub']}); "
+                f"workers {b['workers_cpu_us_per_pub']}, channel processes {b['channels_cpu_us_per_pub']}"
+            )
+        if not lines:
+            return ""
+        summary = " ".join(
+            f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in self.federation_summary().items()
+        )
+        return (
+            "Federation CPU-us per publication (a publication is handled once at every queue manager; "
+            "channel_in at each receiver, the transmission stream at each sender):\n"
+            + "\n".join(lines)
+            + f"\n{summary}"
+        )
 
     def final_line(self, s: dict[str, Any]) -> str:
         def num(v: Any, fmt: str) -> str:
@@ -677,7 +820,8 @@ class Bench:
             f"topic_objects_ratio={num(s['topic_objects_ratio'], '.2f')} "
             f"flow_control_ratio={num(s['flow_control_ratio'], '.2f')} "
             f"slow_condition_ratio={num(s['slow_condition_ratio'], '.2f')} "
-            f"swiftmq_ratio={num(s['swiftmq_ratio'], '.2f')}"
+            f"swiftmq_ratio={num(s['swiftmq_ratio'], '.2f')} "
+            f"fed_3qm_ratio={num(s['federation_3qm_ratio'], '.2f')}"
         )
 
     def table(self) -> Table:
@@ -752,9 +896,7 @@ class Bench:
                 "4. latency 2 workers",
                 _fmt(lat["achieved_rate"]),
                 _fmt((lat["achieved_rate"] or 0) * lib.FANOUT),
-                f"paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, XADD -> BRPOP: "
-                f"p50 {lat['p50_ms']:.2f} / p90 {lat['p90_ms']:.2f} / p99 {lat['p99_ms']:.2f} / "
-                f"p99.9 {lat['p999_ms']:.2f} / max {lat['max_ms']:.1f} ms ({lat['measured']:,} msgs); "
+                f"paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, XADD -> BRPOP: {_percentiles(lat)}; "
                 f"publisher at most {lat['publisher_max_behind_ms']} ms behind its schedule",
                 cpu3(lat["cpu"], ("workers", "bench", "publisher")),
             )
@@ -887,6 +1029,39 @@ class Bench:
                 f"{m['avg_results']} results avg (depth-4 topics, 90% in the index)",
                 "",
             )
+        for k in FED_SIZES:
+            b = f.get(f"fed_{k}qm")
+            if not b:
+                continue
+            ratios = f.get("federation_ratios", {}).get(f"{k}qm") or []
+            ratio = (
+                f"; {k} QMs / 1 QM {statistics.median(ratios):.2f} (per repeat {', '.join(map(str, ratios))})"
+                if ratios
+                else ""
+            )
+            nodes = ", ".join(f"{n['qm']} {n['cpu_us_per_pub']}" for n in b["nodes"])
+            table.add_row(
+                f"13. federation {k} QM" + ("s" if k > 1 else ""),
+                _fmt(b["pubs_per_s"]),
+                _fmt(b["deliveries_per_s"]),
+                f"{k} of the 3 masters, {b['workers_per_qm']} worker(s) each"
+                + (", one network (hierarchy), channel processes" if k > 1 else "")
+                + f"; N={b['n_per_qm']:,} each; {_fmt(b['entries_per_s'])} entries/s handled; "
+                f"F={b['fanout_measured']} network-wide{ratio}; "
+                f"redis CPU-us/pub per master {nodes}; workers {b['workers_cpu_us_per_pub']}, "
+                f"channels {b['channels_cpu_us_per_pub']} CPU-us/pub",
+                cpu3(b["cpu"], ("workers", "channels", "bench")),
+            )
+        if "fed_latency" in f:
+            lat = f["fed_latency"]
+            table.add_row(
+                "13. forwarded latency",
+                _fmt(lat["achieved_rate"]),
+                "-",
+                f"{lat['origin']} -> {lat['destination']}, paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, "
+                f"XADD -> worker -> channel -> worker -> BRPOP: {_percentiles(lat)}",
+                cpu3(lat["cpu"], ("workers", "channels", "bench", "publisher")),
+            )
         if "consume" in f:
             c = f["consume"]
             table.add_row(
@@ -1001,7 +1176,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = bench.summary()
     console.print(bench.table())
     console.print(bench.targets_table(summary))
-    for text in (bench.redis_text(), bench.profile_text()):
+    for text in (bench.redis_text(), bench.federation_text(), bench.profile_text()):
         if text:
             console.print(text, highlight=False)
     for name, error in bench.errors.items():

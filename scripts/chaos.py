@@ -71,6 +71,53 @@ and the exit status is non-zero when lost, duplicated, reordered, half_applied
 or foreign_not_refused is not 0 (or when another check failed: unexpected
 messages, poison not dead-lettered, a refused entry dead-lettered twice, memory
 over its bound, a drain that did not finish, a worker that exited on its own).
+
+Federation (``--federation``)
+-----------------------------
+::
+
+    python -m scripts.chaos --federation --seconds 20 [--seed 1] [--workers 2] [--rate 100]
+
+Three queue managers in one network (``broker.network``) over a local 3-master
+Redis Cluster (``broker.local_cluster.LocalCluster(aof=True,
+full_coverage=False)``, ``appendfsync always``), each queue manager's keys on a
+master of its own: ``ROOT``, the hierarchy's root, and its children ``EAST`` and
+``WEST`` (names get a number when needed to land on distinct masters), which
+are also the publish/subscribe cluster ``FEDCL`` with the cluster topic object
+``clu`` (defined at EAST, ``CLROUTE(DIRECT)``). Topics under ``hier/`` go from
+EAST to WEST through ROOT; topics under ``clu/`` straight. Every queue manager
+has a worker pool (``--workers`` processes) and a channel process
+(``broker.channel.main`` with a ``CrashHook``), both supervised by
+``worker.pool.Pool``, four subscriptions (``#``, ``hier/#``, ``+/b/x``,
+``clu/a``) consumed by subscriber threads, and two publishers (one on
+``hier/`` topics, one on ``clu/`` topics: each publisher's publications take one
+path to each queue manager, and order is promised per publisher and path). The
+network's ``url`` of each queue manager is a proxy in front of its master, so
+the channels into it (and the agents reading its announcements) go through the
+proxy. Faults (``FED_FAULTS``):
+
+- ``kill@before_channel_in`` / ``kill@after_channel_in``: SIGKILL of a channel
+  process at a mover's crash point (a batch read, not filed / filed, not
+  recorded on the sending side); ``kill_channel_anytime``: at whatever it does;
+- ``kill@<point>``: SIGKILL of a worker at a crash point (as above);
+- ``proxy_cut``: every connection into one queue manager's proxy cut;
+  ``drop_reply:channel_in`` / ``cut_request:channel_in``: a mover's filing
+  applied and its reply lost / cut before the receiver got it;
+- ``node_restart``: SIGKILL of one queue manager's master and a restart on its
+  port and directory (AOF); the others keep serving their slots. At most one
+  every 8 s, and at least one a run (halfway through, if the draw gave none);
+- ``consumer_kill``: as above.
+
+The expected recipients of each publication are computed network-wide
+(``tests.harness.history.network_recipients``). After the drain (every queue
+manager's stream handled, every transmission stream filed by its receiver,
+every queue consumed), the last line is::
+
+    faults=<n> publications=<n> deliveries=<n> forwarded=<n> dead_lettered=<n> lost=<n> duplicated=<n> reordered=<n>
+
+(``forwarded``: deliveries owed at a queue manager other than the publication's
+origin), and the exit status is non-zero when lost, duplicated or reordered is
+not 0 or another check failed.
 """
 
 from __future__ import annotations
@@ -106,16 +153,20 @@ from broker.errors import BrokerError, ConnectionLost, ConsumerConflict, ServerE
 from broker.links import link
 from broker.maintenance import trim_acknowledged
 from broker.models import publication_fields
+from broker.network import ProxySubscription, announce_key, parse_network
+from broker.network_admin import apply_network
 from broker.publish import Publisher
 from broker.server import Server, free_port, server_binary
 from broker.status import status
 from broker.stream import group_state
 from broker.subscriptions import subscribe
-from tests.harness.history import History, Poison, Publication, recipients
-from tests.harness.hook import run_worker
+from broker.topic_objects import Attributes, define
+from tests.harness.cluster import LocalCluster, spread_names
+from tests.harness.history import History, Poison, Publication, network_recipients, recipients
+from tests.harness.hook import run_channel, run_worker
 from tests.harness.proxy import ProxyProcess, evalsha
 from worker.loop import CRASH_POINTS
-from worker.pool import Pool
+from worker.pool import ExitHandler, Pool
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -192,6 +243,37 @@ FAULTS: dict[str, int] = {
     "consumer_stop": 2,
 }
 
+#: ``--federation``: the queue managers' roles (names are chosen so each lives on a master of its own).
+FED_ROLES = ("ROOT", "EAST", "WEST")
+
+#: ``--federation``: the publish/subscribe cluster of EAST and WEST, and its cluster topic (defined at EAST).
+FED_CLUSTER = "FEDCL"
+FED_CLUSTER_TOPIC = "clu"
+
+#: ``--federation``: topics by kind; each publisher publishes on one kind (hierarchy topics go from
+#: EAST to WEST through ROOT, cluster topics straight: order is promised per path).
+FED_TOPICS = {"hier": ("hier/a/x", "hier/b/x", "hier/c"), "clu": ("clu/a", "clu/b/x", "clu/c")}
+
+#: ``--federation``: the subscriptions of every queue manager (name -> filter).
+FED_FILTERS = {"all": "#", "hier": "hier/#", "plus": "+/b/x", "clu": "clu/a"}
+
+#: Crash points of a channel mover (``broker.channel.Mover.move_once``).
+CHANNEL_POINTS = ("before_channel_in", "after_channel_in")
+
+#: ``--federation``: fault kinds and their weights. ``proxy_cut``, ``drop_reply:channel_in`` and
+#: ``cut_request:channel_in`` hit the connections of every channel into one queue manager;
+#: ``node_restart`` is a SIGKILL and restart of one queue manager's master (at most every 8 s).
+FED_FAULTS: dict[str, int] = {
+    **{f"kill@{p}": 3 for p in CHANNEL_POINTS},
+    "kill_channel_anytime": 1,
+    **{f"kill@{p}": 1 for p in CRASH_POINTS},
+    "node_restart": 1,
+    "proxy_cut": 2,
+    "drop_reply:channel_in": 2,
+    "cut_request:channel_in": 1,
+    "consumer_kill": 1,
+}
+
 #: Fault kinds implemented but left out of the default weights (``--weight KIND=N`` turns one on).
 OPTIONAL_FAULTS: tuple[str, ...] = ()
 
@@ -263,9 +345,12 @@ def _log(text: str) -> None:
 
 @dataclass
 class Slot:
-    """One supervised worker process."""
+    """One supervised worker (or channel) process: slot ``index`` of ``pool`` (None: the harness's pool)."""
 
     index: int
+    pool: Pool | None = None
+    kind: str = "worker"
+    qm: str = QM
     armed: str | None = None
     armed_at: float = 0.0
     stopped_until: float | None = None
@@ -368,9 +453,33 @@ class Harness:
         self._record_script = self.admin.register_script(RECORD_LUA)
         self.proxy = ProxyProcess(self.server.port, count=2).start()
         args = self.args
-        self.settings = Settings(
-            redis_url=self.proxy.url(0, client_name=WORKER_CLIENT_NAME),
-            qm=QM,
+        self.settings = self._settings(self.proxy.url(0, client_name=WORKER_CLIENT_NAME))
+        for name, flt in FILTERS.items():
+            self.sub_ids[name] = subscribe(self.admin, QM, flt, "chaos", name).sub_id
+        for source, target in LINKS:
+            link(self.admin, QM, source, target)
+        self.pool = Pool(
+            self.settings,
+            run_worker,
+            (str(self.control), str(self.workdir / "workers.log")),
+            name="chaos-worker",
+            on_exit=self._exit_handler(self.slots),
+            max_restarts_per_minute=None,  # the harness kills workers on purpose
+            daemon=True,
+        )
+        self.pool.start()
+        _log(
+            f"chaos: code={_code_version()} seed={args.seed} duration={args.duration_s}s workers={args.workers} "
+            f"publishers={args.publishers} rate={args.rate}/s lease_ms={args.lease_ms} "
+            f"server={self.server.binary} port={self.server.port} workdir={self.workdir}"
+        )
+
+    def _settings(self, url: str, qm: str = QM, **extra: Any) -> Settings:
+        """The settings of the workers (and channel processes) of ``qm`` on ``url``."""
+        args = self.args
+        return Settings(
+            redis_url=url,
+            qm=qm,
             concurrency=args.workers,
             batch_size=50,
             heads=50,
@@ -383,30 +492,17 @@ class Harness:
             max_deliveries=args.max_deliveries,
             consumer_lease_ms=args.consumer_lease_ms,
             max_redeliveries=1_000_000,  # a consumer killed again and again must not dead-letter good messages
-        )
-        for name, flt in FILTERS.items():
-            self.sub_ids[name] = subscribe(self.admin, QM, flt, "chaos", name).sub_id
-        for source, target in LINKS:
-            link(self.admin, QM, source, target)
-        self.pool = Pool(
-            self.settings,
-            run_worker,
-            (str(self.control), str(self.workdir / "workers.log")),
-            name="chaos-worker",
-            on_exit=self._on_worker_exit,
-            max_restarts_per_minute=None,  # the harness kills workers on purpose
-            daemon=True,
-        )
-        self.pool.start()
-        _log(
-            f"chaos: code={_code_version()} seed={args.seed} duration={args.duration_s}s workers={args.workers} "
-            f"publishers={args.publishers} rate={args.rate}/s lease_ms={args.lease_ms} "
-            f"server={self.server.binary} port={self.server.port} workdir={self.workdir}"
+            **extra,
         )
 
     def _process(self, slot: Slot) -> multiprocessing.process.BaseProcess | None:
         """The worker process of ``slot`` now (the pool replaces it when it dies)."""
-        return self.pool.child(slot.index) if self.pool is not None else None
+        pool = slot.pool or self.pool
+        return pool.child(slot.index) if pool is not None else None
+
+    def _pools(self) -> list[Pool]:
+        """Every pool of supervised processes."""
+        return [self.pool] if self.pool is not None else []
 
     # -- traffic ----------------------------------------------------------------
 
@@ -428,24 +524,26 @@ class Harness:
             topic = rng.choice(VICTIM_TOPICS if victim else TOPICS)
             pub = Publication(name, number, f"{name}.{number}", topic, resolved[topic], refusable=victim)
             self.history.add_publication(pub)
-            while True:
-                pub.attempts += 1
-                try:
-                    result = publisher.publish(topic, f"{name}:{number}".encode(), msgid=pub.msgid)
-                except (BrokerError, redis.RedisError):
-                    if time.monotonic() > self.publish_deadline:
-                        break  # outcome unknown: may be delivered 0 or 1 times
-                    time.sleep(0.1)
-                    continue
-                pub.entry_id, pub.acked, pub.acked_at = result.entry_id, True, time.monotonic()
-                break
-            next_at += interval
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                next_at = time.monotonic()
+            self._publish(publisher, pub)
+            next_at = _pace(next_at, interval)
         client.close()
+
+    def _publish(self, publisher: Publisher, pub: Publication) -> None:
+        """Publish ``pub`` (body ``<publisher>:<number>``), retrying with its msgid until acknowledged
+        or past ``publish_deadline`` (then its outcome is unknown: delivered 0 or 1 times)."""
+        while True:
+            pub.attempts += 1
+            try:
+                result = publisher.publish(
+                    pub.topic, f"{pub.publisher}:{pub.number}".encode(), msgid=pub.msgid
+                )
+            except (BrokerError, redis.RedisError):
+                if time.monotonic() > self.publish_deadline:
+                    return
+                time.sleep(0.1)
+                continue
+            pub.entry_id, pub.acked, pub.acked_at = result.entry_id, True, time.monotonic()
+            return
 
     def _resolved(self) -> dict[str, frozenset[str]]:
         """Topic -> the subscription ids a publication on it must reach."""
@@ -503,12 +601,7 @@ class Harness:
                 break
             if plant is not None:
                 plant.published = True
-            next_at += interval
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                next_at = time.monotonic()
+            next_at = _pace(next_at, interval)
         client.close()
         direct.close()
 
@@ -544,7 +637,7 @@ class Harness:
                     return
                 time.sleep(0.1)
 
-    def _subscriber(self, sub_id: str) -> None:
+    def _subscriber(self, sub_id: str, qm: str = QM, url: str | None = None) -> None:
         """Consume one subscription with ``receive_many``/``ack_many``; every receipt recorded with its flag.
 
         The client does not retry: on a connection error the consumer is
@@ -555,18 +648,20 @@ class Harness:
         once (a SIGKILL: its batch is in flight, recorded, not acknowledged);
         ``consumer_stop`` stalls it for 1.5-3 consumer leases, then it goes on as
         a zombie whose in-flight messages were given back meanwhile.
+
+        ``qm`` is the subscription's queue manager and ``url`` its server (default the harness's).
         """
         client = redis.Redis.from_url(
-            self.server.url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=1, socket_timeout=5
+            url or self.server.url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=1, socket_timeout=5
         )
         assert self.settings is not None
-        record = next(r for r in _subscriptions(self.admin) if r.sub_id == sub_id)
+        record = next(r for r in _subscriptions(client, qm) if r.sub_id == sub_id)
         subscriber: Subscriber | None = None
         idle_rounds = 0
         while True:
             try:
                 if subscriber is None:
-                    subscriber = Subscriber(client, QM, record, self.settings, heartbeat=False)
+                    subscriber = Subscriber(client, qm, record, self.settings, heartbeat=False)
                 fault = self.consumer_faults.pop(sub_id, None)
                 got = subscriber.receive_many(10, timeout_ms=200)
                 for delivery in got:
@@ -603,7 +698,7 @@ class Harness:
                 ):
                     # a foreign key planted at this queue: take nothing, wait until it is gone
                     self.stats.wrongtype_waits += 1
-                    if sub_id != self.sub_ids["victim"]:
+                    if sub_id != self.sub_ids.get("victim"):
                         self.stats.anomalies.append(f"subscriber {sub_id}: {exc}")
                 if subscriber is not None:
                     subscriber.abandon()
@@ -621,16 +716,18 @@ class Harness:
                 subscriber.close()
         client.close()
 
-    def _maintenance(self) -> None:
-        """Trim acknowledged entries and watch the stream length and memory, once a second."""
-        client = connect(self.server.url)
+    def _maintenance(self, qm: str = QM, url: str | None = None) -> None:
+        """Trim acknowledged entries and watch the stream length and memory of ``qm`` (on the server
+        at ``url``, default the harness's), once a second."""
+        client = connect(url or self.server.url)
+        stream = keys.publish_stream(qm)
         while not self.stop_maintenance.wait(1.0):
             try:
-                self.stats.trimmed += trim_acknowledged(client, QM)
-                xlen = int(client.xlen(keys.publish_stream(QM)))
+                self.stats.trimmed += trim_acknowledged(client, qm)
+                xlen = int(client.xlen(stream))
                 used = int(client.info("memory")["used_memory"])
-                pending = int(client.xpending(keys.publish_stream(QM), keys.WORKER_GROUP)["pending"])
-                oldest = client.xpending_range(keys.publish_stream(QM), keys.WORKER_GROUP, "-", "+", 200)
+                pending = int(client.xpending(stream, keys.WORKER_GROUP)["pending"])
+                oldest = client.xpending_range(stream, keys.WORKER_GROUP, "-", "+", 200)
             except (redis.RedisError, BrokerError):  # trim_acknowledged translates redis-py's errors
                 continue
             if oldest:
@@ -644,26 +741,36 @@ class Harness:
 
     # -- supervision --------------------------------------------------------------
 
-    def _on_worker_exit(self, index: int, proc: multiprocessing.process.BaseProcess) -> None:
-        """The pool found worker ``index`` dead: count how it died, then the pool restarts it."""
-        pid, code = proc.pid, proc.exitcode
-        died = self.control / f"{pid}.kill"
-        if died.exists():
-            point = died.read_text()
-            self._fault(f"kill@{point}", f"worker {index} pid {pid} killed itself at {point}")
-        elif code != -signal.SIGKILL:
-            self.stats.anomalies.append(f"worker {index} pid {pid} exited with {code}")
-            _log(f"!! worker {index} pid {pid} exited on its own with code {code}")
-        for path in self.control.glob(f"{pid}.*"):  # pids are reused
-            path.unlink(missing_ok=True)
-        slot = self.slots[index]
-        slot.restarts += 1
-        slot.armed, slot.stopped_until = None, None
-        self.stats.worker_restarts += 1
+    def _exit_handler(self, slots: list[Slot]) -> ExitHandler:
+        """The ``on_exit`` of a pool whose slots are ``slots``."""
+
+        def on_exit(index: int, proc: multiprocessing.process.BaseProcess) -> None:
+            """The pool found process ``index`` dead: count how it died, then the pool restarts it."""
+            slot = slots[index]
+            pid, code = proc.pid, proc.exitcode
+            what = f"{slot.kind} {slot.qm}/{index}" if slot.pool is not None else f"worker {index}"
+            died = self.control / f"{pid}.kill"
+            if died.exists():
+                point = died.read_text()
+                self._fault(f"kill@{point}", f"{what} pid {pid} killed itself at {point}")
+            elif code != -signal.SIGKILL and not self._exit_expected(slot):
+                self.stats.anomalies.append(f"{what} pid {pid} exited with {code}")
+                _log(f"!! {what} pid {pid} exited on its own with code {code}")
+            for path in self.control.glob(f"{pid}.*"):  # pids are reused
+                path.unlink(missing_ok=True)
+            slot.restarts += 1
+            slot.armed, slot.stopped_until = None, None
+            self.stats.worker_restarts += 1
+
+        return on_exit
+
+    def _exit_expected(self, slot: Slot) -> bool:
+        """Whether a process of ``slot`` may exit on its own now (never, here)."""
+        return False
 
     def supervise(self) -> None:
-        assert self.pool is not None
-        self.pool.supervise_once()
+        for pool in self._pools():
+            pool.supervise_once()
         now = time.monotonic()
         for slot in self.slots:
             proc = self._process(slot)
@@ -700,6 +807,29 @@ class Harness:
             and slot.stopped_until is None
             and (self.control / f"{proc.pid}.ready").exists()
         )
+
+    def _signal_anytime(self, kind: str, ready: list[Slot]) -> None:
+        """SIGKILL (``kill...``) or SIGSTOP (``stop...``) one of ``ready`` at whatever it is doing."""
+        if not ready:
+            return
+        slot = self.rng.choice(ready)
+        proc = self._process(slot)
+        assert proc is not None and proc.pid is not None
+        if kind.startswith("kill"):
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(5)
+        else:
+            os.kill(proc.pid, signal.SIGSTOP)
+            slot.stopped_until = time.monotonic() + self.args.lease_ms / 1000 * self.rng.uniform(1.5, 3.0)
+        self._fault(kind, f"{slot.kind} {slot.qm}/{slot.index} pid {proc.pid}")
+
+    def _arm_point(self, kind: str, ready: list[Slot]) -> None:
+        """Arm one of ``ready`` to die (``kill@<point>``) or stall (``stop@<point>``) at a crash point."""
+        if not ready:
+            return
+        slot = self.rng.choice(ready)
+        action, point = kind.split("@")
+        self._arm(slot, {"point": point, "action": action, "after": self.rng.randint(1, 3)})
 
     def _arm(self, slot: Slot, plan: dict[str, Any] | None) -> None:
         proc = self._process(slot)
@@ -885,25 +1015,9 @@ class Harness:
         assert self.proxy is not None and self.admin is not None
         ready = [s for s in self.slots if self._ready(s) and not s.armed]
         if kind.startswith(("kill@", "stop@")):
-            if not ready:
-                return
-            slot = self.rng.choice(ready)
-            action, point = kind.split("@")
-            self._arm(slot, {"point": point, "action": action, "after": self.rng.randint(1, 3)})
-            # counted when it happens (supervise)
+            self._arm_point(kind, ready)  # counted when it happens (supervise)
         elif kind in ("kill_anytime", "stop_anytime"):
-            if not ready:
-                return
-            slot = self.rng.choice(ready)
-            proc = self._process(slot)
-            assert proc is not None and proc.pid is not None
-            if kind == "kill_anytime":
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.join(5)
-            else:
-                os.kill(proc.pid, signal.SIGSTOP)
-                slot.stopped_until = time.monotonic() + self.args.lease_ms / 1000 * self.rng.uniform(1.5, 3.0)
-            self._fault(kind, f"worker {slot.index} pid {proc.pid}")
+            self._signal_anytime(kind, ready)
         elif kind == "client_kill":
             try:
                 victims = [c for c in self.admin.client_list() if c.get("name") == WORKER_CLIENT_NAME]
@@ -971,14 +1085,9 @@ class Harness:
         args = self.args
         self.setup()
         assert self.admin is not None and self.proxy is not None
-        for i in range(args.publishers):
-            self.threads.append(self._thread(self._publisher, i, name=f"pub-{i}"))
-        for i, name in enumerate(VICTIM_PUBLISHERS):
-            self.threads.append(self._thread(self._victim_publisher, i, name=f"pub-{name}"))
-        for sub_id in self.sub_ids.values():
-            self.threads.append(self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}"))
-        maintenance = self._thread(self._maintenance, name="maintenance")
-        for thread in [*self.threads, maintenance]:
+        self.threads = self._traffic()
+        maintenance = self._maintenance_threads()
+        for thread in [*self.threads, *maintenance]:
             thread.start()
 
         end = time.monotonic() + args.duration_s
@@ -998,10 +1107,22 @@ class Harness:
             time.sleep(0.05)
 
         drained = self.drain()
-        maintenance_stop = self.stop_maintenance
-        maintenance_stop.set()
-        maintenance.join(10)
+        self.stop_maintenance.set()
+        for thread in maintenance:
+            thread.join(10)
         return self.report(drained)
+
+    def _traffic(self) -> list[threading.Thread]:
+        """The publisher and subscriber threads (not started)."""
+        threads = [self._thread(self._publisher, i, name=f"pub-{i}") for i in range(self.args.publishers)]
+        for i, name in enumerate(VICTIM_PUBLISHERS):
+            threads.append(self._thread(self._victim_publisher, i, name=f"pub-{name}"))
+        for sub_id in self.sub_ids.values():
+            threads.append(self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}"))
+        return threads
+
+    def _maintenance_threads(self) -> list[threading.Thread]:
+        return [self._thread(self._maintenance, name="maintenance")]
 
     def _thread(self, target: Any, *args: Any, name: str) -> threading.Thread:
         """A daemon thread whose unexpected death is reported as an anomaly."""
@@ -1033,7 +1154,7 @@ class Harness:
         """Stop the faults and the publishers, let the workers finish, wait until everything is consumed."""
         assert self.proxy is not None and self.admin is not None
         _log("faults stop; draining")
-        for index in (0, 1):
+        for index in range(self.proxy.count):
             self.proxy.call(index, "disarm")
         for slot in self.slots:
             proc = self._process(slot)
@@ -1097,15 +1218,7 @@ class Harness:
         dead = self.admin.xrange(keys.dead_letter(QM))
         verdict = self.history.check(list(self.sub_ids.values()), dead)
         stats = self.stats
-        for index, what in ((0, "worker"), (1, "publisher")):
-            proxy_stats = self.proxy.call(index, "stats")
-            _log(
-                f"{what} proxy: connections={proxy_stats.connections} replies_dropped={proxy_stats.drops} "
-                f"cut_waiting_for_an_answer={proxy_stats.unanswered} requests_cut={proxy_stats.requests_cut} "
-                f"cut_all={proxy_stats.cuts}"
-            )
-            for label, n in proxy_stats.drops_by_label.items():
-                stats.faults[label] += n
+        self._log_proxies(["worker", "publisher"])
         # dedup records must expire: sample their TTLs
         no_ttl = 0
         sampled = 0
@@ -1152,11 +1265,7 @@ class Harness:
                 f"poison: {verdict.poison_missing} missing, {verdict.poison_repeated} repeated, "
                 f"{verdict.poison_bad_reason} without the expected reason"
             )
-        for example in verdict.examples:
-            _log(f"  - {example}")
-        for problem in problems:
-            _log(f"!! {problem}")
-        _log("faults by kind: " + " ".join(f"{k}={v}" for k, v in sorted(stats.faults.items())))
+        self._log_problems(verdict, problems)
         _log(
             "poison by kind: "
             + " ".join(f"{k}={v}" for k, v in sorted(stats.poison.items()))
@@ -1179,12 +1288,7 @@ class Harness:
             + f" (refused entries dead-lettered twice: {verdict.refused_repeated}; retries of delivered "
             f"publications refused instead of answered duplicate: {verdict.refused_after_delivered})"
         )
-        latencies = self.history.latencies_ms()
-        if latencies:
-            _log(
-                f"delivery latency (acknowledged XADD -> received): p50={latencies[len(latencies) // 2]:.0f}ms "
-                f"p99={latencies[int(len(latencies) * 0.99)]:.0f}ms max={latencies[-1]:.0f}ms"
-            )
+        self._log_latency()
         _log(
             f"unknown_outcome={verdict.unknown} unknown_delivered={verdict.unknown_delivered} redelivered={verdict.redelivered} "
             f"unexpected={verdict.unexpected} good_dead_lettered={verdict.good_dead_lettered} "
@@ -1213,6 +1317,34 @@ class Harness:
             return 1
         return 0
 
+    def _log_proxies(self, labels: list[str]) -> None:
+        """Print each proxy's counters (``labels``: what each proxy stands in front of); count its drops as faults."""
+        assert self.proxy is not None
+        for index, what in enumerate(labels):
+            proxy_stats = self.proxy.call(index, "stats")
+            _log(
+                f"{what} proxy: connections={proxy_stats.connections} replies_dropped={proxy_stats.drops} "
+                f"cut_waiting_for_an_answer={proxy_stats.unanswered} requests_cut={proxy_stats.requests_cut} "
+                f"cut_all={proxy_stats.cuts}"
+            )
+            for label, n in proxy_stats.drops_by_label.items():
+                self.stats.faults[label] += n
+
+    def _log_problems(self, verdict: Any, problems: list[str]) -> None:
+        for example in verdict.examples:
+            _log(f"  - {example}")
+        for problem in problems:
+            _log(f"!! {problem}")
+        _log("faults by kind: " + " ".join(f"{k}={v}" for k, v in sorted(self.stats.faults.items())))
+
+    def _log_latency(self) -> None:
+        latencies = self.history.latencies_ms()
+        if latencies:
+            _log(
+                f"delivery latency (acknowledged XADD -> received): p50={latencies[len(latencies) // 2]:.0f}ms "
+                f"p99={latencies[int(len(latencies) * 0.99)]:.0f}ms max={latencies[-1]:.0f}ms"
+            )
+
     # -- clean-up --------------------------------------------------------------------
 
     def cleanup(self) -> None:
@@ -1221,12 +1353,12 @@ class Harness:
         self.stop_consuming.set()
         self.stop_maintenance.set()
         self.publish_deadline = 0.0
-        if self.pool is not None:
-            self.pool.stop()  # SIGTERM + SIGCONT, then SIGKILL after the grace period
+        for pool in self._pools():
+            pool.stop()  # SIGTERM + SIGCONT, then SIGKILL after the grace period
         if self.proxy is not None:
             self.proxy.stop()
         with contextlib.suppress(Exception):
-            self.server.stop()
+            self._stop_servers()
         for thread in self.threads:
             thread.join(2)
         self._faults_log.close()
@@ -1234,6 +1366,333 @@ class Harness:
             _log(f"kept {self.workdir} (server log, AOF, workers.log, faults.log)")
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _stop_servers(self) -> None:
+        self.server.stop()
+
+
+class FederationHarness(Harness):
+    """``--federation``: three queue managers in one network, each on its own master of a local
+    3-master Redis Cluster (AOF, ``appendfsync always``, ``cluster-require-full-coverage no``).
+
+    The network (see the module docstring): ``ROOT`` is the hierarchy's root, ``EAST`` and
+    ``WEST`` its children and the members of the publish/subscribe cluster ``FEDCL``, whose
+    cluster topic object ``clu`` is defined at ``EAST``: a topic under ``hier/`` goes from
+    ``EAST`` to ``WEST`` through ``ROOT``, one under ``clu/`` straight. Each queue manager has
+    a worker pool, a channel process, four subscriptions and two publishers (one per kind of
+    topic, so each publisher's publications take one path to each queue manager: the order
+    promised is per publisher). The channel processes reach the other queue managers through
+    one proxy per queue manager (the network's ``url`` of each), so channel connections can
+    be cut and channel_in replies lost. The workers, channel processes and publishers use
+    the cluster client; subscribers and the harness's checks talk to the queue manager's master.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        self.weights = {**FED_FAULTS, **args.weight}
+        self.slots = []
+        self.cluster = LocalCluster(aof=True, full_coverage=False)
+        for server in self.cluster.servers:  # fsync before every reply, as the single-server run
+            server.args = (*server.args, "--appendfsync", "always")
+        self.qms: list[str] = []
+        self.node: dict[str, int] = {}  # qm -> index of its master
+        self.direct: dict[str, redis.Redis] = {}  # qm -> a client of its master
+        self.filters: dict[str, tuple[str, str]] = {}  # sub id -> (qm, filter)
+        self.origin: dict[str, str] = {}  # publisher -> its queue manager
+        self.pools: list[Pool] = []
+        self.down_until: dict[str, float] = {}  # qm -> end of its master's outage (+ a grace)
+        self.restart_by = float("inf")  # a node restart at the latest then (set at the end of setup)
+
+    # -- set-up ---------------------------------------------------------------
+
+    def _url(self, qm: str, cluster: bool = True) -> str:
+        """The cluster URL through ``qm``'s master (``cluster``), or its master's own URL."""
+        port = self.cluster.ports[self.node[qm]]
+        return f"redis+cluster://127.0.0.1:{port}" if cluster else f"redis://127.0.0.1:{port}/0"
+
+    def _edges(self, topic: str) -> list[tuple[str, str]]:
+        """The channels a publication on ``topic`` may use: the hierarchy, plus the cluster's for a cluster topic."""
+        root, east, west = self.qms
+        edges = [(root, east), (root, west)]
+        return [*edges, (east, west)] if topic.split("/")[0] == FED_CLUSTER_TOPIC else edges
+
+    def setup(self) -> None:
+        args = self.args
+        self.cluster.start()
+        self.qms = spread_names(self.cluster, FED_ROLES)
+        ports = self.cluster.ports
+        for qm in self.qms:
+            self.node[qm] = ports.index(self.cluster.owner(keys.publish_stream(qm)))
+            self.direct[qm] = connect(self._url(qm, cluster=False))
+        self.admin = connect(self.cluster.url)
+        self.proxy = ProxyProcess([ports[self.node[qm]] for qm in self.qms]).start()
+        root, east, west = self.qms
+        nodes: dict[str, dict[str, Any]] = {qm: {"url": self.proxy.url(i)} for i, qm in enumerate(self.qms)}
+        for child in (east, west):
+            nodes[child] |= {"parent": root, "clusters": [FED_CLUSTER]}
+        applied = apply_network(parse_network({"queue_managers": nodes}), self.cluster.url, self.admin)
+        if applied.failed:
+            raise RuntimeError(f"network not applied: {applied.results}")
+        define(self.admin, east, "FED.CLUSTER", FED_CLUSTER_TOPIC, Attributes(cluster=FED_CLUSTER))
+        for qm in self.qms:
+            for name, flt in FED_FILTERS.items():
+                sub_id = subscribe(self.admin, qm, flt, "chaos", f"{qm.lower()}_{name}").sub_id
+                self.sub_ids[f"{qm}/{name}"] = sub_id
+                self.filters[sub_id] = (qm, flt)
+        self.settings = self._settings(self._url(root), root)
+        for qm in self.qms:
+            settings = self._settings(self._url(qm), qm, channel_max_backoff_ms=1_000)
+            channel = settings.model_copy(update={"concurrency": 1})
+            for kind, entry, pool_settings, extra in (
+                ("worker", run_worker, settings, ()),
+                ("channel", run_channel, channel, (f"chaos-channel-{qm}",)),
+            ):
+                slots: list[Slot] = []
+                pool = Pool(
+                    pool_settings,
+                    entry,
+                    (str(self.control), str(self.workdir / f"{kind}s.log"), *extra),
+                    name=f"chaos-{kind}-{qm}",
+                    on_exit=self._exit_handler(slots),
+                    max_restarts_per_minute=None,
+                    daemon=True,
+                )
+                slots += [Slot(i, pool, kind, qm) for i in range(pool_settings.concurrency)]
+                self.slots += slots
+                self.pools.append(pool)
+                pool.start()
+        self._wait_network()
+        self.restart_by = time.monotonic() + args.duration_s / 2
+        _log(
+            f"chaos --federation: code={_code_version()} seed={args.seed} duration={args.duration_s}s "
+            f"queue managers={','.join(f'{qm}@{ports[self.node[qm]]}' for qm in self.qms)} "
+            f"(hierarchy {root} <- {east}, {west}; cluster {FED_CLUSTER} = {east}, {west}) "
+            f"workers={args.workers}/qm rate={args.rate}/s workdir={self.workdir}"
+        )
+
+    def _wait_network(self, timeout_s: float = 60.0) -> None:
+        """Wait until every queue manager holds a proxy subscription for every other's subscriptions
+        and a copy of the cluster topic object: before that, publications would not be forwarded."""
+        deadline = time.monotonic() + timeout_s
+        wanted = {
+            qm: {
+                (other, announce_key(flt, "root", "/")) for other, flt in self.filters.values() if other != qm
+            }
+            for qm in self.qms
+        }
+        while True:
+            missing = []
+            for qm, client in self.direct.items():
+                held = {
+                    (p.qm, p.topic) for p in map(ProxySubscription.from_json, client.hvals(keys.proxies(qm)))
+                }
+                if not wanted[qm] <= held or not client.hexists(keys.cluster_topics(qm), FED_CLUSTER_TOPIC):
+                    missing.append(qm)
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the network was not ready after {timeout_s:.0f} s at {missing}")
+            self.supervise()
+            time.sleep(0.2)
+
+    def _pools(self) -> list[Pool]:
+        return self.pools
+
+    # -- traffic ----------------------------------------------------------------
+
+    def _traffic(self) -> list[threading.Thread]:
+        threads = []
+        for qm in self.qms:
+            for kind in FED_TOPICS:
+                name = f"{qm.lower()}_{kind}"
+                self.origin[name] = qm
+                threads.append(self._thread(self._fed_publisher, qm, name, kind, name=f"pub-{name}"))
+        for sub_id, (qm, _) in self.filters.items():
+            url = self._url(qm, cluster=False)
+            threads.append(self._thread(self._subscriber, sub_id, qm, url, name=f"sub-{sub_id}"))
+        return threads
+
+    def _fed_publisher(self, qm: str, name: str, kind: str) -> None:
+        """Publish on the topics of ``kind`` at ``qm`` (through the cluster client), at an even share of ``--rate``."""
+        rng = random.Random(f"{self.args.seed}:{name}")
+        client = connect(self._url(qm))
+        publisher = Publisher(client, qm, name)
+        topics = FED_TOPICS[kind]
+        resolved = {t: network_recipients(t, qm, self.filters, self._edges(t)) for t in topics}
+        interval = len(self.qms) * len(FED_TOPICS) / self.args.rate
+        number = 0
+        next_at = time.monotonic()
+        while not self.stop_publishing.is_set():
+            number += 1
+            topic = rng.choice(topics)
+            pub = Publication(name, number, f"{name}.{number}", topic, resolved[topic])
+            self.history.add_publication(pub)
+            self._publish(publisher, pub)
+            next_at = _pace(next_at, interval)
+        client.close()
+
+    def _maintenance_threads(self) -> list[threading.Thread]:
+        return [
+            self._thread(self._maintenance, qm, self._url(qm, cluster=False), name=f"maintenance-{qm}")
+            for qm in self.qms
+        ]
+
+    # -- faults -------------------------------------------------------------------
+
+    def _exit_expected(self, slot: Slot) -> bool:
+        """A process (re)started while its queue manager's master was down cannot connect, and exits."""
+        return time.monotonic() < self.down_until.get(slot.qm, 0.0)
+
+    def inject(self) -> None:
+        kinds = list(self.weights)
+        kind = self.rng.choices(kinds, weights=[self.weights[k] for k in kinds])[0]
+        if self.weights.get("node_restart") and not self.last_restart and time.monotonic() >= self.restart_by:
+            kind = "node_restart"  # at least one per run, halfway through if the draw gave none
+        assert self.proxy is not None
+        ready = [s for s in self.slots if self._ready(s) and not s.armed]
+        index = self.rng.randrange(len(self.qms))  # the queue manager whose proxy or master is hit
+        if kind.startswith("kill@"):
+            wanted = "channel" if kind.split("@")[1] in CHANNEL_POINTS else "worker"
+            self._arm_point(kind, [s for s in ready if s.kind == wanted])  # counted when it happens
+        elif kind == "kill_channel_anytime":
+            self._signal_anytime(kind, [s for s in ready if s.kind == "channel"])
+        elif kind == "proxy_cut":
+            cut = self.proxy.call(index, "cut_all")
+            self._fault(kind, f"{cut} connections to {self.qms[index]}")
+        elif kind.startswith(("drop_reply:", "cut_request:")):
+            method, what = kind.split(":")
+            self.proxy.call(index, method, evalsha(what), 1, kind)  # counted from the proxy's stats
+        elif kind == "consumer_kill":
+            self.consumer_faults[self.rng.choice(sorted(self.sub_ids.values()))] = kind
+        elif kind == "node_restart" and time.monotonic() - self.last_restart >= 8:
+            self.restart_node(self.qms[index])
+
+    def restart_node(self, qm: str) -> None:
+        """SIGKILL the master of ``qm`` and start it again on its port and directory (AOF)."""
+        with self.server_lock:
+            self.down_until[qm] = float("inf")
+            index = self.node[qm]
+            self.cluster.kill(index)
+            time.sleep(self.rng.uniform(0.1, 1.0))
+            self.cluster.restart(index, timeout_ms=60_000)
+            self.last_restart = time.monotonic()
+            self.down_until[qm] = self.last_restart + 5
+        self._fault("node_restart", f"master {index} port {self.cluster.ports[index]} ({qm})")
+
+    # -- drain and report ---------------------------------------------------------
+
+    def _channels(self) -> list[tuple[str, str]]:
+        """Every channel (sender, receiver) of the network."""
+        root, east, west = self.qms
+        pairs = [(root, east), (root, west), (east, west)]
+        return [*pairs, *((b, a) for a, b in pairs)]
+
+    def _channel_lag(self) -> int:
+        """Channels whose transmission stream holds an entry the receiver has not filed."""
+        behind = 0
+        for sender, to in self._channels():
+            try:
+                info = self.direct[sender].xinfo_stream(keys.transmission(sender, to))
+            except redis.ResponseError:  # no transmission stream yet
+                continue
+            last = _text(info["last-generated-id"])
+            filed = _text(self.direct[to].hget(keys.received(to), sender)) or "0-0"
+            behind += _id(filed) < _id(last)
+        return behind
+
+    def _quiescent(self) -> bool:
+        try:
+            for qm, client in self.direct.items():
+                s = status(client, qm)
+                state = group_state(client, qm)
+                last = _text(client.xinfo_stream(keys.publish_stream(qm))["last-generated-id"])
+                queues_empty = all(sub["depth"] == 0 and sub["inflight"] == 0 for sub in s["subscriptions"])
+                if (
+                    s["pending"]
+                    or state.last_delivered_id != last
+                    or s["active_publishers"]
+                    or not queues_empty
+                ):
+                    return False
+            return self._channel_lag() == 0
+        except (redis.RedisError, BrokerError, ValueError):
+            return False
+
+    def progress(self, phase: str) -> None:
+        acked, unknown, received = self.history.counts()
+        pending = []
+        try:
+            for qm, client in self.direct.items():
+                pending.append(f"{qm}:{status(client, qm)['pending']}")
+            lag = str(self._channel_lag())
+        except (redis.RedisError, BrokerError, ValueError):
+            lag = "?"
+        alive = sum(pool.alive() for pool in self.pools)
+        _log(
+            f"[{time.monotonic() - self._started:6.1f}s {phase}] faults={sum(self.stats.faults.values())} "
+            f"published={acked} unknown={unknown} received={received} pending={','.join(pending) or '?'} "
+            f"channels_behind={lag} processes={alive}/{len(self.slots)}"
+        )
+
+    def report(self, drained: bool) -> int:
+        dead: list[Any] = []
+        for qm, client in self.direct.items():
+            dead += client.xrange(keys.dead_letter(qm))
+        verdict = self.history.check(list(self.sub_ids.values()), dead)
+        stats = self.stats
+        self._log_proxies([f"{qm} (channels in)" for qm in self.qms])
+        moved = dropped = 0
+        for sender, to in self._channels():
+            state = {
+                _text(k): _text(v)
+                for k, v in self.direct[sender].hgetall(keys.channel_state(sender, to)).items()
+            }
+            moved += int(state.get("moved") or 0)
+            dropped += int(state.get("dropped_as_filed") or 0)
+            _log(
+                f"channel {sender} -> {to}: moved={state.get('moved', 0)} "
+                f"dropped_as_filed={state.get('dropped_as_filed', 0)} state={state.get('state', 'idle')}"
+            )
+        problems = list(stats.anomalies)
+        if not drained:
+            problems.append("the network did not drain before the deadline")
+        if verdict.unexpected:
+            problems.append(f"{verdict.unexpected} unexpected messages")
+        if verdict.good_dead_lettered:
+            problems.append(f"{verdict.good_dead_lettered} publications dead-lettered")
+        self._log_problems(verdict, problems)
+        self._log_latency()
+        pubs = [p for p in self.history.by_msgid.values() if p.acked]  # every thread has stopped
+        forwarded = sum(self.filters[s][0] != self.origin[p.publisher] for p in pubs for s in p.recipients)
+        _log(
+            f"unknown_outcome={verdict.unknown} unknown_delivered={verdict.unknown_delivered} "
+            f"redelivered={verdict.redelivered} process_restarts={stats.worker_restarts} "
+            f"channel_moved={moved} channel_dropped_as_filed={dropped} max_stream_len={stats.max_stream_len} "
+            f"max_used_memory={stats.max_used_memory // 1024}KiB drained={'yes' if drained else 'NO'} "
+            f"elapsed={time.monotonic() - self._started:.0f}s"
+        )
+        _log(
+            f"faults={sum(stats.faults.values())} publications={verdict.publications} "
+            f"deliveries={verdict.deliveries} forwarded={forwarded} dead_lettered={verdict.dead_lettered} "
+            f"lost={verdict.lost} duplicated={verdict.duplicated} reordered={verdict.reordered}"
+        )
+        if verdict.lost or verdict.duplicated or verdict.reordered or problems:
+            self.failed = True
+            return 1
+        return 0
+
+    def _stop_servers(self) -> None:
+        self.cluster.stop()
+
+
+def _pace(next_at: float, interval: float) -> float:
+    """Sleep until ``next_at + interval`` (or not, when behind: the schedule restarts from now); the new ``next_at``."""
+    next_at += interval
+    delay = next_at - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+        return next_at
+    return time.monotonic()
 
 
 def _key_kind(key: str) -> str:
@@ -1247,6 +1706,12 @@ def _key_kind(key: str) -> str:
     if key.startswith(keys.sub_queue(QM, "")):
         return "queue"
     return "other"
+
+
+def _text(raw: bytes | str | None) -> str:
+    if raw is None:
+        return ""
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def _id(entry_id: str) -> tuple[int, int]:
@@ -1275,20 +1740,28 @@ def _code_version() -> str:
         return "unknown"
 
 
-def _subscriptions(client: redis.Redis | None) -> list[Any]:
+def _subscriptions(client: redis.Redis, qm: str = QM) -> list[Any]:
     from broker.subscriptions import list_subscriptions
 
-    assert client is not None
-    return list_subscriptions(client, QM)
+    return list_subscriptions(client, qm)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration-s", type=float, default=60.0, help="fault phase, seconds")
+    parser.add_argument("--duration-s", "--seconds", type=float, default=60.0, help="fault phase, seconds")
+    parser.add_argument(
+        "--federation",
+        action="store_true",
+        help="three queue managers in a network on a local 3-master cluster, with channel faults",
+    )
     parser.add_argument("--seed", type=int, default=1, help="seed of the fault schedule and the traffic")
-    parser.add_argument("--workers", type=int, default=3, help="worker processes")
+    parser.add_argument(
+        "--workers", type=int, help="worker processes (default 3; --federation: per queue manager, default 2)"
+    )
     parser.add_argument("--publishers", type=int, default=4, help="publisher threads")
-    parser.add_argument("--rate", type=float, default=200.0, help="publications per second, all publishers")
+    parser.add_argument(
+        "--rate", type=float, help="publications per second, all publishers (default 200; --federation 100)"
+    )
     parser.add_argument("--lease-ms", type=int, default=800, help="lease of a publisher's turn, ms")
     parser.add_argument("--max-deliveries", type=int, default=5, help="the workers' max_deliveries setting")
     parser.add_argument(
@@ -1323,19 +1796,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.weight = dict(args.weight)
+    args.workers = args.workers or (2 if args.federation else 3)
+    args.rate = args.rate or (100.0 if args.federation else 200.0)
     return args
 
 
 def _weight(text: str) -> tuple[str, int]:
     kind, _, n = text.partition("=")
-    if kind not in FAULTS and kind not in OPTIONAL_FAULTS and not kind.startswith("kill@"):
+    if (
+        kind not in FAULTS
+        and kind not in FED_FAULTS
+        and kind not in OPTIONAL_FAULTS
+        and not kind.startswith("kill@")
+    ):
         raise argparse.ArgumentTypeError(f"unknown fault kind {kind!r}")
     return kind, int(n)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    harness = Harness(args)
+    harness = FederationHarness(args) if args.federation else Harness(args)
     bound_s = int(args.duration_s + args.drain_s + 240)
 
     def _timeout(signum: int, frame: object) -> None:

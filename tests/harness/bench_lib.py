@@ -8,6 +8,7 @@ See the docstring of ``scripts/bench.py`` for what each measurement means.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import json
@@ -344,6 +345,16 @@ class Topology:
                 topo.snapshot[key] = payload
         return topo
 
+    def for_qm(self, qm: str) -> Topology:
+        """The same topology for queue manager ``qm`` (its records do not name their queue manager)."""
+        snapshot = {
+            name(qm): self.snapshot[name(self.qm)]
+            for name in (keys.subscriptions, keys.links, keys.version, keys.manager)
+            if name(self.qm) in self.snapshot
+        }
+        queues = [keys.sub_queue(qm, s) for s in self.sub_ids]
+        return dataclasses.replace(self, qm=qm, snapshot=snapshot, queues=queues)
+
     def restore(self, client: redis.Redis) -> None:
         """FLUSHDB, then RESTORE the subscriptions, links and version."""
         client.flushdb()
@@ -560,18 +571,18 @@ def run_ceiling(
 # --------------------------------------------------------------------------------------------
 
 
-def publisher_ids() -> list[str]:
-    return [f"p{i:02d}" for i in range(PUBLISHERS)]
+def publisher_ids(prefix: str = "p") -> list[str]:
+    return [f"{prefix}{i:02d}" for i in range(PUBLISHERS)]
 
 
-def schedule(n: int, hot: bool, chunk: int) -> list[tuple[str, int]]:
+def schedule(n: int, hot: bool, chunk: int, prefix: str = "p") -> list[tuple[str, int]]:
     """The preload order: ``(publisher, how many)`` chunks, interleaved across publishers.
 
     Uniform: every publisher gets n/50, taken round robin ``chunk`` at a time. Hot:
     ``p00`` gets n/2 and its chunks alternate with chunks of the 49 others (round
     robin over them), so it is half of the stream all along.
     """
-    ids = publisher_ids()
+    ids = publisher_ids(prefix)
     if hot:
         quota = {ids[0]: n // 2}
         rest = n - n // 2
@@ -634,8 +645,11 @@ def preload(
     seed: int = 1,
     properties: bool = False,
     topics: Sequence[str] = TOPICS,
+    prefix: str = "p",
 ) -> dict[str, Any]:
     """XADD ``n`` publications with ``Publisher.publish_many``, one call per chunk, interleaved.
+
+    Publisher ids are ``<prefix>00``..``<prefix>49`` (queue managers of one network each use their own).
 
     With ``properties``, every publication carries its own ``selector_props`` (same topics
     and bodies as without), XADDed with the fields ``publish_many`` writes, one round trip
@@ -651,7 +665,7 @@ def preload(
     body_list = bodies()
     # no flow control: the preload runs before any worker, so there is no delay to learn
     # (and its round trips stay as they were: no GET of the flow key)
-    pubs = {pid: Publisher(client, qm, pid, flow_control=False) for pid in publisher_ids()}
+    pubs = {pid: Publisher(client, qm, pid, flow_control=False) for pid in publisher_ids(prefix)}
     prefixes = {pid: uuid.uuid4().hex for pid in pubs}
     counts: Counter[str] = Counter()
     msgids: list[tuple[str, str]] = []
@@ -664,7 +678,7 @@ def preload(
     pipe = client.pipeline(transaction=False)
     stream = keys.publish_stream(qm)
     start = time.perf_counter()
-    for pid, take in schedule(n, hot, chunk):
+    for pid, take in schedule(n, hot, chunk, prefix):
         items = [(rng.choice(topics), body_list[rng.randrange(len(body_list))]) for _ in range(take)]
         if properties:
             props = [selector_props(props_rng) for _ in range(take)]
@@ -692,7 +706,7 @@ def preload(
         "n": n,
         "elapsed_s": round(elapsed, 3),
         "xadd_per_s": round(n / elapsed),
-        "hot_share": round(counts["p00"] / n, 3),
+        "hot_share": round(counts[f"{prefix}00"] / n, 3),
         "msgids": msgids[:100],
     }
     if properties:
@@ -1090,48 +1104,81 @@ def run_latency(
     warmup_s: float = 0.25,
     workers: int = 2,
 ) -> dict[str, Any]:
-    """Publish at ``rate``/s for ``duration_s`` with ``workers`` running; BRPOP one queue and time each.
-
-    Latency = ``time.time_ns()`` when the envelope was popped minus ``sent_ns`` (same
-    machine clock). After each BRPOP the consumer takes whatever else is queued with one
-    ``RPOP queue count`` (each stamped when that call returned), so that a backlog does
-    not make the consumer itself the bottleneck. The first ``warmup_s`` of sends are
-    left out of the percentiles.
+    """Publish at ``rate``/s for ``duration_s`` with ``workers`` running; BRPOP one queue and time each
+    (``measure_latency``).
 
     Raises:
         BenchError: the workers did not start, or fewer than 99% of the messages came back.
     """
-    import multiprocessing
-
     qm = topo.qm
     topo.restore(client)
     pool = _pool(settings, workers)
     pool.start()
     client.config_resetstat()
+    try:
+        wait_registered(client, qm, pool, workers)
+        result = measure_latency(
+            settings.redis_url,
+            qm,
+            settings.redis_url,
+            keys.sub_queue(qm, LATENCY_SUB),
+            rate,
+            duration_s,
+            warmup_s,
+            {"redis": [redis_pid(client)], "workers": _worker_pids(client, qm)},
+        )
+        stats = commandstats(client)
+    finally:
+        pool.stop()
+    count = result["sent"]
+    result["workers"] = workers
+    result["redis_commands"] = sorted(
+        ((k, round(v["calls"] / count, 3), round(v["usec"] / count, 2)) for k, v in stats.items()),
+        key=lambda x: -x[2],
+    )[:10]
+    return result
+
+
+def measure_latency(
+    publish_url: str,
+    publish_qm: str,
+    consume_url: str,
+    queue: str,
+    rate: float,
+    duration_s: float,
+    warmup_s: float,
+    pids: dict[str, list[int]],
+) -> dict[str, Any]:
+    """Publish at ``rate``/s for ``duration_s`` at ``publish_qm`` (a ``latency_publisher`` process on
+    ``publish_url``); BRPOP ``queue`` on ``consume_url`` and time each envelope.
+
+    Latency = ``time.time_ns()`` when the envelope was popped minus ``sent_ns`` (same
+    machine clock). After each BRPOP the consumer takes whatever else is queued with one
+    ``RPOP queue count`` (each stamped when that call returned), so that a backlog does
+    not make the consumer itself the bottleneck. The first ``warmup_s`` of sends are
+    left out of the percentiles. ``pids``: the processes whose CPU is reported (the
+    bench and the publisher are added).
+
+    Raises:
+        BenchError: fewer than 99% of the messages came back.
+    """
+    import multiprocessing
+
     ctx = multiprocessing.get_context("spawn")
     proc = None
     closers: list[Callable[[], None]] = []
+    count = int(rate * duration_s)
     try:
-        wait_registered(client, qm, pool, workers)
-        count = int(rate * duration_s)
         parent, child = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=latency_publisher,
-            args=(settings.redis_url, qm, rate, count, child),
+            args=(publish_url, publish_qm, rate, count, child),
             name="bench-latency-publisher",
         )
-        queue = keys.sub_queue(qm, LATENCY_SUB)
-        consumer = redis.Redis.from_url(settings.redis_url)
+        consumer = redis.Redis.from_url(consume_url)
         closers.append(consumer.close)
         proc.start()
-        meter = CpuMeter(
-            {
-                "redis": [redis_pid(client)],
-                "workers": _worker_pids(client, qm),
-                "bench": [os.getpid()],
-                "publisher": [proc.pid],
-            }
-        )
+        meter = CpuMeter({**pids, "bench": [os.getpid()], "publisher": [proc.pid or 0]})
         records: list[tuple[int, int]] = []
         idle_since = None
         while len(records) < count:
@@ -1153,7 +1200,6 @@ def run_latency(
                 header = json.loads(envelope.partition(b"\n")[0])
                 records.append((int(header["props"]["sent_ns"]), at))
         cpu = meter.stop()
-        stats = commandstats(client)
         pub_info = parent.recv() if parent.poll(30) else {}
         proc.join(10)
     finally:
@@ -1162,7 +1208,6 @@ def run_latency(
             proc.join(5)
         for close in closers:
             close()
-        pool.stop()
     if len(records) < 0.99 * count:
         raise BenchError(f"latency: only {len(records)} of {count} messages received")
     first_sent = min(s for s, _ in records)
@@ -1170,7 +1215,6 @@ def run_latency(
     return {
         "rate": rate,
         "duration_s": duration_s,
-        "workers": workers,
         "sent": pub_info.get("sent", count),
         "received": len(records),
         "measured": len(lat_ms),
@@ -1183,10 +1227,6 @@ def run_latency(
         "p999_ms": round(_percentile(lat_ms, 99.9), 3),
         "max_ms": round(lat_ms[-1], 3) if lat_ms else None,
         "cpu": cpu,
-        "redis_commands": sorted(
-            ((k, round(v["calls"] / count, 3), round(v["usec"] / count, 2)) for k, v in stats.items()),
-            key=lambda x: -x[2],
-        )[:10],
     }
 
 
@@ -1721,3 +1761,297 @@ def run_consume(
         client.flushdb()
     out["batch_over_single"] = round(out["msgs_per_s"] / out["single_msgs_per_s"], 2)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# 13. Federation: queue managers of one network on a local 3-master cluster
+# --------------------------------------------------------------------------------------------
+
+#: The federation rows' queue managers, each on a master of its own (``spread_names``): the
+#: first is the hierarchy's root, the others its children.
+FED_ROLES = ("FEDA", "FEDB", "FEDC")
+
+
+@dataclass
+class Federation:
+    """A local 3-master cluster (in memory) with one queue manager per master, each with the
+    benchmark's topology (``Topology``, built once, restored on each queue manager's master).
+
+    Attributes:
+        cluster: the ``LocalCluster``.
+        qms: the queue managers (``FED_ROLES``), in network order.
+        client: a cluster client (``redis+cluster://``).
+        direct: qm -> a client of its master.
+        topos: qm -> its topology.
+    """
+
+    cluster: Any
+    qms: list[str]
+    client: redis.Redis
+    direct: dict[str, redis.Redis]
+    topos: dict[str, Topology]
+
+    @classmethod
+    def start(cls, topology: Topology | None = None) -> Federation:
+        """Start the cluster and give every queue manager the benchmark's topology: ``topology``'s
+        (built on another server), or one built here on the first queue manager's master."""
+        from broker.connection import connect
+        from tests.harness.cluster import LocalCluster, spread_names
+
+        cluster = LocalCluster().start()
+        try:
+            qms = spread_names(cluster, FED_ROLES)
+            direct = {
+                qm: connect(f"redis://127.0.0.1:{cluster.owner(keys.publish_stream(qm))}/0") for qm in qms
+            }
+            first = topology or Topology.build(direct[qms[0]], qms[0])
+            topos = {qm: first.for_qm(qm) for qm in qms}
+            return cls(cluster, qms, connect(cluster.url), direct, topos)
+        except BaseException:
+            cluster.stop()
+            raise
+
+    def stop(self) -> None:
+        for client in (self.client, *self.direct.values()):
+            with contextlib.suppress(redis.RedisError):
+                client.close()
+        self.cluster.stop()
+
+    def port(self, qm: str) -> int:
+        return self.cluster.owner(keys.publish_stream(qm))
+
+    def redis_pids(self) -> list[int]:
+        return [s.process.pid for s in self.cluster.servers if s.process is not None]
+
+    def node_cpu_s(self) -> dict[int, float]:
+        """Master port -> its CPU so far, s (INFO CPU ``used_cpu_sys`` + ``used_cpu_user``)."""
+        out = {}
+        for port in self.cluster.ports:
+            with redis.Redis(port=port) as node:
+                info = node.info("cpu")
+            out[port] = float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+        return out
+
+
+def _channels_filed(fed: Federation, qms: Sequence[str]) -> dict[tuple[str, str], str] | None:
+    """Each channel's last transmission entry id, or None when a receiver has not filed one of them."""
+    lasts = {}
+    for sender in qms:
+        for to in qms:
+            if to == sender:
+                continue
+            try:
+                info = fed.direct[sender].xinfo_stream(keys.transmission(sender, to))
+            except redis.ResponseError:  # no transmission stream yet
+                continue
+            last = info["last-generated-id"]
+            last = last.decode() if isinstance(last, bytes) else str(last)
+            filed = fed.direct[to].hget(keys.received(to), sender)
+            if filed is None or _entry_ms_seq(filed.decode()) < _entry_ms_seq(last):
+                return None
+            lasts[(sender, to)] = last
+    return lasts
+
+
+def _entry_ms_seq(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _handled(fed: Federation, qms: Sequence[str]) -> tuple[int, bool]:
+    """(entries the queue managers' workers handled, whether every group is caught up with nothing pending)."""
+    total, idle = 0, True
+    for qm in qms:
+        state = group_state(fed.direct[qm], qm)
+        total += state.acknowledged
+        idle = idle and state.exists and state.pending == 0 and state.lag == 0
+    return total, idle
+
+
+@contextlib.contextmanager
+def federated(
+    fed: Federation, settings: Settings, k: int, timeout_s: float = 60.0
+) -> Iterator[tuple[list[str], list[int]]]:
+    """The first ``k`` queue managers restored and, for ``k`` > 1, in one network (the first the
+    hierarchy's root, the others its children) with their channel processes running and every
+    proxy subscription in place; yields the queue managers and the channel processes' pids.
+    Channel processes stop at exit.
+
+    Raises:
+        BenchError: the proxy subscriptions were not in place within ``timeout_s``.
+    """
+    from broker.network import announce_key, parse_network
+    from broker.network_admin import apply_network
+    from worker.pool import Pool, run_channel
+
+    qms = fed.qms[:k]
+    for qm in fed.qms:
+        fed.topos[qm].restore(fed.direct[qm])
+    channels = []
+    try:
+        if k > 1:
+            nodes: dict[str, dict[str, Any]] = {qms[0]: {}, **{qm: {"parent": qms[0]} for qm in qms[1:]}}
+            apply_network(parse_network({"queue_managers": nodes}), fed.cluster.url, fed.client)
+            for qm in qms:
+                channel = settings.model_copy(
+                    update={"redis_url": fed.cluster.url, "qm": qm, "concurrency": 1}
+                )
+                channels.append(Pool(channel, run_channel))
+                channels[-1].start()
+            roots = {announce_key(f, "root", "/") for f, _, _ in subscription_plan()}
+            deadline = time.monotonic() + timeout_s
+            for qm in qms:
+                wanted = {f"{other} dynamic {root}" for other in qms if other != qm for root in roots}
+                while not wanted <= {f.decode() for f in fed.direct[qm].hkeys(keys.proxies(qm))}:
+                    if time.monotonic() > deadline:
+                        raise BenchError(f"proxy subscriptions at {qm} not in place after {timeout_s:.0f} s")
+                    time.sleep(POLL_S)
+        yield qms, [p.pid for pool in channels for p in pool.children if p is not None and p.pid]
+    finally:
+        for pool in channels:
+            pool.stop()
+
+
+def run_federation(
+    fed: Federation, settings: Settings, k: int, n: int, workers: int, chunk: int
+) -> dict[str, Any]:
+    """``k`` queue managers, each with ``n`` publications preloaded (publishers of its own) and a pool
+    of ``workers``; time until every publication is delivered at every queue manager.
+
+    With ``k`` > 1 each publication is forwarded to the others (every queue manager subscribes
+    to every topic), so the workers of the network handle ``k x k x n`` entries (each
+    publication once at each queue manager) and each queue manager's queues must end with
+    ``k x n x FANOUT`` envelopes. The clock starts when every worker has registered and stops
+    when every transmission stream is filed by its receiver and every group has nothing
+    pending and no lag (checked twice around). pubs/s = publications (origin ones) per second
+    = handled entries / ``k`` / elapsed, what was handled before the clock started left out.
+
+    Returns:
+        Figures: pubs/s, deliveries/s (network-wide), entries handled/s, CPU, and each master's
+        Redis CPU-us per publication (``INFO CPU``).
+
+    Raises:
+        BenchError: the drain stalled, a process died, or deliveries are missing.
+    """
+    with federated(fed, settings, k) as (qms, channel_pids):
+        loaded = {
+            qm: preload(
+                fed.direct[qm], qm, n, False, chunk, topics=fed.topos[qm].topics, prefix=f"{qm.lower()}p"
+            )
+            for qm in qms
+        }
+        pools = {}
+        t_spawn = time.perf_counter()
+        try:
+            for qm in qms:
+                pools[qm] = _pool(
+                    settings.model_copy(update={"redis_url": fed.cluster.url, "qm": qm}), workers
+                )
+                pools[qm].start()
+            t0: float | None = None
+            handled0 = 0
+            meter: CpuMeter | None = None
+            cpu0: dict[int, float] = {}
+            last, last_change = -1, time.monotonic()
+            while True:
+                now = time.perf_counter()
+                handled, idle = _handled(fed, qms)
+                if t0 is None and all(fed.direct[qm].hlen(keys.workers(qm)) >= workers for qm in qms):
+                    t0, handled0, cpu0 = now, handled, fed.node_cpu_s()
+                    meter = CpuMeter(
+                        {
+                            "redis": fed.redis_pids(),
+                            "workers": [p for qm in qms for p in _worker_pids(fed.direct[qm], qm)],
+                            "channels": channel_pids,
+                            "bench": [os.getpid()],
+                        }
+                    )
+                if idle and handled == k * k * n:
+                    filed = _channels_filed(fed, qms)
+                    if filed is not None and _handled(fed, qms)[1] and _channels_filed(fed, qms) == filed:
+                        t_end = time.perf_counter()
+                        break
+                if handled != last:
+                    last, last_change = handled, time.monotonic()
+                elif time.monotonic() - last_change > STALL_S:
+                    raise BenchError(f"no progress for {STALL_S:.0f} s at {handled}/{k * k * n} handled")
+                if any(pool.alive() < workers for pool in pools.values()):
+                    raise BenchError("a worker process died during the run")
+                time.sleep(POLL_S)
+            cpu = meter.stop() if meter else {}
+            cpu1 = fed.node_cpu_s()
+        finally:
+            for pool in pools.values():
+                pool.stop()
+        if t0 is None:
+            t0, handled0, cpu0 = t_spawn, 0, cpu1
+        elapsed = t_end - t0
+        measured = (k * k * n - handled0) / k  # publications' worth of entries handled on the clock
+        delivered = {qm: _queue_total(fed.direct[qm], fed.topos[qm].queues) for qm in qms}
+        dead = sum(fed.direct[qm].xlen(keys.dead_letter(qm)) for qm in qms)
+        hosts = {fed.port(qm): qm for qm in qms}
+        nodes = [
+            {
+                "port": port,
+                "qm": hosts.get(port, "-"),
+                "cpu_us_per_pub": round((cpu1[port] - cpu0[port]) * 1e6 / measured, 2),
+            }
+            for port in fed.cluster.ports
+        ]
+        result = {
+            "qms": k,
+            "n_per_qm": n,
+            "workers_per_qm": workers,
+            "elapsed_s": round(elapsed, 3),
+            "pubs_per_s": round(measured / elapsed),
+            "entries_per_s": round(measured * k / elapsed),
+            "deliveries_per_s": round(measured * k * FANOUT / elapsed),
+            "from_spawn_pubs_per_s": round(k * n / (t_end - t_spawn)),
+            "preload_xadd_per_s": round(statistics.median(x["xadd_per_s"] for x in loaded.values())),
+            "delivered": delivered,
+            "fanout_measured": round(sum(delivered.values()) / (k * n), 3),
+            "dead_lettered": dead,
+            "cpu": cpu,
+            "redis_cpu_us_per_pub": round(sum(x["cpu_us_per_pub"] for x in nodes), 2),
+            "nodes": nodes,
+        }
+        for name in ("workers", "channels"):  # Python CPU per publication, all queue managers together
+            result[f"{name}_cpu_us_per_pub"] = round(cpu.get(name, 0.0) / 100 * elapsed * 1e6 / measured, 1)
+        if any(v != k * n * FANOUT for v in delivered.values()) or dead:
+            raise BenchError(f"expected {k * n * FANOUT} deliveries at each queue manager: {result}")
+        return result
+
+
+def run_federation_latency(
+    fed: Federation, settings: Settings, rate: float, duration_s: float, warmup_s: float = 0.25
+) -> dict[str, Any]:
+    """Two queue managers (root and child), one worker each: publish at ``rate``/s at the root and time
+    each publication from its XADD to its arrival in the child's queue of ``bench/0/#``
+    (``measure_latency``): worker at the root -> transmission stream -> channel -> the child's
+    publish stream -> worker at the child -> its queue.
+
+    Raises:
+        BenchError: the network did not come up, or fewer than 99% of the messages came back.
+    """
+    with federated(fed, settings, 2) as ((origin, dest), channel_pids):
+        pools = []
+        try:
+            for qm in (origin, dest):
+                pools.append(_pool(settings.model_copy(update={"redis_url": fed.cluster.url, "qm": qm}), 1))
+                pools[-1].start()
+                wait_registered(fed.direct[qm], qm, pools[-1], 1)
+            workers = [p for qm in (origin, dest) for p in _worker_pids(fed.direct[qm], qm)]
+            result = measure_latency(
+                fed.cluster.url,
+                origin,
+                f"redis://127.0.0.1:{fed.port(dest)}/0",
+                keys.sub_queue(dest, LATENCY_SUB),
+                rate,
+                duration_s,
+                warmup_s,
+                {"redis": fed.redis_pids(), "workers": workers, "channels": channel_pids},
+            )
+        finally:
+            for pool in pools:
+                pool.stop()
+    return result | {"origin": origin, "destination": dest}

@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import redis
@@ -57,6 +58,35 @@ from tests.harness.testing import queue_messages
 def recipients(topic: str, filters: dict[str, str], links: list[tuple[str, str]]) -> frozenset[str]:
     """The subscription ids (keys of ``filters``) a publication on ``topic`` must reach, computed independently."""
     return oracle.recipients(topic, filters, oracle.link_targets(links))
+
+
+def network_recipients(
+    topic: str, origin: str, filters: Mapping[str, tuple[str, str]], edges: Iterable[tuple[str, str]]
+) -> frozenset[str]:
+    """The subscription ids a publication on ``topic`` made at queue manager ``origin`` must reach
+    in a network of queue managers, computed independently of ``broker.network`` and
+    ``broker.routing``: every subscription whose filter matches ``topic`` at a queue manager
+    that ``origin`` reaches over ``edges``.
+
+    Args:
+        topic: the topic published on.
+        origin: the queue manager it was published at.
+        filters: subscription id -> (its queue manager, its filter), over the whole network.
+        edges: the channels the topic's route class may use (the hierarchy's parent-child
+            pairs, plus for a cluster topic every pair of the cluster's members). Every
+            subscription is announced everywhere (no announce filters, no ``SUBSCOPE(QMGR)``).
+    """
+    adjacent: dict[str, set[str]] = defaultdict(set)
+    for a, b in edges:
+        adjacent[a].add(b)
+        adjacent[b].add(a)
+    reached, queue = {origin}, deque([origin])
+    while queue:
+        for there in adjacent[queue.popleft()] - reached:
+            reached.add(there)
+            queue.append(there)
+    local = {sub: flt for sub, (qm, flt) in filters.items() if qm in reached}
+    return oracle.recipients(topic, local, {})
 
 
 def foreign_key_of(reason: str) -> str:

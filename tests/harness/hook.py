@@ -1,4 +1,4 @@
-"""The crash-point hook of a chaos worker process, and the process's entry point.
+"""The crash-point hook of a chaos worker or channel process, and the processes' entry points.
 
 The harness arms a worker by writing a plan to ``<control dir>/<pid>.plan``
 and sending the process SIGUSR1; the hook reads the plan in the signal handler,
@@ -7,7 +7,8 @@ so the hot path only compares a string. A plan is JSON::
     {"point": "before_commit", "action": "kill" | "stop", "after": 2}
 
 At the ``after``-th time the worker passes ``point`` (one of
-``worker.loop.CRASH_POINTS``) the hook writes ``<pid>.<action>`` (the point's
+``worker.loop.CRASH_POINTS``, or a channel mover's ``before_channel_in`` /
+``after_channel_in``) the hook writes ``<pid>.<action>`` (the point's
 name) and then SIGKILLs the process (a crash) or SIGSTOPs it (a stall: the
 harness SIGCONTs it once its lease is over, and the zombie's writes must be
 fenced). An empty or missing plan disarms the hook. The process writes
@@ -65,6 +66,22 @@ class CrashHook:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _armed(control_dir: str, log_file: str, plan: dict[str, Any] | None) -> CrashHook:
+    """Log to ``log_file``, install the SIGUSR1 handler of a ``CrashHook`` and say the process is ready."""
+    logging.basicConfig(
+        filename=log_file,
+        level=logging.WARNING,
+        format=f"%(asctime)s pid={os.getpid()} %(name)s %(levelname)s %(message)s",
+    )
+    hook = CrashHook(control_dir)
+    signal.signal(signal.SIGUSR1, hook.reload)
+    hook.reload()
+    if plan:
+        hook.plan, hook.point = dict(plan), plan["point"]
+    (Path(control_dir) / f"{os.getpid()}.ready").write_text("")  # SIGUSR1 may be sent from now on
+    return hook
+
+
 def run_worker(
     settings_json: str, control_dir: str, log_file: str, plan: dict[str, Any] | None = None
 ) -> None:
@@ -79,15 +96,30 @@ def run_worker(
     from broker.config import Settings
     from worker.loop import main
 
-    logging.basicConfig(
-        filename=log_file,
-        level=logging.WARNING,
-        format=f"%(asctime)s pid={os.getpid()} %(name)s %(levelname)s %(message)s",
-    )
-    hook = CrashHook(control_dir)
-    signal.signal(signal.SIGUSR1, hook.reload)
-    hook.reload()
-    if plan:
-        hook.plan, hook.point = dict(plan), plan["point"]
-    (Path(control_dir) / f"{os.getpid()}.ready").write_text("")  # SIGUSR1 may be sent from now on
+    hook = _armed(control_dir, log_file, plan)
     main(Settings.model_validate_json(settings_json), hook=hook)
+
+
+def run_channel(
+    settings_json: str,
+    control_dir: str,
+    log_file: str,
+    name: str | None = None,
+    plan: dict[str, Any] | None = None,
+) -> None:
+    """Entry point of a chaos channel process: ``broker.channel.main`` with a ``CrashHook`` (crash
+    points ``before_channel_in``, ``after_channel_in`` of its movers).
+
+    Args:
+        settings_json: ``Settings.model_dump_json()`` (its ``qm`` is the queue manager).
+        control_dir: where plans and markers live.
+        log_file: the process's log (warnings and errors), appended to.
+        name: the process's name (its mover leases): a restarted process of the same slot
+            takes its channels over at once instead of after the dead one's lease.
+        plan: a plan to start with (tests), instead of waiting for SIGUSR1.
+    """
+    from broker.channel import main
+    from broker.config import Settings
+
+    hook = _armed(control_dir, log_file, plan)
+    main(Settings.model_validate_json(settings_json), name=name, hook=hook)

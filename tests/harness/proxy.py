@@ -326,8 +326,8 @@ class Proxy:
             self._dropped.notify_all()
 
 
-def _serve_in_child(upstream_port: int, ports: list[int], control: Connection) -> None:
-    proxies = [Proxy(upstream_port, port).start() for port in ports]
+def _serve_in_child(upstream_ports: list[int], ports: list[int], control: Connection) -> None:
+    proxies = [Proxy(upstream, port).start() for upstream, port in zip(upstream_ports, ports, strict=True)]
     control.send([p.port for p in proxies])
     try:
         while True:
@@ -348,16 +348,20 @@ def _serve_in_child(upstream_port: int, ports: list[int], control: Connection) -
 
 
 class ProxyProcess:
-    """``count`` proxies to one server, run in a child process, controlled over a pipe.
+    """``count`` proxies to one server, or one proxy per server, run in a child process,
+    controlled over a pipe.
 
     Args:
-        upstream_port: the server's port.
-        count: how many proxies (e.g. one for workers, one for publishers).
+        upstream_port: the server's port, or a list of ports: one proxy in front of each
+            (the federation chaos run: one per queue manager's master).
+        count: how many proxies to the one server (e.g. one for workers, one for publishers).
     """
 
-    def __init__(self, upstream_port: int, count: int = 1) -> None:
-        self.upstream_port = upstream_port
-        self.count = count
+    def __init__(self, upstream_port: int | list[int], count: int = 1) -> None:
+        self.upstream_ports = (
+            list(upstream_port) if isinstance(upstream_port, list) else [upstream_port] * count
+        )
+        self.count = len(self.upstream_ports)
         self.ports: list[int] = []
         self._process: multiprocessing.process.BaseProcess | None = None
         self._control: Connection | None = None
@@ -369,7 +373,7 @@ class ProxyProcess:
         parent, child = ctx.Pipe()
         self._process = ctx.Process(
             target=_serve_in_child,
-            args=(self.upstream_port, [0] * self.count, child),
+            args=(self.upstream_ports, [0] * self.count, child),
             name="chaos-proxy",
             daemon=True,
         )
