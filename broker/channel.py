@@ -46,7 +46,7 @@ from redis.exceptions import RedisClusterException
 
 from broker import keys
 from broker.config import Settings
-from broker.connection import connect
+from broker.connection import connect, wait_for_server
 from broker.errors import ConfigError, InvalidMessage
 from broker.models import decode_envelope
 from broker.network import (
@@ -82,6 +82,10 @@ AGENT_GONE_AFTER_MS = 60_000
 FIRST_BACKOFF_MS = 100
 
 Clock = Callable[[], int]
+
+#: How long a process (re)started by its pool waits for the server, ms: a child restarted
+#: while its server (or the cluster node its URL names) is down waits instead of dying.
+START_WAIT_MS = 60_000
 
 
 def _text(raw: bytes | str | None) -> str:
@@ -767,7 +771,7 @@ def main(settings: Settings, name: str | None = None, hook: Callable[[str], None
     """
     import signal
 
-    client = connect(settings.redis_url)
+    client = wait_for_server(settings.redis_url, START_WAIT_MS)  # a restart during an outage waits
     process = ChannelProcess(client, settings, name=name, hook=hook)
 
     def _stop(signum: int, frame: object) -> None:

@@ -47,7 +47,7 @@ from redis.exceptions import RedisClusterException
 
 from broker import keys
 from broker.config import Settings
-from broker.connection import block_slice_ms, connect
+from broker.connection import block_slice_ms, wait_for_server
 from broker.consumer import sweep_subscriptions
 from broker.declared import seed_declared
 from broker.errors import BrokerError, ConnectionLost, ForeignKey, InvalidMessage, InvalidTopic, ServerError
@@ -108,6 +108,10 @@ ENTRY_SWEEP_COUNT = 100
 GONE_AFTER_MS = 60_000
 
 Hook = Callable[[str], None]
+
+#: How long a process (re)started by its pool waits for the server, ms: a child restarted
+#: while its server (or the cluster node its URL names) is down waits instead of dying.
+START_WAIT_MS = 60_000
 
 
 def _publisher_of(fields: dict[bytes, bytes]) -> str:
@@ -721,7 +725,7 @@ def main(settings: Settings, hook: Hook | None = None) -> None:
     """
     import signal
 
-    client = connect(settings.redis_url)
+    client = wait_for_server(settings.redis_url, START_WAIT_MS)  # a restart during an outage waits
     worker = Worker(client, settings, hook=hook)
 
     def _stop(signum: int, frame: object) -> None:
