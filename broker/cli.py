@@ -1491,16 +1491,19 @@ def network_withdraw(state: State) -> None:
     click.echo(f"{settings.qm}: withdrawn ({len(record['keys'])} keys announced)")
 
 
-@main.command("proxies", short_help="List the proxy subscriptions held at this queue manager.")
+@main.group("proxies", invoke_without_command=True, short_help="List the proxy subscriptions held here.")
 @click.option(
     "--json", "as_json", is_flag=True, help="Print {proxies, announced, problems} as one JSON object."
 )
-@click.pass_obj
-def proxies_command(state: State, as_json: bool) -> None:
+@click.pass_context
+def proxies_command(ctx: click.Context, as_json: bool) -> None:
     """List the proxy subscriptions this queue manager holds for others (remote queue manager,
     topic key, dynamic or static), and what it announces itself."""
     from broker.network_admin import list_proxies
 
+    if ctx.invoked_subcommand is not None:
+        return
+    state: State = ctx.obj
     qm = state.settings.qm
     rows, announced, problems = list_proxies(state.client(), qm)
     if as_json:
@@ -1520,6 +1523,19 @@ def proxies_command(state: State, as_json: bool) -> None:
         keys_ = ", ".join(announced.get("keys", {})) or "nothing"
         console.print(f"{qm} announces ({announced.get('state')}): {keys_}")
     _print_problems(problems)
+
+
+@proxies_command.command("remove")
+@click.argument("remote_qm")
+@click.pass_obj
+def proxies_remove(state: State, remote_qm: str) -> None:
+    """Remove the dynamic proxy subscriptions held here for REMOTE_QM: a queue manager taken out
+    of the network without withdrawing (SwiftMQ: delete its remote router subscriptions on every
+    node). They come back only if REMOTE_QM announces again; static ones stay (network file)."""
+    from broker.network_admin import remove_proxies
+
+    removed = remove_proxies(state.client(), state.settings.qm, remote_qm)
+    click.echo(f"{state.settings.qm}: removed {removed} proxy subscription(s) for {remote_qm}")
 
 
 @main.command("channel", short_help="Run the channel process: proxy subscriptions and channel movers.")

@@ -15,7 +15,7 @@ from broker import keys
 from broker.channel import UNREACHABLE, Agent, Peers, read_announced, read_network
 from broker.connection import redact_url, translate_errors
 from broker.errors import ConfigError
-from broker.network import Network, ProxySubscription, Topology
+from broker.network import Network, ProxySubscription, Topology, proxy_field
 
 
 def _text(raw: bytes | str | None) -> str:
@@ -84,6 +84,25 @@ def _now_ms() -> int:
     import time
 
     return int(time.time() * 1000)
+
+
+@translate_errors
+def remove_proxies(client: redis.Redis, qm: str, remote_qm: str) -> int:
+    """Remove the dynamic proxy subscriptions ``qm`` holds for ``remote_qm`` (and bump the version,
+    so its workers stop forwarding at once); returns how many were removed.
+
+    The channel process does not put them back while ``remote_qm`` cannot be reached; it does when
+    ``remote_qm`` announces again. Static ones come from the network file and stay.
+    """
+    prefix = proxy_field(remote_qm, "", "dynamic")
+    fields = [f for f in client.hkeys(keys.proxies(qm)) if _text(f).startswith(prefix)]
+    if not fields:
+        return 0
+    pipe = client.pipeline(transaction=True)
+    pipe.hdel(keys.proxies(qm), *fields)
+    pipe.incr(keys.version(qm))
+    removed, _ = pipe.execute()
+    return int(removed)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from broker.connection import connect
 from broker.links import link
 from broker.models import Message
 from broker.network import Topology, parse_network
-from broker.network_admin import apply_network, list_proxies, network_status, withdraw
+from broker.network_admin import apply_network, list_proxies, network_status, remove_proxies, withdraw
 from broker.publish import Publisher
 from broker.server import Server, free_port
 from broker.subscriptions import subscribe, unsubscribe
@@ -786,6 +786,36 @@ def test_a_receiver_on_another_server_that_crashes_gets_everything_when_it_is_ba
         finally:
             fed.clients["D"].close()
             restarted.stop()
+    finally:
+        other.stop()
+
+
+def test_an_operator_removes_the_proxies_of_a_queue_manager_that_left_without_withdrawing(
+    real_server, real_redis
+):
+    # Given D on a server of its own, announcing news, then gone for good without withdrawing
+    other = Server().start()
+    try:
+        here = real_server.url
+        fed = Fed(real_redis, here, {"S": {}, "D": {"url": other.url, "parent": "S"}})
+        subscribe(fed.clients["D"], fed["D"], "news/#", "app", "durable")
+        fed.settle()
+        assert fed.proxies("S") == [("D", "news", "dynamic")]
+        other.kill()
+        fed.crashed.add("D")
+        fed.settle()
+        assert fed.proxies("S") == [("D", "news", "dynamic")]  # kept: D cannot be read
+        # When the operator removes them (SwiftMQ: delete the remote router subscriptions)
+        version = int(real_redis.get(keys.version(fed["S"])))
+        assert remove_proxies(real_redis, fed["S"], fed["D"]) == 1
+        assert int(real_redis.get(keys.version(fed["S"]))) == version + 1
+        # Then the channel process does not put them back while D is gone, and nothing is forwarded
+        fed.settle()
+        assert fed.proxies("S") == []
+        fed.publish("S", "p", "news/a", 3)
+        fed.settle()
+        assert fed.xmit_len("S", "D") == 0
+        assert remove_proxies(real_redis, fed["S"], fed["D"]) == 0
     finally:
         other.stop()
 
