@@ -22,7 +22,16 @@ import redis
 from broker.server import EPHEMERAL, Server, cli_binary, free_port
 
 #: Directives that give a master an AOF, written every second (instead of ``EPHEMERAL``).
-DURABLE = ("--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--maxmemory-policy", "noeviction")
+DURABLE = (
+    "--save",
+    "",
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "everysec",
+    "--maxmemory-policy",
+    "noeviction",
+)
 
 #: Directives every master gets besides ``EPHEMERAL`` or ``DURABLE``.
 CLUSTER_ARGS = (
