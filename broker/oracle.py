@@ -7,6 +7,13 @@ are followed with a plain breadth-first search, and every subscription filter
 is tested against every reached topic. ``score`` is the one checker of a
 subscription's receipts (lost, duplicated, out of order, unexpected) that the
 demo and the chaos harness share; the Spark audit recomputes on its own, on purpose.
+
+Across a network of queue managers (``broker.network``; ``broker demo --federation``),
+``network_recipients`` gives the subscriptions of every queue manager a publication must
+reach, again without the broker's own code (no ``Topology``): a plain breadth-first search
+over the hierarchy's parent-child edges, plus the full mesh of a cluster's members for a
+topic under a cluster topic object, finds the queue managers reachable from the origin, and
+each of them contributes its own local recipients, with its own links.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from broker.topics import matches
 
@@ -62,6 +70,97 @@ def recipients(
     """
     reached = link_closure(topic, targets)
     return frozenset(sub for sub, flt in filters.items() if any(matches(flt, t) for t in reached))
+
+
+@dataclass(frozen=True)
+class Node:
+    """One queue manager of a network, as the oracle sees it.
+
+    Attributes:
+        parent: its parent in the hierarchy, or None.
+        clusters: the publish/subscribe clusters it is a member of.
+        filters: its subscriptions: subscription id -> topic filter.
+        links: its topic links, ``(source, target)`` (links are per queue manager).
+    """
+
+    parent: str | None = None
+    clusters: tuple[str, ...] = ()
+    filters: Mapping[str, str] = field(default_factory=dict)
+    links: tuple[tuple[str, str], ...] = ()
+
+    @cached_property
+    def targets(self) -> dict[str, list[str]]:
+        """``link_targets`` of its links."""
+        return link_targets(self.links)
+
+
+def label(qm: str, sub_id: str) -> str:
+    """The network-wide name of subscription ``sub_id`` of queue manager ``qm``: ``<qm>:<sub_id>``."""
+    return f"{qm}:{sub_id}"
+
+
+def route_cluster(topic: str, cluster_topics: Mapping[str, str]) -> str:
+    """The cluster whose edges a publication on ``topic`` may use: that of the closest cluster
+    topic object at or above it (walking up ``/`` levels), "" for a local topic.
+
+    Args:
+        topic: the topic published on.
+        cluster_topics: topic string of a topic object -> its CLUSTER ("" for an object that
+            keeps its topics local); objects without a CLUSTER of their own are left out.
+    """
+    levels = topic.split("/")
+    for depth in range(len(levels), 0, -1):
+        found = cluster_topics.get("/".join(levels[:depth]))
+        if found is not None:
+            return found
+    return ""
+
+
+def reachable(origin: str, cluster: str, nodes: Mapping[str, Node]) -> set[str]:
+    """The queue managers a publication made at ``origin`` can reach: ``origin`` itself and every
+    queue manager connected to it by parent-child edges and, when ``cluster`` is not "", edges
+    between any two members of ``cluster`` (CLROUTE(DIRECT)).
+
+    Announce filters are not modelled: every queue manager on a path holds every announcement.
+    """
+    adjacent: dict[str, set[str]] = {name: set() for name in nodes}
+    for name, node in nodes.items():
+        if node.parent is not None:
+            adjacent[name].add(node.parent)
+            adjacent[node.parent].add(name)
+    if cluster:
+        members = [name for name, node in nodes.items() if cluster in node.clusters]
+        for name in members:
+            adjacent[name].update(m for m in members if m != name)
+    seen = {origin}
+    queue = deque([origin])
+    while queue:
+        for there in adjacent[queue.popleft()]:
+            if there not in seen:
+                seen.add(there)
+                queue.append(there)
+    return seen
+
+
+def network_recipients(
+    origin: str, topic: str, nodes: Mapping[str, Node], cluster_topics: Mapping[str, str]
+) -> frozenset[str]:
+    """The subscriptions, network-wide (``label``), a publication on ``topic`` made at ``origin`` must reach.
+
+    Each queue manager ``reachable`` in the topic's route class (``route_cluster``) contributes
+    its local ``recipients``: its own filters, through its own links.
+
+    Args:
+        origin: the queue manager the publication was made at.
+        topic: the topic published on.
+        nodes: queue manager name -> ``Node``.
+        cluster_topics: topic string -> CLUSTER of the network's topic objects (``route_cluster``).
+    """
+    found: set[str] = set()
+    for qm in reachable(origin, route_cluster(topic, cluster_topics), nodes):
+        node = nodes[qm]
+        found.update(label(qm, sub) for sub in recipients(topic, node.filters, node.targets))
+    return frozenset(found)
 
 
 @dataclass(frozen=True)
