@@ -185,6 +185,16 @@ class Peers:
                     client.close()
 
 
+def _sync_hash(pipe: Any, key: str, old: dict[str, str], new: dict[str, str]) -> None:
+    """Queue on ``pipe`` the commands that turn hash ``key`` from ``old`` into ``new``."""
+    gone = [field for field in old if field not in new]
+    if gone:
+        pipe.hdel(key, *gone)
+    fresh: dict[Any, Any] = {field: value for field, value in new.items() if old.get(field) != value}
+    if fresh:
+        pipe.hset(key, mapping=fresh)
+
+
 def read_network(client: redis.Redis, qm: str) -> Network | None:
     """The network record of ``qm`` (``{qm}:network``), or None when it is in no network.
 
@@ -383,18 +393,8 @@ class Agent:
         changed = wanted != current or copies != old_copies
         if changed or newly_seen:
             pipe = self.client.pipeline(transaction=True)
-            gone = [f for f in current if f not in wanted]
-            if gone:
-                pipe.hdel(keys.proxies(qm), *gone)
-            fresh: dict[Any, Any] = {f: v for f, v in wanted.items() if current.get(f) != v}
-            if fresh:
-                pipe.hset(keys.proxies(qm), mapping=fresh)
-            gone_copies = [t for t in old_copies if t not in copies]
-            if gone_copies:
-                pipe.hdel(keys.cluster_topics(qm), *gone_copies)
-            fresh_copies: dict[Any, Any] = {t: v for t, v in copies.items() if old_copies.get(t) != v}
-            if fresh_copies:
-                pipe.hset(keys.cluster_topics(qm), mapping=fresh_copies)
+            _sync_hash(pipe, keys.proxies(qm), current, wanted)
+            _sync_hash(pipe, keys.cluster_topics(qm), old_copies, copies)
             if newly_seen:
                 pipe.hset(keys.network_seen(qm), mapping=dict.fromkeys(newly_seen, now))
             if changed:

@@ -199,6 +199,16 @@ def main(ctx: click.Context, config_file: str | None, redis_url: str | None, qm:
 # --- processes ---------------------------------------------------------------------------------
 
 
+#: ``--wait-ms`` of the long-running commands (worker, scheduler, channel).
+_wait_ms_option = click.option(
+    "--wait-ms",
+    type=click.IntRange(0),
+    default=30_000,
+    show_default=True,
+    help="How long to wait for the Redis server to come up, ms.",
+)
+
+
 @main.command("worker", short_help="Run the worker pool (fan-out) in the foreground.")
 @click.option(
     "--concurrency",
@@ -207,13 +217,7 @@ def main(ctx: click.Context, config_file: str | None, redis_url: str | None, qm:
     default=None,
     help="Worker processes to run (default: the 'concurrency' setting).",
 )
-@click.option(
-    "--wait-ms",
-    type=click.IntRange(0),
-    default=30_000,
-    show_default=True,
-    help="How long to wait for the Redis server to come up, ms.",
-)
+@_wait_ms_option
 @click.pass_obj
 def worker_command(state: State, concurrency: int | None, wait_ms: int) -> None:
     """Run the worker pool in the foreground until SIGTERM or Ctrl-C.
@@ -247,13 +251,7 @@ def worker_command(state: State, concurrency: int | None, wait_ms: int) -> None:
     show_default=True,
     help="How often each admin job runs, ms.",
 )
-@click.option(
-    "--wait-ms",
-    type=click.IntRange(0),
-    default=30_000,
-    show_default=True,
-    help="How long to wait for the Redis server to come up, ms.",
-)
+@_wait_ms_option
 @click.pass_obj
 def scheduler_command(state: State, interval_ms: int, wait_ms: int) -> None:
     """Schedule the admin jobs (trim acknowledged stream entries, usage snapshots, and with
@@ -1572,13 +1570,7 @@ def proxies_remove(state: State, remote_qm: str) -> None:
 @click.option(
     "--once", is_flag=True, help="One round (announce, reconcile, one move per channel), then exit."
 )
-@click.option(
-    "--wait-ms",
-    type=click.IntRange(0),
-    default=30_000,
-    show_default=True,
-    help="How long to wait for the Redis server to come up, ms.",
-)
+@_wait_ms_option
 @click.pass_obj
 def channel_command(state: State, once: bool, wait_ms: int) -> None:
     """Run this queue manager's channel process until SIGTERM or Ctrl-C: it announces its
