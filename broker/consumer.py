@@ -147,7 +147,6 @@ def recover(
             keys.sub_redelivered(qm, sub_id),
             keys.sub_bell(qm, sub_id),
             keys.dead_letter(qm),
-            keys.subscriptions(qm),
             *keys.sub_bands(qm, sub_id),
             keys.sub_holder(qm, sub_id),
             keys.last_active(qm),
@@ -160,6 +159,7 @@ def recover(
             sub_id,
             forget_ms,
             closing,
+            keys.subscriptions(qm),
         ],
     )
     return int(got[0]), int(got[1]), int(got[2])

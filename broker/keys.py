@@ -618,6 +618,32 @@ def network_agents(qm: str) -> str:
     return f"{_tag(qm)}:agents"
 
 
+# --- Security: authenticated ingress (``broker.principals``, ``broker.acl``) ---
+
+
+def ingress_prefix(qm: str) -> str:
+    """Prefix of the principals' ingress streams: ``{qm}:in:`` (``dequeue.lua`` builds them from it)."""
+    return f"{_tag(qm)}:in:"
+
+
+def ingress(qm: str, principal: str) -> str:
+    """The ingress stream of one principal (an ACL user), ``{qm}:in:<principal>``: the only stream
+    its user may XADD to; the queue mutex moves its entries into the publish stream."""
+    return f"{ingress_prefix(qm)}{principal}"
+
+
+def principals(qm: str) -> str:
+    """The principals allowed to publish through ingress streams, ``{qm}:principals``: hash
+    principal -> newline-separated publisher ids bound to it."""
+    return f"{_tag(qm)}:principals"
+
+
+def acl_users(qm: str) -> str:
+    """The ACL users ``broker acl`` made for this queue manager, ``{qm}:acl``: hash user -> JSON
+    (role, publisher ids, client id, peers; never a password)."""
+    return f"{_tag(qm)}:acl"
+
+
 def all_keys_pattern(qm: str) -> str:
     """A SCAN pattern matching every key of the queue manager."""
     return f"{_tag(qm)}:*"

@@ -50,6 +50,8 @@ class Message(BaseModel):
         origin: the queue manager it was published at, when it came from another one
             over a channel (``broker.network``); None when published here.
         route: the queue managers it passed through before this one, origin first.
+        principal: the ACL user that published it through its ingress stream
+            (``broker.principals``; Redis enforced it), or None.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -70,6 +72,7 @@ class Message(BaseModel):
     entry_id: str | None = None
     origin: str | None = None
     route: tuple[str, ...] = ()
+    principal: str | None = None
 
     @classmethod
     def from_envelope(cls, envelope: bytes) -> Message:
@@ -102,6 +105,7 @@ class Message(BaseModel):
             entry_id=header.get("entry_id"),
             origin=header.get("origin"),
             route=tuple(header.get("route") or ()),
+            principal=header.get("principal"),
         )
 
 
@@ -255,6 +259,9 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
     message_type = _text(fields, b"type")
     if message_type is not None:
         header["type"] = message_type
+    principal = _text(fields, b"principal")
+    if principal is not None:  # set by the queue mutex for an entry that came through an ingress stream
+        header["principal"] = principal
     origin = _text(fields, b"origin")
     if origin is not None:
         route = (_text(fields, b"route") or "").split(",")

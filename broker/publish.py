@@ -94,6 +94,9 @@ class Publisher:
             before the next publication; False: never wait, and do not read the flow key.
         clock_ms: a monotonic clock in ms, for the flow-control wait (injectable for tests).
         sleep_ms: sleeps for the given ms, for the flow-control wait (injectable for tests).
+        principal: publish through this principal's ingress stream (``{qm}:in:<principal>``,
+            ``broker.principals``): the ACL user the client is authenticated as, when the
+            queue manager runs with security on; None publishes to the publish stream.
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class Publisher:
         flow_control: bool = True,
         clock_ms: Callable[[], float] | None = None,
         sleep_ms: Callable[[float], None] | None = None,
+        principal: str | None = None,
     ) -> None:
         if not publisher_id or len(publisher_id.encode()) > keys.MAX_PUBLISHER_BYTES:
             raise InvalidMessage(f"publisher_id must be 1-{keys.MAX_PUBLISHER_BYTES} bytes")
@@ -117,7 +121,7 @@ class Publisher:
         self.validate = validate
         self.next_seq = first_seq
         self.client_id = client_id
-        self._stream = keys.publish_stream(qm)
+        self._stream = keys.ingress(qm, principal) if principal else keys.publish_stream(qm)
         self.flow_control = flow_control
         self.flow = FlowGate(flow_control, clock_ms, sleep_ms)
         self._flow_key = keys.flow_key(qm, publisher_id)

@@ -54,6 +54,7 @@ _TYPES = {
     "network": "string",
     "proxies": "hash",
     "cluster_topics": "hash",
+    "principals": "hash",
 }
 
 
@@ -125,6 +126,7 @@ class RoutingTable:
         #: copies of the network's cluster topic objects: topic string -> (cluster, clroute, hosts)
         self.cluster_topics: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self._forward_cache: dict[tuple[str, str, tuple[str, ...]], tuple[str, ...]] = {}
+        self.ingress: tuple[str, ...] = ()
 
     def load(self, client: redis.Redis) -> None:
         """Read subscriptions, links and the version in one MULTI/EXEC and rebuild.
@@ -145,6 +147,7 @@ class RoutingTable:
             "network": keys.network(qm),
             "proxies": keys.proxies(qm),
             "cluster_topics": keys.cluster_topics(qm),
+            "principals": keys.principals(qm),
         }
         pipe = client.pipeline(transaction=True)
         for key in names.values():
@@ -155,6 +158,7 @@ class RoutingTable:
         pipe.get(names["network"])
         pipe.hgetall(names["proxies"])
         pipe.hgetall(names["cluster_topics"])
+        pipe.hkeys(names["principals"])
         replies = pipe.execute(raise_on_error=False)
         for (what, key), found in zip(names.items(), replies[: len(names)], strict=True):
             kind = _text(found)
@@ -163,7 +167,11 @@ class RoutingTable:
         for reply in replies[len(names) :]:
             if isinstance(reply, Exception):
                 raise reply
-        version, subs, links, topics, manager, declared, network, proxies, clustered = replies[len(names) :]
+        version, subs, links, topics, manager, declared, network, proxies, clustered, principals = replies[
+            len(names) :
+        ]
+        #: the ingress streams of the principals (``broker.principals``): a worker waits on them too
+        self.ingress = tuple(keys.ingress(qm, _text(p)) for p in principals)
         self.scheme = scheme_of(qm, manager)
         self.direct = _text(manager.get(b"direct_subscriber_selection", b"true")) != "false"
         records, problems = parse_subscriptions(qm, subs)

@@ -179,6 +179,7 @@ class Scripts:
                 keys.active_publishers(qm),
                 keys.alive(qm),
                 keys.dead_letter(qm),
+                keys.principals(qm),
             ],
             [
                 keys.WORKER_GROUP,
@@ -194,6 +195,7 @@ class Scripts:
                 refusals.reply_ttl_ms,
                 refusals.dead_letter_max_len,
                 refusals.max_body_bytes,
+                keys.ingress_prefix(qm),
                 *map(_b, turns),
             ],
             pipe,

@@ -306,22 +306,28 @@ class Worker:
                 # wait only briefly, so this worker starts as soon as one is given up.
                 taken = self._sweep_turns()
                 if block and not taken and not dequeued.entries:
-                    self.client.xread(
-                        {self._stream: dequeued.last_delivered_id},
-                        count=1,
-                        block=min(settings.block_ms, BUSY_POLL_MS, block_slice_ms(self.client)),
-                    )
+                    self._wait(dequeued, min(settings.block_ms, BUSY_POLL_MS, block_slice_ms(self.client)))
             elif block and not dequeued.entries:
-                self.client.xread(
-                    {self._stream: dequeued.last_delivered_id},
-                    count=1,
-                    block=min(settings.block_ms, block_slice_ms(self.client)),
-                )
+                self._wait(dequeued, min(settings.block_ms, block_slice_ms(self.client)))
             return 0
         self.hook("holding_turn")
         done = self._commit(dequeued.turns, now, self._turns_to_give_up(dequeued))
         self._heartbeat(now)
         return done
+
+    def _wait(self, dequeued: Dequeued, block_ms: int) -> None:
+        """Block until the publish stream or a principal's ingress stream gets an entry, or ``block_ms``.
+
+        An ingress stream is waited on from its start: the queue mutex deletes what it moved, so
+        any entry there is new work.
+        """
+        streams: dict[Any, Any] = {self._stream: dequeued.last_delivered_id}
+        for ingress in self.table.ingress:
+            streams[ingress] = "0-0"
+        try:
+            self.client.xread(streams, count=1, block=block_ms)
+        except redis.ResponseError:  # an ingress key of another type: wait on the publish stream alone
+            self.client.xread({self._stream: dequeued.last_delivered_id}, count=1, block=block_ms)
 
     def _sweep_turns(self) -> list[str]:
         """Take orphaned turns (and find forgotten ones of ours); returns the publishers taken."""

@@ -14,6 +14,7 @@
 -- KEYS[3] active publishers set     "{qm}:publishers"
 -- KEYS[4] live workers              "{qm}:alive" (zset scored by last heartbeat, ms)
 -- KEYS[5] dead-letter stream        "{qm}:dlq"
+-- KEYS[6] principals                "{qm}:principals" (principal -> publisher ids, one per line)
 -- ARGV[1] consumer group
 -- ARGV[2] consumer name, also the worker's fencing token
 -- ARGV[3] count: the most entries to read
@@ -27,7 +28,8 @@
 -- ARGV[11] reply_ttl_ms
 -- ARGV[12] approximate cap of the dead-letter stream, records
 -- ARGV[13] max_body_bytes: a dead letter keeps a body only up to this size
--- ARGV[14..] publishers whose turn the worker believes it holds
+-- ARGV[14] ingress stream prefix    "{qm}:in:" (.. principal)
+-- ARGV[15..] publishers whose turn the worker believes it holds
 -- returns {version, last_delivered_id or "", entries, turns, active, live, fair}
 --   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}, less those refused here
 --   turns:   {publisher, {head ids...}, backlog, publisher, {head ids...}, backlog, ...}
@@ -39,9 +41,51 @@ local prefix, lease_ms, heads = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local malformed, max_pub = ARGV[7], tonumber(ARGV[9])
 local ctx = {stream = stream, group = group, dlq = KEYS[5], dlq_len = ARGV[12], max_body = tonumber(ARGV[13]),
              reply_prefix = ARGV[10], reply_ttl = ARGV[11]}
-local FIRST_OWNED = 14
+local FIRST_OWNED = 15
 
-require_types({{stream, 'stream'}, {KEYS[2], 'string'}, {KEYS[3], 'set'}, {KEYS[4], 'zset'}, {KEYS[5], 'stream'}})
+require_types({{stream, 'stream'}, {KEYS[2], 'string'}, {KEYS[3], 'set'}, {KEYS[4], 'zset'}, {KEYS[5], 'stream'},
+               {KEYS[6], 'hash'}})
+
+-- Authenticated ingress (broker.principals): each principal (an ACL user) may XADD only to its
+-- own ingress stream, so the stream says who published. Its entries are moved here, in order,
+-- into the publish stream, each with the field "principal" set to it; one whose publisher id
+-- is not bound to the principal is dead-lettered with the reason (no result is posted: the
+-- reply key belongs to the id it claims). An ingress stream of another type is skipped.
+local room = tonumber(ARGV[3])
+local bindings = redis.call('HGETALL', KEYS[6])
+for i = 1, #bindings, 2 do
+  if room <= 0 then break end
+  local principal, ids = bindings[i], bindings[i + 1]
+  local ingress = ARGV[14] .. principal
+  if redis.call('TYPE', ingress)['ok'] == 'stream' then
+    local bound = {}
+    for id in string.gmatch(ids, '[^\n]+') do bound[id] = true end
+    local batch = redis.call('XRANGE', ingress, '-', '+', 'COUNT', room)
+    local done = {}
+    for _, entry in ipairs(batch) do
+      local fields, copy, pub = entry[2], {}, nil
+      for j = 1, #fields, 2 do
+        if fields[j] ~= 'principal' then
+          copy[#copy + 1] = fields[j]
+          copy[#copy + 1] = fields[j + 1]
+        end
+        if fields[j] == 'publisher' then pub = fields[j + 1] end
+      end
+      if pub and bound[pub] then
+        copy[#copy + 1] = 'principal'
+        copy[#copy + 1] = principal
+        redis.call('XADD', stream, '*', unpack(copy))
+      else
+        local why = 'publisher id ' .. string.format('%q', pub or '') .. ' is not bound to principal '
+                    .. principal .. ' (ingress ' .. ingress .. ')'
+        dead_letter(KEYS[5], ARGV[12], tonumber(ARGV[13]), entry[1], fields, why)
+      end
+      done[#done + 1] = entry[1]
+    end
+    if #done > 0 then redis.call('XDEL', ingress, unpack(done)) end
+    room = room - #done
+  end
+end
 
 local reply = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', ARGV[3], 'STREAMS', stream, '>')
 local entries = {}

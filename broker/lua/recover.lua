@@ -9,10 +9,9 @@
 -- KEYS[2] the redelivery counts          "{qm}:sub:<id>:redelivered" hash entry id -> failed deliveries
 -- KEYS[3] the subscription's bell        "{qm}:sub:<id>:bell"
 -- KEYS[4] dead-letter stream             "{qm}:dlq"
--- KEYS[5] the subscription hash          "{qm}:subs" (nothing is given back to a removed subscription)
--- KEYS[6..15] the priority bands, highest first (as in receive.lua)
--- KEYS[16] the subscription's holder     "{qm}:sub:<id>:active" (released by a closing consumer that holds it)
--- KEYS[17] last use of subscriptions     "{qm}:last_active" hash sub id -> ms: set to now when a consumer
+-- KEYS[5..14] the priority bands, highest first (as in receive.lua)
+-- KEYS[15] the subscription's holder     "{qm}:sub:<id>:active" (released by a closing consumer that holds it)
+-- KEYS[16] last use of subscriptions     "{qm}:last_active" hash sub id -> ms: set to now when a consumer
 --   closes, and raised to the newest lease deadline of the consumers it forgets
 -- ARGV[1] now, ms since the epoch, or "" for the server's clock
 -- ARGV[2] max_redeliveries
@@ -22,17 +21,20 @@
 -- ARGV[6] forget_ms: a consumer dead for longer is removed from the consumers zset
 -- ARGV[7] a consumer id to give back now whatever its lease (its own close), or ""
 --   (it also gives up the holder key if it holds it, and leaves the consumers zset)
+-- ARGV[8] the subscription hash "{qm}:subs" (nothing is given back to a removed subscription),
+--   only read: passed by name, not in KEYS, so that a subscriber's ACL user needs read access
+--   to it only (broker.acl; same slot as the keys)
 -- returns {consumers recovered, messages given back, messages dead-lettered}
 -- errors "BROKER foreign key: ..." before any write when a key is foreign
 
-local consumers, redelivered, bell, dlq, subs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local consumers, redelivered, bell, dlq, subs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[8]
 local max_redeliveries, dlq_len = tonumber(ARGV[2]), ARGV[3]
 local prefix, sub_id, forget_ms, closing = ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7]
 
 local checks = {{consumers, 'zset'}, {redelivered, 'hash'}, {bell, 'list'}, {dlq, 'stream'}, {subs, 'hash'}}
-for k = 6, 15 do checks[#checks + 1] = {KEYS[k], 'list'} end
-checks[#checks + 1] = {KEYS[16], 'string'}
-checks[#checks + 1] = {KEYS[17], 'hash'}
+for k = 5, 14 do checks[#checks + 1] = {KEYS[k], 'list'} end
+checks[#checks + 1] = {KEYS[15], 'string'}
+checks[#checks + 1] = {KEYS[16], 'hash'}
 require_types(checks)
 
 local now = now_ms(ARGV[1])
@@ -66,7 +68,7 @@ for _, key in ipairs(lists) do
         dropped = dropped + 1
       else
         -- RPUSH newest first: the oldest ends rightmost, where receive takes from
-        redis.call('RPUSH', KEYS[6 + (9 - priority)], env)
+        redis.call('RPUSH', KEYS[5 + (9 - priority)], env)
         given = given + 1
       end
     end
@@ -76,7 +78,7 @@ end
 if given > 0 then ring(bell) end
 -- the subscription's last use, kept when its consumers leave the zset (a durable
 -- subscription idle for durable_idle_expiry_ms is removed: broker.durables)
-local last_active = KEYS[17]
+local last_active = KEYS[16]
 local function used_at(ms)
   if not exists then return end
   local known = tonumber(redis.call('HGET', last_active, sub_id) or '0') or 0
@@ -84,7 +86,7 @@ local function used_at(ms)
 end
 if closing ~= '' then
   if redis.call('ZREM', consumers, closing) == 1 then used_at(now) end
-  if redis.call('GET', KEYS[16]) == closing then redis.call('DEL', KEYS[16]) end
+  if redis.call('GET', KEYS[15]) == closing then redis.call('DEL', KEYS[15]) end
 end
 local forgotten = '(' .. (now - forget_ms)
 local newest = redis.call('ZREVRANGEBYSCORE', consumers, forgotten, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
