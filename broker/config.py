@@ -209,6 +209,12 @@ class Settings(BaseSettings):
         channel_batch: most transmission entries a channel mover moves per call.
         channel_max_backoff_ms: the longest pause of a channel mover whose receiver cannot be
             reached; it doubles from 100 ms up to this, ms, and is reported in ``status --network``.
+        security: run with Redis ACL users (``broker.acl``): the embedded server starts with
+            the default user off and an ACL file in its data directory holding one user, the
+            one ``redis_url`` names (``redis://user:password@host:port/0``; it is allowed
+            everything: give workers and others their own users with ``broker acl add``);
+            ``broker publish`` publishes through the ingress stream of the user it is
+            authenticated as (``broker.principals``).
         server_port: TCP port of the embedded server.
         server_dir: data directory of the embedded server.
         server_config: a redis.conf for the embedded server; empty (the default)
@@ -251,6 +257,7 @@ class Settings(BaseSettings):
     network_poll_ms: int = Field(default=200, ge=1)
     channel_batch: int = Field(default=500, ge=1, le=10_000)
     channel_max_backoff_ms: int = Field(default=5_000, ge=100)
+    security: bool = False
     server_port: int = Field(default=6380, ge=1, le=65535)
     server_dir: str = ".broker"
     server_config: str = ""
@@ -323,6 +330,15 @@ class Settings(BaseSettings):
                     f"give the first level of the topics, e.g. {name.split(sep)[0]!r}"
                 )
         return value
+
+    def url_credentials(self) -> tuple[str | None, str | None]:
+        """The user name and password in ``redis_url`` (None when it has none), URL-decoded."""
+        from urllib.parse import unquote, urlsplit
+
+        parts = urlsplit(self.redis_url)
+        user = unquote(parts.username) if parts.username else None
+        password = unquote(parts.password) if parts.password else None
+        return user, password
 
     def flow_control_delay_ms(self, depth: int) -> int:
         """The flow-control delay for a subscriber queue ``depth`` messages deep, ms (``commit.lua``'s twin).

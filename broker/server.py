@@ -160,6 +160,9 @@ class Server:
         self.args = args
         self.binary = binary or server_binary()
         self.process: subprocess.Popen[bytes] | None = None
+        #: credentials of this process's own checks (``security``: the default user is off)
+        self.username: str | None = None
+        self.password: str | None = None
 
     @property
     def url(self) -> str:
@@ -207,7 +210,9 @@ class Server:
             preexec_fn=_term_with_parent if own_session else None,
         )
         deadline = time.monotonic() + timeout_ms / 1000
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(
+            port=self.port, socket_connect_timeout=0.2, username=self.username, password=self.password
+        )
         try:
             while True:
                 if self.process.poll() is not None:
@@ -216,6 +221,8 @@ class Server:
                 try:
                     client.ping()
                     return self
+                except redis.AuthenticationError:
+                    return self  # it answers, and wants credentials this process was not given
                 except redis.ConnectionError:
                     if time.monotonic() > deadline:
                         self.stop()
@@ -242,7 +249,13 @@ class Server:
             How many other clients were still connected when it stopped waiting.
         """
         deadline = time.monotonic() + grace_ms / 1000
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=1)
+        client = redis.Redis(
+            port=self.port,
+            socket_connect_timeout=0.5,
+            socket_timeout=1,
+            username=self.username,
+            password=self.password,
+        )
         try:
             while True:
                 others = len(client.client_list()) - 1
