@@ -3,7 +3,10 @@
 This docstring is the protocol document. A service in any language can publish
 with one ``XADD`` and consume with ``BLMOVE``/``LMOVE`` by following it.
 
-PROTOCOL_VERSION = 3 (3: consumers: a list per priority band, a bell, one in-flight
+PROTOCOL_VERSION = 4 (4: authenticated ingress: a publisher whose ACL user is a principal
+XADDs to its own ingress stream ``{qm}:in:<principal>``; the queue mutex moves the entries into
+the publish stream with the field ``principal``, which envelopes carry; forwarded publications
+may carry ``origin`` and ``route``. 3: consumers: a list per priority band, a bell, one in-flight
 list per consumer with a lease in a consumers zset, a holder key for exclusive and
 active-standby subscriptions, redelivery counts; subscription records may carry a
 selector, no-local, a consumer mode and an MQTT ShareName; publications may carry
@@ -81,6 +84,11 @@ key                                 type      contents                          
 ``{qm}:received``                   hash      ``<from qm>`` -> last channel seq filed,      channel_in.lua           channel mover, status
                                               ``<from qm>:count`` -> entries filed
 ``{qm}:agents``                     hash      channel process name -> JSON heartbeat        channel process          ``status --network``
+``{qm}:in:<principal>``             stream    a principal's publication requests (the       its publisher (XADD;     dequeue.lua (moves them
+                                              publish stream's fields)                      its ACL allows no other) into the publish stream)
+``{qm}:principals``                 hash      principal -> publisher ids bound to it, one   ``broker acl add``       dequeue.lua, workers
+                                              per line
+``{qm}:acl``                        hash      user -> JSON role and bindings (no password)  ``broker acl``           ``broker acl list/file``
 ==================================  ========  ============================================  =======================  ==========================
 
 Keys whose names are built inside Lua from data the script reads are built
@@ -103,6 +111,10 @@ from a prefix passed in ARGV, never from a prefix written in Lua:
   of a queue key is the key without the prefix and without a ``:p<N>`` suffix
   (Python twin: ``band_sub_id``).
 
+- the ingress streams (``dequeue.lua``): ``ingress_prefix(qm)`` = ``{qm}:in:`` followed by
+  a principal name from ``{qm}:principals`` (Python twin: ``ingress``); principal names
+  hold no ``:`` (``broker.principals``).
+
 Tests check that the Lua and Python builders give the same strings.
 
 Topic schemes and declared topics (``{qm}:manager``, ``{qm}:declared``)
@@ -116,6 +128,17 @@ and sub-nodes' publications: ``broker.hierarchy``). ``direct_subscriber_selectio
 ``{qm}:declared``. The first worker writes both (HSETNX); change them only on an
 empty queue manager. Declare a topic as a subscription is made:
 ``MULTI; HSET {qm}:declared <topic> '{"declared_ms":0,"source":"cli"}'; INCR {qm}:version; EXEC``.
+
+Publishing with security on (``broker.principals``, ``broker.acl``)
+--------------------------------------------------------------------
+A publisher's ACL user (its *principal*) may ``XADD`` to one key only, its ingress stream:
+``XADD {qm}:in:<principal> * publisher <id> topic <topic> body <body> ...`` (the same fields as
+the publish stream). The queue mutex (``dequeue.lua``) moves each ingress stream's entries,
+in order, into ``{qm}:publish`` with the field ``principal`` set to the stream's principal,
+and deletes them from the ingress stream; an entry whose ``publisher`` is not one of the ids
+bound to its principal (``HGET {qm}:principals <principal>``: ids, one per line) is
+dead-lettered with the reason instead. Results are read as before
+(``BLPOP {qm}:reply:<n>:<id>:<msgid>``), and envelopes carry ``principal``.
 
 Many queue managers (``broker.network``, ``broker.channel``)
 ------------------------------------------------------------
@@ -311,7 +334,7 @@ the field cancels the schedule.
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 #: Most bytes of a publisher id (the ``publisher`` field); the one place the rule lives
 #: (``dequeue.lua`` is passed it, and files an entry with a longer id as malformed).
