@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -164,8 +165,12 @@ class Peers:
         self.network: Network | None = None
 
     def url(self, qm: str) -> str:
+        """``qm``'s Redis URL: its node's (with this process's own credentials, since the network
+        record holds none), or the process's own."""
         node = self.network.queue_managers.get(qm) if self.network else None
-        return node.url if node is not None and node.url else self.own_url
+        if node is None or not node.url:
+            return self.own_url
+        return with_credentials(node.url, self.own_url)
 
     def client(self, qm: str) -> redis.Redis:
         """The client of ``qm``'s Redis (connected lazily; ``drop`` it after an error)."""
@@ -193,6 +198,15 @@ def _sync_hash(pipe: Any, key: str, old: dict[str, str], new: dict[str, str]) ->
     fresh: dict[Any, Any] = {field: value for field, value in new.items() if old.get(field) != value}
     if fresh:
         pipe.hset(key, mapping=fresh)
+
+
+def with_credentials(url: str, own_url: str) -> str:
+    """``url`` with the user and password of ``own_url`` when it has none of its own."""
+    parts, own = urlsplit(url), urlsplit(own_url)
+    if parts.username or parts.password or not (own.username or own.password):
+        return url
+    auth = own.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=f"{auth}@{parts.netloc}"))
 
 
 def read_network(client: redis.Redis, qm: str) -> Network | None:

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -151,6 +152,11 @@ class Network(BaseModel):
         if not names:
             raise ValueError("a network needs at least one queue manager")
         for name, node in names.items():
+            if node.url and urlsplit(node.url).password:
+                raise ValueError(
+                    f"queue manager {name!r}: its url holds a password; the network is stored in Redis, "
+                    "so give urls without credentials (each process connects with its own)"
+                )
             if not QM_NAME.match(name):
                 raise ValueError(f"queue manager name {name!r} must be 1-64 of A-Z a-z 0-9 _ . -")
             if node.parent is not None:
