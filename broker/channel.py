@@ -47,7 +47,7 @@ from redis.exceptions import RedisClusterException
 
 from broker import keys
 from broker.config import Settings
-from broker.connection import connect, wait_for_server
+from broker.connection import TLSOptions, connect, is_tls_url, wait_for_server
 from broker.errors import ConfigError, InvalidMessage
 from broker.models import decode_envelope
 from broker.network import (
@@ -157,10 +157,13 @@ class Peers:
     Args:
         own_url: the process's own ``redis_url`` (a node without ``url`` is there).
         own_client: the client already open on it.
+        tls: the process's TLS settings (``Settings.tls``), used for every node whose
+            URL is a TLS one (``rediss://``); a ``redis://`` node is reached without.
     """
 
-    def __init__(self, own_url: str, own_client: redis.Redis) -> None:
+    def __init__(self, own_url: str, own_client: redis.Redis, tls: TLSOptions | None = None) -> None:
         self.own_url = own_url
+        self.tls = tls
         self._clients: dict[str, redis.Redis] = {own_url: own_client}
         self.network: Network | None = None
 
@@ -177,7 +180,7 @@ class Peers:
         url = self.url(qm)
         found = self._clients.get(url)
         if found is None:
-            found = self._clients[url] = connect(url)
+            found = self._clients[url] = connect(url, tls=self.tls if is_tls_url(url) else None)
         return found
 
     def drop(self, qm: str) -> None:
@@ -659,7 +662,7 @@ class ChannelProcess:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.hook = hook or (lambda point: None)
-        self.peers = Peers(settings.redis_url, client)
+        self.peers = Peers(settings.redis_url, client, settings.tls)
         self.agent = Agent(client, self.qm, self.peers, self.clock_ms)
         self.movers: dict[str, Mover] = {}
         self.stopping = False
@@ -785,7 +788,7 @@ def main(settings: Settings, name: str | None = None, hook: Callable[[str], None
     """
     import signal
 
-    client = wait_for_server(settings.redis_url, START_WAIT_MS)  # a restart during an outage waits
+    client = wait_for_server(settings.redis_url, START_WAIT_MS, tls=settings.tls)  # an outage: it waits
     process = ChannelProcess(client, settings, name=name, hook=hook)
 
     def _stop(signum: int, frame: object) -> None:

@@ -34,7 +34,7 @@ from rich.tree import Tree
 
 from broker import declared, links, routing, topic_objects
 from broker.config import Settings, load_settings
-from broker.connection import connect, redact_url, wait_for_server
+from broker.connection import connect, redact_url, tls_hint, wait_for_server
 from broker.consumer import Subscriber, browse, subscription_load
 from broker.durables import delete_durables
 from broker.errors import BrokerError, ConnectionLost, NoSuchSubscription, PublicationRefused, ServerError
@@ -84,7 +84,7 @@ class State:
     def client(self) -> redis.Redis:
         """A redis-py client for the configured server (no round trip yet)."""
         if self._client is None:
-            self._client = connect(self.settings.redis_url)
+            self._client = connect(self.settings.redis_url, tls=self.settings.tls)
         return self._client
 
     def target_url(self) -> str:
@@ -92,6 +92,13 @@ class State:
         if self._settings is not None:
             return redact_url(self._settings.redis_url)
         return redact_url(self.redis_url) if self.redis_url else "the configured server"
+
+    def tls_hint(self, error: BaseException | str) -> str:
+        """`` (what to change)`` when ``error``, a failed connection, looks like a TLS problem; else ""."""
+        if self._settings is None:
+            return ""
+        hint = tls_hint(self._settings.redis_url, self._settings.tls, error)
+        return f" ({hint})" if hint else ""
 
     def close(self) -> None:
         """Close the client, if one was made."""
@@ -115,10 +122,14 @@ class BrokerGroup(click.Group):
         except BrokerError as exc:
             message = str(exc)
             if isinstance(exc, ConnectionLost) and "cannot reach Redis at" not in message:
-                message = f"cannot reach Redis at {self._url(ctx)}: {exc.__cause__ or message}"
+                cause = exc.__cause__ or message
+                message = f"cannot reach Redis at {self._url(ctx)}: {cause}{self._hint(ctx, cause)}"
             _fail(message, exc.exit_code)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            _fail(f"cannot reach Redis at {self._url(ctx)}: {exc}", ConnectionLost.exit_code)
+            _fail(
+                f"cannot reach Redis at {self._url(ctx)}: {exc}{self._hint(ctx, exc)}",
+                ConnectionLost.exit_code,
+            )
         except redis.RedisError as exc:
             _fail(f"Redis at {self._url(ctx)} answered with an error: {exc}", ServerError.exit_code)
         except ValueError as exc:
@@ -127,6 +138,10 @@ class BrokerGroup(click.Group):
     @staticmethod
     def _url(ctx: click.Context) -> str:
         return ctx.obj.target_url() if isinstance(ctx.obj, State) else "the configured server"
+
+    @staticmethod
+    def _hint(ctx: click.Context, error: BaseException | str) -> str:
+        return ctx.obj.tls_hint(error) if isinstance(ctx.obj, State) else ""
 
 
 def _print_problems(problems: Any) -> None:
@@ -233,7 +248,7 @@ def worker_command(state: State, concurrency: int | None, wait_ms: int) -> None:
     settings = state.settings
     if concurrency is not None:
         settings = settings.model_copy(update={"concurrency": concurrency})
-    wait_for_server(settings.redis_url, wait_ms).close()
+    wait_for_server(settings.redis_url, wait_ms, tls=settings.tls).close()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     click.echo(
         f"running {settings.concurrency} worker(s) for queue manager {settings.qm} "
@@ -262,13 +277,15 @@ def scheduler_command(state: State, interval_ms: int, wait_ms: int) -> None:
     from broker.jobs import run_scheduler
 
     settings = state.settings
-    wait_for_server(settings.redis_url, wait_ms).close()
+    wait_for_server(settings.redis_url, wait_ms, tls=settings.tls).close()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     click.echo(
         f"admin jobs every {interval_ms} ms for queue manager {settings.qm} on {redact_url(settings.redis_url)}",
         err=True,
     )
-    run_scheduler(settings.redis_url, settings.qm, interval_ms, settings.durable_idle_expiry_ms)
+    run_scheduler(
+        settings.redis_url, settings.qm, interval_ms, settings.durable_idle_expiry_ms, tls=settings.tls
+    )
 
 
 @main.command("server", short_help="Run the embedded Valkey server in the foreground.")
@@ -355,7 +372,9 @@ def cli_command(state: State, args: tuple[str, ...]) -> None:
     """Run the valkey-cli that the install brings with ARGS, against the configured server.
 
     Host, port, database, user and password come from the Redis URL (the
-    password through REDISCLI_AUTH, never on the command line). For example:
+    password through REDISCLI_AUTH, never on the command line); a rediss://
+    URL adds --tls and the tls_* settings (--cacert, --cert, --key, --insecure),
+    and needs a valkey-cli or redis-cli built with TLS. For example:
     broker cli XADD '{QM1}:publish' '*' publisher svc-7 topic /ORDERS/EU body hello
     """
     import os
@@ -363,7 +382,7 @@ def cli_command(state: State, args: tuple[str, ...]) -> None:
 
     from broker.server import cli_command as cli_argv
 
-    argv, extra_env = cli_argv(state.settings.redis_url, args)
+    argv, extra_env = cli_argv(state.settings.redis_url, args, state.settings.tls)
     code = subprocess.run(argv, env={**os.environ, **extra_env}, check=False).returncode
     if code:
         raise click.exceptions.Exit(code)
@@ -959,6 +978,7 @@ def jobs_schedule_delete_durable(
         "delete-durable",
         cron,
         {"client_id": client_id_predicate, "durable_name": durable_name_predicate},
+        tls=settings.tls,
     )
     click.echo(
         f"scheduled {made.schedule_id}: delete-durable at {made.cron!r}; next run {_utc(made.next_run_ms)}"
@@ -1410,7 +1430,7 @@ def _print_network_status(state: State, as_json: bool) -> None:
     from broker.network_admin import network_status
 
     settings = state.settings
-    found = network_status(state.client(), settings.qm, settings.redis_url)
+    found = network_status(state.client(), settings.qm, settings.redis_url, settings.tls)
     if as_json:
         click.echo(json.dumps(found, indent=2, sort_keys=True))
         return
@@ -1646,7 +1666,7 @@ def network_apply(state: State, network_file: str, dry_run: bool) -> None:
         click.echo(json.dumps(describe_network(network), indent=2))
         return
     settings = state.settings
-    done = apply_network(network, settings.redis_url, state.client())
+    done = apply_network(network, settings.redis_url, state.client(), settings.tls)
     for qm, what in done.results.items():
         click.echo(f"{qm}: {what}")
     if done.failed:
@@ -1675,7 +1695,7 @@ def network_withdraw(state: State) -> None:
     from broker.network_admin import withdraw
 
     settings = state.settings
-    record = withdraw(state.client(), settings.qm, settings.redis_url)
+    record = withdraw(state.client(), settings.qm, settings.redis_url, settings.tls)
     click.echo(f"{settings.qm}: withdrawn ({len(record['keys'])} keys announced)")
 
 
@@ -1741,7 +1761,7 @@ def channel_command(state: State, once: bool, wait_ms: int) -> None:
     from broker.channel import ChannelProcess
 
     settings = state.settings
-    wait_for_server(settings.redis_url, wait_ms).close()
+    wait_for_server(settings.redis_url, wait_ms, tls=settings.tls).close()
     if once:
         process = ChannelProcess(state.client(), settings)
         process.rejoin()

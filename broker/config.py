@@ -16,10 +16,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from broker.connection import TLSOptions
 from broker.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("configs") / "broker.toml"
@@ -133,6 +142,20 @@ class Settings(BaseSettings):
             TLS, ``unix:///path``), or a Redis Cluster (``redis+cluster://host:port``,
             any one node; ``rediss+cluster://`` for TLS; database 0 only); default
             the embedded server that ``broker server`` runs on port 6380.
+        tls_ca_file: TLS (a ``rediss://`` or ``rediss+cluster://`` URL): PEM file of
+            the CA(s) that signed the server's certificate; empty (the default) for
+            the system's trusted CAs. Every client the broker makes (workers, the
+            channel process and its peers, the scheduler and its jobs, the command
+            line, Spark tasks, ``broker cli``) uses these four settings.
+        tls_cert_file: TLS: PEM file of the client certificate, for a server that
+            requires one (``tls-auth-clients yes``, mutual TLS); empty for none. It
+            may hold the private key too.
+        tls_key_file: TLS: PEM file of the client certificate's private key
+            (unencrypted); empty when ``tls_cert_file`` holds it.
+        tls_verify: TLS: verify the server's certificate against the CA and that it
+            names the URL's host (as redis-py does); false only for tests. Any
+            ``tls_*`` setting with a URL that is not ``rediss://`` or
+            ``rediss+cluster://``, or a file that is missing or not PEM, is an error.
         qm: queue manager name; every key is under the hash tag ``{qm}``.
         concurrency: worker processes in the pool.
         batch_size: most publication entries one dequeue reads.
@@ -225,6 +248,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BROKER_", extra="forbid")
 
     redis_url: str = "redis://127.0.0.1:6380/0"
+    # TLS of the clients (rediss://, rediss+cluster://): one block, checked by _tls_usable.
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_verify: bool = True
     qm: str = Field(default="QM1", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     concurrency: int = Field(default=2, ge=1, le=64)
     batch_size: int = Field(default=500, ge=1, le=5_000)
@@ -272,6 +300,16 @@ class Settings(BaseSettings):
                 "must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://"
             )
         return value
+
+    @model_validator(mode="after")
+    def _tls_usable(self) -> Settings:
+        self.tls.client_options(self.redis_url)  # raises ConfigError (a ValueError): names the setting
+        return self
+
+    @property
+    def tls(self) -> TLSOptions:
+        """The ``tls_*`` settings, as ``connect(url, tls=...)`` and ``wait_for_server`` take them."""
+        return TLSOptions(self.tls_ca_file, self.tls_cert_file, self.tls_key_file, self.tls_verify)
 
     @field_validator("server_config")
     @classmethod
@@ -426,7 +464,10 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         where = f"config file {str(path)!r} / BROKER_* environment" if path else "BROKER_* environment"
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
+        problems = "; ".join(
+            (f"{'.'.join(str(p) for p in err['loc'])}: " if err["loc"] else "") + err["msg"]
+            for err in exc.errors()
+        )
         raise ConfigError(f"invalid settings ({where}): {problems}") from exc
     finally:
         _file_values.reset(token)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import ssl
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
@@ -116,6 +119,168 @@ def is_cluster_url(url: str) -> bool:
     return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
 
 
+#: URL schemes of TLS connections: one server, or a Redis Cluster.
+TLS_SCHEMES = ("rediss", "rediss+cluster")
+
+
+def is_tls_url(url: str) -> bool:
+    """Whether ``url`` makes TLS connections: ``rediss://`` or ``rediss+cluster://``."""
+    return url.split("://", 1)[0].lower() in TLS_SCHEMES
+
+
+def _no_key_password() -> bytes:
+    raise ConfigError(
+        "tls_key_file (or tls_cert_file) holds an encrypted private key; the broker needs an unencrypted one"
+    )
+
+
+@dataclass(frozen=True)
+class TLSOptions:
+    """How the broker's clients make TLS connections (``rediss://``, ``rediss+cluster://`` URLs).
+
+    ``Settings.tls`` makes one from the ``tls_*`` settings; ``connect`` and
+    ``wait_for_server`` take it (``tls=``). Frozen and made of strings, so it
+    travels to worker processes, rq jobs and Spark tasks as it is.
+
+    Attributes:
+        ca_file: PEM file of the CA(s) the server's certificate must be signed by;
+            "" for the system's trusted CAs.
+        cert_file: PEM file of the client certificate (mutual TLS: the server's
+            ``tls-auth-clients yes``); "" for none. It may hold the private key too.
+        key_file: PEM file of the client certificate's private key (unencrypted);
+            "" when ``cert_file`` holds it.
+        verify: verify the server's certificate (and that it names the URL's host,
+            as redis-py does); False only for tests.
+    """
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    verify: bool = True
+
+    def _settings(self) -> list[tuple[str, Any]]:
+        """``(setting name, value)`` of the files set, and ``tls_verify`` when it is off."""
+        named = [
+            ("tls_ca_file", self.ca_file),
+            ("tls_cert_file", self.cert_file),
+            ("tls_key_file", self.key_file),
+        ]
+        return [*named, ("tls_verify = false", not self.verify)]
+
+    @property
+    def configured(self) -> bool:
+        """Whether any setting differs from the default (no file, verify)."""
+        return bool(self.ca_file or self.cert_file or self.key_file) or not self.verify
+
+    def problem(self) -> str | None:
+        """What is wrong with the files, one sentence, or None: a file that is missing or
+        not PEM, a key without a certificate, a certificate and key that do not match."""
+        for name, path in self._settings()[:3]:
+            if path and not Path(path).is_file():
+                return f"{name} {path!r}: no such file"
+        if self.key_file and not self.cert_file:
+            return f"tls_key_file {self.key_file!r} is set but tls_cert_file is not: give the client certificate too"
+        context = ssl.create_default_context()
+        if self.ca_file:
+            try:
+                context.load_verify_locations(cafile=self.ca_file)
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                return f"tls_ca_file {self.ca_file!r} holds no PEM certificate: {exc}"
+        if self.cert_file:
+            what = f"tls_cert_file {self.cert_file!r}" + (
+                f" with tls_key_file {self.key_file!r}" if self.key_file else ""
+            )
+            try:
+                context.load_cert_chain(self.cert_file, self.key_file or None, password=_no_key_password)
+            except ConfigError as exc:
+                return f"{what}: {exc}"
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                return f"{what}: not a PEM certificate and its private key, or they do not match: {exc}"
+        return None
+
+    def client_options(self, url: str) -> dict[str, Any]:
+        """redis-py's keyword arguments for a client of ``url``: ``ssl_ca_certs``, ``ssl_certfile``,
+        ``ssl_keyfile``, ``ssl_cert_reqs`` (none when nothing is configured).
+
+        Raises:
+            ConfigError: TLS settings with a URL that is not ``rediss://`` or
+                ``rediss+cluster://``, or a ``problem`` with the files (named).
+        """
+        if not self.configured:
+            return {}
+        if not is_tls_url(url):
+            given = [name for name, value in self._settings() if value]
+            raise ConfigError(
+                f"TLS settings ({', '.join(given)}) are given, but {redact_url(url)} is not a TLS URL: "
+                "use rediss:// (or rediss+cluster://), or leave the tls_* settings unset"
+            )
+        problem = self.problem()
+        if problem is not None:
+            raise ConfigError(problem)
+        return {
+            "ssl_ca_certs": self.ca_file or None,
+            "ssl_certfile": self.cert_file or None,
+            "ssl_keyfile": self.key_file or None,
+            "ssl_cert_reqs": "required" if self.verify else "none",
+        }
+
+
+def tls_hint(url: str, tls: TLSOptions | None, error: BaseException | str) -> str:
+    """What to change when ``error``, a failed connection to ``url``, looks like a TLS problem; "" otherwise.
+
+    redis-py reports TLS failures in OpenSSL's words (or, for a client certificate the
+    server wants, as a connection closed mid-handshake); this names the setting.
+    """
+    text = str(error)
+    lower = text.lower()
+    client_cert = tls is not None and bool(tls.cert_file)
+    if "certificate_verify_failed" in lower:
+        if "mismatch" in lower:
+            return (
+                "the server's certificate does not name the host of the URL: connect by a name "
+                "the certificate holds, or give the server a certificate for this host"
+            )
+        return (
+            "the server's certificate is not signed by a CA this client trusts: set tls_ca_file "
+            "(BROKER_TLS_CA_FILE) to the CA that signed it"
+        )
+    if not is_tls_url(url):
+        if "connection reset" in lower or "connection closed" in lower:
+            return "if the server listens for TLS connections on this port, use a rediss:// URL"
+        return ""
+    refused = "unknown ca" in lower or "bad certificate" in lower or "certificate unknown" in lower
+    if refused:
+        return (
+            "the server refused the client certificate (tls_cert_file): it must be signed by "
+            "a CA the server trusts (its tls-ca-cert-file)"
+        )
+    # TLS 1.3: the server checks the client's certificate after the client's handshake is
+    # done, so its refusal often reaches the client as a connection closed under it.
+    closed = any(
+        words in lower
+        for words in ("certificate required", "eof occurred", "connection reset", "connection closed")
+    )
+    if closed and not client_cert:
+        return (
+            "the server may require a client certificate (tls-auth-clients yes): set tls_cert_file "
+            "and tls_key_file (BROKER_TLS_CERT_FILE, BROKER_TLS_KEY_FILE)"
+        )
+    if closed:
+        return (
+            "the server closed the TLS connection: it may not trust the client certificate "
+            "(tls_cert_file), which must be signed by a CA the server trusts (its tls-ca-cert-file)"
+        )
+    if "wrong_version_number" in lower or "timeout connecting" in lower or "record layer" in lower:
+        return "the server may not speak TLS on this port: use a redis:// URL, or the server's tls-port"
+    return ""
+
+
+def unreachable(url: str, tls: TLSOptions | None, error: BaseException, what: str = "Redis") -> str:
+    """The message of a ``ConnectionLost``: ``cannot reach <what> at <url>: <error>``, and a TLS hint."""
+    hint = tls_hint(url, tls, error)
+    return f"cannot reach {what} at {redact_url(url)}: {error}" + (f" ({hint})" if hint else "")
+
+
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` is a redis-py ``RedisCluster`` (``connect`` of a cluster URL)."""
     return isinstance(client, RedisCluster)
@@ -145,7 +310,7 @@ def _cluster_url(url: str) -> str:
     return plain
 
 
-def connect(url: str, check: bool = False) -> redis.Redis:
+def connect(url: str, check: bool = False, tls: TLSOptions | None = None) -> redis.Redis:
     """A redis-py client for ``url``: bytes replies, publisher ids round-trip as bytes.
 
     Args:
@@ -155,6 +320,10 @@ def connect(url: str, check: bool = False) -> redis.Redis:
             discovers the others (``CLUSTER SLOTS``) and follows MOVED/ASK.
             Every key of one queue manager shares the hash tag ``{qm}``, so all
             of its keys live in one slot on one master.
+        check: make one round trip now (INFO) and check the server's version.
+        tls: the CA, client certificate and verification of a TLS URL
+            (``Settings.tls``); None or unconfigured for redis-py's defaults
+            (the system's CAs, verified, no client certificate).
 
     Returns:
         The client (``decode_responses=False``, ``encoding_errors="surrogateescape"``):
@@ -168,19 +337,23 @@ def connect(url: str, check: bool = False) -> redis.Redis:
             cluster client connects at once to learn the slot map).
         ServerError: ``check`` and the server (every master of a cluster) is
             older than Redis 7.0.
-        ConfigError: a cluster URL names a database other than 0.
+        ConfigError: a cluster URL names a database other than 0; ``tls`` is
+            configured but ``url`` is not a TLS URL, or one of its files is
+            missing, not PEM, or an encrypted key (the message names it).
     """
     options: dict[str, Any] = {
         "encoding_errors": "surrogateescape",
         "health_check_interval": 30,
         "socket_connect_timeout": CONNECT_TIMEOUT_MS / 1000,
     }
+    if tls is not None:
+        options.update(tls.client_options(url))
     client: Any
     if is_cluster_url(url):
         try:
             client = RedisCluster.from_url(_cluster_url(url), **options)
         except (redis.ConnectionError, redis.TimeoutError, RedisClusterException) as exc:
-            raise ConnectionLost(f"cannot reach the Redis Cluster at {redact_url(url)}: {exc}") from exc
+            raise ConnectionLost(unreachable(url, tls, exc, "the Redis Cluster")) from exc
     else:
         client = redis.Redis.from_url(url, **options)
     if check:
@@ -189,8 +362,8 @@ def connect(url: str, check: bool = False) -> redis.Redis:
                 infos = client.info("server", target_nodes=RedisCluster.PRIMARIES)
             else:
                 infos = client.info("server")
-        except redis.ConnectionError as exc:
-            raise ConnectionLost(f"cannot reach Redis at {redact_url(url)}: {exc}") from exc
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise ConnectionLost(unreachable(url, tls, exc)) from exc
         # A cluster client answers with one INFO per master ({node name: info}).
         for info in infos.values() if is_cluster(client) else [infos]:
             version = tuple(int(x) for x in str(info["redis_version"]).split(".")[:2])
@@ -247,29 +420,35 @@ def change_field(
                 continue
 
 
-def wait_for_server(url: str, timeout_ms: int, poll_ms: int = 200) -> redis.Redis:
+def wait_for_server(
+    url: str, timeout_ms: int, poll_ms: int = 200, tls: TLSOptions | None = None
+) -> redis.Redis:
     """Connect to ``url``, waiting up to ``timeout_ms`` for the server to come up.
 
     Processes started together (a Procfile: the server, the workers, the
     scheduler) must not fail because the server is a moment late.
 
     Args:
-        url: ``redis://host:port/db``.
+        url: ``redis://host:port/db`` (any URL ``connect`` takes).
         timeout_ms: how long to keep trying, ms.
         poll_ms: pause between tries, ms.
+        tls: TLS settings of a ``rediss://`` URL (see ``connect``).
 
     Returns:
         A checked client (see ``connect``).
 
     Raises:
-        ConnectionLost: the server did not answer within ``timeout_ms``.
+        ConnectionLost: the server did not answer within ``timeout_ms``, or at
+            once when the server's certificate fails verification (waiting
+            does not mend a wrong tls_ca_file).
         ServerError: the server is older than Redis 7.0.
+        ConfigError: as ``connect`` raises it, at once.
     """
     deadline = time.monotonic() + timeout_ms / 1000
     while True:
         try:
-            return connect(url, check=True)
-        except ConnectionLost:
-            if time.monotonic() >= deadline:
+            return connect(url, check=True, tls=tls)
+        except ConnectionLost as exc:
+            if time.monotonic() >= deadline or "CERTIFICATE_VERIFY_FAILED" in str(exc):
                 raise
             time.sleep(poll_ms / 1000)

@@ -61,7 +61,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from broker import keys
 from broker.config import Settings
-from broker.connection import as_bytes, connect, redact_url
+from broker.connection import as_bytes, connect, is_tls_url, redact_url
 from broker.consumer import Subscriber
 from broker.errors import DemoError
 from broker.links import link
@@ -506,6 +506,16 @@ def _setup(
     return subs, transient
 
 
+#: The TLS settings' defaults (none): a throwaway server of a run speaks plain TCP.
+_NO_TLS = {"tls_ca_file": "", "tls_cert_file": "", "tls_key_file": "", "tls_verify": True}
+
+
+def settings_for(settings: Settings, url: str, **changes: Any) -> Settings:
+    """``settings`` for a run on ``url`` (``demo_redis``), with ``changes``: the TLS settings
+    stay for a TLS URL (``--redis-url rediss://...``) and are dropped for a throwaway server."""
+    return settings.model_copy(update={"redis_url": url, **changes, **({} if is_tls_url(url) else _NO_TLS)})
+
+
 @contextmanager
 def demo_redis(settings: Settings, embedded: bool, cluster: bool = False) -> Iterator[str]:
     """The Redis URL of a run: a throwaway server started for it (with ``cluster``, a local
@@ -715,9 +725,9 @@ def run_demo(
     rows = load_rows(limit)
     total = len(rows)
     with demo_redis(settings, embedded) as url:
-        run_settings = settings.model_copy(update={"concurrency": concurrency, "redis_url": url})
+        run_settings = settings_for(settings, url, concurrency=concurrency)
         qm = run_settings.qm
-        client = connect(url, check=True)
+        client = connect(url, check=True, tls=run_settings.tls)
         try:
             layout = {qm: (SUBSCRIPTIONS, LINKS)}
             with prepared(client, run_settings, layout, check_empty=not embedded and not replace) as subs_of:

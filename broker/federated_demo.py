@@ -57,6 +57,7 @@ from broker.demo import (
     replay,
     running,
     score_queues,
+    settings_for,
 )
 from broker.errors import DemoError
 from broker.network import Network, Topology, parse_network, proxy_field
@@ -310,14 +311,14 @@ def run_federated_demo(
     with demo_redis(settings, embedded, cluster=True) as url:
         for line in describe(net, url, embedded):
             console.print(line, highlight=False, markup=False, soft_wrap=True)
-        base = settings.model_copy(update={"redis_url": url, "concurrency": concurrency})
-        client = connect(url, check=True)
+        base = settings_for(settings, url, concurrency=concurrency)
+        client = connect(url, check=True, tls=base.tls)
         try:
             layout: Layout = {qm: (SUBSCRIPTIONS[qm], LINKS[qm]) for qm in qms}
             with prepared(client, base, layout, check_empty=not embedded and not replace) as subs_of:
                 for name, topic in CLUSTER_TOPICS:
                     define(client, TOPIC_HOST, name, topic, Attributes(cluster=CLUSTER, clroute="DIRECT"))
-                apply_network(net, url, client)
+                apply_network(net, url, client, base.tls)
                 nodes = oracle_nodes(net, subs_of, LINKS)
                 pools: list[Pool] = []
                 for qm in qms:

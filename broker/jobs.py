@@ -1,7 +1,9 @@
 """The broker's scheduled admin jobs, run by an rq worker with its scheduler (``broker scheduler``).
 
 rq stores each job's dotted path (``broker.jobs.<name>``), so these functions
-must not move, and they take primitive arguments only. Two kinds:
+must not move, and they take primitive arguments only: the TLS settings of a
+``rediss://`` URL travel as the keyword argument ``tls``, a dict of
+``TLSOptions``' fields (absent when none are set). Two kinds:
 
 - periodic jobs (trimming the stream, usage snapshots, idle durable expiry):
   each re-enqueues itself with ``enqueue_in`` after it runs; ``schedule``
@@ -19,6 +21,7 @@ One scheduler process per queue manager.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -32,7 +35,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
 from broker import keys, schedules
-from broker.connection import connect, redact_url, require_single_server, translate_errors
+from broker.connection import TLSOptions, connect, redact_url, require_single_server, translate_errors
 from broker.durables import Deletion, delete_durables, expire_idle_durables
 from broker.errors import BrokerError, CorruptRecord
 from broker.maintenance import trim_acknowledged
@@ -48,18 +51,37 @@ ADMIN_QUEUE = "broker-admin"
 USAGE_KEEP = 10_000
 
 
-def trim_stream(redis_url: str, qm: str) -> int:
+#: ``TLSOptions`` as an rq job stores it (``dataclasses.asdict``); None: no TLS settings.
+TLSArgument = Mapping[str, Any] | None
+
+
+def _stored(tls: TLSOptions | None) -> dict[str, Any] | None:
+    """``tls`` as an rq job stores it (``dataclasses.asdict``); None when no TLS setting is set."""
+    return dataclasses.asdict(tls) if tls is not None and tls.configured else None
+
+
+def _carry(tls: TLSArgument) -> dict[str, Any]:
+    """The keyword arguments of an rq job that carry ``tls`` on: ``{"tls": {...}}``, none when it is None."""
+    return {"tls": dict(tls)} if tls else {}
+
+
+def _connect(redis_url: str, tls: TLSArgument) -> redis.Redis:
+    """``connect`` in a job, with the TLS settings it was given."""
+    return connect(redis_url, tls=TLSOptions(**tls) if tls else None)
+
+
+def trim_stream(redis_url: str, qm: str, tls: TLSArgument = None) -> int:
     """Trim acknowledged entries from the publish stream; returns how many were removed."""
-    return trim_acknowledged(connect(redis_url), qm)
+    return trim_acknowledged(_connect(redis_url, tls), qm)
 
 
-def usage_snapshot(redis_url: str, qm: str) -> dict[str, int]:
+def usage_snapshot(redis_url: str, qm: str, tls: TLSArgument = None) -> dict[str, int]:
     """Append a usage snapshot (stream length, pending, dead-lettered, queued messages) to ``{qm}:usage``.
 
     Returns:
         The snapshot's figures.
     """
-    client = connect(redis_url)
+    client = _connect(redis_url, tls)
     snap = status(client, qm)
     figures = {
         "ts_ms": int(time.time() * 1000),
@@ -74,7 +96,7 @@ def usage_snapshot(redis_url: str, qm: str) -> dict[str, int]:
     return figures
 
 
-def expire_idle(redis_url: str, qm: str, idle_ms: int) -> list[str]:
+def expire_idle(redis_url: str, qm: str, idle_ms: int, tls: TLSArgument = None) -> list[str]:
     """Delete the durable subscriptions no consumer has used for ``idle_ms`` ms (``durable_idle_expiry_ms``).
 
     Each deletion is logged with the messages lost (``broker.durables``); problems are logged too.
@@ -82,7 +104,7 @@ def expire_idle(redis_url: str, qm: str, idle_ms: int) -> list[str]:
     Returns:
         The subscription ids deleted.
     """
-    done = expire_idle_durables(connect(redis_url), qm, idle_ms)
+    done = expire_idle_durables(_connect(redis_url, tls), qm, idle_ms)
     _log_problems("idle durable expiry", done)
     return [d.sub_id for d in done.deleted]
 
@@ -122,9 +144,11 @@ def _rq_client(client: redis.Redis, operation: str) -> redis.Redis:
     return client
 
 
-def periodic(redis_url: str, qm: str, job: str, interval_ms: int, *args: Any) -> None:
+def periodic(
+    redis_url: str, qm: str, job: str, interval_ms: int, *args: Any, tls: TLSArgument = None
+) -> None:
     """Run the periodic job named ``job`` (a name of ``PERIODIC``) with ``args``, then schedule the next run
-    ``interval_ms`` ms later.
+    ``interval_ms`` ms later (with the same ``tls``).
 
     Raises:
         ValueError: an unknown job name.
@@ -132,9 +156,9 @@ def periodic(redis_url: str, qm: str, job: str, interval_ms: int, *args: Any) ->
     if job not in PERIODIC:
         raise ValueError(f"unknown admin job {job!r}; known: {', '.join(sorted(PERIODIC))}")
     try:
-        PERIODIC[job](redis_url, qm, *args)
+        PERIODIC[job](redis_url, qm, *args, tls=tls)
     finally:
-        queue = Queue(ADMIN_QUEUE, connection=_rq_client(connect(redis_url), "the admin scheduler"))
+        queue = Queue(ADMIN_QUEUE, connection=_rq_client(_connect(redis_url, tls), "the admin scheduler"))
         queue.enqueue_in(
             timedelta(milliseconds=interval_ms),
             periodic,
@@ -144,6 +168,7 @@ def periodic(redis_url: str, qm: str, job: str, interval_ms: int, *args: Any) ->
             interval_ms,
             *args,
             description=_description(redis_url, qm, job),
+            **_carry(tls),
         )
 
 
@@ -163,19 +188,26 @@ def _periodic_chains(queue: Queue, qm: str) -> dict[str, list[Job]]:
     return chains
 
 
-def schedule(redis_url: str, qm: str, interval_ms: int = 60_000, idle_expiry_ms: int = 0) -> list[str]:
+def schedule(
+    redis_url: str,
+    qm: str,
+    interval_ms: int = 60_000,
+    idle_expiry_ms: int = 0,
+    tls: TLSOptions | None = None,
+) -> list[str]:
     """Make each periodic admin job of ``qm`` run in exactly one chain, with these arguments.
 
     A chain that is missing (never made, or broken when a scheduler died mid-run)
-    is enqueued now; one with other arguments (another interval or idle expiry),
-    a duplicate, or one no longer wanted is deleted. ``expire_idle`` runs only
-    when ``idle_expiry_ms`` is above 0.
+    is enqueued now; one with other arguments (another interval or idle expiry,
+    other TLS settings), a duplicate, or one no longer wanted is deleted.
+    ``expire_idle`` runs only when ``idle_expiry_ms`` is above 0.
 
     Args:
         redis_url: the broker's Redis.
         qm: the queue manager.
         interval_ms: how often each job runs, ms.
         idle_expiry_ms: ``durable_idle_expiry_ms``: how long a durable subscription may go unused, ms.
+        tls: the TLS settings of a ``rediss://`` URL (``Settings.tls``), for the jobs too.
 
     Returns:
         The rq job ids enqueued.
@@ -183,7 +215,8 @@ def schedule(redis_url: str, qm: str, interval_ms: int = 60_000, idle_expiry_ms:
     Raises:
         ClusterUnsupported: ``redis_url`` names a Redis Cluster (rq needs one server).
     """
-    queue = Queue(ADMIN_QUEUE, connection=_rq_client(connect(redis_url), "the admin scheduler"))
+    queue = Queue(ADMIN_QUEUE, connection=_rq_client(connect(redis_url, tls=tls), "the admin scheduler"))
+    carried = _carry(_stored(tls))
     wanted: dict[str, tuple[Any, ...]] = {"trim_stream": (), "usage_snapshot": ()}
     if idle_expiry_ms > 0:
         wanted["expire_idle"] = (idle_expiry_ms,)
@@ -192,7 +225,12 @@ def schedule(redis_url: str, qm: str, interval_ms: int = 60_000, idle_expiry_ms:
     for name in sorted(set(wanted) | set(chains)):
         keep = None
         for job in chains.get(name, []):
-            if keep is None and name in wanted and tuple(job.args[3:]) == (interval_ms, *wanted[name]):
+            if (
+                keep is None
+                and name in wanted
+                and tuple(job.args[3:]) == (interval_ms, *wanted[name])
+                and job.kwargs == carried
+            ):
                 keep = job
             else:
                 job.delete()
@@ -206,12 +244,19 @@ def schedule(redis_url: str, qm: str, interval_ms: int = 60_000, idle_expiry_ms:
                     interval_ms,
                     *wanted[name],
                     description=_description(redis_url, qm, name),
+                    **carried,
                 ).id
             )
     return enqueued
 
 
-def run_scheduler(redis_url: str, qm: str, interval_ms: int = 60_000, idle_expiry_ms: int = 0) -> None:
+def run_scheduler(
+    redis_url: str,
+    qm: str,
+    interval_ms: int = 60_000,
+    idle_expiry_ms: int = 0,
+    tls: TLSOptions | None = None,
+) -> None:
     """Schedule the periodic admin jobs (see ``schedule``) and run an rq worker for them.
 
     The worker runs rq's scheduler too (``with_scheduler``), which enqueues the
@@ -223,13 +268,14 @@ def run_scheduler(redis_url: str, qm: str, interval_ms: int = 60_000, idle_expir
         qm: the queue manager.
         interval_ms: how often each periodic job runs, ms.
         idle_expiry_ms: ``durable_idle_expiry_ms``, ms; 0 runs no idle durable expiry.
+        tls: the TLS settings of a ``rediss://`` URL (``Settings.tls``).
 
     Raises:
         ClusterUnsupported: ``redis_url`` names a Redis Cluster (rq needs one server).
     """
-    client = _rq_client(connect(redis_url), "the admin scheduler")
+    client = _rq_client(connect(redis_url, tls=tls), "the admin scheduler")
     queue = Queue(ADMIN_QUEUE, connection=client)
-    schedule(redis_url, qm, interval_ms, idle_expiry_ms)
+    schedule(redis_url, qm, interval_ms, idle_expiry_ms, tls)
     Worker([queue], connection=client).work(with_scheduler=True)
 
 
@@ -250,7 +296,13 @@ RUNNERS: dict[str, Callable[[redis.Redis, str, Mapping[str, str]], str]] = {
 
 
 def _enqueue_run(
-    client: redis.Redis, redis_url: str, qm: str, schedule_id: str, token: str, at_ms: int
+    client: redis.Redis,
+    redis_url: str,
+    qm: str,
+    schedule_id: str,
+    token: str,
+    at_ms: int,
+    tls: TLSArgument = None,
 ) -> None:
     Queue(ADMIN_QUEUE, connection=_rq_client(client, "a scheduled admin job")).enqueue_at(
         datetime.fromtimestamp(at_ms / 1000, tz=UTC),
@@ -261,6 +313,7 @@ def _enqueue_run(
         token,
         job_id=token,
         description=_description(redis_url, qm, f"run_schedule {schedule_id}"),
+        **_carry(tls),
     )
 
 
@@ -282,6 +335,7 @@ def add_schedule(
     cron: str,
     params: Mapping[str, str],
     now_ms: int | None = None,
+    tls: TLSOptions | None = None,
 ) -> Schedule:
     """Schedule ``job`` with ``params`` at the times of ``cron`` (five fields, UTC).
 
@@ -296,6 +350,7 @@ def add_schedule(
         cron: the cron expression.
         params: the job's parameters (``client_id`` and ``durable_name`` for ``delete-durable``).
         now_ms: the time, ms since the epoch; None for this machine's clock.
+        tls: the TLS settings the scheduler reaches ``redis_url`` with (``Settings.tls``).
 
     Returns:
         The schedule stored, with its id and first run.
@@ -308,10 +363,10 @@ def add_schedule(
     """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     made = schedules.new_schedule(job, cron, params, now)
-    _enqueue_run(client, redis_url, qm, made.schedule_id, made.rq_job, made.next_run_ms)
+    _enqueue_run(client, redis_url, qm, made.schedule_id, made.rq_job, made.next_run_ms, _stored(tls))
     if not schedules.store(client, qm, made):  # an id taken (8 random hex digits): try once more
         _delete_rq_job(client, made.rq_job)
-        return add_schedule(client, redis_url, qm, job, cron, params, now_ms)
+        return add_schedule(client, redis_url, qm, job, cron, params, now_ms, tls)
     log.info("scheduled %s %s at %r (%s)", made.schedule_id, job, cron, made.params)
     return made
 
@@ -354,7 +409,14 @@ def list_schedules(client: redis.Redis, qm: str) -> tuple[list[Schedule], list[s
     return found, problems
 
 
-def run_schedule(redis_url: str, qm: str, schedule_id: str, token: str, now_ms: int | None = None) -> str:
+def run_schedule(
+    redis_url: str,
+    qm: str,
+    schedule_id: str,
+    token: str,
+    now_ms: int | None = None,
+    tls: TLSArgument = None,
+) -> str:
     """The rq job of one run of a schedule: run it, then enqueue the next run.
 
     Runs only while the record exists and names this rq job (``token``): a
@@ -367,11 +429,12 @@ def run_schedule(redis_url: str, qm: str, schedule_id: str, token: str, now_ms: 
         schedule_id: the schedule.
         token: this run's rq job id.
         now_ms: the time, ms since the epoch; None for this machine's clock.
+        tls: the TLS settings (``TLSOptions``' fields), passed on to the next run.
 
     Returns:
         What happened, one line (also logged): the job's result, "cancelled", "stale" or "corrupt".
     """
-    client = connect(redis_url)
+    client = _connect(redis_url, tls)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     try:
         record = schedules.get_schedule(client, qm, schedule_id)
@@ -394,7 +457,7 @@ def run_schedule(redis_url: str, qm: str, schedule_id: str, token: str, now_ms: 
     log.info("schedule %s (%s %s): %s", schedule_id, record.job, record.params, result)
     next_run = schedules.next_run_ms(record.cron, now)
     following = schedules.run_token(schedule_id)
-    _enqueue_run(client, redis_url, qm, schedule_id, following, next_run)
+    _enqueue_run(client, redis_url, qm, schedule_id, following, next_run, tls)
     recorded = schedules.advance(
         client,
         qm,

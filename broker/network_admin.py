@@ -13,7 +13,7 @@ import redis
 
 from broker import keys
 from broker.channel import UNREACHABLE, Agent, Peers, read_announced, read_network
-from broker.connection import redact_url, translate_errors
+from broker.connection import TLSOptions, redact_url, translate_errors
 from broker.errors import ConfigError
 from broker.network import Network, ProxySubscription, Topology, proxy_field
 
@@ -35,14 +35,16 @@ class Applied:
         return [qm for qm, what in self.results.items() if what not in ("applied", "unchanged")]
 
 
-def apply_network(network: Network, own_url: str, own_client: redis.Redis) -> Applied:
+def apply_network(
+    network: Network, own_url: str, own_client: redis.Redis, tls: TLSOptions | None = None
+) -> Applied:
     """Store the topology in every queue manager of the network (``{qm}:network``, with a version
     bump in the same MULTI so its workers reload at once).
 
     A queue manager that cannot be reached is reported in the result, the others are applied:
-    run it again when it is back.
+    run it again when it is back. ``tls``: the TLS settings for ``rediss://`` nodes (``Settings.tls``).
     """
-    peers = Peers(own_url, own_client)
+    peers = Peers(own_url, own_client, tls)
     peers.network = network
     text = network.to_json()
     done = Applied()
@@ -64,7 +66,7 @@ def apply_network(network: Network, own_url: str, own_client: redis.Redis) -> Ap
 
 
 @translate_errors
-def withdraw(client: redis.Redis, qm: str, url: str) -> dict[str, Any]:
+def withdraw(client: redis.Redis, qm: str, url: str, tls: TLSOptions | None = None) -> dict[str, Any]:
     """Withdraw every announcement of ``qm`` (an orderly shutdown for maintenance, SwiftMQ): the
     other queue managers drop its dynamic proxy subscriptions at their next round; static ones
     with ``keep_on_unsubscribe`` keep forwarding into their transmission streams. Its channel
@@ -73,7 +75,7 @@ def withdraw(client: redis.Redis, qm: str, url: str) -> dict[str, Any]:
     Raises:
         ConfigError: ``qm`` is in no network.
     """
-    agent = Agent(client, qm, Peers(url, client), lambda: _now_ms())
+    agent = Agent(client, qm, Peers(url, client, tls), lambda: _now_ms())
     topology = agent.load()
     if topology is None:
         raise ConfigError(f"{qm} is in no network: run 'broker network apply' first")
@@ -141,7 +143,7 @@ def list_proxies(client: redis.Redis, qm: str) -> tuple[list[ProxyRow], dict[str
 
 
 @translate_errors
-def network_status(client: redis.Redis, qm: str, url: str) -> dict[str, Any]:
+def network_status(client: redis.Redis, qm: str, url: str, tls: TLSOptions | None = None) -> dict[str, Any]:
     """The network as seen from ``qm``: queue managers, channels and proxy subscriptions.
 
     Returns:
@@ -157,7 +159,7 @@ def network_status(client: redis.Redis, qm: str, url: str) -> dict[str, Any]:
     if network is None:
         return {"network": None, "queue_managers": [], "channels": [], "proxies": [], "problems": []}
     topology = Topology(network)
-    peers = Peers(url, client)
+    peers = Peers(url, client, tls)
     peers.network = network
     qms: list[dict[str, Any]] = []
     reach: dict[str, redis.Redis | None] = {}

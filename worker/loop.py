@@ -731,7 +731,7 @@ def main(settings: Settings, hook: Hook | None = None) -> None:
     """
     import signal
 
-    client = wait_for_server(settings.redis_url, START_WAIT_MS)  # a restart during an outage waits
+    client = wait_for_server(settings.redis_url, START_WAIT_MS, tls=settings.tls)  # an outage: it waits
     worker = Worker(client, settings, hook=hook)
 
     def _stop(signum: int, frame: object) -> None:

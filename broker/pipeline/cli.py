@@ -282,7 +282,7 @@ def publish_command(
         null_value,
     )
     settings = state.settings
-    connect(settings.redis_url, check=True).close()  # fail fast, before starting a JVM
+    connect(settings.redis_url, check=True, tls=settings.tls).close()  # fail fast, before a JVM
     if fail_partition is not None and (task_attempts(master) or 2) < 2:
         master = with_retries(master)
     bars = Bars(
@@ -308,6 +308,7 @@ def publish_command(
             spark,
             spec,
             redis_url=settings.redis_url,
+            tls=settings.tls,
             qm=settings.qm,
             batch=batch,
             max_backlog=max_backlog,

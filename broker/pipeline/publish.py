@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, cast
 import redis
 
 from broker import keys
-from broker.connection import connect
+from broker.connection import TLSOptions, connect, unreachable
 from broker.errors import ConnectionLost, ServerError
 from broker.flow import FlowGate, parse_delay, wait_for_room
 from broker.models import publication_fields
@@ -137,6 +137,7 @@ def _publish_partition(
     flow_control: bool = True,
     clock_ms: Callable[[], float] | None = None,
     sleep_ms: Callable[[float], None] | None = None,
+    tls: TLSOptions | None = None,
 ) -> Iterator[tuple[str, int]]:
     """Publish one partition's rows in order (runs in a Spark task).
 
@@ -154,7 +155,7 @@ def _publish_partition(
         ReplyTimeout: the workers' backlog stayed at ``max_backlog`` for ``backlog_timeout_ms``.
     """
     stream = keys.publish_stream(qm)
-    client = connect(redis_url)
+    client = connect(redis_url, tls=tls)
     fail_after: int | None = None
     marker = Path(marker_dir, f"fail-partition-{index}") if marker_dir else None
     if fail_partition == index and marker is not None and not marker.exists():
@@ -228,6 +229,7 @@ def publish_dataset(
     fail_partition: int | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     progress_interval_s: float = PROGRESS_INTERVAL_S,
+    tls: TLSOptions | None = None,
 ) -> PublishReport:
     """Publish every row of a data set, each publisher's rows in order.
 
@@ -254,6 +256,8 @@ def publish_dataset(
         on_progress: called from a driver thread every ``progress_interval_s``
             seconds and once at the end.
         progress_interval_s: seconds between progress calls.
+        tls: the TLS settings of a ``rediss://`` URL (``Settings.tls``), for the
+            driver and every task.
 
     Returns:
         The ``PublishReport``.
@@ -280,7 +284,7 @@ def publish_dataset(
                 "use a master like local[2,3]"
             )
     started = time.perf_counter()
-    client = connect(redis_url, check=True)
+    client = connect(redis_url, check=True, tls=tls)
     try:
         added_before = _entries_added(client, qm)
         n = partitions or sc.defaultParallelism
@@ -297,6 +301,7 @@ def publish_dataset(
             task = functools.partial(
                 _publish_partition,
                 redis_url=redis_url,
+                tls=tls,
                 qm=qm,
                 batch=batch,
                 max_backlog=max_backlog,
@@ -337,7 +342,7 @@ def publish_dataset(
             per_publisher[publisher] = per_publisher.get(publisher, 0) + count
         xadds = _entries_added(client, qm) - added_before
     except redis.ConnectionError as exc:
-        raise ConnectionLost(f"cannot reach Redis at {redis_url}: {exc}") from exc
+        raise ConnectionLost(unreachable(redis_url, tls, exc)) from exc
     finally:
         client.close()
     return PublishReport(

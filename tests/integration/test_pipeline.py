@@ -327,6 +327,27 @@ def test_a_partition_failing_halfway_is_retried_without_duplicates(
     assert (audit.duplicates, audit.order_violations, audit.missing) == (0, 0, 0) and audit.ok
 
 
+def test_the_spark_tasks_publish_over_tls_with_the_settings_they_are_given(spark, flights, tmp_path):
+    from tests.harness.tls import TLSServer, make_certificates, tls_binary
+
+    binary = tls_binary()
+    if binary is None:
+        pytest.skip("no server binary built with TLS (Debian: apt-get install redis-server)")
+    pki = make_certificates(tmp_path / "pki")
+    server = TLSServer(pki, binary, auth_clients="yes").start()
+    try:
+        # Given a server that requires a client certificate, and the driver's TLS settings
+        tls = pki.client(mutual=True)
+        report = publish_dataset(
+            spark, flights_spec(flights["small"]), redis_url=server.tls_url, tls=tls, qm=QM, partitions=2
+        )
+        # Then every task reached it with them
+        assert report.rows == SMALL_ROWS
+        assert connect(server.url).xlen(keys.publish_stream(QM)) == SMALL_ROWS
+    finally:
+        server.stop()
+
+
 def test_fail_partition_needs_a_master_with_task_retries(real_server, flights):
     assert (task_attempts("local[2]"), task_attempts("local[*,3]"), task_attempts("spark://h:7077")) == (
         1,
