@@ -29,8 +29,11 @@ from broker.errors import (
     PublicationRefused,
     ReplyTimeout,
     ServerError,
+    ServerFull,
     ServerNotFound,
     SubscriptionConflict,
+    TooManyConsumers,
+    TooManySubscriptions,
 )
 from broker.keys import PROTOCOL_VERSION
 from broker.links import link, list_links, unlink, unlink_all
@@ -67,10 +70,13 @@ __all__ = [
     "Publisher",
     "ReplyTimeout",
     "ServerError",
+    "ServerFull",
     "ServerNotFound",
     "Settings",
     "Subscriber",
     "SubscriptionConflict",
+    "TooManyConsumers",
+    "TooManySubscriptions",
     "connect",
     "explain",
     "like",

@@ -37,7 +37,14 @@ from broker.config import Settings, load_settings
 from broker.connection import connect, redact_url, tls_hint, wait_for_server
 from broker.consumer import Subscriber, browse, subscription_load
 from broker.durables import delete_durables
-from broker.errors import BrokerError, ConnectionLost, NoSuchSubscription, PublicationRefused, ServerError
+from broker.errors import (
+    BrokerError,
+    ConnectionLost,
+    NoSuchSubscription,
+    PublicationRefused,
+    ServerError,
+    ServerFull,
+)
 from broker.models import Message, PropertyValue
 from broker.publish import Publisher, PublishResult
 from broker.status import status as status_of
@@ -129,6 +136,10 @@ class BrokerGroup(click.Group):
             _fail(
                 f"cannot reach Redis at {self._url(ctx)}: {exc}{self._hint(ctx, exc)}",
                 ConnectionLost.exit_code,
+            )
+        except redis.exceptions.OutOfMemoryError as exc:
+            _fail(
+                str(ServerFull(f"{ctx.invoked_subcommand or 'the command'}", str(exc))), ServerFull.exit_code
             )
         except redis.RedisError as exc:
             _fail(f"Redis at {self._url(ctx)} answered with an error: {exc}", ServerError.exit_code)
@@ -713,7 +724,10 @@ def subscribe_command(
     Each line is: topic, publisher, sequence number, priority, body (text, or a
     Python bytes literal when not UTF-8), and "redelivered=N" for a message
     delivered before to a consumer that died. Each message is acknowledged after
-    it is printed. Exits 3 when the subscription is exclusive and another consumer holds it.
+    it is printed. Exits 3 when the subscription is exclusive and another consumer holds it,
+    has max_consumers_per_subscription consumers already, or is new and the client id has
+    max_subscriptions_per_client subscriptions already; 2 when FILTER is over max_topic_bytes
+    or max_topic_levels.
     """
     client = state.client()
     settings = state.settings
@@ -730,6 +744,9 @@ def subscribe_command(
         consumer_modes=settings.consumer_modes,
         topic_object=topic_object,
         scheme=settings.topic_scheme,
+        max_topic_bytes=settings.max_topic_bytes,
+        max_topic_levels=settings.max_topic_levels,
+        max_subscriptions_per_client=settings.max_subscriptions_per_client,
     )
     kind = "durable" if record.durable else "non-durable, removed on exit"
     extra = "".join(
@@ -1293,7 +1310,9 @@ def topic_apply(state: State, file: str, prune: bool) -> None:
 def topic_status_command(state: State, topic_string: str) -> None:
     """Show TOPIC_STRING's effective attributes (and the object each comes from), the subscriptions it
     reaches (and through which link), and the publishers seen among the newest stream entries."""
-    found = topic_status(state.client(), state.settings.qm, topic_string)
+    found = topic_status(
+        state.client(), state.settings.qm, topic_string, default_maxdepth=state.settings.default_maxdepth
+    )
     console = _console()
     table = _table("attribute", "value", "from", title=f"topic {found.topic!r}")
     for name, value, source in found.attributes:

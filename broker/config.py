@@ -33,6 +33,14 @@ from broker.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("configs") / "broker.toml"
 
+#: Limits against abuse (``Settings``): their defaults, also those of the library functions
+#: that take them (``broker.subscriptions.subscribe``).
+DEFAULT_MAX_PROPERTIES_BYTES = 65_536
+DEFAULT_MAX_TOPIC_BYTES = 4_096
+DEFAULT_MAX_TOPIC_LEVELS = 32
+DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT = 1_000
+DEFAULT_MAX_CONSUMERS_PER_SUBSCRIPTION = 1_000
+
 _file_values: ContextVar[dict[str, Any] | None] = ContextVar("_file_values", default=None)
 
 
@@ -169,6 +177,27 @@ class Settings(BaseSettings):
             (10 minutes at 20,000 publications/s: about 1.4 GB).
         reply_ttl_ms: how long a publication's result is kept for its publisher, ms.
         max_body_bytes: largest body accepted, bytes; larger ones are dead-lettered.
+        max_properties_bytes: largest ``props`` field (the user properties' JSON) accepted,
+            bytes; a publication with a larger one is dead-lettered with the reason (and
+            "refused" is posted to a publisher that waits).
+        max_topic_bytes: longest topic accepted, bytes of UTF-8 (MQTT allows 65,535): a
+            publication on a longer topic is dead-lettered, a subscription to a longer
+            filter is refused (``InvalidTopicFilter``), 1-65,535.
+        max_topic_levels: most levels (``/``; swiftmq: ``.`` nodes) in a topic, as
+            ``max_topic_bytes``; bounds the work of matching one publication.
+        max_subscriptions_per_client: most subscriptions one client id may have (counted in
+            the transaction that writes a new one; a ``$share/<ShareName>/`` one counts under
+            its ShareName); a new one beyond it is refused (``TooManySubscriptions``).
+            0: no limit.
+        max_consumers_per_subscription: most live consumers (leases running) one subscription
+            may have; one more is refused (``TooManyConsumers``) before anything is written.
+            0: no limit.
+        default_maxdepth: MAXDEPTH of every subscriber queue that no topic object bounds,
+            messages: ``SYSTEM.BASE.TOPIC``'s MAXDEPTH when it says NOLIMIT (an object's
+            own MAXDEPTH, NOLIMIT included, still wins below it). A full queue is then
+            handled as for any MAXDEPTH (``PMSGDLV``/``NPMSGDLV``: by default a persistent
+            publication to a full durable queue is refused as a whole, other full queues
+            are skipped and counted in ``{qm}:skipped``). 0 (the default): unbounded.
         stop_grace_ms: how long the pool waits for workers after SIGTERM, ms.
         journal: write a delivery journal record per publication, in its unit of work.
         journal_max_len: approximate cap of the journal stream, records.
@@ -263,6 +292,12 @@ class Settings(BaseSettings):
     dedup_window_ms: int = Field(default=600_000, ge=1)
     reply_ttl_ms: int = Field(default=60_000, ge=1)
     max_body_bytes: int = Field(default=1_048_576, ge=0, le=512 * 1024 * 1024)
+    max_properties_bytes: int = Field(default=DEFAULT_MAX_PROPERTIES_BYTES, ge=0, le=512 * 1024 * 1024)
+    max_topic_bytes: int = Field(default=DEFAULT_MAX_TOPIC_BYTES, ge=1, le=65_535)
+    max_topic_levels: int = Field(default=DEFAULT_MAX_TOPIC_LEVELS, ge=1, le=65_535)
+    max_subscriptions_per_client: int = Field(default=DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT, ge=0)
+    max_consumers_per_subscription: int = Field(default=DEFAULT_MAX_CONSUMERS_PER_SUBSCRIPTION, ge=0)
+    default_maxdepth: int = Field(default=0, ge=0)
     stop_grace_ms: int = Field(default=10_000, ge=0)
     journal: bool = False
     journal_max_len: int = Field(default=1_000_000, ge=1)

@@ -15,7 +15,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
-from broker.errors import ClusterUnsupported, ConfigError, ConnectionLost, ForeignKey, ServerError
+from broker.errors import ClusterUnsupported, ConfigError, ConnectionLost, ForeignKey, ServerError, ServerFull
 
 #: Oldest server the broker supports (XAUTOCLAIM, LMOVE, SET ... GET, Lua 5.1 + cjson).
 MIN_SERVER_VERSION = (7, 0)
@@ -46,7 +46,8 @@ def translate_errors(func: Callable[_P, _R]) -> Callable[_P, _R]:
     """Decorate a public entry point so that callers never see redis-py's exceptions.
 
     ``redis.ConnectionError`` and ``redis.TimeoutError`` become ``ConnectionLost``;
-    any other ``redis.RedisError`` (an error reply: out of memory, a wrong type)
+    an out-of-memory reply (the server's ``maxmemory`` is reached) becomes
+    ``ServerFull``; any other ``redis.RedisError`` (an error reply: a wrong type)
     becomes ``ServerError``. On a cluster client, a slot no master serves (a
     cluster partly down: redis-py's ``SlotNotCoveredError``) becomes
     ``ConnectionLost``, any other of redis-py's cluster errors (keys of several
@@ -59,6 +60,8 @@ def translate_errors(func: Callable[_P, _R]) -> Callable[_P, _R]:
             return func(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError, SlotNotCoveredError) as exc:
             raise ConnectionLost(f"cannot reach Redis: {exc}") from exc
+        except redis.exceptions.OutOfMemoryError as exc:
+            raise ServerFull(func.__name__.replace("_", " "), str(exc)) from exc
         except (redis.RedisError, RedisClusterException) as exc:
             raise ServerError(f"Redis answered with an error: {exc}") from exc
 

@@ -47,7 +47,7 @@ import redis
 from broker import keys
 from broker.config import Settings
 from broker.connection import as_bytes, block_slice_ms, translate_errors
-from broker.errors import ConsumerConflict, InvalidMessage, ServerError
+from broker.errors import ConsumerConflict, InvalidMessage, ServerError, TooManyConsumers
 from broker.models import Message
 from broker.scripts import script_source
 from broker.subscriptions import (
@@ -61,6 +61,10 @@ log = logging.getLogger("broker.consumer")
 
 #: Most subscriptions one ``sweep_subscriptions`` call looks at.
 SWEEP_SUBSCRIPTIONS = 200
+
+#: How often a consumer waiting for messages looks again while the server is full, ms (it
+#: cannot block on its subscription's bell then: BLMOVE is refused like any write that may grow).
+FULL_POLL_MS = 50
 
 
 @dataclass(frozen=True)
@@ -255,6 +259,8 @@ class Subscriber:
 
     Raises:
         ConsumerConflict: the subscription is exclusive and another live consumer holds it.
+        TooManyConsumers: the subscription has ``settings.max_consumers_per_subscription``
+            live consumers already (checked in the call that would attach this one).
         InvalidName: ``consumer_id`` has other characters.
     """
 
@@ -324,9 +330,12 @@ class Subscriber:
                 1 if settings.expired_to_dlq else 0,
                 settings.dead_letter_max_len,
                 sub_id,
+                settings.max_consumers_per_subscription,
             ],
         )
         status = as_bytes(reply[0]).decode()
+        if status == "full":
+            raise TooManyConsumers(sub_id, settings.max_consumers_per_subscription)
         if status == "standby":
             if self.record.mode == "exclusive":
                 holder = self.client.get(keys.sub_holder(self.qm, sub_id))
@@ -344,6 +353,8 @@ class Subscriber:
 
         Raises:
             ConsumerConflict: the subscription is exclusive and another live consumer holds it.
+            TooManyConsumers: this consumer's lease ran out and the subscription has
+                ``max_consumers_per_subscription`` live consumers meanwhile.
         """
         was_standby = self.standby
         self.recover_dead()  # first: a dead holder's messages are back before this consumer takes over
@@ -356,6 +367,8 @@ class Subscriber:
         head of the queue, oldest first (a rolling upgrade loses nothing); returns how many."""
         legacy = keys.sub_inflight(self.qm, self.record.sub_id)
         moved = 0
+        if not self.client.exists(legacy):  # the usual case; and LMOVE is refused on a full server
+            return 0
         while self.client.lmove(legacy, self.queue, "LEFT", "RIGHT") is not None:
             moved += 1
         if moved:
@@ -433,7 +446,11 @@ class Subscriber:
             wait_s: Any = (
                 min(left_ms, self.settings.consumer_lease_ms // 3, block_slice_ms(self.client)) / 1000
             )
-            self.client.blmove(self.bell, self.bell, wait_s, "RIGHT", "RIGHT")
+            try:
+                self.client.blmove(self.bell, self.bell, wait_s, "RIGHT", "RIGHT")
+            except redis.exceptions.OutOfMemoryError:
+                # a full server refuses BLMOVE (it may add memory): look again a moment later
+                time.sleep(min(wait_s, FULL_POLL_MS / 1000))
 
     def receive(self, timeout_ms: int = 0) -> Delivery | None:
         """Take the next message (see ``receive_many``); None when none came in time."""

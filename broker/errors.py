@@ -4,13 +4,17 @@ Each error says when it is raised and carries the data a caller needs (the
 offending topic, a suggested correction, the cycle a link would close). Each
 has an ``exit_code`` that the command line uses (click's
 ``ClickException.exit_code`` convention): 1 for a generic failure, 2 for bad
-input, 3 for a broker-side refusal, 4 for a lost or unreachable server.
+input, 3 for a broker-side refusal (a limit against abuse among them), 4 for a
+lost or unreachable server, 5 for a full server (out of memory: nothing was
+written, retry once memory is freed).
 
 Errors from redis-py are translated at the boundary (``raise ConnectionLost(...)
 from exc``) so that callers never need to import redis-py's exception types.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 #: Most characters of user input (a topic, a filter) echoed in an error message.
 ECHO_CHARS = 80
@@ -176,6 +180,51 @@ class SubscriptionConflict(BrokerError, ValueError):
     exit_code = 2
 
 
+class TooManySubscriptions(BrokerError):
+    """A new subscription is refused: its client id has ``max_subscriptions_per_client`` already.
+
+    Counted in the same transaction that would write it (``broker.subscriptions.subscribe``),
+    so concurrent subscribes of one client id never go over the limit. Attaching to an
+    existing subscription is never refused.
+
+    Attributes:
+        client_id: the client id (for a ``$share/<ShareName>/`` subscription, the ShareName).
+        limit: the setting's value.
+    """
+
+    exit_code = 3
+
+    def __init__(self, client_id: str, limit: int) -> None:
+        self.client_id = client_id
+        self.limit = limit
+        super().__init__(
+            f"client id {client_id!r} has {limit} subscription{'' if limit == 1 else 's'} already, the most allowed "
+            f"(max_subscriptions_per_client); unsubscribe one first"
+        )
+
+
+class TooManyConsumers(BrokerError):
+    """A consumer is refused: its subscription has ``max_consumers_per_subscription`` live ones.
+
+    Checked by ``receive.lua`` before it writes anything, in the same atomic call that
+    would register the consumer; a consumer already attached is never refused.
+
+    Attributes:
+        sub_id: the subscription.
+        limit: the setting's value.
+    """
+
+    exit_code = 3
+
+    def __init__(self, sub_id: str, limit: int) -> None:
+        self.sub_id = sub_id
+        self.limit = limit
+        super().__init__(
+            f"subscription {sub_id!r} has {limit} live consumer{'' if limit == 1 else 's'} already, the most allowed "
+            f"(max_consumers_per_subscription); close one, or wait for a dead one's lease to run out"
+        )
+
+
 class ConsumerConflict(BrokerError):
     """A second consumer tried to attach to an exclusive subscription that has a live one.
 
@@ -278,6 +327,35 @@ class ServerError(BrokerError):
     """The Redis server answered with an error the broker cannot handle (OOM, wrong version)."""
 
     exit_code = 4
+
+
+class ServerFull(ServerError):
+    """The Redis server is out of memory: its ``maxmemory`` is reached and it refuses writes
+    (``maxmemory-policy noeviction``: it never evicts a queue or a lock to make room).
+
+    Nothing was written by the refused command or script: a publication refused this way
+    is not in the stream (publish it again, with the same msgid), and a unit of work is
+    never half-applied (``broker/lua/lib.lua``). Workers pause and retry until memory is
+    freed; consumers go on receiving and acknowledging, which frees it.
+
+    Attributes:
+        what: what was refused, a few words ("publication of message m-1").
+        accepted: for ``Publisher.publish_many``, the results of the publications that were
+            written before (or around) the refused ones; empty otherwise.
+    """
+
+    exit_code = 5
+
+    def __init__(self, what: str, detail: str = "") -> None:
+        self.what = what
+        self.accepted: list[Any] = []
+        detail = detail.rpartition("caused error: ")[2]  # redis-py's "Command # 1 (...) of pipeline ..."
+        text = (
+            f"{what} refused: the Redis server is full (used memory is above its maxmemory) and "
+            "refuses new writes; nothing was written. Retry once memory is freed (consume or "
+            "delete subscriber queues, trim the publish stream, or raise maxmemory)"
+        )
+        super().__init__(f"{text} [{detail}]" if detail else text)
 
 
 class ClusterUnsupported(BrokerError):

@@ -202,8 +202,9 @@ field              required  meaning
 
 Any other value out of its range (``persistent 2``, ``priority 10``, ``seq -1``,
 a ``topic`` with a wildcard or a control character, a body over
-``max_body_bytes``) refuses the publication: it is dead-lettered with the reason
-and, with ``reply 1``, the result says ``refused``.
+``max_body_bytes``, a ``props`` over ``max_properties_bytes``, a ``topic`` over
+``max_topic_bytes`` or ``max_topic_levels``) refuses the publication: it is
+dead-lettered with the reason and, with ``reply 1``, the result says ``refused``.
 
 Envelope (one element of a subscriber queue)
 --------------------------------------------
@@ -249,8 +250,9 @@ Dead letter (one entry of ``{qm}:dlq``)
 ---------------------------------------
 The publication's own fields, then ``dlq.reason`` (one line of text) and
 ``dlq.entry_id`` (the publish stream entry it was, a reference that lasts until
-the stream is trimmed). A body larger than ``max_body_bytes`` is not copied:
-``dlq.body_bytes`` gives its size instead.
+the stream is trimmed). A field larger than ``max_body_bytes`` (the body, or a
+``props`` or ``topic`` far over its own limit) is not copied: ``dlq.<field>_bytes``
+(``dlq.body_bytes``, ``dlq.props_bytes``) gives its size instead.
 
 Subscriptions (``{qm}:subs``), for a service that is not written in Python
 --------------------------------------------------------------------------
@@ -305,7 +307,12 @@ messages back at the head of their band, in the order it took them, counts
 the failed delivery, and dead-letters a message that failed more than
 ``max_redeliveries`` times (fields ``envelope``, ``dlq.reason``,
 ``dlq.entry_id``, ``dlq.subscription``). Keep a lease well above your
-processing time per batch.
+processing time per batch. Nor do plain commands keep
+``max_consumers_per_subscription`` (``receive.lua`` refuses a consumer with no live
+lease while the subscription has that many: its reply is ``{"full", <live>}``), and
+on a full server (``maxmemory``) ``ZADD``, ``LMOVE`` and ``BLMOVE`` are refused with
+``OOM`` while ``receive.lua`` and ``recover.lua`` still run (``#!lua flags=allow-oom``):
+consuming is how memory is freed. ``LREM`` (acknowledging) is always allowed.
 
 Close a consumer by putting its in-flight messages back (or acknowledging
 them), ``ZREM`` it from the consumers zset and record when the subscription

@@ -172,7 +172,9 @@ def _int(fields: dict[bytes, bytes], name: bytes, default: int | None) -> int | 
     return value
 
 
-def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) -> Entry:
+def parse_entry(
+    entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int, max_properties_bytes: int | None = None
+) -> Entry:
     """Check one stream entry's fields, each decoded on its own.
 
     The topic is not validated here (the caller does, to send a suggestion).
@@ -181,13 +183,15 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
         entry_id: the stream entry id ("<ms>-<n>").
         fields: the entry's fields, bytes to bytes, as read without decoding.
         max_body_bytes: the largest body accepted, in bytes.
+        max_properties_bytes: the largest ``props`` field accepted, in bytes (checked
+            before it is parsed); None: no limit.
 
     Returns:
         The parsed ``Entry``.
 
     Raises:
         InvalidMessage: a field is missing, not UTF-8, of the wrong type or
-            out of range, or the body is larger than ``max_body_bytes``.
+            out of range, or the body or the properties are larger than their limit.
     """
     publisher = _text(fields, b"publisher", required=True)
     assert publisher is not None
@@ -197,7 +201,9 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
     assert topic is not None
     body = fields.get(b"body", b"")
     if len(body) > max_body_bytes:
-        raise InvalidMessage(f"body of {len(body)} bytes is larger than the limit of {max_body_bytes} bytes")
+        raise InvalidMessage(
+            f"body of {len(body)} bytes is larger than the limit of {max_body_bytes} bytes (max_body_bytes)"
+        )
     given = _text(fields, b"msgid")
     msgid = given if given else entry_id
     ts = _int(fields, b"ts", None)
@@ -222,6 +228,12 @@ def parse_entry(entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int) 
     reply = _text(fields, b"reply")
     if reply not in (None, "", "0", "1"):
         raise InvalidMessage(f"field 'reply' must be 0 or 1, not {reply[:20]!r}")
+    raw_props = fields.get(b"props")
+    if max_properties_bytes is not None and raw_props is not None and len(raw_props) > max_properties_bytes:
+        raise InvalidMessage(
+            f"properties of {len(raw_props)} bytes (the 'props' field) are larger than the limit "
+            f"of {max_properties_bytes} bytes (max_properties_bytes)"
+        )
     props_text = _text(fields, b"props")
     props: Any = {}
     if props_text:

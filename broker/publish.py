@@ -24,13 +24,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import redis
 
 from broker import hierarchy, keys
 from broker.connection import as_bytes, block_slice_ms
-from broker.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError
+from broker.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError, ServerFull
 from broker.flow import FlowGate, parse_delay
 from broker.models import PropertyValue, publication_fields
 from broker.topic_objects import topic_of
@@ -203,7 +203,9 @@ class Publisher:
             NoSuchTopicObject: ``topic_object`` does not exist.
             ReplyTimeout: ``wait`` and no result came within ``timeout_ms``.
             ConnectionLost: the server cannot be reached.
-            ServerError: the server refused the write (e.g. out of memory).
+            ServerFull: the server is out of memory (``maxmemory``): the publication was not
+                written; publish it again (same msgid) once memory is freed. Raised at once.
+            ServerError: the server refused the write otherwise.
         """
         if topic_object is not None:
             topic = topic_of(self.client, self.qm, topic_object, topic)
@@ -238,6 +240,9 @@ class Publisher:
             raise ConnectionLost(
                 f"publish of message {msgid} failed, outcome unknown (retry with msgid={msgid!r}): {exc}"
             ) from exc
+        except redis.exceptions.OutOfMemoryError as exc:
+            self.next_seq = seq  # not written: the same seq again
+            raise ServerFull(f"publication of message {msgid}", str(exc)) from exc
         except redis.ResponseError as exc:
             self.next_seq = seq
             raise ServerError(f"publish refused by the server: {exc}") from exc
@@ -294,6 +299,9 @@ class Publisher:
 
         Raises:
             InvalidTopic, InvalidMessage, ConnectionLost, ServerError: as ``publish``.
+            ServerFull: the server is out of memory; its ``accepted`` lists the "sent" results of
+                the items that were written (in order), the others were not: publish them again
+                once memory is freed.
         """
         results: list[PublishResult] = []
         pending: list[tuple[str, int]] = []
@@ -309,15 +317,28 @@ class Publisher:
                 raise ConnectionLost(f"publish failed: {exc}") from exc
             ids = replies[: len(pending)]
             for reply in ids:
-                if isinstance(reply, Exception):
+                if isinstance(reply, Exception) and not isinstance(reply, redis.exceptions.OutOfMemoryError):
                     raise ServerError(f"publish refused by the server: {reply}") from reply
             delay = parse_delay(replies[-1]) if self.flow_control else 0
             self.flow.learn(delay)
-            results.extend(
-                PublishResult("sent", cast(bytes, eid).decode(), m, s, flow_control_delay_ms=delay)
-                for eid, (m, s) in zip(ids, pending, strict=True)
-            )
+            full: redis.exceptions.OutOfMemoryError | None = None
+            refused: list[tuple[str, int]] = []
+            for eid, (m, s) in zip(ids, pending, strict=True):
+                if isinstance(eid, redis.exceptions.OutOfMemoryError):
+                    full = full or eid
+                    refused.append((m, s))
+                else:
+                    results.append(
+                        PublishResult("sent", as_bytes(eid).decode(), m, s, flow_control_delay_ms=delay)
+                    )
             pending.clear()
+            if full is not None:
+                self.next_seq = refused[0][1]  # the items not written take their seqs again
+                error = ServerFull(
+                    f"publication of message {refused[0][0]} and {len(refused) - 1} more", str(full)
+                )
+                error.accepted = list(results)
+                raise error from full
 
         for topic, body in items:
             fields, msgid, seq = self._fields(topic, body, None, False, options)

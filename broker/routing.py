@@ -92,6 +92,8 @@ class RoutingTable:
 
     Args:
         qm: the queue manager.
+        default_maxdepth: ``Settings.default_maxdepth``: the MAXDEPTH of the queues no topic
+            object bounds, messages; 0 for none.
 
     Attributes:
         version: the index version counter's value when loaded (bytes, opaque:
@@ -99,8 +101,9 @@ class RoutingTable:
         problems: the records skipped at the last load.
     """
 
-    def __init__(self, qm: str) -> None:
+    def __init__(self, qm: str, default_maxdepth: int = 0) -> None:
         self.qm = qm
+        self.default_maxdepth = default_maxdepth
         self.version: bytes | None = None
         self.index: TopicIndex | HierarchyIndex = TopicIndex()
         #: the queue manager's topic scheme (``{qm}:manager``; ``broker.schemes``)
@@ -176,7 +179,7 @@ class RoutingTable:
         self.direct = _text(manager.get(b"direct_subscriber_selection", b"true")) != "false"
         records, problems = parse_subscriptions(qm, subs)
         graph, link_problems = parse_links(qm, links)
-        tree = TopicTree.parse(qm, topics, separator(self.scheme))
+        tree = TopicTree.parse(qm, topics, separator(self.scheme), self.default_maxdepth)
         problems += link_problems + tree.problems
         self.declared, declared_problems = parse_declared(qm, declared)
         problems += declared_problems

@@ -91,8 +91,11 @@ def record_manager(client: redis.Redis, settings: Settings) -> None:
     recorded_scheme(client, qm, settings.topic_scheme)
     key = keys.manager(qm)
     wanted = "true" if settings.direct_subscriber_selection else "false"
-    client.hsetnx(key, "direct_subscriber_selection", wanted)
-    found = _text(client.hget(key, "direct_subscriber_selection") or b"true")
+    raw = client.hget(key, "direct_subscriber_selection")
+    if raw is None:  # read first: a worker starting on a full server writes nothing once recorded
+        client.hsetnx(key, "direct_subscriber_selection", wanted)
+        raw = client.hget(key, "direct_subscriber_selection")
+    found = _text(raw or b"true")
     if found != wanted:
         raise ConfigError(
             f"queue manager {qm} uses direct_subscriber_selection = {found} (recorded in {key}); this "
@@ -122,9 +125,10 @@ def recorded_scheme(client: redis.Redis, qm: str, wanted: str | None = None) -> 
     if wanted is not None:
         separator(wanted)
     try:
-        if wanted is not None:
-            client.hsetnx(key, "topic_scheme", wanted)
         raw = client.hget(key, "topic_scheme")
+        if raw is None and wanted is not None:  # read first: nothing is written once recorded
+            client.hsetnx(key, "topic_scheme", wanted)
+            raw = client.hget(key, "topic_scheme")
     except redis.ResponseError as exc:
         if "WRONGTYPE" in str(exc):
             found_type = client.type(key)

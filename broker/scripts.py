@@ -44,8 +44,17 @@ def _read(name: str) -> str:
 
 
 def script_source(name: str) -> str:
-    """A script's source: ``lua/lib.lua`` (the shared helpers) followed by ``lua/<name>.lua``."""
-    return _read("lib") + "\n" + _read(name)
+    """A script's source: ``lua/lib.lua`` (the shared helpers) followed by ``lua/<name>.lua``.
+
+    A script whose first line is a shebang (``#!lua flags=allow-oom``: the consumer scripts,
+    which must run on a full server, since consuming is what frees memory) keeps it first.
+    """
+    body = _read(name)
+    shebang = ""
+    if body.startswith("#!"):
+        shebang, _, body = body.partition("\n")
+        shebang += "\n"
+    return shebang + _read("lib") + "\n" + body
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,7 @@ class Refusals:
     Attributes:
         reply_ttl_ms: how long a posted result is kept, ms.
         dead_letter_max_len: approximate cap of the dead-letter stream, records.
-        max_body_bytes: a dead letter keeps the body only up to this size, bytes.
+        max_body_bytes: a dead letter keeps a field (the body, a huge props) only up to this size, bytes.
     """
 
     reply_ttl_ms: int = 60_000

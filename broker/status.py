@@ -208,19 +208,22 @@ class TopicStatus:
 
 
 @translate_errors
-def topic_status(client: redis.Redis, qm: str, topic: str, scan: int = 10_000) -> TopicStatus:
+def topic_status(
+    client: redis.Redis, qm: str, topic: str, scan: int = 10_000, default_maxdepth: int = 0
+) -> TopicStatus:
     """Effective attributes (with their object), matching subscriptions (and through which link),
     publishers seen and the last publication time of ``topic``.
 
     Publishers and the last publication come from the newest ``scan`` entries of the
-    publish stream (no per-publication bookkeeping on the hot path).
+    publish stream (no per-publication bookkeeping on the hot path). ``default_maxdepth``:
+    ``Settings.default_maxdepth``, the base's MAXDEPTH when it says NOLIMIT (as the workers see it).
 
     Raises:
         InvalidTopic: the topic is invalid.
         ForeignKey: a record hash holds another Redis type.
     """
     validate_topic(topic)
-    table = RoutingTable(qm)
+    table = RoutingTable(qm, default_maxdepth)
     table.load(client)
     effective = table.tree.effective(topic)
     attributes = [(name, effective.values[name], effective.source[name]) for name in sorted(effective.values)]

@@ -58,6 +58,8 @@ def ensure_group(client: redis.Redis, qm: str) -> None:
         redis.RedisError: as redis-py raises it.
     """
     stream = keys.publish_stream(qm)
+    if group_state(client, qm).exists:  # read first: a worker starting on a full server writes nothing
+        return
     try:
         client.xgroup_create(stream, keys.WORKER_GROUP, id="0", mkstream=True)
     except redis.ResponseError as exc:

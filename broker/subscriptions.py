@@ -30,7 +30,12 @@ from typing import Any
 import redis
 
 from broker import hierarchy, keys
-from broker.config import ConsumerMode
+from broker.config import (
+    DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
+    DEFAULT_MAX_TOPIC_BYTES,
+    DEFAULT_MAX_TOPIC_LEVELS,
+    ConsumerMode,
+)
 from broker.connection import KEEP, change_field, read_hash, translate_errors
 from broker.errors import (
     CorruptRecord,
@@ -40,12 +45,13 @@ from broker.errors import (
     NoSuchSubscription,
     SubscriptionConflict,
     SubscriptionRefused,
+    TooManySubscriptions,
 )
 from broker.schemes import recorded_scheme, separator
 from broker.scripts import script_source
 from broker.selectors import compile_selector, like
 from broker.topic_objects import TopicTree, fixed_prefix, topic_of
-from broker.topics import split_shared, validate_filter
+from broker.topics import limit_problem, split_shared, validate_filter
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
@@ -229,6 +235,9 @@ def subscribe(
     consumer_modes: Sequence[ConsumerMode] = (),
     topic_object: str | None = None,
     scheme: str | None = None,
+    max_topic_bytes: int = DEFAULT_MAX_TOPIC_BYTES,
+    max_topic_levels: int = DEFAULT_MAX_TOPIC_LEVELS,
+    max_subscriptions_per_client: int = DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
 ) -> SubscriptionRecord:
     """Create a subscription (or attach to an existing one with the same filter and options).
 
@@ -255,13 +264,24 @@ def subscribe(
             Under ``swiftmq`` the filter is a dot topic whose nodes after the root may be
             SQL-LIKE predicates (``iit.%.US``, ``broker.hierarchy``); ``$share/`` is not
             interpreted (use ``shared``).
+        max_topic_bytes: the longest filter accepted, bytes (``Settings.max_topic_bytes``;
+            without its ``$share/<ShareName>/`` prefix).
+        max_topic_levels: the most levels (swiftmq: nodes) in a filter (``Settings.max_topic_levels``).
+        max_subscriptions_per_client: a new subscription is refused when its client id (for
+            ``$share/<ShareName>/``, the ShareName: the part of the id before ``$``) has this
+            many already; 0 for no limit (``Settings.max_subscriptions_per_client``). Counted
+            in the transaction that writes it (``{qm}:subs`` is watched), so concurrent
+            subscribes never go over it; attaching to an existing subscription is not counted.
 
     Returns:
         The subscription record; ``sub_id`` names its queue.
 
     Raises:
         InvalidTopicFilter: the filter (or its ``$share`` syntax) is invalid under the
-            queue manager's scheme (swiftmq: e.g. a predicate root node ``i%.%.swiftmq``).
+            queue manager's scheme (swiftmq: e.g. a predicate root node ``i%.%.swiftmq``),
+            or it is over ``max_topic_bytes`` or ``max_topic_levels`` (the reason names the setting).
+        TooManySubscriptions: a new subscription, and its client id has
+            ``max_subscriptions_per_client`` already.
         ConfigError: ``scheme`` differs from the queue manager's recorded scheme.
         InvalidSelector: the selector is invalid (the position is named).
         InvalidName: the client id, name or ShareName has characters other than ``A-Za-z0-9_.-``.
@@ -276,6 +296,9 @@ def subscribe(
     # with a scheme given, bad input is refused before Redis is asked anything
     scheme_name = scheme or recorded_scheme(client, qm)
     share, inner = _parse_filter(topic_filter, scheme_name)
+    over = limit_problem(inner, max_topic_bytes, max_topic_levels, separator(scheme_name))
+    if over is not None:
+        raise InvalidTopicFilter(topic_filter, over)
     selector = selector if selector and selector.strip() else ""  # blank: no selector (Jakarta Messaging)
     if selector:
         compile_selector(selector)
@@ -303,6 +326,11 @@ def subscribe(
         if existing is None:
             tree = TopicTree.parse(qm, read_hash(pipe, topics_key), separator(scheme_name))
             _check_topic_tree(qm, tree, record)
+            owner = sub_id.partition("$")[0]
+            if max_subscriptions_per_client and _count_of(
+                pipe, subs_key, owner, max_subscriptions_per_client
+            ):
+                raise TooManySubscriptions(owner, max_subscriptions_per_client)
             return record.to_json()
         try:
             old = SubscriptionRecord.from_json(sub_id, existing, qm)
@@ -323,6 +351,30 @@ def subscribe(
 
     change_field(client, subs_key, sub_id, decide, keys.version(qm), watch=(topics_key,))
     return found[-1] if found else record
+
+
+#: Hash fields looked at per HSCAN call when counting a client id's subscriptions.
+_COUNT_SCAN = 10_000
+
+
+def _count_of(pipe: Any, subs_key: str, owner: str, limit: int) -> bool:
+    """Whether ``owner`` (the part of a subscription id before ``$``) has ``limit`` subscriptions or more.
+
+    Read through ``pipe`` while ``{qm}:subs`` is watched, so the count holds until the
+    transaction writes. Free while the hash has fewer than ``limit`` fields; otherwise one
+    HSCAN over it (MATCH ``<owner>$*``: client ids hold no glob character), stopping at ``limit``.
+    """
+    if int(pipe.hlen(subs_key)) < limit:
+        return False
+    found: set[Any] = set()  # HSCAN may return a field twice
+    cursor = 0
+    while True:
+        cursor, page = pipe.hscan(subs_key, cursor, match=f"{owner}$*", count=_COUNT_SCAN)
+        found.update(page)
+        if len(found) >= limit:
+            return True
+        if not int(cursor):
+            return False
 
 
 def _parse_filter(topic_filter: str, scheme: str) -> tuple[str, str]:

@@ -26,7 +26,8 @@ DEFPSIST    YES | NO                      worker: persistence of a publication t
 DEFPRTY     0-9                           worker: priority of a publication that says none
 CAPEXPRY    ms | NOLIMIT                  worker: expiration capped at publish time + cap
 MAXDEPTH    messages | NOLIMIT            commit.lua: depth bound of the subscriber queues
-                                          of subscriptions made under the node
+                                          of subscriptions made under the node; NOLIMIT at
+                                          the base is ``Settings.default_maxdepth`` when set
 PMSGDLV     ALL | ALLDUR | ALLAVAIL       commit.lua: persistent publications and full queues
 NPMSGDLV    ALL | ALLDUR | ALLAVAIL       commit.lua: non-persistent publications
 USEDLQ      YES | NO                      commit.lua: whether a refused publication is dead-lettered
@@ -297,10 +298,14 @@ class TopicTree:
     _cache: dict[str, Effective] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, qm: str, raw: dict[Any, Any], separator: str = LEVEL_SEPARATOR) -> TopicTree:
+    def parse(
+        cls, qm: str, raw: dict[Any, Any], separator: str = LEVEL_SEPARATOR, default_maxdepth: int = 0
+    ) -> TopicTree:
         """Build the tree from the ``{qm}:topics`` hash; unreadable records are kept in ``problems``.
 
-        ``separator``: the topic scheme's (``broker.schemes.separator``).
+        ``separator``: the topic scheme's (``broker.schemes.separator``). ``default_maxdepth``
+        (``Settings.default_maxdepth``, messages; 0 for none): ``SYSTEM.BASE.TOPIC``'s MAXDEPTH
+        when it says NOLIMIT, so that it bounds every queue no object below bounds otherwise.
         """
         tree = cls(separator=separator)
         for raw_name, value in raw.items():
@@ -317,8 +322,11 @@ class TopicTree:
                 tree.problems.append(CorruptRecord(keys.topic_objects(qm), name, str(exc)))
                 continue
             tree.objects[name] = obj
-        base = tree.objects.get(BASE)
-        tree.objects[BASE] = _as_base(base)
+        base = _as_base(tree.objects.get(BASE))
+        if default_maxdepth > 0 and base.attributes.maxdepth == NOLIMIT:
+            attributes = base.attributes.model_copy(update={"maxdepth": default_maxdepth})
+            base = base.model_copy(update={"attributes": attributes})
+        tree.objects[BASE] = base
         tree._by_string = {o.topic_string: o for o in tree.objects.values() if o.name != BASE}
         tree._by_string[""] = tree.objects[BASE]
         return tree

@@ -27,8 +27,14 @@ Seed 004 (IPCOM000031305D), on Redis:
    first, the next matching publication asks again.
 
 A worker never dies on one message: an entry that cannot be parsed, has an
-invalid topic or an oversized body is dead-lettered (``{qm}:dlq``) with the
-reason, in its place in the publisher's order.
+invalid topic or is over a limit against abuse (``max_body_bytes``,
+``max_properties_bytes``, ``max_topic_bytes``, ``max_topic_levels``) is
+dead-lettered (``{qm}:dlq``) with the reason, in its place in the publisher's order.
+
+Nor on a full server (``maxmemory`` reached): a refused script writes nothing
+(``broker/lua/lib.lua``), so the worker logs it once, pauses ``RETRY_PAUSE_MS``
+and sends the same units of work again, keeping the entries it read (a retry is
+not counted as a new delivery), until memory is freed.
 """
 
 from __future__ import annotations
@@ -50,13 +56,22 @@ from broker.config import Settings
 from broker.connection import block_slice_ms, wait_for_server
 from broker.consumer import sweep_subscriptions
 from broker.declared import seed_declared
-from broker.errors import BrokerError, ConnectionLost, ForeignKey, InvalidMessage, InvalidTopic, ServerError
+from broker.errors import (
+    BrokerError,
+    ConnectionLost,
+    ForeignKey,
+    InvalidMessage,
+    InvalidTopic,
+    ServerError,
+    ServerFull,
+)
 from broker.models import apply_topic_defaults, encode_envelope, parse_entry
 from broker.routing import RoutingTable
-from broker.schemes import record_manager, root_topic
+from broker.schemes import record_manager, root_topic, separator
 from broker.scripts import Dequeued, Refusals, Scripts, flow_control_arg, parse_dequeue
 from broker.stream import ensure_group
 from broker.subscriptions import remove_subscription
+from broker.topics import limit_problem
 from broker.unit_of_work import (
     Action,
     CommitBatch,
@@ -114,6 +129,11 @@ Hook = Callable[[str], None]
 START_WAIT_MS = 60_000
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server is full (``maxmemory`` reached), before anything was written."""
+    return isinstance(exc, (redis.exceptions.OutOfMemoryError, ServerFull))
+
+
 def _publisher_of(fields: dict[bytes, bytes]) -> str:
     """The FIFO an entry was filed under, exactly as ``dequeue.lua`` decides it."""
     raw = fields.get(b"publisher")
@@ -157,7 +177,7 @@ class Worker:
             self.qm,
             Refusals(settings.reply_ttl_ms, settings.dead_letter_max_len, settings.max_body_bytes),
         )
-        self.table = RoutingTable(self.qm)
+        self.table = RoutingTable(self.qm, default_maxdepth=settings.default_maxdepth)
         self.turns: set[str] = set()
         self.stopping = False
         self.processed = 0
@@ -172,6 +192,9 @@ class Worker:
         self._next_subscription_sweep_ms = 0
         self._subscription_sweep_start = ""
         self._last_problem = ""
+        #: the server was full (``maxmemory`` reached) in the last round: refused writes were retried
+        self.server_full = False
+        self._full_this_round = False
         self._next_heartbeat_ms = 0
         self._started_ms = self.clock_ms()
         self._flow_control = flow_control_arg(settings)
@@ -200,7 +223,9 @@ class Worker:
         A Redis error or a foreign key (a key of the wrong type where the broker
         keeps a queue-manager-wide key) never ends the loop: nothing is half-done
         (every step is one atomic script that checks before it writes), so the
-        worker logs it, pauses ``RETRY_PAUSE_MS`` and starts the round again.
+        worker logs it, pauses ``RETRY_PAUSE_MS`` and starts the round again. On a
+        full server (out of memory) it keeps what it read, so the retried units of
+        work are the same and no entry counts as delivered again.
         """
         ready = False
         try:
@@ -209,7 +234,12 @@ class Worker:
                     if not ready:
                         self.setup()
                         ready = True
-                    self.run_once(block=True)
+                    self._full_this_round = False
+                    done = self.run_once(block=True)
+                    if self.server_full and done and not self._full_this_round:
+                        self.server_full = False
+                        self._last_problem = ""
+                        log.info("worker %s: the server accepts writes again; going on", self.name)
                 except (
                     redis.RedisError,
                     RedisClusterException,
@@ -221,8 +251,9 @@ class Worker:
                         log.info("worker %s: the server went away while stopping", self.name)
                         break
                     self._report(exc)
-                    self._entries.clear()
-                    self._prefetched = None
+                    if not _out_of_memory(exc):  # full: the same units again, keeping the entries read
+                        self._entries.clear()
+                        self._prefetched = None
                     time.sleep(RETRY_PAUSE_MS / 1000)
         finally:
             self.shutdown()
@@ -231,11 +262,24 @@ class Worker:
         """Log why a round failed: once per distinct problem at error level, then at debug."""
         text = f"{type(exc).__name__}: {exc}"
         foreign = isinstance(exc, ForeignKey) or "foreign key" in str(exc)
-        if text == self._last_problem:
+        full = _out_of_memory(exc)
+        if full:
+            self._full_this_round = True
+        if text == self._last_problem or (full and self.server_full):
             log.debug("worker %s: %s; retrying", self.name, text)
             return
         self._last_problem = text
-        if foreign:
+        if full:
+            self.server_full = True
+            what = f"{exc.what} refused" if isinstance(exc, ServerFull) else str(exc).rstrip(".")
+            log.warning(
+                "worker %s: the Redis server is full (maxmemory reached; %s): nothing was written; "
+                "pausing %d ms between retries until memory is freed",
+                self.name,
+                what,
+                RETRY_PAUSE_MS,
+            )
+        elif foreign:
             log.error("worker %s: %s; nothing was written, waiting for it to be removed", self.name, exc)
         else:
             log.warning("worker %s: %s; retrying", self.name, text)
@@ -265,12 +309,14 @@ class Worker:
         """
         settings = self.settings
         now = self.clock_ms()
+        # On a full server, a sweep that must write is refused (writing nothing): the round goes
+        # on to the dequeue, which renews the turns this worker holds (their entries stay its own).
         if now >= self._next_turn_sweep_ms:
             self._next_turn_sweep_ms = now + settings.sweep_interval_ms
-            self._sweep_turns()
+            self._unless_full(self._sweep_turns)
         if now >= self._next_entry_sweep_ms:
             self._next_entry_sweep_ms = now + ENTRY_SWEEP_INTERVAL_MS
-            self.sweep_entries(settings.lease_ms)
+            self._unless_full(lambda: self.sweep_entries(settings.lease_ms))
         if now >= self._next_subscription_sweep_ms:
             self._next_subscription_sweep_ms = now + max(settings.sweep_interval_ms, SUBSCRIPTION_SWEEP_MS)
             self.sweep_subscriptions()
@@ -328,6 +374,13 @@ class Worker:
             self.client.xread(streams, count=1, block=block_ms)
         except redis.ResponseError:  # an ingress key of another type: wait on the publish stream alone
             self.client.xread({self._stream: dequeued.last_delivered_id}, count=1, block=block_ms)
+
+    def _unless_full(self, step: Callable[[], object]) -> None:
+        """Run ``step``; a full server's refusal (nothing written) is noted, not raised."""
+        try:
+            step()
+        except redis.exceptions.OutOfMemoryError as exc:
+            self._report(exc)
 
     def _sweep_turns(self) -> list[str]:
         """Take orphaned turns (and find forgotten ones of ours); returns the publishers taken."""
@@ -428,7 +481,12 @@ class Worker:
         self.hook("before_commit")
         results = self._send(batches, heads, give_up)
         self.hook("after_commit")
-        return self._apply(batches, results)
+        applied = [(b, r) for b, r in zip(batches, results, strict=True) if not isinstance(r, Exception)]
+        done = self._apply([b for b, _ in applied], [r for _, r in applied])
+        for reply in results:
+            if isinstance(reply, Exception):
+                raise reply  # a refused script wrote nothing (broker/lua/lib.lua): sent again next round
+        return done
 
     def _take_over(self, heads: dict[str, list[str]]) -> dict[str, int]:
         """Fetch the head entries this worker has not read itself (``take_over.lua``).
@@ -504,7 +562,9 @@ class Worker:
         """Send every batch (one ``commit.lua`` call each) and, in the same round trip, the next dequeue.
 
         Returns:
-            One ``commit.lua`` reply per batch (the prefetched dequeue is kept in ``_prefetched``).
+            One ``commit.lua`` reply per batch, or the error it answered (a full server); the
+            prefetched dequeue is kept in ``_prefetched``, also when a commit failed (it read
+            after the commits, which wrote nothing).
         """
         settings = self.settings
         journal = settings.journal_max_len if settings.journal else 0
@@ -534,17 +594,18 @@ class Worker:
                     pipe=pipe,
                     liveness_ms=LIVENESS_MS,
                 )
-            return cast(list[Any], pipe.execute())
+            return cast(list[Any], pipe.execute(raise_on_error=False))
 
-        try:
-            results = send()
-        except redis.exceptions.NoScriptError:
+        results = send()
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
             # The server lost its script cache: load the scripts and send the same units
             # again (each is fenced: one that was applied is refused the second time).
             self.scripts.load()
             results = send()
         if prefetch:
-            self._prefetched = parse_dequeue(results.pop())
+            dequeued = results.pop()
+            if not isinstance(dequeued, Exception):  # else the next round dequeues afresh (and reports it)
+                self._prefetched = parse_dequeue(dequeued)
         return results
 
     def _apply(self, batches: list[CommitBatch], results: list[Any]) -> int:
@@ -644,7 +705,17 @@ class Worker:
         settings = self.settings
         delivery, dead_letter, slow = "ALLAVAIL", True, None
         try:
-            entry = parse_entry(entry_id, fields, settings.max_body_bytes)
+            entry = parse_entry(entry_id, fields, settings.max_body_bytes, settings.max_properties_bytes)
+            # before resolving: an abusive topic must not cost a match over thousands of levels
+            over = limit_problem(
+                entry.topic,
+                settings.max_topic_bytes,
+                settings.max_topic_levels,
+                separator(self.table.scheme),
+                "the topic",
+            )
+            if over is not None:
+                raise InvalidTopic(entry.topic, over)
             recipients = self.table.resolve(entry.topic)
             attributes = recipients.attributes
             if attributes is not None:  # a topic object at or above the topic (broker.topic_objects)
@@ -715,7 +786,15 @@ class Worker:
         pipe.hset(keys.workers(self.qm), self.name, json.dumps(beat))
         pipe.zadd(alive, {self.name: now_ms})
         pipe.zrangebyscore(alive, "-inf", now_ms - GONE_AFTER_MS, start=0, num=100)
-        gone = pipe.execute()[-1]
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.OutOfMemoryError):
+                # a full server: the heartbeat waits (the work goes on; others may count this
+                # worker silent meanwhile), the round is not failed for it
+                self._report(reply)
+            elif isinstance(reply, Exception):
+                raise reply
+        gone = replies[-1]
         if gone:  # workers killed without deregistering: forget them
             pipe.hdel(keys.workers(self.qm), *gone)
             pipe.zrem(alive, *gone)

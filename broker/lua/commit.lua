@@ -57,7 +57,7 @@
 --   (a proxy subscription's queue, broker.network): it gets one XADD * e <envelope> per
 --   publication, is never gone, watched or counted for flow control, and holds a stream
 -- ARGV[9] approximate cap of the dead-letter stream, records
--- ARGV[10] max_body_bytes: a dead letter keeps a body only up to this size
+-- ARGV[10] max_body_bytes: a dead letter keeps a field (the body) only up to this size
 -- ARGV[11] the index version the worker's routing table was loaded at
 -- ARGV[12] watched queues: "<KEYS index>:<maxdepth>:<durable 1|0> ...", "" for none; maxdepth
 --   is the topic objects' MAXDEPTH, 0 for none (a queue watched for a slow-subscriber
@@ -277,7 +277,11 @@ for u = first, #ARGV, UNIT do
       if window > 0 then
         local key = id_key(dedup_prefix, pub, msgid)
         local found = redis.pcall('SET', key, entry_id, 'NX', 'PX', window, 'GET')
-        if type(found) == 'table' and found.err then
+        if type(found) == 'table' and found.err and string.sub(found.err, 1, 3) == 'OOM' then
+          -- a full server refuses the first write of a script, so nothing is written yet:
+          -- stop with the error (the worker retries), never refuse the publication for it
+          return redis.error_reply(found.err)
+        elseif type(found) == 'table' and found.err then
           why = foreign(key, 'string') or ('dedup record ' .. key .. ': ' .. found.err)
         elseif found then
           duplicate = true

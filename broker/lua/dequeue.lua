@@ -27,7 +27,7 @@
 -- ARGV[10] reply key prefix         "{qm}:reply:" (id_key in lib.lua)
 -- ARGV[11] reply_ttl_ms
 -- ARGV[12] approximate cap of the dead-letter stream, records
--- ARGV[13] max_body_bytes: a dead letter keeps a body only up to this size
+-- ARGV[13] max_body_bytes: a dead letter keeps a field (the body) only up to this size
 -- ARGV[14] ingress stream prefix    "{qm}:in:" (.. principal)
 -- ARGV[15..] publishers whose turn the worker believes it holds
 -- returns {version, last_delivered_id or "", entries, turns, active, live, fair}

@@ -5,6 +5,15 @@
 -- that fails halfway): check every key's type before the first write, so that
 -- no command after it can fail. A key of the wrong type (a "foreign key", put
 -- there by something other than the broker) is never written over.
+--
+-- A full server (maxmemory reached, maxmemory-policy noeviction) cannot break a
+-- script halfway either: Redis and Valkey refuse a command that may add memory
+-- (flag denyoom: SET, LPUSH, XADD, HSET, ...) only while the script has written
+-- nothing yet (redis.call then stops it: nothing is written), and let every
+-- write through once it has written (the server ends a little over maxmemory).
+-- So a script never catches an out-of-memory error of a write with redis.pcall
+-- and goes on writing: it stops (commit.lua's dedup record). Scripts with a
+-- shebang line (#!lua flags=allow-oom: receive.lua, recover.lua) always run.
 
 -- Why `key` cannot be used as a `want` ("list", "string", "stream", "set",
 -- "zset", "hash"), or nil when it holds that type or does not exist.
@@ -57,15 +66,16 @@ local function publisher_of(fields, malformed, max_bytes)
   return pub
 end
 
--- Add a dead letter: the entry's fields (its body only when it is at most
--- max_body bytes; otherwise "dlq.body_bytes" says how large it was, and
--- "dlq.entry_id" refers to it), then "dlq.reason" and "dlq.entry_id".
--- The stream is capped at about maxlen records. `dlq` must be checked first.
+-- Add a dead letter: the entry's fields (each only when it is at most max_body
+-- bytes: the body, or a props or topic made huge; otherwise "dlq.<field>_bytes"
+-- says how large it was, and "dlq.entry_id" refers to it), then "dlq.reason" and
+-- "dlq.entry_id". The stream is capped at about maxlen records, each small.
+-- `dlq` must be checked first.
 local function dead_letter(dlq, maxlen, max_body, entry_id, fields, reason)
   local out = {}
   for j = 1, #fields, 2 do
-    if fields[j] == 'body' and #fields[j + 1] > max_body then
-      out[#out + 1] = 'dlq.body_bytes'
+    if #fields[j + 1] > max_body then
+      out[#out + 1] = 'dlq.' .. fields[j] .. '_bytes'
       out[#out + 1] = tostring(#fields[j + 1])
     else
       out[#out + 1] = fields[j]

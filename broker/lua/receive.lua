@@ -1,3 +1,7 @@
+#!lua flags=allow-oom
+-- allow-oom: runs on a full server too (maxmemory reached; lib.lua): taking messages
+-- moves them (LMOVE) and renews a lease, adding no memory to speak of, and consuming
+-- (then acknowledging, LREM) is how a full server's memory is freed.
 -- A consumer takes up to N messages of one subscription into its own in-flight
 -- list, highest priority first (Jakarta Messaging §3.4.10), oldest first within
 -- a priority. The call is also the consumer's heartbeat: its lease is renewed.
@@ -23,8 +27,12 @@
 -- ARGV[6] 1: expired messages are dead-lettered; 0: dropped (counted)
 -- ARGV[7] approximate cap of the dead-letter stream
 -- ARGV[8] the subscription id (expired counts, dead letters)
+-- ARGV[9] max_consumers_per_subscription: a consumer not attached (no live lease) is refused
+--   while this many consumers have live leases; 0 or absent: no limit
 -- returns {status, expired, env1, count1, env2, count2, ...}
 --   status: "ok" | "standby" (another consumer holds the subscription: nothing taken)
+--     | "full" (max_consumers_per_subscription live consumers already: nothing written; the
+--     second value is how many)
 --   count: the delivery count (JMSXDeliveryCount), 1 for a first delivery
 -- errors "BROKER foreign key: ..." before any write when a key is foreign
 
@@ -32,6 +40,7 @@ local consumers, inflight, bell, redelivered, active, dlq, expired = KEYS[1], KE
 local consumer, max_n, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local must_hold, standby_ok = ARGV[5] ~= '0', ARGV[5] == '2'
 local to_dlq, dlq_len, sub_id = ARGV[6] == '1', ARGV[7], ARGV[8]
+local max_consumers = tonumber(ARGV[9] or '0') or 0
 
 local checks = {{consumers, 'zset'}, {inflight, 'list'}, {bell, 'list'}, {redelivered, 'hash'},
                 {active, 'string'}, {dlq, 'stream'}, {expired, 'hash'}}
@@ -39,6 +48,15 @@ for k = 8, 17 do checks[#checks + 1] = {KEYS[k], 'list'} end
 require_types(checks)
 
 local now = now_ms(ARGV[4])
+if max_consumers > 0 then
+  -- a consumer joins when it has no live lease; refused, before any write, when the
+  -- subscription has max_consumers live ones (standbys included)
+  local mine = tonumber(redis.call('ZSCORE', consumers, consumer) or '-1')
+  if mine < now then
+    local live = redis.call('ZCOUNT', consumers, now, '+inf')
+    if live >= max_consumers then return {'full', live} end
+  end
+end
 if must_hold then
   -- the holder keeps the subscription while its lease (its deadline in the
   -- consumers zset) runs; a dead holder's messages are given back by recover.lua

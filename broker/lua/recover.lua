@@ -1,3 +1,7 @@
+#!lua flags=allow-oom
+-- allow-oom: runs on a full server too (maxmemory reached; lib.lua): giving a dead
+-- consumer's messages back moves them, adding no memory to speak of, and consumers
+-- must go on when the server is full, since consuming is what frees memory.
 -- Give back the in-flight messages of a subscription's dead consumers: those
 -- whose lease deadline has passed. Each message goes back to the head of its
 -- priority band, ahead of newer ones, in the order it was received, and its

@@ -22,7 +22,7 @@
 -- ARGV[8] reply key prefix          "{qm}:reply:"
 -- ARGV[9] reply_ttl_ms
 -- ARGV[10] approximate cap of the dead-letter stream, records
--- ARGV[11] max_body_bytes: a dead letter keeps a body only up to this size
+-- ARGV[11] max_body_bytes: a dead letter keeps a field (the body) only up to this size
 -- returns {next start id or "" when the pending list was read to its end, refused entry ids}
 
 local stream, group = KEYS[1], ARGV[1]

@@ -238,6 +238,7 @@ def test_broker_server_started_outside_the_repo_runs_with_the_packaged_config(tm
         # Then it runs with AOF and noeviction, as the packaged redis.conf says
         assert client.config_get("appendonly")["appendonly"] in ("yes", b"yes")
         assert client.config_get("maxmemory-policy")["maxmemory-policy"] in ("noeviction", b"noeviction")
+        assert int(client.config_get("maxmemory")["maxmemory"]) == 1024**3  # maxmemory 1gb
     finally:
         client.close()
         proc.send_signal(signal.SIGTERM)

@@ -544,10 +544,10 @@ def killer_entry(monkeypatch):
     in a C extension); dead-lettering it does not handle it, so that does not kill them."""
     real_parse = worker_loop.parse_entry
 
-    def parse(entry_id, fields, max_body_bytes):
+    def parse(entry_id, fields, *limits):
         if fields.get(b"msgid") == b"kills":
             raise Died(entry_id)
-        return real_parse(entry_id, fields, max_body_bytes)
+        return real_parse(entry_id, fields, *limits)
 
     monkeypatch.setattr(worker_loop, "parse_entry", parse)
 
