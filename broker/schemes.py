@@ -122,9 +122,10 @@ def recorded_scheme(client: redis.Redis, qm: str, wanted: str | None = None) -> 
     if wanted is not None:
         separator(wanted)
     try:
-        if wanted is not None:
-            client.hsetnx(key, "topic_scheme", wanted)
         raw = client.hget(key, "topic_scheme")
+        if raw is None and wanted is not None:  # written only when absent: a user that may only
+            client.hsetnx(key, "topic_scheme", wanted)  # read it (a subscriber) can still attach
+            raw = client.hget(key, "topic_scheme")
     except redis.ResponseError as exc:
         if "WRONGTYPE" in str(exc):
             found_type = client.type(key)
