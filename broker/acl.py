@@ -10,16 +10,19 @@ role        commands                                      keys
 publisher   XADD; BLPOP (its results); GET (its flow key) ``{qm}:in:<user>`` (write), ``{qm}:reply:<n>:<id>:*``
                                                           and ``{qm}:pub:<id>:flow`` (read) per bound id
 subscriber  read, write, list, hash, zset, scripting      ``{qm}:sub:<client id>$*`` (its subscriptions' queues
-            (the consumer scripts), no dangerous ones     and consumer state); ``{qm}:subs``, ``{qm}:version``
-                                                          (read); ``{qm}:expired``, ``{qm}:last_active``,
+            (the consumer scripts), no dangerous ones     and consumer state); ``{qm}:subs``, ``{qm}:version``,
+                                                          ``{qm}:manager``, ``{qm}:topics`` (read);
+                                                          ``{qm}:expired``, ``{qm}:last_active``,
                                                           ``{qm}:dlq`` (counters, expired dead letters)
 worker      read, write, stream, list, hash, set, zset,   ``{qm}:*``
             string, keyspace, scripting, transactions;
             no dangerous or admin ones but INFO
-channel     as worker                                     ``{qm}:*``; on each neighbour: its publish stream and
-                                                          received record, its announcement, topic objects and
-                                                          network record (read)
-admin       as worker                                     ``{qm}:*`` and ``rq:*`` (the admin jobs' queue)
+channel     as worker                                     ``{qm}:*``; on each peer (default: every other queue
+                                                          manager of the network): its publish stream and
+                                                          received record, its announcement, topic objects
+                                                          and network record (read)
+admin       as worker; SUBSCRIBE (rq's worker channel)    ``{qm}:*`` and ``rq:*`` (the admin jobs' queue);
+                                                          channels ``rq:pubsub:*``
 monitor     read, transactions, INFO; nothing that writes ``{qm}:*`` (read)
 =========== ============================================= =============================================
 
@@ -119,7 +122,9 @@ class RoleSpec:
         role: one of ``ROLES``.
         publisher_ids: publisher: the ids it may publish under.
         client_id: subscriber: the client id whose subscriptions it may consume.
-        peers: channel: the neighbouring queue managers it moves to and reads.
+        peers: channel: the other queue managers it moves to (their publish streams) and reads
+            (announcements, topic objects): every one of the network, as each channel process reads
+            every queue manager's announcement, not only its neighbours'.
         created_ms: when it was made, ms since the epoch.
     """
 
@@ -174,14 +179,16 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
             f"~{tag}:sub:{spec.client_id}$*",
             f"%R~{tag}:subs",
             f"%R~{tag}:version",
+            f"%R~{tag}:manager",
+            f"%R~{tag}:topics",
             f"~{tag}:expired",
             f"~{tag}:last_active",
             f"~{tag}:dlq",
         ]
     elif spec.role in ("worker", "admin", "channel"):
         out += [*OPERATOR, f"~{tag}:*"]
-        if spec.role == "admin":
-            out.append("~rq:*")
+        if spec.role == "admin":  # rq's queues and jobs, and its worker's command channel
+            out += ["~rq:*", "+subscribe", "+unsubscribe", "&rq:pubsub:*"]
         for peer in spec.peers:
             ptag = _tag(peer)
             out += [

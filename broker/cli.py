@@ -114,6 +114,13 @@ class State:
             self._client = None
 
 
+#: Added to an error Redis refused for the ACL user of the URL (``broker.acl``).
+NOPERM_HINT = (
+    " (the Redis user of the URL may not do this: 'broker acl list' shows each role's rules, "
+    "docs/security.md what each role may do)"
+)
+
+
 def _fail(message: str, exit_code: int) -> NoReturn:
     text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
     click.echo(f"error: {text}", err=True)
@@ -131,6 +138,8 @@ class BrokerGroup(click.Group):
             if isinstance(exc, ConnectionLost) and "cannot reach Redis at" not in message:
                 cause = exc.__cause__ or message
                 message = f"cannot reach Redis at {self._url(ctx)}: {cause}{self._hint(ctx, cause)}"
+            if isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
+                message += NOPERM_HINT
             _fail(message, exc.exit_code)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             _fail(
@@ -142,7 +151,8 @@ class BrokerGroup(click.Group):
                 str(ServerFull(f"{ctx.invoked_subcommand or 'the command'}", str(exc))), ServerFull.exit_code
             )
         except redis.RedisError as exc:
-            _fail(f"Redis at {self._url(ctx)} answered with an error: {exc}", ServerError.exit_code)
+            hint = NOPERM_HINT if isinstance(exc, redis.exceptions.NoPermissionError) else ""
+            _fail(f"Redis at {self._url(ctx)} answered with an error: {exc}{hint}", ServerError.exit_code)
         except ValueError as exc:
             _fail(str(exc), BAD_INPUT)
 
@@ -329,6 +339,7 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
     args: tuple[str, ...] = ()
     directory = data_dir or settings.server_dir
     if settings.security:
+        import os
         from pathlib import Path
 
         from broker.acl import admin_acl_file
@@ -340,6 +351,9 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
                 "BROKER_REDIS_URL=redis://<user>:<password>@127.0.0.1:<port>/0",
                 2,
             )
+        # the server's files are its own: ACL SAVE writes the users' file anew (password hashes),
+        # and the AOF holds every message
+        os.umask(0o077)
         acl = Path(directory) / "users.acl"
         acl.parent.mkdir(parents=True, exist_ok=True)
         if not acl.exists():  # made once; later users are added with broker acl (ACL SAVE keeps them)
@@ -618,6 +632,8 @@ def publish_command(
     if body is not None and body_file is not None:
         raise click.UsageError("give BODY or --body-file, not both")
     payload: bytes = body_file.read() if body_file is not None else (body or "").encode()
+    # with security on, through the ingress stream of the user the URL authenticates as
+    principal = state.settings.url_credentials()[0] if state.settings.security else None
     publisher = Publisher(
         state.client(),
         state.settings.qm,
@@ -625,21 +641,28 @@ def publish_command(
         validate=validate,
         client_id=client_id,
         scheme=state.settings.topic_scheme,
-        # with security on, through the ingress stream of the user the URL authenticates as
-        principal=state.settings.url_credentials()[0] if state.settings.security else None,
+        principal=principal,
     )
-    result = publisher.publish(
-        topic,
-        payload,
-        properties=properties or None,
-        msgid=msgid,
-        persistent=persistent,
-        priority=priority,
-        message_type=message_type,
-        topic_object=topic_object,
-        wait=wait,
-        timeout_ms=timeout_ms,
-    )
+    try:
+        result = publisher.publish(
+            topic,
+            payload,
+            properties=properties or None,
+            msgid=msgid,
+            persistent=persistent,
+            priority=priority,
+            message_type=message_type,
+            topic_object=topic_object,
+            wait=wait,
+            timeout_ms=timeout_ms,
+        )
+    except ServerError as exc:
+        if principal and isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
+            raise ServerError(
+                f"{exc}: user {principal} may publish only under the publisher ids bound to it; give one "
+                f"with --publisher (an entry under another id is dead-lettered, not delivered)"
+            ) from exc
+        raise
     if not result.ok:
         raise PublicationRefused(result.reason or "no reason given", result.suggestion)
     click.echo(_describe_result(result))
@@ -1574,7 +1597,8 @@ def _save_acl(client: redis.Redis) -> str:
     "--peer",
     "peers",
     multiple=True,
-    help="channel: a neighbouring queue manager (repeat; default: the network's).",
+    help="channel: another queue manager of the network (repeat; default: every other one, as a "
+    "channel process reads every queue manager's announcement).",
 )
 @_with_password
 @click.pass_obj
@@ -1596,11 +1620,11 @@ def acl_add(
     peer_list = list(peers)
     if role == "channel" and not peer_list:
         from broker.channel import read_network
-        from broker.network import Topology
 
         network = read_network(client, qm)
+        # every other one: a channel process reads every queue manager's announcement
         if network is not None:
-            peer_list = list(Topology(network).neighbours.get(qm, ()))
+            peer_list = sorted(q for q in network.queue_managers if q != qm)
     spec = RoleSpec(role, list(publisher_ids), client_id, peer_list)  # type: ignore[arg-type]
     found = add_user(client, qm, user, spec, password)
     click.echo(f"user {user}: role {role} on {qm}; {_save_acl(client)}")

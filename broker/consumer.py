@@ -508,7 +508,8 @@ class Subscriber:
     def close(self) -> None:
         """Stop consuming: unacknowledged messages go back to the queue for redelivery, the
         lease and hold are given up, and a non-durable subscription with no other live
-        consumer is removed with its queue."""
+        consumer is removed with its queue (by the workers' sweep when this client's ACL user,
+        a ``subscriber``, may not remove subscriptions)."""
         if self.closed:
             return
         self.closed = True
@@ -519,7 +520,14 @@ class Subscriber:
         self.recover_dead(closing=self.consumer_id)
         if not self.record.durable:
             cutoff = int(time.time() * 1000) + 1 if now == "" else int(now) + 1
-            remove_subscription(self.client, self.qm, self.record.sub_id, abandoned_before_ms=cutoff)
+            try:
+                remove_subscription(self.client, self.qm, self.record.sub_id, abandoned_before_ms=cutoff)
+            except redis.exceptions.NoPermissionError:  # a subscriber ACL user (broker.acl) may not
+                log.info(  # remove subscriptions: the workers' sweep removes it, as it has no consumer
+                    "consumer %s: subscription %s is left to the workers' sweep to remove",
+                    self.consumer_id,
+                    self.record.sub_id,
+                )
 
     def abandon(self) -> None:
         """Stop heartbeating without closing, as a consumer that died would (tests and fault injection)."""

@@ -126,8 +126,8 @@ def recorded_scheme(client: redis.Redis, qm: str, wanted: str | None = None) -> 
         separator(wanted)
     try:
         raw = client.hget(key, "topic_scheme")
-        if raw is None and wanted is not None:  # read first: nothing is written once recorded
-            client.hsetnx(key, "topic_scheme", wanted)
+        if raw is None and wanted is not None:  # written only when absent: a user that may only
+            client.hsetnx(key, "topic_scheme", wanted)  # read it (a subscriber) can still attach
             raw = client.hget(key, "topic_scheme")
     except redis.ResponseError as exc:
         if "WRONGTYPE" in str(exc):

@@ -170,13 +170,22 @@ Measurements
    ``--fed-rate`` (200/s) at the root, timed from ``time.time_ns()`` before the
    XADD to the BRPOP of the child's queue of ``bench/0/#`` (as 4., through the
    root's worker, its transmission stream, the channel, the child's worker).
+14. **Security** (issue 14, docs/security.md): as 2 with 2 workers, twice side by side
+   (alternating): security off, and on -- each of the 50 publisher ids publishes as its
+   own principal (a ``publisher`` ACL user bound to it, ``bench_lib.Principals``) by
+   XADDing to its ingress stream ``{qm}:in:<user>``, and the workers connect as a
+   ``worker`` user; the queue mutex moves every entry into the publish stream (one more
+   XADD per publication, and a look at the 50 ingress streams per dequeue). The clock
+   stops when the ingress streams are empty too; both runs must deliver N x F, and
+   sampled envelopes must carry their publisher's principal. security_ratio = pubs/s on /
+   off, per repeat, median.
 
 The last line is, exactly::
 
-    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx> flow_control_ratio=<x.xx> slow_condition_ratio=<x.xx> swiftmq_ratio=<x.xx> fed_3qm_ratio=<x.xx>
+    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx> flow_control_ratio=<x.xx> slow_condition_ratio=<x.xx> swiftmq_ratio=<x.xx> fed_3qm_ratio=<x.xx> security_ratio=<x.xx>
 
 with broker_pubs_per_s the 2-worker uniform run and ceiling_ratio = that /
-the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7, 9-11 and 13 run R times,
+the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7, 9-11, 13 and 14 run R times,
 interleaved, and the medians are used. ``--json PATH`` writes every figure.
 """
 
@@ -239,7 +248,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--repeat",
         type=int,
-        help="runs of measurements 1-3, 7 and 9-11, medians reported (default 3, quick 1)",
+        help="runs of measurements 1-3, 7, 9-11, 13 and 14, medians reported (default 3, quick 1)",
     )
     parser.add_argument("--interleave", type=int, default=20, help="publications per publish_many call (20)")
     parser.add_argument(
@@ -251,7 +260,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,"
-        "slow,swiftmq,federation",
+        "slow,swiftmq,federation,security",
     )
     parser.add_argument(
         "--fed-n", type=int, help="federation: publications per queue manager (default 10,000, quick 3,000)"
@@ -292,6 +301,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "slow",
         "swiftmq",
         "federation",
+        "security",
     }
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
@@ -430,6 +440,7 @@ class Bench:
             "flow",
             "slow",
             "swiftmq",
+            "security",
         }
         topo = None
         if need_topology:
@@ -486,6 +497,8 @@ class Bench:
             "flow_on": [],
             "slow_off": [],
             "slow_on": [],
+            "security_off": [],
+            "security_on": [],
             **{f"fed_{k}qm": [] for k in FED_SIZES},
         }
         if "federation" in args.only:
@@ -508,7 +521,7 @@ class Bench:
         never_slow = SlowSubscriberCondition(name="bench", max_messages=10**9, persistence_mode="all")
         slow_on = settings.model_copy(update={"slow_subscriber_conditions": [never_slow]})
 
-        #: (section, label, (run, what, kwargs) without, (run, what, kwargs) with): 7., 9.-12.
+        #: (section, label, (run, what, kwargs) without, (run, what, kwargs) with): 7., 9.-12., 14.
         comparisons = [
             (
                 "selectors",
@@ -547,6 +560,16 @@ class Bench:
                 "12. broker, 2 workers",
                 ("swiftmq_off", "mqtt scheme", dict(topology=topo)),
                 ("swiftmq_on", "swiftmq scheme, dot topics", dict(topology=swift_topo)),
+            ),
+            (
+                "security",
+                "14. broker, 2 workers",
+                ("security_off", "security off", dict(topology=topo)),
+                (
+                    "security_on",
+                    "security on: principal users through ingress streams, a worker user",
+                    dict(topology=topo, security=True),
+                ),
             ),
         ]
         for rep in range(args.repeat):
@@ -628,6 +651,8 @@ class Bench:
             ("flow_on", "pubs_per_s"),
             ("slow_off", "pubs_per_s"),
             ("slow_on", "pubs_per_s"),
+            ("security_off", "pubs_per_s"),
+            ("security_on", "pubs_per_s"),
             *((f"fed_{k}qm", "pubs_per_s") for k in FED_SIZES),
         ):
             if runs[name]:
@@ -638,7 +663,7 @@ class Bench:
             self.figures["selector_ratios"] = _ratios(runs["selectors_off"], runs["selectors_on"])
         if "topics" in args.only:
             self.figures["topic_objects_ratios"] = _ratios(runs["topics_off"], runs["topics_on"])
-        for name in ("flow", "slow"):
+        for name in ("flow", "slow", "security"):
             if name in args.only:
                 self.figures[f"{name}_ratios"] = _ratios(runs[f"{name}_off"], runs[f"{name}_on"])
         if "swiftmq" in args.only:
@@ -757,6 +782,7 @@ class Bench:
             "flow_control_ratio": on_over_off("flow"),
             "slow_condition_ratio": on_over_off("slow"),
             "swiftmq_ratio": on_over_off("swiftmq"),
+            "security_ratio": statistics.median(f["security_ratios"]) if f.get("security_ratios") else nan,
             **self.federation_summary(),
         }
         f["summary"] = out
@@ -821,7 +847,8 @@ class Bench:
             f"flow_control_ratio={num(s['flow_control_ratio'], '.2f')} "
             f"slow_condition_ratio={num(s['slow_condition_ratio'], '.2f')} "
             f"swiftmq_ratio={num(s['swiftmq_ratio'], '.2f')} "
-            f"fed_3qm_ratio={num(s['federation_3qm_ratio'], '.2f')}"
+            f"fed_3qm_ratio={num(s['federation_3qm_ratio'], '.2f')} "
+            f"security_ratio={num(s['security_ratio'], '.2f')}"
         )
 
     def table(self) -> Table:
@@ -991,6 +1018,15 @@ class Bench:
                     "persistence_mode all) never met (max_messages 10**9): every recipient queue watched",
                 ),
             ),
+            (
+                "security",
+                ("14. security off", "as 2 with 2 workers, publishers XADD to the publish stream"),
+                (
+                    "14. security on",
+                    "same, each publisher id as its own principal ACL user XADDing to its ingress stream "
+                    "(moved into the publish stream by the queue mutex), the workers as a worker user",
+                ),
+            ),
         ):
             for key, (label, what) in ((f"{name}_off", off_row), (f"{name}_on", on_row)):
                 if key not in f:
@@ -1098,6 +1134,8 @@ class Bench:
             ("flow_on", "flow control on"),
             ("slow_off", "no slow condition"),
             ("slow_on", "slow condition"),
+            ("security_off", "security off"),
+            ("security_on", "security on"),
         ):
             run = self.figures.get(key)
             if not run or "redis_commands" not in run:

@@ -36,7 +36,7 @@ from broker.config import Settings
 from broker.errors import LinkCycle
 from broker.hierarchy import HierarchyIndex
 from broker.links import link
-from broker.models import encode_envelope, parse_entry, publication_fields
+from broker.models import Message, encode_envelope, parse_entry, publication_fields
 from broker.publish import Publisher
 from broker.routing import RoutingTable, explain
 from broker.selectors import compile_selector
@@ -617,6 +617,55 @@ def schedule(n: int, hot: bool, chunk: int, prefix: str = "p") -> list[tuple[str
     return order
 
 
+@dataclass
+class Principals:
+    """The ACL users of a run with security on (14.): one publisher user per publisher id
+    (``<id>-user``, bound to that id: it XADDs to its ingress stream ``{qm}:in:<id>-user``)
+    and one worker user, made after the topology's restore (which flushes the bindings).
+
+    Attributes:
+        qm: the queue manager.
+        clients: publisher id -> a client authenticated as its principal.
+        worker_url: the Redis URL the workers connect with (the worker user's).
+        password: every user's password (a throwaway server's users).
+    """
+
+    qm: str
+    clients: dict[str, redis.Redis]
+    worker_url: str
+    password: str
+
+    @classmethod
+    def make(cls, client: redis.Redis, qm: str, url: str, ids: Sequence[str]) -> Principals:
+        """Make the users on ``client``'s server (``url``: its URL, without credentials)."""
+        from broker.acl import RoleSpec, add_user
+
+        password = uuid.uuid4().hex
+
+        def as_user(user: str) -> str:
+            return url.replace("redis://", f"redis://{user}:{password}@", 1)
+
+        made: dict[str, redis.Redis] = {}
+        for pid in ids:
+            add_user(client, qm, f"{pid}-user", RoleSpec("publisher", [pid]), password)
+            made[pid] = redis.Redis.from_url(as_user(f"{pid}-user"))
+        add_user(client, qm, "bench-worker", RoleSpec("worker"), password)
+        return cls(qm, made, as_user("bench-worker"), password)
+
+    def principal(self, publisher_id: str) -> str:
+        return f"{publisher_id}-user"
+
+    def ingress(self) -> list[str]:
+        """Every principal's ingress stream."""
+        return [keys.ingress(self.qm, self.principal(pid)) for pid in self.clients]
+
+    def close(self, client: redis.Redis) -> None:
+        """Close the publishers' clients and delete every user."""
+        for made in self.clients.values():
+            made.close()
+        client.execute_command("ACL", "DELUSER", "bench-worker", *map(self.principal, self.clients))
+
+
 def _publish_with_props(
     pipe: Any, stream: str, pub: Publisher, prefix: str, items: list[tuple[str, bytes]], props: list[dict]
 ) -> str:
@@ -646,10 +695,12 @@ def preload(
     properties: bool = False,
     topics: Sequence[str] = TOPICS,
     prefix: str = "p",
+    principals: Principals | None = None,
 ) -> dict[str, Any]:
     """XADD ``n`` publications with ``Publisher.publish_many``, one call per chunk, interleaved.
 
     Publisher ids are ``<prefix>00``..``<prefix>49`` (queue managers of one network each use their own).
+    With ``principals``, each publisher id publishes as its principal user, through its ingress stream.
 
     With ``properties``, every publication carries its own ``selector_props`` (same topics
     and bodies as without), XADDed with the fields ``publish_many`` writes, one round trip
@@ -665,7 +716,16 @@ def preload(
     body_list = bodies()
     # no flow control: the preload runs before any worker, so there is no delay to learn
     # (and its round trips stay as they were: no GET of the flow key)
-    pubs = {pid: Publisher(client, qm, pid, flow_control=False) for pid in publisher_ids(prefix)}
+    if principals is not None and properties:
+        raise BenchError("preload: properties are XADDed to the publish stream, not through ingress streams")
+    pubs = {
+        pid: Publisher(client, qm, pid, flow_control=False)
+        if principals is None
+        else Publisher(
+            principals.clients[pid], qm, pid, flow_control=False, principal=principals.principal(pid)
+        )
+        for pid in publisher_ids(prefix)
+    }
     prefixes = {pid: uuid.uuid4().hex for pid in pubs}
     counts: Counter[str] = Counter()
     msgids: list[tuple[str, str]] = []
@@ -733,10 +793,11 @@ def _worker_pids(client: redis.Redis, qm: str) -> list[int]:
     return [int(json.loads(raw)["pid"]) for raw in client.hgetall(keys.workers(qm)).values()]
 
 
-def _queue_total(client: redis.Redis, queues: Sequence[str]) -> int:
+def _queue_total(client: redis.Redis, queues: Sequence[str], length: str = "LLEN") -> int:
+    """Messages in ``queues`` (lists; ``length="XLEN"``: entries in streams), in one round trip."""
     pipe = client.pipeline(transaction=False)
     for q in queues:
-        pipe.llen(q)
+        pipe.execute_command(length, q)
     return sum(pipe.execute())
 
 
@@ -887,6 +948,7 @@ def run_broker(
     label: str = "",
     properties: bool = False,
     topic_objects: Sequence[TopicObject] | None = None,
+    security: bool = False,
 ) -> dict[str, Any]:
     """Preload ``n`` publications, then time the pool draining them into the subscriber queues.
 
@@ -898,7 +960,10 @@ def run_broker(
     topology's selectors select, counted by ``preload``). With ``topic_objects``, they are
     defined after the topology is restored and before the preload (untimed), must still all
     be there when the drain ends, and are removed afterwards; without, the queue manager must
-    have none.
+    have none. With ``security``, every publisher id publishes as its own principal user through
+    its ingress stream (``Principals``, made after the restore, untimed) and the workers connect as a
+    worker user: the drain ends when the ingress streams are empty too, and every envelope of a
+    sampled queue must carry its publisher's principal.
 
     Returns:
         Figures: pubs/s, deliveries/s, measured F, CPU, Redis time per publication, ...
@@ -914,8 +979,14 @@ def run_broker(
         define_s = define_topic_objects(client, qm, topic_objects)
     elif client.exists(objects_key):
         raise BenchError(f"{objects_key} holds {client.hlen(objects_key)} topic objects after the restore")
-    loaded = preload(client, qm, n, hot=hot, chunk=chunk, properties=properties, topics=topo.topics)
+    principals = Principals.make(client, qm, settings.redis_url, publisher_ids()) if security else None
+    loaded = preload(
+        client, qm, n, hot=hot, chunk=chunk, properties=properties, topics=topo.topics, principals=principals
+    )
     settings = settings.model_copy(update={"topic_scheme": topo.scheme})
+    if principals is not None:
+        settings = settings.model_copy(update={"redis_url": principals.worker_url})
+    ingress = principals.ingress() if principals is not None else []
     expected = loaded.get("expected_deliveries", n * FANOUT)
     client.config_resetstat()
     pool = _pool(settings, workers)
@@ -931,6 +1002,7 @@ def run_broker(
         while True:
             now = time.perf_counter()
             exists, pending, lag = group_progress(client, qm)
+            lag += _queue_total(client, ingress, "XLEN") if ingress else 0  # not yet moved in
             acked = n - pending - lag if exists else 0
             samples.append((now, acked))
             if t0 is None and client.hlen(keys.workers(qm)) >= workers:
@@ -960,6 +1032,8 @@ def run_broker(
         objects_left = client.hlen(objects_key)
         if topic_objects:
             clear_topic_objects(client, qm)
+        if principals is not None:
+            principals.close(client)
     stats = commandstats(client)
     if t0 is None:  # finished before every worker registered: fall back to the spawn time
         t0, acked0 = t_spawn, 0
@@ -1024,6 +1098,12 @@ def run_broker(
             "selector_evaluations": loaded["selector_evaluations"],
             "selected_share": loaded["selected_share"],
         }
+    if principals is not None:
+        sample = [Message.from_envelope(raw) for raw in client.lrange(keys.sub_queue(qm, "hash$r3"), 0, 199)]
+        strays = [m.msgid for m in sample if m.principal != principals.principal(m.publisher)]
+        if strays or not sample:
+            raise BenchError(f"envelopes without their publisher's principal: {strays[:5]} of {len(sample)}")
+        result |= {"security": True, "principals": len(principals.clients), "principal_checked": len(sample)}
     if topic_objects is not None:
         result |= {
             "topic_objects": len(topic_objects),
