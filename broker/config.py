@@ -349,7 +349,11 @@ class Settings(BaseSettings):
     @field_validator("server_config")
     @classmethod
     def _server_config_exists(cls, value: str) -> str:
-        if value and not Path(value).is_file():
+        try:
+            found = Path(value).is_file() if value else True
+        except OSError as exc:  # a name too long, a directory that cannot be searched
+            raise ValueError(f"cannot look at {value[:80]!r}: {exc.strerror}") from None
+        if not found:
             raise ValueError(f"no such file: {value!r} (leave it empty for the packaged redis.conf)")
         return value
 
@@ -491,6 +495,12 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
             raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {str(path)!r} is not valid TOML: not UTF-8 ({exc.reason})"
+            ) from exc
+        except RecursionError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: nested too deeply") from exc
         unknown = sorted(set(values) - set(Settings.model_fields))
         if unknown:
             raise ConfigError(f"config file {str(path)!r}: unknown setting(s) {', '.join(unknown)}")

@@ -77,6 +77,16 @@ def as_bytes(reply: bytes | str) -> bytes:
     return reply if isinstance(reply, bytes) else reply.encode("utf-8", "surrogateescape")
 
 
+def can_name(text: str) -> bool:
+    """Whether ``text`` can be sent to Redis by a client made by ``connect`` (it encodes with
+    ``surrogateescape``): a string with another lone surrogate (``"\\ud800"``) names no key or field."""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def read_hash(client: redis.Redis, key: str) -> dict[Any, Any]:
     """``HGETALL key``, naming a key of another Redis type instead of a bare WRONGTYPE.
 

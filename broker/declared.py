@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from broker import keys
-from broker.connection import KEEP, change_field, read_hash, translate_errors
+from broker.connection import KEEP, can_name, change_field, read_hash, translate_errors
 from broker.errors import CorruptRecord, InvalidTopic, NoSuchTopic
 from broker.hierarchy import DeclaredTopics, validate_topic
 
@@ -98,6 +98,8 @@ def undeclare(client: redis.Redis, qm: str, topic: str) -> None:
     """
     key = keys.declared_topics(qm)
     read_hash(client, key)
+    if not can_name(topic):
+        raise NoSuchTopic(f"topic {topic!r} is not declared in queue manager {qm!r}")
 
     def decide(pipe: Any) -> Any:
         if not pipe.hexists(key, topic):

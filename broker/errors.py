@@ -26,7 +26,11 @@ def shown(text: str | None) -> str:
         return "None"
     if len(text) <= ECHO_CHARS:
         return repr(text)
-    return f"{text[:ECHO_CHARS]!r}... ({len(text.encode('utf-8', 'surrogateescape'))} bytes)"
+    try:
+        size = len(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte ("\ud800")
+        size = len(text.encode("utf-8", "surrogatepass"))
+    return f"{text[:ECHO_CHARS]!r}... ({size} bytes)"
 
 
 class BrokerError(Exception):

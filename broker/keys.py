@@ -252,7 +252,8 @@ The publication's own fields, then ``dlq.reason`` (one line of text) and
 ``dlq.entry_id`` (the publish stream entry it was, a reference that lasts until
 the stream is trimmed). A field larger than ``max_body_bytes`` (the body, or a
 ``props`` or ``topic`` far over its own limit) is not copied: ``dlq.<field>_bytes``
-(``dlq.body_bytes``, ``dlq.props_bytes``) gives its size instead.
+(``dlq.body_bytes``, ``dlq.props_bytes``) gives its size instead. Only the first 1,000
+fields of an entry are copied: ``dlq.fields`` then gives how many it had.
 
 Subscriptions (``{qm}:subs``), for a service that is not written in Python
 --------------------------------------------------------------------------

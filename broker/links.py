@@ -58,7 +58,7 @@ def parse_links(qm: str, raw: dict[Any, Any]) -> tuple[LinkGraph, list[CorruptRe
         except InvalidTopic as exc:
             problems.append(CorruptRecord(key, source, f"invalid source topic: {exc.reason}"))
             continue
-        except ValueError:
+        except (ValueError, RecursionError):  # too deeply nested is not JSON either
             problems.append(CorruptRecord(key, source, "not JSON"))
             continue
         if not isinstance(targets, dict):

@@ -9,15 +9,16 @@ returns.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker import keys
-from broker.errors import InvalidMessage
+from broker.errors import InvalidMessage, shown
 
 #: User property values: JSON scalars (Jakarta Messaging §3.5 property types, minus byte).
 PropertyValue = str | int | float | bool | None
@@ -88,6 +89,19 @@ class Message(BaseModel):
             InvalidMessage: the envelope is not in the protocol's format.
         """
         header, body = decode_envelope(envelope)
+        try:
+            return cls._from_header(header, body)
+        except KeyError as exc:
+            raise InvalidMessage(f"envelope header has no {exc.args[0]!r} field") from exc
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            place = ".".join(str(p) for p in first["loc"])
+            raise InvalidMessage(f"envelope header field {place!r}: {first['msg']}") from exc
+        except (TypeError, ValueError) as exc:  # e.g. a "route" that is not a list
+            raise InvalidMessage(f"envelope header is not in the protocol's format: {exc}") from exc
+
+    @classmethod
+    def _from_header(cls, header: dict[str, Any], body: bytes) -> Message:
         return cls(
             msgid=header["msgid"],
             publisher=header["publisher"],
@@ -166,10 +180,51 @@ def _int(fields: dict[bytes, bytes], name: bytes, default: int | None) -> int | 
     try:
         value = int(text)
     except ValueError as exc:
-        raise InvalidMessage(f"field {name.decode()!r} is not an integer: {text!r}") from exc
+        raise InvalidMessage(f"field {name.decode()!r} is not an integer: {shown(text)}") from exc
     if not _INT64_MIN <= value <= _INT64_MAX:
         raise InvalidMessage(f"field {name.decode()!r} is outside the signed 64-bit range")
     return value
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_json(constant: str) -> NoReturn:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _properties(text: str) -> dict[str, Any]:
+    """The ``props`` field: a JSON object of scalar values, each one the envelope can carry as it is.
+
+    Raises:
+        InvalidMessage: not JSON (``NaN`` and ``Infinity`` are not; nor is nesting deeper than the
+            parser's recursion limit), not an object of scalars, an integer outside the signed
+            64-bit range, a number too large for a float, or a string with a lone surrogate
+            (``"\\ud800"``: it has no UTF-8 form).
+    """
+    try:
+        props = json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidMessage("field 'props' is not JSON") from exc
+    if not isinstance(props, dict) or any(isinstance(v, (dict, list)) for v in props.values()):
+        raise InvalidMessage("field 'props' must be a JSON object of scalar values")
+    for name, value in props.items():
+        if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+            raise InvalidMessage("field 'props' has an integer outside the signed 64-bit range")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidMessage(f"field 'props': the number of property {shown(name)} is too large")
+        for text_ in (name, value):
+            if isinstance(text_, str):
+                try:
+                    text_.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise InvalidMessage("field 'props' has a string with a lone surrogate") from exc
+    return props
 
 
 def parse_entry(
@@ -211,7 +266,7 @@ def parse_entry(
         ts = int(entry_id.split("-", 1)[0])
     persistent = _text(fields, b"persistent")
     if persistent not in (None, "", "0", "1"):
-        raise InvalidMessage(f"field 'persistent' must be 0 or 1, not {persistent!r}")
+        raise InvalidMessage(f"field 'persistent' must be 0 or 1, not {shown(persistent)}")
     priority = _int(fields, b"priority", DEFAULT_PRIORITY)
     assert priority is not None
     if not 0 <= priority <= 9:
@@ -235,16 +290,7 @@ def parse_entry(
             f"of {max_properties_bytes} bytes (max_properties_bytes)"
         )
     props_text = _text(fields, b"props")
-    props: Any = {}
-    if props_text:
-        try:
-            props = json.loads(props_text)
-        except ValueError as exc:
-            raise InvalidMessage("field 'props' is not JSON") from exc
-        if not isinstance(props, dict) or any(isinstance(v, (dict, list)) for v in props.values()):
-            raise InvalidMessage("field 'props' must be a JSON object of scalar values")
-        if any(isinstance(v, int) and not _INT64_MIN <= v <= _INT64_MAX for v in props.values()):
-            raise InvalidMessage("field 'props' has an integer outside the signed 64-bit range")
+    props = _properties(props_text) if props_text else {}
     header: dict[str, Any] = {
         "v": keys.PROTOCOL_VERSION,
         "msgid": msgid,
@@ -324,8 +370,9 @@ def apply_topic_defaults(entry: Entry, fields: dict[bytes, bytes], attributes: A
         set_header(header, "priority", int(attributes["defprty"]))
     cap = attributes["capexpry"]
     if isinstance(cap, int):
-        capped = int(header["ts"]) + cap
-        if not entry.expiration_ms or entry.expiration_ms > capped:
+        # a cap past the signed 64-bit range caps nothing; one at or before the epoch has passed
+        capped = max(int(header["ts"]) + cap, 1)
+        if capped <= _INT64_MAX and (not entry.expiration_ms or entry.expiration_ms > capped):
             entry.expiration_ms = capped
             set_header(header, "expiration", capped)
 
@@ -386,13 +433,25 @@ def publication_fields(
         ``persistent``/``priority`` then take the topic's defaults (1 and 4 without topic objects).
 
     Raises:
-        InvalidMessage: priority out of 0-9, a negative expiration, or a property
-            value that is not a scalar.
+        InvalidMessage: priority out of 0-9, a negative expiration, a number outside the signed
+            64-bit range, text that is not UTF-8 (a lone surrogate), or a property value that is
+            not a scalar or not a finite number (what the workers would refuse).
     """
     if priority is not None and not 0 <= priority <= 9:
         raise InvalidMessage(f"priority must be 0-9, not {priority}")
     if expiration_ms < 0:
         raise InvalidMessage("expiration_ms must be >= 0")
+    texts = {"publisher": publisher, "topic": topic, "msgid": msgid, "correlation_id": correlation_id}
+    texts.update(reply_to=reply_to)
+    texts.update(client_id=client_id, message_type=message_type)
+    texts.update({f"property name {k!r}": k for k in properties or {}})
+    texts.update({f"property {k!r}": v for k, v in (properties or {}).items() if isinstance(v, str)})
+    for what, value in texts.items():
+        if value is not None and not _utf8(value):
+            raise InvalidMessage(f"{what} is not UTF-8 text: it has a lone surrogate")
+    for what, number in (("seq", seq), ("timestamp_ms", timestamp_ms), ("expiration_ms", expiration_ms)):
+        if number is not None and not _INT64_MIN <= number <= _INT64_MAX:
+            raise InvalidMessage(f"{what} is outside the signed 64-bit range")
     fields: dict[str, bytes | str] = {"publisher": publisher, "topic": topic, "body": body}
     if msgid is not None:
         fields["msgid"] = msgid
@@ -418,6 +477,10 @@ def publication_fields(
     if properties:
         if any(isinstance(v, (dict, list)) for v in properties.values()):
             raise InvalidMessage("property values must be scalars")
+        if any(isinstance(v, float) and not math.isfinite(v) for v in properties.values()):
+            raise InvalidMessage("property values must be finite numbers (JSON has no NaN or Infinity)")
+        if any(isinstance(v, int) and not _INT64_MIN <= v <= _INT64_MAX for v in properties.values()):
+            raise InvalidMessage("property values must be within the signed 64-bit range")
         fields["props"] = json.dumps(properties, separators=(",", ":"))
     if reply:
         fields["reply"] = "1"

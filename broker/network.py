@@ -216,8 +216,14 @@ def load_network(path: str | Path = DEFAULT_NETWORK_FILE) -> Network:
             raw = tomllib.load(handle)
     except FileNotFoundError as exc:
         raise ConfigError(f"network file {path} does not exist") from exc
+    except OSError as exc:
+        raise ConfigError(f"network file {path} cannot be read: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"network file {path} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"network file {path} is not valid TOML: not UTF-8 ({exc.reason})") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"network file {path} is not valid TOML: nested too deeply") from exc
     return parse_network(raw, str(path))
 
 
@@ -452,7 +458,10 @@ class ProxySubscription:
     @classmethod
     def from_json(cls, raw: bytes | str) -> ProxySubscription:
         """Raises: ValueError: not a proxy subscription record."""
-        data = json.loads(raw)
+        try:
+            data = json.loads(raw)
+        except RecursionError:
+            raise ValueError("not a proxy subscription record: nested too deeply") from None
         if (
             not isinstance(data, dict)
             or not isinstance(data.get("qm"), str)
@@ -462,13 +471,17 @@ class ProxySubscription:
         source = data.get("source", "dynamic")
         if source not in ("dynamic", "static"):
             raise ValueError(f"unknown source {source!r}")
+        try:
+            since_ms = int(data.get("since_ms", 0))
+        except (TypeError, OverflowError):  # a list, an infinite number
+            raise ValueError("not a proxy subscription record: since_ms is not a number") from None
         return cls(
             data["qm"],
             data["topic"],
             source,
             str(data.get("at", "")),
             bool(data.get("keep", False)),
-            int(data.get("since_ms", 0)),
+            since_ms,
         )
 
 

@@ -113,7 +113,7 @@ class Publisher:
         sleep_ms: Callable[[float], None] | None = None,
         principal: str | None = None,
     ) -> None:
-        if not publisher_id or len(publisher_id.encode()) > keys.MAX_PUBLISHER_BYTES:
+        if not publisher_id or len(publisher_id.encode("utf-8", "surrogatepass")) > keys.MAX_PUBLISHER_BYTES:
             raise InvalidMessage(f"publisher_id must be 1-{keys.MAX_PUBLISHER_BYTES} bytes")
         self.client = client
         self.qm = qm
@@ -139,7 +139,10 @@ class Publisher:
                 self._valid_topics.clear()
             self._valid_topics.add(topic)
         if isinstance(body, str):
-            body = body.encode()
+            try:
+                body = body.encode()
+            except UnicodeEncodeError as exc:
+                raise InvalidMessage("a str body must be UTF-8 text: it has a lone surrogate") from exc
         seq = self.next_seq
         self.next_seq += 1
         msgid = msgid or f"{self._msgid_prefix}-{seq}"

@@ -30,13 +30,22 @@ from broker.errors import ConfigError, CorruptRecord, ForeignKey, InvalidTopicFi
 from broker.hierarchy import DeclaredTopics, HierarchyIndex
 from broker.links import parse_links
 from broker.models import DEFAULT_PRIORITY, Entry
-from broker.network import LOCAL, ProxySubscription, RouteClass, Topology, key_matches, parse_network
+from broker.network import (
+    EVERYTHING,
+    LOCAL,
+    ProxySubscription,
+    RouteClass,
+    Topology,
+    key_matches,
+    parse_network,
+)
 from broker.schemes import scheme_of, separator
 from broker.selectors import Selector, compile_selector
 from broker.subscriptions import SubscriptionRecord, parse_subscriptions
 from broker.topic_objects import Effective, TopicTree, fixed_prefix
 from broker.topics import LinkGraph, TopicIndex, validate_topic
 from broker.topics import matches as mqtt_matches
+from broker.topics import validate_filter as mqtt_validate_filter
 
 log = logging.getLogger("broker.routing")
 
@@ -60,6 +69,11 @@ _TYPES = {
 
 def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _shown(raw: bytes | str) -> str:
+    """A record's field name as a problem names it, whatever its bytes."""
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
 
 
 @dataclass(slots=True)
@@ -176,7 +190,7 @@ class RoutingTable:
         #: the ingress streams of the principals (``broker.principals``): a worker waits on them too
         self.ingress = tuple(keys.ingress(qm, _text(p)) for p in principals)
         self.scheme = scheme_of(qm, manager)
-        self.direct = _text(manager.get(b"direct_subscriber_selection", b"true")) != "false"
+        self.direct = manager.get(b"direct_subscriber_selection", b"true") != b"false"
         records, problems = parse_subscriptions(qm, subs)
         graph, link_problems = parse_links(qm, links)
         tree = TopicTree.parse(qm, topics, separator(self.scheme), self.default_maxdepth)
@@ -243,23 +257,30 @@ class RoutingTable:
                     self.topology = Topology(parsed)
                 else:
                     problems.append(CorruptRecord(keys.network(qm), "", f"{qm} is not in the network"))
+        topic_keys = self.topology is not None and self.topology.network.announce == "topic"
+        valid_filter = mqtt_validate_filter if self.scheme == "mqtt" else hierarchy.validate_filter
         for raw_field, raw in proxies.items():
             try:
                 proxy = ProxySubscription.from_json(raw)
+                if topic_keys and proxy.topic != EVERYTHING:
+                    valid_filter(proxy.topic)  # a key is matched as a filter: InvalidTopicFilter here
             except (ValueError, TypeError) as exc:
-                problems.append(CorruptRecord(keys.proxies(qm), _text(raw_field), str(exc)))
+                problems.append(CorruptRecord(keys.proxies(qm), _shown(raw_field), str(exc)))
                 continue
             self.proxies.setdefault(proxy.topic, []).append(proxy)
         for raw_field, raw in clustered.items():
             try:
                 data = json.loads(raw)
+                hosts = data.get("hosts", []) if isinstance(data, dict) else None
+                if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+                    raise ValueError("not a cluster topic copy: hosts must be a list of queue manager names")
                 self.cluster_topics[_text(raw_field)] = (
                     str(data["cluster"]),
                     str(data.get("clroute", "DIRECT")),
-                    tuple(data.get("hosts", ())),
+                    tuple(hosts),
                 )
-            except (ValueError, TypeError, KeyError) as exc:
-                problems.append(CorruptRecord(keys.cluster_topics(qm), _text(raw_field), repr(exc)))
+            except (ValueError, TypeError, KeyError, RecursionError) as exc:  # UnicodeDecodeError too
+                problems.append(CorruptRecord(keys.cluster_topics(qm), _shown(raw_field), repr(exc)))
         return problems
 
     def route_class(self, topic: str) -> RouteClass:

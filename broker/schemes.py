@@ -59,7 +59,8 @@ def root_topic(topic: str, scheme: str) -> str:
 
 
 def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
+    # a record written by hand may hold any bytes: it is compared and named, never stored again
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
 
 
 def scheme_of(qm: str, manager: dict[Any, Any]) -> SchemeName:

@@ -300,8 +300,7 @@ class Scripts:
                 keys=[stream], args=[keys.WORKER_GROUP, token, len(head), *head, *rest]
             )
             for entry_id, flat, times in raw:
-                fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
-                out.append((entry_id.decode(), fields, int(times)))
+                out.append((entry_id.decode(), entry_fields(flat), int(times)))
         return out
 
     def sweep_turns(self, token: str, lease_ms: int, cursor: str, count: int) -> tuple[str, list[str]]:
@@ -368,15 +367,22 @@ class Scripts:
         return int(self._give_up(keys=turns, args=[token]))
 
 
+def entry_fields(flat: list[bytes]) -> dict[bytes, bytes]:
+    """A stream entry's ``[field, value, ...]`` as a dict; a field given twice keeps its first value,
+    as the scripts read it (``field_of`` in ``lua/lib.lua``), so that the publisher an entry is
+    ordered under is the one its envelope names."""
+    fields: dict[bytes, bytes] = {}
+    for i in range(0, len(flat), 2):
+        fields.setdefault(flat[i], flat[i + 1])
+    return fields
+
+
 def parse_dequeue(raw: list[Any]) -> Dequeued:
     """Turn the reply of ``dequeue.lua`` into a ``Dequeued``."""
     version, last_id, entries, turns, active, live, fair = raw
     parsed = []
     for entry_id, flat in entries:
-        fields = {}
-        for i in range(0, len(flat), 2):
-            fields[flat[i]] = flat[i + 1]
-        parsed.append((entry_id.decode(), fields))
+        parsed.append((entry_id.decode(), entry_fields(flat)))
     turns_map = {}
     backlog = {}
     for i in range(0, len(turns), 3):

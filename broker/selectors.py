@@ -64,7 +64,11 @@ _COMPARISONS: dict[str, Comparator] = {
     "<=": operator.le,
     ">=": operator.ge,
 }
-_NUMBER = re.compile(r"(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?[fFdD]?|\d+(?:[eE][+-]?\d+[fFdD]?|[fFdD]|[lL])?")
+#: Numeric literals: ASCII digits only (Java's), not every character ``str.isdigit`` accepts.
+_NUMBER = re.compile(
+    r"(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?[fFdD]?|\d+(?:[eE][+-]?\d+[fFdD]?|[fFdD]|[lL])?", re.ASCII
+)
+_DIGITS = frozenset("0123456789")
 _OPERATORS = ("<>", "<=", ">=", "=", "<", ">", "+", "-", "*", "/", "(", ")", ",")
 _PLAIN = frozenset({int, float, str, bool, type(None)})
 #: The value of a property of an unsupported type: set (IS NOT NULL), but unknown in every test.
@@ -259,7 +263,8 @@ def _like_regex(pattern: str, escape: str | None) -> re.Pattern[str]:
     """The regular expression (``fullmatch``, DOTALL) of a LIKE pattern; raises InvalidSelector."""
     if escape is not None and len(escape) != 1:
         raise InvalidSelector(pattern, 0, f"the escape must be exactly one character, not {escape!r}")
-    pieces: list[str] = []
+    # The pattern's runs between '%' (each of fixed length: characters and '_'), as regexes.
+    runs: list[list[str]] = [[]]
     i = 0
     while i < len(pattern):
         char = pattern[i]
@@ -269,12 +274,24 @@ def _like_regex(pattern: str, escape: str | None) -> re.Pattern[str]:
             following = pattern[i + 1]
             if following not in ("%", "_", escape):
                 raise InvalidSelector(pattern, i, f"escape character {escape!r} before {following!r}")
-            pieces.append(re.escape(following))
+            runs[-1].append(re.escape(following))
             i += 2
             continue
-        pieces.append(".*" if char == "%" else "." if char == "_" else re.escape(char))
+        if char == "%":
+            runs.append([])
+        else:
+            runs[-1].append("." if char == "_" else re.escape(char))
         i += 1
-    return re.compile("".join(pieces), re.DOTALL)
+    parts = ["".join(run) for run in runs]
+    if len(parts) == 1:
+        return re.compile(parts[0], re.DOTALL)
+    # First run at the start, last run at the end, each run between at its earliest place after
+    # the one before: the earliest place leaves the most room, so it is never wrong, and the
+    # atomic group (?>...) keeps the engine from trying the others. ".*a.*a.*b" without it
+    # backtracks through every placement: "%a%a%a%a%a%a%a%a%a%a%a%a%b" against forty "a"s
+    # would take hours (a selector or a swiftmq predicate node would stall the worker).
+    first, *middle, last = parts
+    return re.compile(first + "".join(f"(?>.*?{run})" for run in middle if run) + ".*" + last, re.DOTALL)
 
 
 def like_regex(pattern: str, escape: str | None = None) -> re.Pattern[str]:
@@ -332,7 +349,11 @@ def _number(selector: str, start: int) -> _Token:
     digits = text.rstrip("lL")
     if len(digits) > 1 and digits[0] == "0":
         raise InvalidSelector(selector, start, f"octal number {text!r} is not supported")
-    return _Token("num", text, start, int(digits))
+    try:
+        value = int(digits)
+    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+        raise InvalidSelector(selector, start, f"the number has too many digits ({len(digits)})") from None
+    return _Token("num", text, start, value)
 
 
 def _tokenize(selector: str) -> list[_Token]:
@@ -357,7 +378,7 @@ def _tokenize(selector: str) -> list[_Token]:
                 j = close + 2
             tokens.append(_Token("str", selector[i : close + 1], i, "".join(parts)))
             i = close + 1
-        elif char.isdigit() or (char == "." and selector[i + 1 : i + 2].isdigit()):
+        elif char in _DIGITS or (char == "." and selector[i + 1 : i + 2] in _DIGITS):
             token = _number(selector, i)
             tokens.append(token)
             i += len(token.text)

@@ -36,7 +36,7 @@ from broker.config import (
     DEFAULT_MAX_TOPIC_LEVELS,
     ConsumerMode,
 )
-from broker.connection import KEEP, change_field, read_hash, translate_errors
+from broker.connection import KEEP, can_name, change_field, read_hash, translate_errors
 from broker.errors import (
     CorruptRecord,
     InvalidName,
@@ -179,6 +179,8 @@ class SubscriptionRecord:
         except ValueError as exc:  # json.JSONDecodeError included
             reason = "not JSON" if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise CorruptRecord(key, sub_id, reason) from exc
+        except RecursionError as exc:
+            raise CorruptRecord(key, sub_id, "not JSON (nested too deeply)") from exc
         return cls(sub_id, topic_filter, durable, created, selector, no_local, mode, share)
 
 
@@ -428,8 +430,29 @@ def unsubscribe(client: redis.Redis, qm: str, sub_id: str) -> None:
     Raises:
         NoSuchSubscription: there is no such subscription.
     """
+    missing = NoSuchSubscription(f"no subscription {sub_id!r} in queue manager {qm!r}")
+    if not can_name(sub_id):
+        raise missing
+    try:
+        check_sub_id(sub_id)
+    except InvalidName:
+        # A record written by hand, or no record: with a ':' in the id, its keys would be other
+        # subscriptions' ("a$b:p3" names "{qm}:sub:a$b:p3", the priority 3 band of "a$b"), so
+        # only the record is removed; without one, nothing.
+        subs_key = keys.subscriptions(qm)
+
+        def decide(pipe: Any) -> None:
+            if not pipe.hexists(subs_key, sub_id):
+                raise missing
+            return None
+
+        if ":" in sub_id:
+            change_field(client, subs_key, sub_id, decide, keys.version(qm))
+            return
+        if not client.hexists(subs_key, sub_id):
+            raise missing from None
     if not remove_subscription(client, qm, sub_id):
-        raise NoSuchSubscription(f"no subscription {sub_id!r} in queue manager {qm!r}")
+        raise missing
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker import hierarchy, keys
-from broker.connection import change_field, read_hash, translate_errors
+from broker.connection import can_name, change_field, read_hash, translate_errors
 from broker.errors import ConfigError, CorruptRecord, InvalidName, NoSuchTopicObject, TopicObjectConflict
 from broker.schemes import recorded_scheme, separator
 from broker.topics import LEVEL_SEPARATOR, split_shared, validate_topic
@@ -202,6 +202,8 @@ class TopicObject(BaseModel):
         except (ValueError, TypeError, ValidationError) as exc:
             reason = "not JSON" if isinstance(exc, json.JSONDecodeError) else _first_error(exc)
             raise CorruptRecord(key, name, reason) from exc
+        except RecursionError as exc:
+            raise CorruptRecord(key, name, "not JSON (nested too deeply)") from exc
 
 
 def _first_error(exc: Exception) -> str:
@@ -508,6 +510,9 @@ def alter(
             "a topic string cannot be changed (IBM MQ): delete the object and define it again"
         )
 
+    if not can_name(name):
+        raise NoSuchTopicObject(f"no topic object {name!r} in queue manager {qm!r}")
+
     def decide(existing: TopicObject | None) -> TopicObject:
         if existing is None:
             if name != BASE:
@@ -537,13 +542,16 @@ def delete(client: redis.Redis, qm: str, name: str) -> None:
     """
     if name == BASE:
         raise TopicObjectConflict(f"{BASE} cannot be deleted")
+    missing = NoSuchTopicObject(f"no topic object {name!r} in queue manager {qm!r}")
+    if not can_name(name):
+        raise missing
     key = keys.topic_objects(qm)
-    pipe = client.pipeline(transaction=True)
-    pipe.hdel(key, name)
-    pipe.incr(keys.version(qm))
-    removed, _ = pipe.execute()
-    if not removed:
-        raise NoSuchTopicObject(f"no topic object {name!r} in queue manager {qm!r}")
+
+    def decide(pipe: Any) -> None:  # nothing is written (not even the version) for a missing one
+        if not pipe.hexists(key, name):
+            raise missing
+
+    change_field(client, key, name, decide, keys.version(qm))
 
 
 @translate_errors
@@ -568,7 +576,9 @@ def topic_of(client: redis.Redis, qm: str, object_name: str, topic_string: str =
     Raises:
         NoSuchTopicObject: no such object.
     """
-    obj = display(client, qm, object_name)[0]
+    obj = read_tree(client, qm).objects.get(object_name)  # a name, never a generic one ("A*")
+    if obj is None:
+        raise NoSuchTopicObject(f"no topic object {object_name!r} in queue manager {qm!r}")
     if not topic_string:
         return obj.topic_string
     if not obj.topic_string:
@@ -598,18 +608,31 @@ def load_file(path: str | Path) -> list[TopicObject]:
     Raises:
         ConfigError: the file is missing, not TOML, or an object in it is invalid.
     """
+    where = f"topic file {str(path)!r}"
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigError(f"topic file {str(path)!r} cannot be read: {exc.strerror}") from exc
+        raise ConfigError(f"{where} cannot be read: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"topic file {str(path)!r} is not valid TOML: {exc}") from exc
+        raise ConfigError(f"{where} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where} is not valid TOML: not UTF-8 ({exc.reason})") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{where} is not valid TOML: nested too deeply") from exc
+    items = data.get("topic", [])
+    if not isinstance(items, list):
+        raise ConfigError(f"{where}: 'topic' must be an array of tables, [[topic]]")
     out = []
-    for n, item in enumerate(data.get("topic", []), 1):
+    for n, item in enumerate(items, 1):
         try:
+            if not isinstance(item, dict):
+                raise ConfigError(f"{where}: [[topic]] number {n} is not a table")
             item = dict(item)
             name, topic_string = item.pop("name"), item.pop("topic_string", "")
             description = item.pop("description", "")
+            for what, value in (("name", name), ("topic_string", topic_string), ("description", description)):
+                if not isinstance(value, str):
+                    raise ConfigError(f"{where}: [[topic]] number {n}: {what} must be a string")
             check_name(name)
             if name != BASE:
                 validate_topic(topic_string)
@@ -621,12 +644,25 @@ def load_file(path: str | Path) -> list[TopicObject]:
                     description=description,
                 )
             )
+        except ConfigError:
+            raise
         except KeyError as exc:
-            raise ConfigError(
-                f"topic file {str(path)!r}: [[topic]] number {n} has no {exc.args[0]!r}"
-            ) from exc
+            raise ConfigError(f"{where}: [[topic]] number {n} has no {exc.args[0]!r}") from exc
         except (ValueError, ValidationError) as exc:
-            raise ConfigError(f"topic file {str(path)!r}: [[topic]] number {n}: {_first_error(exc)}") from exc
+            raise ConfigError(f"{where}: [[topic]] number {n}: {_first_error(exc)}") from exc
+    names: set[str] = set()
+    strings: dict[str, str] = {}
+    for n, obj in enumerate(out, 1):  # apply() would stop halfway on these
+        if obj.name in names:
+            raise ConfigError(f"{where}: [[topic]] number {n}: {obj.name!r} is defined twice")
+        names.add(obj.name)
+        if obj.name == BASE:
+            continue
+        other = strings.setdefault(obj.topic_string, obj.name)
+        if other != obj.name:
+            raise ConfigError(
+                f"{where}: [[topic]] number {n}: {obj.name!r} and {other!r} have the same topic string"
+            )
     return out
 
 
@@ -638,9 +674,36 @@ def apply(client: redis.Redis, qm: str, objects: list[TopicObject], prune: bool 
     altered; with ``prune``, objects not in ``objects`` are deleted (never the base).
 
     Raises:
-        TopicObjectConflict: an object's topic string differs from the one defined.
+        TopicObjectConflict: an object's topic string differs from the one defined, or another
+            object is bound to its topic string (found before anything is written).
+        InvalidName: a bad name; InvalidTopic: a bad topic string (before anything is written).
+        CorruptRecord: the stored record of one of the objects cannot be read (delete it first).
     """
     tree = read_tree(client, qm)
+    names: set[str] = set()
+    strings: set[str] = set()
+    for obj in objects:  # every conflict is found before anything is written
+        if obj.name == BASE:
+            continue
+        check_name(obj.name)
+        validate_topic(obj.topic_string)
+        if obj.name in names or obj.topic_string in strings:
+            raise TopicObjectConflict(
+                f"topic object {obj.name!r} or its topic string {obj.topic_string!r} is given twice"
+            )
+        names.add(obj.name)
+        strings.add(obj.topic_string)
+        corrupt = [problem for problem in tree.problems if problem.field == obj.name]
+        if corrupt:
+            raise corrupt[0]
+        have = tree.objects.get(obj.name)
+        if have is not None:
+            _same_string(have, obj.topic_string)
+        other = tree.object_at(obj.topic_string)
+        if other is not None and other.name != obj.name:
+            raise TopicObjectConflict(
+                f"topic object {other.name!r} is already bound to topic string {obj.topic_string!r}"
+            )
     result = Applied([], [], [], [])
     for obj in objects:
         have = tree.objects.get(obj.name)

@@ -66,14 +66,20 @@ local function publisher_of(fields, malformed, max_bytes)
   return pub
 end
 
+-- Most fields of an entry a dead letter copies: unpack() (and so one XADD) takes
+-- at most about 8000 values, and an entry may have any number of fields.
+local DEAD_LETTER_FIELDS = 1000
+
 -- Add a dead letter: the entry's fields (each only when it is at most max_body
 -- bytes: the body, or a props or topic made huge; otherwise "dlq.<field>_bytes"
--- says how large it was, and "dlq.entry_id" refers to it), then "dlq.reason" and
--- "dlq.entry_id". The stream is capped at about maxlen records, each small.
--- `dlq` must be checked first.
+-- says how large it was, and "dlq.entry_id" refers to it; only its first
+-- DEAD_LETTER_FIELDS fields, and then "dlq.fields" says how many it had), then
+-- "dlq.reason" and "dlq.entry_id". The stream is capped at about maxlen records,
+-- each small. `dlq` must be checked first.
 local function dead_letter(dlq, maxlen, max_body, entry_id, fields, reason)
   local out = {}
-  for j = 1, #fields, 2 do
+  local copied = math.min(#fields, 2 * DEAD_LETTER_FIELDS)
+  for j = 1, copied, 2 do
     if #fields[j + 1] > max_body then
       out[#out + 1] = 'dlq.' .. fields[j] .. '_bytes'
       out[#out + 1] = tostring(#fields[j + 1])
@@ -81,6 +87,10 @@ local function dead_letter(dlq, maxlen, max_body, entry_id, fields, reason)
       out[#out + 1] = fields[j]
       out[#out + 1] = fields[j + 1]
     end
+  end
+  if copied < #fields then
+    out[#out + 1] = 'dlq.fields'
+    out[#out + 1] = tostring(#fields / 2)
   end
   out[#out + 1] = 'dlq.reason'
   out[#out + 1] = reason

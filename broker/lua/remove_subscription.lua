@@ -1,7 +1,8 @@
 -- Remove a subscription with every key it owns, in one atomic call: its record,
 -- its priority bands, bell, consumers, their in-flight lists, holder key,
--- redelivery counts and last-use time; the index version is bumped so that
--- workers reload. With a cutoff, only an abandoned subscription is removed:
+-- redelivery counts and last-use time; when a record was removed, the index
+-- version is bumped so that workers reload (keys left by an id with no record
+-- are only deleted). With a cutoff, only an abandoned subscription is removed:
 -- a non-durable one (MQTT 5 session expiry) whose consumers' lease deadlines
 -- and creation are all before the cutoff, or, in durable mode, an idle durable
 -- one whose lease deadlines, creation and last-use time are all before it.
@@ -57,9 +58,11 @@ for _, c in ipairs(redis.call('ZRANGE', consumers, 0, -1)) do
   inflight[#inflight + 1] = prefix .. c
 end
 local messages = waiting + total_length(inflight)
-redis.call('HDEL', subs, sub_id)
 redis.call('HDEL', last_active, sub_id)
-redis.call('INCR', version)
+if record then
+  redis.call('HDEL', subs, sub_id)
+  redis.call('INCR', version)  -- workers reload only when a subscription went
+end
 redis.call('DEL', unpack(doomed))
 if record then return {1, messages} end
 return {0, messages}
