@@ -234,6 +234,25 @@ def _nodes(client: redis.Redis) -> list[Any]:
     return [client]
 
 
+def _set_user(client: redis.Redis, user: str, head: list[str], found: list[str]) -> list[str]:
+    """ACL SETUSER ``user`` with ``head`` then ``found``; a rule naming a command this server does
+    not know (``+client|setinfo`` before Redis 7.2: its clients never send it) is left out.
+
+    Returns:
+        The rules applied.
+    """
+    found = list(found)
+    while True:
+        try:
+            _acl(client, "SETUSER", user, *head, *found)
+            return found
+        except redis.ResponseError as exc:
+            unknown = re.search(r"modifier '([^']+)': Unknown command", str(exc))
+            if unknown is None or unknown.group(1) not in found or unknown.group(1) not in CONNECTION:
+                raise
+            found.remove(unknown.group(1))
+
+
 def _acl(client: redis.Redis, *args: Any) -> list[Any]:
     return [node.execute_command("ACL", *args) for node in _nodes(client)]
 
@@ -253,7 +272,7 @@ def add_user(client: redis.Redis, qm: str, user: str, spec: RoleSpec, password: 
         raise InvalidName("the default user is not a broker role; pick another name")
     spec.created_ms = spec.created_ms or int(time.time() * 1000)
     found = rules(qm, user, spec)
-    _acl(client, "SETUSER", user, "reset", "on", f">{password}", *found)
+    found = _set_user(client, user, ["reset", "on", f">{password}"], found)
     client.hset(_registry(qm), user, spec.to_json())
     if spec.role == "publisher":
         bind(client, qm, user, spec.publisher_ids)
