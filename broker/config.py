@@ -461,6 +461,32 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, _TomlSource(settings_cls))
 
 
+def read_toml(path: str | Path, where: str) -> dict[str, Any]:
+    """Read a TOML file (settings, topic objects, the network), every failure one clear error.
+
+    Args:
+        path: the file.
+        where: how messages name it, e.g. ``network file configs/network.toml``.
+
+    Raises:
+        ConfigError: the file does not exist, cannot be read, is not UTF-8, not TOML, or nested
+            too deeply.
+    """
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{where} does not exist") from exc
+    except OSError as exc:
+        raise ConfigError(f"{where} cannot be read: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where} is not valid TOML: not UTF-8 ({exc.reason})") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{where} is not valid TOML: nested too deeply") from exc
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Load and validate the settings.
 
@@ -486,21 +512,7 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
         path = DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
     values: dict[str, Any] = {}
     if path is not None:
-        try:
-            with path.open("rb") as handle:
-                values = tomllib.load(handle)
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file {str(path)!r} does not exist") from exc
-        except OSError as exc:
-            raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise ConfigError(
-                f"config file {str(path)!r} is not valid TOML: not UTF-8 ({exc.reason})"
-            ) from exc
-        except RecursionError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid TOML: nested too deeply") from exc
+        values = read_toml(path, f"config file {str(path)!r}")
         unknown = sorted(set(values) - set(Settings.model_fields))
         if unknown:
             raise ConfigError(f"config file {str(path)!r}: unknown setting(s) {', '.join(unknown)}")

@@ -44,7 +44,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tomllib
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -211,19 +210,9 @@ def load_network(path: str | Path = DEFAULT_NETWORK_FILE) -> Network:
         ConfigError: the file is missing, not TOML, or not a valid network (the first
             problem is named).
     """
-    try:
-        with open(path, "rb") as handle:
-            raw = tomllib.load(handle)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"network file {path} does not exist") from exc
-    except OSError as exc:
-        raise ConfigError(f"network file {path} cannot be read: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"network file {path} is not valid TOML: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"network file {path} is not valid TOML: not UTF-8 ({exc.reason})") from exc
-    except RecursionError as exc:
-        raise ConfigError(f"network file {path} is not valid TOML: nested too deeply") from exc
+    from broker.config import read_toml
+
+    raw = read_toml(path, f"network file {path}")
     return parse_network(raw, str(path))
 
 

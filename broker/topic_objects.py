@@ -56,7 +56,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -65,6 +64,7 @@ import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker import hierarchy, keys
+from broker.config import read_toml
 from broker.connection import can_name, change_field, read_hash, translate_errors
 from broker.errors import ConfigError, CorruptRecord, InvalidName, NoSuchTopicObject, TopicObjectConflict
 from broker.schemes import recorded_scheme, separator
@@ -609,16 +609,7 @@ def load_file(path: str | Path) -> list[TopicObject]:
         ConfigError: the file is missing, not TOML, or an object in it is invalid.
     """
     where = f"topic file {str(path)!r}"
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{where} cannot be read: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where} is not valid TOML: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{where} is not valid TOML: not UTF-8 ({exc.reason})") from exc
-    except RecursionError as exc:
-        raise ConfigError(f"{where} is not valid TOML: nested too deeply") from exc
+    data = read_toml(path, where)
     items = data.get("topic", [])
     if not isinstance(items, list):
         raise ConfigError(f"{where}: 'topic' must be an array of tables, [[topic]]")
