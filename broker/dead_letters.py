@@ -655,12 +655,15 @@ def _live_workers(client: redis.Redis, qm: str, now_ms: int) -> int:
 
 
 @translate_errors
-def purge(client: redis.Redis, qm: str, selection: Selection) -> int:
+def purge(client: redis.Redis, qm: str, selection: Selection, *, dry_run: bool = False) -> int:
     """Delete the selected dead letters (only those found when it runs: one that arrives while it
     runs is kept, even with ``everything``).
 
+    Args:
+        dry_run: count them, delete nothing.
+
     Returns:
-        How many were deleted.
+        How many were deleted (with ``dry_run``: would be).
 
     Raises:
         EmptySelection: ``selection.is_empty()``.
@@ -674,6 +677,8 @@ def purge(client: redis.Redis, qm: str, selection: Selection) -> int:
     letters, _, _ = _select(client, qm, selection)
     deleted = 0
     ids = [letter.id for letter in letters]
+    if dry_run:
+        return len(ids)
     for start in range(0, len(ids), PURGE_CHUNK):
         deleted += int(client.xdel(keys.dead_letter(qm), *ids[start : start + PURGE_CHUNK]))
     return deleted
