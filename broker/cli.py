@@ -1225,7 +1225,7 @@ def dlq_replay(
 def dlq_purge(state: State, entries: tuple[str, ...], everything: bool, yes: bool, **given: Any) -> None:
     """Delete the selected dead letters (ENTRY ids and/or filters, or --all). Asks first unless
     --yes; with no selection at all, asks whether to delete every dead letter."""
-    from broker.dead_letters import list_dead_letters, purge
+    from broker.dead_letters import purge
 
     selection = _dlq_selection(entries, everything, **given)
     client, qm = state.client(), state.settings.qm
@@ -1237,7 +1237,7 @@ def dlq_purge(state: State, entries: tuple[str, ...], everything: bool, yes: boo
             )
         selection = _dlq_selection(everything=True)
     if not yes:
-        found, _ = list_dead_letters(client, qm, selection, count=10**9)
+        found = purge(client, qm, selection, dry_run=True)
         if not found:
             click.echo("no dead letters selected")
             return
@@ -1246,7 +1246,7 @@ def dlq_purge(state: State, entries: tuple[str, ...], everything: bool, yes: boo
             if selection == _dlq_selection(everything=True)
             else "the selected dead letters"
         )
-        click.confirm(f"delete {what}: {len(found)}?", abort=True)
+        click.confirm(f"delete {what}: {found}?", abort=True)
     click.echo(f"purged {purge(client, qm, selection)}")
 
 
