@@ -470,3 +470,13 @@ class NoSuchSchedule(BrokerError, LookupError):
     """A schedule id names no scheduled job of this queue manager (``broker jobs cancel``)."""
 
     exit_code = 2
+
+
+class LoginRefused(BrokerError):
+    """A web console login (``broker.console.auth``) is refused: a wrong user name or password,
+    or a user whose role (in ``{qm}:acl``) is neither ``monitor`` nor ``admin``.
+
+    The message never says which of these it was.
+    """
+
+    exit_code = 3
