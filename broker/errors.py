@@ -480,3 +480,25 @@ class LoginRefused(BrokerError):
     """
 
     exit_code = 3
+
+
+class DeadLetterNotFound(BrokerError, LookupError):
+    """A dead-letter id names no entry of the dead-letter queue ``{qm}:dlq`` (``broker dlq show``),
+    or is not a stream entry id (``<ms>-<n>``).
+
+    Attributes:
+        dlq_id: the id asked for.
+    """
+
+    exit_code = 2
+
+    def __init__(self, dlq_id: str, why: str = "no such dead letter") -> None:
+        self.dlq_id = dlq_id
+        super().__init__(f"{why}: {shown(dlq_id)}")
+
+
+class EmptySelection(BrokerError, ValueError):
+    """``broker dlq replay`` or ``purge`` (``broker.dead_letters``) was given no dead-letter ids, no
+    filter and not ``--all``: nothing is replayed or deleted."""
+
+    exit_code = 2

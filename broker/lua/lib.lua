@@ -74,9 +74,10 @@ local DEAD_LETTER_FIELDS = 1000
 -- bytes: the body, or a props or topic made huge; otherwise "dlq.<field>_bytes"
 -- says how large it was, and "dlq.entry_id" refers to it; only its first
 -- DEAD_LETTER_FIELDS fields, and then "dlq.fields" says how many it had), then
+-- the `extra` fields if any ({name, value, ...}: dequeue.lua's "dlq.principal"),
 -- "dlq.reason" and "dlq.entry_id". The stream is capped at about maxlen records,
 -- each small. `dlq` must be checked first.
-local function dead_letter(dlq, maxlen, max_body, entry_id, fields, reason)
+local function dead_letter(dlq, maxlen, max_body, entry_id, fields, reason, extra)
   local out = {}
   local copied = math.min(#fields, 2 * DEAD_LETTER_FIELDS)
   for j = 1, copied, 2 do
@@ -92,6 +93,7 @@ local function dead_letter(dlq, maxlen, max_body, entry_id, fields, reason)
     out[#out + 1] = 'dlq.fields'
     out[#out + 1] = tostring(#fields / 2)
   end
+  for j = 1, #(extra or {}) do out[#out + 1] = extra[j] end
   out[#out + 1] = 'dlq.reason'
   out[#out + 1] = reason
   out[#out + 1] = 'dlq.entry_id'
