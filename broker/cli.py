@@ -2007,7 +2007,9 @@ def channel_command(state: State, once: bool, wait_ms: int) -> None:
 
 
 @main.command("console", short_help="Run the web console (monitor and admin logins).")
-@click.option("--host", default=None, help="Address to listen on (default: the 'console_host' setting, 127.0.0.1).")
+@click.option(
+    "--host", default=None, help="Address to listen on (default: the 'console_host' setting, 127.0.0.1)."
+)
 @click.option(
     "--port",
     type=click.IntRange(1, 65535),

@@ -173,12 +173,18 @@ def create_app(
             except (redis.RedisError, BrokerError) as exc:
                 # the broker's readers translate redis-py's errors: look at the cause
                 cause = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
-                if isinstance(cause, redis.AuthenticationError):  # the user was deleted, or its password changed
+                if isinstance(
+                    cause, redis.AuthenticationError
+                ):  # the user was deleted, or its password changed
                     store.logout(session)
                     return to_login(request)
                 if isinstance(cause, redis.exceptions.NoPermissionError):
-                    return error(request, session, 403, f"Redis refused this to user {session.user!r}: {cause}")
-                if isinstance(exc, ConnectionLost) or isinstance(cause, (redis.ConnectionError, redis.TimeoutError)):
+                    return error(
+                        request, session, 403, f"Redis refused this to user {session.user!r}: {cause}"
+                    )
+                if isinstance(exc, ConnectionLost) or isinstance(
+                    cause, (redis.ConnectionError, redis.TimeoutError)
+                ):
                     return error(request, session, 503, f"Cannot reach Redis: {cause}")
                 return error(request, session, 500, str(exc))
 
@@ -193,7 +199,9 @@ def create_app(
                 return error(request, session, 403, f"User {session.user!r} (monitor) may not do this.")
             token = form.get("csrf")
             if not session.csrf_ok(token if isinstance(token, str) else None):
-                return error(request, session, 403, "This form is stale or forged (bad CSRF token); nothing was done.")
+                return error(
+                    request, session, 403, "This form is stale or forged (bad CSRF token); nothing was done."
+                )
             return await handler(request, session)
 
         wrapped = page(guarded)
@@ -226,11 +234,11 @@ def create_app(
         except LoginRefused as exc:
             return render(request, "login.html", {"error": str(exc), "user": user, "next": target}, None, 401)
         except (ConnectionLost, redis.ConnectionError, redis.TimeoutError) as exc:
-            return render(request, "login.html", {"error": f"Cannot reach Redis: {exc}", "next": target}, None, 503)
+            return render(
+                request, "login.html", {"error": f"Cannot reach Redis: {exc}", "next": target}, None, 503
+            )
         response = RedirectResponse(target, status_code=303)
-        response.set_cookie(
-            COOKIE, store.cookie_value(session), httponly=True, samesite="strict", path="/"
-        )
+        response.set_cookie(COOKIE, store.cookie_value(session), httponly=True, samesite="strict", path="/")
         return response
 
     async def logout(request: Request, session: Session) -> Response:
@@ -258,7 +266,9 @@ def create_app(
     async def subscriptions(request: Request, session: Session) -> Response:
         search = request.query_params.get("q", "")
         data = await run_in_threadpool(figures.subscriptions, session.client, qm, search)
-        return fragment_or_page(request, "subscriptions", {"page": "subscriptions", "s": data, "q": search}, session)
+        return fragment_or_page(
+            request, "subscriptions", {"page": "subscriptions", "s": data, "q": search}, session
+        )
 
     async def topics(request: Request, session: Session) -> Response:
         data = await run_in_threadpool(figures.topics, session.client, qm)
@@ -283,7 +293,9 @@ def create_app(
         filters = dlq_views.filters_of(request.query_params)
         if request.headers.get("hx-request"):
             counts = await run_in_threadpool(dlq_views.counts, session.client, qm)
-            return render(request, "_dlq.html", {"page": "dlq", "counts": counts, "filters": filters}, session)
+            return render(
+                request, "_dlq.html", {"page": "dlq", "counts": counts, "filters": filters}, session
+            )
         data = await run_in_threadpool(dlq_views.listing, session.client, qm, filters, PAGE_SIZE)
         return render(request, "dlq.html", {"page": "dlq", "filters": filters, **data}, session)
 
@@ -321,11 +333,16 @@ def create_app(
             pending = session.take_pending(token if isinstance(token, str) else None, store.clock_ms())
             if pending is None or pending.action != what:
                 return error(
-                    request, session, 400, "This confirmation has expired or was already answered; nothing was done."
+                    request,
+                    session,
+                    400,
+                    "This confirmation has expired or was already answered; nothing was done.",
                 )
             session.flash = await run_in_threadpool(dlq_views.execute, session.client, qm, pending)
             back = str(form.get("back", ""))
-            return RedirectResponse("/dlq" + (f"?{back}" if back and back.isprintable() else ""), status_code=303)
+            return RedirectResponse(
+                "/dlq" + (f"?{back}" if back and back.isprintable() else ""), status_code=303
+            )
 
         return run
 

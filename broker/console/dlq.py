@@ -42,7 +42,12 @@ def selection_of(filters: Mapping[str, str]) -> Selection:
     """The ``Selection`` of every dead letter matching ``filters`` (all of them when there are none)."""
     if not filters:
         return Selection(everything=True)
-    return Selection(**{name: filters[name] for name in FILTERS if name in filters})
+    return Selection(
+        reason=filters.get("reason"),
+        publisher=filters.get("publisher"),
+        topic=filters.get("topic"),
+        subscription=filters.get("subscription"),
+    )
 
 
 def _row(entry: DeadLetter) -> dict[str, Any]:
@@ -93,7 +98,9 @@ def entry(client: redis.Redis, qm: str, dlq_id: str) -> dict[str, Any]:
             binary = False
         except UnicodeDecodeError:
             text, binary = cut.hex(" "), True
-        shown.append({"name": name, "text": text, "binary": binary, "size": len(raw), "cut": len(raw) > len(cut)})
+        shown.append(
+            {"name": name, "text": text, "binary": binary, "size": len(raw), "cut": len(raw) > len(cut)}
+        )
     return {**_row(found), "fields": shown}
 
 
@@ -118,27 +125,39 @@ def plan(
     Returns:
         ``{"ids": [the existing entries it covers], "rows": [the first 50 of them], "truncated":
         more matched than ``limit``, "skipped": [(id, why)] (replay: entries it would skip),
-        "replayable": n}``.
+        "replayable": n, "live_workers": workers running (replay), else None}``.
     """
-    selection = selection_of(filters) if ids is None else Selection(ids=tuple(dict.fromkeys(ids)))
-    if ids is not None and not ids:
-        return {"ids": [], "rows": [], "truncated": False, "skipped": [], "replayable": 0}
+    if ids is not None:  # ids not of the form <ms>-<n> name no dead letter
+        ids = [i for i in dict.fromkeys(ids) if dead_letters.DLQ_ID.match(i)]
+        if not ids:
+            return {
+                "ids": [],
+                "rows": [],
+                "truncated": False,
+                "skipped": [],
+                "replayable": 0,
+                "live_workers": None,
+            }
+    selection = selection_of(filters) if ids is None else Selection(ids=tuple(ids))
     entries, _ = dead_letters.list_dead_letters(client, qm, selection, count=limit + 1)
     truncated = len(entries) > limit
     entries = entries[:limit]
     found = [e.id for e in entries]
     skipped: list[tuple[str, str]] = []
     replayable = len(found)
+    live_workers = None
     if action == "replay" and found:
         report = dead_letters.replay(client, qm, Selection(ids=tuple(found)), keep=keep, dry_run=True)
         skipped = list(report.skipped)
         replayable = len(report.replayed)
+        live_workers = report.live_workers
     return {
         "ids": found,
         "rows": [_row(e) for e in entries[:50]],
         "truncated": truncated,
         "skipped": skipped,
         "replayable": replayable,
+        "live_workers": live_workers,
     }
 
 
@@ -153,7 +172,9 @@ def execute(client: redis.Redis, qm: str, pending: Pending) -> str:
         removed = dead_letters.purge(client, qm, selection)
         return f"Purged {removed} dead letter(s)."
     report = dead_letters.replay(client, qm, selection, keep=pending.keep)
-    text = f"Replayed {len(report.replayed)} publication(s)"
+    text = f"Replayed {len(report.replayed)} dead letter(s)"
+    if report.requeued:
+        text += f" ({len(report.requeued)} re-queued to their subscription)"
     text += "; the dead letters were kept." if report.kept else "; their dead letters were removed."
     if report.skipped:
         reasons = "; ".join(f"{dlq_id}: {why}" for dlq_id, why in report.skipped[:5])

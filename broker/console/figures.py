@@ -81,7 +81,9 @@ class RateMeter:
         """Record ``reading``; returns ``{"published_per_s", "handled_per_s"}`` (None until two readings)."""
         with self._lock:
             readings = self._readings
-            if readings and (reading.published < readings[-1].published or reading.handled < readings[-1].handled):
+            if readings and (
+                reading.published < readings[-1].published or reading.handled < readings[-1].handled
+            ):
                 readings.clear()  # the stream was deleted or the queue manager reset: start again
             readings.append(reading)
             while len(readings) > 2 and reading.at_ms - readings[0].at_ms > RATE_WINDOW_MS:
@@ -160,7 +162,9 @@ def subscriptions(client: redis.Redis, qm: str, search: str = "") -> dict[str, A
     needle = search.strip().lower()
     for row in snap["subscriptions"]:
         record = by_id.get(row["id"])
-        row = dict(row, selector=record.selector if record else "", no_local=record.no_local if record else False)
+        row = dict(
+            row, selector=record.selector if record else "", no_local=record.no_local if record else False
+        )
         if needle and not any(needle in str(row[k]).lower() for k in ("id", "filter", "selector")):
             continue
         rows.append(row)

@@ -80,7 +80,14 @@ def dead_letter(client: redis.Redis, reason: str = "test reason") -> str:
     """Add one dead letter as the workers write them; returns its id."""
     return client.xadd(
         keys.dead_letter(QM),
-        {"publisher": "p1", "topic": "/a", "msgid": "m1", "body": b"x", "dlq.reason": reason, "dlq.entry_id": "1-0"},
+        {
+            "publisher": "p1",
+            "topic": "/a",
+            "msgid": "m1",
+            "body": b"x",
+            "dlq.reason": reason,
+            "dlq.entry_id": "1-0",
+        },
     ).decode()
 
 
@@ -96,7 +103,9 @@ def test_an_htmx_refresh_without_a_session_sends_the_browser_to_the_login_page(c
     assert answer.headers["HX-Redirect"] == "/login"
 
 
-def test_a_wrong_password_and_an_unknown_user_get_the_same_answer(console: TestClient, users: dict[str, str]) -> None:
+def test_a_wrong_password_and_an_unknown_user_get_the_same_answer(
+    console: TestClient, users: dict[str, str]
+) -> None:
     wrong = console.post("/login", data={"user": "ops", "password": "not-it"}, follow_redirects=False)
     unknown = console.post("/login", data={"user": "nobody", "password": "not-it"}, follow_redirects=False)
     for answer in (wrong, unknown):
@@ -112,8 +121,12 @@ def test_a_user_of_another_role_cannot_log_in(console: TestClient, users: dict[s
     assert REFUSED in answer.text
 
 
-def test_the_session_cookie_is_httponly_and_samesite_strict(console: TestClient, users: dict[str, str]) -> None:
-    answer = console.post("/login", data={"user": "watch", "password": users["watch"]}, follow_redirects=False)
+def test_the_session_cookie_is_httponly_and_samesite_strict(
+    console: TestClient, users: dict[str, str]
+) -> None:
+    answer = console.post(
+        "/login", data={"user": "watch", "password": users["watch"]}, follow_redirects=False
+    )
     cookie = answer.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie
     assert users["watch"] not in cookie
@@ -166,7 +179,9 @@ def test_an_admin_purges_only_after_the_confirmation_and_only_once(
 ) -> None:
     first, second = dead_letter(real_redis, "first"), dead_letter(real_redis, "second")
     csrf = login(console, "ops", users["ops"])
-    shown = console.post("/dlq/confirm", data={"csrf": csrf, "action": "purge", "scope": "selected", "id": first})
+    shown = console.post(
+        "/dlq/confirm", data={"csrf": csrf, "action": "purge", "scope": "selected", "id": first}
+    )
     assert shown.status_code == 200
     assert 'data-figure="confirm-count">1<' in shown.text
     assert real_redis.xlen(keys.dead_letter(QM)) == 2  # the confirmation page changes nothing
@@ -199,7 +214,9 @@ def test_logout_ends_the_session(console: TestClient, users: dict[str, str]) -> 
     assert console.get("/", follow_redirects=False).status_code == 303
 
 
-def test_a_session_idle_too_long_is_logged_out(console: TestClient, users: dict[str, str], clock: Clock) -> None:
+def test_a_session_idle_too_long_is_logged_out(
+    console: TestClient, users: dict[str, str], clock: Clock
+) -> None:
     login(console, "watch", users["watch"])
     clock.ms += 61_000
     assert console.get("/", follow_redirects=False).status_code == 303
@@ -231,7 +248,10 @@ def test_rates_come_from_two_readings() -> None:
     clock = Clock()
     meter = RateMeter(clock)
     assert meter.add(Counters(clock.ms, 100, 90)) == {"published_per_s": None, "handled_per_s": None}
-    assert meter.add(Counters(clock.ms + 2_000, 300, 290)) == {"published_per_s": 100.0, "handled_per_s": 100.0}
+    assert meter.add(Counters(clock.ms + 2_000, 300, 290)) == {
+        "published_per_s": 100.0,
+        "handled_per_s": 100.0,
+    }
     assert meter.add(Counters(clock.ms + 2_100, 0, 0))["published_per_s"] == 100.0  # reset: start again
 
 
