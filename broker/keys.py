@@ -52,8 +52,8 @@ key                                 type      contents                          
 ``{qm}:publishers``                 set       publisher ids whose FIFO is not empty         dequeue.lua (SADD)       sweep_turns.lua (orphan sweep)
 ``{qm}:dedup:<n>:<publisher>:<msgid>`` string stream entry id that delivered it, PX window commit.lua             commit.lua
 ``{qm}:reply:<n>:<publisher>:<msgid>`` list   one result JSON, PX reply TTL                 commit.lua, dequeue.lua  the waiting publisher
-``{qm}:dlq``                        stream    dead-lettered entries (below), capped at      workers (Lua)            operators
-                                              about ``dead_letter_max_len`` records
+``{qm}:dlq``                        stream    dead-lettered entries (below), capped at      workers (Lua)            operators (``broker dlq``:
+                                              about ``dead_letter_max_len`` records                                  list, replay, purge)
 ``{qm}:workers``                    hash      worker name -> JSON heartbeat                 workers                  ``broker status``
 ``{qm}:alive``                      zset      worker name, score = last heartbeat (ms)      workers                  dequeue.lua (fair share)
 ``{qm}:journal``                    stream    one record per publication handled (when the  commit.lua (capped)      ``broker journal export``
@@ -253,7 +253,20 @@ The publication's own fields, then ``dlq.reason`` (one line of text) and
 the stream is trimmed). A field larger than ``max_body_bytes`` (the body, or a
 ``props`` or ``topic`` far over its own limit) is not copied: ``dlq.<field>_bytes``
 (``dlq.body_bytes``, ``dlq.props_bytes``) gives its size instead. Only the first 1,000
-fields of an entry are copied: ``dlq.fields`` then gives how many it had.
+fields of an entry are copied: ``dlq.fields`` then gives how many it had. An entry of an
+ingress stream refused because its ``publisher`` is not bound to the principal also has
+``dlq.principal`` (that principal). A poison message of one subscription (``recover.lua``: more
+than ``max_redeliveries`` failed deliveries; ``receive.lua``: expired, with ``expired_to_dlq``)
+has ``envelope``, ``dlq.reason``, ``dlq.entry_id`` and ``dlq.subscription`` instead.
+
+``broker dlq`` (``broker.dead_letters``) lists, shows, replays and purges dead letters (``XDEL``).
+Replay re-publishes a refused publication (``lua/replay.lua``: ``XADD`` and ``XDEL`` in one
+atomic call): its fields less ``dlq.*``, ``reply`` and ``principal``, with ``msgid`` set (to
+``dlq.entry_id`` when it had none: its default msgid), so that a second copy is a duplicate
+within ``dedup_window_ms``; to ``{qm}:in:<principal>`` when it carries ``principal`` or
+``dlq.principal`` (the queue mutex checks the binding again), else to ``{qm}:publish``. It
+re-queues a poison message to the head of its band of that one subscription
+(``lua/requeue.lua``, with the ``XDEL``). No other key or field is written.
 
 Subscriptions (``{qm}:subs``), for a service that is not written in Python
 --------------------------------------------------------------------------
