@@ -79,7 +79,12 @@ class _SecurityHeaders:
             if message["type"] == "http.response.start":
                 message.setdefault("headers", [])
                 names = {name for name, _ in message["headers"]}
-                message["headers"] += [(n, v) for n, v in SECURITY_HEADERS if n not in names]
+                static = scope["path"].startswith("/static/")  # htmx and the stylesheet may be cached
+                message["headers"] += [
+                    (n, v)
+                    for n, v in SECURITY_HEADERS
+                    if n not in names and not (static and n == b"cache-control")
+                ]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

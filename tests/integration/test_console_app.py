@@ -16,14 +16,15 @@ import pytest
 import redis
 
 from broker import keys
-from broker.acl import RoleSpec, add_user
+from broker.acl import RoleSpec, add_user, admin_acl_file
 from broker.config import Settings
+from broker.connection import connect
 from broker.console import create_app
 from broker.console.app import COOKIE
 from broker.console.auth import REFUSED, url_as
 from broker.console.figures import Counters, RateMeter
 from broker.publish import Publisher
-from broker.server import Server
+from broker.server import EPHEMERAL, Server
 from broker.subscriptions import subscribe
 
 with warnings.catch_warnings():  # Starlette >= 1.x suggests httpx2; httpx is what the test extra installs
@@ -275,3 +276,26 @@ def test_the_overview_shows_the_publish_rate(
 def test_url_as_puts_the_credentials_in_the_url() -> None:
     assert url_as("redis://old:pw@h:6379/0", "u", "p@ss") == "redis://u:p%40ss@h:6379/0"
     assert url_as("rediss+cluster://h:7000", "u", "p") == "rediss+cluster://u:p@h:7000"
+
+
+def test_a_security_true_server_with_the_default_user_off(tmp_path) -> None:
+    # Given a server whose default user is off (security = true's ACL file) and a monitor user
+    acl = tmp_path / "users.acl"
+    acl.write_text(admin_acl_file("boss", "boss-secret"))
+    server = Server(args=(*EPHEMERAL, "--aclfile", str(acl)))
+    server.username, server.password = "boss", "boss-secret"
+    server.start()
+    try:
+        boss = connect(url_as(server.url, "boss", "boss-secret"))
+        add_user(boss, QM, "watch", RoleSpec("monitor"), "watch-secret")
+        subscribe(boss, QM, "/a/#", "app", "a")
+        settings = Settings(redis_url=url_as(server.url, "boss", "boss-secret"), qm=QM, security=True)
+        with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+            # When the monitor logs in, Then it sees the figures; the default user cannot log in
+            refused = client.post("/login", data={"user": "default", "password": "x"}, follow_redirects=False)
+            assert refused.status_code == 401
+            login(client, "watch", "watch-secret")
+            assert 'data-sub="app$a"' in client.get("/subscriptions").text
+        boss.close()
+    finally:
+        server.stop()
