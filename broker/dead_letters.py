@@ -53,7 +53,7 @@ import orjson
 import redis
 
 from broker import keys
-from broker.connection import translate_errors
+from broker.connection import is_cluster, translate_errors
 from broker.errors import DeadLetterNotFound, EmptySelection, ForeignKey, InvalidMessage
 from broker.models import decode_envelope, parse_entry
 from broker.scripts import script_source
@@ -609,25 +609,38 @@ def _run(
     keep: bool,
     report: ReplayReport,
 ) -> None:
-    """Send the replays, ``REPLAY_CHUNK`` per round trip, each its own atomic script call."""
+    """Send the replays, ``REPLAY_CHUNK`` per round trip (one by one on a Redis Cluster, where
+    redis-py pipelines no scripts), each its own atomic script call."""
     publish = client.register_script(script_source("replay"))
     requeue = client.register_script(script_source("requeue"))
     dlq = keys.dead_letter(qm)
+
+    def call(letter: DeadLetter, plan: _Publish | _Requeue, on: Any) -> Any:
+        if isinstance(plan, _Publish):
+            return publish(
+                keys=[dlq, plan.target], args=[letter.id, "1" if keep else "0", *plan.fields], client=on
+            )
+        return requeue(
+            keys=[dlq, keys.subscriptions(qm), plan.band, keys.sub_bell(qm, plan.sub_id)],
+            args=[letter.id, plan.sub_id],
+            client=on,
+        )
+
     for start in range(0, len(plans), REPLAY_CHUNK):
         chunk = plans[start : start + REPLAY_CHUNK]
-        pipe = client.pipeline(transaction=False)
-        for letter, plan in chunk:
-            if isinstance(plan, _Publish):
-                publish(
-                    keys=[dlq, plan.target], args=[letter.id, "1" if keep else "0", *plan.fields], client=pipe
-                )
-            else:
-                requeue(
-                    keys=[dlq, keys.subscriptions(qm), plan.band, keys.sub_bell(qm, plan.sub_id)],
-                    args=[letter.id, plan.sub_id],
-                    client=pipe,
-                )
-        for (letter, plan), done in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+        results: list[Any] = []
+        if is_cluster(client):
+            for letter, plan in chunk:
+                try:
+                    results.append(call(letter, plan, client))
+                except redis.ResponseError as exc:
+                    results.append(exc)
+        else:
+            pipe = client.pipeline(transaction=False)
+            for letter, plan in chunk:
+                call(letter, plan, pipe)
+            results = pipe.execute(raise_on_error=False)
+        for (letter, plan), done in zip(chunk, results, strict=True):
             if done == 1:
                 report.replayed.append(letter.id)
                 if isinstance(plan, _Requeue):

@@ -9,6 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from broker import Publisher, cli, keys, subscribe, unsubscribe
+from broker.config import Settings
+from broker.connection import connect
 from broker.consumer import Subscriber
 from broker.dead_letters import (
     DeadLetter,
@@ -145,10 +147,10 @@ def test_purge_by_reason_leaves_the_others(real_redis, settings):
     assert left.publisher == "q" and left.topic == "/bad/#"
 
 
-def _poison(client, settings, record, body=b"poison"):
+def _poison(client, settings, record, body=b"poison", qm=QM):
     """Dead-letter a message of ``record`` as recover.lua does: one failed delivery over max_redeliveries 0."""
     strict = settings.model_copy(update={"max_redeliveries": 0})
-    consumer = Subscriber(client, QM, record, strict, consumer_id="c1", heartbeat=False)
+    consumer = Subscriber(client, qm, record, strict, consumer_id="c1", heartbeat=False)
     (delivery,) = consumer.receive_many(1)
     assert delivery.message.body == body
     assert consumer.recover_dead(closing="c1")[2] == 1
@@ -312,3 +314,25 @@ def test_the_cli_lists_shows_replays_and_purges(run, real_server, real_redis, se
 def test_dead_letter_json_is_safe_for_every_field():
     letter = DeadLetter("1-0", 1, "r", None, None, None, None, None, None, {"body": b"\x80", "topic": b"/t"})
     assert letter.to_json()["fields"] == {"body": {"hex": "80", "bytes": 1}, "topic": "/t"}
+
+
+def test_replay_and_requeue_work_on_a_redis_cluster(local_cluster):
+    client = connect(local_cluster.url, check=True)
+    qm = "DLQCL"
+    try:
+        config = Settings(redis_url=local_cluster.url, qm=qm, batch_size=50, heads=50, sweep_interval_ms=1)
+        record = subscribe(client, qm, "/PAY/#", "c", "pay")
+        define(client, qm, "PAY", "/PAY", Attributes(pub="DISABLED"))
+        Publisher(client, qm, "p").publish("/PAY/EU", b"1", msgid="cl-1")
+        drain(make_workers(client, config, 1))
+        alter(client, qm, "PAY", pub="ENABLED")
+        assert len(replay(client, qm, Selection(everything=True)).replayed) == 1
+        drain(make_workers(client, config, 1))
+        assert [m.body for m in queue_messages(client, qm, record.sub_id)] == [b"1"]
+        _poison(client, config, record, b"1", qm=qm)
+        assert replay(client, qm, Selection(subscription=record.sub_id)).requeued != []
+        assert purge(client, qm, Selection(everything=True)) == 0
+    finally:
+        for key in client.scan_iter(keys.all_keys_pattern(qm)):
+            client.delete(key)
+        client.close()
