@@ -2006,6 +2006,42 @@ def channel_command(state: State, once: bool, wait_ms: int) -> None:
     Pool(settings.model_copy(update={"concurrency": 1}), entry_point=run_channel, name="broker-channel").run()
 
 
+@main.command("console", short_help="Run the web console (monitor and admin logins).")
+@click.option(
+    "--host", default=None, help="Address to listen on (default: the 'console_host' setting, 127.0.0.1)."
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="TCP port (default: the 'console_port' setting, 8470).",
+)
+@click.pass_obj
+def console_command(state: State, host: str | None, port: int | None) -> None:
+    """Serve the web console until Ctrl-C: overview, subscriptions, topic tree, dead letters
+    (replay, purge), workers and channels, refreshed live.
+
+    Log in as a Redis ACL user made with 'broker acl add NAME --role monitor' (sees) or
+    '--role admin' (acts). It listens on the loopback address unless told otherwise: put a
+    TLS proxy in front of it to serve it further (docs/operations.md).
+    """
+    import uvicorn
+
+    from broker.console import create_app
+
+    settings = state.settings
+    host = host or settings.console_host
+    port = port or settings.console_port
+    app = create_app(settings)
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(
+        f"broker console for queue manager {settings.qm} on {redact_url(settings.redis_url)}: "
+        f"http://{shown}:{port}/ (Ctrl-C stops it)",
+        err=True,
+    )
+    uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False)
+
+
 def _register_pipeline_commands() -> None:
     # The pipeline groups import PySpark lazily, inside their commands only.
     from broker.pipeline.cli import journal, pipeline

@@ -272,6 +272,10 @@ class Settings(BaseSettings):
         server_config: a redis.conf for the embedded server; empty (the default)
             for the one shipped in the package, ``broker/conf/redis.conf``
             (AOF every second, noeviction). A file that does not exist is an error.
+        console_host: the address the web console (``broker console``) listens on; the
+            loopback address by default: put a TLS proxy in front to serve it further.
+        console_port: TCP port of the web console.
+        console_session_idle_ms: a console login unused for this long is logged out, ms.
     """
 
     model_config = SettingsConfigDict(env_prefix="BROKER_", extra="forbid")
@@ -324,6 +328,9 @@ class Settings(BaseSettings):
     server_port: int = Field(default=6380, ge=1, le=65535)
     server_dir: str = ".broker"
     server_config: str = ""
+    console_host: str = "127.0.0.1"
+    console_port: int = Field(default=8470, ge=1, le=65535)
+    console_session_idle_ms: int = Field(default=8 * 3_600_000, ge=1_000)
 
     @field_validator("redis_url")
     @classmethod

@@ -472,6 +472,16 @@ class NoSuchSchedule(BrokerError, LookupError):
     exit_code = 2
 
 
+class LoginRefused(BrokerError):
+    """A web console login (``broker.console.auth``) is refused: a wrong user name or password,
+    or a user whose role (in ``{qm}:acl``) is neither ``monitor`` nor ``admin``.
+
+    The message never says which of these it was.
+    """
+
+    exit_code = 3
+
+
 class DeadLetterNotFound(BrokerError, LookupError):
     """A dead-letter id names no entry of the dead-letter queue ``{qm}:dlq`` (``broker dlq show``),
     or is not a stream entry id (``<ms>-<n>``).
