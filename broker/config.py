@@ -272,6 +272,13 @@ class Settings(BaseSettings):
         server_config: a redis.conf for the embedded server; empty (the default)
             for the one shipped in the package, ``broker/conf/redis.conf``
             (AOF every second, noeviction). A file that does not exist is an error.
+        log_format: how every broker process logs (``broker.logs``): ``text`` (one line per
+            record, control characters escaped) or ``json`` (one JSON object per line, for
+            log shippers); a line about a publication carries its ``msgid``, ``publisher``
+            and ``entry_id``. ``broker --log-format``, ``BROKER_LOG_FORMAT``.
+        log_level: the least severe level logged: ``DEBUG``, ``INFO`` (the default),
+            ``WARNING``, ``ERROR`` or ``CRITICAL`` (any case). ``broker --log-level``,
+            ``BROKER_LOG_LEVEL``.
     """
 
     model_config = SettingsConfigDict(env_prefix="BROKER_", extra="forbid")
@@ -324,6 +331,13 @@ class Settings(BaseSettings):
     server_port: int = Field(default=6380, ge=1, le=65535)
     server_dir: str = ".broker"
     server_config: str = ""
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("redis_url")
     @classmethod
