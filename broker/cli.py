@@ -19,6 +19,7 @@ This is the application layer: it sits on top of the broker's core
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 from dataclasses import asdict
@@ -271,6 +272,16 @@ def main(
     ctx.call_on_close(ctx.obj.close)
 
 
+def _start_logging(settings: Settings, notice: str) -> None:
+    """Configure this process's logging (``broker.logs``) and say what it runs: on stderr, or as a
+    log record with ``--log-format json`` (a log shipper reads only JSON lines there)."""
+    configure_logging(settings.log_format, settings.log_level)
+    if settings.log_format == "json":
+        logging.getLogger("broker.cli").info("%s", notice)
+    else:
+        click.echo(notice, err=True)
+
+
 # --- processes ---------------------------------------------------------------------------------
 
 
@@ -307,11 +318,10 @@ def worker_command(state: State, concurrency: int | None, wait_ms: int) -> None:
     if concurrency is not None:
         settings = settings.model_copy(update={"concurrency": concurrency})
     wait_for_server(settings.redis_url, wait_ms, tls=settings.tls).close()
-    configure_logging(settings.log_format, settings.log_level)
-    click.echo(
+    _start_logging(
+        settings,
         f"running {settings.concurrency} worker(s) for queue manager {settings.qm} "
         f"on {redact_url(settings.redis_url)}; Ctrl-C stops them",
-        err=True,
     )
     Pool(settings).run()
 
@@ -334,10 +344,9 @@ def scheduler_command(state: State, interval_ms: int, wait_ms: int) -> None:
 
     settings = state.settings
     wait_for_server(settings.redis_url, wait_ms, tls=settings.tls).close()
-    configure_logging(settings.log_format, settings.log_level)
-    click.echo(
+    _start_logging(
+        settings,
         f"admin jobs every {interval_ms} ms for queue manager {settings.qm} on {redact_url(settings.redis_url)}",
-        err=True,
     )
     run_scheduler(
         settings.redis_url, settings.qm, interval_ms, settings.durable_idle_expiry_ms, tls=settings.tls
@@ -1849,11 +1858,10 @@ def channel_command(state: State, once: bool, wait_ms: int) -> None:
         return
     from worker.pool import Pool, run_channel
 
-    configure_logging(settings.log_format, settings.log_level)
-    click.echo(
+    _start_logging(
+        settings,
         f"channel process for queue manager {settings.qm} on {redact_url(settings.redis_url)} "
         "(restarted if it dies); Ctrl-C stops it",
-        err=True,
     )
     Pool(settings.model_copy(update={"concurrency": 1}), entry_point=run_channel, name="broker-channel").run()
 
