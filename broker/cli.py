@@ -1435,13 +1435,47 @@ def topic_tree_command(state: State) -> None:
     is_flag=True,
     help="Show the network: queue managers, channels, proxy subscriptions.",
 )
+@click.option(
+    "--watch",
+    "live",
+    is_flag=True,
+    help="A live view, refreshed every --interval-ms: publications/s, deliveries/s, stream, dead "
+    "letters, workers alive, subscriptions deepest first. Ctrl-C ends it.",
+)
+@click.option(
+    "--interval-ms",
+    type=click.IntRange(100),
+    default=1_000,
+    show_default=True,
+    help="With --watch: the time between refreshes, ms.",
+)
+@click.option("--iterations", type=click.IntRange(1), default=None, hidden=True)
 @click.pass_obj
-def status_command(state: State, as_json: bool, network: bool) -> None:
+def status_command(
+    state: State, as_json: bool, network: bool, live: bool, interval_ms: int, iterations: int | None
+) -> None:
     """Show the queue manager: stream length, pending, lag, dead-lettered, queues, workers.
 
     Queue depths and in-flight counts are messages; heartbeat age is ms. With --network,
-    the network of queue managers instead (lag and in-flight are messages).
+    the network of queue managers instead (lag and in-flight are messages). With --watch,
+    a live view of rates (per second) and depths until Ctrl-C.
     """
+    if live:
+        if as_json or network:
+            raise click.UsageError(
+                "--watch is a live view of this queue manager: leave out --json and --network"
+            )
+        from broker.watch import take_sample, watch
+
+        client, settings = state.client(), state.settings
+        watch(
+            lambda: take_sample(client, settings.qm),
+            _console(),
+            interval_ms,
+            f"queue manager {settings.qm} on {redact_url(settings.redis_url)}, every {interval_ms} ms",
+            iterations,
+        )
+        return
     if network:
         _print_network_status(state, as_json)
         return
