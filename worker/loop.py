@@ -637,6 +637,7 @@ class Worker:
         entries = self._entries
         done = 0
         counts = self.counts
+        refused = Outcome.REFUSED
         disconnects: dict[str, int] = {}
         for batch, reply in zip(batches, results, strict=True):
             if self._slow:
@@ -648,7 +649,7 @@ class Worker:
                     continue
                 done += 1
                 counts[outcome.value] = counts.get(outcome.value, 0) + 1
-                if outcome is Outcome.REFUSED:
+                if outcome is refused:
                     _log_refused(unit)
                 if released:
                     self.turns.discard(unit.publisher)
