@@ -49,6 +49,7 @@ from broker import keys
 from broker.config import Settings
 from broker.connection import TLSOptions, connect, is_tls_url, wait_for_server
 from broker.errors import ConfigError, InvalidMessage
+from broker.logs import publication_extra
 from broker.models import decode_envelope
 from broker.network import (
     Network,
@@ -632,9 +633,15 @@ class Mover:
             pipe.xdel(self.stream, sequence)
         pipe.hincrby(keys.channel_state(self.qm, self.to), "dead_lettered", len(bad))
         pipe.execute()
-        log.error(
-            "channel %s -> %s: %d unreadable transmission entries dead-lettered", self.qm, self.to, len(bad)
-        )
+        for sequence, _fields, reason in bad:
+            log.error(
+                "channel %s -> %s: unreadable transmission entry %s dead-lettered: %s",
+                self.qm,
+                self.to,
+                sequence,
+                reason,
+                extra=publication_extra(sequence),
+            )
 
 
 class ChannelProcess:

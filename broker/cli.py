@@ -5,8 +5,9 @@ result. Errors are turned into one line on stderr, once, in ``BrokerGroup``:
 ``error: <message>`` and the error's ``exit_code`` (2 bad input, 3 refused by
 the broker, 4 Redis unreachable), never a traceback.
 
-Global options (``--config``, ``--redis-url``, ``--qm``) also come from the
-``BROKER_CONFIG``, ``BROKER_REDIS_URL`` and ``BROKER_QM`` environment variables.
+Global options (``--config``, ``--redis-url``, ``--qm``, ``--log-format``,
+``--log-level``) also come from the ``BROKER_CONFIG``, ``BROKER_REDIS_URL``,
+``BROKER_QM``, ``BROKER_LOG_FORMAT`` and ``BROKER_LOG_LEVEL`` environment variables.
 Settings are loaded on first use, so ``broker CMD --help`` works even when the
 configuration is broken.
 
@@ -18,6 +19,7 @@ This is the application layer: it sits on top of the broker's core
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 from dataclasses import asdict
@@ -45,6 +47,7 @@ from broker.errors import (
     ServerError,
     ServerFull,
 )
+from broker.logs import configure_logging
 from broker.models import Message, PropertyValue
 from broker.publish import Publisher, PublishResult
 from broker.status import status as status_of
@@ -67,12 +70,23 @@ class State:
         config_file: ``--config`` (or ``$BROKER_CONFIG``), or None.
         redis_url: ``--redis-url`` (or ``$BROKER_REDIS_URL``), or None.
         qm: ``--qm`` (or ``$BROKER_QM``), or None.
+        log_format: ``--log-format`` (or ``$BROKER_LOG_FORMAT``), or None.
+        log_level: ``--log-level`` (or ``$BROKER_LOG_LEVEL``), or None.
     """
 
-    def __init__(self, config_file: str | None, redis_url: str | None, qm: str | None) -> None:
+    def __init__(
+        self,
+        config_file: str | None,
+        redis_url: str | None,
+        qm: str | None,
+        log_format: str | None = None,
+        log_level: str | None = None,
+    ) -> None:
         self.config_file = config_file
         self.redis_url = redis_url
         self.qm = qm
+        self.log_format = log_format
+        self.log_level = log_level
         self._settings: Settings | None = None
         self._client: redis.Redis | None = None
 
@@ -80,7 +94,13 @@ class State:
     def settings(self) -> Settings:
         """The validated settings (raises ``ConfigError`` on a bad file or value)."""
         if self._settings is None:
-            self._settings = load_settings(self.config_file, redis_url=self.redis_url, qm=self.qm)
+            self._settings = load_settings(
+                self.config_file,
+                redis_url=self.redis_url,
+                qm=self.qm,
+                log_format=self.log_format,
+                log_level=self.log_level,
+            )
         return self._settings
 
     @property
@@ -219,17 +239,47 @@ def _table(*columns: str, title: str | None = None) -> Table:
     metavar="NAME",
     help="Queue manager; every key is under {NAME} (default QM1). Env: BROKER_QM.",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="BROKER_LOG_FORMAT",
+    help="How the worker, scheduler and channel processes log: one text line per record, or one "
+    "JSON object per line (log shippers). Default: the 'log_format' setting, text. Env: BROKER_LOG_FORMAT.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+    envvar="BROKER_LOG_LEVEL",
+    help="The least severe level logged (default: the 'log_level' setting, INFO). Env: BROKER_LOG_LEVEL.",
+)
 @click.version_option(package_name="redis-pubsub-broker")
 @click.pass_context
-def main(ctx: click.Context, config_file: str | None, redis_url: str | None, qm: str | None) -> None:
+def main(
+    ctx: click.Context,
+    config_file: str | None,
+    redis_url: str | None,
+    qm: str | None,
+    log_format: str | None,
+    log_level: str | None,
+) -> None:
     """A JMS-style publish/subscribe broker on Redis.
 
     Publishers add publications to a stream; workers fan each one out, in
     per-publisher order and all-or-nothing, to every subscription whose filter
     matches its topic or a topic linked from it.
     """
-    ctx.obj = State(config_file, redis_url, qm)
+    ctx.obj = State(config_file, redis_url, qm, log_format, log_level)
     ctx.call_on_close(ctx.obj.close)
+
+
+def _start_logging(settings: Settings, notice: str) -> None:
+    """Configure this process's logging (``broker.logs``) and say what it runs: on stderr, or as a
+    log record with ``--log-format json`` (a log shipper reads only JSON lines there)."""
+    configure_logging(settings.log_format, settings.log_level)
+    if settings.log_format == "json":
+        logging.getLogger("broker.cli").info("%s", notice)
+    else:
+        click.echo(notice, err=True)
 
 
 # --- processes ---------------------------------------------------------------------------------
@@ -262,19 +312,16 @@ def worker_command(state: State, concurrency: int | None, wait_ms: int) -> None:
     is restarted. On SIGTERM each finishes its unit of work and exits within
     stop_grace_ms (ms).
     """
-    import logging
-
     from worker.pool import Pool
 
     settings = state.settings
     if concurrency is not None:
         settings = settings.model_copy(update={"concurrency": concurrency})
     wait_for_server(settings.redis_url, wait_ms, tls=settings.tls).close()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    click.echo(
+    _start_logging(
+        settings,
         f"running {settings.concurrency} worker(s) for queue manager {settings.qm} "
         f"on {redact_url(settings.redis_url)}; Ctrl-C stops them",
-        err=True,
     )
     Pool(settings).run()
 
@@ -293,16 +340,13 @@ def scheduler_command(state: State, interval_ms: int, wait_ms: int) -> None:
     """Schedule the admin jobs (trim acknowledged stream entries, usage snapshots, and with
     durable_idle_expiry_ms the deletion of idle durable subscriptions) and run an rq worker with
     its scheduler on the broker-admin queue until Ctrl-C; it also runs `broker jobs` schedules."""
-    import logging
-
     from broker.jobs import run_scheduler
 
     settings = state.settings
     wait_for_server(settings.redis_url, wait_ms, tls=settings.tls).close()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    click.echo(
+    _start_logging(
+        settings,
         f"admin jobs every {interval_ms} ms for queue manager {settings.qm} on {redact_url(settings.redis_url)}",
-        err=True,
     )
     run_scheduler(
         settings.redis_url, settings.qm, interval_ms, settings.durable_idle_expiry_ms, tls=settings.tls
@@ -1572,13 +1616,47 @@ def topic_tree_command(state: State) -> None:
     is_flag=True,
     help="Show the network: queue managers, channels, proxy subscriptions.",
 )
+@click.option(
+    "--watch",
+    "live",
+    is_flag=True,
+    help="A live view, refreshed every --interval-ms: publications/s, deliveries/s, stream, dead "
+    "letters, workers alive, subscriptions deepest first. Ctrl-C ends it.",
+)
+@click.option(
+    "--interval-ms",
+    type=click.IntRange(100),
+    default=1_000,
+    show_default=True,
+    help="With --watch: the time between refreshes, ms.",
+)
+@click.option("--iterations", type=click.IntRange(1), default=None, hidden=True)
 @click.pass_obj
-def status_command(state: State, as_json: bool, network: bool) -> None:
+def status_command(
+    state: State, as_json: bool, network: bool, live: bool, interval_ms: int, iterations: int | None
+) -> None:
     """Show the queue manager: stream length, pending, lag, dead-lettered, queues, workers.
 
     Queue depths and in-flight counts are messages; heartbeat age is ms. With --network,
-    the network of queue managers instead (lag and in-flight are messages).
+    the network of queue managers instead (lag and in-flight are messages). With --watch,
+    a live view of rates (per second) and depths until Ctrl-C.
     """
+    if live:
+        if as_json or network:
+            raise click.UsageError(
+                "--watch is a live view of this queue manager: leave out --json and --network"
+            )
+        from broker.watch import take_sample, watch
+
+        client, settings = state.client(), state.settings
+        watch(
+            lambda: take_sample(client, settings.qm),
+            _console(),
+            interval_ms,
+            f"queue manager {settings.qm} on {redact_url(settings.redis_url)}, every {interval_ms} ms",
+            iterations,
+        )
+        return
     if network:
         _print_network_status(state, as_json)
         return
@@ -1980,8 +2058,6 @@ def channel_command(state: State, once: bool, wait_ms: int) -> None:
     """Run this queue manager's channel process until SIGTERM or Ctrl-C: it announces its
     subscriptions, keeps its proxy subscriptions in step with the network, and moves its
     transmission streams to the receiving queue managers, in order, each entry once."""
-    import logging
-
     from broker.channel import ChannelProcess
 
     settings = state.settings
@@ -1997,11 +2073,10 @@ def channel_command(state: State, once: bool, wait_ms: int) -> None:
         return
     from worker.pool import Pool, run_channel
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    click.echo(
+    _start_logging(
+        settings,
         f"channel process for queue manager {settings.qm} on {redact_url(settings.redis_url)} "
         "(restarted if it dies); Ctrl-C stops it",
-        err=True,
     )
     Pool(settings.model_copy(update={"concurrency": 1}), entry_point=run_channel, name="broker-channel").run()
 

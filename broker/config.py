@@ -276,6 +276,13 @@ class Settings(BaseSettings):
             loopback address by default: put a TLS proxy in front to serve it further.
         console_port: TCP port of the web console.
         console_session_idle_ms: a console login unused for this long is logged out, ms.
+        log_format: how every broker process logs (``broker.logs``): ``text`` (one line per
+            record, control characters escaped) or ``json`` (one JSON object per line, for
+            log shippers); a line about a publication carries its ``msgid``, ``publisher``
+            and ``entry_id``. ``broker --log-format``, ``BROKER_LOG_FORMAT``.
+        log_level: the least severe level logged: ``DEBUG``, ``INFO`` (the default),
+            ``WARNING``, ``ERROR`` or ``CRITICAL`` (any case). ``broker --log-level``,
+            ``BROKER_LOG_LEVEL``.
     """
 
     model_config = SettingsConfigDict(env_prefix="BROKER_", extra="forbid")
@@ -331,6 +338,13 @@ class Settings(BaseSettings):
     console_host: str = "127.0.0.1"
     console_port: int = Field(default=8470, ge=1, le=65535)
     console_session_idle_ms: int = Field(default=8 * 3_600_000, ge=1_000)
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("redis_url")
     @classmethod

@@ -26,12 +26,19 @@ import redis
 from broker.config import Settings
 from broker.consumer import Subscriber
 from broker.errors import BrokerError, InvalidTopic, ReplyTimeout
+from broker.logs import publication_extra
 from broker.models import Message, PropertyValue
 from broker.publish import Publisher
 from broker.subscriptions import SubscriptionRecord, subscribe
 from broker.topics import validate_topic
 
 log = logging.getLogger("broker.request_reply")
+
+
+def _extra(message: Message) -> dict[str, str | None]:
+    """The log keys of a line about ``message`` (``broker.logs``)."""
+    return publication_extra(message.entry_id, msgid=message.msgid, publisher=message.publisher)
+
 
 #: The first level of every temporary reply topic.
 TEMPORARY_PREFIX = "$tmp"
@@ -103,7 +110,11 @@ class Requestor:
             self.subscriber.ack(delivery)
             if delivery.message.correlation_id == correlation_id:
                 return delivery.message
-            log.info("dropping a late reply (correlation id %s)", delivery.message.correlation_id)
+            log.info(
+                "dropping a late reply (correlation id %s)",
+                delivery.message.correlation_id,
+                extra=_extra(delivery.message),
+            )
 
     def close(self) -> None:
         """Remove the temporary reply destination."""
@@ -151,7 +162,7 @@ class Responder:
             if request.reply_to:
                 self._answer(request)
             else:
-                log.warning("request %s has no reply_to; not answered", request.msgid)
+                log.warning("request %s has no reply_to; not answered", request.msgid, extra=_extra(request))
         self.subscriber.ack_many(deliveries)
         return len(deliveries)
 
@@ -161,7 +172,7 @@ class Responder:
         try:
             body = self.handler(request)
         except Exception as exc:  # one bad request never stops the responder
-            log.exception("handler failed on request %s", request.msgid)
+            log.exception("handler failed on request %s", request.msgid, extra=_extra(request))
             body, properties = b"", {ERROR_PROPERTY: f"{type(exc).__name__}: {exc}"}
         try:
             validate_topic(request.reply_to)
@@ -172,7 +183,7 @@ class Responder:
                 properties=properties or None,
             )
         except (InvalidTopic, BrokerError) as exc:
-            log.warning("reply to request %s not sent: %s", request.msgid, exc)
+            log.warning("reply to request %s not sent: %s", request.msgid, exc, extra=_extra(request))
 
     def serve(self, timeout_ms: int = 1_000) -> None:
         """Answer requests until ``stopping`` is set (from another thread), then close."""

@@ -29,6 +29,7 @@ from broker.declared import parse_declared
 from broker.errors import ConfigError, CorruptRecord, ForeignKey, InvalidTopicFilter
 from broker.hierarchy import DeclaredTopics, HierarchyIndex
 from broker.links import parse_links
+from broker.logs import publication_extra
 from broker.models import DEFAULT_PRIORITY, Entry
 from broker.network import (
     EVERYTHING,
@@ -440,13 +441,20 @@ class RoutingTable:
         qm = self.qm
         kept = []
         for sub_id in recipients.sub_ids:
-            if sub_id in recipients.conditional and not self.admits(sub_id, properties, entry.client_id):
+            if sub_id in recipients.conditional and not self.admits(
+                sub_id, properties, entry.client_id, entry=entry
+            ):
                 continue
             kept.append(keys.sub_band(qm, sub_id, priority))
         return tuple(kept)
 
-    def admits(self, sub_id: str, properties: dict[str, object], client_id: str | None) -> bool:
-        """Whether subscription ``sub_id``'s no-local and selector let a publication through."""
+    def admits(
+        self, sub_id: str, properties: dict[str, object], client_id: str | None, *, entry: Entry | None = None
+    ) -> bool:
+        """Whether subscription ``sub_id``'s no-local and selector let a publication through.
+
+        ``entry``: the publication, named in the log line of a selector that fails on it.
+        """
         record = self.subscriptions[sub_id]
         if record.no_local and client_id is not None and client_id == record.client_id:
             return False
@@ -456,7 +464,13 @@ class RoutingTable:
         try:
             return selector.matches(properties)
         except Exception:  # a selector never stops a worker; not selected
-            log.exception("selector of %s failed on a publication; not selected", sub_id)
+            log.exception(
+                "selector of %s failed on a publication; not selected",
+                sub_id,
+                extra=None
+                if entry is None
+                else publication_extra(entry.entry_id, msgid=entry.msgid, publisher=entry.publisher),
+            )
             return False
 
 

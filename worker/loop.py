@@ -65,6 +65,7 @@ from broker.errors import (
     ServerError,
     ServerFull,
 )
+from broker.logs import publication_extra
 from broker.models import apply_topic_defaults, encode_envelope, parse_entry
 from broker.routing import RoutingTable
 from broker.schemes import record_manager, root_topic, separator
@@ -140,6 +141,21 @@ def _publisher_of(fields: dict[bytes, bytes]) -> str:
     if raw is None or not 0 < len(raw) <= keys.MAX_PUBLISHER_BYTES:
         return keys.MALFORMED_PUBLISHER
     return raw.decode("utf-8", "surrogateescape")
+
+
+def _log_refused(unit: UnitOfWork) -> None:
+    """Log a publication its unit of work refused (dead-lettered unless USEDLQ(NO)), with its keys."""
+    if not log.isEnabledFor(logging.WARNING):
+        return
+    # a deliver refused by commit.lua (a full MAXDEPTH queue under ALL, a foreign key): the reason
+    # is in the dead-letter record
+    reason = unit.reason or "delivered to no subscription (a subscriber queue refused it)"
+    log.warning(
+        "publication refused: %s; %s",
+        reason,
+        "dead-lettered" if unit.dead_letter else "not dead-lettered (USEDLQ(NO))",
+        extra=publication_extra(unit.entry_id, msgid=unit.msgid, publisher=unit.publisher),
+    )
 
 
 def _msgid(fields: dict[bytes, bytes], entry_id: str) -> str:
@@ -410,12 +426,12 @@ class Worker:
         )
         if not self._entry_sweep_start:
             self._entry_sweep_start = "-"
-        if refused:
+        for entry_id in refused:
             log.error(
-                "worker %s: %d pending entries were in no publisher's FIFO; dead-lettered: %s",
+                "worker %s: entry %s was pending in no publisher's FIFO; dead-lettered",
                 self.name,
-                len(refused),
-                ", ".join(refused[:10]),
+                entry_id,
+                extra=publication_extra(entry_id),
             )
         return refused
 
@@ -529,7 +545,10 @@ class Worker:
                 found = entries.get(entry_id)
                 if found is None:
                     log.warning(
-                        "entry %s of publisher %r is gone from the stream; skipping it", entry_id, publisher
+                        "entry %s of publisher %r is gone from the stream; skipping it",
+                        entry_id,
+                        publisher,
+                        extra=publication_extra(entry_id, publisher=publisher),
                     )
                     batch.add(UnitOfWork(publisher, entry_id, Action.SKIP, entry_id))
                 elif entry_id == ids[0] and delivered > max_deliveries:
@@ -537,7 +556,12 @@ class Worker:
                         f"taken over {delivered} times without being handled: its workers died "
                         f"(max_deliveries {max_deliveries})"
                     )
-                    log.error("entry %s: %s; dead-lettering it", entry_id, reason)
+                    log.error(
+                        "entry %s: %s; dead-lettering it",
+                        entry_id,
+                        reason,
+                        extra=publication_extra(entry_id, found[1], publisher=publisher),
+                    )
                     batch.add(self._refusal(publisher, entry_id, found[1], reason))
                 else:
                     unit = self.unit_of_work(publisher, entry_id, found[1], now_ms)
@@ -613,6 +637,7 @@ class Worker:
         entries = self._entries
         done = 0
         counts = self.counts
+        refused = Outcome.REFUSED
         disconnects: dict[str, int] = {}
         for batch, reply in zip(batches, results, strict=True):
             if self._slow:
@@ -624,6 +649,8 @@ class Worker:
                     continue
                 done += 1
                 counts[outcome.value] = counts.get(outcome.value, 0) + 1
+                if outcome is refused:
+                    _log_refused(unit)
                 if released:
                     self.turns.discard(unit.publisher)
         self.processed += done
@@ -744,7 +771,11 @@ class Worker:
         except InvalidMessage as exc:
             return self._refusal(publisher, entry_id, fields, str(exc))
         except Exception as exc:  # a bug must not stop the worker: dead-letter the entry
-            log.exception("entry %s could not be handled", entry_id)
+            log.exception(
+                "entry %s could not be handled",
+                entry_id,
+                extra=publication_extra(entry_id, fields, publisher=publisher),
+            )
             return self._refusal(publisher, entry_id, fields, f"internal error: {exc!r}")
         header = entry.header
         reply_ttl = settings.reply_ttl_ms if entry.reply else 0

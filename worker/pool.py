@@ -25,6 +25,7 @@ from multiprocessing.process import BaseProcess
 
 from broker.config import Settings
 from broker.errors import WorkerPoolFailed
+from broker.logs import configure_logging
 
 log = logging.getLogger("broker.pool")
 
@@ -40,27 +41,30 @@ ExitHandler = Callable[[int, BaseProcess], None]
 
 
 def run_worker(settings_json: str) -> None:
-    """The default entry point of a pool child: ``worker.loop.main`` with logging to stderr.
+    """The default entry point of a pool child: ``worker.loop.main``, logging to stderr.
 
     Args:
-        settings_json: ``Settings.model_dump_json()`` of the pool's settings.
+        settings_json: ``Settings.model_dump_json()`` of the pool's settings; its
+            ``log_format`` and ``log_level`` configure the child's logging (``broker.logs``).
     """
     from worker.loop import main
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    main(Settings.model_validate_json(settings_json))
+    settings = Settings.model_validate_json(settings_json)
+    configure_logging(settings.log_format, settings.log_level)
+    main(settings)
 
 
 def run_channel(settings_json: str) -> None:
     """The entry point of a supervised channel process (``broker channel``): ``broker.channel.main``.
 
     Args:
-        settings_json: ``Settings.model_dump_json()`` of the pool's settings.
+        settings_json: ``Settings.model_dump_json()`` of the pool's settings (logging as ``run_worker``).
     """
     from broker.channel import main
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    main(Settings.model_validate_json(settings_json))
+    settings = Settings.model_validate_json(settings_json)
+    configure_logging(settings.log_format, settings.log_level)
+    main(settings)
 
 
 class Pool:

@@ -1,0 +1,117 @@
+"""broker.watch: rates from two samples, the frame (sorted, capped, problems), the refresh loop."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from rich.console import Console
+
+from broker.watch import Sample, rates, render, watch
+
+
+def _snapshot(depths: dict[str, int | None], problems: list[str] | None = None, **top: Any) -> dict[str, Any]:
+    return {
+        "stream_length": top.get("stream_length", 0),
+        "pending": 0,
+        "lag": 0,
+        "dead_lettered": top.get("dead_lettered", 0),
+        "subscriptions": [
+            {"id": sub_id, "filter": f"t/{sub_id}", "depth": depth, "inflight": 0, "consumers": 1}
+            for sub_id, depth in depths.items()
+        ],
+        "workers": top.get("workers", [{"name": "w0", "state": "alive"}]),
+        "problems": problems or [],
+    }
+
+
+def _sample(at_ms: float, added: int | None, acked: int | None, depths: dict[str, int | None]) -> Sample:
+    return Sample(at_ms, _snapshot(depths), added, acked)
+
+
+def _console(height: int = 40, terminal: bool = False) -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=120, height=height, force_terminal=terminal, color_system=None), out
+
+
+def test_rates_are_the_difference_over_the_time_measured():
+    # Given 100 publications added and 80 committed between samples 1,000 ms apart
+    before = _sample(5_000, 1_000, 900, {"a": 10, "b": 5})
+    after = _sample(6_000, 1_100, 980, {"a": 40, "b": 0})
+    # When the rates are worked out
+    found = rates(before, after)
+    # Then they are per second
+    assert found is not None
+    assert found.publications_per_s == 100.0
+    assert found.deliveries_per_s == 80.0
+    assert found.depth_per_s == {"a": 30.0, "b": -5.0}
+    assert found.interval_ms == 1_000
+
+
+def test_rates_scale_with_the_interval_and_skip_unknown_or_reset_counters():
+    found = rates(_sample(0, 0, 10, {"a": None}), _sample(500, 100, 5, {"a": 3, "new": 1}))
+    assert found is not None
+    assert found.publications_per_s == 200.0
+    assert found.deliveries_per_s is None  # went back: a reset queue manager
+    assert found.depth_per_s == {}  # a's depth was unknown, "new" was not there
+    assert rates(_sample(0, None, 0, {}), _sample(1_000, 5, 0, {})).publications_per_s is None  # type: ignore[union-attr]
+    assert rates(_sample(1_000, 0, 0, {}), _sample(1_000, 5, 0, {})) is None
+
+
+def test_watch_two_iterations_with_an_injected_clock_shows_100_per_second():
+    # Given fake samples 1,000 ms apart with 100 publications between them
+    samples = iter([_sample(0, 1_000, 1_000, {"a": 0}), _sample(1_000, 1_100, 1_050, {"a": 50})])
+    waited: list[float] = []
+    console, out = _console()
+    # When the view refreshes twice
+    shown = watch(
+        lambda: next(samples), console, 1_000, "queue manager T", iterations=2, wait_ms=waited.append
+    )
+    # Then the first frame has no rates yet and the second has them
+    assert shown == 2 and len(waited) == 1
+    first, second = out.getvalue().split("queue manager T")[1:]
+    assert "publications/s -" in first
+    assert "publications/s 100.0" in second and "deliveries/s 50.0" in second
+    assert "50.0" in second.split("depth/s")[1]
+
+
+def test_watch_on_a_terminal_draws_in_place_and_ctrl_c_ends_it_quietly():
+    samples = iter([_sample(0, 0, 0, {}), _sample(1_000, 7, 7, {})])
+
+    def interrupted(ms: float) -> None:
+        raise KeyboardInterrupt
+
+    console, out = _console(terminal=True)
+    assert watch(lambda: next(samples), console, 1_000, "T", wait_ms=interrupted) == 1
+    assert "no subscriptions" in out.getvalue()
+
+
+def test_frame_lists_subscriptions_deepest_first_capped_to_the_height():
+    # Given 30 subscriptions and a 16-line terminal
+    depths: dict[str, int | None] = {f"s{n:02d}": n for n in range(30)}
+    depths["foreign"] = None
+    console, out = _console(height=16)
+    # When a frame is drawn
+    console.print(render(_sample(0, 0, 0, depths), None, "T", 16))
+    text = out.getvalue()
+    # Then the deepest come first, only as many as fit, the rest counted
+    assert text.index("s29") < text.index("s28") < text.index("s27")
+    assert "s20" not in text and "foreign" not in text
+    assert "... and 23 more subscription(s), less deep" in text
+    assert len(text.splitlines()) <= 16
+
+
+def test_frame_shows_problems_dead_letters_and_workers_alive():
+    snapshot = _snapshot(
+        {"a": 1},
+        problems=[f"foreign key {{T}}:k{n} is a string, expected a list" for n in range(7)],
+        dead_lettered=3,
+        workers=[{"name": "w0", "state": "alive"}, {"name": "w1", "state": "silent"}],
+    )
+    console, out = _console()
+    console.print(render(Sample(0, snapshot, None, None), None, "T", 40))
+    text = out.getvalue()
+    assert "problem: foreign key {T}:k0 is a string, expected a list" in text
+    assert "problem: foreign key {T}:k4" in text and "{T}:k5" not in text
+    assert "... and 2 more problem(s)" in text
+    assert "dead letters 3" in text and "workers alive 1/2" in text
