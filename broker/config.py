@@ -272,6 +272,15 @@ class Settings(BaseSettings):
         server_config: a redis.conf for the embedded server; empty (the default)
             for the one shipped in the package, ``broker/conf/redis.conf``
             (AOF every second, noeviction). A file that does not exist is an error.
+        metrics_port: TCP port on which the worker pool serves Prometheus metrics on
+            ``/metrics`` (``broker.metrics``: its workers' counters and histograms, and what it
+            samples from Redis at scrape time); 0 (the default): no metrics, and the workers
+            record nothing, at no cost. ``broker metrics`` serves the sampled ones alone.
+        metrics_host: the address the metrics server binds to (default 127.0.0.1, this
+            machine only; 0.0.0.0 for every interface).
+        metrics_max_subscriptions: most subscriptions given their own series (depth, in
+            flight, consumers, redelivered) at each scrape: the deepest ones; the totals cover
+            every subscription. Bounds the label set Prometheus stores.
     """
 
     model_config = SettingsConfigDict(env_prefix="BROKER_", extra="forbid")
@@ -324,6 +333,9 @@ class Settings(BaseSettings):
     server_port: int = Field(default=6380, ge=1, le=65535)
     server_dir: str = ".broker"
     server_config: str = ""
+    metrics_port: int = Field(default=0, ge=0, le=65_535)
+    metrics_host: str = "127.0.0.1"
+    metrics_max_subscriptions: int = Field(default=50, ge=0, le=10_000)
 
     @field_validator("redis_url")
     @classmethod
