@@ -1851,14 +1851,12 @@ def metrics_command(state: State, port: int | None, once: bool, wait_ms: int) ->
 
     settings = state.settings
     if once:
+        state.client().ping()  # an unreachable server is an error, not an empty exposition
         click.echo(exposition(sampled_registry(state.client(), settings)), nl=False)
         return
     wait_for_server(settings.redis_url, wait_ms, tls=settings.tls).close()
     port = port or settings.metrics_port or 9464
-    try:
-        server = MetricsServer(sampled_registry(state.client(), settings), port, settings.metrics_host)
-    except OSError as exc:
-        _fail(f"cannot serve metrics on {settings.metrics_host}:{port}: {exc}", BAD_INPUT)
+    server = MetricsServer(sampled_registry(state.client(), settings), port, settings.metrics_host)
     click.echo(
         f"metrics of queue manager {settings.qm} on http://{settings.metrics_host}:{port}/metrics; Ctrl-C stops",
         err=True,

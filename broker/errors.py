@@ -470,3 +470,10 @@ class NoSuchSchedule(BrokerError, LookupError):
     """A schedule id names no scheduled job of this queue manager (``broker jobs cancel``)."""
 
     exit_code = 2
+
+
+class MetricsUnavailable(BrokerError):
+    """The metrics server cannot listen on ``metrics_host:metrics_port`` (the port is taken, or
+    the address is not this machine's): ``broker worker`` with ``metrics_port`` set, ``broker metrics``."""
+
+    exit_code = 2

@@ -678,15 +678,20 @@ class MetricsServer:
         host: address to bind to.
 
     Raises:
-        OSError: the port is taken (or the address cannot be bound).
+        MetricsUnavailable: the port is taken (or the address cannot be bound).
     """
 
     def __init__(self, registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> None:
         from prometheus_client import start_http_server
 
+        from broker.errors import MetricsUnavailable
+
         self.port = port
         self.host = host
-        self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
+        try:
+            self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            raise MetricsUnavailable(f"cannot serve metrics on {host}:{port}: {exc}") from exc
 
     def close(self) -> None:
         """Stop serving and free the port."""

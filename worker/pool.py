@@ -142,7 +142,7 @@ class Pool:
         """Start every child (and, with ``metrics_port`` set, the metrics server first).
 
         Raises:
-            OSError: the metrics port cannot be bound (taken).
+            MetricsUnavailable: the metrics port cannot be bound (taken).
         """
         if self._metrics and self._metrics_dir is None:
             self._start_metrics()
@@ -161,7 +161,7 @@ class Pool:
             server = MetricsServer(
                 pool_registry(directory.path, client, settings), settings.metrics_port, settings.metrics_host
             )
-        except OSError:
+        except BaseException:  # MetricsUnavailable: the port is taken
             client.close()
             directory.remove()
             raise

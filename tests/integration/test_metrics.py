@@ -73,12 +73,14 @@ def test_a_known_workload_gives_the_exact_counts_on_the_pools_metrics_endpoint(r
         # When a known workload is published and handled
         _workload(real_redis)
         got = _wait_for(
-            lambda: (s := _scrape(port))
-            and sum(_value(s, "broker_publications_total", outcome=o) for o in ("delivered", "duplicate"))
-            + sum(_value(s, "broker_publications_total", outcome=o) for o in ("expired", "refused"))
-            + _value(s, "broker_publications_total", outcome="skipped_by_policy")
-            == 35
-            and s,
+            lambda: (
+                (s := _scrape(port))
+                and sum(_value(s, "broker_publications_total", outcome=o) for o in ("delivered", "duplicate"))
+                + sum(_value(s, "broker_publications_total", outcome=o) for o in ("expired", "refused"))
+                + _value(s, "broker_publications_total", outcome="skipped_by_policy")
+                == 35
+                and s
+            ),
             90,
             "35 publications counted",
         )
