@@ -347,7 +347,8 @@ class Recorder(NullRecorder):
         started_ms: int,
         committed_ms: int,
     ) -> None:
-        counts = dict.fromkeys(OUTCOMES, 0)
+        counts: dict[Outcome, int] = {}
+        policy = 0
         e2e = [0] * (len(LATENCY_BUCKETS_MS) + 1)
         e2e_total = 0
         deliveries = drained = fair = 0
@@ -357,26 +358,27 @@ class Recorder(NullRecorder):
             if outcome is fenced:
                 continue
             if unit.policy:
-                counts["skipped_by_policy"] += 1
+                policy += 1
             else:
-                counts[outcome.value] += 1
+                counts[outcome] = counts.get(outcome, 0) + 1
             deliveries += subscriptions
             # the entry id's ms: when the publication entered the publish stream (the server's clock)
-            dash = unit.entry_id.find("-")
-            if dash > 0:
-                waited = max(committed_ms - int(unit.entry_id[:dash]), 0)
-                e2e[bisect_left(bounds, waited)] += 1
-                e2e_total += waited
+            waited = committed_ms - int(unit.entry_id.partition("-")[0] or committed_ms)
+            if waited < 0:
+                waited = 0
+            e2e[bisect_left(bounds, waited)] += 1
+            e2e_total += waited
             if released:
                 if unit.publisher in give_up:
                     fair += 1
                 else:
                     drained += 1
-        done = 0
-        for outcome_name, n in counts.items():
-            if n:
-                self._outcome[outcome_name].inc(n)
-                done += n
+        done = policy
+        if policy:
+            self._outcome["skipped_by_policy"].inc(policy)
+        for outcome, n in counts.items():
+            self._outcome[outcome.value].inc(n)
+            done += n
         if not done:
             return
         if deliveries:
