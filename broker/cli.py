@@ -2078,7 +2078,54 @@ def channel_command(state: State, once: bool, wait_ms: int) -> None:
         f"channel process for queue manager {settings.qm} on {redact_url(settings.redis_url)} "
         "(restarted if it dies); Ctrl-C stops it",
     )
-    Pool(settings.model_copy(update={"concurrency": 1}), entry_point=run_channel, name="broker-channel").run()
+    Pool(
+        settings.model_copy(update={"concurrency": 1}),
+        entry_point=run_channel,
+        name="broker-channel",
+        serve_metrics=False,
+    ).run()
+
+
+@main.command("metrics", short_help="Serve the metrics sampled from Redis on /metrics (Prometheus).")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="TCP port (default: the 'metrics_port' setting, or 9464 when it is 0).",
+)
+@click.option("--once", is_flag=True, help="Print the metrics once (Prometheus text format) and exit.")
+@_wait_ms_option
+@click.pass_obj
+def metrics_command(state: State, port: int | None, once: bool, wait_ms: int) -> None:
+    """Serve on /metrics what is sampled from Redis at each scrape (stream, subscriptions, dead
+    letters by reason, channel lag) until Ctrl-C, for when the workers run elsewhere: the
+    workers' own counters and latencies are served by `broker worker` with metrics_port set.
+    Names and meanings: docs/operations.md, section Metrics."""
+    import threading
+
+    from broker.metrics import MetricsServer, exposition, sampled_registry
+
+    settings = state.settings
+    if once:
+        state.client().ping()  # an unreachable server is an error, not an empty exposition
+        click.echo(exposition(sampled_registry(state.client(), settings)), nl=False)
+        return
+    wait_for_server(settings.redis_url, wait_ms, tls=settings.tls).close()
+    port = port or settings.metrics_port or 9464
+    server = MetricsServer(sampled_registry(state.client(), settings), port, settings.metrics_host)
+    click.echo(
+        f"metrics of queue manager {settings.qm} on http://{settings.metrics_host}:{port}/metrics; Ctrl-C stops",
+        err=True,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
 
 
 @main.command("console", short_help="Run the web console (monitor and admin logins).")

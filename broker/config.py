@@ -283,6 +283,15 @@ class Settings(BaseSettings):
         log_level: the least severe level logged: ``DEBUG``, ``INFO`` (the default),
             ``WARNING``, ``ERROR`` or ``CRITICAL`` (any case). ``broker --log-level``,
             ``BROKER_LOG_LEVEL``.
+        metrics_port: TCP port on which the worker pool serves Prometheus metrics on
+            ``/metrics`` (``broker.metrics``: its workers' counters and histograms, and what it
+            samples from Redis at scrape time); 0 (the default): no metrics, and the workers
+            record nothing, at no cost. ``broker metrics`` serves the sampled ones alone.
+        metrics_host: the address the metrics server binds to (default 127.0.0.1, this
+            machine only; 0.0.0.0 for every interface).
+        metrics_max_subscriptions: most subscriptions given their own series (depth, in
+            flight, consumers, redelivered) at each scrape: the deepest ones; the totals cover
+            every subscription. Bounds the label set Prometheus stores.
     """
 
     model_config = SettingsConfigDict(env_prefix="BROKER_", extra="forbid")
@@ -345,6 +354,10 @@ class Settings(BaseSettings):
     @classmethod
     def _level_upper(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+
+    metrics_port: int = Field(default=0, ge=0, le=65_535)
+    metrics_host: str = "127.0.0.1"
+    metrics_max_subscriptions: int = Field(default=50, ge=0, le=10_000)
 
     @field_validator("redis_url")
     @classmethod

@@ -502,3 +502,10 @@ class EmptySelection(BrokerError, ValueError):
     filter and not ``--all``: nothing is replayed or deleted."""
 
     exit_code = 2
+
+
+class MetricsUnavailable(BrokerError):
+    """The metrics server cannot listen on ``metrics_host:metrics_port`` (the port is taken, or
+    the address is not this machine's): ``broker worker`` with ``metrics_port`` set, ``broker metrics``."""
+
+    exit_code = 2

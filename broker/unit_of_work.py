@@ -95,6 +95,9 @@ class UnitOfWork:
         slow: the slow-subscriber condition of the publication's root topic, when it
             applies to the publication (``SlowSubscriberCondition.applies``); the
             queues are then watched (``CommitBatch.watch``). None: no condition.
+        policy: refused by a topic object's policy (PUB(DISABLED)), not for what the
+            publication is: ``broker.metrics`` counts it as skipped by policy. Not sent
+            to ``commit.lua``.
     """
 
     publisher: str
@@ -113,6 +116,7 @@ class UnitOfWork:
     delivery: str = "ALLAVAIL"
     dead_letter: bool = True
     slow: SlowSubscriberCondition | None = None
+    policy: bool = False
 
 
 def _b(text: str) -> bytes:

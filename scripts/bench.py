@@ -179,6 +179,12 @@ Measurements
    stops when the ingress streams are empty too; both runs must deliver N x F, and
    sampled envelopes must carry their publisher's principal. security_ratio = pubs/s on /
    off, per repeat, median.
+15. **Metrics** (``--only metrics``, docs/operations.md): as 2 with 2 workers, side by
+   side (alternating): metrics off (``metrics_port`` 0, the default: the workers hold the
+   no-op recorder) and on (the pool's children in prometheus_client's multiprocess mode,
+   recording outcomes, deliveries and both latency histograms per publication, the pool
+   serving ``/metrics``, not scraped). metrics_ratio = pubs/s on / off, per repeat, median
+   (printed before the last line and in ``--json``).
 
 The last line is, exactly::
 
@@ -260,7 +266,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,"
-        "slow,swiftmq,federation,security",
+        "slow,swiftmq,federation,security,metrics",
     )
     parser.add_argument(
         "--fed-n", type=int, help="federation: publications per queue manager (default 10,000, quick 3,000)"
@@ -302,6 +308,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "swiftmq",
         "federation",
         "security",
+        "metrics",
     }
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
@@ -441,6 +448,7 @@ class Bench:
             "slow",
             "swiftmq",
             "security",
+            "metrics",
         }
         topo = None
         if need_topology:
@@ -499,6 +507,8 @@ class Bench:
             "slow_on": [],
             "security_off": [],
             "security_on": [],
+            "metrics_off": [],
+            "metrics_on": [],
             **{f"fed_{k}qm": [] for k in FED_SIZES},
         }
         if "federation" in args.only:
@@ -520,6 +530,9 @@ class Bench:
         flow_off = settings.model_copy(update={"flowcontrol_enabled": False})
         never_slow = SlowSubscriberCondition(name="bench", max_messages=10**9, persistence_mode="all")
         slow_on = settings.model_copy(update={"slow_subscriber_conditions": [never_slow]})
+        from broker.server import free_port
+
+        metrics_on = settings.model_copy(update={"metrics_port": free_port()})
 
         #: (section, label, (run, what, kwargs) without, (run, what, kwargs) with): 7., 9.-12., 14.
         comparisons = [
@@ -569,6 +582,16 @@ class Bench:
                     "security_on",
                     "security on: principal users through ingress streams, a worker user",
                     dict(topology=topo, security=True),
+                ),
+            ),
+            (
+                "metrics",
+                "15. broker, 2 workers",
+                ("metrics_off", "metrics off (metrics_port 0, the default)", dict(topology=topo)),
+                (
+                    "metrics_on",
+                    "metrics on: the workers record, the pool serves /metrics",
+                    dict(topology=topo, run_settings=metrics_on),
                 ),
             ),
         ]
@@ -653,6 +676,8 @@ class Bench:
             ("slow_on", "pubs_per_s"),
             ("security_off", "pubs_per_s"),
             ("security_on", "pubs_per_s"),
+            ("metrics_off", "pubs_per_s"),
+            ("metrics_on", "pubs_per_s"),
             *((f"fed_{k}qm", "pubs_per_s") for k in FED_SIZES),
         ):
             if runs[name]:
@@ -663,7 +688,7 @@ class Bench:
             self.figures["selector_ratios"] = _ratios(runs["selectors_off"], runs["selectors_on"])
         if "topics" in args.only:
             self.figures["topic_objects_ratios"] = _ratios(runs["topics_off"], runs["topics_on"])
-        for name in ("flow", "slow", "security"):
+        for name in ("flow", "slow", "security", "metrics"):
             if name in args.only:
                 self.figures[f"{name}_ratios"] = _ratios(runs[f"{name}_off"], runs[f"{name}_on"])
         if "swiftmq" in args.only:
@@ -1222,6 +1247,13 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"total {bench.figures['elapsed_s']:.0f} s", highlight=False)
     if args.json:
         Path(args.json).write_text(json.dumps(bench.figures, indent=2, default=str) + "\n")
+    if bench.figures.get("metrics_ratios"):
+        ratios = bench.figures["metrics_ratios"]
+        console.print(
+            f"15. metrics on / off, pubs/s, per repeat: {ratios}; median "
+            f"metrics_ratio={statistics.median(ratios):.3f}",
+            highlight=False,
+        )
     print(bench.final_line(summary), flush=True)
     return 1 if bench.errors else 0
 

@@ -66,6 +66,7 @@ from broker.errors import (
     ServerFull,
 )
 from broker.logs import publication_extra
+from broker.metrics import recorder
 from broker.models import apply_topic_defaults, encode_envelope, parse_entry
 from broker.routing import RoutingTable
 from broker.schemes import record_manager, root_topic, separator
@@ -216,6 +217,8 @@ class Worker:
         self._flow_control = flow_control_arg(settings)
         #: root topic -> its slow-subscriber condition
         self._slow = {c.name: c for c in settings.slow_subscriber_conditions}
+        #: Prometheus metrics (``broker.metrics``): a no-op unless ``metrics_port`` is set
+        self.metrics = recorder(settings)
 
     def setup(self) -> None:
         """Record (or check) the queue manager's topic scheme, declare the configured topics,
@@ -304,6 +307,7 @@ class Worker:
         """Give up every turn this worker holds and remove its heartbeat."""
         try:
             self.scripts.give_up(self.name, sorted(self.turns))
+            self.metrics.stopped(len(self.turns))
             self.client.hdel(keys.workers(self.qm), self.name)
             self.client.zrem(keys.alive(self.qm), self.name)
         except (redis.RedisError, RedisClusterException) as exc:
@@ -348,6 +352,7 @@ class Worker:
                 liveness_ms=LIVENESS_MS,
             )
             assert dequeued is not None
+        self.metrics.dequeued(len(dequeued.entries))
         self.hook("after_dequeue")
         if dequeued.version != self.table.version:
             self.table.load(self.client)
@@ -404,6 +409,8 @@ class Worker:
             self.name, self.settings.lease_ms, self._turn_sweep_cursor, SWEEP_COUNT
         )
         self.turns.update(taken)
+        if taken:
+            self.metrics.turns(len(self.turns), taken_over=len(taken))
         return taken
 
     def sweep_entries(self, min_idle_ms: int) -> list[str]:
@@ -492,13 +499,14 @@ class Worker:
         Returns:
             How many publications were committed (delivered, refused, ...).
         """
+        started_ms = self.clock_ms() if self.metrics.enabled else 0
         times = self._take_over(heads)
         batches = self._build(heads, times, now_ms)
         self.hook("before_commit")
         results = self._send(batches, heads, give_up)
         self.hook("after_commit")
         applied = [(b, r) for b, r in zip(batches, results, strict=True) if not isinstance(r, Exception)]
-        done = self._apply([b for b, _ in applied], [r for _, r in applied])
+        done = self._apply([b for b, _ in applied], [r for _, r in applied], give_up, started_ms)
         for reply in results:
             if isinstance(reply, Exception):
                 raise reply  # a refused script wrote nothing (broker/lua/lib.lua): sent again next round
@@ -524,6 +532,8 @@ class Worker:
             for entry_id, fields, delivered in self.scripts.take_over(self.name, counted, uncounted):
                 entries[entry_id] = (_publisher_of(fields), fields)
                 times[entry_id] = delivered
+            if counted:
+                self.metrics.turns(len(self.turns), entries_taken_over=len(counted))
         return times
 
     def _build(self, heads: dict[str, list[str]], times: dict[str, int], now_ms: int) -> list[CommitBatch]:
@@ -632,17 +642,29 @@ class Worker:
                 self._prefetched = parse_dequeue(dequeued)
         return results
 
-    def _apply(self, batches: list[CommitBatch], results: list[Any]) -> int:
-        """Record what ``commit.lua`` did: counts, turns given up or lost; returns how many were committed."""
+    def _apply(
+        self,
+        batches: list[CommitBatch],
+        results: list[Any],
+        give_up: tuple[str, ...] = (),
+        started_ms: int = 0,
+    ) -> int:
+        """Record what ``commit.lua`` did: counts, turns given up or lost, metrics (``broker.metrics``,
+        from ``started_ms``, when the units were built); returns how many were committed."""
         entries = self._entries
         done = 0
         counts = self.counts
         refused = Outcome.REFUSED
         disconnects: dict[str, int] = {}
+        metrics = self.metrics
+        committed_ms = self.clock_ms() if metrics.enabled else 0
         for batch, reply in zip(batches, results, strict=True):
             if self._slow:
                 disconnects.update(decode_disconnects(batch, reply))
-            for unit, outcome, _subscriptions, released in decode_outcomes(batch, reply):
+            decoded = decode_outcomes(batch, reply)
+            if metrics.enabled:
+                metrics.committed(decoded, give_up, started_ms, committed_ms)
+            for unit, outcome, _subscriptions, released in decoded:
                 entries.pop(unit.entry_id, None)
                 if outcome is Outcome.FENCED:  # the turn is no longer ours
                     self.turns.discard(unit.publisher)
@@ -656,6 +678,7 @@ class Worker:
         self.processed += done
         if self._prefetched is not None:
             self.turns = set(self._prefetched.turns)
+        metrics.turns(len(self.turns))
         if len(entries) > 4 * self.settings.batch_size:
             self._entries = {k: v for k, v in entries.items() if v[0] in self.turns}
         for sub_id, max_messages in disconnects.items():
@@ -682,6 +705,7 @@ class Worker:
             return False
         if removal:
             self.counts["disconnected"] = self.counts.get("disconnected", 0) + 1
+            self.metrics.disconnected()
             log.warning(
                 "worker %s: slow subscriber: %s subscription %s (filter %r) removed by its slow-subscriber "
                 "condition (%d messages or more waiting); %d messages lost",
@@ -702,8 +726,10 @@ class Worker:
         reason: str,
         suggestion: str = "",
         dead_letter: bool = True,
+        policy: bool = False,
     ) -> UnitOfWork:
-        """The unit of work that refuses an entry (dead-letters it unless USEDLQ(NO), posts "refused" if asked)."""
+        """The unit of work that refuses an entry (dead-letters it unless USEDLQ(NO), posts "refused" if asked);
+        ``policy``: a topic object's policy refused it (PUB(DISABLED))."""
         reply_ttl = self.settings.reply_ttl_ms if fields.get(b"reply") == b"1" else 0
         return UnitOfWork(
             publisher,
@@ -714,6 +740,7 @@ class Worker:
             suggestion=suggestion,
             reply_ttl_ms=reply_ttl,
             dead_letter=dead_letter,
+            policy=policy,
         )
 
     def unit_of_work(
@@ -752,7 +779,9 @@ class Worker:
                         f"publishing on {entry.topic!r} is disabled: topic object "
                         f"{attributes.source['pub']!r} has PUB(DISABLED)"
                     )
-                    return self._refusal(publisher, entry_id, fields, reason, dead_letter=dead_letter)
+                    return self._refusal(
+                        publisher, entry_id, fields, reason, dead_letter=dead_letter, policy=True
+                    )
                 apply_topic_defaults(entry, fields, attributes)
                 persistent = entry.header.get("persistent", True)
                 delivery = attributes["pmsgdlv"] if persistent else attributes["npmsgdlv"]

@@ -6,6 +6,12 @@
   gives up its turns and exits; children still running after the grace period
   are killed (their work is taken over later, as after a crash).
 
+- Metrics (``metrics_port`` set, ``broker.metrics``): the children run in prometheus_client's
+  multiprocess mode, each writing its files in the pool's private directory
+  (``PROMETHEUS_MULTIPROC_DIR``, made empty at start and removed at stop); the pool serves
+  ``/metrics`` on ``metrics_host:metrics_port``, adding up the children's files (a dead
+  child's counters stay, its live gauges go) and what it samples from Redis at each scrape.
+
 The child's entry point is an argument (``entry_point``, default
 :func:`run_worker`), so a test rig can run the same supervision over workers it
 instruments (``scripts/chaos.py`` runs ``tests.harness.hook.run_worker``, which
@@ -22,6 +28,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 from broker.config import Settings
 from broker.errors import WorkerPoolFailed
@@ -80,6 +87,8 @@ class Pool:
             ``WorkerPoolFailed``; None never gives up (a fault-injection rig
             kills children on purpose).
         daemon: children are daemonic (killed if this process exits without ``stop``).
+        serve_metrics: serve ``/metrics`` when ``settings.metrics_port`` is set (a pool of
+            channel processes, which record nothing, passes False).
     """
 
     def __init__(
@@ -92,6 +101,7 @@ class Pool:
         on_exit: ExitHandler | None = None,
         max_restarts_per_minute: int | None = MAX_RESTARTS_PER_MINUTE,
         daemon: bool = False,
+        serve_metrics: bool = True,
     ) -> None:
         self.settings = settings
         self.entry_point = entry_point
@@ -104,6 +114,10 @@ class Pool:
         self._children: list[BaseProcess | None] = [None] * settings.concurrency
         self._restarts: list[float] = []
         self.stopping = False
+        self._metrics = bool(settings.metrics_port) and serve_metrics
+        self._metrics_dir: Any = None
+        self._metrics_server: Any = None
+        self._metrics_client: Any = None
 
     @property
     def children(self) -> list[BaseProcess | None]:
@@ -121,13 +135,49 @@ class Pool:
             name=f"{self.name}-{slot}",
             daemon=self.daemon,
         )
-        proc.start()
+        if self._metrics_dir is not None:
+            with self._metrics_dir.exported():  # a spawned child reads it when it imports prometheus_client
+                proc.start()
+        else:
+            proc.start()
         self._children[slot] = proc
 
     def start(self) -> None:
-        """Start every child."""
+        """Start every child (and, with ``metrics_port`` set, the metrics server first).
+
+        Raises:
+            MetricsUnavailable: the metrics port cannot be bound (taken).
+        """
+        if self._metrics and self._metrics_dir is None:
+            self._start_metrics()
         for slot in range(len(self._children)):
             self._spawn(slot)
+
+    def _start_metrics(self) -> None:
+        from broker.connection import connect
+        from broker.metrics import MetricsServer, MultiprocessDir, pool_registry
+
+        directory = MultiprocessDir()
+        directory.wipe()
+        settings = self.settings
+        client = connect(settings.redis_url, tls=settings.tls)
+        try:
+            server = MetricsServer(
+                pool_registry(directory.path, client, settings), settings.metrics_port, settings.metrics_host
+            )
+        except BaseException:  # MetricsUnavailable: the port is taken
+            client.close()
+            directory.remove()
+            raise
+        self._metrics_dir, self._metrics_client, self._metrics_server = directory, client, server
+        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
+
+    def _stop_metrics(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+            self._metrics_client.close()
+            self._metrics_dir.remove()
+        self._metrics_dir = self._metrics_server = self._metrics_client = None
 
     def alive(self) -> int:
         """How many children are running."""
@@ -150,6 +200,8 @@ class Pool:
                     raise WorkerPoolFailed(
                         f"workers died {len(self._restarts)} times in a minute; giving up (see the log above)"
                     )
+            if self._metrics_dir is not None:
+                self._metrics_dir.process_dead(proc.pid)
             if self.on_exit is not None:
                 self.on_exit(slot, proc)
             else:
@@ -178,6 +230,7 @@ class Pool:
                     log.warning("worker %s did not stop in time; killing it", proc.name)
                     proc.kill()
                     proc.join()
+        self._stop_metrics()
 
     def run(self) -> None:
         """Start, supervise until SIGTERM/SIGINT, then stop."""
