@@ -185,6 +185,13 @@ Measurements
    recording outcomes, deliveries and both latency histograms per publication, the pool
    serving ``/metrics``, not scraped). metrics_ratio = pubs/s on / off, per repeat, median
    (printed before the last line and in ``--json``).
+16. **No regression** (``--only regression``, ``--baseline REF``, default the commit before the
+   features of issues 13-15): as 2 with 2 workers, side by side (alternating), the worker pool of
+   REF (a detached worktree, removed at the end, its own ``worker.pool.Pool`` in a subprocess:
+   ``tests/harness/bench_baseline.py``) and this commit's, nothing configured (no selectors,
+   topic objects, predicates, ACLs, metrics). regression_ratio = this / REF, per repeat, median
+   (printed before the last line and in ``--json``). The costs of each feature when configured
+   are rows 7, 9-12, 14 and 15.
 
 The last line is, exactly::
 
@@ -215,6 +222,7 @@ from broker.config import Settings, SlowSubscriberCondition
 from broker.connection import connect
 from broker.server import Server
 from tests.harness import bench_lib as lib
+from tests.harness.bench_baseline import DEFAULT_BASELINE, BaselineCheckout, BaselineError, pool_factory
 
 QM = "BENCH"
 
@@ -282,6 +290,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="DIR",
         help="also run 2 workers once more under py-spy (raw stacks in DIR, summary printed)",
     )
+    parser.add_argument(
+        "--baseline",
+        default=DEFAULT_BASELINE,
+        help=f"16. the earlier commit to compare with (default {DEFAULT_BASELINE}: before the features of issues 13-15)",
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     args.n = args.n or (20_000 if quick else 100_000)
@@ -309,6 +322,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "federation",
         "security",
         "metrics",
+        "regression",
     }
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
@@ -365,6 +379,7 @@ class Bench:
         self.errors: dict[str, str] = {}
         self.server: Server | None = None
         self.fed: lib.Federation | None = None
+        self.baseline: BaselineCheckout | None = None
 
     def log(self, text: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}", highlight=False)
@@ -449,6 +464,7 @@ class Bench:
             "swiftmq",
             "security",
             "metrics",
+            "regression",
         }
         topo = None
         if need_topology:
@@ -509,6 +525,8 @@ class Bench:
             "security_on": [],
             "metrics_off": [],
             "metrics_on": [],
+            "regression_off": [],
+            "regression_on": [],
             **{f"fed_{k}qm": [] for k in FED_SIZES},
         }
         if "federation" in args.only:
@@ -533,6 +551,22 @@ class Bench:
         from broker.server import free_port
 
         metrics_on = settings.model_copy(update={"metrics_port": free_port()})
+        baseline_factory = None
+        if "regression" in args.only:
+            try:
+                self.baseline = BaselineCheckout(Path(__file__).resolve().parent.parent, args.baseline)
+                baseline_factory = pool_factory(self.baseline.path)
+                self.figures["baseline"] = {
+                    "ref": args.baseline,
+                    "commit": self.baseline.short,
+                    "subject": self.baseline.subject,
+                }
+                self.log(
+                    f"16. baseline: {self.baseline.short} {self.baseline.subject} in {self.baseline.path}"
+                )
+            except BaselineError as exc:
+                self.errors["regression"] = str(exc)
+                self.log(f"[red]regression: {exc}[/red]")
 
         #: (section, label, (run, what, kwargs) without, (run, what, kwargs) with): 7., 9.-12., 14.
         comparisons = [
@@ -593,6 +627,16 @@ class Bench:
                     "metrics on: the workers record, the pool serves /metrics",
                     dict(topology=topo, run_settings=metrics_on),
                 ),
+            ),
+            (
+                "regression" if baseline_factory is not None else "",
+                "16. broker, 2 workers",
+                (
+                    "regression_off",
+                    f"earlier commit {self.figures.get('baseline', {}).get('commit', '')}",
+                    dict(topology=topo, pool_factory=baseline_factory),
+                ),
+                ("regression_on", "this commit", dict(topology=topo)),
             ),
         ]
         for rep in range(args.repeat):
@@ -678,6 +722,8 @@ class Bench:
             ("security_on", "pubs_per_s"),
             ("metrics_off", "pubs_per_s"),
             ("metrics_on", "pubs_per_s"),
+            ("regression_off", "pubs_per_s"),
+            ("regression_on", "pubs_per_s"),
             *((f"fed_{k}qm", "pubs_per_s") for k in FED_SIZES),
         ):
             if runs[name]:
@@ -688,7 +734,7 @@ class Bench:
             self.figures["selector_ratios"] = _ratios(runs["selectors_off"], runs["selectors_on"])
         if "topics" in args.only:
             self.figures["topic_objects_ratios"] = _ratios(runs["topics_off"], runs["topics_on"])
-        for name in ("flow", "slow", "security", "metrics"):
+        for name in ("flow", "slow", "security", "metrics", "regression"):
             if name in args.only:
                 self.figures[f"{name}_ratios"] = _ratios(runs[f"{name}_off"], runs[f"{name}_on"])
         if "swiftmq" in args.only:
@@ -762,6 +808,8 @@ class Bench:
         client.flushdb()
 
     def stop(self) -> None:
+        if self.baseline is not None:
+            self.baseline.close()
         if self.fed is not None:
             self.fed.stop()
         if self.server is not None:
@@ -1052,6 +1100,14 @@ class Bench:
                     "(moved into the publish stream by the queue mutex), the workers as a worker user",
                 ),
             ),
+            (
+                "regression",
+                (
+                    "16. earlier commit",
+                    f"as 2 with 2 workers, the worker pool of {f.get('baseline', {}).get('commit', '?')}",
+                ),
+                ("16. this commit", "same, this commit's pool (nothing configured)"),
+            ),
         ):
             for key, (label, what) in ((f"{name}_off", off_row), (f"{name}_on", on_row)):
                 if key not in f:
@@ -1161,6 +1217,8 @@ class Bench:
             ("slow_on", "slow condition"),
             ("security_off", "security off"),
             ("security_on", "security on"),
+            ("regression_off", "earlier commit"),
+            ("regression_on", "this commit"),
         ):
             run = self.figures.get(key)
             if not run or "redis_commands" not in run:
@@ -1247,6 +1305,13 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"total {bench.figures['elapsed_s']:.0f} s", highlight=False)
     if args.json:
         Path(args.json).write_text(json.dumps(bench.figures, indent=2, default=str) + "\n")
+    if bench.figures.get("regression_ratios"):
+        ratios = bench.figures["regression_ratios"]
+        console.print(
+            f"16. this commit / {bench.figures.get('baseline', {}).get('commit', '?')}, pubs/s, per repeat: "
+            f"{ratios}; median regression_ratio={statistics.median(ratios):.3f}",
+            highlight=False,
+        )
     if bench.figures.get("metrics_ratios"):
         ratios = bench.figures["metrics_ratios"]
         console.print(

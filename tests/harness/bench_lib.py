@@ -949,6 +949,7 @@ def run_broker(
     properties: bool = False,
     topic_objects: Sequence[TopicObject] | None = None,
     security: bool = False,
+    pool_factory: Callable[[Settings, int], Any] | None = None,
 ) -> dict[str, Any]:
     """Preload ``n`` publications, then time the pool draining them into the subscriber queues.
 
@@ -963,7 +964,9 @@ def run_broker(
     have none. With ``security``, every publisher id publishes as its own principal user through
     its ingress stream (``Principals``, made after the restore, untimed) and the workers connect as a
     worker user: the drain ends when the ingress streams are empty too, and every envelope of a
-    sampled queue must carry its publisher's principal.
+    sampled queue must carry its publisher's principal. ``pool_factory(settings, workers)`` makes
+    the pool instead of this commit's ``worker.pool.Pool`` (``bench_baseline``: an earlier
+    commit's, for the no-regression row).
 
     Returns:
         Figures: pubs/s, deliveries/s, measured F, CPU, Redis time per publication, ...
@@ -989,7 +992,7 @@ def run_broker(
     ingress = principals.ingress() if principals is not None else []
     expected = loaded.get("expected_deliveries", n * FANOUT)
     client.config_resetstat()
-    pool = _pool(settings, workers)
+    pool = (pool_factory or _pool)(settings, workers)
     t_spawn = time.perf_counter()
     pool.start()
     profiler: Profiler | None = None

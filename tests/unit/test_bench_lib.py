@@ -45,3 +45,24 @@ def test_the_topic_objects_cover_most_topics_and_change_nothing() -> None:
             assert eff[name] == getattr(BASE_DEFAULTS, name), (topic, name)
         assert eff["maxdepth"] in ("NOLIMIT", lib.HUGE_DEPTH)
         assert eff.blocks == 0
+
+
+def test_the_baseline_pool_gets_the_changed_settings_as_broker_variables():
+    from broker.config import Settings
+    from tests.harness.bench_baseline import settings_env
+
+    # Given settings with a URL, a queue manager, a flag and a list changed from their defaults
+    settings = Settings(redis_url="redis://127.0.0.1:1/0", qm="B1", flowcontrol_enabled=False, concurrency=7)
+    # When they are turned into the earlier commit's environment
+    env = settings_env(settings, 2)
+    # Then only the changed ones travel, as pydantic-settings reads them, with the pool's concurrency
+    assert env == {
+        "BROKER_CONCURRENCY": "2",
+        "BROKER_REDIS_URL": "redis://127.0.0.1:1/0",
+        "BROKER_QM": "B1",
+        "BROKER_FLOWCONTROL_ENABLED": "false",
+    }
+    assert (
+        Settings(**{k.removeprefix("BROKER_").lower(): v for k, v in env.items()}).flowcontrol_enabled
+        is False
+    )
