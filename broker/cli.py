@@ -2161,6 +2161,10 @@ def console_command(state: State, host: str | None, port: int | None) -> None:
         f"http://{shown}:{port}/ (Ctrl-C stops it)",
         err=True,
     )
+    # uvicorn stops serving on SIGTERM / SIGINT and then raises the signal again, to the handler
+    # in place before it: this one lets the orderly stop exit 0, as a Procfile expects.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: None)
     uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False)
 
 

@@ -1,4 +1,5 @@
-"""The Procfile: `honcho start -c worker=N` runs the server, N worker pools and the admin scheduler."""
+"""The Procfile: `honcho start -c worker=N` runs the server, N worker pools, the admin scheduler,
+the channel process and the web console."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from broker.connection import connect
@@ -18,13 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_honcho_scales_workers_from_the_procfile(tmp_path):
     # Given the Procfile pointed at a private port and data directory
-    port = free_port()
+    port, console_port = free_port(), free_port()
     env = dict(
         os.environ,
         BROKER_REDIS_URL=f"redis://127.0.0.1:{port}/0",
         BROKER_SERVER_PORT=str(port),
         BROKER_SERVER_DIR=str(tmp_path / "data"),
         BROKER_QM="PROC",
+        BROKER_CONSOLE_PORT=str(console_port),
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     )
     honcho = subprocess.Popen(
@@ -54,6 +57,15 @@ def test_honcho_scales_workers_from_the_procfile(tmp_path):
                 workers = 0
             time.sleep(0.1)
         assert workers == 3
+        # And the web console answers its login page
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{console_port}/login", timeout=5) as page:
+                    assert page.status == 200 and b"<form" in page.read()
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the console did not answer"
+                time.sleep(0.1)
     finally:
         # When the operator presses Ctrl-C (honcho signals every process, the server included)
         os.killpg(honcho.pid, signal.SIGINT)
