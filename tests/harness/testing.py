@@ -7,7 +7,9 @@ test depends on timing.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import redis
 
@@ -91,3 +93,18 @@ def queue_messages(client: redis.Redis, qm: str, sub_id: str) -> list[Message]:
     for band in keys.sub_bands(qm, sub_id):  # highest priority first, as a consumer takes them
         out += [Message.from_envelope(item) for item in reversed(client.lrange(band, 0, -1))]
     return out
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    """Poll ``condition`` (not a fixed sleep) until it returns something true, and return that.
+
+    Raises:
+        AssertionError: ``what`` was not met within ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = condition()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval_s)

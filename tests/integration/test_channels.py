@@ -44,7 +44,7 @@ from broker.routing import RoutingTable
 from broker.server import Server
 from broker.stream import ensure_group
 from tests.harness.proxy import Proxy, evalsha
-from tests.harness.testing import drain, make_workers, queue_messages
+from tests.harness.testing import drain, make_workers, queue_messages, wait_for
 from worker.loop import Worker
 
 A, B = "A", "B"
@@ -275,11 +275,7 @@ def _clients(servers: dict[str, Server]) -> dict[str, redis.Redis]:
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.002)
+    wait_for(condition, timeout_s, what, interval_s=0.002)
 
 
 # --- 1. crash points --------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import re
 import secrets
 import shutil
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from broker.server import Server, free_port
 from broker.status import status
 from broker.subscriptions import subscribe
 from broker.topic_objects import Attributes, alter, define
+from tests.harness import testing
 from tests.harness.testing import queue_messages
 from worker.pool import Pool
 
@@ -62,13 +62,7 @@ def _need_chromium() -> None:
 
 def wait_for(condition: Callable[[], Any], what: str) -> Any:
     """Poll ``condition`` until it is true, for at most ``DEADLINE_S``; returns its value."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        found = condition()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    return testing.wait_for(condition, DEADLINE_S, what)
 
 
 class ConsoleServer:

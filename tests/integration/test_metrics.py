@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,7 +11,7 @@ from broker import Publisher, keys, subscribe
 from broker.metrics import METRICS, NULL_RECORDER, Recorder
 from broker.server import free_port
 from broker.topic_objects import Attributes, define
-from tests.harness.testing import drain, make_workers
+from tests.harness.testing import drain, make_workers, wait_for
 from worker.pool import Pool
 
 QM = "TEST"
@@ -36,15 +35,7 @@ def _value(samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def _wait_for(condition, timeout_s: float, what: str):
-    """Poll ``condition`` until it returns something true; fail with ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = condition()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+_wait_for = wait_for
 
 
 def _workload(client) -> None:

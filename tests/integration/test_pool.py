@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 from broker import Publisher, keys, subscribe
 from broker.status import status
-from tests.harness.testing import queue_messages
+from tests.harness.testing import queue_messages, wait_for
 from worker.pool import Pool
 
 QM = "TEST"
 
 
-def _wait_for(condition, timeout_s: float, what: str) -> None:
-    """Poll a condition (not a fixed sleep): fail with ``what`` if it is not met in time."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+_wait_for = wait_for
 
 
 def test_killed_worker_is_restarted_and_nothing_is_lost_duplicated_or_reordered(real_redis, settings):

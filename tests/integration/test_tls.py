@@ -30,7 +30,7 @@ from broker.jobs import ADMIN_QUEUE, schedule
 from broker.network import parse_network
 from broker.network_admin import apply_network, list_proxies
 from broker.server import cli_binary, cli_command
-from tests.harness.testing import drain, make_workers, queue_messages
+from tests.harness.testing import drain, make_workers, queue_messages, wait_for
 from tests.harness.tls import Certificates, TLSCluster, TLSServer, make_certificates, tls_binary
 from worker.pool import Pool
 
@@ -119,12 +119,7 @@ def failed(result: Result, code: int) -> str:
     return line
 
 
-def _wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
+_wait_for = wait_for
 
 # --- end to end ---------------------------------------------------------------------------------
 
