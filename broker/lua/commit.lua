@@ -228,32 +228,35 @@ local skipped, withheld = {}, {}   -- sub id -> deliveries skipped (full queue o
 local disconnect, disconnect_order = {}, {}  -- sub id -> max_messages of the condition
 local conditions = {}    -- a unit's slow option -> {max_messages, non-durable flag, durable flag}
 
--- A unit's recipient set (field 4) as a list of KEYS indexes, parsed once per distinct value.
-local sets = {}
+-- A unit's recipient set (field 4) as a list of KEYS indexes, parsed once per distinct value,
+-- with what phase 1 asks of every unit sent to it: why = the first foreign queue's reason;
+-- plain = every queue is a subscriber queue still subscribed (none gone, no transmission stream).
+local sets, set_why, set_plain = {}, {}, {}
 local function set_of(packed)
-  local set = sets[packed]
-  if not set then
-    set = {}
-    for at = 1, #packed, 3000 do  -- string.byte returns its bytes on the Lua stack: a slice at a time
-      local b = {string.byte(packed, at, math.min(at + 2999, #packed))}
-      for i = 1, #b, 3 do set[#set + 1] = (b[i] * 256 + b[i + 1]) * 256 + b[i + 2] end
-    end
-    sets[packed] = set
+  local set = {}
+  for at = 1, #packed, 3000 do  -- string.byte returns its bytes on the Lua stack: a slice at a time
+    local b = {string.byte(packed, at, math.min(at + 2999, #packed))}
+    for i = 1, #b, 3 do set[#set + 1] = (b[i] * 256 + b[i + 1]) * 256 + b[i + 2] end
   end
+  local plain = true
+  for i = 1, #set do
+    local k = set[i]
+    if queue_foreign[k] and set_why[set] == nil then set_why[set] = queue_foreign[k] end
+    if gone[k] or xmit[k] then plain = false end
+  end
+  set_plain[set] = plain
+  sets[packed] = set
   return set
 end
 
 -- A unit's options (field 5), parsed once per distinct value.
 local options = {}
 local function options_of(text)
-  local o = options[text]
-  if not o then
-    local action, window, reply_ttl, delivery, dead, slow, suggestion =
-      string.match(text, '^(%a+)|(%d+)|(%d+)|(%u+)|([01])|([%d:]*)|(.*)$')
-    o = {action = action, window = window, reply_ttl = reply_ttl, delivery = delivery,
-         dead_letter = dead == '1', slow = slow, suggestion = suggestion}
-    options[text] = o
-  end
+  local action, window, reply_ttl, delivery, dead, slow, suggestion =
+    string.match(text, '^(%a+)|(%d+)|(%d+)|(%u+)|([01])|([%d:]*)|(.*)$')
+  local o = {action = action, window = window, reply_ttl = reply_ttl, delivery = delivery,
+             dead_letter = dead == '1', slow = slow, suggestion = suggestion}
+  options[text] = o
   return o
 end
 
@@ -268,20 +271,19 @@ for u = first, #ARGV, UNIT do
   units_of[pub] = (units_of[pub] or 0) + 1
 end
 
+-- dedup = id_key(dedup_prefix, pub, '') and reply the same for reply_prefix (lib.lua), built once
 local function turn_of(pub)
-  local t = turns[pub]
-  if not t then
-    local turn, fifo = pub_prefix .. pub .. ':turn', pub_prefix .. pub .. ':fifo'
-    -- pcall: a foreign turn or FIFO key is simply not this worker's turn
-    local ok, heads = redis.pcall('GET', turn) == token, nil
-    if ok then
-      heads = redis.pcall('LRANGE', fifo, 0, units_of[pub] - 1)
-      ok = heads.err == nil
-    end
-    t = {ok = ok, popped = 0, heads = heads, fifo = fifo, turn = turn, delay = 0}
-    turns[pub] = t
-    turn_order[#turn_order + 1] = pub
+  local turn, fifo = pub_prefix .. pub .. ':turn', pub_prefix .. pub .. ':fifo'
+  -- pcall: a foreign turn or FIFO key is simply not this worker's turn
+  local ok, heads = redis.pcall('GET', turn) == token, nil
+  if ok then
+    heads = redis.pcall('LRANGE', fifo, 0, units_of[pub] - 1)
+    ok = heads.err == nil
   end
+  local t = {ok = ok, popped = 0, heads = heads, fifo = fifo, turn = turn, delay = 0,
+             dedup = id_key(dedup_prefix, pub, ''), reply = id_key(reply_prefix, pub, '')}
+  turns[pub] = t
+  turn_order[#turn_order + 1] = pub
   return t
 end
 
@@ -295,19 +297,20 @@ local push_order = {}    -- queue KEYS indexes in first-use order
 for u = first, #ARGV, UNIT do
   n = n + 1
   local pub, entry_id = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID]
-  local t = turn_of(pub)
+  local t = turns[pub] or turn_of(pub)
   if t.ok and t.heads[t.popped + 1] ~= entry_id then t.ok = false end
   if t.ok then
     t.popped = t.popped + 1
-    local o = options_of(ARGV[u + OPTIONS])
+    local text = ARGV[u + OPTIONS]
+    local o = options[text] or options_of(text)
     local action, payload, msgid = o.action, ARGV[u + PAYLOAD], ARGV[u + MSGID]
     local set = nil
     local packed = ARGV[u + RECIPIENTS]
-    if packed ~= '' then set = set_of(packed) end
+    if packed ~= '' then set = sets[packed] or set_of(packed) end
     local step = {u = u, o = o, set = set, status = 'skipped', count = 0, delay = 0}
     local reply_why = nil
     if o.reply_ttl ~= '0' then
-      local reply_key = id_key(reply_prefix, pub, msgid)
+      local reply_key = t.reply .. msgid
       reply_why = foreign(reply_key, 'list')
       if not reply_why then step.reply = reply_key end
     end
@@ -316,9 +319,9 @@ for u = first, #ARGV, UNIT do
       -- whatever else changed since. One SET NX GET records it (nil: fresh), finds
       -- it (a string: duplicate) or fails on a foreign key, writing nothing.
       local why, duplicate, recorded = nil, false, nil
-      local slow_said = {}  -- sub id -> max_messages: subscriptions to disconnect if delivered
+      local slow_said = nil  -- sub id -> max_messages: subscriptions to disconnect if delivered
       if o.window ~= '0' then
-        local key = id_key(dedup_prefix, pub, msgid)
+        local key = t.dedup .. msgid
         local found = redis.pcall('SET', key, entry_id, 'NX', 'PX', o.window, 'GET')
         if type(found) == 'table' and found.err and string.sub(found.err, 1, 3) == 'OOM' then
           -- a full server refuses the first write of a script, so nothing is written yet:
@@ -334,11 +337,7 @@ for u = first, #ARGV, UNIT do
       end
       if not why and not duplicate then
         why = reply_why and (reply_why .. '; the result could not be posted')
-        if not why and set then
-          for _, k in ipairs(set) do
-            if queue_foreign[k] then why = queue_foreign[k]; break end
-          end
-        end
+        if not why and set then why = set_why[set] end
         -- a slow subscriber (its root topic's condition): withheld this publication
         local condition = o.slow
         if not why and set and condition ~= '' then
@@ -356,6 +355,7 @@ for u = first, #ARGV, UNIT do
                 step.skip = step.skip or {}
                 step.skip[k] = 'slow'
                 if (durable_q[k] and durable == '1') or (not durable_q[k] and non_durable == '1') then
+                  slow_said = slow_said or {}
                   slow_said[id] = most
                 end
               end
@@ -386,9 +386,35 @@ for u = first, #ARGV, UNIT do
         step.status = 'duplicate'
       else
         step.status = 'delivered'
-        if set then
+        local skip = step.skip
+        if set and set_plain[set] and not skip and not watching then
+          -- the usual case: a copy for every queue of the set
+          for i = 1, #set do
+            local k = set[i]
+            local list = pushes[k]
+            if not list then
+              list = {}
+              pushes[k] = list
+              push_order[#push_order + 1] = k
+            end
+            list[#list + 1] = payload
+          end
+          step.count = #set
+          if fc_start then
+            local flow_depth = 0
+            for i = 1, #set do
+              local k = set[i]
+              local depth = band_depth[k] + 1
+              band_depth[k] = depth
+              if depth > flow_depth then flow_depth = depth end
+            end
+            if flow_depth > fc_start then
+              step.delay = flow_delay(flow_depth)
+              if step.delay > t.delay then t.delay = step.delay end
+            end
+          end
+        elseif set then
           local flow_depth = 0
-          local skip = step.skip
           for _, k in ipairs(set) do
             if gone[k] then
               -- removed since the worker resolved the topic: gets nothing
@@ -425,7 +451,7 @@ for u = first, #ARGV, UNIT do
             if step.delay > t.delay then t.delay = step.delay end
           end
         end
-        for id, most in pairs(slow_said) do
+        for id, most in pairs(slow_said or {}) do
           if not disconnect[id] then disconnect_order[#disconnect_order + 1] = id end
           disconnect[id] = most
         end
