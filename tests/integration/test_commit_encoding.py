@@ -8,7 +8,9 @@ from tests.harness.testing import drain, make_workers, queue_messages
 QM = "TEST"
 
 
-def test_journal_records_carry_seq_topic_and_time_even_when_the_topic_holds_the_separator(real_redis, settings):
+def test_journal_records_carry_seq_topic_and_time_even_when_the_topic_holds_the_separator(
+    real_redis, settings
+):
     # Given a journal and subscriptions on topics holding "|" (the packed fields' separator)
     journaled = settings.model_copy(update={"journal": True})
     a = subscribe(real_redis, QM, "/x|y/#", "s", "a")

@@ -45,7 +45,14 @@ def test_options_pack_what_units_share_and_the_suggestion_is_the_rest_of_the_str
     )
     assert encode_options(deliver) == "deliver|600000|0|ALLAVAIL|1|7:0:1|"
     refuse = UnitOfWork(
-        "p", "2-0", Action.REFUSE, "m", reason="bad", suggestion="a|b\nc", reply_ttl_ms=60_000, dead_letter=False
+        "p",
+        "2-0",
+        Action.REFUSE,
+        "m",
+        reason="bad",
+        suggestion="a|b\nc",
+        reply_ttl_ms=60_000,
+        dead_letter=False,
     )
     assert encode_options(refuse) == "refuse|0|60000|ALLAVAIL|0||a|b\nc"
     batch = CommitBatch()
