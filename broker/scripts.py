@@ -270,8 +270,6 @@ class Scripts:
                 flow_control,
                 len(give_up),
                 *map(_b, give_up),
-                len(batch.sets),
-                *batch.sets,
                 *batch.args,
             ],
             pipe,

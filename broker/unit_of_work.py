@@ -22,24 +22,22 @@ from broker.config import SlowSubscriberCondition
 #: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..8] are fixed keys).
 FIRST_QUEUE_KEY = 9
 
-#: The ARGV fields of one unit of work in ``commit.lua``, in order.
+#: The ARGV fields of one unit of work in ``commit.lua``, in order. Few, because every
+#: argument costs Redis (a string object, then a Lua string): what most units of a batch
+#: share is packed into ``options`` and ``recipients``, which the script parses once per
+#: distinct value (``encode_options``, ``CommitBatch``).
 UNIT_FIELDS = (
     "publisher",
     "entry_id",
-    "action",
     "payload",
     "msgid",
-    "dedup_window_ms",
-    "reply_ttl_ms",
     "recipients",
-    "suggestion",
-    "seq",
-    "topic",
-    "enqueued_ms",
-    "delivery",
-    "dead_letter",
-    "slow",
+    "options",
+    "journal",
 )
+
+#: Most KEYS indexes a recipient set can name: each is packed in 3 bytes.
+MAX_KEY_INDEX = 2**24 - 1
 
 
 #: IBM MQ's PMSGDLV / NPMSGDLV: what a publication does when a recipient queue is full.
@@ -127,40 +125,49 @@ def _b(text: str) -> bytes:
 class CommitBatch:
     """The arguments of one ``commit.lua`` call: a batch of units of work, in FIFO order per publisher.
 
-    Queue keys and recipient sets are interned, so a set shared by many
-    publications (the usual case) is sent once per batch.
+    Queue keys are interned: each is one KEYS entry of the call, and a unit names its
+    recipient queues by their KEYS indexes, packed 3 bytes each (``recipients``).
+
+    Args:
+        journal: send each unit's journal fields (seq, enqueued_ms, topic); without,
+            the unit's ``journal`` field is "" (the call writes no journal).
     """
 
-    __slots__ = ("queue_keys", "_key_index", "sets", "_set_index", "args", "units", "limits")
+    __slots__ = ("queue_keys", "_key_index", "_set_index", "args", "units", "limits", "journal")
 
-    def __init__(self) -> None:
+    def __init__(self, journal: bool = True) -> None:
         #: KEYS index -> (MAXDEPTH, durable) of the bounded queues in this batch
         self.limits: dict[int, tuple[int, bool]] = {}
         self.queue_keys: list[str] = []
         self._key_index: dict[str, int] = {}
-        self.sets: list[str] = []
-        self._set_index: dict[tuple[str, ...], int] = {}
+        self._set_index: dict[tuple[str, ...], bytes] = {}
         self.args: list[bytes | str | int] = []
         self.units: list[UnitOfWork] = []
+        self.journal = journal
 
     def __len__(self) -> int:
         return len(self.units)
 
-    def _recipients(self, queues: tuple[str, ...]) -> int:
-        """The 1-based number of the recipient set ``queues`` (KEYS indexes, space-separated)."""
+    def _recipients(self, queues: tuple[str, ...]) -> bytes:
+        """The recipient set ``queues`` as ``commit.lua`` takes it: KEYS indexes, 3 bytes each, big-endian.
+
+        Raises:
+            ValueError: the batch names more than ``MAX_KEY_INDEX`` keys.
+        """
         found = self._set_index.get(queues)
         if found is not None:
             return found
-        indexes = []
+        packed = bytearray()
         for queue in queues:
             pos = self._key_index.get(queue)
             if pos is None:
                 pos = self._key_index[queue] = len(self.queue_keys) + FIRST_QUEUE_KEY
+                if pos > MAX_KEY_INDEX:
+                    raise ValueError(f"a commit batch names at most {MAX_KEY_INDEX} keys")
                 self.queue_keys.append(queue)
-            indexes.append(str(pos))
-        self.sets.append(" ".join(indexes))
-        number = self._set_index[queues] = len(self.sets)
-        return number
+            packed += pos.to_bytes(3, "big")
+        found = self._set_index[queues] = bytes(packed)
+        return found
 
     def limit(self, queue: str, maxdepth: int, durable: bool) -> None:
         """Bound ``queue`` (already added by ``add``) at ``maxdepth`` messages for this batch."""
@@ -178,25 +185,29 @@ class CommitBatch:
     def add(self, unit: UnitOfWork) -> None:
         """Encode one unit of work (``UNIT_FIELDS`` order) at the end of the batch."""
         payload: bytes | str = unit.envelope if unit.action is Action.DELIVER else unit.reason
-        recipients = self._recipients(unit.queues) if unit.queues else 0
+        recipients = self._recipients(unit.queues) if unit.queues else b""
+        journal = ""
+        if self.journal:
+            journal = f"{'' if unit.seq is None else unit.seq}|{unit.enqueued_ms}|{unit.topic}"
         self.args += (
             _b(unit.publisher),
             unit.entry_id,
-            unit.action.value,
             payload,
             unit.msgid,
-            unit.dedup_window_ms,
-            unit.reply_ttl_ms,
             recipients,
-            unit.suggestion,
-            "" if unit.seq is None else str(unit.seq),
-            unit.topic,
-            unit.enqueued_ms,
-            unit.delivery,
-            1 if unit.dead_letter else 0,
-            _encoded_condition(unit.slow),
+            encode_options(unit),
+            journal,
         )
         self.units.append(unit)
+
+
+def encode_options(unit: UnitOfWork) -> str:
+    """A unit's ``options`` field: ``"<action>|<dedup_window_ms>|<reply_ttl_ms>|<delivery>|<dead_letter 1|0>|
+    <slow>|<suggestion>"`` (the suggestion is the rest of the string)."""
+    return (
+        f"{unit.action.value}|{unit.dedup_window_ms}|{unit.reply_ttl_ms}|{unit.delivery}|"
+        f"{1 if unit.dead_letter else 0}|{_encoded_condition(unit.slow)}|{unit.suggestion}"
+    )
 
 
 def _encoded_condition(condition: SlowSubscriberCondition | None) -> str:

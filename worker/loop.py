@@ -540,11 +540,12 @@ class Worker:
         """The units of work of the heads, in FIFO order per publisher, in batches of ``COMMIT_CHUNK``."""
         entries = self._entries
         max_deliveries = self.settings.max_deliveries
-        batches = [CommitBatch()]
+        journal = self.settings.journal
+        batches = [CommitBatch(journal)]
         for publisher, ids in heads.items():
             batch = batches[-1]
             if len(batch) >= COMMIT_CHUNK:
-                batch = CommitBatch()
+                batch = CommitBatch(journal)
                 batches.append(batch)
             delivered = times.get(ids[0], 1)
             if delivered >= SUSPECT_DELIVERIES:

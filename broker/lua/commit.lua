@@ -13,6 +13,12 @@
 -- PMSGDLV(ALL): delivered to every subscriber or to none). The second phase
 -- writes, grouped (one LPUSH per queue, one XACK, one LTRIM per FIFO).
 --
+-- Cost (this script is most of the broker's Redis time): each subscriber queue is
+-- looked at once per call, with one LLEN (its depth; 0 when absent; an error when it
+-- holds another type); each publisher's FIFO with one LRANGE of as many heads as it
+-- has units in the call (the fence); a unit makes one redis.call (its dedup record)
+-- and its copies join one LPUSH per queue.
+--
 -- Flow control (ARGV[13], SwiftMQ's delay-based flow control, seed 003): the
 -- depth of each subscriber queue (KEYS[9..]) is read once per batch (one LLEN;
 -- none for a queue that does not exist) and counted up as publications go to
@@ -22,7 +28,7 @@
 -- (the largest of its publications in the batch, PX that delay), which a
 -- publisher that does not wait for results reads. ARGV[13] "" reads nothing.
 --
--- Slow-subscriber conditions (unit field 14, seed 003): a publication whose
+-- Slow-subscriber conditions (a unit's option "slow", seed 003): a publication whose
 -- root topic has a condition that applies to it gives no copy to a watched
 -- subscriber queue (ARGV[12]) holding max_messages or more (every band); the
 -- others get theirs. Counted in KEYS[7] and KEYS[8]. A queue withheld a
@@ -69,27 +75,27 @@
 -- ARGV[14] Y, the number of publishers whose turn to give up after this call
 --   even if their FIFO is not empty (fair share: another worker takes them)
 -- ARGV[15 .. 14+Y] those publishers
--- ARGV[15+Y] S, the number of recipient sets
--- ARGV[16+Y .. 15+Y+S] recipient sets: space-separated KEYS indexes, e.g. "9 10 12"
 -- then one unit of work per publication, its fields in this order (UNIT_FIELDS
--- in broker/unit_of_work.py; a test checks the two lists match):
+-- in broker/unit_of_work.py; a test checks the two lists match). Few fields, because
+-- each ARGV costs Redis a string object and Lua an interned string: what most units
+-- of a batch share (options, recipient sets) is parsed once per distinct value.
 -- unit field 0 publisher
 -- unit field 1 entry_id
--- unit field 2 action: "deliver" | "expire" | "refuse" | "skip"
--- unit field 3 payload: deliver: the envelope; refuse: the reason
--- unit field 4 msgid
--- unit field 5 dedup_window_ms: 0 = no dedup record
--- unit field 6 reply_ttl_ms: 0 = no reply
--- unit field 7 recipients: 1-based recipient set, 0 = none
--- unit field 8 suggestion: "" or a corrected topic
--- unit field 9 seq: "" or decimal (journal)
--- unit field 10 topic (journal)
--- unit field 11 enqueued_ms (journal)
--- unit field 12 delivery: "ALL" | "ALLDUR" | "ALLAVAIL" when a recipient queue is full (PMSGDLV/NPMSGDLV)
--- unit field 13 dead_letter: "1" a refused publication is dead-lettered, "0" not (USEDLQ)
--- unit field 14 slow: "" or the slow-subscriber condition of its root topic, when it applies
+-- unit field 2 payload: deliver: the envelope; refuse: the reason
+-- unit field 3 msgid
+-- unit field 4 recipients: the KEYS indexes of its recipient queues, 3 bytes each
+--   (big-endian), "" for none; parsed once per distinct value per call
+-- unit field 5 options: "<action>|<dedup_window_ms>|<reply_ttl_ms>|<delivery>|<dead_letter>|<slow>|<suggestion>",
+--   parsed once per distinct value per call:
+--   action: "deliver" | "expire" | "refuse" | "skip"
+--   dedup_window_ms: 0 = no dedup record; reply_ttl_ms: 0 = no reply
+--   delivery: "ALL" | "ALLDUR" | "ALLAVAIL" when a recipient queue is full (PMSGDLV/NPMSGDLV)
+--   dead_letter: "1" a refused publication is dead-lettered, "0" not (USEDLQ)
+--   slow: "" or the slow-subscriber condition of its root topic, when it applies
 --   to the publication: "<max_messages>:<disconnect non-durable 1|0>:<disconnect durable 1|0>";
 --   every queue of its recipient set is watched (ARGV[12])
+--   suggestion: "" or a corrected topic (the rest of the string)
+-- unit field 6 journal: "<seq or empty>|<enqueued_ms>|<topic>", or "" (no journal: ARGV[7] 0)
 -- returns 3 integers per publication: status, subscriptions, gave_up
 --   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped
 --   gave_up: 1 when the FIFO is now empty and the turn was given up
@@ -107,13 +113,9 @@ local resolved_version, limits_arg, flow_arg = ARGV[11], ARGV[12], ARGV[13]
 local ngive_up = tonumber(ARGV[14])
 local give_up = {}
 for i = 15, 14 + ngive_up do give_up[ARGV[i]] = true end
-local nsets = tonumber(ARGV[15 + ngive_up])
-local sets_at = 15 + ngive_up
-local first = sets_at + 1 + nsets
-local PUBLISHER, ENTRY_ID, ACTION, PAYLOAD, MSGID, WINDOW, REPLY_TTL = 0, 1, 2, 3, 4, 5, 6
-local RECIPIENTS, SUGGESTION, SEQ, TOPIC, ENQUEUED_MS = 7, 8, 9, 10, 11
-local DELIVERY, DEAD_LETTER, SLOW = 12, 13, 14
-local UNIT = 15
+local first = 15 + ngive_up
+local PUBLISHER, ENTRY_ID, PAYLOAD, MSGID, RECIPIENTS, OPTIONS, JOURNAL = 0, 1, 2, 3, 4, 5, 6
+local UNIT = 7
 local FIRST_QUEUE = 9
 
 local skipped_key, slow_key = KEYS[7], KEYS[8]
@@ -139,8 +141,8 @@ end
 
 -- The subscriber queues: each checked once per batch; whether its subscription
 -- still exists (gone: it gets nothing; looked up only when the index changed
--- since the worker loaded it); for an empty band, its bell (rung below); and,
--- with flow control, its depth.
+-- since the worker loaded it); for an empty band, its bell (rung below); and its
+-- depth (flow control, MAXDEPTH), all with one LLEN.
 local changed = redis.call('GET', KEYS[6]) ~= resolved_version
 local queue_foreign, sub_of, bell_of, gone, band_depth = {}, {}, {}, {}, {}
 local xmit = {}  -- KEYS index -> true: a transmission stream
@@ -155,25 +157,27 @@ local function sub_id_of(k)
   return id
 end
 for k = FIRST_QUEUE, #KEYS do
-  if string.sub(KEYS[k], 1, sub_prefix_len) ~= sub_prefix then
+  local queue = KEYS[k]
+  if string.sub(queue, 1, sub_prefix_len) ~= sub_prefix then
     xmit[k] = true
     gone[k] = false
-    queue_foreign[k] = foreign(KEYS[k], 'stream')
+    queue_foreign[k] = foreign(queue, 'stream')
     band_depth[k] = 0
   else
     gone[k] = changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0
-  end
-  if not gone[k] and not xmit[k] then
-    local found = redis.call('TYPE', KEYS[k])['ok']
-    if found == 'none' then
-      -- an empty band: its bell is rung when it gets messages (a non-empty band's is rung already)
-      bell_of[k] = sub_prefix .. sub_id_of(k) .. ':bell'
-      queue_foreign[k] = foreign(bell_of[k], 'list')
-      band_depth[k] = 0
-    elseif found ~= 'list' then
-      queue_foreign[k] = 'foreign key: ' .. KEYS[k] .. ' holds a ' .. found .. ', not a list'
-    elseif fc_start then
-      band_depth[k] = redis.call('LLEN', KEYS[k])
+    if not gone[k] then
+      -- a list is never empty: 0 is an absent key; an error is another type (a foreign key)
+      local depth = redis.pcall('LLEN', queue)
+      if type(depth) ~= 'number' then
+        queue_foreign[k] = foreign(queue, 'list') or ('subscriber queue ' .. queue .. ': ' .. tostring(depth.err))
+      elseif depth == 0 then
+        -- an empty band: its bell is rung when it gets messages (a non-empty band's is rung already)
+        bell_of[k] = sub_prefix .. sub_id_of(k) .. ':bell'
+        queue_foreign[k] = foreign(bell_of[k], 'list')
+        band_depth[k] = 0
+      else
+        band_depth[k] = depth
+      end
     end
   end
 end
@@ -189,7 +193,7 @@ local function waiting_in(k)
   local id = sub_id_of(k)
   local queue, waiting = KEYS[k], nil
   if #queue == sub_prefix_len + #id then
-    waiting = band_depth[k]  -- the default band, its depth read above with flow control
+    waiting = band_depth[k]  -- the default band, its depth read above
   else
     queue = sub_prefix .. id
   end
@@ -222,49 +226,91 @@ for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do
 end
 local skipped, withheld = {}, {}   -- sub id -> deliveries skipped (full queue or slow), withheld (slow)
 local disconnect, disconnect_order = {}, {}  -- sub id -> max_messages of the condition
-local conditions = {}    -- a unit's slow field -> {max_messages, non-durable flag, durable flag}
+local conditions = {}    -- a unit's slow option -> {max_messages, non-durable flag, durable flag}
 
-local sets = {}
-for s = 1, nsets do
-  local idx = {}
-  for i in string.gmatch(ARGV[sets_at + s], '%d+') do idx[#idx + 1] = tonumber(i) end
-  sets[s] = idx
+-- A unit's recipient set (field 4) as a list of KEYS indexes, parsed once per distinct value,
+-- with what phase 1 asks of every unit sent to it: why = the first foreign queue's reason;
+-- plain = every queue is a subscriber queue still subscribed (none gone, no transmission stream).
+local sets, set_why, set_plain = {}, {}, {}
+local function set_of(packed)
+  local set = {}
+  for at = 1, #packed, 3000 do  -- string.byte returns its bytes on the Lua stack: a slice at a time
+    local b = {string.byte(packed, at, math.min(at + 2999, #packed))}
+    for i = 1, #b, 3 do set[#set + 1] = (b[i] * 256 + b[i + 1]) * 256 + b[i + 2] end
+  end
+  local plain = true
+  for i = 1, #set do
+    local k = set[i]
+    if queue_foreign[k] and set_why[set] == nil then set_why[set] = queue_foreign[k] end
+    if gone[k] or xmit[k] then plain = false end
+  end
+  set_plain[set] = plain
+  sets[packed] = set
+  return set
+end
+
+-- A unit's options (field 5), parsed once per distinct value.
+local options = {}
+local function options_of(text)
+  local action, window, reply_ttl, delivery, dead, slow, suggestion =
+    string.match(text, '^(%a+)|(%d+)|(%d+)|(%u+)|([01])|([%d:]*)|(.*)$')
+  local o = {action = action, window = window, reply_ttl = reply_ttl, delivery = delivery,
+             dead_letter = dead == '1', slow = slow, suggestion = suggestion}
+  options[text] = o
+  return o
 end
 
 local STATUS = {delivered = 1, duplicate = 2, expired = 3, refused = 4, skipped = 5}
-local turns = {}         -- publisher -> {ok = bool, popped = n, fifo = key, turn = key, delay = ms}
+local turns = {}         -- publisher -> {ok = bool, popped = n, heads = ids, fifo = key, turn = key, delay = ms}
 local turn_order = {}
 
+-- units per publisher in this call: how many FIFO heads its fence reads
+local units_of = {}
+for u = first, #ARGV, UNIT do
+  local pub = ARGV[u + PUBLISHER]
+  units_of[pub] = (units_of[pub] or 0) + 1
+end
+
+-- dedup = id_key(dedup_prefix, pub, '') and reply the same for reply_prefix (lib.lua), built once
 local function turn_of(pub)
-  local t = turns[pub]
-  if not t then
-    local turn = pub_prefix .. pub .. ':turn'
-    -- pcall: a foreign turn key is simply not this worker's turn
-    t = {ok = redis.pcall('GET', turn) == token, popped = 0,
-         fifo = pub_prefix .. pub .. ':fifo', turn = turn, delay = 0}
-    turns[pub] = t
-    turn_order[#turn_order + 1] = pub
+  local turn, fifo = pub_prefix .. pub .. ':turn', pub_prefix .. pub .. ':fifo'
+  -- pcall: a foreign turn or FIFO key is simply not this worker's turn
+  local ok, heads = redis.pcall('GET', turn) == token, nil
+  if ok then
+    heads = redis.pcall('LRANGE', fifo, 0, units_of[pub] - 1)
+    ok = heads.err == nil
   end
+  local t = {ok = ok, popped = 0, heads = heads, fifo = fifo, turn = turn, delay = 0,
+             dedup = id_key(dedup_prefix, pub, ''), reply = id_key(reply_prefix, pub, '')}
+  turns[pub] = t
+  turn_order[#turn_order + 1] = pub
   return t
 end
 
 -- Phase 1: read and decide. plan[i] = nil (fenced) or
--- {u = ARGV index, status, count, reason, reply = key to post on, skip = {k = true}, delay = ms}
+-- {u = ARGV index, status, count, reason, reply = key to post on, skip = {k = true}, delay = ms}.
+-- The copies of a delivered publication are queued in pushes (written in phase 2).
 local plan = {}
 local n = 0
+local pushes = {}        -- queue KEYS index -> envelopes, in order
+local push_order = {}    -- queue KEYS indexes in first-use order
 for u = first, #ARGV, UNIT do
   n = n + 1
-  local pub, entry_id, action, payload = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID], ARGV[u + ACTION], ARGV[u + PAYLOAD]
-  local msgid, window, reply_ttl = ARGV[u + MSGID], tonumber(ARGV[u + WINDOW]), tonumber(ARGV[u + REPLY_TTL])
-  local set = tonumber(ARGV[u + RECIPIENTS])
-  local t = turn_of(pub)
-  if t.ok and redis.pcall('LINDEX', t.fifo, t.popped) ~= entry_id then t.ok = false end
+  local pub, entry_id = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID]
+  local t = turns[pub] or turn_of(pub)
+  if t.ok and t.heads[t.popped + 1] ~= entry_id then t.ok = false end
   if t.ok then
     t.popped = t.popped + 1
-    local step = {u = u, status = 'skipped', count = 0, delay = 0}
-    local reply_key, reply_why = nil, nil
-    if reply_ttl > 0 then
-      reply_key = id_key(reply_prefix, pub, msgid)
+    local text = ARGV[u + OPTIONS]
+    local o = options[text] or options_of(text)
+    local action, payload, msgid = o.action, ARGV[u + PAYLOAD], ARGV[u + MSGID]
+    local set = nil
+    local packed = ARGV[u + RECIPIENTS]
+    if packed ~= '' then set = sets[packed] or set_of(packed) end
+    local step = {u = u, o = o, set = set, status = 'skipped', count = 0, delay = 0}
+    local reply_why = nil
+    if o.reply_ttl ~= '0' then
+      local reply_key = t.reply .. msgid
       reply_why = foreign(reply_key, 'list')
       if not reply_why then step.reply = reply_key end
     end
@@ -273,10 +319,10 @@ for u = first, #ARGV, UNIT do
       -- whatever else changed since. One SET NX GET records it (nil: fresh), finds
       -- it (a string: duplicate) or fails on a foreign key, writing nothing.
       local why, duplicate, recorded = nil, false, nil
-      local slow_said = {}  -- sub id -> max_messages: subscriptions to disconnect if delivered
-      if window > 0 then
-        local key = id_key(dedup_prefix, pub, msgid)
-        local found = redis.pcall('SET', key, entry_id, 'NX', 'PX', window, 'GET')
+      local slow_said = nil  -- sub id -> max_messages: subscriptions to disconnect if delivered
+      if o.window ~= '0' then
+        local key = t.dedup .. msgid
+        local found = redis.pcall('SET', key, entry_id, 'NX', 'PX', o.window, 'GET')
         if type(found) == 'table' and found.err and string.sub(found.err, 1, 3) == 'OOM' then
           -- a full server refuses the first write of a script, so nothing is written yet:
           -- stop with the error (the worker retries), never refuse the publication for it
@@ -291,14 +337,10 @@ for u = first, #ARGV, UNIT do
       end
       if not why and not duplicate then
         why = reply_why and (reply_why .. '; the result could not be posted')
-        if not why and set > 0 then
-          for _, k in ipairs(sets[set]) do
-            if queue_foreign[k] then why = queue_foreign[k]; break end
-          end
-        end
+        if not why and set then why = set_why[set] end
         -- a slow subscriber (its root topic's condition): withheld this publication
-        local condition = ARGV[u + SLOW]
-        if not why and set > 0 and condition ~= '' then
+        local condition = o.slow
+        if not why and set and condition ~= '' then
           local parsed = conditions[condition]
           if not parsed then
             local m, nd, dd = string.match(condition, '^(%d+):(%d):(%d)$')
@@ -307,12 +349,13 @@ for u = first, #ARGV, UNIT do
           end
           local most, non_durable, durable = parsed[1], parsed[2], parsed[3]
           if deepest_watched + n >= most then
-            for _, k in ipairs(sets[set]) do
+            for _, k in ipairs(set) do
               local id = not gone[k] and not xmit[k] and sub_id_of(k)
               if id and depth_of[id] and depth_of[id] >= most then
                 step.skip = step.skip or {}
                 step.skip[k] = 'slow'
                 if (durable_q[k] and durable == '1') or (not durable_q[k] and non_durable == '1') then
+                  slow_said = slow_said or {}
                   slow_said[id] = most
                 end
               end
@@ -320,9 +363,9 @@ for u = first, #ARGV, UNIT do
           end
         end
         -- a full bounded queue: refuse as a whole (ALL; ALLDUR for a durable subscription) or skip it
-        if not why and set > 0 and deepest_watched + n >= lowest_limit then
-          local policy = ARGV[u + DELIVERY]
-          for _, k in ipairs(sets[set]) do
+        if not why and set and deepest_watched + n >= lowest_limit then
+          local policy = o.delivery
+          for _, k in ipairs(set) do
             if limit[k] and not (step.skip and step.skip[k]) and depth_of[sub_id_of(k)] >= limit[k] then
               if policy == 'ALL' or (policy == 'ALLDUR' and durable_q[k]) then
                 why = 'subscriber queue ' .. KEYS[k] .. ' is full (MAXDEPTH ' .. limit[k] .. ', delivery ' .. policy .. ')'
@@ -343,27 +386,63 @@ for u = first, #ARGV, UNIT do
         step.status = 'duplicate'
       else
         step.status = 'delivered'
-        if set > 0 then
+        local skip = step.skip
+        if set and set_plain[set] and not skip and not watching then
+          -- the usual case: a copy for every queue of the set
+          for i = 1, #set do
+            local k = set[i]
+            local list = pushes[k]
+            if not list then
+              list = {}
+              pushes[k] = list
+              push_order[#push_order + 1] = k
+            end
+            list[#list + 1] = payload
+          end
+          step.count = #set
+          if fc_start then
+            local flow_depth = 0
+            for i = 1, #set do
+              local k = set[i]
+              local depth = band_depth[k] + 1
+              band_depth[k] = depth
+              if depth > flow_depth then flow_depth = depth end
+            end
+            if flow_depth > fc_start then
+              step.delay = flow_delay(flow_depth)
+              if step.delay > t.delay then t.delay = step.delay end
+            end
+          end
+        elseif set then
           local flow_depth = 0
-          for _, k in ipairs(sets[set]) do
+          for _, k in ipairs(set) do
             if gone[k] then
-              -- removed since the worker resolved the topic
-            elseif step.skip and step.skip[k] then
+              -- removed since the worker resolved the topic: gets nothing
+            elseif skip and skip[k] then
               local id = sub_id_of(k)
               skipped[id] = (skipped[id] or 0) + 1
-              if step.skip[k] == 'slow' then withheld[id] = (withheld[id] or 0) + 1 end
-            elseif xmit[k] then
-              step.forwarded = (step.forwarded or 0) + 1
+              if skip[k] == 'slow' then withheld[id] = (withheld[id] or 0) + 1 end
             else
-              step.count = step.count + 1
-              if watching then
-                local id = sub_id_of(k)
-                if depth_of[id] then depth_of[id] = depth_of[id] + 1 end
+              local list = pushes[k]
+              if not list then
+                list = {}
+                pushes[k] = list
+                push_order[#push_order + 1] = k
               end
-              if fc_start then
-                local depth = band_depth[k] + 1
-                band_depth[k] = depth
-                if depth > flow_depth then flow_depth = depth end
+              list[#list + 1] = payload
+              if xmit[k] then
+                step.forwarded = (step.forwarded or 0) + 1
+              else
+                step.count = step.count + 1
+                if watching then
+                  local id = sub_id_of(k)
+                  if depth_of[id] then depth_of[id] = depth_of[id] + 1 end
+                end
+                if fc_start then
+                  local depth = band_depth[k] + 1
+                  band_depth[k] = depth
+                  if depth > flow_depth then flow_depth = depth end
+                end
               end
             end
           end
@@ -372,7 +451,7 @@ for u = first, #ARGV, UNIT do
             if step.delay > t.delay then t.delay = step.delay end
           end
         end
-        for id, most in pairs(slow_said) do
+        for id, most in pairs(slow_said or {}) do
           if not disconnect[id] then disconnect_order[#disconnect_order + 1] = id end
           disconnect[id] = most
         end
@@ -407,10 +486,10 @@ if journal_len > 0 then
 end
 local names = {}
 local function subscription_ids(set)
-  if set == 0 then return '[]' end
+  if not set then return '[]' end
   if not names[set] then
     local ids = {}
-    for _, k in ipairs(sets[set]) do
+    for _, k in ipairs(set) do
       if not gone[k] and not xmit[k] then ids[#ids + 1] = sub_id_of(k) end
     end
     names[set] = cjson.encode(ids)
@@ -420,35 +499,19 @@ end
 
 local out = {}
 local acks = {}          -- entry ids to XACK, in order
-local pushes = {}        -- queue KEYS index -> envelopes, in order
-local push_order = {}    -- queue KEYS indexes in first-use order
 for i = 1, n do
   local step = plan[i]
   if not step then
     out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
   else
-    local u = step.u
-    local pub, entry_id, payload, msgid = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID], ARGV[u + PAYLOAD], ARGV[u + MSGID]
-    local set = tonumber(ARGV[u + RECIPIENTS])
+    local u, o, set = step.u, step.o, step.set
+    local pub, entry_id, msgid = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID], ARGV[u + MSGID]
     local status = step.status
-    if status == 'delivered' and set > 0 then
-      for _, k in ipairs(sets[set]) do
-        -- a subscription removed since the worker resolved the topic, or a full queue skipped, gets nothing
-        if not gone[k] and not (step.skip and step.skip[k]) then
-          local list = pushes[k]
-          if not list then
-            list = {}
-            pushes[k] = list
-            push_order[#push_order + 1] = k
-          end
-          list[#list + 1] = payload
-        end
-      end
-    elseif status == 'refused' then
+    if status == 'refused' then
       local original = redis.call('XRANGE', stream, entry_id, entry_id)
       local fields = {}
       if #original == 1 then fields = original[1][2] end
-      if ARGV[u + DEAD_LETTER] == '1' then dead_letter(dlq, dlq_len, max_body, entry_id, fields, step.reason) end
+      if o.dead_letter then dead_letter(dlq, dlq_len, max_body, entry_id, fields, step.reason) end
     end
     acks[#acks + 1] = entry_id
     if step.reply then
@@ -456,26 +519,27 @@ for i = 1, n do
                       publisher = pub, msgid = msgid}
       if status == 'refused' then
         result.reason = step.reason
-        if ARGV[u + SUGGESTION] ~= '' then result.suggestion = ARGV[u + SUGGESTION] end
+        if o.suggestion ~= '' then result.suggestion = o.suggestion end
       end
       if fc_start then result.flow_control_delay_ms = step.delay end
       if step.forwarded then result.forwarded = step.forwarded end
-      post_reply(step.reply, ARGV[u + REPLY_TTL], result)
+      post_reply(step.reply, o.reply_ttl, result)
     end
     if journal_len > 0 and status ~= 'skipped' then
       local subs = '[]'
       if status == 'delivered' and step.skip then
         local ids = {}
-        for _, k in ipairs(sets[set]) do
+        for _, k in ipairs(set) do
           if not gone[k] and not step.skip[k] and not xmit[k] then ids[#ids + 1] = sub_id_of(k) end
         end
         if #ids > 0 then subs = cjson.encode(ids) end
       elseif status == 'delivered' then
         subs = subscription_ids(set)
       end
+      local seq, enqueued_ms, topic = string.match(ARGV[u + JOURNAL], '^([^|]*)|([^|]*)|(.*)$')
       redis.call('XADD', journal, 'MAXLEN', '~', journal_len, '*',
-        'entry_id', entry_id, 'msgid', msgid, 'publisher', pub, 'seq', ARGV[u + SEQ],
-        'topic', ARGV[u + TOPIC], 'subs', subs, 'enq_ms', ARGV[u + ENQUEUED_MS], 'dlv_ms', now_ms, 'status', status)
+        'entry_id', entry_id, 'msgid', msgid, 'publisher', pub, 'seq', seq or '',
+        'topic', topic or '', 'subs', subs, 'enq_ms', enqueued_ms or '', 'dlv_ms', now_ms, 'status', status)
     end
     out[#out + 1] = STATUS[status]; out[#out + 1] = step.count; out[#out + 1] = 0
   end
