@@ -191,9 +191,10 @@ Measurements
    2) in two modes: persistent with publisher confirms, at most ``--rabbit-window`` (100)
    unconfirmed per channel (the clock stops at the last confirm), and transient without
    confirms (it stops at a synchronous round trip on every channel). Every queue's depth must
-   then be what the broker would deliver (its ``TopicIndex`` and ``LinkGraph``). Run once (not
-   repeated). rabbit_ratio = broker (2 workers) pubs/s / RabbitMQ persistent-confirms pubs/s
-   (``n/a`` when not installed); the table also gives it against the AOF row.
+   then be what the broker would deliver (its ``TopicIndex`` and ``LinkGraph``); they are purged
+   after each run. The node starts once; both modes run in every repeat, after the broker's
+   rows. rabbit_ratio = broker (2 workers) pubs/s / RabbitMQ persistent-confirms pubs/s, per
+   repeat, median (``n/a`` when not installed); the table also gives it against the AOF row.
 16. **AOF everysec** (``--only aof``): as 2 with 2 workers, with ``appendonly yes`` and
    ``appendfsync everysec`` set on the server for the run (``CONFIG SET``, after its first
    rewrite), side by side with 2 in every repeat: the broker's row like RabbitMQ's persistent
@@ -209,7 +210,7 @@ The last line is, exactly::
     broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> rabbit_ratio=<x.xx> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx> flow_control_ratio=<x.xx> slow_condition_ratio=<x.xx> swiftmq_ratio=<x.xx> fed_3qm_ratio=<x.xx> security_ratio=<x.xx>
 
 with broker_pubs_per_s the 2-worker uniform run and ceiling_ratio = that /
-the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7, 9-11, 13, 14 and 16 run R times,
+the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7, 9-11, 13-16 run R times,
 interleaved, and the medians are used. ``--json PATH`` writes every figure.
 """
 
@@ -273,7 +274,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--repeat",
         type=int,
-        help="runs of measurements 1-3, 7, 9-11, 13, 14 and 16, medians reported (default 3, quick 1)",
+        help="runs of measurements 1-3, 7, 9-11, 13-16, medians reported (default 3, quick 1)",
     )
     parser.add_argument("--interleave", type=int, default=20, help="publications per publish_many call (20)")
     parser.add_argument(
@@ -405,6 +406,7 @@ class Bench:
         self.errors: dict[str, str] = {}
         self.server: Server | None = None
         self.fed: lib.Federation | None = None
+        self.rabbit: bench_rabbit.RabbitPeer | None = None
 
     def log(self, text: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}", highlight=False)
@@ -536,6 +538,8 @@ class Bench:
             "broker_1w": [],
             "broker_2w": [],
             "aof_2w": [],
+            "rabbit_persistent": [],
+            "rabbit_transient": [],
             "hot_2w": [],
             "selectors_off": [],
             "selectors_on": [],
@@ -562,6 +566,25 @@ class Bench:
                 "masters": self.fed.cluster.ports,
                 "setup_s": round(time.perf_counter() - started, 1),
             }
+
+        if "rabbit" in args.only:
+            why = bench_rabbit.unavailable()
+            if why:
+                self.figures["rabbit"] = {"skipped": why}
+                self.log(f"[yellow]15. RabbitMQ skipped: {why}[/yellow]")
+            else:
+                self.log("15. RabbitMQ: a node of its own loading the topology as a topic exchange ...")
+                peer = bench_rabbit.RabbitPeer(args.rabbit_procs, args.rabbit_window)
+                self.rabbit = peer
+                if self.attempt("rabbit", peer.start) is None:
+                    self.rabbit = None
+                else:
+                    self.figures["rabbit"] = dict(peer.info)
+                    self.log(
+                        f"   RabbitMQ {peer.info['version']} up in {peer.info['node_start_s']} s "
+                        f"({len(peer.topo.queues):,} queues, "
+                        f"{len(peer.topo.queue_bindings) + len(peer.topo.exchange_bindings):,} bindings)"
+                    )
 
         def two_workers(topology: Any, run_settings: Settings = settings, **extra: Any) -> Any:
             """The 2-worker broker run of a side-by-side comparison (7. selectors, 9.-11.)."""
@@ -660,6 +683,17 @@ class Bench:
                 if got:
                     runs["aof_2w"].append(got)
                     self.log(f"   {got['pubs_per_s']:,} pubs/s")
+            if self.rabbit is not None:
+                for mode in bench_rabbit.MODES:
+                    self.idle(f"rabbit {mode}")
+                    self.log(
+                        f"15. RabbitMQ {mode}, 50 channels in {args.rabbit_procs} processes, "
+                        f"N={args.rabbit_n:,}{tag}"
+                    )
+                    got = self.attempt(f"rabbit_{mode}", self.rabbit.run, mode, args.rabbit_n)
+                    if got:
+                        runs[f"rabbit_{mode}"].append(got)
+                        self.log(f"   {got['pubs_per_s']:,} pubs/s")
             if "hot" in args.only:
                 self.idle("hot publisher")
                 self.log(f"3. broker, 2 workers, one hot publisher (half of N={args.n:,}){tag}")
@@ -760,27 +794,15 @@ class Bench:
                 self.figures["kombu"] = got
         if "aof" in args.only:
             self.figures["aof_ratios"] = _ratios(runs["broker_2w"], runs["aof_2w"])
-        if "rabbit" in args.only:
-            why = bench_rabbit.unavailable()
-            if why:
-                self.figures["rabbit"] = {"skipped": why}
-                self.log(f"[yellow]15. RabbitMQ skipped: {why}[/yellow]")
-            else:
-                self.idle("rabbit")
-                self.log(
-                    f"15. RabbitMQ topic exchange, a node of its own, N={args.rabbit_n:,} per mode, "
-                    f"{args.rabbit_procs} publisher processes"
-                )
-                got = self.attempt(
-                    "rabbit",
-                    bench_rabbit.run_rabbit,
-                    args.rabbit_n,
-                    args.rabbit_procs,
-                    args.rabbit_window,
-                    log=self.log,
-                )
-                if got:
-                    self.figures["rabbit"] = got
+        if self.rabbit is not None:
+            self.rabbit.stop()
+            for mode in bench_rabbit.MODES:
+                if runs[f"rabbit_{mode}"]:
+                    self.figures["rabbit"][mode] = _median_run(runs[f"rabbit_{mode}"], "pubs_per_s")
+            self.figures["rabbit_ratios"] = [
+                round(a["pubs_per_s"] / b["pubs_per_s"], 3)
+                for a, b in zip(runs["broker_2w"], runs["rabbit_persistent"], strict=False)
+            ]
         if "memory" in args.only:
             self.idle("memory")
             self.log(
@@ -842,6 +864,8 @@ class Bench:
         client.flushdb()
 
     def stop(self) -> None:
+        if self.rabbit is not None:
+            self.rabbit.stop()
         if self.fed is not None:
             self.fed.stop()
         if self.server is not None:
@@ -879,7 +903,7 @@ class Bench:
             "broker_pubs_per_s": broker,
             "ceiling_ratio": broker / ceiling if ceiling == ceiling and ceiling else nan,
             "kombu_ratio": broker / kombu if kombu == kombu and kombu else nan,
-            "rabbit_ratio": broker / rabbit_persistent if rabbit_persistent == rabbit_persistent else nan,
+            "rabbit_ratio": statistics.median(f["rabbit_ratios"]) if f.get("rabbit_ratios") else nan,
             "rabbit_installed": "skipped" not in rabbit,
             "rabbit_persistent_pubs_per_s": rabbit_persistent,
             "rabbit_transient_pubs_per_s": (rabbit.get("transient") or {}).get("pubs_per_s", nan),
@@ -1086,7 +1110,11 @@ class Bench:
                 continue
             vs = []
             if broker:
-                vs.append(f"broker 2 workers / this {broker / r['pubs_per_s']:.2f}")
+                repeats = f.get("rabbit_ratios") if mode == "persistent" else None
+                vs.append(
+                    f"broker 2 workers / this {broker / r['pubs_per_s']:.2f}"
+                    + (f" (per repeat {', '.join(map(str, repeats))})" if repeats else "")
+                )
             if aof:
                 vs.append(f"broker with AOF everysec / this {aof / r['pubs_per_s']:.2f}")
             topo = rabbit.get("topology", {})

@@ -875,64 +875,98 @@ def run_mode(
     }
 
 
-def run_rabbit(
-    n: int,
-    procs: int = 2,
-    window: int = WINDOW,
-    modes: Sequence[str] = ("persistent", "transient"),
-    log: Any = None,
-) -> dict[str, Any]:
-    """Start a node with the benchmark's topology, measure each of ``modes``, stop the node.
+class RabbitPeer:
+    """A node with the benchmark's topology (loaded while it boots, ``definitions``) and a pika channel
+    to check and purge its queues: ``run`` measures one mode, as often as wanted (side by side with
+    the broker's runs).
 
-    The node loads the topology while it boots (``definitions``); every queue must then exist
-    and be empty.
+    Args:
+        procs: publisher processes for the 50 channels.
+        window: unconfirmed messages per channel in the persistent mode.
+
+    Attributes:
+        topo: the topology as AMQP.
+        info: ``{"version", "node_start_s", "topology": counts}`` once started.
+    """
+
+    def __init__(self, procs: int = 2, window: int = WINDOW) -> None:
+        self.procs = procs
+        self.window = window
+        self.topo = map_topology()
+        self.node: RabbitNode | None = None
+        self.connection: Any = None
+        self.channel: Any = None
+        self.info: dict[str, Any] = {
+            "topology": {
+                "queues": len(self.topo.queues),
+                "link_exchanges": len(self.topo.link_exchanges),
+                "queue_bindings": len(self.topo.queue_bindings),
+                "exchange_bindings": len(self.topo.exchange_bindings),
+            }
+        }
+
+    def start(self) -> RabbitPeer:
+        """Start the node; every queue must exist and be empty.
+
+        Raises:
+            RabbitUnavailable: rabbitmq-server, epmd or pika is missing.
+            BenchError: the node did not start, or its queues are not the topology's (it is stopped).
+        """
+        why = unavailable()
+        if why:
+            raise RabbitUnavailable(why)
+        import pika
+
+        self.node = RabbitNode(definitions=definitions(self.topo))
+        try:
+            self.node.start()
+            self.info["version"] = self.node.version()
+            self.info["node_start_s"] = round(self.node.start_s, 1)
+            self.connection = pika.BlockingConnection(self.node.parameters())
+            self.channel = self.connection.channel()
+            empty = depths(self.channel, self.topo.queues)
+            if len(empty) != len(self.topo.queues) or any(empty.values()):
+                raise BenchError(
+                    f"RabbitMQ: {len(empty)} queues declared, not {len(self.topo.queues)}, or not empty"
+                )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def run(self, mode: str, n: int) -> dict[str, Any]:
+        """``run_mode`` on this node."""
+        assert self.node is not None, "start the peer first"
+        return run_mode(self.node, self.channel, self.topo, n, mode, self.procs, self.window)
+
+    def stop(self) -> None:
+        """Close the channel's connection and stop the node (``RabbitNode.stop``). Safe to call twice."""
+        if self.connection is not None:
+            with contextlib.suppress(Exception):
+                self.connection.close()
+            self.connection = None
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
+
+
+def run_rabbit(
+    n: int, procs: int = 2, window: int = WINDOW, modes: Sequence[str] = ("persistent", "transient")
+) -> dict[str, Any]:
+    """Start a ``RabbitPeer``, measure each of ``modes`` once, stop it.
 
     Returns:
-        ``{"version", "node_start_s", "topology": counts, <mode>: run_mode figures}``.
+        ``RabbitPeer.info`` with ``<mode>: run_mode figures``.
 
     Raises:
         RabbitUnavailable: rabbitmq-server, epmd or pika is missing.
         BenchError: the node did not start, or a mode failed (``run_mode``).
     """
-    why = unavailable()
-    if why:
-        raise RabbitUnavailable(why)
-    import pika
-
-    topo = map_topology()
-    out: dict[str, Any] = {
-        "topology": {
-            "queues": len(topo.queues),
-            "link_exchanges": len(topo.link_exchanges),
-            "queue_bindings": len(topo.queue_bindings),
-            "exchange_bindings": len(topo.exchange_bindings),
-        }
-    }
-    with RabbitNode(definitions=definitions(topo)) as node:
-        out["version"] = node.version()
-        out["node_start_s"] = round(node.start_s, 1)
-        connection = pika.BlockingConnection(node.parameters())
-        try:
-            channel = connection.channel()
-            empty = depths(channel, topo.queues)
-            if len(empty) != len(topo.queues) or any(empty.values()):
-                raise BenchError(
-                    f"RabbitMQ: {len(empty)} queues declared, not {len(topo.queues)}, or not empty"
-                )
-            if log:
-                log(
-                    f"   RabbitMQ {out['version']} up with the topology ({len(topo.queues):,} queues, "
-                    f"{len(topo.queue_bindings) + len(topo.exchange_bindings):,} bindings) in "
-                    f"{out['node_start_s']} s"
-                )
-            for mode in modes:
-                out[mode] = run_mode(node, channel, topo, n, mode, procs, window)
-                if log:
-                    log(f"   {mode}: {out[mode]['pubs_per_s']:,} pubs/s")
-        finally:
-            with contextlib.suppress(Exception):
-                connection.close()
-    return out
+    peer = RabbitPeer(procs, window).start()
+    try:
+        return peer.info | {mode: peer.run(mode, n) for mode in modes}
+    finally:
+        peer.stop()
 
 
 def expected_fanout() -> float:
@@ -946,6 +980,7 @@ __all__ = [
     "FANOUT",
     "AmqpTopology",
     "RabbitNode",
+    "RabbitPeer",
     "RabbitUnavailable",
     "amqp_key",
     "amqp_match",
