@@ -1150,7 +1150,8 @@ class Bench:
                 "17. memory, fanned out",
                 "-",
                 "-",
-                f"{fan['k']:,} publications through the broker, {fan['elements']:,} queue elements: "
+                f"{fan['k']:,} publications through the broker, {fan['elements']:,} queue elements "
+                f"({fan['envelope_bytes']} B envelopes, {fan['elements_per_queue']} per queue): "
                 f"{fan['bytes_per_element']} B of used_memory per element (body + "
                 f"{fan['bytes_per_element'] - m['body_bytes']:.0f}), of which the queues "
                 f"{fan['queue_bytes_per_element']} B; per publication the publish stream "

@@ -2217,8 +2217,8 @@ def run_memory(
     * fan-out: ``k_fanout`` publications through the broker (``run_broker``, 2 workers) into the
       benchmark's topology, so ``k_fanout x FANOUT`` queue elements wait: (``used_memory`` after -
       before) / elements (everything the run left: queue elements, the publish stream's entries,
-      dedup records), the queues' ``MEMORY USAGE`` / elements, and the publish stream's and the
-      rest's bytes per publication.
+      dedup records), the queues' ``MEMORY USAGE`` / elements, the envelopes' mean length (a
+      sample), and the publish stream's and the rest's bytes per publication.
 
     ``before`` is taken right after the topology is restored. The database is flushed at the end.
 
@@ -2247,11 +2247,14 @@ def run_memory(
         elements = run["deliveries"]
         queues = _memory_usage(client, topo.queues)
         stream = _memory_usage(client, [keys.publish_stream(qm)])
+        sample = [x for q in topo.queues[::50] for x in client.lrange(q, 0, 19)]
         out["fanout"] = {
             "k": k_fanout,
             "elements": elements,
             "bytes_per_element": round((after - before) / elements, 1),
             "queue_bytes_per_element": round(queues / elements, 1),
+            "envelope_bytes": round(sum(len(x) for x in sample) / max(len(sample), 1), 1),
+            "elements_per_queue": round(elements / len(topo.queues), 1),
             "stream_bytes_per_pub": round(stream / k_fanout, 1),
             "other_bytes_per_pub": round((after - before - queues - stream) / k_fanout, 1),
             "pubs_per_s": run["pubs_per_s"],
