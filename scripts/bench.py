@@ -33,8 +33,8 @@ always sets a msgid (so every unit of work writes a dedup record); the pool
 runs with its default settings (``BROKER_*`` variables apply).
 
 Full mode: N=100k publications per run, measurements 1-3 repeated 3 times
-(interleaved, medians), kombu N=3,000, 10 s of latency, indexes up to 1M.
-``--quick``: N=20k once, kombu 1,000, 3 s, indexes up to 100k.
+(interleaved, medians), kombu N=3,000, RabbitMQ N=20k per mode, 10 s of latency, indexes up to 1M.
+``--quick``: N=20k once, kombu 1,000, RabbitMQ 2,000, 3 s, indexes up to 100k.
 
 Measurements
 ------------

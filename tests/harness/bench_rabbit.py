@@ -828,6 +828,8 @@ def run_mode(
     work = schedule(n)
     expected = expected_depths(Counter(t for topics in work.values() for t in topics))
     total = sum(expected.values())
+    if total != n * FANOUT:
+        raise BenchError(f"RabbitMQ: the topology delivers {total} for {n} publications, not {n * FANOUT}")
     body = bodies(1, BODY_BYTES)[0]
     timeout_s = max(120.0, n / 100)
     with _publishers(node, work, procs, mode, window, body, timeout_s) as (processes, pipes, go):
@@ -970,27 +972,3 @@ def run_rabbit(
         return peer.info | {mode: peer.run(mode, n) for mode in modes}
     finally:
         peer.stop()
-
-
-def expected_fanout() -> float:
-    """Deliveries per publication of the mapped topology (``FANOUT`` on every topic)."""
-    topo = map_topology()
-    return sum(len(route(topo, amqp_key(t))) for t in TOPICS) / len(TOPICS)
-
-
-__all__ = [
-    "EXCHANGE",
-    "FANOUT",
-    "AmqpTopology",
-    "RabbitNode",
-    "RabbitPeer",
-    "RabbitUnavailable",
-    "amqp_key",
-    "amqp_match",
-    "expected_depths",
-    "map_topology",
-    "route",
-    "run_rabbit",
-    "schedule",
-    "unavailable",
-]
