@@ -192,8 +192,8 @@ Measurements
    unconfirmed per channel (the clock stops at the last confirm), and transient without
    confirms (it stops at a synchronous round trip on every channel). Every queue's depth must
    then be what the broker would deliver (its ``TopicIndex`` and ``LinkGraph``); they are purged
-   after each run. The node starts once; both modes run in every repeat, after the broker's
-   rows. rabbit_ratio = broker (2 workers) pubs/s / RabbitMQ persistent-confirms pubs/s, per
+   after each run. The node starts once (it idles at under 1% of a core while the broker's
+   rows run); both modes run in every repeat, after the broker's rows. rabbit_ratio = broker (2 workers) pubs/s / RabbitMQ persistent-confirms pubs/s, per
    repeat, median (``n/a`` when not installed); the table also gives it against the AOF row.
 16. **AOF everysec** (``--only aof``): as 2 with 2 workers, with ``appendonly yes`` and
    ``appendfsync everysec`` set on the server for the run (``CONFIG SET``, after its first
