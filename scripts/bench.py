@@ -383,6 +383,13 @@ def _percentiles(lat: dict[str, Any]) -> str:
     )
 
 
+def _server_cpu_us(run: dict[str, Any]) -> float:
+    """CPU-us per publication of Redis and the workers in a broker run (from its % of one core)."""
+    cpu = run.get("cpu") or {}
+    share = (cpu.get("redis", 0.0) + cpu.get("workers", 0.0)) / 100
+    return share * run["elapsed_s"] * 1e6 / max(run["measured_publications"], 1)
+
+
 def _ratios(off: list[dict[str, Any]], on: list[dict[str, Any]]) -> list[float]:
     """pubs/s with / without, per repeat (the runs of one repeat are side by side)."""
     return [round(b["pubs_per_s"] / a["pubs_per_s"], 3) for a, b in zip(off, on, strict=False)]
@@ -1117,6 +1124,10 @@ class Bench:
                 )
             if aof:
                 vs.append(f"broker with AOF everysec / this {aof / r['pubs_per_s']:.2f}")
+            server_us = f"RabbitMQ {r['rabbitmq_cpu_us_per_pub']:,.0f} CPU-us/pub"
+            b2 = f.get("broker_2w")
+            if b2:
+                server_us += f" (the broker's Redis + workers {_server_cpu_us(b2):,.0f})"
             topo = rabbit.get("topology", {})
             table.add_row(
                 f"15. RabbitMQ {mode}",
@@ -1129,6 +1140,7 @@ class Bench:
                 + f"; 50 pika channels in {r['procs']} processes; N={r['n']:,}; F={r['fanout_measured']} "
                 f"(all {r['queues_checked']:,} queue depths checked, {r['settle_s']} s after the clock)"
                 + (f"; {', '.join(vs)}" if vs else "")
+                + f"; {server_us}, publishers {r['publishers_cpu_us_per_pub']:,.0f}"
                 + "; server column = RabbitMQ's beam",
                 f"{r['cpu'].get('rabbitmq', 0):.0f} / {r['cpu'].get('publishers', 0) + r['cpu'].get('bench', 0):.0f}"
                 f" / {r['cpu'].get('foreign', 0):.0f}",

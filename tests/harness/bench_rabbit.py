@@ -819,7 +819,8 @@ def run_mode(
 
     Returns:
         Figures: pubs/s, deliveries/s, elapsed, settle time, CPU (``rabbitmq``: the node's beam,
-        ``publishers``, ``bench``, ``foreign``), queues checked.
+        ``publishers``, ``bench``, ``foreign``; % of one core), the node's and the publishers'
+        CPU-us per publication, queues checked.
 
     Raises:
         BenchError: a publisher failed or was nacked, or a queue's depth is not what the broker
@@ -877,6 +878,9 @@ def run_mode(
         "queues_checked": len(found),
         "settle_s": round(settled, 3),
         "cpu": cpu,
+        # CPU time per publication: steadier than the rate on a shared box
+        "rabbitmq_cpu_us_per_pub": round(cpu.get("rabbitmq", 0.0) / 100 * elapsed * 1e6 / n, 1),
+        "publishers_cpu_us_per_pub": round(cpu.get("publishers", 0.0) / 100 * elapsed * 1e6 / n, 1),
     }
 
 
