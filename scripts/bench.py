@@ -33,8 +33,8 @@ always sets a msgid (so every unit of work writes a dedup record); the pool
 runs with its default settings (``BROKER_*`` variables apply).
 
 Full mode: N=100k publications per run, measurements 1-3 repeated 3 times
-(interleaved, medians), kombu N=3,000, 10 s of latency, indexes up to 1M.
-``--quick``: N=20k once, kombu 1,000, 3 s, indexes up to 100k.
+(interleaved, medians), kombu N=3,000, RabbitMQ N=20k per mode, 10 s of latency, indexes up to 1M.
+``--quick``: N=20k once, kombu 1,000, RabbitMQ 2,000, 3 s, indexes up to 100k.
 
 Measurements
 ------------
@@ -192,13 +192,38 @@ Measurements
    topic objects, predicates, ACLs, metrics). regression_ratio = this / REF, per repeat, median
    (printed before the last line and in ``--json``). The costs of each feature when configured
    are rows 7, 9-12, 14 and 15.
+17. **RabbitMQ** (``--only rabbit``; skipped with a note when ``rabbitmq-server`` is not
+   installed: ``apt-get install rabbitmq-server``, and pika, the ``bench`` extra): a node of its
+   own on loopback (free ports, a temporary directory, its own epmd, no plugins; stopped at the
+   end whatever happens) with the workload above as AMQP (``tests/harness/bench_rabbit.py``): a
+   durable topic exchange, 1,450 durable classic queues bound with the filters' AMQP patterns
+   (``+`` -> ``*``), a fanout exchange per link target with exchange-to-exchange bindings for the
+   1,100 links (1,670 queue and 1,200 exchange bindings), loaded while the node boots. 50
+   publishers, one pika channel each, in ``--rabbit-procs`` (2) processes (asynchronous
+   ``SelectConnection``s), publish ``--rabbit-n`` publications (200 B bodies, topics drawn as in
+   2) in two modes: persistent with publisher confirms, at most ``--rabbit-window`` (100)
+   unconfirmed per channel (the clock stops at the last confirm), and transient without
+   confirms (it stops at a synchronous round trip on every channel). Every queue's depth must
+   then be what the broker would deliver (its ``TopicIndex`` and ``LinkGraph``); they are purged
+   after each run. The node starts once (it idles at under 1% of a core while the broker's
+   rows run); both modes run in every repeat, after the broker's rows. rabbit_ratio = broker (2 workers) pubs/s / RabbitMQ persistent-confirms pubs/s, per
+   repeat, median (``n/a`` when not installed); the table also gives it against the AOF row.
+18. **AOF everysec** (``--only aof``): as 2 with 2 workers, with ``appendonly yes`` and
+   ``appendfsync everysec`` set on the server for the run (``CONFIG SET``, after its first
+   rewrite), side by side with 2 in every repeat: the broker's row like RabbitMQ's persistent
+   messages (on disk, fsynced once a second). aof_ratio = pubs/s with / without.
+19. **Memory** (``--only memory``): bytes of Redis memory per waiting message, 200 B bodies:
+   ``--memory-n`` envelopes LPUSHed into one subscriber queue, (``used_memory`` after - before)
+   / K; and ``--memory-n`` / 5 publications through the broker into the topology, so F=10 queue
+   elements each: bytes per queue element (used_memory and the queues' ``MEMORY USAGE``), the
+   publish stream's and the rest's per publication. Target: at most body + 150 B per element.
 
 The last line is, exactly::
 
-    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx> flow_control_ratio=<x.xx> slow_condition_ratio=<x.xx> swiftmq_ratio=<x.xx> fed_3qm_ratio=<x.xx> security_ratio=<x.xx>
+    broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> rabbit_ratio=<x.xx> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx> flow_control_ratio=<x.xx> slow_condition_ratio=<x.xx> swiftmq_ratio=<x.xx> fed_3qm_ratio=<x.xx> security_ratio=<x.xx>
 
 with broker_pubs_per_s the 2-worker uniform run and ceiling_ratio = that /
-the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7, 9-11, 13 and 14 run R times,
+the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7, 9-11, 13-16 run R times,
 interleaved, and the medians are used. ``--json PATH`` writes every figure.
 """
 
@@ -222,6 +247,7 @@ from broker.config import Settings, SlowSubscriberCondition
 from broker.connection import connect
 from broker.server import Server
 from tests.harness import bench_lib as lib
+from tests.harness import bench_rabbit
 from tests.harness.bench_baseline import DEFAULT_BASELINE, BaselineCheckout, BaselineError, pool_factory
 
 QM = "BENCH"
@@ -262,7 +288,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--repeat",
         type=int,
-        help="runs of measurements 1-3, 7, 9-11, 13 and 14, medians reported (default 3, quick 1)",
+        help="runs of measurements 1-3, 7, 9-11, 13-16, medians reported (default 3, quick 1)",
     )
     parser.add_argument("--interleave", type=int, default=20, help="publications per publish_many call (20)")
     parser.add_argument(
@@ -274,7 +300,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,"
-        "slow,swiftmq,federation,security,metrics",
+        "slow,swiftmq,federation,security,metrics,regression,rabbit,aof,memory",
     )
     parser.add_argument(
         "--fed-n", type=int, help="federation: publications per queue manager (default 10,000, quick 3,000)"
@@ -284,6 +310,23 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--fed-rate", type=float, default=200.0, help="federation: paced publications/s for latency (200)"
+    )
+    parser.add_argument(
+        "--rabbit-n", type=int, help="RabbitMQ: publications per mode (default 20,000, quick 2,000)"
+    )
+    parser.add_argument(
+        "--rabbit-procs", type=int, default=2, help="RabbitMQ: publisher processes for the 50 channels (2)"
+    )
+    parser.add_argument(
+        "--rabbit-window",
+        type=int,
+        default=bench_rabbit.WINDOW,
+        help="RabbitMQ: unconfirmed messages per channel, persistent mode (100)",
+    )
+    parser.add_argument(
+        "--memory-n",
+        type=int,
+        help="memory: envelopes in one queue, and 5x the publications fanned out (default N)",
     )
     parser.add_argument(
         "--profile",
@@ -305,6 +348,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ]
     args.repeat = args.repeat or (1 if quick else 3)
     args.fed_n = args.fed_n or (3_000 if quick else 10_000)
+    args.rabbit_n = args.rabbit_n or (2_000 if quick else 20_000)
+    args.memory_n = args.memory_n or args.n
     args.idle_wait = args.idle_wait if args.idle_wait is not None else (0.0 if quick else 5.0)
     sections = {
         "ceiling",
@@ -323,6 +368,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "security",
         "metrics",
         "regression",
+        "rabbit",
+        "aof",
+        "memory",
     }
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
@@ -356,6 +404,13 @@ def _percentiles(lat: dict[str, Any]) -> str:
     )
 
 
+def _server_cpu_us(run: dict[str, Any]) -> float:
+    """CPU-us per publication of Redis and the workers in a broker run (from its % of one core)."""
+    cpu = run.get("cpu") or {}
+    share = (cpu.get("redis", 0.0) + cpu.get("workers", 0.0)) / 100
+    return share * run["elapsed_s"] * 1e6 / max(run["measured_publications"], 1)
+
+
 def _ratios(off: list[dict[str, Any]], on: list[dict[str, Any]]) -> list[float]:
     """pubs/s with / without, per repeat (the runs of one repeat are side by side)."""
     return [round(b["pubs_per_s"] / a["pubs_per_s"], 3) for a, b in zip(off, on, strict=False)]
@@ -380,6 +435,7 @@ class Bench:
         self.server: Server | None = None
         self.fed: lib.Federation | None = None
         self.baseline: BaselineCheckout | None = None
+        self.rabbit: bench_rabbit.RabbitPeer | None = None
 
     def log(self, text: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {text}", highlight=False)
@@ -465,6 +521,8 @@ class Bench:
             "security",
             "metrics",
             "regression",
+            "aof",
+            "memory",
         }
         topo = None
         if need_topology:
@@ -510,6 +568,9 @@ class Bench:
             "ceiling": [],
             "broker_1w": [],
             "broker_2w": [],
+            "aof_2w": [],
+            "rabbit_persistent": [],
+            "rabbit_transient": [],
             "hot_2w": [],
             "selectors_off": [],
             "selectors_on": [],
@@ -540,6 +601,25 @@ class Bench:
                 "masters": self.fed.cluster.ports,
                 "setup_s": round(time.perf_counter() - started, 1),
             }
+
+        if "rabbit" in args.only:
+            why = bench_rabbit.unavailable()
+            if why:
+                self.figures["rabbit"] = {"skipped": why}
+                self.log(f"[yellow]17. RabbitMQ skipped: {why}[/yellow]")
+            else:
+                self.log("17. RabbitMQ: a node of its own loading the topology as a topic exchange ...")
+                peer = bench_rabbit.RabbitPeer(args.rabbit_procs, args.rabbit_window)
+                self.rabbit = peer
+                if self.attempt("rabbit", peer.start) is None:
+                    self.rabbit = None
+                else:
+                    self.figures["rabbit"] = dict(peer.info)
+                    self.log(
+                        f"   RabbitMQ {peer.info['version']} up in {peer.info['node_start_s']} s "
+                        f"({len(peer.topo.queues):,} queues, "
+                        f"{len(peer.topo.queue_bindings) + len(peer.topo.exchange_bindings):,} bindings)"
+                    )
 
         def two_workers(topology: Any, run_settings: Settings = settings, **extra: Any) -> Any:
             """The 2-worker broker run of a side-by-side comparison (7. selectors, 9.-11.)."""
@@ -668,6 +748,26 @@ class Bench:
                     if got:
                         runs[f"broker_{workers}w"].append(got)
                         self.log(f"   {got['pubs_per_s']:,} pubs/s")
+            if "aof" in args.only:
+                self.idle("broker aof")
+                self.log(f"18. broker, 2 workers, AOF on (appendfsync everysec), N={args.n:,}{tag}")
+                got = self.attempt(
+                    "aof_2w", lib.run_broker_aof, client, settings, topo, args.n, args.interleave
+                )
+                if got:
+                    runs["aof_2w"].append(got)
+                    self.log(f"   {got['pubs_per_s']:,} pubs/s")
+            if self.rabbit is not None:
+                for mode in bench_rabbit.MODES:
+                    self.idle(f"rabbit {mode}")
+                    self.log(
+                        f"17. RabbitMQ {mode}, 50 channels in {args.rabbit_procs} processes, "
+                        f"N={args.rabbit_n:,}{tag}"
+                    )
+                    got = self.attempt(f"rabbit_{mode}", self.rabbit.run, mode, args.rabbit_n)
+                    if got:
+                        runs[f"rabbit_{mode}"].append(got)
+                        self.log(f"   {got['pubs_per_s']:,} pubs/s")
             if "hot" in args.only:
                 self.idle("hot publisher")
                 self.log(f"3. broker, 2 workers, one hot publisher (half of N={args.n:,}){tag}")
@@ -709,6 +809,7 @@ class Bench:
             ("ceiling", "tx_per_s"),
             ("broker_1w", "pubs_per_s"),
             ("broker_2w", "pubs_per_s"),
+            ("aof_2w", "pubs_per_s"),
             ("hot_2w", "pubs_per_s"),
             ("selectors_off", "pubs_per_s"),
             ("selectors_on", "pubs_per_s"),
@@ -769,6 +870,39 @@ class Bench:
             got = self.attempt("kombu", lib.run_kombu, client, self.server.url, args.kombu_n)
             if got:
                 self.figures["kombu"] = got
+        if "aof" in args.only:
+            self.figures["aof_ratios"] = _ratios(runs["broker_2w"], runs["aof_2w"])
+        if self.rabbit is not None:
+            self.rabbit.stop()
+            for mode in bench_rabbit.MODES:
+                if runs[f"rabbit_{mode}"]:
+                    self.figures["rabbit"][mode] = _median_run(runs[f"rabbit_{mode}"], "pubs_per_s")
+            self.figures["rabbit_ratios"] = [
+                round(a["pubs_per_s"] / b["pubs_per_s"], 3)
+                for a, b in zip(runs["broker_2w"], runs["rabbit_persistent"], strict=False)
+            ]
+        if "memory" in args.only:
+            self.idle("memory")
+            self.log(
+                f"19. memory per waiting message: {args.memory_n:,} envelopes in one queue, "
+                f"{args.memory_n // 5:,} publications fanned out"
+            )
+            got = self.attempt(
+                "memory",
+                lib.run_memory,
+                client,
+                settings,
+                topo,
+                args.memory_n,
+                args.memory_n // 5,
+                args.interleave,
+            )
+            if got:
+                self.figures["memory"] = got
+                self.log(
+                    f"   {got['single']['bytes_per_msg']} B/message in one queue, "
+                    f"{got['fanout']['bytes_per_element']} B per queue element fanned out"
+                )
         if "consume" in args.only:
             single_n = max(1000, args.n // 5)
             self.idle("consume")
@@ -810,6 +944,8 @@ class Bench:
     def stop(self) -> None:
         if self.baseline is not None:
             self.baseline.close()
+        if self.rabbit is not None:
+            self.rabbit.stop()
         if self.fed is not None:
             self.fed.stop()
         if self.server is not None:
@@ -833,6 +969,10 @@ class Bench:
         sel_off = f.get("selectors_off", {}).get("pubs_per_s", nan)
         sel_on = f.get("selectors_on", {}).get("pubs_per_s", nan)
         consume = f.get("consume") or {}
+        rabbit = f.get("rabbit") or {}
+        rabbit_persistent = (rabbit.get("persistent") or {}).get("pubs_per_s", nan)
+        aof = f.get("aof_2w", {}).get("pubs_per_s", nan)
+        memory = f.get("memory") or {}
 
         def on_over_off(name: str) -> float:
             off = f.get(f"{name}_off", {}).get("pubs_per_s", nan)
@@ -843,6 +983,15 @@ class Bench:
             "broker_pubs_per_s": broker,
             "ceiling_ratio": broker / ceiling if ceiling == ceiling and ceiling else nan,
             "kombu_ratio": broker / kombu if kombu == kombu and kombu else nan,
+            "rabbit_ratio": statistics.median(f["rabbit_ratios"]) if f.get("rabbit_ratios") else nan,
+            "rabbit_installed": "skipped" not in rabbit,
+            "rabbit_persistent_pubs_per_s": rabbit_persistent,
+            "rabbit_transient_pubs_per_s": (rabbit.get("transient") or {}).get("pubs_per_s", nan),
+            "rabbit_aof_ratio": aof / rabbit_persistent if rabbit_persistent == rabbit_persistent else nan,
+            "aof_pubs_per_s": aof,
+            "aof_ratio": statistics.median(f["aof_ratios"]) if f.get("aof_ratios") else nan,
+            "memory_bytes_per_msg": (memory.get("single") or {}).get("bytes_per_msg", nan),
+            "memory_bytes_per_element": (memory.get("fanout") or {}).get("bytes_per_element", nan),
             "hot_publisher_ratio": hot / broker if broker == broker and broker else nan,
             "p99_ms": p99,
             "match_1m_over_1k": ratio,
@@ -910,6 +1059,7 @@ class Bench:
         return (
             f"broker_pubs_per_s={num(s['broker_pubs_per_s'], '.0f')} "
             f"ceiling_ratio={num(s['ceiling_ratio'], '.2f')} kombu_ratio={num(s['kombu_ratio'], '.1f')} "
+            f"rabbit_ratio={num(s['rabbit_ratio'], '.2f') if s['rabbit_installed'] else 'n/a'} "
             f"hot_publisher_ratio={num(s['hot_publisher_ratio'], '.2f')} p99_ms={num(s['p99_ms'], '.1f')} "
             f"match_1m_over_1k={num(s['match_1m_over_1k'], '.2f')} "
             f"selector_ratio={num(s['selector_ratio'], '.2f')} "
@@ -990,6 +1140,16 @@ class Bench:
                 f"dedup records {b['dedup_records_found']}; redis {b['redis_cpu_us_per_pub']} CPU-us/pub"
             )
             broker_row(label, b, notes)
+        if "aof_2w" in f:
+            b = f["aof_2w"]
+            off = f.get("broker_2w", {}).get("pubs_per_s")
+            repeats = ", ".join(str(x) for x in f.get("aof_ratios") or [])
+            broker_row(
+                "18. broker 2 workers, AOF everysec",
+                b,
+                run_notes(b, "as 2 with 2 workers, appendonly yes + appendfsync everysec on the server")
+                + (f"; AOF/no AOF {b['pubs_per_s'] / off:.2f} (per repeat {repeats})" if off else ""),
+            )
         if "latency" in f:
             lat = f["latency"]
             table.add_row(
@@ -1015,6 +1175,73 @@ class Bench:
                 _fmt(k["consumed_deliveries_per_s"]),
                 f"1 Consumer on the 10 queues, ack each, {k['n'] * lib.FANOUT:,} messages",
                 cpu3(k["cpu_consume"], ("bench",)),
+            )
+        rabbit = f.get("rabbit") or {}
+        if "skipped" in rabbit:
+            table.add_row("17. RabbitMQ", "-", "-", f"skipped: {rabbit['skipped']}", "")
+        broker = f.get("broker_2w", {}).get("pubs_per_s")
+        aof = f.get("aof_2w", {}).get("pubs_per_s")
+        for mode, what in (
+            ("persistent", "persistent (delivery mode 2), publisher confirms, window {window}/channel"),
+            ("transient", "transient (delivery mode 1), no confirms"),
+        ):
+            r = rabbit.get(mode)
+            if not r:
+                continue
+            vs = []
+            if broker:
+                repeats = f.get("rabbit_ratios") if mode == "persistent" else None
+                vs.append(
+                    f"broker 2 workers / this {broker / r['pubs_per_s']:.2f}"
+                    + (f" (per repeat {', '.join(map(str, repeats))})" if repeats else "")
+                )
+            if aof:
+                vs.append(f"broker with AOF everysec / this {aof / r['pubs_per_s']:.2f}")
+            server_us = f"RabbitMQ {r['rabbitmq_cpu_us_per_pub']:,.0f} CPU-us/pub"
+            b2 = f.get("broker_2w")
+            if b2:
+                server_us += f" (the broker's Redis + workers {_server_cpu_us(b2):,.0f})"
+            topo = rabbit.get("topology", {})
+            table.add_row(
+                f"17. RabbitMQ {mode}",
+                _fmt(r["pubs_per_s"]),
+                _fmt(r["deliveries_per_s"]),
+                f"RabbitMQ {rabbit.get('version')} (a node of its own), topic exchange: {topo.get('queues')} "
+                f"durable classic queues, {topo.get('link_exchanges')} link fanout exchanges, "
+                f"{topo.get('queue_bindings')} + {topo.get('exchange_bindings')} e2e bindings; "
+                + what.format(window=r["window"])
+                + f"; 50 pika channels in {r['procs']} processes; N={r['n']:,}; F={r['fanout_measured']} "
+                f"(all {r['queues_checked']:,} queue depths checked, {r['settle_s']} s after the clock)"
+                + (f"; {', '.join(vs)}" if vs else "")
+                + f"; {server_us}, publishers {r['publishers_cpu_us_per_pub']:,.0f}"
+                + "; server column = RabbitMQ's beam",
+                f"{r['cpu'].get('rabbitmq', 0):.0f} / {r['cpu'].get('publishers', 0) + r['cpu'].get('bench', 0):.0f}"
+                f" / {r['cpu'].get('foreign', 0):.0f}",
+            )
+        if "memory" in f:
+            m = f["memory"]
+            one, fan = m["single"], m["fanout"]
+            table.add_row(
+                "19. memory, one queue",
+                "-",
+                "-",
+                f"{one['k']:,} envelopes of {m['body_bytes']} B bodies ({one['envelope_bytes']} B each) in one "
+                f"subscriber queue: {one['bytes_per_msg']} B of used_memory per message "
+                f"(body + {one['bytes_per_msg'] - m['body_bytes']:.0f}; target <= {m['target_bytes']}), "
+                f"the list's MEMORY USAGE {one['key_bytes_per_msg']} B",
+                "",
+            )
+            table.add_row(
+                "19. memory, fanned out",
+                "-",
+                "-",
+                f"{fan['k']:,} publications through the broker, {fan['elements']:,} queue elements "
+                f"({fan['envelope_bytes']} B envelopes, {fan['elements_per_queue']} per queue): "
+                f"{fan['bytes_per_element']} B of used_memory per element (body + "
+                f"{fan['bytes_per_element'] - m['body_bytes']:.0f}), of which the queues "
+                f"{fan['queue_bytes_per_element']} B; per publication the publish stream "
+                f"{fan['stream_bytes_per_pub']} B and the rest (dedup records, ...) {fan['other_bytes_per_pub']} B",
+                "",
             )
         for m in f.get("matching") or []:
             table.add_row(
@@ -1206,6 +1433,7 @@ class Bench:
             ("ceiling", "ceiling"),
             ("broker_1w", "1 worker"),
             ("broker_2w", "2 workers"),
+            ("aof_2w", "2 workers, AOF everysec"),
             ("hot_2w", "hot publisher"),
             ("selectors_off", "no selectors"),
             ("selectors_on", "20% selectors"),

@@ -1,0 +1,978 @@
+"""RabbitMQ as the broker's peer in ``scripts/bench.py`` (``--only rabbit``): the same workload on a topic exchange.
+
+The benchmark's topology (``bench_lib.subscription_plan``: 1,450 subscriptions;
+``bench_lib.link_plan``: 1,100 links; every topic reaches F=10 subscriber queues)
+is mapped to AMQP 0-9-1 (``map_topology``):
+
+* publications go to one durable topic exchange (``EXCHANGE``) with the topic as the
+  routing key, levels separated by ``.`` (``bench/3/4/5`` -> ``bench.3.4.5``);
+* each subscription is a durable queue (named by its subscription id) bound to it with
+  the equivalent pattern (``amqp_key``: MQTT ``+`` -> ``*``, ``#`` -> ``#``);
+* each link target ``T`` is a durable fanout exchange ``link:<T>`` ("as if published on
+  ``T``"): bound to the topic exchange with the routing key of every link source
+  (publications on the source itself) and to ``link:<S>`` when the source ``S`` is a link
+  target too (exchange-to-exchange bindings, so chains work as the broker's transitive
+  links do); every queue whose filter matches ``T`` is bound to ``link:<T>``. RabbitMQ
+  delivers a message at most once per queue however many paths reach it, as the broker
+  does (the ``+/r/#`` subscriptions are reached three ways).
+
+``route`` simulates that routing in Python and ``expected_depths`` counts what the
+broker itself would deliver (``TopicIndex`` + ``LinkGraph.closure``, the routing table's
+own parts): the unit tests check they agree on every topic, and a run checks every
+queue's depth against ``expected_depths`` afterwards.
+
+``RabbitNode`` starts a node of its own (Debian's ``rabbitmq-server``, no plugins) on
+loopback with free ports, everything in a temporary directory, and an ``epmd`` of its
+own on a free port; ``stop`` ends both and removes the directory. ``RabbitPeer`` starts
+one that loads the topology while it boots (``definitions``) and measures a mode per
+``run`` call, as often as the bench repeats (``run_rabbit`` does both modes once). Each
+run has ``PUBLISHERS`` = 50 publishers, one pika channel each, spread over ``procs``
+processes (one ``SelectConnection`` per process, the asynchronous API), and 200 B bodies:
+
+* ``persistent``: delivery mode 2, publisher confirms with a window of ``window``
+  unconfirmed messages per channel; the clock stops at the last confirm;
+* ``transient``: delivery mode 1, no confirms; each channel ends with a synchronous
+  ``basic.qos`` round trip (the channel has routed everything before it), the clock stops
+  at the last of those; the queues' depths are then polled until they add up (reported as
+  ``settle_s``, not on the clock).
+
+Processes rather than threads: pika is pure Python and the GIL would make 50 threads share
+one core. Two processes is the default; on this 2-vCPU box the publishers take under 10% of
+a core in either mode while RabbitMQ's VM takes 120-145% with persistent messages, so the
+count (1, 2 or 5 measured) changes nothing beyond the noise: the node is the bottleneck.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.server import free_port
+from broker.topics import LinkGraph, TopicIndex
+from tests.harness.bench_lib import (
+    BODY_BYTES,
+    FANOUT,
+    PUBLISHERS,
+    TOPICS,
+    BenchError,
+    CpuMeter,
+    bodies,
+    link_plan,
+    publisher_ids,
+    subscription_plan,
+)
+
+#: The topic exchange publications are sent to.
+EXCHANGE = "bench"
+#: Prefix of the fanout exchange of each link target.
+LINK_PREFIX = "link:"
+#: Unconfirmed messages per channel in the persistent mode.
+WINDOW = 100
+#: Modes of ``run_rabbit``: (delivery mode, publisher confirms).
+MODES = {"persistent": (2, True), "transient": (1, False)}
+#: Where Debian puts the server script that runs as the calling user (``/usr/sbin``'s ``su``\\ s to rabbitmq).
+DEBIAN_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+
+
+class RabbitUnavailable(BenchError):
+    """``rabbitmq-server`` (or pika) is not installed: the RabbitMQ rows are skipped."""
+
+
+# --------------------------------------------------------------------------------------------
+# The topology as AMQP: a topic exchange, durable queues, fanout exchanges for link targets
+# --------------------------------------------------------------------------------------------
+
+
+def amqp_key(topic: str) -> str:
+    """An MQTT-style topic or filter as an AMQP topic routing/binding key.
+
+    Levels are joined with ``.``; ``+`` becomes ``*`` (one word) and ``#`` stays ``#``
+    (zero or more words, so ``a/#`` matches ``a`` in both). AMQP has no rule for topics
+    starting with ``$`` (MQTT wildcards at the first level do not match them).
+
+    Raises:
+        ValueError: a level holds ``.`` or ``*`` (no AMQP equivalent), or ``#``/``+`` inside a level.
+    """
+    levels = topic.split("/")
+    for level in levels:
+        if "." in level or "*" in level or (level not in ("#", "+") and ("#" in level or "+" in level)):
+            raise ValueError(f"topic level {level!r} of {topic!r} has no AMQP equivalent")
+    return ".".join("*" if level == "+" else level for level in levels)
+
+
+def amqp_match(pattern: str, key: str) -> bool:
+    """Whether an AMQP topic binding key matches a routing key (``*`` one word, ``#`` zero or more)."""
+
+    def match(p: list[str], k: list[str]) -> bool:
+        if not p:
+            return not k
+        if p[0] == "#":
+            return any(match(p[1:], k[i:]) for i in range(len(k) + 1))
+        return bool(k) and (p[0] == "*" or p[0] == k[0]) and match(p[1:], k[1:])
+
+    return match(pattern.split("."), key.split("."))
+
+
+def sub_id(client_id: str, name: str) -> str:
+    """The broker's subscription id of a durable subscription (``client$name``), the queue's name here."""
+    return f"{client_id}${name}"
+
+
+def link_exchange(target: str) -> str:
+    """The fanout exchange of link target ``target``."""
+    return LINK_PREFIX + amqp_key(target)
+
+
+@dataclass(frozen=True)
+class AmqpTopology:
+    """The benchmark's topology as AMQP objects.
+
+    Attributes:
+        exchange: the topic exchange publications go to.
+        queues: one durable queue per subscription, plan order.
+        filters: queue -> its subscription's topic filter.
+        link_exchanges: one durable fanout exchange per link target.
+        queue_bindings: ``(queue, exchange, binding key)``; the key is ``""`` on fanout exchanges.
+        exchange_bindings: ``(destination exchange, source exchange, binding key)``.
+    """
+
+    exchange: str
+    queues: tuple[str, ...]
+    filters: dict[str, str]
+    link_exchanges: tuple[str, ...]
+    queue_bindings: tuple[tuple[str, str, str], ...]
+    exchange_bindings: tuple[tuple[str, str, str], ...]
+
+
+def map_topology(
+    plan: Sequence[tuple[str, str, str]] | None = None,
+    links: Sequence[tuple[str, str]] | None = None,
+    exchange: str = EXCHANGE,
+) -> AmqpTopology:
+    """Map subscriptions ``(filter, client id, durable name)`` and links ``(source, target)`` to AMQP.
+
+    Defaults: ``bench_lib.subscription_plan()`` and ``bench_lib.link_plan()``.
+    See the module docstring for the mapping.
+
+    Raises:
+        ValueError: a filter or topic has no AMQP equivalent (``amqp_key``).
+    """
+    plan = subscription_plan() if plan is None else plan
+    links = link_plan() if links is None else links
+    filters = {sub_id(client_id, name): topic_filter for topic_filter, client_id, name in plan}
+    queue_bindings = [(queue, exchange, amqp_key(f)) for queue, f in filters.items()]
+    index = _index(filters)
+    targets = sorted({target for _, target in links})
+    for target in targets:
+        queue_bindings += [(queue, link_exchange(target), "") for queue in sorted(index.match(target))]
+    exchange_bindings = []
+    for source, target in links:
+        exchange_bindings.append((link_exchange(target), exchange, amqp_key(source)))
+        if source in targets:
+            exchange_bindings.append((link_exchange(target), link_exchange(source), ""))
+    return AmqpTopology(
+        exchange=exchange,
+        queues=tuple(filters),
+        filters=filters,
+        link_exchanges=tuple(link_exchange(t) for t in targets),
+        queue_bindings=tuple(queue_bindings),
+        exchange_bindings=tuple(exchange_bindings),
+    )
+
+
+def _index(filters: dict[str, str]) -> TopicIndex:
+    index = TopicIndex()
+    for queue, topic_filter in filters.items():
+        index.add(topic_filter, queue)
+    return index
+
+
+def route(topo: AmqpTopology, routing_key: str) -> set[str]:
+    """The queues RabbitMQ delivers a message published to ``topo.exchange`` with ``routing_key`` to
+    (each once, whatever the number of paths; exchanges visited once), simulated."""
+    by_exchange: dict[str, list[tuple[str, str, bool]]] = {}  # source -> (destination, key, is queue)
+    for queue, source, key in topo.queue_bindings:
+        by_exchange.setdefault(source, []).append((queue, key, True))
+    for destination, source, key in topo.exchange_bindings:
+        by_exchange.setdefault(source, []).append((destination, key, False))
+    queues: set[str] = set()
+    seen = {topo.exchange}
+    todo = [topo.exchange]
+    while todo:
+        source = todo.pop()
+        fanout = source != topo.exchange
+        for destination, key, is_queue in by_exchange.get(source, ()):
+            if not fanout and not amqp_match(key, routing_key):
+                continue
+            if is_queue:
+                queues.add(destination)
+            elif destination not in seen:
+                seen.add(destination)
+                todo.append(destination)
+    return queues
+
+
+def expected_depths(
+    topics: Counter[str],
+    plan: Sequence[tuple[str, str, str]] | None = None,
+    links: Sequence[tuple[str, str]] | None = None,
+) -> dict[str, int]:
+    """Queue -> messages the broker would deliver to it for ``topics`` (topic -> publications):
+    the subscriptions matching any topic of ``LinkGraph.closure(topic)``, each once."""
+    plan = subscription_plan() if plan is None else plan
+    links = link_plan() if links is None else links
+    index = _index({sub_id(c, n): f for f, c, n in plan})
+    graph = LinkGraph()
+    for source, target in links:
+        graph.add(source, target, backward=True)  # only lets a link close a loop; closure is the same
+    depths = dict.fromkeys((sub_id(c, n) for _, c, n in plan), 0)
+    for topic, count in topics.items():
+        reached: set[str] = set()
+        for linked in graph.closure(topic):
+            reached |= index.match(linked)
+        for queue in reached:
+            depths[queue] += count
+    return depths
+
+
+def schedule(n: int, seed: int = 11) -> dict[str, list[str]]:
+    """Publisher id -> the topics of its publications, in order: publication ``i`` is publisher
+    ``i % 50``'s, on a topic drawn uniformly from ``TOPICS`` (as the broker rows' preload)."""
+    rng = random.Random(seed)
+    ids = publisher_ids()
+    out: dict[str, list[str]] = {p: [] for p in ids}
+    for i in range(n):
+        out[ids[i % PUBLISHERS]].append(rng.choice(TOPICS))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# A node of our own
+# --------------------------------------------------------------------------------------------
+
+
+def server_path() -> str | None:
+    """The ``rabbitmq-server`` script to run (``$BENCH_RABBITMQ_SERVER``, Debian's, or on PATH), or None."""
+    wanted = os.environ.get("BENCH_RABBITMQ_SERVER")
+    if wanted:
+        return wanted if os.access(wanted, os.X_OK) else None
+    if os.access(DEBIAN_SERVER, os.X_OK):
+        return DEBIAN_SERVER
+    return shutil.which("rabbitmq-server")
+
+
+def unavailable() -> str | None:
+    """Why the RabbitMQ rows cannot run here, or None when they can."""
+    if server_path() is None:
+        return "rabbitmq-server is not installed (apt-get install rabbitmq-server)"
+    if shutil.which("epmd") is None:
+        return "epmd (Erlang) is not on PATH"
+    try:
+        import pika  # noqa: F401
+    except ImportError:
+        return "pika is not installed (pip install pika: the bench extra)"
+    return None
+
+
+def _wait_port(port: int, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise BenchError(f"nothing listens on 127.0.0.1:{port} (exit code {process.poll()})")
+        time.sleep(0.05)
+
+
+class RabbitNode:
+    """A RabbitMQ node of our own on 127.0.0.1: free ports, a temporary directory, no plugins.
+
+    Args:
+        server: the ``rabbitmq-server`` script; None means ``server_path()``.
+        keep: keep the temporary directory (logs, data) after ``stop``.
+        definitions: a definitions document (``definitions``) the node loads while it boots, or None.
+
+    Attributes:
+        nodename: ``bench-<pid>@localhost``.
+        port: the AMQP port.
+        directory: the temporary directory (config, logs, data, the Erlang cookie).
+    """
+
+    def __init__(
+        self, server: str | None = None, keep: bool = False, definitions: dict[str, Any] | None = None
+    ) -> None:
+        found = server or server_path()
+        if found is None:
+            raise RabbitUnavailable("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
+        self.server = found
+        self.keep = keep
+        self.nodename = f"bench-{os.getpid()}@localhost"
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.epmd_port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="bench-rabbit-"))
+        self.process: subprocess.Popen[bytes] | None = None
+        self.epmd: subprocess.Popen[bytes] | None = None
+        self.start_s = 0.0
+        self.definitions = definitions
+
+    def environment(self) -> dict[str, str]:
+        """The environment of the server and of ``rabbitmq-diagnostics`` against it."""
+        d = self.directory
+        return os.environ | {
+            "HOME": str(d),  # the Erlang cookie
+            "RABBITMQ_NODENAME": self.nodename,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(d / "log"),
+            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
+            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+            "RABBITMQ_PID_FILE": str(d / "rabbit.pid"),
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
+
+    def start(self, timeout_s: float = 120.0) -> RabbitNode:
+        """Start epmd and the node; wait until a pika connection succeeds.
+
+        Raises:
+            BenchError: the node exited or did not accept a connection within ``timeout_s`` (its log
+                tail in the message); everything started is stopped first.
+        """
+        d = self.directory
+        (d / "log").mkdir()
+        (d / "rabbitmq.conf").write_text(
+            f"listeners.tcp.1 = 127.0.0.1:{self.port}\n"
+            "log.console = false\n"
+            "log.file.level = warning\n"
+            "disk_free_limit.absolute = 50MB\n"
+        )
+        if self.definitions is not None:
+            (d / "definitions.json").write_text(json.dumps(self.definitions))
+            conf = (d / "rabbitmq.conf").read_text()
+            (d / "rabbitmq.conf").write_text(conf + f"load_definitions = {d / 'definitions.json'}\n")
+        (d / "rabbitmq-env.conf").write_text("")
+        (d / "enabled_plugins").write_text("[].\n")  # management and every other plugin off
+        started = time.perf_counter()
+        try:
+            env = self.environment()
+            self.epmd = subprocess.Popen(
+                ["epmd", "-port", str(self.epmd_port), "-address", "127.0.0.1"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            _wait_port(self.epmd_port, self.epmd, 10)
+            with open(d / "startup.log", "wb") as out:
+                self.process = subprocess.Popen(
+                    [self.server],
+                    env=env,
+                    cwd=d,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_s = time.perf_counter() - started
+        return self
+
+    def parameters(self) -> Any:
+        """pika ``ConnectionParameters`` of the node (guest from loopback)."""
+        import pika
+
+        return pika.ConnectionParameters(
+            host="127.0.0.1", port=self.port, heartbeat=0, blocked_connection_timeout=300
+        )
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        import pika
+
+        deadline = time.monotonic() + timeout_s
+        params = self.parameters()
+        params.socket_timeout = 2
+        params.connection_attempts = 1
+        while True:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise BenchError(f"rabbitmq-server exited with {self.process.returncode}: {self.log_tail()}")
+            try:
+                pika.BlockingConnection(params).close()
+                return
+            except pika.exceptions.AMQPError:
+                if time.monotonic() > deadline:
+                    raise BenchError(
+                        f"RabbitMQ did not accept a connection in {timeout_s:.0f} s: {self.log_tail()}"
+                    ) from None
+                time.sleep(0.25)
+
+    def log_tail(self, chars: int = 1500) -> str:
+        """The end of the startup output and of the node's log."""
+        texts = []
+        for path in (self.directory / "startup.log", *sorted((self.directory / "log").glob("*.log"))):
+            with contextlib.suppress(OSError):
+                texts.append(f"[{path.name}] " + path.read_text(errors="replace")[-chars:])
+        return "\n".join(texts)
+
+    def beam_pids(self) -> list[int]:
+        """The Erlang VM's pids (``beam*`` processes of the node's session), for the CPU meter."""
+        if self.process is None:
+            return []
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_bytes()
+            except OSError:
+                continue
+            name = stat[stat.index(b"(") + 1 : stat.rindex(b")")]
+            fields = stat[stat.rindex(b")") + 2 :].split()
+            if name.startswith(b"beam") and int(fields[3]) == self.process.pid:  # session id
+                pids.append(int(entry.name))
+        return pids
+
+    def version(self) -> str:
+        """The server's version (from the AMQP connection's server properties)."""
+        import pika
+
+        conn = pika.BlockingConnection(self.parameters())
+        try:
+            props = conn._impl.server_properties  # what the broker said in connection.start
+            version = props.get("version", b"?")
+            return version.decode() if isinstance(version, bytes) else str(version)
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        """Stop the node (SIGTERM to its session: a clean shutdown; SIGKILL after 30 s), then our epmd,
+        and remove the directory unless ``keep``. Safe to call twice."""
+        if self.process is not None:
+            _stop_session(self.process, 30)
+            self.process = None
+        if self.epmd is not None:
+            _stop_session(self.epmd, 5)
+            self.epmd = None
+        if not self.keep:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> RabbitNode:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _stop_session(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM the session ``process`` leads (we started it with ``start_new_session``), then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        deadline = time.monotonic() + wait_s  # the session's other processes (beam under the script)
+        while _session_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _session_alive(process.pid):
+            return
+
+
+def _session_alive(sid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_bytes()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(b")") + 2 :].split()
+            if int(fields[3]) == sid and fields[0] != b"Z":
+                return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# Declaring, checking and purging the topology
+# --------------------------------------------------------------------------------------------
+
+
+def definitions(topo: AmqpTopology, vhost: str = "/") -> dict[str, Any]:
+    """``topo`` as a RabbitMQ definitions document (``load_definitions``: declared while the node boots,
+    much faster than one round trip per object), with the ``guest`` user the node would make."""
+    salt = os.urandom(4)
+    guest = base64.b64encode(salt + hashlib.sha256(salt + b"guest").digest()).decode()
+
+    def binding(source: str, destination: str, kind: str, key: str) -> dict[str, Any]:
+        return {
+            "source": source,
+            "vhost": vhost,
+            "destination": destination,
+            "destination_type": kind,
+            "routing_key": key,
+            "arguments": {},
+        }
+
+    def exchange(name: str, kind: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "vhost": vhost,
+            "type": kind,
+            "durable": True,
+            "auto_delete": False,
+            "internal": False,
+            "arguments": {},
+        }
+
+    return {
+        "users": [
+            {
+                "name": "guest",
+                "password_hash": guest,
+                "hashing_algorithm": "rabbit_password_hashing_sha256",
+                "tags": ["administrator"],
+            }
+        ],
+        "vhosts": [{"name": vhost}],
+        "permissions": [{"user": "guest", "vhost": vhost, "configure": ".*", "write": ".*", "read": ".*"}],
+        "exchanges": [exchange(topo.exchange, "topic")]
+        + [exchange(x, "fanout") for x in topo.link_exchanges],
+        "queues": [
+            {"name": q, "vhost": vhost, "durable": True, "auto_delete": False, "arguments": {}}
+            for q in topo.queues
+        ],
+        "bindings": [binding(s, d, "exchange", k) for d, s, k in topo.exchange_bindings]
+        + [binding(s, q, "queue", k) for q, s, k in topo.queue_bindings],
+    }
+
+
+def depths(channel: Any, queues: Iterable[str]) -> dict[str, int]:
+    """Queue -> messages ready (a passive ``queue.declare`` each)."""
+    return {q: channel.queue_declare(q, passive=True).method.message_count for q in queues}
+
+
+def purge(channel: Any, queues: Iterable[str]) -> None:
+    """Purge every queue."""
+    for queue in queues:
+        channel.queue_purge(queue)
+
+
+# --------------------------------------------------------------------------------------------
+# Publisher processes
+# --------------------------------------------------------------------------------------------
+
+
+def _publisher_process(
+    port: int,
+    exchange: str,
+    work: dict[str, list[str]],
+    delivery_mode: int,
+    confirms: bool,
+    window: int,
+    body: bytes,
+    conn: Any,
+    go: Any,
+) -> None:
+    """One process: one pika ``SelectConnection``, one channel per publisher of ``work`` (publisher id ->
+    topics). Sends ``("ready",)`` when every channel is open, starts when ``go`` is set, then sends
+    ``("done", t_start, t_end, published, nacked)`` (``time.perf_counter``, the same clock in every
+    process on Linux) or ``("error", text)``."""
+    import pika
+    from pika.adapters.select_connection import SelectConnection
+
+    state: dict[str, Any] = {"open": 0, "done": 0, "nacked": 0}
+    channels: list[_Channel] = []
+    buffer_limit = 256 * 1024  # transient: publish more only when pika's write buffer is below this
+
+    class _Channel:
+        def __init__(self, publisher: str, topics: list[str]) -> None:
+            self.publisher = publisher
+            self.keys = [amqp_key(t) for t in topics]
+            self.sent = 0
+            self.unconfirmed: set[int] = set()
+            self.finished = False
+            self.channel: Any = None
+
+        def on_open(self, channel: Any) -> None:
+            self.channel = channel
+            channel.add_on_close_callback(on_channel_closed)
+            if confirms:
+                channel.confirm_delivery(self.on_confirm, callback=lambda _frame: opened())
+            else:
+                opened()
+
+        def pump(self, limit: int) -> None:
+            """Publish up to ``limit`` more (and at most the window's room)."""
+            end = len(self.keys)
+            if confirms:
+                limit = min(limit, window - len(self.unconfirmed))
+            publish = self.channel.basic_publish
+            while limit > 0 and self.sent < end:
+                self.sent += 1
+                props = pika.BasicProperties(
+                    delivery_mode=delivery_mode,
+                    message_id=f"{self.publisher}-{self.sent}",
+                    app_id=self.publisher,
+                )
+                publish(exchange, self.keys[self.sent - 1], body, props)
+                if confirms:
+                    self.unconfirmed.add(self.sent)  # delivery tags count from 1 per channel
+                limit -= 1
+            if self.sent == end and not self.finished:
+                if confirms and not self.unconfirmed:
+                    self.finish()
+                elif not confirms:
+                    self.finished = True  # a synchronous round trip: everything before it was routed
+                    self.channel.basic_qos(prefetch_count=0, callback=lambda _frame: self.finish())
+
+        def on_confirm(self, frame: Any) -> None:
+            method = frame.method
+            tags = (
+                {t for t in self.unconfirmed if t <= method.delivery_tag}
+                if method.multiple
+                else {method.delivery_tag}
+            )
+            if isinstance(method, pika.spec.Basic.Nack):
+                state["nacked"] += len(tags & self.unconfirmed)
+            self.unconfirmed -= tags
+            self.pump(window)
+            if self.sent == len(self.keys) and not self.unconfirmed and not self.finished:
+                self.finish()
+
+        def finish(self) -> None:
+            self.finished = True
+            state["done"] += 1
+            if state["done"] == len(channels):
+                t_end = time.perf_counter()
+                published = sum(c.sent for c in channels)
+                conn.send(("done", state["t_start"], t_end, published, state["nacked"]))
+                connection.close()
+
+    def opened() -> None:
+        state["open"] += 1
+        if state["open"] == len(channels):
+            conn.send(("ready",))
+            connection.ioloop.call_later(0.001, wait_go)
+
+    def wait_go() -> None:
+        if not go.is_set():
+            connection.ioloop.call_later(0.001, wait_go)
+            return
+        state["t_start"] = time.perf_counter()
+        if confirms:
+            for c in channels:
+                c.pump(window)
+        else:
+            tick()
+
+    def tick() -> None:
+        """Transient: a round of 20 per channel whenever pika's write buffer is short."""
+        if connection._get_write_buffer_size() < buffer_limit:
+            for c in channels:
+                if not c.finished:
+                    c.pump(20)
+        if any(not c.finished for c in channels):
+            connection.ioloop.call_later(0, tick)
+
+    def on_channel_closed(channel: Any, reason: Exception) -> None:
+        if state["done"] < len(channels):
+            fail(f"channel {channel.channel_number} closed: {reason}")
+
+    def fail(text: str) -> None:
+        with contextlib.suppress(Exception):
+            conn.send(("error", text))
+        state["done"] = len(channels) + 1
+        with contextlib.suppress(Exception):
+            connection.ioloop.stop()
+
+    def on_open(connection: Any) -> None:
+        for c in channels:
+            connection.channel(on_open_callback=c.on_open)
+
+    def on_open_error(_connection: Any, error: Exception) -> None:
+        fail(f"connection failed: {error!r}")
+
+    def on_closed(_connection: Any, _reason: Exception) -> None:
+        if state["done"] < len(channels):
+            fail(f"connection closed: {_reason!r}")
+        connection.ioloop.stop()
+
+    channels.extend(_Channel(p, topics) for p, topics in work.items())
+    params = pika.ConnectionParameters(host="127.0.0.1", port=port, heartbeat=0)
+    connection = SelectConnection(
+        params, on_open_callback=on_open, on_open_error_callback=on_open_error, on_close_callback=on_closed
+    )
+    try:
+        connection.ioloop.start()
+    except Exception as exc:  # reported to the parent, which raises BenchError
+        fail(f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def _publishers(
+    node: RabbitNode,
+    work: dict[str, list[str]],
+    procs: int,
+    mode: str,
+    window: int,
+    body: bytes,
+    timeout_s: float,
+) -> Iterator[tuple[list[Any], list[Any], Any]]:
+    """Start ``procs`` publisher processes (the publishers dealt round robin) and wait until every
+    channel is open; yields (processes, their pipe ends, the start event). Processes are ended at exit."""
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    ids = list(work)
+    delivery_mode, confirms = MODES[mode]
+    processes, pipes = [], []
+    try:
+        for k in range(procs):
+            mine = {p: work[p] for p in ids[k::procs]}
+            parent, child = ctx.Pipe(duplex=False)
+            process = ctx.Process(
+                target=_publisher_process,
+                args=(node.port, EXCHANGE, mine, delivery_mode, confirms, window, body, child, go),
+                daemon=True,
+            )
+            process.start()
+            child.close()
+            processes.append(process)
+            pipes.append(parent)
+        for got in _gather(pipes, processes, "ready", timeout_s):
+            if got[0] != "ready":
+                raise BenchError(f"RabbitMQ publisher: {got[1] if len(got) > 1 else got}")
+        yield processes, pipes, go
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+
+
+def _gather(pipes: list[Any], processes: list[Any], what: str, timeout_s: float) -> list[tuple[Any, ...]]:
+    """One message from every pipe, within ``timeout_s``."""
+    from multiprocessing.connection import wait
+
+    out: list[tuple[Any, ...] | None] = [None] * len(pipes)
+    deadline = time.monotonic() + timeout_s
+    while any(x is None for x in out):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BenchError(f"RabbitMQ publishers: not all {what} after {timeout_s:.0f} s")
+        for ready in wait([p for p, x in zip(pipes, out, strict=True) if x is None], timeout=min(left, 1.0)):
+            i = pipes.index(ready)
+            try:
+                out[i] = pipes[i].recv()
+            except EOFError:
+                raise BenchError(
+                    f"RabbitMQ publisher process {processes[i].pid} exited (code {processes[i].exitcode})"
+                ) from None
+    return [x for x in out if x is not None]
+
+
+# --------------------------------------------------------------------------------------------
+# The measurement
+# --------------------------------------------------------------------------------------------
+
+
+def run_mode(
+    node: RabbitNode,
+    channel: Any,
+    topo: AmqpTopology,
+    n: int,
+    mode: str,
+    procs: int = 2,
+    window: int = WINDOW,
+    settle_s: float = 60.0,
+) -> dict[str, Any]:
+    """Publish ``n`` publications (``schedule``) in ``mode`` (``MODES``) and check every queue's depth.
+
+    The queues must be empty before; they are purged after (untimed).
+
+    Returns:
+        Figures: pubs/s, deliveries/s, elapsed, settle time, CPU (``rabbitmq``: the node's beam,
+        ``publishers``, ``bench``, ``foreign``; % of one core), the node's and the publishers'
+        CPU-us per publication, queues checked.
+
+    Raises:
+        BenchError: a publisher failed or was nacked, or a queue's depth is not what the broker
+            would have delivered (``expected_depths``).
+    """
+    work = schedule(n)
+    expected = expected_depths(Counter(t for topics in work.values() for t in topics))
+    total = sum(expected.values())
+    if total != n * FANOUT:
+        raise BenchError(f"RabbitMQ: the topology delivers {total} for {n} publications, not {n * FANOUT}")
+    body = bodies(1, BODY_BYTES)[0]
+    timeout_s = max(120.0, n / 100)
+    with _publishers(node, work, procs, mode, window, body, timeout_s) as (processes, pipes, go):
+        meter = CpuMeter(
+            {"rabbitmq": node.beam_pids(), "publishers": [p.pid for p in processes], "bench": [os.getpid()]}
+        )
+        t0 = time.perf_counter()
+        go.set()
+        results = _gather(pipes, processes, "done", timeout_s)
+        cpu = meter.stop()
+    for got in results:
+        if got[0] != "done":
+            raise BenchError(f"RabbitMQ {mode}: {got[1]}")
+    t_end = max(got[2] for got in results)
+    published = sum(got[3] for got in results)
+    nacked = sum(got[4] for got in results)
+    elapsed = t_end - t0
+    if published != n or nacked:
+        raise BenchError(f"RabbitMQ {mode}: published {published} of {n}, {nacked} nacked")
+    deadline = time.monotonic() + settle_s
+    while True:
+        found = depths(channel, topo.queues)
+        if sum(found.values()) >= total or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    settled = time.perf_counter() - t_end
+    wrong = {q: (found[q], want) for q, want in expected.items() if found[q] != want}
+    purge(channel, topo.queues)
+    if wrong:
+        sample = dict(list(wrong.items())[:5])
+        raise BenchError(
+            f"RabbitMQ {mode}: {len(wrong)} queues do not hold what the broker would deliver "
+            f"(found, expected): {sample}; {sum(found.values())} of {total} messages"
+        )
+    return {
+        "mode": mode,
+        "n": n,
+        "procs": procs,
+        "window": window if MODES[mode][1] else None,
+        "elapsed_s": round(elapsed, 3),
+        "pubs_per_s": round(n / elapsed),
+        "deliveries_per_s": round(total / elapsed),
+        "deliveries": total,
+        "fanout_measured": round(total / n, 3),
+        "queues_checked": len(found),
+        "settle_s": round(settled, 3),
+        "cpu": cpu,
+        # CPU time per publication: steadier than the rate on a shared box
+        "rabbitmq_cpu_us_per_pub": round(cpu.get("rabbitmq", 0.0) / 100 * elapsed * 1e6 / n, 1),
+        "publishers_cpu_us_per_pub": round(cpu.get("publishers", 0.0) / 100 * elapsed * 1e6 / n, 1),
+    }
+
+
+class RabbitPeer:
+    """A node with the benchmark's topology (loaded while it boots, ``definitions``) and a pika channel
+    to check and purge its queues: ``run`` measures one mode, as often as wanted (side by side with
+    the broker's runs).
+
+    Args:
+        procs: publisher processes for the 50 channels.
+        window: unconfirmed messages per channel in the persistent mode.
+
+    Attributes:
+        topo: the topology as AMQP.
+        info: ``{"version", "node_start_s", "topology": counts}`` once started.
+    """
+
+    def __init__(self, procs: int = 2, window: int = WINDOW) -> None:
+        self.procs = procs
+        self.window = window
+        self.topo = map_topology()
+        self.node: RabbitNode | None = None
+        self.connection: Any = None
+        self.channel: Any = None
+        self.info: dict[str, Any] = {
+            "topology": {
+                "queues": len(self.topo.queues),
+                "link_exchanges": len(self.topo.link_exchanges),
+                "queue_bindings": len(self.topo.queue_bindings),
+                "exchange_bindings": len(self.topo.exchange_bindings),
+            }
+        }
+
+    def start(self) -> RabbitPeer:
+        """Start the node; every queue must exist and be empty.
+
+        Raises:
+            RabbitUnavailable: rabbitmq-server, epmd or pika is missing.
+            BenchError: the node did not start, or its queues are not the topology's (it is stopped).
+        """
+        why = unavailable()
+        if why:
+            raise RabbitUnavailable(why)
+        import pika
+
+        self.node = RabbitNode(definitions=definitions(self.topo))
+        try:
+            self.node.start()
+            self.info["version"] = self.node.version()
+            self.info["node_start_s"] = round(self.node.start_s, 1)
+            self.connection = pika.BlockingConnection(self.node.parameters())
+            self.channel = self.connection.channel()
+            empty = depths(self.channel, self.topo.queues)
+            if len(empty) != len(self.topo.queues) or any(empty.values()):
+                raise BenchError(
+                    f"RabbitMQ: {len(empty)} queues declared, not {len(self.topo.queues)}, or not empty"
+                )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def run(self, mode: str, n: int) -> dict[str, Any]:
+        """``run_mode`` on this node."""
+        assert self.node is not None, "start the peer first"
+        return run_mode(self.node, self.channel, self.topo, n, mode, self.procs, self.window)
+
+    def stop(self) -> None:
+        """Close the channel's connection and stop the node (``RabbitNode.stop``). Safe to call twice."""
+        if self.connection is not None:
+            with contextlib.suppress(Exception):
+                self.connection.close()
+            self.connection = None
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
+
+
+def run_rabbit(
+    n: int, procs: int = 2, window: int = WINDOW, modes: Sequence[str] = ("persistent", "transient")
+) -> dict[str, Any]:
+    """Start a ``RabbitPeer``, measure each of ``modes`` once, stop it.
+
+    Returns:
+        ``RabbitPeer.info`` with ``<mode>: run_mode figures``.
+
+    Raises:
+        RabbitUnavailable: rabbitmq-server, epmd or pika is missing.
+        BenchError: the node did not start, or a mode failed (``run_mode``).
+    """
+    peer = RabbitPeer(procs, window).start()
+    try:
+        return peer.info | {mode: peer.run(mode, n) for mode in modes}
+    finally:
+        peer.stop()
