@@ -94,10 +94,11 @@ def _consumer_id() -> str:
 
 
 class _Scripts:
-    """``receive.lua`` and ``recover.lua`` bound to one client."""
+    """``receive.lua``, ``ack.lua`` and ``recover.lua`` bound to one client."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.receive = client.register_script(script_source("receive"))
+        self.ack = client.register_script(script_source("ack"))
         self.recover = client.register_script(script_source("recover"))
 
 
@@ -289,6 +290,30 @@ class Subscriber:
         self.inflight = keys.consumer_inflight(qm, sub_id, self.consumer_id)
         self._redelivered = keys.sub_redelivered(qm, sub_id)
         self._scripts = _scripts(client)
+        settings = self.settings
+        self._receive_keys = [
+            keys.sub_consumers(qm, sub_id),
+            self.inflight,
+            self.bell,
+            self._redelivered,
+            keys.sub_holder(qm, sub_id),
+            keys.dead_letter(qm),
+            keys.expired(qm),
+            *self.bands,
+        ]
+        # receive.lua's arguments; [1] (how many) and [3] (now) are set in each call's copy
+        self._receive_args: list[Any] = [
+            self.consumer_id,
+            0,
+            settings.consumer_lease_ms,
+            "",
+            {"shared": 0, "exclusive": 1, "activestandby": 2}[record.mode],
+            1 if settings.expired_to_dlq else 0,
+            settings.dead_letter_max_len,
+            sub_id,
+            settings.max_consumers_per_subscription,
+        ]
+        self._ack_keys = [self.inflight, self._redelivered]
         self.standby = False
         self.closed = False
         self._stop = threading.Event()
@@ -309,41 +334,22 @@ class Subscriber:
     def _take(self, count: int) -> list[Delivery]:
         settings = self.settings
         sub_id = self.record.sub_id
-        mode_code = {"shared": 0, "exclusive": 1, "activestandby": 2}[self.record.mode]
-        reply = self._scripts.receive(
-            keys=[
-                keys.sub_consumers(self.qm, sub_id),
-                self.inflight,
-                self.bell,
-                self._redelivered,
-                keys.sub_holder(self.qm, sub_id),
-                keys.dead_letter(self.qm),
-                keys.expired(self.qm),
-                *self.bands,
-            ],
-            args=[
-                self.consumer_id,
-                count,
-                settings.consumer_lease_ms,
-                self._now(),
-                mode_code,
-                1 if settings.expired_to_dlq else 0,
-                settings.dead_letter_max_len,
-                sub_id,
-                settings.max_consumers_per_subscription,
-            ],
-        )
-        status = as_bytes(reply[0]).decode()
-        if status == "full":
+        args = self._receive_args.copy()  # a copy: the heartbeat thread calls this too
+        args[1] = count
+        args[3] = self._now()
+        reply = self._scripts.receive(keys=self._receive_keys, args=args)
+        status = as_bytes(reply[0])
+        if status == b"full":
             raise TooManyConsumers(sub_id, settings.max_consumers_per_subscription)
-        if status == "standby":
+        if status == b"standby":
             if self.record.mode == "exclusive":
                 holder = self.client.get(keys.sub_holder(self.qm, sub_id))
                 raise ConsumerConflict(sub_id, as_bytes(holder).decode() if holder else "?")
             self.standby = True
             return []
         self.standby = False
-        return [_decode(reply[i], int(reply[i + 1]), self.queue) for i in range(2, len(reply), 2)]
+        queue = self.queue
+        return [_decode(reply[i], reply[i + 1], queue) for i in range(2, len(reply), 2)]
 
     @translate_errors
     def heartbeat(self) -> None:
@@ -461,21 +467,21 @@ class Subscriber:
 
     @translate_errors
     def ack_many(self, deliveries: Iterable[Delivery]) -> int:
-        """Acknowledge deliveries in one round trip; returns how many were still in flight.
+        """Acknowledge deliveries in one round trip (``ack.lua``); returns how many were still in flight.
 
-        A delivery no longer in this consumer's in-flight list (its lease lapsed
-        and it was given back for redelivery) is not counted.
+        Acknowledging the whole batch last received (or its oldest part) is one step
+        in Redis whatever its size; any other subset costs a search per message from
+        the oldest end of this consumer's in-flight list. A delivery no longer in
+        flight (this consumer's lease lapsed and its messages were given back for
+        redelivery) is not counted and changes nothing.
+
+        Raises:
+            ServerError: the in-flight list or the redelivery hash holds another Redis type.
         """
-        pipe = self.client.pipeline(transaction=False)
-        items = list(deliveries)
-        for delivery in items:
-            value: Any = delivery.raw  # bytes: the exact bytes received
-            pipe.lrem(self.inflight, -1, value)
-        redelivered = [d.message.entry_id for d in items if d.redelivered and d.message.entry_id]
-        if redelivered:
-            pipe.hdel(self._redelivered, *redelivered)
-        replies = pipe.execute()
-        return sum(int(r) for r in replies[: len(items)])
+        raws = [delivery.raw for delivery in deliveries]
+        if not raws:
+            return 0
+        return int(self._scripts.ack(keys=self._ack_keys, args=raws))
 
     def ack(self, delivery: Delivery) -> bool:
         """Acknowledge one delivery; False when it was no longer in flight (see ``ack_many``)."""
