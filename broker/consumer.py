@@ -62,6 +62,12 @@ log = logging.getLogger("broker.consumer")
 #: Most subscriptions one ``sweep_subscriptions`` call looks at.
 SWEEP_SUBSCRIPTIONS = 200
 
+#: Where a consumer may die between its atomic steps (the crash-point hook of the tests):
+#: ``after_receive``, its messages taken into its in-flight list and not yet handed to the
+#: caller; ``after_ack``, acknowledged but the caller not yet told. Either way nothing is lost:
+#: what it held is given back, counted, once its lease has passed (``recover.lua``).
+CRASH_POINTS = ("after_receive", "after_ack")
+
 #: How often a consumer waiting for messages looks again while the server is full, ms (it
 #: cannot block on its subscription's bell then: BLMOVE is refused like any write that may grow).
 FULL_POLL_MS = 50
@@ -257,6 +263,7 @@ class Subscriber:
             (default); False: the caller's own ``receive``/``heartbeat`` calls must
             (each ``receive`` renews it too).
         clock_ms: the time in ms since the epoch for scripts (tests); None: the server's clock.
+        hook: called with a name from ``CRASH_POINTS`` at each crash point (tests).
 
     Raises:
         ConsumerConflict: the subscription is exclusive and another live consumer holds it.
@@ -275,8 +282,10 @@ class Subscriber:
         consumer_id: str | None = None,
         heartbeat: bool = True,
         clock_ms: Callable[[], int] | None = None,
+        hook: Callable[[str], None] | None = None,
     ) -> None:
         self.client = client
+        self.hook = hook
         self.qm = qm
         self.record = record
         self.settings = settings or Settings()
@@ -348,6 +357,8 @@ class Subscriber:
             self.standby = True
             return []
         self.standby = False
+        if count and self.hook is not None:
+            self.hook("after_receive")
         queue = self.queue
         return [_decode(reply[i], reply[i + 1], queue) for i in range(2, len(reply), 2)]
 
@@ -481,7 +492,10 @@ class Subscriber:
         raws = [delivery.raw for delivery in deliveries]
         if not raws:
             return 0
-        return int(self._scripts.ack(keys=self._ack_keys, args=raws))
+        acked = int(self._scripts.ack(keys=self._ack_keys, args=raws))
+        if self.hook is not None:
+            self.hook("after_ack")
+        return acked
 
     def ack(self, delivery: Delivery) -> bool:
         """Acknowledge one delivery; False when it was no longer in flight (see ``ack_many``)."""
