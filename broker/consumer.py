@@ -73,25 +73,66 @@ CRASH_POINTS = ("after_receive", "after_ack")
 FULL_POLL_MS = 50
 
 
-@dataclass(frozen=True)
 class Delivery:
     """One message taken by a consumer, not yet acknowledged.
+
+    The envelope is decoded when ``message`` is first read (then kept): a consumer that
+    acknowledges without reading, or reads only some, pays nothing for the others.
 
     Attributes:
         message: the decoded message.
         raw: the envelope as stored (needed to acknowledge it).
         delivery_count: how many times it has been delivered, this one
             included (JMSXDeliveryCount, Jakarta Messaging §3.5.11); 1 the first time.
+
+    Raises:
+        InvalidMessage: reading ``message`` of a malformed envelope (the delivery stays in
+            flight: acknowledge it to drop it, or leave it to be redelivered and, after
+            ``max_redeliveries``, dead-lettered).
     """
 
-    message: Message
-    raw: bytes
-    delivery_count: int = 1
+    __slots__ = ("_message", "_queue", "_raw", "_count")
+
+    def __init__(
+        self, message: Message | None, raw: bytes, delivery_count: int = 1, queue: str = ""
+    ) -> None:
+        self._message = message
+        self._raw = raw
+        self._count = delivery_count
+        self._queue = queue
+
+    @property
+    def message(self) -> Message:
+        """The decoded message (decoded on first use)."""
+        message = self._message
+        if message is None:
+            message = self._message = _decode(self._raw, self._queue or "?")
+        return message
+
+    @property
+    def raw(self) -> bytes:
+        """The envelope as stored: ``<header JSON>\\n<body>``."""
+        return self._raw
+
+    @property
+    def delivery_count(self) -> int:
+        """How many times it has been delivered, this one included; 1 the first time."""
+        return self._count
 
     @property
     def redelivered(self) -> bool:
         """It was delivered before to a consumer that did not acknowledge it (JMSRedelivered)."""
-        return self.delivery_count > 1
+        return self._count > 1
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Delivery):
+            return NotImplemented
+        return self._raw == other._raw and self._count == other._count
+
+    __hash__ = None  # type: ignore[assignment]  # as before: equal by value, not hashable
+
+    def __repr__(self) -> str:
+        return f"Delivery(raw={self._raw[:60]!r}..., delivery_count={self._count})"
 
 
 def _consumer_id() -> str:
@@ -241,10 +282,14 @@ def sweep_subscriptions(
     return last, removed
 
 
-def _decode(raw: Any, count: int, queue: str) -> Delivery:
-    envelope = as_bytes(raw)
+def _decode(envelope: bytes, queue: str) -> Message:
+    """The message of an envelope taken from ``queue``.
+
+    Raises:
+        InvalidMessage: the envelope is malformed (named with its queue).
+    """
     try:
-        return Delivery(Message.from_envelope(envelope), envelope, count)
+        return Message.from_envelope(envelope)
     except (InvalidMessage, KeyError, ValueError) as exc:
         raise InvalidMessage(f"malformed envelope in {queue}: {exc}") from exc
 
@@ -360,7 +405,7 @@ class Subscriber:
         if count and self.hook is not None:
             self.hook("after_receive")
         queue = self.queue
-        return [_decode(reply[i], reply[i + 1], queue) for i in range(2, len(reply), 2)]
+        return [Delivery(None, reply[i], reply[i + 1], queue) for i in range(2, len(reply), 2)]
 
     @translate_errors
     def heartbeat(self) -> None:
@@ -430,17 +475,24 @@ class Subscriber:
         Highest priority first, oldest first within a priority; messages that
         expired while waiting are skipped (counted, dead-lettered with
         ``expired_to_dlq``). A standby consumer receives nothing until it takes over.
+        Each delivery's message is decoded when it is first read (``Delivery.message``,
+        which raises ``InvalidMessage`` for a malformed envelope).
+
+        Batches of a few hundred are cheapest per message (``scripts/bench.py`` row 8):
+        taking and acknowledging cost a round trip and a fixed part each, and
+        ``ack_many`` of a whole batch is one step in Redis.
 
         Args:
             max_messages: the most messages to take (>= 1).
             timeout_ms: when none is waiting, wait up to this long for one, ms; 0 returns at once.
 
         Returns:
-            The deliveries to acknowledge; empty when none came in time.
+            The deliveries to acknowledge, oldest first; empty when none came in time.
 
         Raises:
             ConsumerConflict: the subscription is exclusive and another live consumer holds it.
-            InvalidMessage: an envelope is malformed (it stays in flight).
+            TooManyConsumers: this consumer is not attached (its lease ran out) and the
+                subscription has ``max_consumers_per_subscription`` live consumers.
             ValueError: ``max_messages`` < 1.
         """
         if max_messages < 1:
@@ -590,7 +642,7 @@ def browse(
             if not page:
                 break
             for item in reversed(page):
-                message = _decode(item, 1, band).message
+                message = _decode(as_bytes(item), band)
                 if not (message.expiration_ms and message.expiration_ms <= now):
                     out.append(message)
                     if len(out) >= n:
