@@ -101,9 +101,12 @@ Measurements
    ``broker.consumer.Subscriber`` of one durable subscription): N envelopes
    (as a worker writes them, 200-byte bodies) are LPUSHed straight into the
    subscriber queue (untimed), then drained with ``receive_many(100)`` +
-   ``ack_many``; then N/5 others one at a time with ``receive()`` + ``ack()``.
-   consume_per_s = messages/s of the first; consume_batch_ratio = that / the
-   second's.
+   ``ack_many``; N others with ``receive_many(1000)`` + ``ack_many``; N others with
+   ``receive_many(100)``, reading every message (``Delivery.message``: the
+   envelope is decoded when first read), + ``ack_many``; then N/5 others one at a
+   time with ``receive()`` + ``ack()``. consume_per_s = messages/s of the first;
+   consume_batch_ratio = that / the last's. Python and Redis CPU-us per message are
+   shown for each.
 9. **Topic objects**: as 2 with 2 workers, twice side by side (in alternating
    order when repeated), same topology and publications: in one run 200
    administrative topic objects (``broker.topic_objects.define``, after the
@@ -185,6 +188,16 @@ Measurements
    recording outcomes, deliveries and both latency histograms per publication, the pool
    serving ``/metrics``, not scraped). metrics_ratio = pubs/s on / off, per repeat, median
    (printed before the last line and in ``--json``).
+
+16. **End to end** (``--only e2e``; issue 16): paced publishers (``Publisher.publish``,
+   one XADD each, ``sent_ns`` in a property, one process per 6,000/s, each with its own
+   publisher ids) -> 2 workers -> one consumer *process* (a ``Subscriber`` doing
+   ``receive_many(100, timeout_ms=100)``, reading each message's ``sent_ns``, then
+   ``ack_many``) on the subscription of ``bench/0/#``. Latency = the time ``ack_many``
+   returned - the send time (same clock, as 4.); the first 0.25 s is warm-up. Run at
+   ``--rate`` (2,000/s) and at 80% of the saturated rate: the 2-worker rate of 2. when
+   it ran, else one 2-worker run made for it. Prints ``e2e_p99_ms=`` and
+   ``e2e_p99_80pct_ms=`` before the last line (and in ``--json``).
 
 The last line is, exactly::
 
@@ -309,6 +322,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "federation",
         "security",
         "metrics",
+        "e2e",
     }
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
@@ -449,6 +463,7 @@ class Bench:
             "swiftmq",
             "security",
             "metrics",
+            "e2e",
         }
         topo = None
         if need_topology:
@@ -717,6 +732,8 @@ class Bench:
             got = self.attempt("latency", lib.run_latency, client, settings, topo, args.rate, args.latency_s)
             if got:
                 self.figures["latency"] = got
+        if "e2e" in args.only and topo is not None:
+            self.run_e2e(client, settings, topo)
         if "kombu" in args.only:
             self.idle("kombu")
             self.log(f"5. kombu topic exchange, N={args.kombu_n:,}")
@@ -727,13 +744,15 @@ class Bench:
             single_n = max(1000, args.n // 5)
             self.idle("consume")
             self.log(
-                f"8. one consumer: receive_many(100) + ack_many of {args.n:,}, receive + ack of {single_n:,}"
+                f"8. one consumer: receive_many(100) + ack_many of {args.n:,}, the same with receive_many(1000), "
+                f"and reading each message; receive + ack of {single_n:,}"
             )
             got = self.attempt("consume", lib.run_consume, client, settings, QM, args.n, single_n)
             if got:
                 self.figures["consume"] = got
                 self.log(
-                    f"   {got['msgs_per_s']:,} msgs/s batched, {got['single_msgs_per_s']:,} one at a time"
+                    f"   {got['msgs_per_s']:,} msgs/s batched, {got['large_msgs_per_s']:,} by 1000, "
+                    f"{got['read_msgs_per_s']:,} read, {got['single_msgs_per_s']:,} one at a time"
                 )
         if "match" in args.only:
             self.idle("matching")
@@ -760,6 +779,40 @@ class Bench:
             if got:
                 self.figures["profile"] = got
         client.flushdb()
+
+    def run_e2e(self, client: Any, settings: Settings, topo: Any) -> None:
+        """16. End to end at ``--rate`` and at 80% of the saturated 2-worker rate."""
+        args = self.args
+        saturated = self.figures.get("broker_2w", {}).get("pubs_per_s")
+        if not saturated:
+            self.idle("e2e saturation")
+            self.log(f"16. end to end: the saturated rate first (2 workers, N={args.n:,})")
+            got = self.attempt(
+                "e2e_saturation", lib.run_broker, client, settings, topo, args.n, 2, False, args.interleave
+            )
+            saturated = got and got["pubs_per_s"]
+        if not saturated:
+            return
+        self.figures["e2e_saturated"] = saturated
+        for key, rate in (("e2e", args.rate), ("e2e_80pct", 0.8 * saturated)):
+            self.idle(key)
+            self.log(f"16. end to end: paced {rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers, 1 consumer process")
+            got = self.attempt(key, lib.run_e2e, client, settings, topo, rate, args.latency_s)
+            if got:
+                self.figures[key] = got
+                self.log(f"   p50 {got['p50_ms']} ms, p99 {got['p99_ms']} ms, achieved {got['achieved_rate']:,}/s")
+
+    def e2e_text(self) -> str:
+        """16.'s figures, printed before the last line."""
+        f = self.figures
+        if "e2e" not in f and "e2e_80pct" not in f:
+            return ""
+        nan = float("nan")
+        return (
+            f"16. end to end (publish -> 2 workers -> consumer ack), saturated {f.get('e2e_saturated', nan):,} pubs/s: "
+            f"e2e_p99_ms={f.get('e2e', {}).get('p99_ms', nan)} "
+            f"e2e_p99_80pct_ms={f.get('e2e_80pct', {}).get('p99_ms', nan)}"
+        )
 
     def stop(self) -> None:
         if self.fed is not None:
@@ -1131,9 +1184,26 @@ class Bench:
                 _fmt(c["msgs_per_s"]),
                 f"1 Subscriber (in the bench process): receive_many({c['batch']}) + ack_many, "
                 f"{c['n']:,} preloaded messages; {c['batch_over_single']:.1f}x one at a time; "
-                f"redis {c['redis_cpu_us_per_msg']} CPU-us/msg",
+                f"python {c.get('bench_cpu_us_per_msg', '-')}, redis {c['redis_cpu_us_per_msg']} CPU-us/msg",
                 cpu3(c["cpu"], ("bench",)),
             )
+            if "large_msgs_per_s" in c:
+                table.add_row(
+                    "8. consume batched 1000",
+                    "-",
+                    _fmt(c["large_msgs_per_s"]),
+                    f"same, receive_many({c['large_batch']}) + ack_many; "
+                    f"python {c['large_bench_cpu_us_per_msg']}, redis {c['large_redis_cpu_us_per_msg']} CPU-us/msg",
+                    cpu3(c["large_cpu"], ("bench",)),
+                )
+                table.add_row(
+                    "8. consume batched, read",
+                    "-",
+                    _fmt(c["read_msgs_per_s"]),
+                    f"same, receive_many({c['batch']}), every message read (decoded) + ack_many; "
+                    f"python {c['read_bench_cpu_us_per_msg']}, redis {c['read_redis_cpu_us_per_msg']} CPU-us/msg",
+                    cpu3(c["read_cpu"], ("bench",)),
+                )
             table.add_row(
                 "8. consume one by one",
                 "-",
@@ -1142,6 +1212,18 @@ class Bench:
                 f"redis {c['single_redis_cpu_us_per_msg']} CPU-us/msg",
                 cpu3(c["single_cpu"], ("bench",)),
             )
+        for key, label in (("e2e", "16. e2e"), ("e2e_80pct", "16. e2e 80% sat.")):
+            if key in f:
+                e = f[key]
+                table.add_row(
+                    label,
+                    _fmt(e["achieved_rate"]),
+                    "-",
+                    f"paced {e['rate']:,}/s ({e['publishers']} publisher processes) for {e['duration_s']:.0f} s, "
+                    f"XADD -> 2 workers -> receive_many({e['batch']}) + ack_many in 1 consumer process: "
+                    f"{_percentiles(e)}; consumer {e['consumer_cpu_us_per_msg']} CPU-us/msg",
+                    cpu3(e["cpu"], ("workers", "consumer", "publishers")),
+                )
         return table
 
     def redis_text(self) -> str:
@@ -1239,7 +1321,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = bench.summary()
     console.print(bench.table())
     console.print(bench.targets_table(summary))
-    for text in (bench.redis_text(), bench.federation_text(), bench.profile_text()):
+    for text in (bench.redis_text(), bench.federation_text(), bench.profile_text(), bench.e2e_text()):
         if text:
             console.print(text, highlight=False)
     for name, error in bench.errors.items():
