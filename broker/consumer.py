@@ -12,12 +12,16 @@ belongs to it alone:
   and a ``delivery_count`` (JMSXDeliveryCount), and dead-lettered once they
   have failed ``max_redeliveries`` times. A live consumer's in-flight messages
   are never taken;
-- acknowledging removes a message from the consumer's own short list,
-  searched from its oldest end (``LREM ... -1``): no scan of a long list;
+- acknowledging removes messages from the consumer's own short list
+  (``ack.lua``): a whole batch that is the oldest in flight with one ``LTRIM``,
+  any other message searched from the oldest end (``LREM ... -1``): no scan of
+  a long list;
 - messages are taken highest priority first (one list per priority band,
   Jakarta Messaging §3.4.10), oldest first within a band, so per-publisher
   order holds within a priority; one whose expiration passed while it waited
-  is never handed over (``receive.lua``).
+  is never handed over (``receive.lua``, which takes a batch with one
+  ``LRANGE`` + ``LTRIM`` per band). A delivery's envelope is decoded when its
+  ``message`` is first read.
 
 Consumer modes (``SubscriptionRecord.mode``): ``shared`` (each message to one
 of many consumers), ``exclusive`` (a second consumer is refused with
