@@ -97,9 +97,7 @@ class Delivery:
 
     __slots__ = ("_message", "_queue", "_raw", "_count")
 
-    def __init__(
-        self, message: Message | None, raw: bytes, delivery_count: int = 1, queue: str = ""
-    ) -> None:
+    def __init__(self, message: Message | None, raw: bytes, delivery_count: int = 1, queue: str = "") -> None:
         self._message = message
         self._raw = raw
         self._count = delivery_count

@@ -156,7 +156,12 @@ def _from_usual_header(header: dict[str, Any], body: bytes) -> Message | None:
     msgid, publisher, topic, ts = get("msgid"), get("publisher"), get("topic"), get("ts")
     if type(msgid) is not str or type(publisher) is not str or type(topic) is not str or type(ts) is not int:
         return None
-    values["msgid"], values["publisher"], values["topic"], values["timestamp_ms"] = msgid, publisher, topic, ts
+    values["msgid"], values["publisher"], values["topic"], values["timestamp_ms"] = (
+        msgid,
+        publisher,
+        topic,
+        ts,
+    )
     values["body"] = body
     seq = get("seq")
     if seq is not None:

@@ -796,11 +796,15 @@ class Bench:
         self.figures["e2e_saturated"] = saturated
         for key, rate in (("e2e", args.rate), ("e2e_80pct", 0.8 * saturated)):
             self.idle(key)
-            self.log(f"16. end to end: paced {rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers, 1 consumer process")
+            self.log(
+                f"16. end to end: paced {rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers, 1 consumer process"
+            )
             got = self.attempt(key, lib.run_e2e, client, settings, topo, rate, args.latency_s)
             if got:
                 self.figures[key] = got
-                self.log(f"   p50 {got['p50_ms']} ms, p99 {got['p99_ms']} ms, achieved {got['achieved_rate']:,}/s")
+                self.log(
+                    f"   p50 {got['p50_ms']} ms, p99 {got['p99_ms']} ms, achieved {got['achieved_rate']:,}/s"
+                )
 
     def e2e_text(self) -> str:
         """16.'s figures, printed before the last line."""

@@ -1949,7 +1949,12 @@ def e2e_consumer(
     finally:
         subscriber.close()
     conn.send(
-        {"sent_ns": sent.tobytes(), "latency_ns": latency.tobytes(), "calls": calls, "cpu_s": time.process_time() - cpu0}
+        {
+            "sent_ns": sent.tobytes(),
+            "latency_ns": latency.tobytes(),
+            "calls": calls,
+            "cpu_s": time.process_time() - cpu0,
+        }
     )
     conn.close()
 
@@ -2047,7 +2052,9 @@ def run_e2e(
     if len(lat_ns) < 0.99 * count:
         raise BenchError(f"e2e: only {len(lat_ns)} of {count} messages acknowledged")
     first_sent = min(sent_ns)
-    lat_ms = sorted(lat / 1e6 for s, lat in zip(sent_ns, lat_ns, strict=True) if s - first_sent >= warmup_s * 1e9)
+    lat_ms = sorted(
+        lat / 1e6 for s, lat in zip(sent_ns, lat_ns, strict=True) if s - first_sent >= warmup_s * 1e9
+    )
     slowest = max((i["elapsed_s"] for i in pub_infos if i), default=float("nan"))
     return {
         "rate": round(rate),

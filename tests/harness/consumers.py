@@ -50,7 +50,14 @@ def run_consumer(
 
 
 def run_crashing_consumer(
-    url: str, qm: str, sub_id: str, record_json: str, consumer_id: str, log: str, control_dir: str, plan_json: str
+    url: str,
+    qm: str,
+    sub_id: str,
+    record_json: str,
+    consumer_id: str,
+    log: str,
+    control_dir: str,
+    plan_json: str,
 ) -> None:
     """Entry point of a consumer process that SIGKILLs itself at a crash point (spawned).
 

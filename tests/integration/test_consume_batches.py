@@ -80,7 +80,9 @@ def _in_flight(client, sub_id: str, consumer: str) -> list[str]:
     return [json.loads(e.partition(b"\n")[0])["msgid"] for e in raw]
 
 
-def test_a_large_batch_comes_oldest_first_and_is_held_as_one_move_at_a_time_would_hold_it(real_redis, settings):
+def test_a_large_batch_comes_oldest_first_and_is_held_as_one_move_at_a_time_would_hold_it(
+    real_redis, settings
+):
     # Given 2,500 messages waiting (more than one LPUSH of receive.lua takes)
     record = subscribe(real_redis, QM, "/batch", "b", "large")
     _fill(real_redis, record.sub_id, range(2500))
@@ -302,7 +304,9 @@ def test_a_consumer_dying_in_process_at_a_crash_point_loses_nothing(real_redis, 
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
-def test_a_consumer_process_sigkilled_at_a_crash_point_loses_nothing(real_redis, settings, real_server, tmp_path, point):
+def test_a_consumer_process_sigkilled_at_a_crash_point_loses_nothing(
+    real_redis, settings, real_server, tmp_path, point
+):
     # Given 50 messages and a consumer process that SIGKILLs itself at the point of its third batch
     record = subscribe(real_redis, QM, "/batch", "b", "kill")
     _fill(real_redis, record.sub_id, range(50))

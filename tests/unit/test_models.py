@@ -115,7 +115,16 @@ def _same(fast: Message, slow: Message) -> None:
     assert fast.__pydantic_fields_set__ == slow.__pydantic_fields_set__
 
 
-USUAL = {"v": 4, "msgid": "m", "publisher": "p", "seq": 3, "topic": "t", "ts": 5, "entry_id": "1-0", "size": 2}
+USUAL = {
+    "v": 4,
+    "msgid": "m",
+    "publisher": "p",
+    "seq": 3,
+    "topic": "t",
+    "ts": 5,
+    "entry_id": "1-0",
+    "size": 2,
+}
 
 
 @pytest.mark.parametrize(
@@ -172,11 +181,29 @@ _VALUES = st.one_of(
     st.floats(allow_nan=False),
     st.text(max_size=3),
     st.lists(st.one_of(st.text(max_size=2), st.integers()), max_size=2),
-    st.dictionaries(st.text(max_size=2), st.one_of(st.none(), st.integers(), st.text(max_size=2)), max_size=2),
+    st.dictionaries(
+        st.text(max_size=2), st.one_of(st.none(), st.integers(), st.text(max_size=2)), max_size=2
+    ),
 )
 _NAMES = st.sampled_from(
-    ["msgid", "publisher", "seq", "topic", "ts", "persistent", "priority", "expiration", "correlation_id",
-     "reply_to", "type", "props", "entry_id", "origin", "route", "principal"]
+    [
+        "msgid",
+        "publisher",
+        "seq",
+        "topic",
+        "ts",
+        "persistent",
+        "priority",
+        "expiration",
+        "correlation_id",
+        "reply_to",
+        "type",
+        "props",
+        "entry_id",
+        "origin",
+        "route",
+        "principal",
+    ]
 )
 
 
