@@ -291,6 +291,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--fed-rate", type=float, default=200.0, help="federation: paced publications/s for latency (200)"
     )
     parser.add_argument(
+        "--e2e-saturated",
+        type=float,
+        help="16.: take this as the saturated 2-worker rate, pubs/s, instead of measuring it",
+    )
+    parser.add_argument(
         "--profile",
         metavar="DIR",
         help="also run 2 workers once more under py-spy (raw stacks in DIR, summary printed)",
@@ -783,7 +788,7 @@ class Bench:
     def run_e2e(self, client: Any, settings: Settings, topo: Any) -> None:
         """16. End to end at ``--rate`` and at 80% of the saturated 2-worker rate."""
         args = self.args
-        saturated = self.figures.get("broker_2w", {}).get("pubs_per_s")
+        saturated = args.e2e_saturated or self.figures.get("broker_2w", {}).get("pubs_per_s")
         if not saturated:
             self.idle("e2e saturation")
             self.log(f"16. end to end: the saturated rate first (2 workers, N={args.n:,})")

@@ -17,8 +17,8 @@ import pytest
 
 from broker import keys, subscribe
 from broker.config import Settings
-from broker.consumer import CRASH_POINTS, Subscriber
-from broker.errors import ServerError
+from broker.consumer import CRASH_POINTS, Delivery, Subscriber
+from broker.errors import InvalidMessage, ServerError
 from broker.models import encode_envelope
 from tests.harness.consumers import run_crashing_consumer
 
@@ -257,6 +257,17 @@ def test_the_consumer_scripts_work_after_script_flush_and_in_a_pipeline(real_red
     scripts.ack(keys=consumer._ack_keys, args=reply[2::2], client=pipe)
     assert pipe.execute() == [2]
     assert consumer.in_flight() == 0 and consumer.depth() == 0
+
+
+def test_a_delivery_decodes_its_envelope_once_when_first_read() -> None:
+    delivery = Delivery(None, _envelope(7), 2, "q")
+    assert delivery._message is None  # nothing decoded yet
+    assert delivery.message.msgid == "m7" and delivery.message is delivery.message
+    assert delivery.redelivered and delivery == Delivery(None, _envelope(7), 2)
+    garbage = Delivery(None, b'{"msgid": 5}\n', 1, "{TEST}:sub:x")
+    with pytest.raises(InvalidMessage, match=r"malformed envelope in \{TEST\}:sub:x"):
+        garbage.message  # noqa: B018
+    assert garbage.raw == b'{"msgid": 5}\n'
 
 
 # --------------------------------------------------------------------------
