@@ -107,13 +107,14 @@ class Requestor:
             delivery = self.subscriber.receive(timeout_ms=left) if left > 0 else None
             if delivery is None:
                 raise ReplyTimeout(f"no reply to the request on {topic!r} within {timeout_ms} ms")
+            reply = delivery.message  # decoded before the ack: a malformed one stays in flight
             self.subscriber.ack(delivery)
-            if delivery.message.correlation_id == correlation_id:
-                return delivery.message
+            if reply.correlation_id == correlation_id:
+                return reply
             log.info(
                 "dropping a late reply (correlation id %s)",
-                delivery.message.correlation_id,
-                extra=_extra(delivery.message),
+                reply.correlation_id,
+                extra=_extra(reply),
             )
 
     def close(self) -> None:
