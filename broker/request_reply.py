@@ -158,8 +158,9 @@ class Responder:
     def serve_once(self, timeout_ms: int = 1_000, max_messages: int = 100) -> int:
         """Answer the requests waiting (waiting up to ``timeout_ms`` for one); returns how many."""
         deliveries = self.subscriber.receive_many(max_messages, timeout_ms)
-        for delivery in deliveries:
-            request = delivery.message
+        # every request decoded before any is answered: a malformed one raises InvalidMessage
+        # with the batch left in flight, none answered twice
+        for request in [delivery.message for delivery in deliveries]:
             if request.reply_to:
                 self._answer(request)
             else:
