@@ -371,6 +371,8 @@ class Subscriber:
         ]
         self._ack_keys = [self.inflight, self._redelivered]
         self.standby = False
+        #: this consumer's last take found every band empty (receive.lua cleared the bell)
+        self._drained = False
         self.closed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -404,6 +406,8 @@ class Subscriber:
             self.standby = True
             return []
         self.standby = False
+        if count:
+            self._drained = len(reply) - 2 < 2 * count  # fewer than asked: receive.lua cleared the bell
         if count and self.hook is not None:
             self.hook("after_receive")
         queue = self.queue
@@ -500,10 +504,18 @@ class Subscriber:
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
         deadline = time.monotonic() + timeout_ms / 1000
+        # This consumer's last take emptied every band (and so cleared the bell): with time to
+        # wait, wait for the bell first, since nothing can be waiting until it rings (one
+        # round trip fewer per wake-up of a consumer that keeps up). A take follows the wait.
+        bell_first = timeout_ms > 0 and self._drained
         while True:
             if self.standby:
                 self.heartbeat()  # takes over when the holder died
-            got = [] if self.standby else self._take(max_messages)
+            if bell_first:
+                bell_first = False
+                got = []
+            else:
+                got = [] if self.standby else self._take(max_messages)
             if got:
                 return got
             left_ms = int((deadline - time.monotonic()) * 1000)

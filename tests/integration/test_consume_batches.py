@@ -259,6 +259,33 @@ def test_the_consumer_scripts_work_after_script_flush_and_in_a_pipeline(real_red
     assert consumer.in_flight() == 0 and consumer.depth() == 0
 
 
+def _calls(client, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_a_consumer_that_emptied_the_queue_waits_for_the_bell_before_taking_again(real_redis, settings):
+    # Given a consumer whose last receive took every waiting message
+    record = subscribe(real_redis, QM, "/batch", "b", "bell")
+    _fill(real_redis, record.sub_id, range(3))
+    consumer = Subscriber(real_redis, QM, record, _settings(settings), consumer_id="c", heartbeat=False)
+    assert consumer.ack_many(consumer.receive_many(10)) == 3
+    assert real_redis.exists(consumer.bell) == 0  # receive.lua cleared it
+    # When a message arrives and rings the bell (as commit.lua does), then it receives with a timeout
+    _fill(real_redis, record.sub_id, range(3, 4))
+    real_redis.rpush(consumer.bell, "1")
+    real_redis.config_resetstat()
+    got = consumer.receive_many(10, timeout_ms=5_000)
+    # Then it looked at the bell first (rung: no wait), then took the message with one script call
+    assert _msgids(got) == ["m3"]
+    assert (_calls(real_redis, "blmove"), _calls(real_redis, "evalsha")) == (1, 1)
+    # A message written without ringing the bell is still taken once the wait is over
+    _fill(real_redis, record.sub_id, range(4, 5))
+    assert _msgids(consumer.receive_many(10, timeout_ms=200)) == ["m4"]
+    # and without a timeout, a receive always takes first
+    _fill(real_redis, record.sub_id, range(5, 6))
+    assert _msgids(consumer.receive_many(10)) == ["m5"]
+
+
 def test_a_delivery_decodes_its_envelope_once_when_first_read() -> None:
     delivery = Delivery(None, _envelope(7), 2, "q")
     assert delivery._message is None  # nothing decoded yet
