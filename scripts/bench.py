@@ -279,7 +279,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,"
-        "slow,swiftmq,federation,security,metrics",
+        "slow,swiftmq,federation,security,metrics,e2e",
     )
     parser.add_argument(
         "--fed-n", type=int, help="federation: publications per queue manager (default 10,000, quick 3,000)"
