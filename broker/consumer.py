@@ -12,12 +12,16 @@ belongs to it alone:
   and a ``delivery_count`` (JMSXDeliveryCount), and dead-lettered once they
   have failed ``max_redeliveries`` times. A live consumer's in-flight messages
   are never taken;
-- acknowledging removes a message from the consumer's own short list,
-  searched from its oldest end (``LREM ... -1``): no scan of a long list;
+- acknowledging removes messages from the consumer's own short list
+  (``ack.lua``): a whole batch that is the oldest in flight with one ``LTRIM``,
+  any other message searched from the oldest end (``LREM ... -1``): no scan of
+  a long list;
 - messages are taken highest priority first (one list per priority band,
   Jakarta Messaging §3.4.10), oldest first within a band, so per-publisher
   order holds within a priority; one whose expiration passed while it waited
-  is never handed over (``receive.lua``).
+  is never handed over (``receive.lua``, which takes a batch with one
+  ``LRANGE`` + ``LTRIM`` per band). A delivery's envelope is decoded when its
+  ``message`` is first read.
 
 Consumer modes (``SubscriptionRecord.mode``): ``shared`` (each message to one
 of many consumers), ``exclusive`` (a second consumer is refused with
@@ -62,30 +66,75 @@ log = logging.getLogger("broker.consumer")
 #: Most subscriptions one ``sweep_subscriptions`` call looks at.
 SWEEP_SUBSCRIPTIONS = 200
 
+#: Where a consumer may die between its atomic steps (the crash-point hook of the tests):
+#: ``after_receive``, its messages taken into its in-flight list and not yet handed to the
+#: caller; ``after_ack``, acknowledged but the caller not yet told. Either way nothing is lost:
+#: what it held is given back, counted, once its lease has passed (``recover.lua``).
+CRASH_POINTS = ("after_receive", "after_ack")
+
 #: How often a consumer waiting for messages looks again while the server is full, ms (it
 #: cannot block on its subscription's bell then: BLMOVE is refused like any write that may grow).
 FULL_POLL_MS = 50
 
 
-@dataclass(frozen=True)
 class Delivery:
     """One message taken by a consumer, not yet acknowledged.
+
+    The envelope is decoded when ``message`` is first read (then kept): a consumer that
+    acknowledges without reading, or reads only some, pays nothing for the others.
 
     Attributes:
         message: the decoded message.
         raw: the envelope as stored (needed to acknowledge it).
         delivery_count: how many times it has been delivered, this one
             included (JMSXDeliveryCount, Jakarta Messaging §3.5.11); 1 the first time.
+
+    Raises:
+        InvalidMessage: reading ``message`` of a malformed envelope (the delivery stays in
+            flight: acknowledge it to drop it, or leave it to be redelivered and, after
+            ``max_redeliveries``, dead-lettered).
     """
 
-    message: Message
-    raw: bytes
-    delivery_count: int = 1
+    __slots__ = ("_message", "_queue", "_raw", "_count")
+
+    def __init__(self, message: Message | None, raw: bytes, delivery_count: int = 1, queue: str = "") -> None:
+        self._message = message
+        self._raw = raw
+        self._count = delivery_count
+        self._queue = queue
+
+    @property
+    def message(self) -> Message:
+        """The decoded message (decoded on first use)."""
+        message = self._message
+        if message is None:
+            message = self._message = _decode(self._raw, self._queue or "?")
+        return message
+
+    @property
+    def raw(self) -> bytes:
+        """The envelope as stored: ``<header JSON>\\n<body>``."""
+        return self._raw
+
+    @property
+    def delivery_count(self) -> int:
+        """How many times it has been delivered, this one included; 1 the first time."""
+        return self._count
 
     @property
     def redelivered(self) -> bool:
         """It was delivered before to a consumer that did not acknowledge it (JMSRedelivered)."""
-        return self.delivery_count > 1
+        return self._count > 1
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Delivery):
+            return NotImplemented
+        return self._raw == other._raw and self._count == other._count
+
+    __hash__ = None  # type: ignore[assignment]  # as before: equal by value, not hashable
+
+    def __repr__(self) -> str:
+        return f"Delivery(raw={self._raw[:60]!r}..., delivery_count={self._count})"
 
 
 def _consumer_id() -> str:
@@ -94,10 +143,11 @@ def _consumer_id() -> str:
 
 
 class _Scripts:
-    """``receive.lua`` and ``recover.lua`` bound to one client."""
+    """``receive.lua``, ``ack.lua`` and ``recover.lua`` bound to one client."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.receive = client.register_script(script_source("receive"))
+        self.ack = client.register_script(script_source("ack"))
         self.recover = client.register_script(script_source("recover"))
 
 
@@ -234,10 +284,14 @@ def sweep_subscriptions(
     return last, removed
 
 
-def _decode(raw: Any, count: int, queue: str) -> Delivery:
-    envelope = as_bytes(raw)
+def _decode(envelope: bytes, queue: str) -> Message:
+    """The message of an envelope taken from ``queue``.
+
+    Raises:
+        InvalidMessage: the envelope is malformed (named with its queue).
+    """
     try:
-        return Delivery(Message.from_envelope(envelope), envelope, count)
+        return Message.from_envelope(envelope)
     except (InvalidMessage, KeyError, ValueError) as exc:
         raise InvalidMessage(f"malformed envelope in {queue}: {exc}") from exc
 
@@ -256,6 +310,7 @@ class Subscriber:
             (default); False: the caller's own ``receive``/``heartbeat`` calls must
             (each ``receive`` renews it too).
         clock_ms: the time in ms since the epoch for scripts (tests); None: the server's clock.
+        hook: called with a name from ``CRASH_POINTS`` at each crash point (tests).
 
     Raises:
         ConsumerConflict: the subscription is exclusive and another live consumer holds it.
@@ -274,8 +329,10 @@ class Subscriber:
         consumer_id: str | None = None,
         heartbeat: bool = True,
         clock_ms: Callable[[], int] | None = None,
+        hook: Callable[[str], None] | None = None,
     ) -> None:
         self.client = client
+        self.hook = hook
         self.qm = qm
         self.record = record
         self.settings = settings or Settings()
@@ -289,7 +346,33 @@ class Subscriber:
         self.inflight = keys.consumer_inflight(qm, sub_id, self.consumer_id)
         self._redelivered = keys.sub_redelivered(qm, sub_id)
         self._scripts = _scripts(client)
+        settings = self.settings
+        self._receive_keys = [
+            keys.sub_consumers(qm, sub_id),
+            self.inflight,
+            self.bell,
+            self._redelivered,
+            keys.sub_holder(qm, sub_id),
+            keys.dead_letter(qm),
+            keys.expired(qm),
+            *self.bands,
+        ]
+        # receive.lua's arguments; [1] (how many) and [3] (now) are set in each call's copy
+        self._receive_args: list[Any] = [
+            self.consumer_id,
+            0,
+            settings.consumer_lease_ms,
+            "",
+            {"shared": 0, "exclusive": 1, "activestandby": 2}[record.mode],
+            1 if settings.expired_to_dlq else 0,
+            settings.dead_letter_max_len,
+            sub_id,
+            settings.max_consumers_per_subscription,
+        ]
+        self._ack_keys = [self.inflight, self._redelivered]
         self.standby = False
+        #: this consumer's last take found every band empty (receive.lua cleared the bell)
+        self._drained = False
         self.closed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -309,41 +392,26 @@ class Subscriber:
     def _take(self, count: int) -> list[Delivery]:
         settings = self.settings
         sub_id = self.record.sub_id
-        mode_code = {"shared": 0, "exclusive": 1, "activestandby": 2}[self.record.mode]
-        reply = self._scripts.receive(
-            keys=[
-                keys.sub_consumers(self.qm, sub_id),
-                self.inflight,
-                self.bell,
-                self._redelivered,
-                keys.sub_holder(self.qm, sub_id),
-                keys.dead_letter(self.qm),
-                keys.expired(self.qm),
-                *self.bands,
-            ],
-            args=[
-                self.consumer_id,
-                count,
-                settings.consumer_lease_ms,
-                self._now(),
-                mode_code,
-                1 if settings.expired_to_dlq else 0,
-                settings.dead_letter_max_len,
-                sub_id,
-                settings.max_consumers_per_subscription,
-            ],
-        )
-        status = as_bytes(reply[0]).decode()
-        if status == "full":
+        args = self._receive_args.copy()  # a copy: the heartbeat thread calls this too
+        args[1] = count
+        args[3] = self._now()
+        reply = self._scripts.receive(keys=self._receive_keys, args=args)
+        status = as_bytes(reply[0])
+        if status == b"full":
             raise TooManyConsumers(sub_id, settings.max_consumers_per_subscription)
-        if status == "standby":
+        if status == b"standby":
             if self.record.mode == "exclusive":
                 holder = self.client.get(keys.sub_holder(self.qm, sub_id))
                 raise ConsumerConflict(sub_id, as_bytes(holder).decode() if holder else "?")
             self.standby = True
             return []
         self.standby = False
-        return [_decode(reply[i], int(reply[i + 1]), self.queue) for i in range(2, len(reply), 2)]
+        if count:
+            self._drained = len(reply) - 2 < 2 * count  # fewer than asked: receive.lua cleared the bell
+        if count and self.hook is not None:
+            self.hook("after_receive")
+        queue = self.queue
+        return [Delivery(None, reply[i], reply[i + 1], queue) for i in range(2, len(reply), 2)]
 
     @translate_errors
     def heartbeat(self) -> None:
@@ -413,26 +481,41 @@ class Subscriber:
         Highest priority first, oldest first within a priority; messages that
         expired while waiting are skipped (counted, dead-lettered with
         ``expired_to_dlq``). A standby consumer receives nothing until it takes over.
+        Each delivery's message is decoded when it is first read (``Delivery.message``,
+        which raises ``InvalidMessage`` for a malformed envelope).
+
+        Batches of a few hundred are cheapest per message (``scripts/bench.py`` row 8):
+        taking and acknowledging cost a round trip and a fixed part each, and
+        ``ack_many`` of a whole batch is one step in Redis.
 
         Args:
             max_messages: the most messages to take (>= 1).
             timeout_ms: when none is waiting, wait up to this long for one, ms; 0 returns at once.
 
         Returns:
-            The deliveries to acknowledge; empty when none came in time.
+            The deliveries to acknowledge, oldest first; empty when none came in time.
 
         Raises:
             ConsumerConflict: the subscription is exclusive and another live consumer holds it.
-            InvalidMessage: an envelope is malformed (it stays in flight).
+            TooManyConsumers: this consumer is not attached (its lease ran out) and the
+                subscription has ``max_consumers_per_subscription`` live consumers.
             ValueError: ``max_messages`` < 1.
         """
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
         deadline = time.monotonic() + timeout_ms / 1000
+        # This consumer's last take emptied every band (and so cleared the bell): with time to
+        # wait, wait for the bell first, since nothing can be waiting until it rings (one
+        # round trip fewer per wake-up of a consumer that keeps up). A take follows the wait.
+        bell_first = timeout_ms > 0 and self._drained
         while True:
             if self.standby:
                 self.heartbeat()  # takes over when the holder died
-            got = [] if self.standby else self._take(max_messages)
+            if bell_first:
+                bell_first = False
+                got = []
+            else:
+                got = [] if self.standby else self._take(max_messages)
             if got:
                 return got
             left_ms = int((deadline - time.monotonic()) * 1000)
@@ -461,21 +544,24 @@ class Subscriber:
 
     @translate_errors
     def ack_many(self, deliveries: Iterable[Delivery]) -> int:
-        """Acknowledge deliveries in one round trip; returns how many were still in flight.
+        """Acknowledge deliveries in one round trip (``ack.lua``); returns how many were still in flight.
 
-        A delivery no longer in this consumer's in-flight list (its lease lapsed
-        and it was given back for redelivery) is not counted.
+        Acknowledging the whole batch last received (or its oldest part) is one step
+        in Redis whatever its size; any other subset costs a search per message from
+        the oldest end of this consumer's in-flight list. A delivery no longer in
+        flight (this consumer's lease lapsed and its messages were given back for
+        redelivery) is not counted and changes nothing.
+
+        Raises:
+            ServerError: the in-flight list or the redelivery hash holds another Redis type.
         """
-        pipe = self.client.pipeline(transaction=False)
-        items = list(deliveries)
-        for delivery in items:
-            value: Any = delivery.raw  # bytes: the exact bytes received
-            pipe.lrem(self.inflight, -1, value)
-        redelivered = [d.message.entry_id for d in items if d.redelivered and d.message.entry_id]
-        if redelivered:
-            pipe.hdel(self._redelivered, *redelivered)
-        replies = pipe.execute()
-        return sum(int(r) for r in replies[: len(items)])
+        raws = [delivery.raw for delivery in deliveries]
+        if not raws:
+            return 0
+        acked = int(self._scripts.ack(keys=self._ack_keys, args=raws))
+        if self.hook is not None:
+            self.hook("after_ack")
+        return acked
 
     def ack(self, delivery: Delivery) -> bool:
         """Acknowledge one delivery; False when it was no longer in flight (see ``ack_many``)."""
@@ -570,7 +656,7 @@ def browse(
             if not page:
                 break
             for item in reversed(page):
-                message = _decode(item, 1, band).message
+                message = _decode(as_bytes(item), band)
                 if not (message.expiration_ms and message.expiration_ms <= now):
                     out.append(message)
                     if len(out) >= n:

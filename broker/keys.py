@@ -296,8 +296,14 @@ Consumers (receive, acknowledge, heartbeat), for a service that is not written i
 -----------------------------------------------------------------------------------------
 A consumer has an id ``<c>`` (``A-Za-z0-9_.-``) and its own in-flight list.
 The Python ``Subscriber`` runs ``lua/receive.lua`` (several messages, highest
-priority first, expired ones skipped, delivery counts) and ``lua/recover.lua``;
-another language can run the same scripts, or these plain commands::
+priority first, expired ones skipped, delivery counts; a band's messages are
+taken with one ``LRANGE`` + ``LTRIM`` and pushed onto the in-flight list with
+``LPUSH``, leaving it as the ``LMOVE`` below would), ``lua/ack.lua`` (a batch
+acknowledged in one call: the envelopes as received, removed with one ``LTRIM``
+when they are the oldest in flight, else each with the ``LREM`` below; the
+redelivery counts of those removed are deleted; returns how many were still in
+flight) and ``lua/recover.lua``; another language can run the same scripts, or
+these plain commands, in any mix::
 
     # heartbeat (and before each receive): renew the lease, deadline = now + lease ms
     ZADD '{QM1}:sub:app$orders:consumers' 1767000010000 c1

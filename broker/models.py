@@ -89,6 +89,9 @@ class Message(BaseModel):
             InvalidMessage: the envelope is not in the protocol's format.
         """
         header, body = decode_envelope(envelope)
+        fast = _from_usual_header(header, body) if cls is Message else None
+        if fast is not None:
+            return fast
         try:
             return cls._from_header(header, body)
         except KeyError as exc:
@@ -121,6 +124,93 @@ class Message(BaseModel):
             route=tuple(header.get("route") or ()),
             principal=header.get("principal"),
         )
+
+
+_MESSAGE_FIELDS = frozenset(Message.model_fields)
+_DEFAULTS: dict[str, Any] = {name: field.default for name, field in Message.model_fields.items()}
+_PROPERTY_TYPES = frozenset({str, int, float, bool, type(None)})
+_OPTIONAL_TEXT = (
+    ("correlation_id", "correlation_id"),
+    ("reply_to", "reply_to"),
+    ("message_type", "type"),
+    ("entry_id", "entry_id"),
+    ("origin", "origin"),
+    ("principal", "principal"),
+)
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+
+
+def _from_usual_header(header: dict[str, Any], body: bytes) -> Message | None:
+    """The ``Message`` of an envelope header of the usual shape (what a worker writes), built
+    without pydantic's validation; None for any other shape (``Message._from_header`` then
+    validates it and names what is wrong).
+
+    "Usual" means every field already has the exact type its ``Message`` field holds
+    (``type(x) is int``: no bool for an int, no coercion) and its value is in range, so the
+    result equals the validated one field for field (``tests/unit/test_models.py`` checks
+    this); about a third of the validated path's cost.
+    """
+    values = _DEFAULTS.copy()
+    get = header.get
+    msgid, publisher, topic, ts = get("msgid"), get("publisher"), get("topic"), get("ts")
+    if type(msgid) is not str or type(publisher) is not str or type(topic) is not str or type(ts) is not int:
+        return None
+    values["msgid"], values["publisher"], values["topic"], values["timestamp_ms"] = (
+        msgid,
+        publisher,
+        topic,
+        ts,
+    )
+    values["body"] = body
+    seq = get("seq")
+    if seq is not None:
+        if type(seq) is not int:
+            return None
+        values["seq"] = seq
+    if "persistent" in header:
+        if type(header["persistent"]) is not bool:
+            return None
+        values["persistent"] = header["persistent"]
+    if "priority" in header:
+        priority = header["priority"]
+        if type(priority) is not int or not 0 <= priority <= 9:
+            return None
+        values["priority"] = priority
+    if "expiration" in header:
+        expiration = header["expiration"]
+        if type(expiration) is not int or expiration < 0:
+            return None
+        values["expiration_ms"] = expiration
+    for name, key in _OPTIONAL_TEXT:
+        value = get(key)
+        if value is not None:
+            if type(value) is not str:
+                return None
+            values[name] = value
+    props = get("props") or {}
+    if type(props) is not dict:
+        return None
+    for value in props.values():  # JSON object keys are always str
+        if type(value) not in _PROPERTY_TYPES:
+            return None
+    values["properties"] = props
+    route = get("route") or ()
+    if route:
+        if type(route) is not list:
+            return None
+        for hop in route:
+            if type(hop) is not str:
+                return None
+        route = tuple(route)
+    values["route"] = route
+    # what BaseModel.model_construct does, without its per-field loop
+    message = _new_object(Message)
+    _set_attribute(message, "__dict__", values)
+    _set_attribute(message, "__pydantic_fields_set__", set(_MESSAGE_FIELDS))
+    _set_attribute(message, "__pydantic_extra__", None)
+    _set_attribute(message, "__pydantic_private__", None)
+    return message
 
 
 @dataclass(slots=True)

@@ -107,13 +107,14 @@ class Requestor:
             delivery = self.subscriber.receive(timeout_ms=left) if left > 0 else None
             if delivery is None:
                 raise ReplyTimeout(f"no reply to the request on {topic!r} within {timeout_ms} ms")
+            reply = delivery.message  # decoded before the ack: a malformed one stays in flight
             self.subscriber.ack(delivery)
-            if delivery.message.correlation_id == correlation_id:
-                return delivery.message
+            if reply.correlation_id == correlation_id:
+                return reply
             log.info(
                 "dropping a late reply (correlation id %s)",
-                delivery.message.correlation_id,
-                extra=_extra(delivery.message),
+                reply.correlation_id,
+                extra=_extra(reply),
             )
 
     def close(self) -> None:
@@ -157,8 +158,9 @@ class Responder:
     def serve_once(self, timeout_ms: int = 1_000, max_messages: int = 100) -> int:
         """Answer the requests waiting (waiting up to ``timeout_ms`` for one); returns how many."""
         deliveries = self.subscriber.receive_many(max_messages, timeout_ms)
-        for delivery in deliveries:
-            request = delivery.message
+        # every request decoded before any is answered: a malformed one raises InvalidMessage
+        # with the batch left in flight, none answered twice
+        for request in [delivery.message for delivery in deliveries]:
             if request.reply_to:
                 self._answer(request)
             else:

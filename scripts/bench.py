@@ -101,9 +101,12 @@ Measurements
    ``broker.consumer.Subscriber`` of one durable subscription): N envelopes
    (as a worker writes them, 200-byte bodies) are LPUSHed straight into the
    subscriber queue (untimed), then drained with ``receive_many(100)`` +
-   ``ack_many``; then N/5 others one at a time with ``receive()`` + ``ack()``.
-   consume_per_s = messages/s of the first; consume_batch_ratio = that / the
-   second's.
+   ``ack_many``; N others with ``receive_many(1000)`` + ``ack_many``; N others with
+   ``receive_many(100)``, reading every message (``Delivery.message``: the
+   envelope is decoded when first read), + ``ack_many``; then N/5 others one at a
+   time with ``receive()`` + ``ack()``. consume_per_s = messages/s of the first;
+   consume_batch_ratio = that / the last's. Python and Redis CPU-us per message are
+   shown for each.
 9. **Topic objects**: as 2 with 2 workers, twice side by side (in alternating
    order when repeated), same topology and publications: in one run 200
    administrative topic objects (``broker.topic_objects.define``, after the
@@ -218,6 +221,16 @@ Measurements
    elements each: bytes per queue element (used_memory and the queues' ``MEMORY USAGE``), the
    publish stream's and the rest's per publication. Target: at most body + 150 B per element.
 
+20. **End to end** (``--only e2e``; issue 16): paced publishers (``Publisher.publish``,
+   one XADD each, ``sent_ns`` in a property, one process per 6,000/s, each with its own
+   publisher ids) -> 2 workers -> one consumer *process* (a ``Subscriber`` doing
+   ``receive_many(100, timeout_ms=100)``, reading each message's ``sent_ns``, then
+   ``ack_many``) on the subscription of ``bench/0/#``. Latency = the time ``ack_many``
+   returned - the send time (same clock, as 4.); the first 0.25 s is warm-up. Run at
+   ``--rate`` (2,000/s) and at 80% of the saturated rate: the 2-worker rate of 2. when
+   it ran, else one 2-worker run made for it. Prints ``e2e_p99_ms=`` and
+   ``e2e_p99_80pct_ms=`` before the last line (and in ``--json``).
+
 The last line is, exactly::
 
     broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> rabbit_ratio=<x.xx> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx> flow_control_ratio=<x.xx> slow_condition_ratio=<x.xx> swiftmq_ratio=<x.xx> fed_3qm_ratio=<x.xx> security_ratio=<x.xx>
@@ -300,7 +313,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,"
-        "slow,swiftmq,federation,security,metrics,regression,rabbit,aof,memory",
+        "slow,swiftmq,federation,security,metrics,regression,rabbit,aof,memory,e2e",
     )
     parser.add_argument(
         "--fed-n", type=int, help="federation: publications per queue manager (default 10,000, quick 3,000)"
@@ -327,6 +340,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--memory-n",
         type=int,
         help="memory: envelopes in one queue, and 5x the publications fanned out (default N)",
+    )
+    parser.add_argument(
+        "--e2e-saturated",
+        type=float,
+        help="20.: take this as the saturated 2-worker rate, pubs/s, instead of measuring it",
     )
     parser.add_argument(
         "--profile",
@@ -371,6 +389,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "rabbit",
         "aof",
         "memory",
+        "e2e",
     }
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
@@ -523,6 +542,7 @@ class Bench:
             "regression",
             "aof",
             "memory",
+            "e2e",
         }
         topo = None
         if need_topology:
@@ -864,6 +884,8 @@ class Bench:
             got = self.attempt("latency", lib.run_latency, client, settings, topo, args.rate, args.latency_s)
             if got:
                 self.figures["latency"] = got
+        if "e2e" in args.only and topo is not None:
+            self.run_e2e(client, settings, topo)
         if "kombu" in args.only:
             self.idle("kombu")
             self.log(f"5. kombu topic exchange, N={args.kombu_n:,}")
@@ -907,13 +929,15 @@ class Bench:
             single_n = max(1000, args.n // 5)
             self.idle("consume")
             self.log(
-                f"8. one consumer: receive_many(100) + ack_many of {args.n:,}, receive + ack of {single_n:,}"
+                f"8. one consumer: receive_many(100) + ack_many of {args.n:,}, the same with receive_many(1000), "
+                f"and reading each message; receive + ack of {single_n:,}"
             )
             got = self.attempt("consume", lib.run_consume, client, settings, QM, args.n, single_n)
             if got:
                 self.figures["consume"] = got
                 self.log(
-                    f"   {got['msgs_per_s']:,} msgs/s batched, {got['single_msgs_per_s']:,} one at a time"
+                    f"   {got['msgs_per_s']:,} msgs/s batched, {got['large_msgs_per_s']:,} by 1000, "
+                    f"{got['read_msgs_per_s']:,} read, {got['single_msgs_per_s']:,} one at a time"
                 )
         if "match" in args.only:
             self.idle("matching")
@@ -940,6 +964,44 @@ class Bench:
             if got:
                 self.figures["profile"] = got
         client.flushdb()
+
+    def run_e2e(self, client: Any, settings: Settings, topo: Any) -> None:
+        """20. End to end at ``--rate`` and at 80% of the saturated 2-worker rate."""
+        args = self.args
+        saturated = args.e2e_saturated or self.figures.get("broker_2w", {}).get("pubs_per_s")
+        if not saturated:
+            self.idle("e2e saturation")
+            self.log(f"20. end to end: the saturated rate first (2 workers, N={args.n:,})")
+            got = self.attempt(
+                "e2e_saturation", lib.run_broker, client, settings, topo, args.n, 2, False, args.interleave
+            )
+            saturated = got and got["pubs_per_s"]
+        if not saturated:
+            return
+        self.figures["e2e_saturated"] = saturated
+        for key, rate in (("e2e", args.rate), ("e2e_80pct", 0.8 * saturated)):
+            self.idle(key)
+            self.log(
+                f"20. end to end: paced {rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers, 1 consumer process"
+            )
+            got = self.attempt(key, lib.run_e2e, client, settings, topo, rate, args.latency_s)
+            if got:
+                self.figures[key] = got
+                self.log(
+                    f"   p50 {got['p50_ms']} ms, p99 {got['p99_ms']} ms, achieved {got['achieved_rate']:,}/s"
+                )
+
+    def e2e_text(self) -> str:
+        """20.'s figures, printed before the last line."""
+        f = self.figures
+        if "e2e" not in f and "e2e_80pct" not in f:
+            return ""
+        nan = float("nan")
+        return (
+            f"20. end to end (publish -> 2 workers -> consumer ack), saturated {f.get('e2e_saturated', nan):,} pubs/s: "
+            f"e2e_p99_ms={f.get('e2e', {}).get('p99_ms', nan)} "
+            f"e2e_p99_80pct_ms={f.get('e2e_80pct', {}).get('p99_ms', nan)}"
+        )
 
     def stop(self) -> None:
         if self.baseline is not None:
@@ -1414,9 +1476,26 @@ class Bench:
                 _fmt(c["msgs_per_s"]),
                 f"1 Subscriber (in the bench process): receive_many({c['batch']}) + ack_many, "
                 f"{c['n']:,} preloaded messages; {c['batch_over_single']:.1f}x one at a time; "
-                f"redis {c['redis_cpu_us_per_msg']} CPU-us/msg",
+                f"python {c.get('bench_cpu_us_per_msg', '-')}, redis {c['redis_cpu_us_per_msg']} CPU-us/msg",
                 cpu3(c["cpu"], ("bench",)),
             )
+            if "large_msgs_per_s" in c:
+                table.add_row(
+                    "8. consume batched 1000",
+                    "-",
+                    _fmt(c["large_msgs_per_s"]),
+                    f"same, receive_many({c['large_batch']}) + ack_many; "
+                    f"python {c['large_bench_cpu_us_per_msg']}, redis {c['large_redis_cpu_us_per_msg']} CPU-us/msg",
+                    cpu3(c["large_cpu"], ("bench",)),
+                )
+                table.add_row(
+                    "8. consume batched, read",
+                    "-",
+                    _fmt(c["read_msgs_per_s"]),
+                    f"same, receive_many({c['batch']}), every message read (decoded) + ack_many; "
+                    f"python {c['read_bench_cpu_us_per_msg']}, redis {c['read_redis_cpu_us_per_msg']} CPU-us/msg",
+                    cpu3(c["read_cpu"], ("bench",)),
+                )
             table.add_row(
                 "8. consume one by one",
                 "-",
@@ -1425,6 +1504,18 @@ class Bench:
                 f"redis {c['single_redis_cpu_us_per_msg']} CPU-us/msg",
                 cpu3(c["single_cpu"], ("bench",)),
             )
+        for key, label in (("e2e", "20. e2e"), ("e2e_80pct", "20. e2e 80% sat.")):
+            if key in f:
+                e = f[key]
+                table.add_row(
+                    label,
+                    _fmt(e["achieved_rate"]),
+                    "-",
+                    f"paced {e['rate']:,}/s ({e['publishers']} publisher processes) for {e['duration_s']:.0f} s, "
+                    f"XADD -> 2 workers -> receive_many({e['batch']}) + ack_many in 1 consumer process: "
+                    f"{_percentiles(e)}; consumer {e['consumer_cpu_us_per_msg']} CPU-us/msg",
+                    cpu3(e["cpu"], ("workers", "consumer", "publishers")),
+                )
         return table
 
     def redis_text(self) -> str:
@@ -1525,7 +1616,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = bench.summary()
     console.print(bench.table())
     console.print(bench.targets_table(summary))
-    for text in (bench.redis_text(), bench.federation_text(), bench.profile_text()):
+    for text in (bench.redis_text(), bench.federation_text(), bench.profile_text(), bench.e2e_text()):
         if text:
             console.print(text, highlight=False)
     for name, error in bench.errors.items():

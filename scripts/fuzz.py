@@ -332,6 +332,8 @@ class Lane:
         for _ in range(3):
             try:
                 got = consumer.receive_many(1)
+                for delivery in got:
+                    delivery.message  # noqa: B018 - decoded when read: InvalidMessage here
             except InvalidMessage:
                 report.errors["envelope: InvalidMessage"] += 1
                 _, _, dropped = consumer.recover_dead(closing=consumer.consumer_id)
@@ -459,6 +461,8 @@ class Lane:
         while True:
             try:
                 got = consumer.receive_many(500)
+                for delivery in got:
+                    delivery.message  # noqa: B018 - decoded when read: InvalidMessage here
             except InvalidMessage as exc:
                 report.violation("undecodable delivery", f"{self.qm}: {exc}")
                 self.client.delete(consumer.inflight)

@@ -1,7 +1,8 @@
 #!lua flags=allow-oom
 -- allow-oom: runs on a full server too (maxmemory reached; lib.lua): taking messages
--- moves them (LMOVE) and renews a lease, adding no memory to speak of, and consuming
--- (then acknowledging, LREM) is how a full server's memory is freed.
+-- moves them (LRANGE + LTRIM of a band, LPUSH onto the in-flight list) and renews a
+-- lease, adding no memory to speak of, and consuming (then acknowledging, ack.lua or
+-- LREM) is how a full server's memory is freed.
 -- A consumer takes up to N messages of one subscription into its own in-flight
 -- list, highest priority first (Jakarta Messaging §3.4.10), oldest first within
 -- a priority. The call is also the consumer's heartbeat: its lease is renewed.
@@ -41,10 +42,25 @@ local consumer, max_n, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local must_hold, standby_ok = ARGV[5] ~= '0', ARGV[5] == '2'
 local to_dlq, dlq_len, sub_id = ARGV[6] == '1', ARGV[7], ARGV[8]
 local max_consumers = tonumber(ARGV[9] or '0') or 0
+-- most values one LPUSH is given (unpack() takes at most about 8000)
+local PUSH_CHUNK = 1000
 
+-- The keys this call may use are checked (the holder only for a mode that has one, the
+-- dead-letter stream only when expired messages go there). Only a band that exists can be
+-- foreign, and usually only the default one (KEYS[13]) does: two EXISTS calls tell, and
+-- then only the bands that may hold messages are checked and read.
 local checks = {{consumers, 'zset'}, {inflight, 'list'}, {bell, 'list'}, {redelivered, 'hash'},
-                {active, 'string'}, {dlq, 'stream'}, {expired, 'hash'}}
-for k = 8, 17 do checks[#checks + 1] = {KEYS[k], 'list'} end
+                {expired, 'hash'}}
+if must_hold then checks[#checks + 1] = {active, 'string'} end
+if to_dlq then checks[#checks + 1] = {dlq, 'stream'} end
+local bands = {}
+local default_band = redis.call('EXISTS', KEYS[13])
+if redis.call('EXISTS', unpack(KEYS, 8, 17)) == default_band then
+  if default_band == 1 then bands[1] = 13 end
+else
+  for k = 8, 17 do bands[#bands + 1] = k end
+end
+for _, k in ipairs(bands) do checks[#checks + 1] = {KEYS[k], 'list'} end
 require_types(checks)
 
 local now = now_ms(ARGV[4])
@@ -76,29 +92,52 @@ redis.call('ZADD', consumers, now + lease_ms, consumer)
 local out = {'ok', 0}
 local any_redelivered = redis.call('EXISTS', redelivered) == 1
 local taken, n_expired = 0, 0
-for k = 8, 17 do
+-- A band's oldest messages are its rightmost: take up to the number still wanted with one
+-- LRANGE and one LTRIM, and push the ones handed over onto the in-flight list with LPUSH
+-- (oldest first, so it ends as a run of LMOVE ... RIGHT LEFT would leave it: newest on
+-- the left). Only an envelope that holds the text "expiration": has its header read.
+local function hand_over(keep)
+  for i = 1, #keep, PUSH_CHUNK do
+    redis.call('LPUSH', inflight, unpack(keep, i, math.min(i + PUSH_CHUNK - 1, #keep)))
+  end
+end
+for _, k in ipairs(bands) do
   while taken < max_n do
-    local env = redis.call('LMOVE', KEYS[k], inflight, 'RIGHT', 'LEFT')
-    if not env then break end
-    local head = envelope_head(env)
-    local expiration = tonumber(string.match(head, '"expiration":(%d+)') or '0')
-    local entry_id = string.match(head, '"entry_id":"([^"]*)"') or ''
-    if expiration > 0 and expiration <= now then
-      redis.call('LPOP', inflight)
-      n_expired = n_expired + 1
-      if any_redelivered then redis.call('HDEL', redelivered, entry_id) end
-      if to_dlq then
-        redis.call('XADD', dlq, 'MAXLEN', '~', dlq_len, '*', 'envelope', env,
-          'dlq.reason', 'expired while waiting in subscription ' .. sub_id, 'dlq.entry_id', entry_id,
-          'dlq.subscription', sub_id)
+    local want = max_n - taken
+    local envs = redis.call('LRANGE', KEYS[k], -want, -1)
+    if #envs == 0 then break end
+    redis.call('LTRIM', KEYS[k], 0, -(#envs + 1))
+    local keep = {}
+    for i = #envs, 1, -1 do
+      local env = envs[i]
+      local expiration, entry_id = 0, nil
+      if string.find(env, '"expiration":', 1, true) then
+        local head = envelope_head(env)
+        expiration = tonumber(string.match(head, '"expiration":(%d+)') or '0')
+        entry_id = string.match(head, '"entry_id":"([^"]*)"') or ''
       end
-    else
-      local count = 1
-      if any_redelivered then count = 1 + tonumber(redis.call('HGET', redelivered, entry_id) or '0') end
-      out[#out + 1] = env
-      out[#out + 1] = count
-      taken = taken + 1
+      if expiration > 0 and expiration <= now then
+        n_expired = n_expired + 1
+        if any_redelivered then redis.call('HDEL', redelivered, entry_id) end
+        if to_dlq then
+          redis.call('XADD', dlq, 'MAXLEN', '~', dlq_len, '*', 'envelope', env,
+            'dlq.reason', 'expired while waiting in subscription ' .. sub_id, 'dlq.entry_id', entry_id,
+            'dlq.subscription', sub_id)
+        end
+      else
+        local count = 1
+        if any_redelivered then
+          entry_id = entry_id or string.match(envelope_head(env), '"entry_id":"([^"]*)"') or ''
+          count = 1 + tonumber(redis.call('HGET', redelivered, entry_id) or '0')
+        end
+        keep[#keep + 1] = env
+        out[#out + 1] = env
+        out[#out + 1] = count
+        taken = taken + 1
+      end
     end
+    hand_over(keep)
+    if #envs < want then break end   -- the band is empty now
   end
 end
 if n_expired > 0 then redis.call('HINCRBY', expired, sub_id, n_expired) end

@@ -4,7 +4,8 @@
 the Redis list ``<log>`` as ``"<consumer>|<msgid>|<delivery count>"`` before
 acknowledging it. A *holding* consumer instead takes one batch, records its
 msgids in ``<log>:held`` and ``<consumer>`` in ``<log>:holding``, and waits to
-be killed without acknowledging anything.
+be killed without acknowledging anything. ``run_crashing_consumer`` consumes the
+same way and SIGKILLs itself at a named crash point (``broker.consumer.CRASH_POINTS``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,40 @@ def run_consumer(
             client.rpush(f"{log}:held", *[d.message.msgid for d in got])
         client.rpush(f"{log}:holding", consumer_id)
         threading.Event().wait()  # until SIGKILL
+    while True:
+        got = subscriber.receive_many(10, timeout_ms=200)
+        if got:
+            client.rpush(log, *[f"{consumer_id}|{d.message.msgid}|{d.delivery_count}" for d in got])
+            subscriber.ack_many(got)
+
+
+def run_crashing_consumer(
+    url: str,
+    qm: str,
+    sub_id: str,
+    record_json: str,
+    consumer_id: str,
+    log: str,
+    control_dir: str,
+    plan_json: str,
+) -> None:
+    """Entry point of a consumer process that SIGKILLs itself at a crash point (spawned).
+
+    It consumes as ``run_consumer`` does (batches of 10, each recorded in ``<log>`` before it is
+    acknowledged), with a ``tests.harness.hook.CrashHook`` armed with ``plan_json``
+    (``{"point": one of broker.consumer.CRASH_POINTS, "after": n}``) as its hook.
+    """
+    import json
+
+    from tests.harness.hook import CrashHook
+
+    hook = CrashHook(control_dir)
+    plan = json.loads(plan_json)
+    hook.plan, hook.point = dict(plan), plan["point"]
+    client = connect(url)
+    record = SubscriptionRecord.from_json(sub_id, record_json, qm)
+    settings = Settings(redis_url=url, qm=qm)
+    subscriber = Subscriber(client, qm, record, settings, consumer_id=consumer_id, hook=hook)
     while True:
         got = subscriber.receive_many(10, timeout_ms=200)
         if got:

@@ -112,8 +112,9 @@ def test_a_garbage_envelope_is_invalid_message_then_dead_lettered(real_redis, se
     real_redis.lpush(keys.sub_queue(QM, record.sub_id), garbage)
     dropped = 0
     for _ in range(2):
+        (delivery,) = consumer.receive_many(1)  # decoded when read
         with pytest.raises(InvalidMessage, match="format"):
-            consumer.receive_many(1)
+            delivery.message  # noqa: B018
         dropped += consumer.recover_dead(closing="c1")[2]
     assert dropped == 1 and real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 0
     (_, letter), *_ = real_redis.xrange(keys.dead_letter(QM))

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker import keys
 from broker.errors import InvalidMessage
-from broker.models import Message, decode_envelope, encode_envelope, parse_entry, publication_fields
+from broker.models import (
+    Message,
+    _from_usual_header,
+    decode_envelope,
+    encode_envelope,
+    parse_entry,
+    publication_fields,
+)
 
 
 def _entry(fields: dict[str, object]) -> dict[bytes, bytes]:
@@ -86,3 +95,124 @@ def test_publication_fields_reject_bad_priority_and_nested_properties():
 def test_integers_beyond_64_bits_are_rejected(field):
     with pytest.raises(InvalidMessage, match="64-bit"):
         parse_entry("1-0", _entry({"publisher": "p", "topic": "t", field: str(2**64)}), 10)
+
+
+# --------------------------------------------------------------------------
+# The usual header is decoded without pydantic's validation: the same message
+
+
+def _validated(header: dict[str, object], body: bytes) -> Message | Exception:
+    try:
+        return Message._from_header(header, body)
+    except Exception as exc:  # what from_envelope turns into InvalidMessage
+        return exc
+
+
+def _same(fast: Message, slow: Message) -> None:
+    assert fast == slow
+    assert fast.model_dump() == slow.model_dump()
+    assert {k: type(v) for k, v in fast.__dict__.items()} == {k: type(v) for k, v in slow.__dict__.items()}
+    assert fast.__pydantic_fields_set__ == slow.__pydantic_fields_set__
+
+
+USUAL = {
+    "v": 4,
+    "msgid": "m",
+    "publisher": "p",
+    "seq": 3,
+    "topic": "t",
+    "ts": 5,
+    "entry_id": "1-0",
+    "size": 2,
+}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"seq": None},
+        {"persistent": False, "priority": 9, "expiration": 99, "correlation_id": "c", "reply_to": "r"},
+        {"type": "T", "origin": "QM2", "route": ["QM3", "QM2"], "principal": "u"},
+        {"props": {"k": 1, "f": 1.5, "b": True, "s": "x", "n": None, "big": 2**62}},
+        {"priority": 0, "expiration": 0, "props": {}, "route": []},
+    ],
+)
+def test_a_usual_header_decodes_to_the_validated_message(extra: dict[str, object]) -> None:
+    header = {**USUAL, **extra}
+    fast = _from_usual_header(dict(header), b"body")
+    assert fast is not None
+    slow = _validated(dict(header), b"body")
+    assert isinstance(slow, Message)
+    _same(fast, slow)
+    assert Message.from_envelope(encode_envelope(header, b"body")) == slow
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"seq": True},
+        {"seq": "3"},
+        {"ts": 1.0},
+        {"persistent": 1},
+        {"persistent": None},
+        {"priority": 10},
+        {"priority": None},
+        {"priority": True},
+        {"expiration": -1},
+        {"correlation_id": 5},
+        {"props": {"k": [1]}},
+        {"props": [1]},
+        {"route": "QM1"},
+        {"route": [1]},
+        {"msgid": None},
+        {"topic": 7},
+    ],
+)
+def test_any_other_header_is_left_to_the_validation(extra: dict[str, object]) -> None:
+    assert _from_usual_header({**USUAL, **extra}, b"") is None
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-3, max_value=12),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=3),
+    st.lists(st.one_of(st.text(max_size=2), st.integers()), max_size=2),
+    st.dictionaries(
+        st.text(max_size=2), st.one_of(st.none(), st.integers(), st.text(max_size=2)), max_size=2
+    ),
+)
+_NAMES = st.sampled_from(
+    [
+        "msgid",
+        "publisher",
+        "seq",
+        "topic",
+        "ts",
+        "persistent",
+        "priority",
+        "expiration",
+        "correlation_id",
+        "reply_to",
+        "type",
+        "props",
+        "entry_id",
+        "origin",
+        "route",
+        "principal",
+    ]
+)
+
+
+@given(changes=st.dictionaries(_NAMES, _VALUES, max_size=4), dropped=st.sets(_NAMES, max_size=2))
+@settings(max_examples=400, deadline=None)
+def test_the_fast_decoding_never_differs_from_the_validation(changes, dropped) -> None:
+    header = {k: v for k, v in {**USUAL, **changes}.items() if k not in dropped}
+    fast = _from_usual_header(dict(header), b"x")
+    slow = _validated(dict(header), b"x")
+    if fast is not None:
+        assert isinstance(slow, Message), slow
+        _same(fast, slow)
