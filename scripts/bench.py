@@ -236,7 +236,7 @@ The last line is, exactly::
     broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> rabbit_ratio=<x.xx> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx> flow_control_ratio=<x.xx> slow_condition_ratio=<x.xx> swiftmq_ratio=<x.xx> fed_3qm_ratio=<x.xx> security_ratio=<x.xx>
 
 with broker_pubs_per_s the 2-worker uniform run and ceiling_ratio = that /
-the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7, 9-11, 13-16 run R times,
+the ceiling's tx/s. With ``--repeat R`` measurements 1-3, 7, 9-11, 13-18 run R times,
 interleaved, and the medians are used. ``--json PATH`` writes every figure.
 """
 
