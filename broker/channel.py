@@ -50,7 +50,7 @@ from broker.config import Settings
 from broker.connection import TLSOptions, connect, is_tls_url, wait_for_server
 from broker.errors import ConfigError, InvalidMessage
 from broker.logs import publication_extra
-from broker.models import decode_envelope
+from broker.models import decode_envelope, header_timestamp_ms
 from broker.network import (
     Network,
     ProxySubscription,
@@ -112,7 +112,7 @@ def forwarded_fields(envelope: bytes, sender: str) -> list[bytes | str]:
     """
     header, body = decode_envelope(envelope)
     try:
-        publisher, msgid, topic, ts = header["publisher"], header["msgid"], header["topic"], int(header["ts"])
+        publisher, msgid, topic, ts = header["publisher"], header["msgid"], header["topic"], header_timestamp_ms(header)
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidMessage(f"envelope header lacks {exc}") from exc
     origin, route = header.get("origin") or sender, header.get("route") or []

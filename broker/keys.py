@@ -3,7 +3,9 @@
 This docstring is the protocol document. A service in any language can publish
 with one ``XADD`` and consume with ``BLMOVE``/``LMOVE`` by following it.
 
-PROTOCOL_VERSION = 4 (4: authenticated ingress: a publisher whose ACL user is a principal
+PROTOCOL_VERSION = 5 (5: smaller envelopes: the header no longer carries ``size`` (the body
+is what follows the first newline), and ``ts`` only when it differs from the entry id's
+milliseconds (absent: that time). 4: authenticated ingress: a publisher whose ACL user is a principal
 XADDs to its own ingress stream ``{qm}:in:<principal>``; the queue mutex moves the entries into
 the publish stream with the field ``principal``, which envelopes carry; forwarded publications
 may carry ``origin`` and ``route``. 3: consumers: a list per priority band, a bell, one in-flight
@@ -217,8 +219,9 @@ decoded to text and re-encoded is not found and stays in flight.
 ``<header JSON, UTF-8, one line>`` ``\\n`` ``<body bytes>``: split at the first
 newline byte. The header is a JSON object with ``v`` (protocol version),
 ``msgid``, ``publisher``, ``seq`` (int or null), ``topic`` (the topic it was
-published on), ``ts`` (ms), ``entry_id`` (stream id) and ``size`` (body length
-in bytes), and, only when they differ from their defaults, ``persistent``
+published on) and ``entry_id`` (stream id), and, only when they differ from their
+defaults, ``ts`` (publish time, ms; absent: the entry id's milliseconds, the time
+the publish stream received it), ``persistent``
 (default true), ``priority`` (4), ``expiration`` (0), ``correlation_id``,
 ``reply_to``, ``type`` (absent = null) and ``props`` (absent = ``{}``), which
 is always the last field (the scripts read header fields before it).
@@ -361,7 +364,7 @@ the field cancels the schedule.
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 #: Most bytes of a publisher id (the ``publisher`` field); the one place the rule lives
 #: (``dequeue.lua`` is passed it, and files an entry with a longer id as malformed).

@@ -110,7 +110,7 @@ class Message(BaseModel):
             publisher=header["publisher"],
             seq=header.get("seq"),
             topic=header["topic"],
-            timestamp_ms=header["ts"],
+            timestamp_ms=header["ts"] if "ts" in header else header_timestamp_ms(header),
             persistent=header.get("persistent", True),
             priority=header.get("priority", DEFAULT_PRIORITY),
             expiration_ms=header.get("expiration", 0),
@@ -124,6 +124,21 @@ class Message(BaseModel):
             route=tuple(header.get("route") or ()),
             principal=header.get("principal"),
         )
+
+
+def header_timestamp_ms(header: dict[str, Any]) -> int:
+    """An envelope header's publish time, ms: its ``ts``, or, when it has none (protocol 5: left
+    out when equal), the milliseconds of its ``entry_id``.
+
+    Raises:
+        KeyError: neither; ValueError, TypeError: a ``ts`` or ``entry_id`` of the wrong form.
+    """
+    if "ts" in header:
+        return int(header["ts"])
+    received = header["entry_id"].partition("-")[0]
+    if not (received.isascii() and received.isdigit()):
+        raise ValueError(f"entry_id {header['entry_id']!r} is not a stream entry id")
+    return int(received)
 
 
 _MESSAGE_FIELDS = frozenset(Message.model_fields)
@@ -154,7 +169,17 @@ def _from_usual_header(header: dict[str, Any], body: bytes) -> Message | None:
     values = _DEFAULTS.copy()
     get = header.get
     msgid, publisher, topic, ts = get("msgid"), get("publisher"), get("topic"), get("ts")
-    if type(msgid) is not str or type(publisher) is not str or type(topic) is not str or type(ts) is not int:
+    if type(msgid) is not str or type(publisher) is not str or type(topic) is not str:
+        return None
+    if "ts" not in header:  # protocol 5: absent when it is the entry id's milliseconds
+        entry_id = get("entry_id")
+        if type(entry_id) is not str:
+            return None
+        received = entry_id.partition("-")[0]
+        if not (received.isascii() and received.isdigit()):
+            return None
+        ts = int(received)
+    elif type(ts) is not int:
         return None
     values["msgid"], values["publisher"], values["topic"], values["timestamp_ms"] = (
         msgid,
@@ -230,6 +255,8 @@ class Entry:
     expiration_ms: int
     header: dict[str, Any]
     client_id: str | None = None
+    #: publish time, ms since the epoch (the ``ts`` field, else the entry id's ms)
+    timestamp_ms: int = 0
 
     def selector_properties(self) -> dict[str, object]:
         """What a selector sees (Jakarta Messaging §3.8.1.1): user properties and the header fields.
@@ -243,7 +270,7 @@ class Entry:
         found["JMSDeliveryMode"] = "PERSISTENT" if header.get("persistent", True) else "NON_PERSISTENT"
         found["JMSPriority"] = header.get("priority", DEFAULT_PRIORITY)
         found["JMSMessageID"] = self.msgid
-        found["JMSTimestamp"] = header["ts"]
+        found["JMSTimestamp"] = self.timestamp_ms
         if "correlation_id" in header:
             found["JMSCorrelationID"] = header["correlation_id"]
         if "type" in header:
@@ -352,8 +379,9 @@ def parse_entry(
     given = _text(fields, b"msgid")
     msgid = given if given else entry_id
     ts = _int(fields, b"ts", None)
+    received_ms = int(entry_id.split("-", 1)[0])
     if ts is None:
-        ts = int(entry_id.split("-", 1)[0])
+        ts = received_ms
     persistent = _text(fields, b"persistent")
     if persistent not in (None, "", "0", "1"):
         raise InvalidMessage(f"field 'persistent' must be 0 or 1, not {shown(persistent)}")
@@ -387,11 +415,11 @@ def parse_entry(
         "publisher": publisher,
         "seq": seq,
         "topic": topic,
-        "ts": ts,
         "entry_id": entry_id,
-        "size": len(body),
     }
     # Optional header fields are left out at their defaults (smaller copies in every queue).
+    if ts != received_ms:
+        header["ts"] = ts
     if persistent == "0":
         header["persistent"] = False
     if priority != DEFAULT_PRIORITY:
@@ -433,6 +461,7 @@ def parse_entry(
         expiration_ms=expiration,
         header=header,
         client_id=_text(fields, b"client_id"),
+        timestamp_ms=ts,
     )
 
 
@@ -461,7 +490,7 @@ def apply_topic_defaults(entry: Entry, fields: dict[bytes, bytes], attributes: A
     cap = attributes["capexpry"]
     if isinstance(cap, int):
         # a cap past the signed 64-bit range caps nothing; one at or before the epoch has passed
-        capped = max(int(header["ts"]) + cap, 1)
+        capped = max(entry.timestamp_ms + cap, 1)
         if capped <= _INT64_MAX and (not entry.expiration_ms or entry.expiration_ms > capped):
             entry.expiration_ms = capped
             set_header(header, "expiration", capped)

@@ -809,7 +809,7 @@ class Worker:
             return self._refusal(publisher, entry_id, fields, f"internal error: {exc!r}")
         header = entry.header
         reply_ttl = settings.reply_ttl_ms if entry.reply else 0
-        journal = {"seq": header["seq"], "topic": entry.topic, "enqueued_ms": header["ts"]}
+        journal = {"seq": header["seq"], "topic": entry.topic, "enqueued_ms": entry.timestamp_ms}
         if entry.expiration_ms and entry.expiration_ms <= now_ms:
             return UnitOfWork(
                 publisher, entry_id, Action.EXPIRE, entry.msgid, reply_ttl_ms=reply_ttl, **journal

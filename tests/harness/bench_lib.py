@@ -1747,9 +1747,7 @@ def preload_queue(client: redis.Redis, queue: str, n: int, per_push: int = 1000)
             "publisher": f"p{i % PUBLISHERS:02d}",
             "seq": i // PUBLISHERS + 1,
             "topic": TOPICS[i % len(TOPICS)],
-            "ts": now_ms,
             "entry_id": f"{now_ms}-{i}",
-            "size": len(body),
         }
         envelopes.append(encode_envelope(header, body))
         if len(envelopes) >= per_push:

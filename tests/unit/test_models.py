@@ -54,7 +54,8 @@ def test_fields_round_trip_into_an_envelope_and_a_message():
 def test_defaults_come_from_the_entry_id():
     entry = parse_entry("1700000000123-4", _entry({"publisher": "p", "topic": "t"}), 10)
     assert entry.msgid == "1700000000123-4" and not entry.msgid_given
-    assert entry.header["ts"] == 1700000000123 and "priority" not in entry.header  # defaults are left out
+    assert entry.timestamp_ms == 1700000000123 and "priority" not in entry.header  # defaults are left out
+    assert "ts" not in entry.header and "size" not in entry.header  # protocol 5: derived from the entry id, the body
     header, body = decode_envelope(encode_envelope(entry.header, b""))
     assert header["v"] == keys.PROTOCOL_VERSION and body == b""
 
@@ -116,14 +117,13 @@ def _same(fast: Message, slow: Message) -> None:
 
 
 USUAL = {
-    "v": 4,
+    "v": 5,
     "msgid": "m",
     "publisher": "p",
     "seq": 3,
     "topic": "t",
     "ts": 5,
     "entry_id": "1-0",
-    "size": 2,
 }
 
 
@@ -136,6 +136,7 @@ USUAL = {
         {"type": "T", "origin": "QM2", "route": ["QM3", "QM2"], "principal": "u"},
         {"props": {"k": 1, "f": 1.5, "b": True, "s": "x", "n": None, "big": 2**62}},
         {"priority": 0, "expiration": 0, "props": {}, "route": []},
+        {"ts": 1700000000123, "size": 4},  # protocol 4's fields still decode
     ],
 )
 def test_a_usual_header_decodes_to_the_validated_message(extra: dict[str, object]) -> None:
@@ -167,10 +168,27 @@ def test_a_usual_header_decodes_to_the_validated_message(extra: dict[str, object
         {"route": [1]},
         {"msgid": None},
         {"topic": 7},
+        {"ts": None},
     ],
 )
 def test_any_other_header_is_left_to_the_validation(extra: dict[str, object]) -> None:
     assert _from_usual_header({**USUAL, **extra}, b"") is None
+
+
+def test_a_header_without_ts_has_the_entry_ids_milliseconds_as_its_publish_time() -> None:
+    # Given protocol 5 headers: no "ts" (it was the entry id's milliseconds) and no "size"
+    header = {k: v for k, v in USUAL.items() if k != "ts"} | {"entry_id": "1700000000123-7"}
+    # When they are decoded, fast and validated, Then the publish time is the entry id's ms
+    fast = _from_usual_header(dict(header), b"body")
+    slow = _validated(dict(header), b"body")
+    assert fast is not None and isinstance(slow, Message)
+    _same(fast, slow)
+    assert fast.timestamp_ms == 1700000000123
+    # And an entry id that is not a stream id is refused by the validation, not guessed
+    bad = header | {"entry_id": "later"}
+    assert _from_usual_header(dict(bad), b"") is None
+    with pytest.raises(InvalidMessage):
+        Message.from_envelope(encode_envelope(bad, b""))
 
 
 _VALUES = st.one_of(
