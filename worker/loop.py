@@ -474,12 +474,20 @@ class Worker:
         that share, and gives up the others to the sweep: a worker serving one
         busy publisher hands everyone else to the other workers, and a worker
         that dequeued everything cannot keep the others idle.
+
+        A saturated publisher (a backlog of at least ``heads``: a whole round of
+        work on its own) counts as a full share while another worker is live: its
+        order makes it the pool's bottleneck, so its worker keeps it alone and
+        never delays it with others' work (``dequeue.lua`` gives it no free turn
+        either).
         """
         held = dequeued.turns
         if len(held) <= 1:
             return ()
         entries = self._entries
         backlog = dequeued.backlog
+        fair = dequeued.fair
+        saturated = self.settings.heads if dequeued.live > 1 else None
 
         def weight(publisher: str) -> tuple[int, int]:
             return backlog.get(publisher, 0), sum(1 for e in held[publisher] if e in entries)
@@ -487,10 +495,11 @@ class Worker:
         kept_load = 0
         given_up = []
         for publisher in sorted(held, key=weight, reverse=True):
-            if kept_load >= dequeued.fair:
+            if kept_load >= fair:
                 given_up.append(publisher)
             else:
-                kept_load += backlog.get(publisher, 0)
+                load = backlog.get(publisher, 0)
+                kept_load += max(load, fair) if saturated is not None and load >= saturated else load
         return tuple(given_up)
 
     def _commit(self, heads: dict[str, list[str]], now_ms: int, give_up: tuple[str, ...] = ()) -> int:

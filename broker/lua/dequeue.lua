@@ -2,7 +2,10 @@
 -- entry id in its publisher's FIFO, in stream order, in one atomic call.
 -- Then take the turn of publishers nobody holds the turn of (up to this worker's fair
 -- share of the waiting entries), and return the FIFO heads of every publisher
--- whose turn it holds.
+-- whose turn it holds. A worker holding a *saturated* publisher (a FIFO of at least
+-- `heads` entries: a whole round of work on its own) takes no other turn while
+-- another worker is live: that publisher's order makes it the pool's bottleneck,
+-- so its worker serves it alone.
 --
 -- Nothing is filed for a publisher whose FIFO or turn key is foreign (another
 -- Redis type): its entries are refused here, in stream order (dead-lettered
@@ -154,14 +157,15 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local live = math.max(redis.call('ZCOUNT', KEYS[4], now_ms - tonumber(ARGV[8]), '+inf'), 1)
 local fair = math.ceil(pending / live)
 
-local turns, held, load = {}, 0, 0
+local turns, held, load, saturated = {}, 0, 0, false
 for _, pub in ipairs(candidates) do
   local turn_key, fifo_key = prefix .. pub .. ':turn', prefix .. pub .. ':fifo'
   -- a foreign turn or FIFO key (planted after its entries were filed) is never
   -- taken; the orphan sweep refuses the entries it strands
   local holder = redis.pcall('GET', turn_key)
   local mine = holder == token
-  if not holder and (held == 0 or load < fair) then
+  -- the turns it holds come first (ARGV), so a saturated one is known before any free turn
+  if not holder and not saturated and (held == 0 or load < fair) then
     mine = redis.call('SET', turn_key, token, 'NX', 'PX', lease_ms) ~= false
   end
   local backlog = 0
@@ -178,6 +182,7 @@ for _, pub in ipairs(candidates) do
       turns[#turns + 1] = backlog
       held = held + 1
       load = load + backlog
+      if backlog >= heads and live > 1 then saturated = true end
     end
   end
 end
