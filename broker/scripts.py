@@ -76,6 +76,9 @@ class Dequeued:
         taken_over: ``[(entry_id, fields, times_delivered)]``: the next heads of a saturated
             publisher that other workers read, taken over in the same call (``ahead``);
             ``times_delivered`` is 0 for those not counted as a delivery.
+        spare: other live workers not known to hold a saturated publisher: a worker keeps a
+            saturated publisher alone only while one is spare (else no publisher would be
+            served but by the sweeps).
     """
 
     version: bytes
@@ -87,6 +90,7 @@ class Dequeued:
     backlog: dict[str, int] = field(default_factory=dict)
     fair: int = 0
     taken_over: list[tuple[str, dict[bytes, bytes], int]] = field(default_factory=list)
+    spare: int = 0
 
 
 #: Most entry ids per ``take_over.lua`` call (Lua's unpack() takes a few thousand values at most).
@@ -198,6 +202,7 @@ class Scripts:
                 keys.alive(qm),
                 keys.dead_letter(qm),
                 keys.principals(qm),
+                keys.saturated(qm),
             ],
             [
                 keys.WORKER_GROUP,
@@ -388,7 +393,7 @@ def entry_fields(flat: list[bytes]) -> dict[bytes, bytes]:
 
 def parse_dequeue(raw: list[Any]) -> Dequeued:
     """Turn the reply of ``dequeue.lua`` into a ``Dequeued``."""
-    version, last_id, entries, turns, active, live, fair, taken = raw
+    version, last_id, entries, turns, active, live, fair, taken, spare = raw
     parsed = []
     for entry_id, flat in entries:
         parsed.append((entry_id.decode(), entry_fields(flat)))
@@ -408,4 +413,5 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
         backlog,
         int(fair),
         [(entry_id.decode(), entry_fields(flat), int(times)) for entry_id, flat, times in taken],
+        int(spare),
     )

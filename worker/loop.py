@@ -324,6 +324,7 @@ class Worker:
             self.metrics.stopped(len(self.turns))
             self.client.hdel(keys.workers(self.qm), self.name)
             self.client.zrem(keys.alive(self.qm), self.name)
+            self.client.hdel(keys.saturated(self.qm), self.name)
         except (redis.RedisError, RedisClusterException) as exc:
             log.warning("worker %s: could not release turns on stop: %s", self.name, exc)
         self.turns.clear()
@@ -500,7 +501,8 @@ class Worker:
         that dequeued everything cannot keep the others idle.
 
         A saturated publisher (a backlog of at least ``heads``: a whole round of
-        work on its own) counts as a full share while another worker is live: its
+        work on its own) counts as a full share while another live worker is spare
+        (``Dequeued.spare``: not holding a saturated publisher itself): its
         order makes it the pool's bottleneck, so its worker keeps it alone and
         never delays it with others' work (``dequeue.lua`` gives it no free turn
         either).
@@ -511,7 +513,7 @@ class Worker:
         entries = self._entries
         backlog = dequeued.backlog
         fair = dequeued.fair
-        saturated = self.settings.heads if dequeued.live > 1 else None
+        saturated = self.settings.heads if dequeued.spare > 0 else None
 
         def weight(publisher: str) -> tuple[int, int]:
             return backlog.get(publisher, 0), sum(1 for e in held[publisher] if e in entries)
@@ -530,14 +532,14 @@ class Worker:
         """What the next dequeue (sent with this round's commits) reads: ``(count, ahead)``.
 
         A worker keeping a saturated publisher (a backlog of at least ``heads``) while
-        another worker is live reads nothing: the other workers read the stream (and so
+        another live worker is spare reads nothing: the other workers read the stream (and so
         see, and take, every other publisher's turn), and its next heads, which they read,
         come back taken over in the same call (``ahead``: the publisher, and the last entry
         id this worker may have read itself). Once its backlog is under ``heads`` it reads
         ``batch_size`` entries again, as every other worker.
         """
         settings = self.settings
-        if dequeued.live > 1:
+        if dequeued.spare > 0:
             for publisher, ids in dequeued.turns.items():
                 if publisher in give_up or not ids:
                     continue

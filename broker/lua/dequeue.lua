@@ -4,7 +4,9 @@
 -- share of the waiting entries), and return the FIFO heads of every publisher
 -- whose turn it holds. A worker holding a *saturated* publisher (a FIFO of at least
 -- `heads` entries: a whole round of work on its own) takes no other turn while
--- another worker is live: that publisher's order makes it the pool's bottleneck,
+-- another live worker is spare (not known to hold a saturated publisher itself: when
+-- every worker is saturated, each goes on taking free turns up to its fair share, so
+-- no other publisher waits for a sweep): that publisher's order makes it the pool's bottleneck,
 -- so its worker serves it alone. Such a worker may read nothing (count 0: its next
 -- round is full already) and ask for the next heads of that publisher with their
 -- fields (ARGV[15], ARGV[16]): the entries other workers read for it are handed over
@@ -21,6 +23,8 @@
 -- KEYS[4] live workers              "{qm}:alive" (zset scored by last heartbeat, ms)
 -- KEYS[5] dead-letter stream        "{qm}:dlq"
 -- KEYS[6] principals                "{qm}:principals" (principal -> publisher ids, one per line)
+-- KEYS[7] saturated workers         "{qm}:saturated" (worker -> ms of its last dequeue that found
+--                                   it holding a saturated publisher; written here)
 -- ARGV[1] consumer group
 -- ARGV[2] consumer name, also the worker's fencing token
 -- ARGV[3] count: the most entries to read (0: read nothing, move nothing from ingress streams)
@@ -39,13 +43,14 @@
 -- ARGV[16] the entry id after which the worker has read none of them ("ms-seq"): only heads
 --          after it are taken over (take_over in lib.lua: the FIFO head counted, when it is one)
 -- ARGV[17..] publishers whose turn the worker believes it holds
--- returns {version, last_delivered_id or "", entries, turns, active, live, fair, taken_over}
+-- returns {version, last_delivered_id or "", entries, turns, active, live, fair, taken_over, spare}
 --   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}, less those refused here
 --   turns:   {publisher, {head ids...}, backlog, publisher, {head ids...}, backlog, ...}
 --   active:  publishers with entries waiting; live: workers seen within liveness_ms;
 --   fair:    entries waiting per live worker (this worker's fair share of the work), less the
 --            saturated publishers other workers hold, and those workers
 --   taken_over: {{entry id, {field, value, ...}, times delivered (0 when not counted)}, ...}
+--   spare:   other live workers not known to hold a saturated publisher (0: every other one does)
 
 local stream, group, token = KEYS[1], ARGV[1], ARGV[2]
 local prefix, lease_ms, heads = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -55,7 +60,7 @@ local ctx = {stream = stream, group = group, dlq = KEYS[5], dlq_len = ARGV[12], 
 local FIRST_OWNED = 17
 
 require_types({{stream, 'stream'}, {KEYS[2], 'string'}, {KEYS[3], 'set'}, {KEYS[4], 'zset'}, {KEYS[5], 'stream'},
-               {KEYS[6], 'hash'}})
+               {KEYS[6], 'hash'}, {KEYS[7], 'hash'}})
 
 -- Authenticated ingress (broker.principals): each principal (an ACL user) may XADD only to its
 -- own ingress stream, so the stream says who published. Its entries are moved here, in order,
@@ -184,8 +189,24 @@ for i, pub in ipairs(candidates) do
   end
 end
 local fair = math.ceil(math.max(pending, 0) / math.max(live - others, 1))
+-- Workers known to hold a saturated publisher: those seen above, and those whose own last
+-- dequeue found it so (within the liveness window; older records are forgotten here).
+if live > 1 then
+  local since = now_ms - tonumber(ARGV[8])
+  local records = redis.call('HGETALL', KEYS[7])
+  for j = 1, #records, 2 do
+    local name, at = records[j], tonumber(records[j + 1])
+    if not at or at < since then
+      redis.call('HDEL', KEYS[7], name)
+    elseif name ~= token and not busy[name] then
+      busy[name] = true
+      others = others + 1
+    end
+  end
+end
+local spare = math.max(live - 1 - others, 0)
 
-local turns, held, load, saturated = {}, 0, 0, false
+local turns, held, load, saturated, holds_saturated = {}, 0, 0, false, false
 for i, pub in ipairs(candidates) do
   local turn_key, fifo_key = prefix .. pub .. ':turn', prefix .. pub .. ':fifo'
   local holder = holders[i]
@@ -208,11 +229,17 @@ for i, pub in ipairs(candidates) do
       turns[#turns + 1] = backlog
       held = held + 1
       load = load + backlog
-      if backlog >= heads and live > 1 then saturated = true end
+      if backlog >= heads and live > 1 then holds_saturated = true end
+      if backlog >= heads and spare > 0 then saturated = true end
     end
   end
 end
 if #kept > 0 then last_id = '' end  -- entries refused above leave nothing to handle: block as idle
+if holds_saturated then
+  redis.call('HSET', KEYS[7], token, now_ms)
+elseif live > 1 and redis.call('HEXISTS', KEYS[7], token) == 1 then
+  redis.call('HDEL', KEYS[7], token)
+end
 
 -- The next heads of a saturated publisher, read by other workers: taken over here.
 local taken = {}
@@ -236,4 +263,5 @@ if ahead ~= '' then
   end
 end
 
-return {redis.call('GET', KEYS[2]) or '0', last_id, kept, turns, redis.call('SCARD', KEYS[3]), live, fair, taken}
+return {redis.call('GET', KEYS[2]) or '0', last_id, kept, turns, redis.call('SCARD', KEYS[3]), live, fair, taken,
+        spare}

@@ -178,3 +178,31 @@ def test_a_worker_dying_on_heads_taken_over_in_its_dequeue_is_charged_to_the_hea
     drain([successor, reader])
     assert _bodies(real_redis, sub.sub_id, "hot") == hot
     assert real_redis.xpending(keys.publish_stream(QM), keys.WORKER_GROUP)["pending"] == 0
+
+
+def test_when_every_worker_is_saturated_none_keeps_its_publisher_alone(real_redis, small):
+    # Given two live workers, each holding a saturated publisher of its own
+    sub = subscribe(real_redis, QM, "/t", "s", "all")
+    first, second = make_workers(real_redis, small, 2)
+    hot1 = _publish(real_redis, "hot1", 8 * HEADS)
+    first.run_once()
+    hot2 = _publish(real_redis, "hot2", 8 * HEADS)
+    second.run_once()
+    assert first.turns == {"hot1"} and second.turns == {"hot2"}
+    # When a quiet publisher publishes and the first worker's dequeue reads it
+    quiet = _publish(real_redis, "quiet", 2)
+    more = _publish(real_redis, "hot1", 8 * HEADS, first=8 * HEADS + 1)
+    held = first.scripts.dequeue(first.name, 500, small.lease_ms, HEADS, sorted(first.turns))
+    assert held is not None
+    # Then it knows no other worker is spare (the second recorded itself saturated) ...
+    assert held.spare == 0
+    assert real_redis.hexists(keys.saturated(QM), second.name)
+    # ... so it does not keep its publisher alone: it reads on and sweeps as often as any
+    # worker, and the quiet publisher is not left to a slow sweep
+    first._prefetched = held
+    first.run_once()
+    assert not first._saturated
+    # And everything is delivered once, in order
+    drain([first, second])
+    for publisher, msgids in {"hot1": hot1 + more, "hot2": hot2, "quiet": quiet}.items():
+        assert _bodies(real_redis, sub.sub_id, publisher) == msgids
