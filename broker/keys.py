@@ -58,6 +58,8 @@ key                                 type      contents                          
                                               about ``dead_letter_max_len`` records                                  list, replay, purge)
 ``{qm}:workers``                    hash      worker name -> JSON heartbeat                 workers                  ``broker status``
 ``{qm}:alive``                      zset      worker name, score = last heartbeat (ms)      workers                  dequeue.lua (fair share)
+``{qm}:saturated``                  hash      worker name -> ms of its last dequeue that     workers (dequeue.lua)    dequeue.lua (spare
+                                              found it holding a saturated publisher                                 workers)
 ``{qm}:journal``                    stream    one record per publication handled (when the  commit.lua (capped)      ``broker journal export``
                                               ``journal`` setting is on): entry_id, msgid,
                                               publisher, seq, topic, subs (JSON list of
@@ -587,6 +589,12 @@ def journal(qm: str) -> str:
 def alive(qm: str) -> str:
     """Live workers, scored by their last heartbeat in ms: ``{qm}:alive``."""
     return f"{_tag(qm)}:alive"
+
+
+def saturated(qm: str) -> str:
+    """Workers holding a saturated publisher (``dequeue.lua``): ``{qm}:saturated``, hash worker
+    name -> ms of the last dequeue that found it so."""
+    return f"{_tag(qm)}:saturated"
 
 
 def usage(qm: str) -> str:

@@ -73,6 +73,12 @@ class Dequeued:
         live: workers that sent a heartbeat within the liveness window.
         backlog: ``{publisher: entries in its FIFO}`` for the publishers whose turn it holds.
         fair: entries waiting per live worker: a worker's fair share of the work.
+        taken_over: ``[(entry_id, fields, times_delivered)]``: the next heads of a saturated
+            publisher that other workers read, taken over in the same call (``ahead``);
+            ``times_delivered`` is 0 for those not counted as a delivery.
+        spare: other live workers not known to hold a saturated publisher: a worker keeps a
+            saturated publisher alone only while one is spare (else no publisher would be
+            served but by the sweeps).
     """
 
     version: bytes
@@ -83,6 +89,8 @@ class Dequeued:
     live: int = 1
     backlog: dict[str, int] = field(default_factory=dict)
     fair: int = 0
+    taken_over: list[tuple[str, dict[bytes, bytes], int]] = field(default_factory=list)
+    spare: int = 0
 
 
 #: Most entry ids per ``take_over.lua`` call (Lua's unpack() takes a few thousand values at most).
@@ -157,18 +165,23 @@ class Scripts:
         turns: list[str],
         pipe: Any = None,
         liveness_ms: int = 10_000,
+        ahead: tuple[str, str] | None = None,
     ) -> Dequeued | None:
         """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
 
         Args:
             token: the worker's consumer name and fencing token.
-            count: the most entries to read.
+            count: the most entries to read; 0 reads nothing.
             lease_ms: lease of a publisher's turn, in milliseconds.
             heads: the most FIFO entry ids returned per publisher whose turn the worker holds.
             turns: publishers whose turn the worker believes it holds.
             pipe: queue the call on this pipeline instead (returns None; parse
                 its reply with ``parse_dequeue``).
             liveness_ms: workers whose last heartbeat is older are not counted live, ms.
+            ahead: ``(publisher, entry_id)``: take over, in the same call, the heads of that
+                publisher (if the worker holds its turn) after ``entry_id`` ("ms-seq"), which
+                the worker has not read (``Dequeued.taken_over``; the FIFO head counts as a
+                delivery when it is one of them, as in ``take_over``).
 
         Returns:
             A ``Dequeued``, or None with ``pipe``.
@@ -189,6 +202,7 @@ class Scripts:
                 keys.alive(qm),
                 keys.dead_letter(qm),
                 keys.principals(qm),
+                keys.saturated(qm),
             ],
             [
                 keys.WORKER_GROUP,
@@ -205,6 +219,8 @@ class Scripts:
                 refusals.dead_letter_max_len,
                 refusals.max_body_bytes,
                 keys.ingress_prefix(qm),
+                _b(ahead[0]) if ahead else b"",
+                ahead[1] if ahead else "",
                 *map(_b, turns),
             ],
             pipe,
@@ -377,7 +393,7 @@ def entry_fields(flat: list[bytes]) -> dict[bytes, bytes]:
 
 def parse_dequeue(raw: list[Any]) -> Dequeued:
     """Turn the reply of ``dequeue.lua`` into a ``Dequeued``."""
-    version, last_id, entries, turns, active, live, fair = raw
+    version, last_id, entries, turns, active, live, fair, taken, spare = raw
     parsed = []
     for entry_id, flat in entries:
         parsed.append((entry_id.decode(), entry_fields(flat)))
@@ -396,4 +412,6 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
         max(1, int(live)),
         backlog,
         int(fair),
+        [(entry_id.decode(), entry_fields(flat), int(times)) for entry_id, flat, times in taken],
+        int(spare),
     )

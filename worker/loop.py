@@ -108,6 +108,10 @@ SWEEP_COUNT = 100
 #: How long a worker with nothing to do waits while others hold waiting publishers, ms.
 BUSY_POLL_MS = 20
 
+#: A worker serving a saturated publisher alone sweeps for orphaned turns this many times less
+#: often: the other workers take them (a turn it took would delay its publisher by a round).
+SATURATED_SWEEP_FACTOR = 10
+
 #: Pause before starting a round again after a Redis error, ms.
 RETRY_PAUSE_MS = 500
 
@@ -159,6 +163,12 @@ def _log_refused(unit: UnitOfWork) -> None:
     )
 
 
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ``"ms-seq"`` as numbers, to compare two ids."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def _msgid(fields: dict[bytes, bytes], entry_id: str) -> str:
     raw = fields.get(b"msgid")
     return raw.decode("utf-8", "replace") if raw else entry_id
@@ -202,6 +212,10 @@ class Worker:
         self._entries: dict[str, tuple[str, dict[bytes, bytes]]] = {}
         self._stream = keys.publish_stream(self.qm)
         self._prefetched: Dequeued | None = None
+        #: the last entry id this worker read from the publish stream itself ("" before any)
+        self._last_read_id = ""
+        #: the last round kept a saturated publisher alone (``_next_read``)
+        self._saturated = False
         self._turn_sweep_cursor = "0"
         self._next_turn_sweep_ms = 0
         self._next_entry_sweep_ms = 0
@@ -310,6 +324,7 @@ class Worker:
             self.metrics.stopped(len(self.turns))
             self.client.hdel(keys.workers(self.qm), self.name)
             self.client.zrem(keys.alive(self.qm), self.name)
+            self.client.hdel(keys.saturated(self.qm), self.name)
         except (redis.RedisError, RedisClusterException) as exc:
             log.warning("worker %s: could not release turns on stop: %s", self.name, exc)
         self.turns.clear()
@@ -332,7 +347,8 @@ class Worker:
         # On a full server, a sweep that must write is refused (writing nothing): the round goes
         # on to the dequeue, which renews the turns this worker holds (their entries stay its own).
         if now >= self._next_turn_sweep_ms:
-            self._next_turn_sweep_ms = now + settings.sweep_interval_ms
+            factor = SATURATED_SWEEP_FACTOR if self._saturated else 1
+            self._next_turn_sweep_ms = now + settings.sweep_interval_ms * factor
             self._unless_full(self._sweep_turns)
         if now >= self._next_entry_sweep_ms:
             self._next_entry_sweep_ms = now + ENTRY_SWEEP_INTERVAL_MS
@@ -362,9 +378,17 @@ class Worker:
             publisher = _publisher_of(fields)
             self._entries[entry_id] = (publisher, fields)
             handed_over = handed_over or publisher not in held
+        if dequeued.entries:
+            self._last_read_id = dequeued.entries[-1][0]
+        times: dict[str, int] = {}  # heads taken over by the dequeue, counted as a delivery
+        for entry_id, fields, delivered in dequeued.taken_over:
+            self._entries[entry_id] = (_publisher_of(fields), fields)
+            if delivered:
+                times[entry_id] = delivered
         if handed_over:
             self.hook("waiting_for_turn")
         self.turns = set(held)
+        self._saturated = False
         if not dequeued.turns:
             self._entries.clear()
             self._heartbeat(now)
@@ -378,7 +402,8 @@ class Worker:
                 self._wait(dequeued, min(settings.block_ms, block_slice_ms(self.client)))
             return 0
         self.hook("holding_turn")
-        done = self._commit(dequeued.turns, now, self._turns_to_give_up(dequeued))
+        give_up = self._turns_to_give_up(dequeued)
+        done = self._commit(dequeued.turns, now, give_up, times, self._next_read(dequeued, give_up))
         self._heartbeat(now)
         return done
 
@@ -474,12 +499,21 @@ class Worker:
         that share, and gives up the others to the sweep: a worker serving one
         busy publisher hands everyone else to the other workers, and a worker
         that dequeued everything cannot keep the others idle.
+
+        A saturated publisher (a backlog of at least ``heads``: a whole round of
+        work on its own) counts as a full share while another live worker is spare
+        (``Dequeued.spare``: not holding a saturated publisher itself): its
+        order makes it the pool's bottleneck, so its worker keeps it alone and
+        never delays it with others' work (``dequeue.lua`` gives it no free turn
+        either).
         """
         held = dequeued.turns
         if len(held) <= 1:
             return ()
         entries = self._entries
         backlog = dequeued.backlog
+        fair = dequeued.fair
+        saturated = self.settings.heads if dequeued.spare > 0 else None
 
         def weight(publisher: str) -> tuple[int, int]:
             return backlog.get(publisher, 0), sum(1 for e in held[publisher] if e in entries)
@@ -487,23 +521,61 @@ class Worker:
         kept_load = 0
         given_up = []
         for publisher in sorted(held, key=weight, reverse=True):
-            if kept_load >= dequeued.fair:
+            if kept_load >= fair:
                 given_up.append(publisher)
             else:
-                kept_load += backlog.get(publisher, 0)
+                load = backlog.get(publisher, 0)
+                kept_load += max(load, fair) if saturated is not None and load >= saturated else load
         return tuple(given_up)
 
-    def _commit(self, heads: dict[str, list[str]], now_ms: int, give_up: tuple[str, ...] = ()) -> int:
+    def _next_read(self, dequeued: Dequeued, give_up: tuple[str, ...]) -> tuple[int, tuple[str, str] | None]:
+        """What the next dequeue (sent with this round's commits) reads: ``(count, ahead)``.
+
+        A worker keeping a saturated publisher (a backlog of at least ``heads``) while
+        another live worker is spare reads nothing: the other workers read the stream (and so
+        see, and take, every other publisher's turn), and its next heads, which they read,
+        come back taken over in the same call (``ahead``: the publisher, and the last entry
+        id this worker may have read itself). Once its backlog is under ``heads`` it reads
+        ``batch_size`` entries again, as every other worker.
+        """
+        settings = self.settings
+        if dequeued.spare > 0:
+            for publisher, ids in dequeued.turns.items():
+                if publisher in give_up or not ids:
+                    continue
+                if dequeued.backlog.get(publisher, 0) >= settings.heads:
+                    self._saturated = True
+                    after = max(ids[-1], self._last_read_id or "0-0", key=_stream_id)
+                    return 0, (publisher, after)
+        return settings.batch_size, None
+
+    def _commit(
+        self,
+        heads: dict[str, list[str]],
+        now_ms: int,
+        give_up: tuple[str, ...] = (),
+        times: dict[str, int] | None = None,
+        next_read: tuple[int, tuple[str, str] | None] | None = None,
+    ) -> int:
         """Handle the FIFO heads of the publishers whose turn this worker holds: take over, build, send, apply.
+
+        Args:
+            heads: ``{publisher: [entry ids]}``, in FIFO order.
+            now_ms: the time, ms since the epoch.
+            give_up: publishers whose turn to give up after this round.
+            times: ``{entry_id: times delivered}`` of heads the dequeue took over already.
+            next_read: ``(count, ahead)`` for the next dequeue (``_next_read``); default: read ``batch_size``.
 
         Returns:
             How many publications were committed (delivered, refused, ...).
         """
         started_ms = self.clock_ms() if self.metrics.enabled else 0
-        times = self._take_over(heads)
+        if times:
+            self.metrics.turns(len(self.turns), entries_taken_over=len(times))
+        times = {**(times or {}), **self._take_over(heads)}
         batches = self._build(heads, times, now_ms)
         self.hook("before_commit")
-        results = self._send(batches, heads, give_up)
+        results = self._send(batches, heads, give_up, next_read or (self.settings.batch_size, None))
         self.hook("after_commit")
         applied = [(b, r) for b, r in zip(batches, results, strict=True) if not isinstance(r, Exception)]
         done = self._apply([b for b, _ in applied], [r for _, r in applied], give_up, started_ms)
@@ -592,9 +664,14 @@ class Worker:
         return batches
 
     def _send(
-        self, batches: list[CommitBatch], heads: dict[str, list[str]], give_up: tuple[str, ...]
+        self,
+        batches: list[CommitBatch],
+        heads: dict[str, list[str]],
+        give_up: tuple[str, ...],
+        next_read: tuple[int, tuple[str, str] | None],
     ) -> list[Any]:
-        """Send every batch (one ``commit.lua`` call each) and, in the same round trip, the next dequeue.
+        """Send every batch (one ``commit.lua`` call each) and, in the same round trip, the next dequeue
+        (``next_read``: how many entries it reads, and which heads it takes over, see ``_next_read``).
 
         Returns:
             One ``commit.lua`` reply per batch, or the error it answered (a full server); the
@@ -622,12 +699,13 @@ class Worker:
                 kept = sorted(set(heads) - set(give_up))
                 self.scripts.dequeue(
                     self.name,
-                    settings.batch_size,
+                    next_read[0],
                     settings.lease_ms,
                     settings.heads,
                     kept,
                     pipe=pipe,
                     liveness_ms=LIVENESS_MS,
+                    ahead=next_read[1],
                 )
             return cast(list[Any], pipe.execute(raise_on_error=False))
 

@@ -2,7 +2,15 @@
 -- entry id in its publisher's FIFO, in stream order, in one atomic call.
 -- Then take the turn of publishers nobody holds the turn of (up to this worker's fair
 -- share of the waiting entries), and return the FIFO heads of every publisher
--- whose turn it holds.
+-- whose turn it holds. A worker holding a *saturated* publisher (a FIFO of at least
+-- `heads` entries: a whole round of work on its own) takes no other turn while
+-- another live worker is spare (not known to hold a saturated publisher itself: when
+-- every worker is saturated, each goes on taking free turns up to its fair share, so
+-- no other publisher waits for a sweep): that publisher's order makes it the pool's bottleneck,
+-- so its worker serves it alone. Such a worker may read nothing (count 0: its next
+-- round is full already) and ask for the next heads of that publisher with their
+-- fields (ARGV[15], ARGV[16]): the entries other workers read for it are handed over
+-- in this call, not in a take_over.lua round trip of their own.
 --
 -- Nothing is filed for a publisher whose FIFO or turn key is foreign (another
 -- Redis type): its entries are refused here, in stream order (dead-lettered
@@ -15,9 +23,11 @@
 -- KEYS[4] live workers              "{qm}:alive" (zset scored by last heartbeat, ms)
 -- KEYS[5] dead-letter stream        "{qm}:dlq"
 -- KEYS[6] principals                "{qm}:principals" (principal -> publisher ids, one per line)
+-- KEYS[7] saturated workers         "{qm}:saturated" (worker -> ms of its last dequeue that found
+--                                   it holding a saturated publisher; written here)
 -- ARGV[1] consumer group
 -- ARGV[2] consumer name, also the worker's fencing token
--- ARGV[3] count: the most entries to read
+-- ARGV[3] count: the most entries to read (0: read nothing, move nothing from ingress streams)
 -- ARGV[4] per-publisher key prefix  "{qm}:pub:"  (keys are prefix .. publisher .. ":fifo" / ":turn")
 -- ARGV[5] lease_ms of a publisher's turn
 -- ARGV[6] heads: the most FIFO entry ids to return per turns publisher
@@ -29,22 +39,28 @@
 -- ARGV[12] approximate cap of the dead-letter stream, records
 -- ARGV[13] max_body_bytes: a dead letter keeps a field (the body) only up to this size
 -- ARGV[14] ingress stream prefix    "{qm}:in:" (.. principal)
--- ARGV[15..] publishers whose turn the worker believes it holds
--- returns {version, last_delivered_id or "", entries, turns, active, live, fair}
+-- ARGV[15] publisher whose next heads to take over here ("" for none), if the worker holds its turn
+-- ARGV[16] the entry id after which the worker has read none of them ("ms-seq"): only heads
+--          after it are taken over (take_over in lib.lua: the FIFO head counted, when it is one)
+-- ARGV[17..] publishers whose turn the worker believes it holds
+-- returns {version, last_delivered_id or "", entries, turns, active, live, fair, taken_over, spare}
 --   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}, less those refused here
 --   turns:   {publisher, {head ids...}, backlog, publisher, {head ids...}, backlog, ...}
 --   active:  publishers with entries waiting; live: workers seen within liveness_ms;
---   fair:    entries waiting per live worker (this worker's fair share of the work)
+--   fair:    entries waiting per live worker (this worker's fair share of the work), less the
+--            saturated publishers other workers hold, and those workers
+--   taken_over: {{entry id, {field, value, ...}, times delivered (0 when not counted)}, ...}
+--   spare:   other live workers not known to hold a saturated publisher (0: every other one does)
 
 local stream, group, token = KEYS[1], ARGV[1], ARGV[2]
 local prefix, lease_ms, heads = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local malformed, max_pub = ARGV[7], tonumber(ARGV[9])
 local ctx = {stream = stream, group = group, dlq = KEYS[5], dlq_len = ARGV[12], max_body = tonumber(ARGV[13]),
              reply_prefix = ARGV[10], reply_ttl = ARGV[11]}
-local FIRST_OWNED = 15
+local FIRST_OWNED = 17
 
 require_types({{stream, 'stream'}, {KEYS[2], 'string'}, {KEYS[3], 'set'}, {KEYS[4], 'zset'}, {KEYS[5], 'stream'},
-               {KEYS[6], 'hash'}})
+               {KEYS[6], 'hash'}, {KEYS[7], 'hash'}})
 
 -- Authenticated ingress (broker.principals): each principal (an ACL user) may XADD only to its
 -- own ingress stream, so the stream says who published. Its entries are moved here, in order,
@@ -88,9 +104,11 @@ for i = 1, #bindings, 2 do
   end
 end
 
-local reply = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', ARGV[3], 'STREAMS', stream, '>')
 local entries = {}
-if reply then entries = reply[1][2] end
+if tonumber(ARGV[3]) > 0 then  -- COUNT 0 would read everything
+  local reply = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', ARGV[3], 'STREAMS', stream, '>')
+  if reply then entries = reply[1][2] end
+end
 
 local candidates, seen = {}, {}
 local function consider(pub)
@@ -138,7 +156,9 @@ if #filed_order > 0 then redis.call('SADD', KEYS[3], unpack(filed_order)) end
 -- Fair share of the work: the entries waiting in FIFOs (the group's pending
 -- entries) split over the live workers. A worker takes a free turn only while
 -- the FIFOs it holds add up to less than its share, so one busy publisher is
--- not served by a worker that also holds everyone else.
+-- not served by a worker that also holds everyone else. A saturated publisher
+-- another worker holds (seen among the candidates) keeps that worker busy alone:
+-- its backlog and its worker are left out of the share of the others.
 local pending, last_id = 0, ''
 for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
   local name, last, count = nil, nil, 0
@@ -152,16 +172,47 @@ end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local live = math.max(redis.call('ZCOUNT', KEYS[4], now_ms - tonumber(ARGV[8]), '+inf'), 1)
-local fair = math.ceil(pending / live)
 
-local turns, held, load = {}, 0, 0
-for _, pub in ipairs(candidates) do
+-- a foreign turn or FIFO key (planted after its entries were filed) is never
+-- taken; the orphan sweep refuses the entries it strands (pcall)
+local holders, others, busy = {}, 0, {}
+for i, pub in ipairs(candidates) do
+  local holder = redis.pcall('GET', prefix .. pub .. ':turn')
+  holders[i] = holder
+  if live > 1 and type(holder) == 'string' and holder ~= token and not busy[holder] then
+    local backlog = redis.pcall('LLEN', prefix .. pub .. ':fifo')
+    if type(backlog) == 'number' and backlog >= heads then
+      busy[holder] = true
+      others = others + 1
+      pending = pending - backlog
+    end
+  end
+end
+local fair = math.ceil(math.max(pending, 0) / math.max(live - others, 1))
+-- Workers known to hold a saturated publisher: those seen above, and those whose own last
+-- dequeue found it so (within the liveness window; older records are forgotten here).
+if live > 1 then
+  local since = now_ms - tonumber(ARGV[8])
+  local records = redis.call('HGETALL', KEYS[7])
+  for j = 1, #records, 2 do
+    local name, at = records[j], tonumber(records[j + 1])
+    if not at or at < since then
+      redis.call('HDEL', KEYS[7], name)
+    elseif name ~= token and not busy[name] then
+      busy[name] = true
+      others = others + 1
+    end
+  end
+end
+local spare = math.max(live - 1 - others, 0)
+
+local turns, held, load, saturated, holds_saturated = {}, 0, 0, false, false
+for i, pub in ipairs(candidates) do
   local turn_key, fifo_key = prefix .. pub .. ':turn', prefix .. pub .. ':fifo'
-  -- a foreign turn or FIFO key (planted after its entries were filed) is never
-  -- taken; the orphan sweep refuses the entries it strands
-  local holder = redis.pcall('GET', turn_key)
+  local holder = holders[i]
   local mine = holder == token
-  if not holder and (held == 0 or load < fair) then
+  -- the turns it holds come first (ARGV), so a saturated one is known before any free turn
+  if not holder and not saturated and (held == 0 or load < fair) then
     mine = redis.call('SET', turn_key, token, 'NX', 'PX', lease_ms) ~= false
   end
   local backlog = 0
@@ -178,9 +229,39 @@ for _, pub in ipairs(candidates) do
       turns[#turns + 1] = backlog
       held = held + 1
       load = load + backlog
+      if backlog >= heads and live > 1 then holds_saturated = true end
+      if backlog >= heads and spare > 0 then saturated = true end
     end
   end
 end
 if #kept > 0 then last_id = '' end  -- entries refused above leave nothing to handle: block as idle
+if holds_saturated then
+  redis.call('HSET', KEYS[7], token, now_ms)
+elseif live > 1 and redis.call('HEXISTS', KEYS[7], token) == 1 then
+  redis.call('HDEL', KEYS[7], token)
+end
 
-return {redis.call('GET', KEYS[2]) or '0', last_id, kept, turns, redis.call('SCARD', KEYS[3]), live, fair}
+-- The next heads of a saturated publisher, read by other workers: taken over here.
+local taken = {}
+local ahead = ARGV[15]
+if ahead ~= '' then
+  local after_ms, after_seq = string.match(ARGV[16], '^(%d+)-(%d+)$')
+  after_ms, after_seq = tonumber(after_ms), tonumber(after_seq)
+  for i = 1, #turns, 3 do
+    if turns[i] == ahead and after_ms then
+      local ids, first = {}, nil
+      for j, id in ipairs(turns[i + 1]) do
+        if not first then
+          local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+          ms = tonumber(ms)
+          if ms > after_ms or (ms == after_ms and tonumber(seq) > after_seq) then first = j end
+        end
+        if first then ids[#ids + 1] = id end
+      end
+      if first then taken = take_over(stream, group, token, ids, first == 1 and 1 or 0) end
+    end
+  end
+end
+
+return {redis.call('GET', KEYS[2]) or '0', last_id, kept, turns, redis.call('SCARD', KEYS[3]), live, fair, taken,
+        spare}

@@ -153,3 +153,40 @@ end
 local function ring(bell)
   if redis.call('LLEN', bell) == 0 then redis.call('RPUSH', bell, '1') end
 end
+
+-- Take over entries another worker dequeued, for the worker holding their publisher's turn
+-- (take_over.lua; dequeue.lua for the next heads of a saturated publisher). The first
+-- `counted` ids (each publisher's FIFO head) are claimed (XCLAIM), which counts a new
+-- delivery; the others are only read, their delivery count untouched, so that a worker dying
+-- on one entry is charged to that entry alone. The unit of work XACKs an entry whichever
+-- consumer's pending list holds it.
+-- Returns {{entry id, {field, value, ...}, times delivered (0 when not counted)}, ...} for
+-- the ids still in the stream, in the order given.
+local function take_over(stream, group, consumer, ids, counted)
+  local fields_of = {}
+  if counted > 0 then
+    local args = {stream, group, consumer, 0}
+    for i = 1, counted do args[#args + 1] = ids[i] end
+    for _, entry in ipairs(redis.call('XCLAIM', unpack(args))) do
+      if entry and entry[2] then fields_of[entry[1]] = entry[2] end
+    end
+  end
+  local out = {}
+  for i, id in ipairs(ids) do
+    local fields = fields_of[id]
+    if not fields then
+      local found = redis.call('XRANGE', stream, id, id)
+      if found[1] then fields = found[1][2] end
+    end
+    if fields then
+      local times = 0
+      if i <= counted then
+        times = 1
+        local info = redis.call('XPENDING', stream, group, id, id, 1)
+        if info[1] then times = info[1][4] end
+      end
+      out[#out + 1] = {id, fields, times}
+    end
+  end
+  return out
+end
