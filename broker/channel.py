@@ -112,7 +112,12 @@ def forwarded_fields(envelope: bytes, sender: str) -> list[bytes | str]:
     """
     header, body = decode_envelope(envelope)
     try:
-        publisher, msgid, topic, ts = header["publisher"], header["msgid"], header["topic"], header_timestamp_ms(header)
+        publisher, msgid, topic, ts = (
+            header["publisher"],
+            header["msgid"],
+            header["topic"],
+            header_timestamp_ms(header),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidMessage(f"envelope header lacks {exc}") from exc
     origin, route = header.get("origin") or sender, header.get("route") or []

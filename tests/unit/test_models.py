@@ -55,7 +55,8 @@ def test_defaults_come_from_the_entry_id():
     entry = parse_entry("1700000000123-4", _entry({"publisher": "p", "topic": "t"}), 10)
     assert entry.msgid == "1700000000123-4" and not entry.msgid_given
     assert entry.timestamp_ms == 1700000000123 and "priority" not in entry.header  # defaults are left out
-    assert "ts" not in entry.header and "size" not in entry.header  # protocol 5: derived from the entry id, the body
+    # protocol 5: the publish time is the entry id's, the size the body's
+    assert "ts" not in entry.header and "size" not in entry.header
     header, body = decode_envelope(encode_envelope(entry.header, b""))
     assert header["v"] == keys.PROTOCOL_VERSION and body == b""
 

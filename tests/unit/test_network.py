@@ -371,7 +371,10 @@ def test_forwarded_fields_keep_every_header_and_append_the_route():
     for name in ("msgid", "publisher", "seq", "topic", "persistent", "priority", "expiration"):
         assert at_a.header.get(name) == entry.header.get(name), name
     # the publish time travels (explicit "ts" at A: it is not the new entry id's milliseconds)
-    assert at_a.timestamp_ms == entry.timestamp_ms == 1_700_000_000_000 and at_a.header["ts"] == 1_700_000_000_000
+    assert (
+        at_a.timestamp_ms == entry.timestamp_ms == 1_700_000_000_000
+        and at_a.header["ts"] == 1_700_000_000_000
+    )
     for name in ("correlation_id", "reply_to", "type", "props"):
         assert at_a.header[name] == entry.header[name], name
     assert at_a.header["origin"] == "B" and at_a.header["route"] == ["B"]
