@@ -73,11 +73,12 @@ class BaselineCheckout:
         if made.returncode != 0:
             raise BaselineError(f"git worktree add {ref}: {made.stderr.strip()}")
         described = subprocess.run(
-            ["git", "-C", str(repo), "log", "-1", "--format=%h %s", self.commit],
+            ["git", "-C", str(repo), "log", "-1", "--format=%s", self.commit],
             capture_output=True,
             text=True,
         )
-        self.describe = described.stdout.strip()[:100]
+        self.short = self.commit[:7]
+        self.subject = described.stdout.strip()[:100]
 
     def close(self) -> None:
         """Remove the worktree (and its directory)."""
