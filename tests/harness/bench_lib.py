@@ -1144,6 +1144,12 @@ def latency_publisher(url: str, qm: str, rate: float, count: int, conn: Any) -> 
     # No flow control: the schedule is open loop, and only the queue of bench/0/# is drained
     # (the other queues of region 0 grow past the start depth): the run measures latency, not pacing.
     pubs = [Publisher(client, qm, pid, flow_control=False) for pid in publisher_ids()]
+    _paced(pubs, rate, count, conn)
+
+
+def _paced(pubs: list[Publisher], rate: float, count: int, conn: Any) -> None:
+    """Publish ``count`` publications at ``rate``/s on an absolute schedule, rotating over ``pubs``
+    and the topics of region 0, ``sent_ns`` in a property; send the summary on ``conn``."""
     body = bodies(1)[0]
     interval = 1.0 / rate
     behind_max = 0.0
@@ -1890,28 +1896,8 @@ def e2e_publisher(url: str, qm: str, rate: float, count: int, pids: list[str], c
 
     client = connect(url)
     pubs = [Publisher(client, qm, pid, flow_control=False) for pid in pids]
-    body = bodies(1)[0]
-    interval = 1.0 / rate
-    behind_max = 0.0
-    late = 0
     conn.recv()  # go
-    start = time.perf_counter() + 0.05
-    for k in range(count):
-        due = start + k * interval
-        wait = due - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        else:
-            behind_max = max(behind_max, -wait)
-            late += wait < -0.001
-        pubs[k % len(pubs)].publish(
-            LATENCY_TOPICS[k % len(LATENCY_TOPICS)], body, properties={"sent_ns": time.time_ns()}
-        )
-    elapsed = time.perf_counter() - start
-    conn.send(
-        {"sent": count, "elapsed_s": elapsed, "max_behind_ms": round(behind_max * 1000, 2), "late": late}
-    )
-    conn.close()
+    _paced(pubs, rate, count, conn)
 
 
 def e2e_consumer(
