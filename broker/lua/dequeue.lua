@@ -175,7 +175,7 @@ local live = math.max(redis.call('ZCOUNT', KEYS[4], now_ms - tonumber(ARGV[8]), 
 
 -- a foreign turn or FIFO key (planted after its entries were filed) is never
 -- taken; the orphan sweep refuses the entries it strands (pcall)
-local holders, others, busy = {}, 0, {}
+local holders, others, busy, was_saturated = {}, 0, {}, false
 for i, pub in ipairs(candidates) do
   local holder = redis.pcall('GET', prefix .. pub .. ':turn')
   holders[i] = holder
@@ -196,9 +196,11 @@ if live > 1 then
   local records = redis.call('HGETALL', KEYS[7])
   for j = 1, #records, 2 do
     local name, at = records[j], tonumber(records[j + 1])
-    if not at or at < since then
+    if name == token then
+      was_saturated = true
+    elseif not at or at < since then
       redis.call('HDEL', KEYS[7], name)
-    elseif name ~= token and not busy[name] then
+    elseif not busy[name] then
       busy[name] = true
       others = others + 1
     end
@@ -237,7 +239,7 @@ end
 if #kept > 0 then last_id = '' end  -- entries refused above leave nothing to handle: block as idle
 if holds_saturated then
   redis.call('HSET', KEYS[7], token, now_ms)
-elseif live > 1 and redis.call('HEXISTS', KEYS[7], token) == 1 then
+elseif was_saturated then  -- read above (HGETALL): no second look
   redis.call('HDEL', KEYS[7], token)
 end
 
