@@ -472,14 +472,21 @@ def _preload_raw(client: redis.Redis, stream: str, n: int, body_list: list[bytes
 
 
 def run_ceiling(
-    client: redis.Redis, host: str, port: int, routes: dict[str, tuple[str, ...]], n: int, tx_per_rt: int = 50
+    client: redis.Redis,
+    host: str,
+    port: int,
+    routes: dict[str, tuple[str, ...]],
+    n: int,
+    tx_per_rt: int = 50,
+    around: tuple[Callable[[], None], Callable[[], None]] | None = None,
 ) -> dict[str, Any]:
     """Time ``n`` MULTI / F x LPUSH / XACK / EXEC transactions, ``tx_per_rt`` per round trip.
 
     Entries are preloaded and read into the group's PEL first (untimed). The timed loop
     builds each payload (a one-line JSON header + the body, like an envelope), packs
     RESP by hand into one buffer per round trip, writes it to a raw socket and reads
-    the replies with a bare ``hiredis.Reader``.
+    the replies with a bare ``hiredis.Reader``. ``around``: called just before the timed
+    loop and just after it (``bench_callgrind`` counts the server's instructions in between).
 
     Returns:
         ``{"n", "tx_per_s", "deliveries_per_s", "elapsed_s", "cpu", "redis_usec_per_tx"}``.
@@ -508,6 +515,8 @@ def run_ceiling(
     view = memoryview(buf)
     fanout = len(next(iter(prefixes.values())))
     client.config_resetstat()
+    if around is not None:
+        around[0]()
     meter = CpuMeter({"redis": [redis_pid(client)], "bench": [os.getpid()]})
     start = time.perf_counter()
     try:
@@ -549,6 +558,8 @@ def run_ceiling(
         elapsed = time.perf_counter() - start
     finally:
         sock.close()
+        if around is not None:
+            around[1]()
     cpu = meter.stop()
     done = len(entries)
     pending = client.xpending(stream, group)["pending"]

@@ -66,3 +66,20 @@ def test_the_baseline_pool_gets_the_changed_settings_as_broker_variables():
         Settings(**{k.removeprefix("BROKER_").lower(): v for k, v in env.items()}).flowcontrol_enabled
         is False
     )
+
+
+def test_a_ratio_of_two_rows_is_the_median_of_the_ratios_within_each_repeat():
+    from scripts.bench import _paired
+
+    # Given three repeats in which the box ran at half speed once (both rows of that repeat slowed)
+    runs = {
+        "broker_2w": [{"pubs_per_s": 20_000}, {"pubs_per_s": 10_000}, {"pubs_per_s": 21_000}],
+        "ceiling": [{"tx_per_s": 25_000}, {"tx_per_s": 11_000}, {"tx_per_s": 30_000}],
+    }
+    # When the ratio is taken
+    ratio = _paired({"runs": runs}, "broker_2w", "ceiling", "tx_per_s", fallback=-1.0)
+    # Then it pairs the rows of each repeat (0.8, 0.909, 0.7): not 20,000 / 25,000 of the medians
+    assert ratio == 0.8
+    # And with a repeat missing on one side it falls back to the ratio of the medians
+    runs["ceiling"].pop()
+    assert _paired({"runs": runs}, "broker_2w", "ceiling", "tx_per_s", fallback=-1.0) == -1.0
