@@ -230,6 +230,15 @@ Measurements
    ``--rate`` (2,000/s) and at 80% of the saturated rate: the 2-worker rate of 2. when
    it ran, else one 2-worker run made for it. Prints ``e2e_p99_ms=`` and
    ``e2e_p99_80pct_ms=`` before the last line (and in ``--json``).
+21. **Instructions** (``--only instructions``; ``tests/harness/bench_callgrind.py``): the
+   server under ``valgrind --tool=callgrind`` (instrumentation switched on only around what is
+   counted): one in-process worker of this commit handling ``--instructions-n`` (3,000)
+   preloaded publications after a warm-up, and the ceiling's timed loop over as many entries.
+   Instructions per publication and per ceiling transaction, their ratio
+   (``ceiling_ratio_instructions``: the ceiling ratio in server work alone), and the functions
+   that cost the most. Deterministic: the figure for comparing two commits on a box whose speed
+   drifts by 2x in minutes (it does not see cache misses, system calls or a second worker's
+   take-overs). Fails alone when valgrind is not installed.
 
 The last line is, exactly::
 

@@ -83,3 +83,14 @@ def test_a_ratio_of_two_rows_is_the_median_of_the_ratios_within_each_repeat():
     # And with a repeat missing on one side it falls back to the ratio of the medians
     runs["ceiling"].pop()
     assert _paired({"runs": runs}, "broker_2w", "ceiling", "tx_per_s", fallback=-1.0) == -1.0
+
+
+def test_the_instruction_count_is_the_dumps_totals_not_its_summary(tmp_path):
+    from tests.harness.bench_callgrind import total_instructions
+
+    # Given a callgrind dump made with the instrumentation switched on at run time (its summary says 0)
+    dump = tmp_path / "callgrind.out.1"
+    dump.write_text("version: 1\nevents: Ir\nsummary: 0\n\nfn=(1) main\n12 34\n\ntotals: 666772147\n")
+    # When its instructions are read
+    # Then they are the totals
+    assert total_instructions(dump) == 666_772_147
