@@ -68,7 +68,6 @@ class CallgrindServer:
         )
         wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
         self.server = Server(binary=str(wrapper))
-        self._dumps = 0
 
     def start(self) -> redis.Redis:
         self.server.start()
@@ -90,7 +89,6 @@ class CallgrindServer:
         """Write the counts since the last dump; returns the file (``callgrind.out.<k>``)."""
         before = set(self.work_dir.glob("callgrind.out*"))
         self._control("-d")
-        self._dumps += 1
         new = sorted(set(self.work_dir.glob("callgrind.out*")) - before)
         if not new:
             raise BenchError("callgrind wrote no dump")
