@@ -37,6 +37,52 @@ from broker.topic_objects import topic_of
 from broker.topics import validate_topic
 
 
+def _direct_pool(client: Any) -> redis.ConnectionPool | None:
+    """The client's connection pool when ``publish`` may use its connections directly: a plain
+    ``redis.Redis`` on redis-py's own connection classes (not a cluster client, not fakeredis)."""
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(client, redis.Redis) or not isinstance(pool, redis.ConnectionPool):
+        return None
+    if not getattr(pool, "connection_class", type).__module__.startswith("redis."):
+        return None
+    return pool
+
+
+def _xadd_direct(
+    pool: redis.ConnectionPool, stream: str, fields: dict[Any, Any], flow_key: str | None
+) -> tuple[Any, Any]:
+    """``XADD stream * fields`` (and ``GET flow_key``) in one round trip on a pooled connection.
+
+    What a pipeline does, without building one per call: the commands are packed once, sent
+    with one write and their replies read in order. Nothing is retried: an XADD whose reply was
+    lost may have been applied (the caller raises ``ConnectionLost``, the msgid says how to retry).
+
+    Returns:
+        ``(entry id, the flow key's value or None)``.
+
+    Raises:
+        redis.ConnectionError, redis.TimeoutError: the connection failed (it is dropped).
+        redis.ResponseError: the server refused the XADD (OutOfMemoryError when full).
+    """
+    args: list[Any] = ["XADD", stream, "*"]
+    for pair in fields.items():
+        args.extend(pair)
+    commands: list[Any] = [args] if flow_key is None else [args, ("GET", flow_key)]
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command(conn.pack_commands(commands))
+        try:
+            added = conn.read_response()
+        except redis.ResponseError:
+            if flow_key is not None:
+                conn.read_response()  # the GET's reply: keep the connection in step
+            raise
+        flow = conn.read_response() if flow_key is not None else None
+    finally:
+        pool.release(conn)
+    return added, flow
+
+
 @dataclass(frozen=True)
 class PublishResult:
     """The result of one publication.
@@ -129,6 +175,9 @@ class Publisher:
         self._validate_topic = hierarchy.validate_topic if scheme == "swiftmq" else validate_topic
         #: Default message ids are "<random 128-bit hex>-<seq>": unique, and the same on a retry.
         self._msgid_prefix = uuid.uuid4().hex
+        #: a plain server's connection pool: ``publish`` writes its XADD (and the flow key's GET)
+        #: to a pooled connection itself; None (a cluster, fakeredis): through redis-py's commands
+        self._pool = _direct_pool(client)
 
     def _fields(
         self, topic: str, body: bytes | str, msgid: str | None, reply: bool, options: dict[str, Any]
@@ -226,16 +275,22 @@ class Publisher:
         self.flow.wait()
         delay = 0
         try:
-            if self.flow_control and not wait:  # the flow key rides in the same round trip
+            read_flow = self.flow_control and not wait  # the flow key rides in the same round trip
+            if self._pool is not None:
+                added, flow = _xadd_direct(
+                    self._pool, self._stream, fields, self._flow_key if read_flow else None
+                )
+            elif read_flow:
                 pipe = self.client.pipeline(transaction=False)
                 pipe.xadd(self._stream, fields)
                 pipe.get(self._flow_key)
                 added, flow = pipe.execute(raise_on_error=False)
                 if isinstance(added, Exception):
                     raise added
-                delay = parse_delay(flow)
             else:
-                added = self.client.xadd(self._stream, fields)
+                added, flow = self.client.xadd(self._stream, fields), None
+            if read_flow:
+                delay = parse_delay(flow)
             entry_id = as_bytes(added).decode()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Unknown outcome: a retry with the same msgid must carry the same seq.

@@ -240,6 +240,11 @@ Measurements
    drifts by 2x in minutes (it does not see cache misses, system calls or a second worker's
    take-overs). Skipped (n/a) when valgrind is not installed.
 
+22. **publish() call** (``--only publish``): microseconds per ``Publisher.publish()`` call, wall
+   and this process's CPU, with flow control on (the flow key read with the XADD, one round trip)
+   and off, and a bare redis-py ``XADD`` of the same fields alongside (``scripts/ab_publish.py``).
+   Two commits side by side: ``python -m scripts.bench_ab OLD NEW --rows publish``.
+
 The last line is, exactly::
 
     broker_pubs_per_s=<n> ceiling_ratio=<x.xx> kombu_ratio=<x.x> rabbit_ratio=<x.xx> hot_publisher_ratio=<x.xx> p99_ms=<x.x> match_1m_over_1k=<x.xx> selector_ratio=<x.xx> selector_eval_us=<x.xx> consume_per_s=<n> consume_batch_ratio=<x.x> topic_objects_ratio=<x.xx> flow_control_ratio=<x.xx> slow_condition_ratio=<x.xx> swiftmq_ratio=<x.xx> fed_3qm_ratio=<x.xx> security_ratio=<x.xx>
@@ -273,6 +278,7 @@ from rich.table import Table
 from broker.config import Settings, SlowSubscriberCondition
 from broker.connection import connect
 from broker.server import Server
+from scripts import ab_publish
 from tests.harness import bench_callgrind, bench_rabbit
 from tests.harness import bench_lib as lib
 from tests.harness.bench_baseline import DEFAULT_BASELINE, BaselineCheckout, BaselineError, pool_factory
@@ -331,7 +337,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,"
-        "slow,swiftmq,federation,security,metrics,regression,rabbit,aof,memory,e2e",
+        "slow,swiftmq,federation,security,metrics,regression,rabbit,aof,memory,e2e,instructions,publish",
     )
     parser.add_argument(
         "--fed-n", type=int, help="federation: publications per queue manager (default 10,000, quick 3,000)"
@@ -416,6 +422,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "memory",
         "e2e",
         "instructions",
+        "publish",
     }
     args.only = set(args.only.split(",")) if args.only else sections
     if args.only - sections:
@@ -930,6 +937,10 @@ class Bench:
             got = self.attempt("latency", lib.run_latency, client, settings, topo, args.rate, args.latency_s)
             if got:
                 self.figures["latency"] = got
+        if "publish" in args.only:
+            self.idle("publish")
+            self.log("22. publish() call: us per call, flow control on and off, bare XADD alongside")
+            self.figures["publish_call"] = ab_publish.measure(client, 5_000 if args.quick else 20_000)
         if "e2e" in args.only and topo is not None:
             self.run_e2e(client, settings, topo)
         if "kombu" in args.only:
@@ -1297,6 +1308,18 @@ class Bench:
                 f"paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, XADD -> BRPOP: {_percentiles(lat)}; "
                 f"publisher at most {lat['publisher_max_behind_ms']} ms behind its schedule",
                 cpu3(lat["cpu"], ("workers", "bench", "publisher")),
+            )
+        if "publish_call" in f:
+            pc = f["publish_call"]
+            table.add_row(
+                "22. publish() call",
+                _fmt(1e6 / pc["flow_on_us"]),
+                "",
+                f"one publisher, 200 B bodies, N={pc['n']:,}: {pc['flow_on_us']} us per call "
+                f"({pc['flow_on_cpu_us']} CPU-us) with flow control, {pc['flow_off_us']} us "
+                f"({pc['flow_off_cpu_us']} CPU-us) without; a bare redis-py XADD {pc['xadd_us']} us "
+                f"({pc['xadd_cpu_us']} CPU-us). Before/after: python -m scripts.bench_ab OLD NEW --rows publish",
+                "",
             )
         if "kombu" in f:
             k = f["kombu"]
