@@ -12,7 +12,7 @@ recognised by the worker and delivered once.
 
 Flow control (``broker.flow``): the broker asks a publisher to slow down to its
 slowest subscriber's pace with a delay. A ``Publisher`` learns it from the result
-(``wait``) or reads its flow key with each ``XADD`` (one round trip, pipelined),
+(``wait``) or reads its flow key with each ``XADD`` (one round trip: both written at once to a pooled connection),
 and waits that long before its next publication, unless made with
 ``flow_control=False``.
 """
