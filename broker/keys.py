@@ -188,7 +188,10 @@ field              required  meaning
 ``body``           no        message body, bytes (default empty)
 ``msgid``          no        message id; a second entry of the same publisher with the
                              same msgid inside the dedup window is not delivered again.
-                             Default: ``<stream entry id>`` (no dedup across retries)
+                             Default: ``<stream entry id>`` (no dedup across retries).
+                             Any bytes: the dedup record and the reply key use them as
+                             sent; the envelope header carries a msgid that is not UTF-8
+                             with each such byte as U+FFFD
 ``seq``            no        per-publisher sequence number (decimal, 0 to 2**63-1)
 ``ts``             no        publish time, ms since the epoch (default: the entry id's ms)
 ``persistent``     no        ``1`` or ``0`` (default ``1``)

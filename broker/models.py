@@ -34,7 +34,9 @@ class Message(BaseModel):
     """A publication as a subscriber receives it (and as a publisher describes it).
 
     Attributes:
-        msgid: the message id; publisher retries with the same id are delivered once.
+        msgid: the message id; publisher retries with the same id are delivered once. A
+            msgid published as bytes that are not UTF-8 (a raw XADD) reads with each such
+            byte as U+FFFD (JSON text cannot carry it); dedup and the reply used its bytes.
         publisher: the publisher id; order is kept per publisher.
         seq: the publisher's sequence number, or None.
         topic: the topic string it was published on.
@@ -242,7 +244,10 @@ def _from_usual_header(header: dict[str, Any], body: bytes) -> Message | None:
 class Entry:
     """A publication request read from the stream and checked field by field.
 
-    ``header`` is the envelope header, ready to encode.
+    ``header`` is the envelope header, ready to encode. ``msgid`` is the ``msgid`` field's
+    bytes as sent, decoded with ``surrogateescape`` (a msgid that is not UTF-8 round-trips:
+    its dedup record and reply key are those the publisher names); the header carries it as
+    JSON text can, each byte that is not UTF-8 as U+FFFD.
     """
 
     entry_id: str
@@ -269,7 +274,7 @@ class Entry:
         found: dict[str, object] = dict(header.get("props") or {})
         found["JMSDeliveryMode"] = "PERSISTENT" if header.get("persistent", True) else "NON_PERSISTENT"
         found["JMSPriority"] = header.get("priority", DEFAULT_PRIORITY)
-        found["JMSMessageID"] = self.msgid
+        found["JMSMessageID"] = self.header["msgid"]  # as the subscriber sees it
         found["JMSTimestamp"] = self.timestamp_ms
         if "correlation_id" in header:
             found["JMSCorrelationID"] = header["correlation_id"]
@@ -362,8 +367,9 @@ def parse_entry(
         The parsed ``Entry``.
 
     Raises:
-        InvalidMessage: a field is missing, not UTF-8, of the wrong type or
-            out of range, or the body or the properties are larger than their limit.
+        InvalidMessage: a field is missing, not UTF-8 (the body and the msgid may be any
+            bytes), of the wrong type or out of range, or the body or the properties are
+            larger than their limit.
     """
     publisher = _text(fields, b"publisher", required=True)
     assert publisher is not None
@@ -376,8 +382,15 @@ def parse_entry(
         raise InvalidMessage(
             f"body of {len(body)} bytes is larger than the limit of {max_body_bytes} bytes (max_body_bytes)"
         )
-    given = _text(fields, b"msgid")
-    msgid = given if given else entry_id
+    given = fields.get(b"msgid")
+    if not given:
+        msgid = shown_msgid = entry_id
+    else:
+        try:
+            msgid = shown_msgid = given.decode("utf-8")
+        except UnicodeDecodeError:  # the keys take its bytes as sent; JSON text cannot
+            msgid = given.decode("utf-8", "surrogateescape")
+            shown_msgid = given.decode("utf-8", "replace")
     ts = _int(fields, b"ts", None)
     received_ms = int(entry_id.split("-", 1)[0])
     if ts is None:
@@ -411,7 +424,7 @@ def parse_entry(
     props = _properties(props_text) if props_text else {}
     header: dict[str, Any] = {
         "v": keys.PROTOCOL_VERSION,
-        "msgid": msgid,
+        "msgid": shown_msgid,
         "publisher": publisher,
         "seq": seq,
         "topic": topic,

@@ -72,6 +72,11 @@ def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
+def _exact(raw: bytes | str) -> str:
+    """A name read from Redis that a key is built from: its bytes round-trip (``surrogateescape``)."""
+    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+
+
 def _shown(raw: bytes | str) -> str:
     """A record's field name as a problem names it, whatever its bytes."""
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
@@ -144,7 +149,7 @@ class RoutingTable:
         #: copies of the network's cluster topic objects: topic string -> (cluster, clroute, hosts)
         self.cluster_topics: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self._forward_cache: dict[tuple[str, str, tuple[str, ...]], tuple[str, ...]] = {}
-        self.ingress: tuple[str, ...] = ()
+        self.ingress: tuple[bytes, ...] = ()
 
     def load(self, client: redis.Redis) -> None:
         """Read subscriptions, links and the version in one MULTI/EXEC and rebuild.
@@ -189,7 +194,11 @@ class RoutingTable:
             len(names) :
         ]
         #: the ingress streams of the principals (``broker.principals``): a worker waits on them too
-        self.ingress = tuple(keys.ingress(qm, _text(p)) for p in principals)
+        # each key as bytes, byte for byte the principal's name as Redis holds it: a client's
+        # hiredis packer encodes a str strictly, whatever its encoding_errors
+        self.ingress = tuple(
+            keys.ingress(qm, _exact(p)).encode("utf-8", "surrogateescape") for p in principals
+        )
         self.scheme = scheme_of(qm, manager)
         self.direct = manager.get(b"direct_subscriber_selection", b"true") != b"false"
         records, problems = parse_subscriptions(qm, subs)

@@ -170,8 +170,10 @@ def _stream_id(entry_id: str) -> tuple[int, int]:
 
 
 def _msgid(fields: dict[bytes, bytes], entry_id: str) -> str:
+    """The message id of an entry, its bytes as sent (``surrogateescape``: a msgid that is not
+    UTF-8 round-trips, so its reply and dedup keys are those the publisher built), or the entry id."""
     raw = fields.get(b"msgid")
-    return raw.decode("utf-8", "replace") if raw else entry_id
+    return raw.decode("utf-8", "surrogateescape") if raw else entry_id
 
 
 class Worker:
