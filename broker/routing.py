@@ -114,6 +114,9 @@ class RoutingTable:
         qm: the queue manager.
         default_maxdepth: ``Settings.default_maxdepth``: the MAXDEPTH of the queues no topic
             object bounds, messages; 0 for none.
+        max_selector_bytes: ``Settings.max_selector_bytes``: a subscription whose selector is
+            longer, bytes, is skipped at load (in ``problems``, logged); None: any size. One over
+            the fixed bounds of ``broker.selectors`` (terms, nesting) is skipped whatever this is.
 
     Attributes:
         version: the index version counter's value when loaded (bytes, opaque:
@@ -121,9 +124,10 @@ class RoutingTable:
         problems: the records skipped at the last load.
     """
 
-    def __init__(self, qm: str, default_maxdepth: int = 0) -> None:
+    def __init__(self, qm: str, default_maxdepth: int = 0, max_selector_bytes: int | None = None) -> None:
         self.qm = qm
         self.default_maxdepth = default_maxdepth
+        self.max_selector_bytes = max_selector_bytes
         self.version: bytes | None = None
         self.index: TopicIndex | HierarchyIndex = TopicIndex()
         #: the queue manager's topic scheme (``{qm}:manager``; ``broker.schemes``)
@@ -201,7 +205,8 @@ class RoutingTable:
         )
         self.scheme = scheme_of(qm, manager)
         self.direct = manager.get(b"direct_subscriber_selection", b"true") != b"false"
-        records, problems = parse_subscriptions(qm, subs)
+        # a selector over the limits is skipped here, named: else every publication pays for it
+        records, problems = parse_subscriptions(qm, subs, self.max_selector_bytes)
         graph, link_problems = parse_links(qm, links)
         tree = TopicTree.parse(qm, topics, separator(self.scheme), self.default_maxdepth)
         problems += link_problems + tree.problems

@@ -206,7 +206,11 @@ class Worker:
             self.qm,
             Refusals(settings.reply_ttl_ms, settings.dead_letter_max_len, settings.max_body_bytes),
         )
-        self.table = RoutingTable(self.qm, default_maxdepth=settings.default_maxdepth)
+        self.table = RoutingTable(
+            self.qm,
+            default_maxdepth=settings.default_maxdepth,
+            max_selector_bytes=settings.max_selector_bytes,
+        )
         self.turns: set[str] = set()
         self.stopping = False
         self.processed = 0
