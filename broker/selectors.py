@@ -67,8 +67,9 @@ KEYWORDS = frozenset({"NULL", "TRUE", "FALSE", "NOT", "AND", "OR", "BETWEEN", "L
 #: Bounds on the work of one selector (``SelectorTooComplex``), checked as it is parsed: a
 #: subscription's selector is evaluated for every publication its filter matches.
 #: Terms: the parsed expression's nodes (identifiers, literals, operators), each string of an
-#: IN list and each ``%`` of a LIKE pattern (each a scan of the value). 1,000 terms evaluate in
-#: about 70 µs (333 ORed comparisons); a selector people write has tens.
+#: IN list and each ``%`` of a LIKE pattern (each a scan of the value). 1,000 terms (333 ORed
+#: comparisons, none true) evaluate in 70-140 µs, against 23 ms for the 60,000 comparisons that
+#: issue 24 saw accepted; a selector people write has tens.
 MAX_TERMS = 1_000
 #: Tokens (words, literals, symbols) read before parsing stops: a selector of MAX_TERMS terms
 #: has two or three tokens a term, parentheses and commas included.
