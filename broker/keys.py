@@ -228,8 +228,9 @@ published on) and ``entry_id`` (stream id), and, only when they differ from thei
 defaults, ``ts`` (publish time, ms; absent: the entry id's milliseconds, the time
 the publish stream received it), ``persistent``
 (default true), ``priority`` (4), ``expiration`` (0), ``correlation_id``,
-``reply_to``, ``type`` (absent = null) and ``props`` (absent = ``{}``), which
-is always the last field (the scripts read header fields before it).
+``reply_to``, ``type`` (absent = null), ``msgid_hex`` (the msgid's bytes in hex,
+only when they are not UTF-8: ``msgid`` then has U+FFFD for each such byte) and
+``props`` (absent = ``{}``), which is always the last field (the scripts read header fields before it).
 
 Reply (``{qm}:reply:<n>:<publisher>:<msgid>``, when ``reply=1``)
 ----------------------------------------------------------------

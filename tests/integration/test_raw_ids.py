@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 
 from broker import keys
+from broker.channel import forwarded_fields
+from broker.models import encode_envelope, parse_entry
 from broker.routing import RoutingTable
 from broker.subscriptions import subscribe
 from tests.conftest import QM
@@ -74,9 +76,9 @@ def test_a_msgid_that_is_not_utf8_is_delivered_deduplicated_and_answered_on_the_
     assert not real_redis.exists(_reply_key(b"p", "u\ufffd".encode()))
     # the dedup record is keyed by the bytes too
     assert real_redis.exists(_dedup_key(b"p", RAW_MSGID))
-    # And the subscriber got it once; the envelope's msgid shows the byte as U+FFFD
+    # And the subscriber got it once: msgid shows the byte as U+FFFD, msgid_bytes is as sent
     (message,) = queue_messages(real_redis, QM, sub.sub_id)
-    assert (message.body, message.msgid) == (b"x", "u\ufffd")
+    assert (message.body, message.msgid, message.msgid_bytes) == (b"x", "u\ufffd", RAW_MSGID)
 
 
 def test_a_principal_name_that_is_not_utf8_names_its_ingress_stream_by_its_bytes(real_redis):
@@ -89,3 +91,19 @@ def test_a_principal_name_that_is_not_utf8_names_its_ingress_stream_by_its_bytes
     (ingress,) = table.ingress
     real_redis.xadd(ingress, {"publisher": "p"})
     assert real_redis.exists(keys.ingress(QM, "ops").encode()[: -len("ops")] + b"ops\xff")
+
+
+def test_a_channel_forwards_a_msgid_that_is_not_utf8_as_its_bytes():
+    # Given the envelope a worker writes for a raw msgid b"u\xff", and one for b"u\xfe"
+    envelopes = [
+        encode_envelope(entry.header, entry.body)
+        for entry in (
+            parse_entry("1-0", {b"publisher": b"p", b"topic": b"t/1", b"msgid": raw}, 1_000)
+            for raw in (b"u\xff", b"u\xfe")
+        )
+    ]
+    # When a channel rebuilds the publication for the next queue manager
+    forwarded = [forwarded_fields(envelope, "QM2") for envelope in envelopes]
+    # Then each msgid is its bytes as sent, so the receiver does not take the second for a duplicate
+    msgids = [fields[fields.index(b"msgid") + 1] for fields in forwarded]
+    assert msgids == [b"u\xff", b"u\xfe"]
