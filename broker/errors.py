@@ -118,8 +118,8 @@ class SelectorTooComplex(InvalidSelector):
         limit: the name of the bound (``max_selector_bytes``, ``MAX_TERMS``, ``MAX_TOKENS``,
             ``MAX_DEPTH``, ``MAX_PARENS``).
         maximum: its value.
-        found: what the selector has: its size in bytes, or the count at which parsing
-            stopped (one more than ``maximum``: a selector is not parsed further).
+        found: what the selector has: its size in bytes, its depth, or the count at which
+            parsing stopped, past ``maximum`` (a selector is not parsed further).
     """
 
     exit_code = 2
