@@ -128,11 +128,16 @@ def forwarded_fields(envelope: bytes, sender: str) -> list[bytes | str]:
     ):
         raise InvalidMessage("envelope header's origin is not a name or its route not a list of names")
     route = [*route, sender]
+    if "msgid_hex" in header:  # a msgid that is not UTF-8: its bytes, so the receiver dedups it as sent
+        try:
+            msgid = bytes.fromhex(header["msgid_hex"])
+        except (TypeError, ValueError) as exc:
+            raise InvalidMessage("envelope header's msgid_hex is not hexadecimal") from exc
     flat: list[bytes | str] = [
         b"publisher",
         str(publisher).encode("utf-8", "surrogateescape"),
         b"msgid",
-        str(msgid),
+        msgid if isinstance(msgid, bytes) else str(msgid),
         b"topic",
         str(topic),
         b"body",

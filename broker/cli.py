@@ -794,7 +794,8 @@ def subscribe_command(
     it is printed. Exits 3 when the subscription is exclusive and another consumer holds it,
     has max_consumers_per_subscription consumers already, or is new and the client id has
     max_subscriptions_per_client subscriptions already; 2 when FILTER is over max_topic_bytes
-    or max_topic_levels.
+    or max_topic_levels, or the selector is invalid or over max_selector_bytes or the
+    bounds of a selector's terms and nesting.
     """
     client = state.client()
     settings = state.settings
@@ -814,6 +815,7 @@ def subscribe_command(
         max_topic_bytes=settings.max_topic_bytes,
         max_topic_levels=settings.max_topic_levels,
         max_subscriptions_per_client=settings.max_subscriptions_per_client,
+        max_selector_bytes=settings.max_selector_bytes,
     )
     kind = "durable" if record.durable else "non-durable, removed on exit"
     extra = "".join(
@@ -1660,7 +1662,7 @@ def status_command(
     if network:
         _print_network_status(state, as_json)
         return
-    snapshot = status_of(state.client(), state.settings.qm)
+    snapshot = status_of(state.client(), state.settings.qm, state.settings.max_selector_bytes)
     if as_json:
         click.echo(json.dumps(snapshot, indent=2, sort_keys=True))
         return

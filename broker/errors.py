@@ -103,6 +103,36 @@ class InvalidSelector(BrokerError, ValueError):
         super().__init__(f"invalid {what} {shown(selector)} at position {position}: {reason}")
 
 
+class SelectorTooComplex(InvalidSelector):
+    """A message selector is over one of the broker's bounds on the work it may cost.
+
+    A subscription's selector is evaluated for every publication its filter matches, so its
+    size bounds what one subscription adds to each of them (a 768 KB selector of 60,000
+    comparisons added 23 ms to every matching publication). Raised by
+    ``broker.selectors.compile_selector`` (the number of terms, tokens and the nesting, fixed
+    in ``broker.selectors``) and ``broker.selectors.check_size`` (``Settings.max_selector_bytes``)
+    when a subscription is made; the routing table skips a stored record over them (a
+    ``CorruptRecord`` that ``broker status`` names).
+
+    Attributes:
+        limit: the name of the bound (``max_selector_bytes``, ``MAX_TERMS``, ``MAX_TOKENS``,
+            ``MAX_DEPTH``, ``MAX_PARENS``).
+        maximum: its value.
+        found: what the selector has: its size in bytes, its depth, or the count at which
+            parsing stopped, past ``maximum`` (a selector is not parsed further).
+    """
+
+    exit_code = 2
+
+    def __init__(
+        self, selector: str, position: int, limit: str, maximum: int, found: int, reason: str
+    ) -> None:
+        self.limit = limit
+        self.maximum = maximum
+        self.found = found
+        super().__init__(selector, position, reason)
+
+
 class InvalidTopicFilter(BrokerError, ValueError):
     """A topic filter (what a subscription names) is invalid.
 

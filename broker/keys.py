@@ -188,7 +188,10 @@ field              required  meaning
 ``body``           no        message body, bytes (default empty)
 ``msgid``          no        message id; a second entry of the same publisher with the
                              same msgid inside the dedup window is not delivered again.
-                             Default: ``<stream entry id>`` (no dedup across retries)
+                             Default: ``<stream entry id>`` (no dedup across retries).
+                             Any bytes: the dedup record and the reply key use them as
+                             sent; the envelope header carries a msgid that is not UTF-8
+                             with each such byte as U+FFFD
 ``seq``            no        per-publisher sequence number (decimal, 0 to 2**63-1)
 ``ts``             no        publish time, ms since the epoch (default: the entry id's ms)
 ``persistent``     no        ``1`` or ``0`` (default ``1``)
@@ -225,8 +228,9 @@ published on) and ``entry_id`` (stream id), and, only when they differ from thei
 defaults, ``ts`` (publish time, ms; absent: the entry id's milliseconds, the time
 the publish stream received it), ``persistent``
 (default true), ``priority`` (4), ``expiration`` (0), ``correlation_id``,
-``reply_to``, ``type`` (absent = null) and ``props`` (absent = ``{}``), which
-is always the last field (the scripts read header fields before it).
+``reply_to``, ``type`` (absent = null), ``msgid_hex`` (the msgid's bytes in hex,
+only when they are not UTF-8: ``msgid`` then has U+FFFD for each such byte) and
+``props`` (absent = ``{}``), which is always the last field (the scripts read header fields before it).
 
 Reply (``{qm}:reply:<n>:<publisher>:<msgid>``, when ``reply=1``)
 ----------------------------------------------------------------

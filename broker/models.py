@@ -34,7 +34,11 @@ class Message(BaseModel):
     """A publication as a subscriber receives it (and as a publisher describes it).
 
     Attributes:
-        msgid: the message id; publisher retries with the same id are delivered once.
+        msgid: the message id; publisher retries with the same id are delivered once. A
+            msgid published as bytes that are not UTF-8 (a raw XADD) reads with each such
+            byte as U+FFFD (JSON text cannot carry it); dedup and the reply used its bytes.
+        msgid_bytes: the message id's bytes as published when they are not UTF-8 (the
+            envelope's ``msgid_hex``), else None.
         publisher: the publisher id; order is kept per publisher.
         seq: the publisher's sequence number, or None.
         topic: the topic string it was published on.
@@ -74,6 +78,7 @@ class Message(BaseModel):
     origin: str | None = None
     route: tuple[str, ...] = ()
     principal: str | None = None
+    msgid_bytes: bytes | None = None
 
     @classmethod
     def from_envelope(cls, envelope: bytes) -> Message:
@@ -123,6 +128,7 @@ class Message(BaseModel):
             origin=header.get("origin"),
             route=tuple(header.get("route") or ()),
             principal=header.get("principal"),
+            msgid_bytes=bytes.fromhex(header["msgid_hex"]) if "msgid_hex" in header else None,
         )
 
 
@@ -169,8 +175,13 @@ def _from_usual_header(header: dict[str, Any], body: bytes) -> Message | None:
     values = _DEFAULTS.copy()
     get = header.get
     msgid, publisher, topic, ts = get("msgid"), get("publisher"), get("topic"), get("ts")
-    if type(msgid) is not str or type(publisher) is not str or type(topic) is not str:
-        return None
+    if (
+        type(msgid) is not str
+        or type(publisher) is not str
+        or type(topic) is not str
+        or "msgid_hex" in header
+    ):
+        return None  # msgid_hex (a msgid that is not UTF-8, rare): the validated path reads it
     if "ts" not in header:  # protocol 5: absent when it is the entry id's milliseconds
         entry_id = get("entry_id")
         if type(entry_id) is not str:
@@ -242,7 +253,10 @@ def _from_usual_header(header: dict[str, Any], body: bytes) -> Message | None:
 class Entry:
     """A publication request read from the stream and checked field by field.
 
-    ``header`` is the envelope header, ready to encode.
+    ``header`` is the envelope header, ready to encode. ``msgid`` is the ``msgid`` field's
+    bytes as sent, decoded with ``surrogateescape`` (a msgid that is not UTF-8 round-trips:
+    its dedup record and reply key are those the publisher names); the header carries it as
+    JSON text can, each byte that is not UTF-8 as U+FFFD, and then its bytes as ``msgid_hex``.
     """
 
     entry_id: str
@@ -269,7 +283,7 @@ class Entry:
         found: dict[str, object] = dict(header.get("props") or {})
         found["JMSDeliveryMode"] = "PERSISTENT" if header.get("persistent", True) else "NON_PERSISTENT"
         found["JMSPriority"] = header.get("priority", DEFAULT_PRIORITY)
-        found["JMSMessageID"] = self.msgid
+        found["JMSMessageID"] = self.header["msgid"]  # as the subscriber sees it
         found["JMSTimestamp"] = self.timestamp_ms
         if "correlation_id" in header:
             found["JMSCorrelationID"] = header["correlation_id"]
@@ -362,8 +376,9 @@ def parse_entry(
         The parsed ``Entry``.
 
     Raises:
-        InvalidMessage: a field is missing, not UTF-8, of the wrong type or
-            out of range, or the body or the properties are larger than their limit.
+        InvalidMessage: a field is missing, not UTF-8 (the body and the msgid may be any
+            bytes), of the wrong type or out of range, or the body or the properties are
+            larger than their limit.
     """
     publisher = _text(fields, b"publisher", required=True)
     assert publisher is not None
@@ -376,8 +391,17 @@ def parse_entry(
         raise InvalidMessage(
             f"body of {len(body)} bytes is larger than the limit of {max_body_bytes} bytes (max_body_bytes)"
         )
-    given = _text(fields, b"msgid")
-    msgid = given if given else entry_id
+    given = fields.get(b"msgid")
+    msgid_hex: str | None = None
+    if not given:
+        msgid = shown_msgid = entry_id
+    else:
+        try:
+            msgid = shown_msgid = given.decode("utf-8")
+        except UnicodeDecodeError:  # the keys take its bytes as sent; JSON text cannot
+            msgid = given.decode("utf-8", "surrogateescape")
+            shown_msgid = given.decode("utf-8", "replace")
+            msgid_hex = given.hex()
     ts = _int(fields, b"ts", None)
     received_ms = int(entry_id.split("-", 1)[0])
     if ts is None:
@@ -411,7 +435,7 @@ def parse_entry(
     props = _properties(props_text) if props_text else {}
     header: dict[str, Any] = {
         "v": keys.PROTOCOL_VERSION,
-        "msgid": msgid,
+        "msgid": shown_msgid,
         "publisher": publisher,
         "seq": seq,
         "topic": topic,
@@ -448,6 +472,8 @@ def parse_entry(
             )
         header["origin"] = origin
         header["route"] = route
+    if msgid_hex is not None:  # not UTF-8: its bytes, for a channel and any subscriber
+        header["msgid_hex"] = msgid_hex
     if props:
         header["props"] = props  # last: lua/lib.lua's envelope_head cuts the header here
     return Entry(

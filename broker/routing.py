@@ -72,6 +72,11 @@ def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
+def _exact(raw: bytes | str) -> str:
+    """A name read from Redis that a key is built from: its bytes round-trip (``surrogateescape``)."""
+    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+
+
 def _shown(raw: bytes | str) -> str:
     """A record's field name as a problem names it, whatever its bytes."""
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
@@ -109,6 +114,9 @@ class RoutingTable:
         qm: the queue manager.
         default_maxdepth: ``Settings.default_maxdepth``: the MAXDEPTH of the queues no topic
             object bounds, messages; 0 for none.
+        max_selector_bytes: ``Settings.max_selector_bytes``: a subscription whose selector is
+            longer, bytes, is skipped at load (in ``problems``, logged); None: any size. One over
+            the fixed bounds of ``broker.selectors`` (terms, nesting) is skipped whatever this is.
 
     Attributes:
         version: the index version counter's value when loaded (bytes, opaque:
@@ -116,9 +124,10 @@ class RoutingTable:
         problems: the records skipped at the last load.
     """
 
-    def __init__(self, qm: str, default_maxdepth: int = 0) -> None:
+    def __init__(self, qm: str, default_maxdepth: int = 0, max_selector_bytes: int | None = None) -> None:
         self.qm = qm
         self.default_maxdepth = default_maxdepth
+        self.max_selector_bytes = max_selector_bytes
         self.version: bytes | None = None
         self.index: TopicIndex | HierarchyIndex = TopicIndex()
         #: the queue manager's topic scheme (``{qm}:manager``; ``broker.schemes``)
@@ -144,7 +153,7 @@ class RoutingTable:
         #: copies of the network's cluster topic objects: topic string -> (cluster, clroute, hosts)
         self.cluster_topics: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self._forward_cache: dict[tuple[str, str, tuple[str, ...]], tuple[str, ...]] = {}
-        self.ingress: tuple[str, ...] = ()
+        self.ingress: tuple[bytes, ...] = ()
 
     def load(self, client: redis.Redis) -> None:
         """Read subscriptions, links and the version in one MULTI/EXEC and rebuild.
@@ -189,10 +198,15 @@ class RoutingTable:
             len(names) :
         ]
         #: the ingress streams of the principals (``broker.principals``): a worker waits on them too
-        self.ingress = tuple(keys.ingress(qm, _text(p)) for p in principals)
+        # each key as bytes, byte for byte the principal's name as Redis holds it: a client's
+        # hiredis packer encodes a str strictly, whatever its encoding_errors
+        self.ingress = tuple(
+            keys.ingress(qm, _exact(p)).encode("utf-8", "surrogateescape") for p in principals
+        )
         self.scheme = scheme_of(qm, manager)
         self.direct = manager.get(b"direct_subscriber_selection", b"true") != b"false"
-        records, problems = parse_subscriptions(qm, subs)
+        # a selector over the limits is skipped here, named: else every publication pays for it
+        records, problems = parse_subscriptions(qm, subs, self.max_selector_bytes)
         graph, link_problems = parse_links(qm, links)
         tree = TopicTree.parse(qm, topics, separator(self.scheme), self.default_maxdepth)
         problems += link_problems + tree.problems

@@ -84,8 +84,12 @@ def _scheme_text(client: redis.Redis, qm: str) -> str:
 
 
 @translate_errors
-def status(client: redis.Redis, qm: str) -> dict[str, Any]:
+def status(client: redis.Redis, qm: str, max_selector_bytes: int | None = None) -> dict[str, Any]:
     """A snapshot of the queue manager.
+
+    ``max_selector_bytes``: ``Settings.max_selector_bytes``, as the workers have it: a
+    subscription whose selector is longer is named in ``problems`` (the workers skip it),
+    as one over the fixed bounds of ``broker.selectors`` always is; None: any size.
 
     Returns:
         ``{"stream_length", "pending", "lag", "dead_lettered", "active_publishers",
@@ -103,7 +107,9 @@ def status(client: redis.Redis, qm: str) -> dict[str, Any]:
     """
     problems: list[str] = []
     state = _read(problems, "publish stream", lambda: group_state(client, qm), None)
-    subs, bad_subs = _read(problems, "subscriptions", lambda: read_subscriptions(client, qm), ([], []))
+    subs, bad_subs = _read(
+        problems, "subscriptions", lambda: read_subscriptions(client, qm, max_selector_bytes), ([], [])
+    )
     graph, bad_links = _read(problems, "links", lambda: read_links(client, qm), (None, []))
     tree = _read(problems, "topic objects", lambda: read_tree(client, qm), None)
     problems += [str(p) for p in (*bad_subs, *bad_links, *(tree.problems if tree else []))]

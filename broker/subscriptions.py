@@ -31,6 +31,7 @@ import redis
 
 from broker import hierarchy, keys
 from broker.config import (
+    DEFAULT_MAX_SELECTOR_BYTES,
     DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
     DEFAULT_MAX_TOPIC_BYTES,
     DEFAULT_MAX_TOPIC_LEVELS,
@@ -49,7 +50,7 @@ from broker.errors import (
 )
 from broker.schemes import recorded_scheme, separator
 from broker.scripts import script_source
-from broker.selectors import compile_selector, like
+from broker.selectors import check_size, compile_selector, like
 from broker.topic_objects import TopicTree, fixed_prefix, topic_of
 from broker.topics import limit_problem, split_shared, validate_filter
 
@@ -133,12 +134,23 @@ class SubscriptionRecord:
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, sub_id: str, raw: bytes | str, qm: str = "") -> SubscriptionRecord:
+    def from_json(
+        cls, sub_id: str, raw: bytes | str, qm: str = "", max_selector_bytes: int | None = None
+    ) -> SubscriptionRecord:
         """Parse and check a hash value written by ``to_json`` (or by hand, by another service).
+
+        Args:
+            sub_id: the subscription id (the hash field).
+            raw: the record (the hash value), JSON.
+            qm: the queue manager, named in the error.
+            max_selector_bytes: a selector longer than this, bytes, is refused (the routing
+                table's check, ``Settings.max_selector_bytes``); None: any size.
 
         Raises:
             CorruptRecord: the id or the value cannot be read: not JSON, no valid
-                filter, an invalid selector, a field of the wrong type.
+                filter, an invalid selector (over ``max_selector_bytes``, or over the
+                bounds of ``broker.selectors``: "invalid selector: ... more than the
+                broker allows"), a field of the wrong type.
         """
         key = keys.subscriptions(qm) if qm else "{qm}:subs"
         try:
@@ -169,6 +181,8 @@ class SubscriptionRecord:
             if not isinstance(share, str):
                 raise ValueError('"share" must be a string')
             if selector:
+                if max_selector_bytes is not None:
+                    check_size(selector, max_selector_bytes)  # before the parse: a long text costs it
                 compile_selector(selector)
         except InvalidName as exc:
             raise CorruptRecord(key, sub_id, str(exc)) from exc
@@ -184,8 +198,13 @@ class SubscriptionRecord:
         return cls(sub_id, topic_filter, durable, created, selector, no_local, mode, share)
 
 
-def parse_subscriptions(qm: str, raw: dict[Any, Any]) -> tuple[list[SubscriptionRecord], list[CorruptRecord]]:
+def parse_subscriptions(
+    qm: str, raw: dict[Any, Any], max_selector_bytes: int | None = None
+) -> tuple[list[SubscriptionRecord], list[CorruptRecord]]:
     """Parse the ``{qm}:subs`` hash, skipping records that cannot be read.
+
+    ``max_selector_bytes``: a record whose selector is longer (bytes) is skipped too;
+    None: any size (``SubscriptionRecord.from_json``).
 
     Returns:
         ``(records sorted by id, problems)``.
@@ -199,7 +218,7 @@ def parse_subscriptions(qm: str, raw: dict[Any, Any]) -> tuple[list[Subscription
             problems.append(CorruptRecord(keys.subscriptions(qm), repr(raw_id), "the id is not UTF-8"))
             continue
         try:
-            records.append(SubscriptionRecord.from_json(sub_id, value, qm))
+            records.append(SubscriptionRecord.from_json(sub_id, value, qm, max_selector_bytes))
         except CorruptRecord as exc:
             problems.append(exc)
     records.sort(key=lambda r: r.sub_id)
@@ -207,14 +226,17 @@ def parse_subscriptions(qm: str, raw: dict[Any, Any]) -> tuple[list[Subscription
 
 
 @translate_errors
-def read_subscriptions(client: redis.Redis, qm: str) -> tuple[list[SubscriptionRecord], list[CorruptRecord]]:
-    """Every subscription that can be read, and the records that cannot.
+def read_subscriptions(
+    client: redis.Redis, qm: str, max_selector_bytes: int | None = None
+) -> tuple[list[SubscriptionRecord], list[CorruptRecord]]:
+    """Every subscription that can be read, and the records that cannot (``parse_subscriptions``:
+    with ``max_selector_bytes``, those whose selector is longer too).
 
     Raises:
         ForeignKey: ``{qm}:subs`` holds another Redis type.
         redis.RedisError: as redis-py raises it.
     """
-    return parse_subscriptions(qm, read_hash(client, keys.subscriptions(qm)))
+    return parse_subscriptions(qm, read_hash(client, keys.subscriptions(qm)), max_selector_bytes)
 
 
 def _derived_name(topic_filter: str, selector: str) -> str:
@@ -240,6 +262,7 @@ def subscribe(
     max_topic_bytes: int = DEFAULT_MAX_TOPIC_BYTES,
     max_topic_levels: int = DEFAULT_MAX_TOPIC_LEVELS,
     max_subscriptions_per_client: int = DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
+    max_selector_bytes: int = DEFAULT_MAX_SELECTOR_BYTES,
 ) -> SubscriptionRecord:
     """Create a subscription (or attach to an existing one with the same filter and options).
 
@@ -274,6 +297,8 @@ def subscribe(
             many already; 0 for no limit (``Settings.max_subscriptions_per_client``). Counted
             in the transaction that writes it (``{qm}:subs`` is watched), so concurrent
             subscribes never go over it; attaching to an existing subscription is not counted.
+        max_selector_bytes: the longest selector accepted, bytes of UTF-8
+            (``Settings.max_selector_bytes``), checked before it is parsed.
 
     Returns:
         The subscription record; ``sub_id`` names its queue.
@@ -286,6 +311,9 @@ def subscribe(
             ``max_subscriptions_per_client`` already.
         ConfigError: ``scheme`` differs from the queue manager's recorded scheme.
         InvalidSelector: the selector is invalid (the position is named).
+        SelectorTooComplex: (an ``InvalidSelector``) the selector is over ``max_selector_bytes``
+            or over the bounds of ``broker.selectors`` on its terms and nesting; ``limit``,
+            ``maximum`` and ``found`` say which, and the message says both.
         InvalidName: the client id, name or ShareName has characters other than ``A-Za-z0-9_.-``.
         SubscriptionConflict: the subscription exists with another filter, selector, no-local or sharing.
         SubscriptionRefused: a new subscription under a topic object with ``SUB(DISABLED)``,
@@ -303,6 +331,7 @@ def subscribe(
         raise InvalidTopicFilter(topic_filter, over)
     selector = selector if selector and selector.strip() else ""  # blank: no selector (Jakarta Messaging)
     if selector:
+        check_size(selector, max_selector_bytes)
         compile_selector(selector)
     check_name("client id", client_id)
     if share:

@@ -76,7 +76,8 @@ class UnitOfWork:
         publisher: the publisher id (its FIFO and turn).
         entry_id: the publish stream entry id.
         action: deliver, expire, refuse or skip.
-        msgid: the message id (dedup record and reply key).
+        msgid: the message id (dedup record and reply key): its bytes as sent, decoded with
+            ``surrogateescape`` (``CommitBatch`` encodes it back byte for byte).
         envelope: what every subscriber queue gets (deliver), bytes.
         queues: the de-duplicated subscriber queue keys (deliver).
         reason: why it is refused (refuse): one line of text.
@@ -118,7 +119,8 @@ class UnitOfWork:
 
 
 def _b(text: str) -> bytes:
-    """A publisher id back as the bytes Redis holds (ids that were not UTF-8 round-trip)."""
+    """A publisher id or message id back as the bytes Redis holds (ids that were not UTF-8
+    round-trip: they were decoded with ``surrogateescape``)."""
     return text.encode("utf-8", "surrogateescape")
 
 
@@ -193,7 +195,7 @@ class CommitBatch:
             _b(unit.publisher),
             unit.entry_id,
             payload,
-            unit.msgid,
+            _b(unit.msgid),
             recipients,
             encode_options(unit),
             journal,

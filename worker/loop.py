@@ -170,8 +170,10 @@ def _stream_id(entry_id: str) -> tuple[int, int]:
 
 
 def _msgid(fields: dict[bytes, bytes], entry_id: str) -> str:
+    """The message id of an entry, its bytes as sent (``surrogateescape``: a msgid that is not
+    UTF-8 round-trips, so its reply and dedup keys are those the publisher built), or the entry id."""
     raw = fields.get(b"msgid")
-    return raw.decode("utf-8", "replace") if raw else entry_id
+    return raw.decode("utf-8", "surrogateescape") if raw else entry_id
 
 
 class Worker:
@@ -204,7 +206,11 @@ class Worker:
             self.qm,
             Refusals(settings.reply_ttl_ms, settings.dead_letter_max_len, settings.max_body_bytes),
         )
-        self.table = RoutingTable(self.qm, default_maxdepth=settings.default_maxdepth)
+        self.table = RoutingTable(
+            self.qm,
+            default_maxdepth=settings.default_maxdepth,
+            max_selector_bytes=settings.max_selector_bytes,
+        )
         self.turns: set[str] = set()
         self.stopping = False
         self.processed = 0
