@@ -261,7 +261,8 @@ the stream is trimmed). A field larger than ``max_body_bytes`` (the body, or a
 fields of an entry are copied: ``dlq.fields`` then gives how many it had. An entry of an
 ingress stream refused because its ``publisher`` is not bound to the principal also has
 ``dlq.principal`` (that principal). A poison message of one subscription (``recover.lua``: more
-than ``max_redeliveries`` failed deliveries; ``receive.lua``: expired, with ``expired_to_dlq``)
+than ``max_redeliveries`` failed deliveries; ``receive.lua``: expired, with ``expired_to_dlq``;
+``reject.lua``: a malformed envelope, reason ``malformed envelope: ...``)
 has ``envelope``, ``dlq.reason``, ``dlq.entry_id`` and ``dlq.subscription`` instead.
 
 ``broker dlq`` (``broker.dead_letters``) lists, shows, replays and purges dead letters (``XDEL``).
@@ -307,8 +308,10 @@ taken with one ``LRANGE`` + ``LTRIM`` and pushed onto the in-flight list with
 acknowledged in one call: the envelopes as received, removed with one ``LTRIM``
 when they are the oldest in flight, else each with the ``LREM`` below; the
 redelivery counts of those removed are deleted; returns how many were still in
-flight) and ``lua/recover.lua``; another language can run the same scripts, or
-these plain commands, in any mix::
+flight), ``lua/reject.lua`` (an element it took but cannot read, a malformed envelope, is
+removed from its in-flight list and dead-lettered in one call, reason ``malformed envelope: ...``,
+so that one bad element never stops a consumer) and ``lua/recover.lua``; another language can
+run the same scripts, or these plain commands, in any mix::
 
     # heartbeat (and before each receive): renew the lease, deadline = now + lease ms
     ZADD '{QM1}:sub:app$orders:consumers' 1767000010000 c1
