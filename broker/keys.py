@@ -313,7 +313,9 @@ removed from its in-flight list and dead-lettered in one call, reason ``malforme
 so that one bad element never stops a consumer) and ``lua/recover.lua``; another language can
 run the same scripts, or these plain commands, in any mix::
 
-    # heartbeat (and before each receive): renew the lease, deadline = now + lease ms
+    # heartbeat (and before each receive): renew the lease, deadline = now + lease ms, now
+    # being the server's TIME in ms (docs/protocol.md does both in one EVAL); never a
+    # deadline far in the future: that consumer's messages would never be given back
     ZADD '{QM1}:sub:app$orders:consumers' 1767000010000 c1
     # receive: the bands from priority 9 down to 0 (the default 4 is the key without :p4)
     LMOVE '{QM1}:sub:app$orders:p9' '{QM1}:sub:app$orders:inflight:c1' RIGHT LEFT
