@@ -13,7 +13,7 @@ subscriber  read, write, list, hash, zset, scripting      ``{qm}:sub:<client id>
             (the consumer scripts), no dangerous ones     and consumer state); ``{qm}:subs``, ``{qm}:version``,
                                                           ``{qm}:manager``, ``{qm}:topics`` (read);
                                                           ``{qm}:expired``, ``{qm}:last_active``,
-                                                          ``{qm}:dlq`` (counters, expired dead letters)
+                                                          ``{qm}:dlq`` (counters; expired, malformed dead letters)
 worker      read, write, stream, list, hash, set, zset,   ``{qm}:*``
             string, keyspace, scripting, transactions;
             no dangerous or admin ones but INFO

@@ -791,7 +791,9 @@ def subscribe_command(
     Each line is: topic, publisher, sequence number, priority, body (text, or a
     Python bytes literal when not UTF-8), and "redelivered=N" for a message
     delivered before to a consumer that died. Each message is acknowledged after
-    it is printed. Exits 3 when the subscription is exclusive and another consumer holds it,
+    it is printed. Ctrl-C or SIGTERM stops it orderly: messages not yet acknowledged are given
+    back for redelivery, a non-durable subscription is removed, and it exits 0 (as `broker
+    worker` does on SIGTERM). Exits 3 when the subscription is exclusive and another consumer holds it,
     has max_consumers_per_subscription consumers already, or is new and the client id has
     max_subscriptions_per_client subscriptions already; 2 when FILTER is over max_topic_bytes
     or max_topic_levels, or the selector is invalid or over max_selector_bytes or the
@@ -825,11 +827,14 @@ def subscribe_command(
             f", {record.mode}",
         ]
     )
-    click.echo(f"subscribed {record.sub_id} to {record.shown_filter!r} ({kind}{extra})", err=True)
     subscriber = Subscriber(client, qm, record, settings)
     received = 0
     was_standby = False
+    previous = signal.getsignal(signal.SIGTERM)
     try:
+        signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM closes as Ctrl-C does
+        # printed once attached (its lease taken) and stoppable by SIGTERM: a script may wait for it
+        click.echo(f"subscribed {record.sub_id} to {record.shown_filter!r} ({kind}{extra})", err=True)
         while count is None or received < count:
             if subscriber.standby and not was_standby:
                 click.echo("standby: another consumer is active; waiting to take over", err=True)
@@ -849,8 +854,20 @@ def subscribe_command(
     except KeyboardInterrupt:
         click.echo("", err=True)
     finally:
-        subscriber.close()
+        # closed orderly whatever stopped it; a second Ctrl-C or SIGTERM does not cut that short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            subscriber.close()
+        finally:
+            signal.signal(signal.SIGINT, interrupt)
+            signal.signal(signal.SIGTERM, previous)
     click.echo(f"received {received} message(s)", err=True)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """A SIGTERM handler: stop as Ctrl-C stops (``KeyboardInterrupt``)."""
+    raise KeyboardInterrupt
 
 
 @main.command("browse", short_help="Show waiting messages of a subscription without taking them.")

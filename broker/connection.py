@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import re
 import ssl
 import time
 from collections.abc import Callable
@@ -13,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
+from redis.connection import Connection, ConnectionPool, parse_url
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
 from broker.errors import ClusterUnsupported, ConfigError, ConnectionLost, ForeignKey, ServerError, ServerFull
@@ -323,6 +326,41 @@ def _cluster_url(url: str) -> str:
     return plain
 
 
+def check_url_options(url: str) -> None:
+    """Refuse a URL whose query string redis-py cannot use, before any client is made.
+
+    redis-py takes any ``?name=value`` of a URL as a connection option and refuses an unknown
+    one only at the first command, with a ``TypeError`` deep inside a connection; a value it
+    cannot read (``?socket_timeout=abc``) it refuses at once, without naming the URL.
+
+    Args:
+        url: any URL ``connect`` takes.
+
+    Raises:
+        ConfigError: an option redis-py does not know, or a value it cannot read; the message
+            names the option and the URL without its query string and password.
+    """
+    cluster = is_cluster_url(url)
+    plain = _cluster_url(url) if cluster else url
+    where = redact_url(url.split("?", 1)[0])  # the query may hold a password
+    try:
+        options = parse_url(plain)
+    except ValueError as exc:
+        raise ConfigError(f"Redis URL {where}: {exc}") from exc
+    connection_class = options.pop("connection_class", Connection)
+    for name in inspect.signature(RedisCluster.__init__ if cluster else ConnectionPool.__init__).parameters:
+        options.pop(name, None)  # the client's or pool's own options
+    try:
+        connection_class(**options)  # no I/O: a connection opens its socket at its first command
+    except TypeError as exc:
+        found = re.search(r"unexpected keyword argument '([^']*)'", str(exc))
+        name = found.group(1) if found else str(exc)
+        raise ConfigError(
+            f"Redis URL {where}: unknown option {name!r} in its query string (redis-py connection "
+            "options only, such as socket_timeout, health_check_interval, client_name)"
+        ) from exc
+
+
 def connect(url: str, check: bool = False, tls: TLSOptions | None = None) -> redis.Redis:
     """A redis-py client for ``url``: bytes replies, publisher ids round-trip as bytes.
 
@@ -350,10 +388,13 @@ def connect(url: str, check: bool = False, tls: TLSOptions | None = None) -> red
             cluster client connects at once to learn the slot map).
         ServerError: ``check`` and the server (every master of a cluster) is
             older than Redis 7.0.
-        ConfigError: a cluster URL names a database other than 0; ``tls`` is
-            configured but ``url`` is not a TLS URL, or one of its files is
+        ConfigError: a cluster URL names a database other than 0; its query string has an
+            option redis-py does not know or a value it cannot read (``check_url_options``);
+            ``tls`` is configured but ``url`` is not a TLS URL, or one of its files is
             missing, not PEM, or an encrypted key (the message names it).
     """
+    if "?" in url:
+        check_url_options(url)
     options: dict[str, Any] = {
         "encoding_errors": "surrogateescape",
         "health_check_interval": 30,

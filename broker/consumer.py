@@ -21,7 +21,13 @@ belongs to it alone:
   order holds within a priority; one whose expiration passed while it waited
   is never handed over (``receive.lua``, which takes a batch with one
   ``LRANGE`` + ``LTRIM`` per band). A delivery's envelope is decoded when its
-  ``message`` is first read.
+  ``message`` is first read;
+- a malformed envelope (written by something other than a worker) never stops a
+  consumer: it is dead-lettered at once, reason "malformed envelope: ...", removed from
+  the consumer's in-flight list with its dead letter in one step (``reject.lua``), and
+  the consumer goes on to the next. Its header line is checked as it is taken (no
+  header line, not a JSON object, not UTF-8); its header fields when its message is
+  read (``receive`` reads it).
 
 Consumer modes (``SubscriptionRecord.mode``): ``shared`` (each message to one
 of many consumers), ``exclusive`` (a second consumer is refused with
@@ -52,7 +58,7 @@ from broker import keys
 from broker.config import Settings
 from broker.connection import as_bytes, block_slice_ms, translate_errors
 from broker.errors import ConsumerConflict, InvalidMessage, ServerError, TooManyConsumers
-from broker.models import Message
+from broker.models import Message, decode_header
 from broker.scripts import script_source
 from broker.subscriptions import (
     SubscriptionRecord,
@@ -80,8 +86,11 @@ FULL_POLL_MS = 50
 class Delivery:
     """One message taken by a consumer, not yet acknowledged.
 
-    The envelope is decoded when ``message`` is first read (then kept): a consumer that
-    acknowledges without reading, or reads only some, pays nothing for the others.
+    The envelope's header line is checked when the message is taken (parsed as JSON: one
+    without a header line, whose header is not a JSON object or not UTF-8, is dead-lettered
+    then and never handed over); the message is made from it when ``message`` is first read
+    (then kept): a consumer that acknowledges without reading, or reads only some, pays
+    little for the others.
 
     Attributes:
         message: the decoded message.
@@ -90,26 +99,52 @@ class Delivery:
             included (JMSXDeliveryCount, Jakarta Messaging §3.5.11); 1 the first time.
 
     Raises:
-        InvalidMessage: reading ``message`` of a malformed envelope (the delivery stays in
-            flight: acknowledge it to drop it, or leave it to be redelivered and, after
-            ``max_redeliveries``, dead-lettered).
+        InvalidMessage: reading ``message`` of an envelope whose header fields are malformed
+            (a field missing, of the wrong type or out of range). A delivery made by a
+            ``Subscriber`` is then dead-lettered first (removed from its in-flight list with
+            its dead letter in one step, reason "malformed envelope: ..."): skip it and go on;
+            acknowledging it afterwards changes nothing.
     """
 
-    __slots__ = ("_message", "_queue", "_raw", "_count")
+    __slots__ = ("_message", "_queue", "_raw", "_count", "_header", "_owner")
 
-    def __init__(self, message: Message | None, raw: bytes, delivery_count: int = 1, queue: str = "") -> None:
+    def __init__(
+        self,
+        message: Message | None,
+        raw: bytes,
+        delivery_count: int = 1,
+        queue: str = "",
+        header: dict[str, Any] | None = None,
+        owner: Subscriber | None = None,
+    ) -> None:
         self._message = message
         self._raw = raw
         self._count = delivery_count
         self._queue = queue
+        self._header = header
+        self._owner = owner
 
     @property
     def message(self) -> Message:
         """The decoded message (decoded on first use)."""
         message = self._message
         if message is None:
-            message = self._message = _decode(self._raw, self._queue or "?")
+            message = self._message = self._decode()
         return message
+
+    def _decode(self) -> Message:
+        raw, header, queue = self._raw, self._header, self._queue or "?"
+        try:
+            if header is None:
+                return Message.from_envelope(raw)
+            return Message.from_header(header, raw[raw.index(b"\n") + 1 :])
+        except (InvalidMessage, KeyError, ValueError) as exc:
+            owner = self._owner
+            if owner is None:
+                raise InvalidMessage(f"malformed envelope in {queue}: {exc}") from exc
+            done = owner.dead_letter_malformed([(raw, f"malformed envelope: {exc}")])
+            what = "dead-lettered" if done else "no longer in flight: not dead-lettered"
+            raise InvalidMessage(f"malformed envelope in {queue}: {exc} ({what})") from exc
 
     @property
     def raw(self) -> bytes:
@@ -143,11 +178,12 @@ def _consumer_id() -> str:
 
 
 class _Scripts:
-    """``receive.lua``, ``ack.lua`` and ``recover.lua`` bound to one client."""
+    """``receive.lua``, ``ack.lua``, ``reject.lua`` and ``recover.lua`` bound to one client."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.receive = client.register_script(script_source("receive"))
         self.ack = client.register_script(script_source("ack"))
+        self.reject = client.register_script(script_source("reject"))
         self.recover = client.register_script(script_source("recover"))
 
 
@@ -370,6 +406,9 @@ class Subscriber:
             settings.max_consumers_per_subscription,
         ]
         self._ack_keys = [self.inflight, self._redelivered]
+        self._reject_keys = [self.inflight, self._redelivered, keys.dead_letter(qm)]
+        #: envelopes the last take dead-lettered as malformed
+        self._rejected = 0
         self.standby = False
         #: this consumer's last take found every band empty (receive.lua cleared the bell)
         self._drained = False
@@ -411,7 +450,18 @@ class Subscriber:
         if count and self.hook is not None:
             self.hook("after_receive")
         queue = self.queue
-        return [Delivery(None, reply[i], reply[i + 1], queue) for i in range(2, len(reply), 2)]
+        out = []
+        malformed: list[tuple[bytes, str]] = []
+        for i in range(2, len(reply), 2):
+            raw = reply[i]
+            try:  # the header line only: the message is made when read (Delivery.message)
+                header = decode_header(raw)
+            except InvalidMessage as exc:
+                malformed.append((raw, f"malformed envelope: {exc}"))
+                continue
+            out.append(Delivery(None, raw, reply[i + 1], queue, header, self))
+        self._rejected = self.dead_letter_malformed(malformed) if malformed else 0
+        return out
 
     @translate_errors
     def heartbeat(self) -> None:
@@ -481,8 +531,12 @@ class Subscriber:
         Highest priority first, oldest first within a priority; messages that
         expired while waiting are skipped (counted, dead-lettered with
         ``expired_to_dlq``). A standby consumer receives nothing until it takes over.
-        Each delivery's message is decoded when it is first read (``Delivery.message``,
-        which raises ``InvalidMessage`` for a malformed envelope).
+        Each envelope's header line is checked as it is taken: a malformed one (no header
+        line; a header that is not a JSON object, or not UTF-8) is dead-lettered at once
+        (``dead_letter_malformed``; reason "malformed envelope: ...") and left out, and when
+        only such came, it takes again. Each delivery's message is made when it is first read
+        (``Delivery.message``, which dead-letters a delivery whose header fields are
+        malformed and raises ``InvalidMessage``; ``receive`` reads it for you).
 
         Batches of a few hundred are cheapest per message (``scripts/bench.py`` row 8):
         taking and acknowledging cost a round trip and a fixed part each, and
@@ -518,6 +572,8 @@ class Subscriber:
                 got = [] if self.standby else self._take(max_messages)
             if got:
                 return got
+            if self._rejected:
+                continue  # only malformed envelopes came (dead-lettered): take again at once
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 return []
@@ -536,9 +592,48 @@ class Subscriber:
                 time.sleep(min(wait_s, FULL_POLL_MS / 1000))
 
     def receive(self, timeout_ms: int = 0) -> Delivery | None:
-        """Take the next message (see ``receive_many``); None when none came in time."""
-        got = self.receive_many(1, timeout_ms)
-        return got[0] if got else None
+        """Take the next message (see ``receive_many``); None when none came in time.
+
+        Its message is decoded here (one message a round trip: the decoding is small beside
+        it), so that a malformed envelope of any kind is dead-lettered and passed over: the
+        delivery returned reads without ``InvalidMessage``.
+        """
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            got = self.receive_many(1, left_ms)
+            if not got:
+                return None
+            try:
+                got[0].message  # noqa: B018 - decoded now: a malformed header field is dead-lettered
+            except InvalidMessage:
+                continue
+            return got[0]
+
+    @translate_errors
+    def dead_letter_malformed(self, envelopes: list[tuple[bytes, str]]) -> int:
+        """Dead-letter envelopes this consumer took but cannot read (``reject.lua``): each is
+        removed from its in-flight list and added to the dead-letter queue in one step, with
+        ``dlq.reason`` (e.g. "malformed envelope: envelope has no header line"), its
+        ``dlq.entry_id`` when its header names one, and ``dlq.subscription``.
+
+        Args:
+            envelopes: ``[(envelope as received, reason)]``.
+
+        Returns:
+            How many were dead-lettered (one no longer in flight is not).
+
+        Raises:
+            ServerError: the in-flight list, the redelivery hash or the dead-letter stream holds
+                another Redis type.
+        """
+        args: list[Any] = [self.record.sub_id, self.settings.dead_letter_max_len]
+        for raw, reason in envelopes:
+            args += [raw, reason]
+        done = int(self._scripts.reject(keys=self._reject_keys, args=args))
+        for raw, reason in envelopes:
+            log.warning("consumer %s: %s: dead-lettering %r", self.consumer_id, reason, raw[:80])
+        return done
 
     # -- acknowledging --------------------------------------------------------------
 

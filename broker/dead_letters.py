@@ -11,7 +11,8 @@ A dead letter is one entry of the dead-letter stream (``broker.keys``, "Dead let
   later copy a duplicate (within ``dedup_window_ms``). A refused publication left no dedup record
   (``commit.lua`` removes the one it made when it refuses), so the first replay is delivered.
 - a **poison message** of one subscription (``recover.lua``: delivered more than
-  ``max_redeliveries`` times; ``receive.lua``: expired while waiting): ``envelope``,
+  ``max_redeliveries`` times; ``receive.lua``: expired while waiting; ``reject.lua``: a
+  malformed envelope a consumer took, reason ``malformed envelope: ...``): ``envelope``,
   ``dlq.reason``, ``dlq.entry_id``, ``dlq.subscription``. Replay **re-queues** the envelope to
   that subscription only (never to the others, which had their copy), at the head of its
   priority band.

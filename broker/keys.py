@@ -265,7 +265,8 @@ the stream is trimmed). A field larger than ``max_body_bytes`` (the body, or a
 fields of an entry are copied: ``dlq.fields`` then gives how many it had. An entry of an
 ingress stream refused because its ``publisher`` is not bound to the principal also has
 ``dlq.principal`` (that principal). A poison message of one subscription (``recover.lua``: more
-than ``max_redeliveries`` failed deliveries; ``receive.lua``: expired, with ``expired_to_dlq``)
+than ``max_redeliveries`` failed deliveries; ``receive.lua``: expired, with ``expired_to_dlq``;
+``reject.lua``: a malformed envelope, reason ``malformed envelope: ...``)
 has ``envelope``, ``dlq.reason``, ``dlq.entry_id`` and ``dlq.subscription`` instead.
 
 ``broker dlq`` (``broker.dead_letters``) lists, shows, replays and purges dead letters (``XDEL``).
@@ -311,10 +312,14 @@ taken with one ``LRANGE`` + ``LTRIM`` and pushed onto the in-flight list with
 acknowledged in one call: the envelopes as received, removed with one ``LTRIM``
 when they are the oldest in flight, else each with the ``LREM`` below; the
 redelivery counts of those removed are deleted; returns how many were still in
-flight) and ``lua/recover.lua``; another language can run the same scripts, or
-these plain commands, in any mix::
+flight), ``lua/reject.lua`` (an element it took but cannot read, a malformed envelope, is
+removed from its in-flight list and dead-lettered in one call, reason ``malformed envelope: ...``,
+so that one bad element never stops a consumer) and ``lua/recover.lua``; another language can
+run the same scripts, or these plain commands, in any mix::
 
-    # heartbeat (and before each receive): renew the lease, deadline = now + lease ms
+    # heartbeat (and before each receive): renew the lease, deadline = now + lease ms, now
+    # being the server's TIME in ms (docs/protocol.md does both in one EVAL); never a
+    # deadline far in the future: that consumer's messages would never be given back
     ZADD '{QM1}:sub:app$orders:consumers' 1767000010000 c1
     # receive: the bands from priority 9 down to 0 (the default 4 is the key without :p4)
     LMOVE '{QM1}:sub:app$orders:p9' '{QM1}:sub:app$orders:inflight:c1' RIGHT LEFT

@@ -89,6 +89,7 @@ _REASON_RULES = (
     ("(max_deliveries ", "max_deliveries"),
     ("consumers that died without acknowledging", "max_redeliveries"),
     ("expired while waiting in subscription", "expired"),
+    ("malformed envelope: ", "invalid_message"),
     ("is not bound to principal", "not_authorized"),
     ("not in its publisher's FIFO", "orphaned_entry"),
     ("unreadable transmission entry", "channel"),

@@ -94,6 +94,22 @@ class Message(BaseModel):
             InvalidMessage: the envelope is not in the protocol's format.
         """
         header, body = decode_envelope(envelope)
+        return cls.from_header(header, body)
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], body: bytes) -> Message:
+        """The message of an envelope already split (``decode_envelope``).
+
+        Args:
+            header: the header line, decoded (a JSON object).
+            body: the body bytes.
+
+        Returns:
+            The message.
+
+        Raises:
+            InvalidMessage: a header field is missing, of the wrong type or out of its range.
+        """
         fast = _from_usual_header(header, body) if cls is Message else None
         if fast is not None:
             return fast
@@ -539,18 +555,29 @@ def decode_envelope(envelope: bytes) -> tuple[dict[str, Any], bytes]:
     """Split an envelope into its header dict and body bytes.
 
     Raises:
-        InvalidMessage: no newline, or the header is not a JSON object.
+        InvalidMessage: no newline, or the header is not a JSON object (or not UTF-8).
     """
-    head, sep, body = envelope.partition(b"\n")
-    if not sep:
+    header = decode_header(envelope)
+    return header, envelope[envelope.index(b"\n") + 1 :]
+
+
+def decode_header(envelope: bytes) -> dict[str, Any]:
+    """The header line of an envelope, decoded, without copying its body (a consumer checks
+    each envelope it takes with this; ``Message.from_header`` then makes its message).
+
+    Raises:
+        InvalidMessage: no newline, or the header is not a JSON object (or not UTF-8).
+    """
+    end = envelope.find(b"\n")
+    if end < 0:
         raise InvalidMessage("envelope has no header line")
     try:
-        header = orjson.loads(head)
+        header = orjson.loads(memoryview(envelope)[:end])
     except orjson.JSONDecodeError as exc:
-        raise InvalidMessage("envelope header is not JSON") from exc
+        raise InvalidMessage(f"envelope header is not JSON ({exc})") from exc
     if not isinstance(header, dict):
         raise InvalidMessage("envelope header is not a JSON object")
-    return header, body
+    return header
 
 
 def publication_fields(

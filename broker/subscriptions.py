@@ -325,10 +325,7 @@ def subscribe(
         topic_filter = topic_of(client, qm, topic_object, topic_filter)
     # with a scheme given, bad input is refused before Redis is asked anything
     scheme_name = scheme or recorded_scheme(client, qm)
-    share, inner = _parse_filter(topic_filter, scheme_name)
-    over = limit_problem(inner, max_topic_bytes, max_topic_levels, separator(scheme_name))
-    if over is not None:
-        raise InvalidTopicFilter(topic_filter, over)
+    share, inner = _parse_filter(topic_filter, scheme_name, max_topic_bytes, max_topic_levels)
     selector = selector if selector and selector.strip() else ""  # blank: no selector (Jakarta Messaging)
     if selector:
         check_size(selector, max_selector_bytes)
@@ -408,15 +405,21 @@ def _count_of(pipe: Any, subs_key: str, owner: str, limit: int) -> bool:
             return False
 
 
-def _parse_filter(topic_filter: str, scheme: str) -> tuple[str, str]:
-    """``(ShareName, filter)`` of a subscription's filter under ``scheme``, checked.
+def _parse_filter(topic_filter: str, scheme: str, max_bytes: int, max_levels: int) -> tuple[str, str]:
+    """``(ShareName, filter)`` of a subscription's filter under ``scheme``, checked: the broker's
+    limits first (``max_topic_bytes``, at most MQTT's 65,535 bytes, is the one in force, and
+    the one an error names), then the scheme's rules.
 
     Raises:
-        InvalidTopicFilter: the filter is invalid under ``scheme``.
+        InvalidTopicFilter: the filter is over ``max_bytes`` or ``max_levels``, or invalid under
+            ``scheme``.
     """
+    share, inner = ("", topic_filter) if scheme == "swiftmq" else split_shared(topic_filter)
+    over = limit_problem(inner, max_bytes, max_levels, separator(scheme))
+    if over is not None:
+        raise InvalidTopicFilter(topic_filter, over)
     if scheme == "swiftmq":
         return "", hierarchy.validate_filter(topic_filter)
-    share, inner = split_shared(topic_filter)
     validate_filter(inner)
     return share, inner
 

@@ -706,7 +706,7 @@ class Harness:
                 if self.stop_consuming.is_set() and time.monotonic() > self.publish_deadline + 60:
                     break
                 time.sleep(0.1)
-            except BrokerError as exc:  # a malformed envelope: it stays in flight; count it
+            except BrokerError as exc:  # e.g. a malformed envelope (dead-lettered as it was read): count it
                 self.stats.anomalies.append(f"subscriber {sub_id}: {exc}")
                 if subscriber is not None:
                     subscriber.abandon()

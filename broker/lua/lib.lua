@@ -101,6 +101,16 @@ local function dead_letter(dlq, maxlen, max_body, entry_id, fields, reason, extr
   redis.call('XADD', dlq, 'MAXLEN', '~', maxlen, '*', unpack(out))
 end
 
+-- Dead-letter a poison message of one subscription: its envelope as stored, with
+-- "dlq.reason", "dlq.entry_id" (from its header, "" when it has none) and
+-- "dlq.subscription" (recover.lua: redelivered too often; receive.lua: expired;
+-- reject.lua: malformed). The stream is capped at about maxlen records. `dlq`
+-- must be checked first.
+local function dead_letter_envelope(dlq, maxlen, env, reason, entry_id, sub_id)
+  redis.call('XADD', dlq, 'MAXLEN', '~', maxlen, '*', 'envelope', env,
+    'dlq.reason', reason, 'dlq.entry_id', entry_id, 'dlq.subscription', sub_id)
+end
+
 -- Post a publication's result on its reply list (keys.py: reply). The key's
 -- type must be checked first (foreign(key, 'list') == nil).
 local function post_reply(key, ttl_ms, result)

@@ -120,9 +120,8 @@ for _, k in ipairs(bands) do
         n_expired = n_expired + 1
         if any_redelivered then redis.call('HDEL', redelivered, entry_id) end
         if to_dlq then
-          redis.call('XADD', dlq, 'MAXLEN', '~', dlq_len, '*', 'envelope', env,
-            'dlq.reason', 'expired while waiting in subscription ' .. sub_id, 'dlq.entry_id', entry_id,
-            'dlq.subscription', sub_id)
+          dead_letter_envelope(dlq, dlq_len, env, 'expired while waiting in subscription ' .. sub_id,
+            entry_id, sub_id)
         end
       else
         local count = 1

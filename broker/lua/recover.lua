@@ -65,10 +65,10 @@ for _, key in ipairs(lists) do
       local failed = redis.call('HINCRBY', redelivered, entry_id, 1)
       if failed > max_redeliveries then
         redis.call('HDEL', redelivered, entry_id)
-        redis.call('XADD', dlq, 'MAXLEN', '~', dlq_len, '*', 'envelope', env,
-          'dlq.reason', 'delivered ' .. failed .. ' times to consumers that died without acknowledging it '
+        dead_letter_envelope(dlq, dlq_len, env,
+          'delivered ' .. failed .. ' times to consumers that died without acknowledging it '
             .. '(max_redeliveries ' .. max_redeliveries .. ')',
-          'dlq.entry_id', entry_id, 'dlq.subscription', sub_id)
+          entry_id, sub_id)
         dropped = dropped + 1
       else
         -- RPUSH newest first: the oldest ends rightmost, where receive takes from

@@ -246,6 +246,45 @@ def test_broker_server_started_outside_the_repo_runs_with_the_packaged_config(tm
     assert proc.returncode == 0
 
 
+@pytest.mark.parametrize("durable", [False, True])
+def test_broker_subscribe_closes_orderly_on_sigterm_and_exits_0(real_server, real_redis, tmp_path, durable):
+    # Given broker subscribe running in its own process, attached to its subscription
+    import signal
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
+    durable_args = ["--durable", "keep"] if durable else []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker", "--redis-url", real_server.url, "--qm", QM, "subscribe", "/t"]
+        + ["--client-id", "app", *durable_args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # printed once attached: its lease is in the consumers zset
+        assert line.startswith("subscribed "), line
+        sub_id = line.split()[1]
+        assert real_redis.hexists(keys.subscriptions(QM), sub_id)
+        assert real_redis.zcard(keys.sub_consumers(QM, sub_id)) == 1
+        # When it is sent SIGTERM (as systemd, Docker or Kubernetes stop a process)
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=30) == 0, rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Then it closed orderly: its consumer left at once, and a non-durable subscription is gone
+    assert "received 0 message(s)" in rest
+    assert real_redis.zcard(keys.sub_consumers(QM, sub_id)) == 0
+    assert real_redis.hexists(keys.subscriptions(QM), sub_id) == durable
+
+
 def test_broker_cli_runs_the_shipped_valkey_cli_against_the_configured_server(real_server, tmp_path):
     # Given the configured server (with a password in the URL: the default user accepts any)
     import subprocess

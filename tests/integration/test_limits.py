@@ -271,3 +271,21 @@ def test_the_cli_reports_each_limit_in_one_line_with_its_exit_code(run, real_red
         "error: publication refused: properties of 68 bytes (the 'props' field) are larger than "
         "the limit of 50 bytes (max_properties_bytes)"
     )
+
+
+@pytest.mark.parametrize("scheme", ["mqtt", "swiftmq"])
+@pytest.mark.parametrize("size", [5_000, 70_000])
+def test_broker_subscribe_over_long_filter_names_max_topic_bytes_the_limit_in_force(
+    run, real_redis, monkeypatch, scheme, size
+):
+    # Given a filter over max_topic_bytes (4,096 by default), and one over MQTT's 65,535 bytes too
+    monkeypatch.setenv("BROKER_TOPIC_SCHEME", scheme)
+    separator = "/" if scheme == "mqtt" else "."
+    topic_filter = "a" + separator + "x" * (size - 2)
+    # When broker subscribe is given it
+    result = run("subscribe", topic_filter, "--client-id", "app", "--timeout-ms", "1")
+    # Then it exits 2 quoting the setting in force, not MQTT's own limit, and makes nothing
+    assert result.exit_code == 2, result.output
+    assert f"it is {size} bytes long, more than the broker allows (max_topic_bytes 4096)" in result.stderr
+    assert "65535" not in result.stderr
+    assert real_redis.hlen(keys.subscriptions(QM)) == 0

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
+from pathlib import Path
 
 from broker import Subscriber, keys, list_subscriptions
 from broker.server import cli_binary
@@ -121,3 +123,64 @@ def test_raw_publisher_asking_for_a_reply_gets_the_result_json(real_server, real
     result = json.loads(out[1])
     assert result["status"] == "refused"
     assert result["suggestion"] == "bad"
+
+
+PAGE = Path(__file__).parents[2] / "docs" / "protocol.md"
+
+
+def _documented_commands() -> list[str]:
+    """The commands of docs/protocol.md's bash blocks, as written: a here-document, or a pipeline
+    continued on the next line, is one command; comments are left out."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", PAGE.read_text(), re.S):
+        lines = iter(block.splitlines())
+        for line in lines:
+            if not line.strip() or line.startswith("#"):
+                continue
+            command = line
+            if "<<'EOF'" in line:
+                for more in lines:
+                    command += "\n" + more
+                    if more == "EOF":
+                        break
+            while command.rstrip().endswith(("|", "\\")):
+                command += "\n" + next(lines)
+            commands.append(command)
+    return commands
+
+
+def test_every_redis_cli_example_of_docs_protocol_md_runs_as_written(real_server, real_redis, settings):
+    # Given the page's commands, each run by bash as written (its port made the test server's),
+    # and a worker of the page's queue manager QM1 that runs after the XADD
+    qm = "QM1"
+    cli = f"{cli_binary()} -p {real_server.port}"
+    out: dict[str, bytes] = {}
+    for command in _documented_commands():
+        assert command.startswith("redis-cli -p 6380 "), command
+        done = subprocess.run(
+            ["bash", "-c", command.replace("redis-cli -p 6380", cli)], capture_output=True, timeout=30
+        )
+        # Then each one succeeds (redis-cli prints a refused command as "(error) ..." or "ERR ...")
+        assert done.returncode == 0 and not done.stderr, (command, done.stderr)
+        assert b"ERR" not in done.stdout and b"(error)" not in done.stdout, (command, done.stdout)
+        name = command.split()[3] if "<<" not in command else "MULTI"
+        out[name] = done.stdout
+        if name == "XADD":
+            drain(make_workers(real_redis, settings.model_copy(update={"qm": qm}), 1))
+    # and does what the page says: the subscription made in one transaction,
+    sub_id = "app$orders"
+    assert out["MULTI"].split() == [b"OK", b"QUEUED", b"QUEUED", b"1", b"1"]
+    assert [r.sub_id for r in list_subscriptions(real_redis, qm)] == [sub_id]
+    # the publication delivered to it, with its result,
+    assert b'"status":"delivered"' in out["BLPOP"] and b'"subscriptions":1' in out["BLPOP"]
+    # a lease that ends 30 s from the server's now (neither passed nor never-ending),
+    seconds, micros = real_redis.time()
+    now_ms = seconds * 1000 + micros // 1000
+    deadline = real_redis.zscore(keys.sub_consumers(qm, sub_id), "c1")
+    assert deadline is not None and now_ms + 25_000 < deadline <= now_ms + 30_000
+    # the message taken into c1's in-flight list, then acknowledged with its exact bytes,
+    assert out["LMOVE"].endswith(b"hello\n")
+    assert out["--raw"].strip() == b"1"  # the LINDEX | LREM pipeline: LREM removed one
+    assert real_redis.llen(keys.consumer_inflight(qm, sub_id, "c1")) == 0
+    # and the bell rung by the delivery, waited on without taking it
+    assert out["BLMOVE"].strip() == b"1" and real_redis.llen(keys.sub_bell(qm, sub_id)) == 1

@@ -369,6 +369,14 @@ def test_subscriber_consumes_and_acknowledges_its_own_subscriptions_only(scene: 
     assert dead[b"dlq.subscription"] == scene.subs["c1"].sub_id.encode()
     later.close()
 
+    # A malformed element in its queue is dead-lettered by the subscriber user itself (reject.lua)
+    admin.lpush(scene.queue("c1"), b"no header line")
+    reader = Subscriber(client, QM, scene.subs["c1"], settings, consumer_id="s5", heartbeat=False)
+    assert reader.receive_many(10) == [] and reader.in_flight() == 0
+    reader.close()
+    _, dead = admin.xrange(keys.dead_letter(QM))[-1]
+    assert dead[b"envelope"] == b"no header line" and dead[b"dlq.reason"].startswith(b"malformed envelope")
+
     # A non-durable subscription an administrator made for it: closing leaves its removal to the workers
     nd = subscribe(admin, QM, "t/#", "c1")
     Subscriber(client, QM, nd, settings, consumer_id="s4", heartbeat=False).close()

@@ -187,6 +187,34 @@ def test_bad_redis_url_scheme_is_a_config_error(run):
 
 
 @pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (CLOSED + "?bogus=1", f"error: Redis URL {CLOSED}: unknown option 'bogus' in its query string"),
+        (
+            "redis://u:pw@127.0.0.1:1/0?password=pw2&bogus=1",
+            "redis://u:***@127.0.0.1:1/0: unknown option 'bogus'",
+        ),
+        ("redis+cluster://127.0.0.1:1?bogus=1", "redis+cluster://127.0.0.1:1: unknown option 'bogus'"),
+        ("unix:///tmp/no.sock?bogus=1", "unix:///tmp/no.sock: unknown option 'bogus'"),
+        (CLOSED + "?socket_timeout=abc", "Invalid value for 'socket_timeout'"),
+    ],
+)
+def test_a_redis_url_with_an_unknown_query_option_is_one_config_error_line_exit_2(run, url, expected):
+    # Given a URL whose query string redis-py cannot use; When any command connects
+    result = run("--redis-url", url, "status")
+    # Then one line names the option and the URL (no password, no query string), exit 2 (a config error)
+    line = assert_one_error_line(result, 2)
+    assert expected in line and "pw" not in line
+
+
+def test_known_redis_url_query_options_are_accepted():
+    from broker.connection import connect
+
+    client = connect(CLOSED + "?socket_timeout=3&client_name=me&health_check_interval=10")
+    assert client.connection_pool.connection_kwargs["client_name"] == "me"
+
+
+@pytest.mark.parametrize(
     ("body", "line"),
     [(b"plain text", "plain text"), (b"two\nlines", "b'two\\nlines'"), (b"\xff\xfe", "b'\\xff\\xfe'")],
 )

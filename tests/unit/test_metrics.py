@@ -82,6 +82,7 @@ def test_dead_letter_reasons_the_broker_writes_map_to_their_codes():
         "taken over 6 times without being handled: its workers died (max_deliveries 5)": "max_deliveries",
         "delivered 11 times to consumers that died without acknowledging it (max_redeliveries 10)": "max_redeliveries",
         "expired while waiting in subscription a$b": "expired",
+        "malformed envelope: envelope has no header line": "invalid_message",
         'publisher id "p" is not bound to principal alice': "not_authorized",
         "not in its publisher's FIFO {Q}:pub:p:fifo (deleted by hand?)": "orphaned_entry",
         "channel A -> B: unreadable transmission entry: envelope has no header line": "channel",
