@@ -25,9 +25,9 @@ belongs to it alone:
 - a malformed envelope (written by something other than a worker) never stops a
   consumer: it is dead-lettered at once, reason "malformed envelope: ...", removed from
   the consumer's in-flight list with its dead letter in one step (``reject.lua``), and
-  the consumer goes on to the next. Its header line is checked as it is taken (no
-  header line, not a JSON object, not UTF-8); its header fields when its message is
-  read (``receive`` reads it).
+  the consumer goes on to the next. It is checked as it is taken (no header line, a
+  header that is not a JSON object or not UTF-8, a header field missing, of the wrong
+  type or out of range), so that reading a delivery's message never fails.
 
 Consumer modes (``SubscriptionRecord.mode``): ``shared`` (each message to one
 of many consumers), ``exclusive`` (a second consumer is refused with
@@ -58,7 +58,7 @@ from broker import keys
 from broker.config import Settings
 from broker.connection import as_bytes, block_slice_ms, translate_errors
 from broker.errors import ConsumerConflict, InvalidMessage, ServerError, TooManyConsumers
-from broker.models import Message, decode_header
+from broker.models import Message, decode_header, message_of, usual_values
 from broker.scripts import script_source
 from broker.subscriptions import (
     SubscriptionRecord,
@@ -86,11 +86,10 @@ FULL_POLL_MS = 50
 class Delivery:
     """One message taken by a consumer, not yet acknowledged.
 
-    The envelope's header line is checked when the message is taken (parsed as JSON: one
-    without a header line, whose header is not a JSON object or not UTF-8, is dead-lettered
-    then and never handed over); the message is made from it when ``message`` is first read
-    (then kept): a consumer that acknowledges without reading, or reads only some, pays
-    little for the others.
+    The envelope's header is checked when the message is taken (``Subscriber.receive_many``:
+    a malformed one is dead-lettered then and never handed over); the message is made from
+    the checked fields when ``message`` is first read (then kept): a consumer that
+    acknowledges without reading, or reads only some, pays little for the others.
 
     Attributes:
         message: the decoded message.
@@ -99,11 +98,9 @@ class Delivery:
             included (JMSXDeliveryCount, Jakarta Messaging §3.5.11); 1 the first time.
 
     Raises:
-        InvalidMessage: reading ``message`` of an envelope whose header fields are malformed
-            (a field missing, of the wrong type or out of range). A delivery made by a
-            ``Subscriber`` is then dead-lettered first (removed from its in-flight list with
-            its dead letter in one step, reason "malformed envelope: ..."): skip it and go on;
-            acknowledging it afterwards changes nothing.
+        InvalidMessage: reading ``message`` of a delivery made by hand from a malformed
+            envelope (``header`` None). A delivery a ``Subscriber`` hands over was checked
+            when taken and reads without error.
     """
 
     __slots__ = ("_message", "_queue", "_raw", "_count", "_header", "_owner")
@@ -137,7 +134,7 @@ class Delivery:
         try:
             if header is None:
                 return Message.from_envelope(raw)
-            return Message.from_header(header, raw[raw.index(b"\n") + 1 :])
+            return message_of(header, raw[raw.index(b"\n") + 1 :])  # checked when taken (receive_many)
         except (InvalidMessage, KeyError, ValueError) as exc:
             owner = self._owner
             if owner is None:
@@ -454,12 +451,18 @@ class Subscriber:
         malformed: list[tuple[bytes, str]] = []
         for i in range(2, len(reply), 2):
             raw = reply[i]
-            try:  # the header line only: the message is made when read (Delivery.message)
+            try:  # checked here, so that reading it cannot fail; made when read (Delivery.message)
                 header = decode_header(raw)
+                values = usual_values(header)
+                if values is None:  # an unusual shape (rare): validated, and made, now
+                    message = Message.from_header(header, raw[raw.index(b"\n") + 1 :])
             except InvalidMessage as exc:
                 malformed.append((raw, f"malformed envelope: {exc}"))
                 continue
-            out.append(Delivery(None, raw, reply[i + 1], queue, header, self))
+            if values is None:
+                out.append(Delivery(message, raw, reply[i + 1], queue, None, self))
+            else:
+                out.append(Delivery(None, raw, reply[i + 1], queue, values, self))
         self._rejected = self.dead_letter_malformed(malformed) if malformed else 0
         return out
 
@@ -531,12 +534,12 @@ class Subscriber:
         Highest priority first, oldest first within a priority; messages that
         expired while waiting are skipped (counted, dead-lettered with
         ``expired_to_dlq``). A standby consumer receives nothing until it takes over.
-        Each envelope's header line is checked as it is taken: a malformed one (no header
-        line; a header that is not a JSON object, or not UTF-8) is dead-lettered at once
-        (``dead_letter_malformed``; reason "malformed envelope: ...") and left out, and when
-        only such came, it takes again. Each delivery's message is made when it is first read
-        (``Delivery.message``, which dead-letters a delivery whose header fields are
-        malformed and raises ``InvalidMessage``; ``receive`` reads it for you).
+        Each envelope is checked as it is taken: a malformed one (no header line; a header
+        that is not a JSON object, or not UTF-8; a header field missing, of the wrong type or
+        out of range) is dead-lettered at once (``dead_letter_malformed``; reason "malformed
+        envelope: ...") and left out, and when only such came, it takes again. Each
+        delivery's message is made from its checked header when it is first read
+        (``Delivery.message``, which then cannot fail).
 
         Batches of a few hundred are cheapest per message (``scripts/bench.py`` row 8):
         taking and acknowledging cost a round trip and a fixed part each, and
@@ -594,21 +597,10 @@ class Subscriber:
     def receive(self, timeout_ms: int = 0) -> Delivery | None:
         """Take the next message (see ``receive_many``); None when none came in time.
 
-        Its message is decoded here (one message a round trip: the decoding is small beside
-        it), so that a malformed envelope of any kind is dead-lettered and passed over: the
-        delivery returned reads without ``InvalidMessage``.
+        A malformed envelope is dead-lettered and passed over (``receive_many``).
         """
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            got = self.receive_many(1, left_ms)
-            if not got:
-                return None
-            try:
-                got[0].message  # noqa: B018 - decoded now: a malformed header field is dead-lettered
-            except InvalidMessage:
-                continue
-            return got[0]
+        got = self.receive_many(1, timeout_ms)
+        return got[0] if got else None
 
     @translate_errors
     def dead_letter_malformed(self, envelopes: list[tuple[bytes, str]]) -> int:

@@ -188,6 +188,15 @@ def _from_usual_header(header: dict[str, Any], body: bytes) -> Message | None:
     result equals the validated one field for field (``tests/unit/test_models.py`` checks
     this); about a third of the validated path's cost.
     """
+    values = usual_values(header)
+    return None if values is None else message_of(values, body)
+
+
+def usual_values(header: dict[str, Any]) -> dict[str, Any] | None:
+    """The checked field values of a header of the usual shape (``_from_usual_header``), the body
+    not yet set, or None for any other shape. A consumer checks each envelope it takes with this
+    (``broker.consumer``) and makes the message from the values only when it is read
+    (``message_of``)."""
     values = _DEFAULTS.copy()
     get = header.get
     msgid, publisher, topic, ts = get("msgid"), get("publisher"), get("topic"), get("ts")
@@ -214,7 +223,6 @@ def _from_usual_header(header: dict[str, Any], body: bytes) -> Message | None:
         topic,
         ts,
     )
-    values["body"] = body
     seq = get("seq")
     if seq is not None:
         if type(seq) is not int:
@@ -256,7 +264,13 @@ def _from_usual_header(header: dict[str, Any], body: bytes) -> Message | None:
                 return None
         route = tuple(route)
     values["route"] = route
-    # what BaseModel.model_construct does, without its per-field loop
+    return values
+
+
+def message_of(values: dict[str, Any], body: bytes) -> Message:
+    """The ``Message`` of ``usual_values`` (a fresh dict, kept by the message) and its body:
+    what ``BaseModel.model_construct`` does, without its per-field loop."""
+    values["body"] = body
     message = _new_object(Message)
     _set_attribute(message, "__dict__", values)
     _set_attribute(message, "__pydantic_fields_set__", set(_MESSAGE_FIELDS))
