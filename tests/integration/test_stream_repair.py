@@ -206,3 +206,29 @@ def test_repair_stream_refuses_with_nothing_written(run, real_redis):
     # Then the stream is as it was
     assert real_redis.xrange(keys.publish_stream(QM))[:1] == before
     assert repair_stream(real_redis, QM, dry_run=True).unread == 2
+
+
+def test_a_group_destroyed_after_a_repair_passes_over_ids_of_the_old_stream(run, real_redis, settings):
+    # Given a worker that read a far-future entry (its heartbeat names it) and stopped, and a
+    # repaired stream another worker delivers from
+    subscribe(real_redis, QM, "/T/#", "app", "all")
+    ticks = iter(range(10**6))
+    old = Worker(
+        real_redis, settings, name="old", clock_ms=lambda: int(time.time() * 1000) + 1000 * next(ticks)
+    )
+    old.setup()
+    real_redis.xadd(
+        keys.publish_stream(QM), {"publisher": "p", "topic": "/T/1", "body": "a"}, id="9999999999999-0"
+    )
+    drain([old])
+    assert "9999999999999-0" in real_redis.hget(keys.workers(QM), "old").decode()
+    assert run("repair", "stream").exit_code == 0
+    (new,) = make_workers(real_redis, settings, 1)
+    _xadd(real_redis, "p", b"b")
+    drain([new])
+    # When the group is destroyed and a publication follows
+    real_redis.xgroup_destroy(keys.publish_stream(QM), keys.WORKER_GROUP)
+    _xadd(real_redis, "p", b"c")
+    drain([new])
+    # Then the group starts after the entry read from the fresh stream, not after the old stream's
+    assert _bodies(real_redis) == [b"a", b"b", b"c"]
