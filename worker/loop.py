@@ -300,7 +300,7 @@ class Worker:
 
     def _report(self, exc: Exception) -> None:
         """Log why a round failed: once per distinct problem at error level, then at debug."""
-        text = f"{type(exc).__name__}: {exc}"
+        text = f"{type(exc).__name__}: {_script_error(exc)}"  # the same problem from two scripts: one text
         foreign = isinstance(exc, ForeignKey) or "foreign key" in str(exc)
         full = _out_of_memory(exc)
         if full:

@@ -16,6 +16,7 @@ from broker.errors import ForeignKey
 from broker.status import status
 from tests.harness.testing import make_workers
 from worker import loop
+from worker.loop import Worker
 
 QM = "TEST"
 
@@ -70,19 +71,25 @@ def test_the_orphan_sweep_names_a_foreign_publishers_set_as_a_foreign_key(real_r
 def test_the_worker_logs_a_foreign_publishers_set_in_one_clear_line(
     real_redis, settings, caplog, monkeypatch
 ):
-    # Given a worker whose every round meets a foreign {qm}:publishers
-    (worker,) = make_workers(real_redis, settings, 1)
+    # Given a worker whose rounds meet a foreign {qm}:publishers: in the orphan sweep (first
+    # round), then in the dequeue (second round: the clock stands still, so no sweep is due)
+    worker = Worker(real_redis, settings, name="w0", clock_ms=lambda: 1_000)
+    worker.setup()
     real_redis.set(keys.active_publishers(QM), "oops")
-    # (its pause between retries stops it instead, so that one round is seen)
-    monkeypatch.setattr(
-        loop, "time", SimpleNamespace(time=time.time, sleep=lambda s: setattr(worker, "stopping", True))
-    )
-    caplog.set_level(logging.INFO, logger="broker.worker")
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:  # its pause between retries: the second one stops it
+        pauses.append(seconds)
+        worker.stopping = len(pauses) == 2
+
+    monkeypatch.setattr(loop, "time", SimpleNamespace(time=time.time, sleep=pause))
+    caplog.set_level(logging.DEBUG, logger="broker.worker")
     # When it runs
     worker.run()
-    # Then it logs the key, what it holds and that nothing was written, without Redis' raw text
+    # Then it logs the key, what it holds and that nothing was written, once, without Redis' raw text
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == [
-        f"worker {worker.name}: foreign key: {keys.active_publishers(QM)} holds a string, not a set; "
+        f"worker w0: foreign key: {keys.active_publishers(QM)} holds a string, not a set; "
         "nothing was written, waiting for it to be removed"
     ], errors
+    assert any("retrying" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
