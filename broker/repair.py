@@ -26,8 +26,8 @@ from broker.errors import RepairRefused
 from broker.scripts import script_source
 from broker.stream import FUTURE_MS
 
-#: The most entries one repair moves by default: the call holds the server meanwhile (about
-#: 1 s per 100,000 small entries).
+#: The most entries one repair moves by default: the call holds the server meanwhile (1.8 s for
+#: 100,000 small unread entries on a shared 2-core box: ``SLOWLOG GET 1`` after the repair).
 MAX_ENTRIES = 100_000
 
 
