@@ -203,6 +203,13 @@ def test_repair_stream_refuses_with_nothing_written(run, real_redis):
     Publisher(real_redis, QM, "p").publish("/T/1", b"b")
     over = run("repair", "stream", "--max-entries", "1")
     assert over.exit_code == 3 and "max_entries 1" in over.output, over.output
+    real_redis.set(keys.active_publishers(QM), "oops")
+    foreign = run("repair", "stream")
+    assert (
+        foreign.exit_code == 3
+        and f"foreign key: {keys.active_publishers(QM)} holds a string" in foreign.output
+    )
+    real_redis.delete(keys.active_publishers(QM))
     # Then the stream is as it was
     assert real_redis.xrange(keys.publish_stream(QM))[:1] == before
     assert repair_stream(real_redis, QM, dry_run=True).unread == 2
