@@ -539,3 +539,14 @@ class MetricsUnavailable(BrokerError):
     the address is not this machine's): ``broker worker`` with ``metrics_port`` set, ``broker metrics``."""
 
     exit_code = 2
+
+
+class RepairRefused(BrokerError):
+    """``broker repair stream`` checked the publish stream and wrote nothing (``broker.repair``).
+
+    Raised for a foreign key (the stream, ``{qm}:publishers``), a missing consumer group
+    (which entries were handled is unknown), more entries to move than ``max_entries``, or
+    an entry with more fields than one ``XADD`` takes. The message says which, and what to do.
+    """
+
+    exit_code = 3

@@ -82,7 +82,7 @@ def usage_snapshot(redis_url: str, qm: str, tls: TLSArgument = None) -> dict[str
         The snapshot's figures.
     """
     client = _connect(redis_url, tls)
-    snap = status(client, qm)
+    snap = status(client, qm, keyspace=False)  # figures only: no SCAN of the whole database
     figures = {
         "ts_ms": int(time.time() * 1000),
         "stream_length": snap["stream_length"],

@@ -25,6 +25,8 @@ Keys
 key                                 type      contents                                      written by               read by
 ==================================  ========  ============================================  =======================  ==========================
 ``{qm}:publish``                    stream    publication requests (fields below)           publishers (XADD)        workers, group ``workers``
+``{qm}:publish:repair``             stream    the fresh stream ``broker repair stream``     repair_stream.lua        (renamed to
+                                              builds, within its one atomic call                                     ``{qm}:publish``)
 ``{qm}:version``                    string    integer, +1 on every subscription/link change admin, subscriptions     workers (in dequeue.lua)
 ``{qm}:subs``                       hash      sub id -> subscription JSON                   subscriptions            workers, admin
 ``{qm}:links``                      hash      source topic -> JSON ``{target: backward}``   admin                    workers, admin
@@ -177,6 +179,17 @@ removed. ``broker status`` names foreign keys and corrupt records.
 
 Publication entry (fields of one ``XADD {qm}:publish * ...``)
 -------------------------------------------------------------
+The entry id is ``*`` (the server's clock); a publisher never chooses one. A stream's last
+id never goes back, so an id of the client's own either exhausts the stream
+(``18446744073709551615-18446744073709551615``: every later ``XADD`` fails) or puts every later
+entry's id, and its default ``ts``, after it (``9999999999999-0``: the year 2286). Redis cannot
+refuse such an id to one client: ``broker status`` names a stream whose last id is exhausted or
+more than a day ahead of the server's clock, and ``broker repair stream`` (``lua/repair_stream.lua``)
+moves the pending and unread entries to a fresh stream in order, each with ``msgid`` (its old
+id, when it had none) and ``ts`` (its old id's ms, when it had none and that was not in the
+future) added. The workers deliver such an entry as any other: every entry after it has a
+far-future id as well, so an id is no sign of the client that chose it.
+
 Field names and text values are UTF-8; ``body`` is raw bytes.
 
 =================  ========  ==========================================================
@@ -396,6 +409,12 @@ def _tag(qm: str) -> str:
 def publish_stream(qm: str) -> str:
     """The stream publishers XADD to: ``{qm}:publish``."""
     return f"{_tag(qm)}:publish"
+
+
+def publish_repair(qm: str) -> str:
+    """The fresh stream ``broker repair stream`` builds and renames to ``{qm}:publish`` in one
+    atomic call (``lua/repair_stream.lua``): ``{qm}:publish:repair``; it never outlives the call."""
+    return f"{_tag(qm)}:publish:repair"
 
 
 def version(qm: str) -> str:
@@ -717,3 +736,12 @@ def acl_users(qm: str) -> str:
 def all_keys_pattern(qm: str) -> str:
     """A SCAN pattern matching every key of the queue manager."""
     return f"{_tag(qm)}:*"
+
+
+def pub_pattern(qm: str) -> str:
+    """A SCAN pattern matching every per-publisher key (FIFO, turn, flow): ``{qm}:pub:*``."""
+    return f"{pub_prefix(qm)}*"
+
+
+#: The Redis type of each per-publisher key, by the suffix after the publisher id.
+PUB_KEY_TYPES = {":fifo": "list", ":turn": "string", ":flow": "string"}

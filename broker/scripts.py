@@ -328,6 +328,10 @@ class Scripts:
 
         Returns:
             ``(next cursor, publishers taken)``.
+
+        Raises:
+            redis.RedisError: as redis-py raises it; a foreign ``{qm}:publishers`` gives a
+                ``ResponseError`` starting with "BROKER foreign key", before anything was written.
         """
         nxt, taken = self._sweep_turns_script(
             keys=[keys.active_publishers(self.qm)],

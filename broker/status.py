@@ -22,7 +22,7 @@ from broker.errors import BrokerError, ForeignKey, InvalidTopicFilter
 from broker.links import read_links
 from broker.routing import RoutingTable, network_problems
 from broker.schemes import scheme_of
-from broker.stream import group_state
+from broker.stream import GroupState, clock_problem, group_state
 from broker.subscriptions import SubscriptionRecord, read_subscriptions
 from broker.topic_objects import BASE, read_tree
 from broker.topics import validate_topic
@@ -71,6 +71,42 @@ def _subscription_row(
     }
 
 
+def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], keyspace: bool) -> list[str]:
+    """Foreign subscription bells and, with ``keyspace``, per-publisher keys (FIFO, turn, flow: every
+    ``{qm}:pub:*`` key, found by ``SCAN``), one line each (``ForeignKey``'s text)."""
+    wanted: list[tuple[Any, str]] = []
+    for raw in client.scan_iter(match=keys.pub_pattern(qm), count=1000) if keyspace else ():
+        name = _text(raw)
+        for suffix, kind in keys.PUB_KEY_TYPES.items():
+            if name.endswith(suffix):
+                wanted.append((raw, kind))
+    wanted += [(keys.sub_bell(qm, record.sub_id), "list") for record in subs]
+    pipe = client.pipeline(transaction=False)
+    for key, _kind in wanted:
+        pipe.type(key)
+    found = [_text(t) for t in pipe.execute()]
+    return [
+        str(ForeignKey(_text(key), kind_found, kind))
+        for (key, kind), kind_found in zip(wanted, found, strict=True)
+        if kind_found not in ("none", kind)
+    ]
+
+
+def _stream_problems(client: redis.Redis, qm: str, state: GroupState | None) -> list[str]:
+    """A publish stream whose last id is exhausted or far in the future, or without the workers' group."""
+    problems: list[str] = []
+    clock = _read(problems, "publish stream", lambda: clock_problem(client, qm), None)
+    if clock:
+        problems.append(clock)
+    if state is not None and not state.exists and _text(client.type(keys.publish_stream(qm))) == "stream":
+        problems.append(
+            f"publish stream {keys.publish_stream(qm)} has no consumer group {keys.WORKER_GROUP!r} "
+            f"({state.length} entries): the workers create it when they start, and again when it "
+            "was destroyed; start them"
+        )
+    return problems
+
+
 def _scheme_text(client: redis.Redis, qm: str) -> str:
     """``mqtt``, ``swiftmq (direct selection)`` or ``swiftmq (indirect, N declared topics)``."""
     manager = read_hash(client, keys.manager(qm))
@@ -84,12 +120,21 @@ def _scheme_text(client: redis.Redis, qm: str) -> str:
 
 
 @translate_errors
-def status(client: redis.Redis, qm: str, max_selector_bytes: int | None = None) -> dict[str, Any]:
+def status(
+    client: redis.Redis, qm: str, max_selector_bytes: int | None = None, keyspace: bool = True
+) -> dict[str, Any]:
     """A snapshot of the queue manager.
 
     ``max_selector_bytes``: ``Settings.max_selector_bytes``, as the workers have it: a
     subscription whose selector is longer is named in ``problems`` (the workers skip it),
     as one over the fixed bounds of ``broker.selectors`` always is; None: any size.
+
+    ``problems`` names foreign keys: the queue-manager-wide ones, subscriber queues, bells and,
+    with ``keyspace``, the per-publisher keys (FIFO, turn, flow), found with a ``SCAN`` of the
+    server's keys (a cost that grows with the whole database: ``status --watch``, the console's
+    live pages and the usage snapshot job leave it out);
+    a publish stream whose last entry id is exhausted or far in the future
+    (``broker.stream.clock_problem``), or that has no consumer group.
 
     Returns:
         ``{"stream_length", "pending", "lag", "dead_lettered", "active_publishers",
@@ -107,6 +152,7 @@ def status(client: redis.Redis, qm: str, max_selector_bytes: int | None = None) 
     """
     problems: list[str] = []
     state = _read(problems, "publish stream", lambda: group_state(client, qm), None)
+    problems += _stream_problems(client, qm, state)
     subs, bad_subs = _read(
         problems, "subscriptions", lambda: read_subscriptions(client, qm, max_selector_bytes), ([], [])
     )
@@ -148,6 +194,7 @@ def status(client: redis.Redis, qm: str, max_selector_bytes: int | None = None) 
         else:
             values.append(reply)
     dead, active, version, beats = values[-4:]
+    problems += _foreign_keys(client, qm, subs, keyspace)
 
     now_ms = int(time.time() * 1000)
     workers = []

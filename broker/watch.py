@@ -61,7 +61,7 @@ class Sample:
 
     Attributes:
         at_ms: when it was taken, ms on the monotonic clock (``monotonic_ms``).
-        snapshot: ``broker.status.status(client, qm)``.
+        snapshot: ``broker.status.status(client, qm, keyspace=False)`` (no ``SCAN`` per refresh).
         entries_added: publications ever added to the publish stream, or None when unknown
             (no stream yet, a foreign key, a server before Redis 7.0).
         acknowledged: publications the workers committed, or None when unknown.
@@ -115,7 +115,7 @@ def take_sample(client: redis.Redis, qm: str, clock_ms: Callable[[], float] | No
             finds (foreign keys, corrupt records) is in ``snapshot["problems"]``, never raised.
     """
     at_ms = (clock_ms or monotonic_ms)()
-    snapshot = status(client, qm)
+    snapshot = status(client, qm, keyspace=False)  # a SCAN of the whole database per refresh is too dear
     added = _entries_added(client, qm)
     try:
         group = group_state(client, qm)

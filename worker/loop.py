@@ -163,6 +163,13 @@ def _log_refused(unit: UnitOfWork) -> None:
     )
 
 
+def _script_error(exc: Exception) -> str:
+    """A script's error reply as the operator reads it: ``foreign key: <key> holds a <type>, not a <type>``,
+    without the ``BROKER`` tag and the script's sha and line that redis-py appends."""
+    text = str(exc).removeprefix("BROKER ")
+    return text.split(" script: ", 1)[0]
+
+
 def _stream_id(entry_id: str) -> tuple[int, int]:
     """A stream entry id ``"ms-seq"`` as numbers, to compare two ids."""
     ms, _, seq = entry_id.partition("-")
@@ -299,7 +306,7 @@ class Worker:
 
     def _report(self, exc: Exception) -> None:
         """Log why a round failed: once per distinct problem at error level, then at debug."""
-        text = f"{type(exc).__name__}: {exc}"
+        text = f"{type(exc).__name__}: {_script_error(exc)}"  # the same problem from two scripts: one text
         foreign = isinstance(exc, ForeignKey) or "foreign key" in str(exc)
         full = _out_of_memory(exc)
         if full:
@@ -319,7 +326,11 @@ class Worker:
                 RETRY_PAUSE_MS,
             )
         elif foreign:
-            log.error("worker %s: %s; nothing was written, waiting for it to be removed", self.name, exc)
+            log.error(
+                "worker %s: %s; nothing was written, waiting for it to be removed",
+                self.name,
+                _script_error(exc),
+            )
         else:
             log.warning("worker %s: %s; retrying", self.name, text)
 
@@ -338,6 +349,9 @@ class Worker:
     def run_once(self, block: bool = False) -> int:
         """One round: dequeue, handle the heads of the publishers whose turn it holds, commit.
 
+        When the consumer group is gone (NOGROUP: an operator deleted the publish stream or
+        destroyed the group), the worker creates it again (``_regroup``) and does the round.
+
         Args:
             block: when there is nothing to do, wait up to ``block_ms`` for new entries.
 
@@ -348,6 +362,36 @@ class Worker:
             redis.RedisError: a connection or server error; nothing half-done is
                 left, since every unit of work is one atomic script.
         """
+        try:
+            return self._round(block)
+        except redis.ResponseError as exc:
+            if not str(exc).startswith("NOGROUP"):
+                raise
+        self._regroup()
+        return self._round(block)
+
+    def _regroup(self) -> None:
+        """Create the consumer group again after it was lost (``broker.stream.ensure_group``), and
+        forget what was read from the old one (the FIFOs and turns stay: their entries are handled
+        from them)."""
+        self._entries.clear()
+        self._prefetched = None
+        self._entry_sweep_start = "-"
+        start = ensure_group(self.client, self.qm, (self._last_read_id,))
+        if start is None:
+            log.info("worker %s: the consumer group was created again by another worker", self.name)
+        else:
+            log.warning(
+                "worker %s: the consumer group %r on %s was gone (the stream deleted or the group "
+                "destroyed); created it again, reading the entries after %s",
+                self.name,
+                keys.WORKER_GROUP,
+                self._stream,
+                "the start" if start == "0" else start,
+            )
+
+    def _round(self, block: bool) -> int:
+        """``run_once`` without the recovery of a lost group."""
         settings = self.settings
         now = self.clock_ms()
         # On a full server, a sweep that must write is refused (writing nothing): the round goes
@@ -925,6 +969,8 @@ class Worker:
             "heartbeat_ms": now_ms,
             "processed": self.processed,
             "turns": len(self.turns),
+            # the group is created again after the newest of these when it is lost (ensure_group)
+            "last_read_id": self._last_read_id,
         }
         alive = keys.alive(self.qm)
         pipe = self.client.pipeline(transaction=False)

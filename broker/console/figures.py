@@ -130,7 +130,7 @@ def overview(client: redis.Redis, qm: str, meter: RateMeter) -> dict[str, Any]:
         ``"totals"`` ``{"subscriptions", "depth", "inflight", "consumers"}`` (messages) and
         ``"workers_alive"``.
     """
-    snap = status(client, qm)
+    snap = status(client, qm, keyspace=False)  # refreshed live: no SCAN of the whole database
     snap["rates"] = meter.add(read_counters(client, qm, meter.clock_ms()))
     snap["memory"] = memory(client)
     subs = snap["subscriptions"]
@@ -155,7 +155,7 @@ def subscriptions(client: redis.Redis, qm: str, search: str = "") -> dict[str, A
         "depth", "inflight", "skipped", "slow", "expired"}], "total": n, "problems": [str]}``;
         the figures are messages, None for a queue key of another Redis type.
     """
-    snap = status(client, qm)
+    snap = status(client, qm, keyspace=False)  # its rows and their queues' problems only
     records, _ = read_subscriptions(client, qm)
     by_id = {r.sub_id: r for r in records}
     rows = []

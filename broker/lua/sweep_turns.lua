@@ -13,8 +13,11 @@
 -- returns {next cursor, {publishers whose turn was taken or found}}
 -- A publisher whose FIFO or turn key is foreign is left alone (pcall): the
 -- orphan sweep (sweep_entries.lua) refuses the entries such a key strands.
+-- A foreign KEYS[1] stops the script before it reads or writes anything, with the
+-- broker's error "BROKER foreign key: ..." (require_types in lib.lua).
 
 local prefix, token = ARGV[1], ARGV[2]
+require_types({{KEYS[1], 'set'}})
 local scan = redis.call('SSCAN', KEYS[1], ARGV[4], 'COUNT', ARGV[5])
 local taken = {}
 for _, pub in ipairs(scan[2]) do
