@@ -157,7 +157,10 @@ def header_timestamp_ms(header: dict[str, Any]) -> int:
     """
     if "ts" in header:
         return int(header["ts"])
-    received = header["entry_id"].partition("-")[0]
+    entry_id = header["entry_id"]
+    if not isinstance(entry_id, str):
+        raise TypeError(f"entry_id {entry_id!r} is not a stream entry id")
+    received = entry_id.partition("-")[0]
     if not (received.isascii() and received.isdigit()):
         raise ValueError(f"entry_id {header['entry_id']!r} is not a stream entry id")
     return int(received)
