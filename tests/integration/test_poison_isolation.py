@@ -24,7 +24,7 @@ import redis
 import worker.loop as worker_loop
 from broker import Publisher, keys, subscribe
 from broker.config import Settings
-from tests.harness.history import check_queues
+from tests.harness.history import History, Poison, Publication, check_queues
 from worker.loop import Worker
 
 QM = "TEST"
@@ -274,3 +274,29 @@ def test_rounds_waiting_on_a_foreign_subscription_hash_count_no_delivery(
     assert _dead_letters(real_redis) == []
     healthy.assert_delivered_once_in_order()
 
+
+# -- the chaos harness's checker ---------------------------------------------------------------
+
+
+def test_chaos_checker_fails_a_run_that_dead_letters_a_healthy_publication_beside_a_killer_entry():
+    # Given a killer entry dead-lettered after max_deliveries, and a healthy publication delivered
+    history = History()
+    killer = Poison("killer_entry", "p0.poison.1", "max_deliveries", acked=True, entry_id="1-0")
+    history.add_poison(killer)
+    good = Publication("p1", 1, "p1.1", "/chaos/x", frozenset({"a"}), acked=True, entry_id="2-0")
+    history.add_publication(good)
+    history.receive("a", "p1.1", "2-0")
+    reason = b"taken over 6 times without being handled: its workers died (max_deliveries 5)"
+    dead = [("9-0", {b"chaos.poison": b"p0.poison.1", b"dlq.reason": reason, b"dlq.entry_id": b"1-0"})]
+    # Then the run passes
+    verdict = history.check(["a"], dead)
+    assert verdict.ok and verdict.good_dead_lettered == 0 and verdict.poison_acked == 1
+    # When the healthy one is dead-lettered for the killer's deaths instead of delivered
+    history = History()
+    history.add_poison(killer)
+    history.add_publication(good)
+    fields = {b"publisher": b"p1", b"msgid": b"p1.1", b"dlq.reason": reason, b"dlq.entry_id": b"2-0"}
+    verdict = history.check(["a"], [*dead, ("9-1", fields)])
+    # Then it fails, and says so
+    assert not verdict.ok
+    assert (verdict.good_dead_lettered, verdict.lost) == (1, 1)
