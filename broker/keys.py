@@ -284,10 +284,12 @@ An entry's delivery count is its pending entry's ``times_delivered`` in group ``
 A head taken over from a worker that recorded in ``{qm}:alone`` another entry it was
 handling alone is claimed without a count (XCLAIM ``JUSTID``): that worker's death is charged
 to the entry it handled alone. A head a worker takes back from its own pending entries (it
-lost track of them after an error, and did not die) is not counted either. A worker handles
-a head delivered 3 times or more (a suspect) alone: one entry in the round, its record
-written before, removed (``HDEL``) with the round's commit; the record of a worker that died
-is removed once none of its entries is pending. A head taken over more than
+lost track of them after an error, and did not die) is not counted either. The entries
+behind the heads are claimed with ``JUSTID`` too. A worker handles a head delivered 3 times
+or more (a suspect) alone: one entry in the round, its record written before, removed
+(``HDEL``) with the round's commit; then, one a round, the next entries of that publisher a
+dead worker's batch may have held (``heads``). The record of a worker that died is removed
+once none of its entries is pending. A head taken over more than
 ``max_deliveries`` times is dead-lettered with the reason "taken over N times without being
 handled: its workers died".
 

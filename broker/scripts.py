@@ -304,7 +304,7 @@ class Scripts:
         Args:
             token: the worker's consumer name.
             counted: entry ids whose delivery count may go up (each publisher's FIFO head).
-            uncounted: entry ids read without changing their delivery count.
+            uncounted: entry ids claimed without changing their delivery count.
 
         Returns:
             ``[(entry_id, fields, times_delivered)]`` for entries that still exist;

@@ -34,8 +34,9 @@ dead-lettered (``{qm}:dlq``) with the reason, in its place in the publisher's or
 An entry its workers keep dying on is dead-lettered after ``max_deliveries`` deliveries,
 and only that entry: a FIFO head taken over from a worker that may have died counts a
 delivery, a head delivered ``SUSPECT_DELIVERIES`` times is a suspect, and a round holding
-one handles exactly one suspect alone, recorded in ``{qm}:alone`` so that a death in that
-round is charged to it alone (``worker.suspects``). A worker that only waited (a foreign
+one handles exactly one entry alone (the suspect, then the entries behind it that the dead
+worker's batch may have held), recorded in ``{qm}:alone`` so that a death in that round is
+charged to it alone (``worker.suspects``). A worker that only waited (a foreign
 queue-manager-wide key, a lost connection) and takes its own entries back counts nothing.
 
 Nor on a full server (``maxmemory`` reached): a refused script writes nothing
@@ -89,7 +90,7 @@ from broker.unit_of_work import (
     decode_disconnects,
     decode_outcomes,
 )
-from worker.suspects import SUSPECT_DELIVERIES, choose_alone, record_alone
+from worker.suspects import Suspects, record_alone
 
 log = logging.getLogger("broker.worker")
 
@@ -215,8 +216,8 @@ class Worker:
         self.processed = 0
         self.counts: dict[str, int] = {}
         self._entries: dict[str, tuple[str, dict[bytes, bytes]]] = {}
-        #: entry id -> times delivered, of the heads it holds delivered SUSPECT_DELIVERIES times or more
-        self._suspects: dict[str, int] = {}
+        #: the suspects among the heads it holds, and its careful publishers (``worker.suspects``)
+        self._suspects = Suspects()
         #: this worker's record in ``{qm}:alone`` may be there (removed with the next commit)
         self._alone_recorded = False
         self._stream = keys.publish_stream(self.qm)
@@ -590,21 +591,16 @@ class Worker:
             self.metrics.turns(len(self.turns), entries_taken_over=len(times))
         times = {**(times or {}), **self._take_over(heads)}
         suspects = self._suspects
-        for entry_id, delivered in times.items():
-            if delivered >= SUSPECT_DELIVERIES:
-                suspects[entry_id] = delivered
-        alone = None
-        if suspects:
-            alone = choose_alone(suspects, heads, self._entries)
-            if alone is None:
-                suspects.clear()  # none is a head it holds any more
+        if times:
+            suspects.note(times)
+        alone = suspects.choose(heads, self.settings.heads, self._entries) if suspects else None
         if alone is None:
             batches = self._build(heads, times, now_ms)
-        else:  # one suspect alone (worker.suspects): every other turn held, not worked, not given up
-            publisher, entry_id = alone
+        else:  # one entry alone (worker.suspects): every other turn held, not worked, not given up
+            publisher, entry_id, delivered = alone
             self._alone_recorded = True  # removed by _send, also when the reply to this is lost
             record_alone(self.client, self.qm, self.name, entry_id)
-            batches = self._build({publisher: [entry_id]}, {entry_id: suspects[entry_id]}, now_ms)
+            batches = self._build({publisher: [entry_id]}, {entry_id: delivered}, now_ms)
             give_up = ()
         self.hook("before_commit")
         results = self._send(batches, heads, give_up, next_read or (self.settings.batch_size, None))
@@ -790,16 +786,15 @@ class Worker:
                     self.turns.discard(unit.publisher)
         self.processed += done
         suspects = self._suspects
-        if suspects:
+        if suspects.counts:
             for batch in batches:
-                for unit in batch.units:
-                    suspects.pop(unit.entry_id, None)
+                suspects.handled([unit.entry_id for unit in batch.units])
         if self._prefetched is not None:
             self.turns = set(self._prefetched.turns)
         metrics.turns(len(self.turns))
         if len(entries) > 4 * self.settings.batch_size:
             self._entries = {k: v for k, v in entries.items() if v[0] in self.turns}
-            self._suspects = {k: v for k, v in suspects.items() if k in self._entries}
+            suspects.counts = {k: v for k, v in suspects.counts.items() if k in self._entries}
         for sub_id, max_messages in disconnects.items():
             self._disconnect(sub_id, max_messages)
         return done

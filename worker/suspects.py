@@ -10,8 +10,12 @@ suspect alone, nothing else (the other turns are held, not worked, not given up)
 worker records that entry in ``{qm}:alone`` first: a take-over of a worker that died with
 such a record charges that entry only. A poison entry so reaches ``max_deliveries`` and is
 dead-lettered; a healthy suspect is committed, and no healthy entry is charged for another
-publisher's poison. This is the broker's form of what message brokers do for a batch
-that kills its consumer: retry the suspects one at a time.
+publisher's poison. A dead worker's batch also held the entries behind each head (up to
+``heads`` per publisher), which are not counted: once a publisher's head is a suspect, its
+next entries in that window are handled alone too (``Suspects.careful``), so an entry
+that kills its workers from behind the head costs a few deaths, not one per entry ahead of
+it. This is the broker's form of what message brokers do for a batch that kills its
+consumer: retry the suspects one at a time.
 
 Nothing here runs while no head held is a suspect.
 """
@@ -38,32 +42,84 @@ def _stream_id(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def choose_alone(
-    suspects: dict[str, int],
-    heads: dict[str, list[str]],
-    entries: Mapping[str, tuple[str, dict[bytes, bytes]]],
-) -> tuple[str, str] | None:
-    """The suspect a round handles alone: ``(publisher, entry id)``, or None when no head is one.
+class Suspects:
+    """The suspects a worker knows of among the heads it holds, and its careful publishers.
 
-    The most delivered goes first (a poison entry, once its deaths are charged to it alone),
-    then the oldest.
+    A dead worker held up to ``heads`` entries of each of its publishers in its batch, and
+    only each FIFO head is counted when taken over: once a publisher's head is a suspect,
+    the entries behind it in that window are handled alone as well (the publisher is
+    *careful*), so that an entry that kills its workers from behind the head is found
+    without one death per entry ahead of it.
 
-    Args:
-        suspects: entry id -> times delivered, of the suspects the worker knows of.
-        heads: ``{publisher: [entry ids]}`` of the turns it holds, FIFO heads first.
-        entries: entry id -> (publisher, fields) of the entries it read (for the log line).
+    Attributes:
+        counts: entry id -> times delivered, of heads delivered ``SUSPECT_DELIVERIES`` times or more.
+        careful: publisher -> how many of its next entries are still handled alone.
     """
-    found = [(suspects[ids[0]], ids[0], p) for p, ids in heads.items() if ids and ids[0] in suspects]
-    if not found:
-        return None
-    delivered, entry_id, publisher = min(found, key=lambda f: (-f[0], _stream_id(f[1])))
-    log.warning(
-        "entry %s delivered %d times (workers may have died on it): handling it alone",
-        entry_id,
-        delivered,
-        extra=publication_extra(entry_id, entries.get(entry_id, (publisher, None))[1], publisher=publisher),
-    )
-    return publisher, entry_id
+
+    __slots__ = ("counts", "careful")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.careful: dict[str, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.counts or self.careful)
+
+    def note(self, times: Mapping[str, int]) -> None:
+        """Remember the heads just taken over (``{entry id: times delivered}``) that are suspects."""
+        for entry_id, delivered in times.items():
+            if delivered >= SUSPECT_DELIVERIES:
+                self.counts[entry_id] = delivered
+
+    def clear(self) -> None:
+        self.counts.clear()
+        self.careful.clear()
+
+    def handled(self, entry_ids: list[str]) -> None:
+        """Forget entries whose unit of work was applied (or fenced)."""
+        for entry_id in entry_ids:
+            self.counts.pop(entry_id, None)
+
+    def choose(
+        self,
+        heads: dict[str, list[str]],
+        window: int,
+        entries: Mapping[str, tuple[str, dict[bytes, bytes]]],
+    ) -> tuple[str, str, int] | None:
+        """The entry a round handles alone: ``(publisher, entry id, times delivered)``, or None.
+
+        A suspect head first, the most delivered (a poison entry, once its deaths are
+        charged to it alone), then the oldest; its publisher becomes careful for the rest
+        of ``window`` entries. Else the head of a careful publisher, oldest first. State
+        about heads no longer held is forgotten.
+
+        Args:
+            heads: ``{publisher: [entry ids]}`` of the turns the worker holds, FIFO heads first.
+            window: the most entries of one publisher a dead worker held (``heads`` setting).
+            entries: entry id -> (publisher, fields) of the entries read (for the log line).
+        """
+        counts, careful = self.counts, self.careful
+        found = [(counts[ids[0]], ids[0], p) for p, ids in heads.items() if ids and ids[0] in counts]
+        if found:
+            delivered, entry_id, publisher = min(found, key=lambda f: (-f[0], _stream_id(f[1])))
+            careful[publisher] = window - 1
+            log.warning(
+                "entry %s delivered %d times (workers may have died on it): handling it alone",
+                entry_id,
+                delivered,
+                extra=publication_extra(
+                    entry_id, entries.get(entry_id, (publisher, None))[1], publisher=publisher
+                ),
+            )
+            return publisher, entry_id, delivered
+        counts.clear()  # none is a head held any more
+        waiting = [(ids[0], p) for p, ids in heads.items() if ids and careful.get(p, 0) > 0]
+        if not waiting:
+            careful.clear()
+            return None
+        entry_id, publisher = min(waiting, key=lambda w: _stream_id(w[0]))
+        careful[publisher] -= 1
+        return publisher, entry_id, 1
 
 
 def record_alone(client: redis.Redis, qm: str, worker: str, entry_id: str) -> None:

@@ -161,9 +161,9 @@ end
 --   * is `consumer` itself: it lost track of it (after an error) and did not die; or
 --   * recorded in the hash `alone` (worker -> entry id) another entry it was handling alone
 --     this round (worker.loop: a suspect): its death is charged to that entry only.
--- Those are claimed with JUSTID, their count untouched. The other ids are only read, their
--- delivery count untouched, so that a worker dying on one entry is charged to that entry
--- alone. The unit of work XACKs an entry whichever consumer's pending list holds it. A record
+-- Those are claimed with JUSTID, their count untouched, and so are the other ids, so that a
+-- worker dying on one entry is charged to that entry alone, and the worker holding an entry
+-- is the one whose record a take-over reads. The unit of work XACKs it. A record
 -- in `alone` of a worker none of whose entries is pending any more is removed. The `alone`
 -- key is read and written with pcall: when it is foreign, every head taken over is counted.
 -- Returns {{entry id, {field, value, ...}, times delivered (0 when not counted)}, ...} for
@@ -195,6 +195,7 @@ local function take_over(stream, group, consumer, ids, counted, alone)
       times_of[id] = 1
     end
   end
+  for i = counted + 1, #ids do quiet[#quiet + 1] = ids[i] end
   if #claim > 4 then
     for _, entry in ipairs(redis.call('XCLAIM', unpack(claim))) do
       if entry and entry[2] then fields_of[entry[1]] = entry[2] end

@@ -166,6 +166,26 @@ def test_healthy_publications_behind_a_poison_entry_of_the_same_publisher_and_ot
     healthy.assert_delivered_once_in_order()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_poison_entry_behind_many_healthy_ones_of_its_publisher_costs_a_few_deaths_not_one_per_entry(
+    real_redis, settings, poison, workers
+):
+    # Given a publisher with 12 healthy publications, then an entry every worker dies on, then 3
+    # more, and 3 other publishers, all in one batch (heads 50: a worker holds them all)
+    healthy = Healthy(real_redis)
+    healthy.publish("p", 12)
+    poison_id = _xadd_poison(real_redis, publisher="p")
+    healthy.publish("p", 3)
+    for publisher in HEALTHY[:3]:
+        healthy.publish(publisher, 2)
+    # When workers die on it until it is dead-lettered
+    deaths = _run_with_deaths(real_redis, settings, workers)
+    # Then it is found without a death per entry ahead of it; only it is dead-lettered
+    assert deaths <= settings.max_deliveries + 3
+    assert [entry_id for entry_id, _ in _dead_letters(real_redis)] == [poison_id]
+    healthy.assert_delivered_once_in_order()
+
+
 def test_a_death_in_a_round_that_handles_a_suspect_alone_is_charged_to_that_entry_only(
     real_redis, settings, poison
 ):
