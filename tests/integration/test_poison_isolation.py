@@ -24,7 +24,9 @@ import redis
 import worker.loop as worker_loop
 from broker import Publisher, keys, subscribe
 from broker.config import Settings
+from broker.errors import ForeignKey
 from tests.harness.history import History, Poison, Publication, check_queues
+from tests.harness.testing import drain
 from worker.loop import Worker
 
 QM = "TEST"
@@ -214,6 +216,41 @@ def test_a_death_in_a_round_that_handles_a_suspect_alone_is_charged_to_that_entr
     assert times[poison_id] == 4
     assert times[healthy_id(real_redis)] == 3
     assert real_redis.xpending_range(stream, keys.WORKER_GROUP, "-", "+", 10)[0]["consumer"] == b"w3"
+
+
+def test_a_foreign_alone_key_is_waited_on_and_nothing_is_lost(real_redis, settings):
+    # Given heads delivered 3 times (suspects: their worker died twice), and {qm}:alone made a string
+    healthy = Healthy(real_redis)
+    for publisher in HEALTHY[:3]:
+        healthy.publish(publisher, 2)
+    for name in ("w0", "w1"):
+        worker = Worker(real_redis, settings, name=name)
+        worker.setup()
+        worker.hook = _die_at("before_commit")
+        with pytest.raises(Died):
+            worker.run_once()
+        _expire_turns_of(real_redis, name)
+    real_redis.set(keys.alone(QM), "oops")
+    # When the next worker's round would handle a suspect alone
+    worker = Worker(real_redis, settings, name="w2")
+    worker.setup()
+    # Then it stops with a clear error before writing anything of its units of work
+    with pytest.raises(ForeignKey, match="alone"):
+        worker.run_once()
+    assert real_redis.get(keys.alone(QM)) == b"oops"
+    # And once the key is removed, everything is delivered once, in order, none dead-lettered
+    real_redis.delete(keys.alone(QM))
+    drain([worker])
+    assert _dead_letters(real_redis) == []
+    healthy.assert_delivered_once_in_order()
+
+
+def _die_at(point: str) -> Callable[[str], None]:
+    def hook(at: str) -> None:
+        if at == point:
+            raise Died(at)
+
+    return hook
 
 
 def healthy_id(client: redis.Redis) -> str:
