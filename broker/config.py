@@ -214,7 +214,11 @@ class Settings(BaseSettings):
             the oldest dead letters are dropped beyond it (a body over
             max_body_bytes is never copied there, so a record is small).
         max_deliveries: an entry taken over this many times without being
-            handled (its workers keep dying on it) is dead-lettered.
+            handled (its workers keep dying on it) is dead-lettered. A death is charged to
+            every head the dead worker held, except in a round that handles one entry alone (a
+            suspect, delivered 3 times or more, or an entry behind one): then to that entry
+            only, so a healthy entry is never dead-lettered for another's (``worker.suspects``).
+            Waiting (a foreign key, a lost connection) counts nothing.
         consumer_lease_ms: a consumer that has not renewed its lease (each receive
             and heartbeat does) for this long is dead: its in-flight messages go
             back to the queue and another consumer may take over, ms.

@@ -62,6 +62,9 @@ key                                 type      contents                          
 ``{qm}:alive``                      zset      worker name, score = last heartbeat (ms)      workers                  dequeue.lua (fair share)
 ``{qm}:saturated``                  hash      worker name -> ms of its last dequeue that     workers (dequeue.lua)    dequeue.lua (spare
                                               found it holding a saturated publisher                                 workers)
+``{qm}:alone``                      hash      worker name -> the entry id it handles alone  workers (only in rounds  take_over (lib.lua: a
+                                              this round (a suspect, see "Delivery          that handle a suspect    death is charged to that
+                                              counting" below)                              alone); HDEL after them  entry only)
 ``{qm}:journal``                    stream    one record per publication handled (when the  commit.lua (capped)      ``broker journal export``
                                               ``journal`` setting is on): entry_id, msgid,
                                               publisher, seq, topic, subs (JSON list of
@@ -290,6 +293,23 @@ within ``dedup_window_ms``; to ``{qm}:in:<principal>`` when it carries ``princip
 ``dlq.principal`` (the queue mutex checks the binding again), else to ``{qm}:publish``. It
 re-queues a poison message to the head of its band of that one subscription
 (``lua/requeue.lua``, with the ``XDEL``). No other key or field is written.
+
+Delivery counting (``max_deliveries``, ``{qm}:alone``)
+------------------------------------------------------
+An entry's delivery count is its pending entry's ``times_delivered`` in group ``workers``:
+1 when it is read, +1 each time a worker takes it over as its publisher's FIFO head
+(``take_over`` in ``lua/lib.lua``: XCLAIM) from another worker, which may have died on it.
+A head taken over from a worker that recorded in ``{qm}:alone`` another entry it was
+handling alone is claimed without a count (XCLAIM ``JUSTID``): that worker's death is charged
+to the entry it handled alone. A head a worker takes back from its own pending entries (it
+lost track of them after an error, and did not die) is not counted either. The entries
+behind the heads are claimed with ``JUSTID`` too. A worker handles a head delivered 3 times
+or more (a suspect) alone: one entry in the round, its record written before, removed
+(``HDEL``) with the round's commit; then, one a round, the next entries of that publisher a
+dead worker's batch may have held (``heads``). The record of a worker that died is removed
+once none of its entries is pending. A head taken over more than
+``max_deliveries`` times is dead-lettered with the reason "taken over N times without being
+handled: its workers died".
 
 Subscriptions (``{qm}:subs``), for a service that is not written in Python
 --------------------------------------------------------------------------
@@ -623,6 +643,12 @@ def saturated(qm: str) -> str:
     """Workers holding a saturated publisher (``dequeue.lua``): ``{qm}:saturated``, hash worker
     name -> ms of the last dequeue that found it so."""
     return f"{_tag(qm)}:saturated"
+
+
+def alone(qm: str) -> str:
+    """The entries workers handle alone (``worker.loop``: a suspect of ``max_deliveries``): ``{qm}:alone``,
+    hash worker name -> entry id, read by ``take_over`` in ``lua/lib.lua``."""
+    return f"{_tag(qm)}:alone"
 
 
 def usage(qm: str) -> str:

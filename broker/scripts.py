@@ -203,6 +203,7 @@ class Scripts:
                 keys.dead_letter(qm),
                 keys.principals(qm),
                 keys.saturated(qm),
+                keys.alone(qm),
             ],
             [
                 keys.WORKER_GROUP,
@@ -294,11 +295,15 @@ class Scripts:
     def take_over(
         self, token: str, counted: list[str], uncounted: list[str]
     ) -> list[tuple[str, dict[bytes, bytes], int]]:
-        """Take over entries (XCLAIM); only ``counted`` ones count as a new delivery.
+        """Take over entries (XCLAIM); only ``counted`` ones may count as a new delivery.
+
+        A counted head is not counted when it is taken back from ``token``'s own pending
+        entries, or from a worker that recorded in ``{qm}:alone`` another entry it was handling
+        alone (``take_over`` in ``lua/lib.lua``).
 
         Args:
             token: the worker's consumer name.
-            counted: entry ids whose delivery count goes up (each publisher's FIFO head).
+            counted: entry ids whose delivery count may go up (each publisher's FIFO head).
             uncounted: entry ids claimed without changing their delivery count.
 
         Returns:
@@ -306,12 +311,12 @@ class Scripts:
             ``times_delivered`` is 0 for uncounted entries.
         """
         out = []
-        stream = keys.publish_stream(self.qm)
+        stream, alone = keys.publish_stream(self.qm), keys.alone(self.qm)
         for start in range(0, max(len(counted), len(uncounted)), TAKE_OVER_CHUNK):
             head = counted[start : start + TAKE_OVER_CHUNK]
             rest = uncounted[start : start + TAKE_OVER_CHUNK]
             raw = self._take_over_script(
-                keys=[stream], args=[keys.WORKER_GROUP, token, len(head), *head, *rest]
+                keys=[stream, alone], args=[keys.WORKER_GROUP, token, len(head), *head, *rest]
             )
             for entry_id, flat, times in raw:
                 out.append((entry_id.decode(), entry_fields(flat), int(times)))

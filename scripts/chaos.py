@@ -49,7 +49,13 @@ injects faults chosen by ``random.Random(seed)``:
 - ``corrupt:subscription`` / ``corrupt:link``: a record that is not JSON added
   to ``{qm}:subs`` / ``{qm}:links`` with ``INCR {qm}:version`` (no good
   publication depends on it), removed later the same way; the workers skip it
-  and go on.
+  and go on;
+- ``killer_entry`` (optional: ``--weight killer_entry=N``): an ordinary
+  publisher writes, in its order among its publications, an entry every worker
+  dies on (SIGKILL as it handles it; ``tests.harness.hook.install_killer``).
+  It must be dead-lettered once, after ``max_deliveries``, and no healthy
+  publication held beside it (its publisher's, other publishers') may be
+  (``good_dead_lettered``).
 
 A foreign key is planted only where the key does not exist (one Lua call checks
 and writes, so nothing of the broker's is overwritten), with a unique token as
@@ -65,10 +71,10 @@ faults stop, publishers stop, the workers drain, and the history is checked
 (``tests.harness.history``). The last line is::
 
     faults=<n> publications=<n> deliveries=<n> dead_lettered=<n> lost=<n> duplicated=<n> reordered=<n> \
-    refusable=<n> refused_by_foreign_key=<n> half_applied=<n> foreign_not_refused=<n>
+    refusable=<n> refused_by_foreign_key=<n> half_applied=<n> foreign_not_refused=<n> good_dead_lettered=<n>
 
-and the exit status is non-zero when lost, duplicated, reordered, half_applied
-or foreign_not_refused is not 0 (or when another check failed: unexpected
+and the exit status is non-zero when lost, duplicated, reordered, half_applied,
+foreign_not_refused or good_dead_lettered is not 0 (or when another check failed: unexpected
 messages, poison not dead-lettered, a refused entry dead-lettered twice, memory
 over its bound, a drain that did not finish, a worker that exited on its own).
 
@@ -163,7 +169,7 @@ from broker.subscriptions import subscribe
 from broker.topic_objects import Attributes, define
 from tests.harness.cluster import LocalCluster, spread_names
 from tests.harness.history import History, Poison, Publication, network_recipients, recipients
-from tests.harness.hook import run_channel, run_worker
+from tests.harness.hook import KILLER_FIELD, run_channel, run_worker
 from tests.harness.proxy import ProxyProcess, evalsha
 from worker.loop import CRASH_POINTS
 from worker.pool import ExitHandler, Pool
@@ -275,7 +281,11 @@ FED_FAULTS: dict[str, int] = {
 }
 
 #: Fault kinds implemented but left out of the default weights (``--weight KIND=N`` turns one on).
-OPTIONAL_FAULTS: tuple[str, ...] = ()
+#: ``killer_entry``: an ordinary publisher writes, among its publications, an entry every worker
+#: dies on (SIGKILL as it handles it, ``tests.harness.hook.KILLER_FIELD``): it must be dead-lettered
+#: after ``max_deliveries`` ("max_deliveries" in its reason), and no healthy publication held with
+#: it may be (``good_dead_lettered``). Each costs up to ``max_deliveries`` worker deaths.
+OPTIONAL_FAULTS: tuple[str, ...] = ("killer_entry",)
 
 #: Plant a foreign key: KEYS[1] the key, KEYS[2..] keys that must not exist either (nor KEYS[1]);
 #: ARGV[1] the type to plant ("string" | "hash" | "list"), ARGV[2] the token it holds. Returns 1 if planted.
@@ -377,6 +387,7 @@ class Stats:
     removed: int = 0
     wrongtype_waits: int = 0
     refused_reply_missing: int = 0
+    killer_deaths: int = 0
 
 
 @dataclass
@@ -440,6 +451,8 @@ class Harness:
         self.plant_seq = 0
         self.planted_keys: set[str] = set()
         self.plant_requests: dict[str, queue.Queue[str]] = {p: queue.Queue() for p in VICTIM_PUBLISHERS}
+        #: killer entries asked of the ordinary publishers (``killer_entry``), taken by the first to look
+        self.killer_requests: queue.Queue[str] = queue.Queue()
         self._started = time.monotonic()
         self.failed = False
 
@@ -519,6 +532,8 @@ class Harness:
         while not self.stop_publishing.is_set():
             if rng.random() < self.args.poison_rate:
                 self._poison(client, name, rng)
+            with contextlib.suppress(queue.Empty):
+                self._poison(client, name, rng, kind=self.killer_requests.get_nowait())
             number += 1
             victim = rng.random() < self.args.victim_share
             topic = rng.choice(VICTIM_TOPICS if victim else TOPICS)
@@ -605,8 +620,11 @@ class Harness:
         client.close()
         direct.close()
 
-    def _poison(self, client: redis.Redis, publisher: str, rng: random.Random) -> None:
-        kind = rng.choices(list(POISON), weights=[w for w, _ in POISON.values()])[0]
+    def _poison(
+        self, client: redis.Redis, publisher: str, rng: random.Random, kind: str | None = None
+    ) -> None:
+        """Write a poison entry of ``kind`` (default: one of ``POISON`` at random) in ``publisher``'s order."""
+        kind = kind or rng.choices(list(POISON), weights=[w for w, _ in POISON.values()])[0]
         marker = f"{publisher}.poison.{rng.getrandbits(48):x}"
         fields: dict[str, Any] = {
             "publisher": publisher,
@@ -624,7 +642,10 @@ class Harness:
             fields["topic"] = "a/#"
         elif kind == "missing_publisher":
             del fields["publisher"]
-        poison = Poison(kind, marker, POISON[kind][1])
+        elif kind == "killer_entry":  # a valid publication every worker dies on (tests.harness.hook)
+            fields[KILLER_FIELD] = "1"
+            self._fault(kind, f"publisher {publisher}: {marker}")
+        poison = Poison(kind, marker, POISON[kind][1] if kind in POISON else "max_deliveries")
         self.history.add_poison(poison)
         self.stats.poison[kind] += 1
         while True:
@@ -752,7 +773,11 @@ class Harness:
             died = self.control / f"{pid}.kill"
             if died.exists():
                 point = died.read_text()
-                self._fault(f"kill@{point}", f"{what} pid {pid} killed itself at {point}")
+                if point == KILLER_FIELD:  # it handled a killer entry (counted once, when written)
+                    self.stats.killer_deaths += 1
+                    self._fault("killer_entry", f"{what} pid {pid} died on a killer entry", count=False)
+                else:
+                    self._fault(f"kill@{point}", f"{what} pid {pid} killed itself at {point}")
             elif code != -signal.SIGKILL and not self._exit_expected(slot):
                 self.stats.anomalies.append(f"{what} pid {pid} exited with {code}")
                 _log(f"!! {what} pid {pid} exited on its own with code {code}")
@@ -1047,6 +1072,8 @@ class Harness:
         elif kind in ("consumer_kill", "consumer_stop"):
             # taken by the subscription's consumer thread on its next round (counted then)
             self.consumer_faults[self.rng.choice(sorted(self.sub_ids.values()))] = kind
+        elif kind == "killer_entry":
+            self.killer_requests.put(kind)  # written by the next ordinary publisher to look (counted then)
         elif kind == "redis_restart":
             if time.monotonic() - self.last_restart < 8:
                 return
@@ -1291,8 +1318,8 @@ class Harness:
         self._log_latency()
         _log(
             f"unknown_outcome={verdict.unknown} unknown_delivered={verdict.unknown_delivered} redelivered={verdict.redelivered} "
-            f"unexpected={verdict.unexpected} good_dead_lettered={verdict.good_dead_lettered} "
-            f"worker_restarts={stats.worker_restarts} aof_fixes={stats.aof_fixes} "
+            f"unexpected={verdict.unexpected} "
+            f"worker_restarts={stats.worker_restarts} killer_deaths={stats.killer_deaths} aof_fixes={stats.aof_fixes} "
             f"max_stream_len={stats.max_stream_len} max_pending={stats.max_pending} trimmed={stats.trimmed} "
             f"max_times_delivered={stats.max_times_delivered} "
             f"max_used_memory={stats.max_used_memory // 1024}KiB dedup_sampled={sampled} dedup_without_ttl={no_ttl} "
@@ -1303,7 +1330,7 @@ class Harness:
             f"deliveries={verdict.deliveries} dead_lettered={verdict.dead_lettered} lost={verdict.lost} "
             f"duplicated={verdict.duplicated} reordered={verdict.reordered} refusable={verdict.refusable} "
             f"refused_by_foreign_key={verdict.refused_by_foreign_key} half_applied={verdict.half_applied} "
-            f"foreign_not_refused={verdict.foreign_not_refused}"
+            f"foreign_not_refused={verdict.foreign_not_refused} good_dead_lettered={verdict.good_dead_lettered}"
         )
         if (
             verdict.lost
@@ -1311,6 +1338,7 @@ class Harness:
             or verdict.reordered
             or verdict.half_applied
             or verdict.foreign_not_refused
+            or verdict.good_dead_lettered
             or problems
         ):
             self.failed = True

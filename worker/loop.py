@@ -31,6 +31,14 @@ invalid topic or is over a limit against abuse (``max_body_bytes``,
 ``max_properties_bytes``, ``max_topic_bytes``, ``max_topic_levels``) is
 dead-lettered (``{qm}:dlq``) with the reason, in its place in the publisher's order.
 
+An entry its workers keep dying on is dead-lettered after ``max_deliveries`` deliveries,
+and only that entry: a FIFO head taken over from a worker that may have died counts a
+delivery, a head delivered ``SUSPECT_DELIVERIES`` times is a suspect, and a round holding
+one handles exactly one entry alone (the suspect, then the entries behind it that the dead
+worker's batch may have held), recorded in ``{qm}:alone`` so that a death in that round is
+charged to it alone (``worker.suspects``). A worker that only waited (a foreign
+queue-manager-wide key, a lost connection) and takes its own entries back counts nothing.
+
 Nor on a full server (``maxmemory`` reached): a refused script writes nothing
 (``broker/lua/lib.lua``), so the worker logs it once, pauses ``RETRY_PAUSE_MS``
 and sends the same units of work again, keeping the entries it read (a retry is
@@ -82,6 +90,7 @@ from broker.unit_of_work import (
     decode_disconnects,
     decode_outcomes,
 )
+from worker.suspects import Suspects, record_alone
 
 log = logging.getLogger("broker.worker")
 
@@ -95,9 +104,6 @@ SUBSCRIPTION_SWEEP_MS = 1_000
 #: before_commit: units of work built, not sent; after_commit: sent and applied
 #: (the release is part of the unit of work, so there is no later point).
 CRASH_POINTS = ("after_dequeue", "waiting_for_turn", "holding_turn", "before_commit", "after_commit")
-
-#: A FIFO head delivered this many times (a normal hand-over makes 2) is handled alone.
-SUSPECT_DELIVERIES = 3
 
 #: A worker whose last heartbeat is older than this is not counted live (fair share), ms.
 LIVENESS_MS = 5_000
@@ -223,6 +229,10 @@ class Worker:
         self.processed = 0
         self.counts: dict[str, int] = {}
         self._entries: dict[str, tuple[str, dict[bytes, bytes]]] = {}
+        #: the suspects among the heads it holds, and its careful publishers (``worker.suspects``)
+        self._suspects = Suspects()
+        #: this worker's record in ``{qm}:alone`` may be there (removed with the next commit)
+        self._alone_recorded = False
         self._stream = keys.publish_stream(self.qm)
         self._prefetched: Dequeued | None = None
         #: the last entry id this worker read from the publish stream itself ("" before any)
@@ -298,7 +308,7 @@ class Worker:
                         break
                     self._report(exc)
                     if not _out_of_memory(exc):  # full: the same units again, keeping the entries read
-                        self._entries.clear()
+                        self._forget_entries()
                         self._prefetched = None
                     time.sleep(RETRY_PAUSE_MS / 1000)
         finally:
@@ -342,6 +352,8 @@ class Worker:
             self.client.hdel(keys.workers(self.qm), self.name)
             self.client.zrem(keys.alive(self.qm), self.name)
             self.client.hdel(keys.saturated(self.qm), self.name)
+            if self._alone_recorded:
+                self.client.hdel(keys.alone(self.qm), self.name)
         except (redis.RedisError, RedisClusterException) as exc:
             log.warning("worker %s: could not release turns on stop: %s", self.name, exc)
         self.turns.clear()
@@ -440,7 +452,7 @@ class Worker:
         self.turns = set(held)
         self._saturated = False
         if not dequeued.turns:
-            self._entries.clear()
+            self._forget_entries()
             self._heartbeat(now)
             if dequeued.active:
                 # Others hold every waiting publisher: look for turns they gave up, and
@@ -456,6 +468,11 @@ class Worker:
         done = self._commit(dequeued.turns, now, give_up, times, self._next_read(dequeued, give_up))
         self._heartbeat(now)
         return done
+
+    def _forget_entries(self) -> None:
+        """Forget the entries read (a take-over reads them again, with their delivery counts)."""
+        self._entries.clear()
+        self._suspects.clear()
 
     def _wait(self, dequeued: Dequeued, block_ms: int) -> None:
         """Block until the publish stream or a principal's ingress stream gets an entry, or ``block_ms``.
@@ -623,7 +640,18 @@ class Worker:
         if times:
             self.metrics.turns(len(self.turns), entries_taken_over=len(times))
         times = {**(times or {}), **self._take_over(heads)}
-        batches = self._build(heads, times, now_ms)
+        suspects = self._suspects
+        if times:
+            suspects.note(times)
+        alone = suspects.choose(heads, self.settings.heads, self._entries) if suspects else None
+        if alone is None:
+            batches = self._build(heads, times, now_ms)
+        else:  # one entry alone (worker.suspects): every other turn held, not worked, not given up
+            publisher, entry_id, delivered = alone
+            self._alone_recorded = True  # removed by _send, also when the reply to this is lost
+            record_alone(self.client, self.qm, self.name, entry_id)
+            batches = self._build({publisher: [entry_id]}, {entry_id: delivered}, now_ms)
+            give_up = ()
         self.hook("before_commit")
         results = self._send(batches, heads, give_up, next_read or (self.settings.batch_size, None))
         self.hook("after_commit")
@@ -670,10 +698,6 @@ class Worker:
                 batch = CommitBatch(journal)
                 batches.append(batch)
             delivered = times.get(ids[0], 1)
-            if delivered >= SUSPECT_DELIVERIES:
-                # A worker probably died handling this publisher's head: handle it alone this
-                # round, so that a death is charged to the entry that caused it.
-                ids = ids[:1]
             for entry_id in ids:
                 found = entries.get(entry_id)
                 if found is None:
@@ -732,6 +756,8 @@ class Worker:
         journal = settings.journal_max_len if settings.journal else 0
         prefetch = not self.stopping
 
+        recorded = self._alone_recorded
+
         def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for batch in batches:
@@ -745,6 +771,8 @@ class Worker:
                     self.table.version or b"",
                     self._flow_control,
                 )
+            if recorded:  # the entry handled alone is committed: this worker's death is no longer its
+                pipe.hdel(keys.alone(self.qm), self.name)
             if prefetch:  # the next dequeue rides in the same round trip as this commit
                 kept = sorted(set(heads) - set(give_up))
                 self.scripts.dequeue(
@@ -769,6 +797,8 @@ class Worker:
             dequeued = results.pop()
             if not isinstance(dequeued, Exception):  # else the next round dequeues afresh (and reports it)
                 self._prefetched = parse_dequeue(dequeued)
+        if recorded and not isinstance(results.pop(), Exception):
+            self._alone_recorded = False
         return results
 
     def _apply(
@@ -805,11 +835,16 @@ class Worker:
                 if released:
                     self.turns.discard(unit.publisher)
         self.processed += done
+        suspects = self._suspects
+        if suspects.counts:
+            for batch in batches:
+                suspects.handled([unit.entry_id for unit in batch.units])
         if self._prefetched is not None:
             self.turns = set(self._prefetched.turns)
         metrics.turns(len(self.turns))
         if len(entries) > 4 * self.settings.batch_size:
             self._entries = {k: v for k, v in entries.items() if v[0] in self.turns}
+            suspects.counts = {k: v for k, v in suspects.counts.items() if k in self._entries}
         for sub_id, max_messages in disconnects.items():
             self._disconnect(sub_id, max_messages)
         return done

@@ -25,6 +25,8 @@
 -- KEYS[6] principals                "{qm}:principals" (principal -> publisher ids, one per line)
 -- KEYS[7] saturated workers         "{qm}:saturated" (worker -> ms of its last dequeue that found
 --                                   it holding a saturated publisher; written here)
+-- KEYS[8] entries handled alone     "{qm}:alone" (take_over in lib.lua; not type-checked here:
+--                                   read and written with pcall, only when heads are taken over)
 -- ARGV[1] consumer group
 -- ARGV[2] consumer name, also the worker's fencing token
 -- ARGV[3] count: the most entries to read (0: read nothing, move nothing from ingress streams)
@@ -260,7 +262,7 @@ if ahead ~= '' then
         end
         if first then ids[#ids + 1] = id end
       end
-      if first then taken = take_over(stream, group, token, ids, first == 1 and 1 or 0) end
+      if first then taken = take_over(stream, group, token, ids, first == 1 and 1 or 0, KEYS[8]) end
     end
   end
 end

@@ -167,18 +167,57 @@ end
 -- Take over entries another worker dequeued, for the worker holding their publisher's turn
 -- (take_over.lua; dequeue.lua for the next heads of a saturated publisher). The first
 -- `counted` ids (each publisher's FIFO head) are claimed (XCLAIM), which counts a new
--- delivery; the others are only read, their delivery count untouched, so that a worker dying
--- on one entry is charged to that entry alone. The unit of work XACKs an entry whichever
--- consumer's pending list holds it.
+-- delivery, unless the worker whose pending entry it was
+--   * is `consumer` itself: it lost track of it (after an error) and did not die; or
+--   * recorded in the hash `alone` (worker -> entry id) another entry it was handling alone
+--     this round (worker.loop: a suspect): its death is charged to that entry only.
+-- Those are claimed with JUSTID, their count untouched, and so are the other ids, so that a
+-- worker dying on one entry is charged to that entry alone, and the worker holding an entry
+-- is the one whose record a take-over reads. The unit of work XACKs it. A record
+-- in `alone` of a worker none of whose entries is pending any more is removed. The `alone`
+-- key is read and written with pcall: when it is foreign, every head taken over is counted.
 -- Returns {{entry id, {field, value, ...}, times delivered (0 when not counted)}, ...} for
 -- the ids still in the stream, in the order given.
-local function take_over(stream, group, consumer, ids, counted)
-  local fields_of = {}
-  if counted > 0 then
-    local args = {stream, group, consumer, 0}
-    for i = 1, counted do args[#args + 1] = ids[i] end
-    for _, entry in ipairs(redis.call('XCLAIM', unpack(args))) do
+local function take_over(stream, group, consumer, ids, counted, alone)
+  local fields_of, times_of, records = {}, {}, {}
+  local claim, quiet = {stream, group, consumer, 0}, {stream, group, consumer, 0}
+  for i = 1, counted do
+    local id = ids[i]
+    local info = redis.call('XPENDING', stream, group, id, id, 1)[1]
+    if info then
+      local owner, times = info[2], tonumber(info[4])
+      local charged = owner ~= consumer
+      if charged then
+        if records[owner] == nil then
+          local record = redis.pcall('HGET', alone, owner)
+          records[owner] = type(record) == 'string' and record or false
+        end
+        if records[owner] and records[owner] ~= id then charged = false end
+      end
+      if charged then
+        claim[#claim + 1] = id
+        times_of[id] = times + 1
+      else
+        quiet[#quiet + 1] = id
+        times_of[id] = times
+      end
+    else
+      times_of[id] = 1
+    end
+  end
+  for i = counted + 1, #ids do quiet[#quiet + 1] = ids[i] end
+  if #claim > 4 then
+    for _, entry in ipairs(redis.call('XCLAIM', unpack(claim))) do
       if entry and entry[2] then fields_of[entry[1]] = entry[2] end
+    end
+  end
+  if #quiet > 4 then
+    quiet[#quiet + 1] = 'JUSTID'
+    redis.call('XCLAIM', unpack(quiet))
+  end
+  for owner, record in pairs(records) do
+    if record and #redis.call('XPENDING', stream, group, '-', '+', 1, owner) == 0 then
+      redis.pcall('HDEL', alone, owner)
     end
   end
   local out = {}
@@ -189,13 +228,7 @@ local function take_over(stream, group, consumer, ids, counted)
       if found[1] then fields = found[1][2] end
     end
     if fields then
-      local times = 0
-      if i <= counted then
-        times = 1
-        local info = redis.call('XPENDING', stream, group, id, id, 1)
-        if info[1] then times = info[1][4] end
-      end
-      out[#out + 1] = {id, fields, times}
+      out[#out + 1] = {id, fields, i <= counted and times_of[id] or 0}
     end
   end
   return out

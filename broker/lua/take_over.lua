@@ -1,10 +1,14 @@
 -- Fetch entries another worker dequeued (a hand-over, or a dead worker's
 -- entries) for the worker holding their publisher's turn (take_over in lib.lua).
--- Only the first K ids (each publisher's FIFO head) are claimed (XCLAIM), which
--- counts a new delivery; the others are only read, their delivery count untouched,
--- so that an entry that keeps killing its workers can be dead-lettered (max_deliveries).
+-- The first K ids (each publisher's FIFO head) are claimed (XCLAIM), which counts a
+-- new delivery (not when taken back from the caller's own pending entries, nor from a
+-- worker that recorded another entry it handled alone); the others are claimed with
+-- JUSTID, their delivery count untouched, so that an entry that keeps killing its
+-- workers can be dead-lettered (max_deliveries), and only that entry.
 --
 -- KEYS[1] publish stream
+-- KEYS[2] entries handled alone  "{qm}:alone" (worker -> entry id; read, and records of workers
+--         with nothing pending removed, with pcall: a foreign key counts every head)
 -- ARGV[1] consumer group
 -- ARGV[2] the worker's consumer name
 -- ARGV[3] K: how many of the ids that follow count as a delivery
@@ -13,4 +17,4 @@
 
 local ids = {}
 for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
-return take_over(KEYS[1], ARGV[1], ARGV[2], ids, tonumber(ARGV[3]))
+return take_over(KEYS[1], ARGV[1], ARGV[2], ids, tonumber(ARGV[3]), KEYS[2])

@@ -38,7 +38,12 @@ by none. Refused ones are not lost; order is checked over the delivered ones.
   answered "duplicate".
 
 Poison entries (acknowledged raw ``XADD``s the broker must refuse) must each be
-in the dead-letter stream exactly once (``dlq.entry_id``) with a reason.
+in the dead-letter stream exactly once (``dlq.entry_id``) with a reason. A killer
+entry (every worker that handles it dies) is one, with "max_deliveries" in its reason.
+
+- **good_dead_lettered**: a publication that is not refusable found in the
+  dead-letter stream (e.g. charged for the deaths of workers that died on a
+  killer entry held with it): a failure.
 """
 
 from __future__ import annotations
@@ -194,6 +199,7 @@ class Verdict:
             or self.half_applied
             or self.foreign_not_refused
             or self.refused_repeated
+            or self.good_dead_lettered
         )
 
     def note(self, text: str) -> None:

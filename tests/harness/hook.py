@@ -14,6 +14,11 @@ harness SIGCONTs it once its lease is over, and the zombie's writes must be
 fenced). An empty or missing plan disarms the hook. The process writes
 ``<pid>.ready`` once its SIGUSR1 handler is installed (before that, SIGUSR1
 would end it).
+
+A chaos worker also dies (SIGKILL, after writing ``<pid>.kill`` holding
+``KILLER_FIELD``) as it handles an entry with the field ``KILLER_FIELD``: a
+*killer entry*, as an entry that crashes a C extension or exhausts memory
+would. Dead-lettering it (``max_deliveries``) does not handle it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import os
 import signal
 from pathlib import Path
 from typing import Any
+
+#: An entry with this field kills the chaos worker that handles it (``install_killer``).
+KILLER_FIELD = "chaos.kill"
 
 
 class CrashHook:
@@ -66,6 +74,24 @@ class CrashHook:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def install_killer(control_dir: str) -> None:
+    """Make this worker process die (SIGKILL) as it handles an entry with ``KILLER_FIELD``."""
+    import worker.loop
+
+    real_parse = worker.loop.parse_entry
+    field = KILLER_FIELD.encode()
+
+    def parse(entry_id: str, fields: dict[bytes, bytes], *limits: int) -> Any:
+        if field in fields:
+            marker = Path(control_dir) / f"{os.getpid()}.kill"
+            marker.with_suffix(".tmp").write_text(KILLER_FIELD)
+            marker.with_suffix(".tmp").rename(marker)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_parse(entry_id, fields, *limits)
+
+    worker.loop.parse_entry = parse  # type: ignore[assignment]
+
+
 def _armed(control_dir: str, log_file: str, plan: dict[str, Any] | None) -> CrashHook:
     """Log to ``log_file``, install the SIGUSR1 handler of a ``CrashHook`` and say the process is ready."""
     logging.basicConfig(
@@ -85,7 +111,8 @@ def _armed(control_dir: str, log_file: str, plan: dict[str, Any] | None) -> Cras
 def run_worker(
     settings_json: str, control_dir: str, log_file: str, plan: dict[str, Any] | None = None
 ) -> None:
-    """Entry point of a chaos worker process: ``worker.loop.main`` with a ``CrashHook``.
+    """Entry point of a chaos worker process: ``worker.loop.main`` with a ``CrashHook``; it dies on
+    killer entries (``install_killer``).
 
     Args:
         settings_json: ``Settings.model_dump_json()``.
@@ -97,6 +124,7 @@ def run_worker(
     from worker.loop import main
 
     hook = _armed(control_dir, log_file, plan)
+    install_killer(control_dir)
     main(Settings.model_validate_json(settings_json), hook=hook)
 
 
