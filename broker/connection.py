@@ -15,6 +15,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
+from broker import keys
 from broker.errors import ClusterUnsupported, ConfigError, ConnectionLost, ForeignKey, ServerError, ServerFull
 
 #: Oldest server the broker supports (XAUTOCLAIM, LMOVE, SET ... GET, Lua 5.1 + cjson).
@@ -398,6 +399,7 @@ def change_field(
     decide: Callable[[Any], Any],
     version_key: str | None,
     watch: tuple[str, ...] = (),
+    change_log: str | None = None,
 ) -> Any:
     """Change one record of a hash and bump the index version, in one transaction.
 
@@ -409,9 +411,16 @@ def change_field(
     A concurrent change to a watched key makes it start again. ``decide`` may
     raise to refuse, or return ``KEEP`` to write nothing.
 
+    With ``change_log`` (``keys.sub_changes``), once ``decide`` chose to write, the version and
+    the log are watched too and the change is logged as ``"<new version> <field>"`` in the same transaction, the log capped
+    at ``keys.SUB_CHANGES_MAX_LEN`` entries: workers then apply it alone to their routing table.
+    A version or log that cannot be read (another type, not an integer) is not logged to, and
+    the workers reload their whole table, as for any version bump the log lacks.
+
     Returns:
         What ``decide`` returned.
     """
+    log_to = change_log if version_key is not None else None
     with client.pipeline(transaction=True) as pipe:
         while True:
             try:
@@ -420,6 +429,11 @@ def change_field(
                 if value is KEEP:
                     pipe.unwatch()
                     return value
+                after = (
+                    None
+                    if log_to is None or version_key is None
+                    else _next_version(pipe, version_key, log_to)
+                )
                 pipe.multi()
                 if value is None:
                     pipe.hdel(key, field)
@@ -427,10 +441,26 @@ def change_field(
                     pipe.hset(key, field, value)
                 if version_key is not None:
                     pipe.incr(version_key)
+                if after is not None and log_to is not None:
+                    pipe.zadd(log_to, {f"{after} {field}": after})
+                    pipe.zremrangebyrank(log_to, 0, -(keys.SUB_CHANGES_MAX_LEN + 1))
                 pipe.execute()
                 return value
             except redis.WatchError:
                 continue
+
+
+def _next_version(pipe: Any, version_key: str, change_log: str) -> int | None:
+    """The version the coming ``INCR`` gives (both keys watched from now on), or None when the
+    change cannot be logged: the version is not an integer or either key holds another type."""
+    try:
+        pipe.watch(version_key, change_log)
+        if as_bytes(pipe.type(change_log)) not in (b"none", b"zset"):
+            return None
+        current = pipe.get(version_key)
+        return int(current or 0) + 1
+    except (redis.ResponseError, ValueError):
+        return None
 
 
 def wait_for_server(
