@@ -141,6 +141,10 @@ class RoutingTable:
         #: queue key (every priority band) -> (MAXDEPTH, durable), for the bounded queues
         self.queue_limits: dict[str, tuple[int, bool]] = {}
         self._first_wildcard: dict[str, int] = {}
+        #: topic objects other than the base at its defaults (``limits`` to work out)
+        self._bounded = False
+        #: the last load's readable records by raw field: (stored JSON, record), reused when unchanged
+        self._parsed: dict[bytes, tuple[bytes, SubscriptionRecord]] = {}
         #: the subscriptions with a selector or no-local
         self._conditional: set[str] = set()
         self._cache: dict[str, Recipients] = {}
@@ -203,7 +207,7 @@ class RoutingTable:
         self.ingress = tuple(keys.ingress(qm, _text(p)) for p in principals)
         self.scheme = scheme_of(qm, manager)
         self.direct = manager.get(b"direct_subscriber_selection", b"true") != b"false"
-        records, problems = parse_subscriptions(qm, subs)
+        records, problems = self._parse_subscriptions(subs)
         graph, link_problems = parse_links(qm, links)
         tree = TopicTree.parse(qm, topics, separator(self.scheme), self.default_maxdepth)
         problems += link_problems + tree.problems
@@ -212,6 +216,7 @@ class RoutingTable:
         problems += self.load_network_records(network, proxies, clustered)
         self.links = graph
         self.tree = tree
+        self._bounded = not tree.trivial
         self.index = TopicIndex() if self.scheme == "mqtt" else HierarchyIndex()
         self.subscriptions, self.selectors, self._conditional = {}, {}, set()
         self.limits, self.queue_limits, self._first_wildcard = {}, {}, {}
@@ -229,6 +234,36 @@ class RoutingTable:
         self._forward_cache = {}
         self.version = version if version is not None else b"0"
 
+    def _parse_subscriptions(
+        self, subs: dict[bytes, bytes]
+    ) -> tuple[list[SubscriptionRecord], list[CorruptRecord]]:
+        """``parse_subscriptions`` of the ``{qm}:subs`` hash, reusing the records of the last load
+        whose stored JSON is unchanged (a reload after an admin change parses only what changed).
+
+        Returns:
+            ``(records sorted by id, problems)``.
+        """
+        known, kept = self._parsed, {}
+        records: list[SubscriptionRecord] = []
+        fresh: dict[bytes, bytes] = {}
+        for raw_id, value in subs.items():
+            found = known.get(raw_id)
+            if found is not None and found[0] == value:
+                records.append(found[1])
+                kept[raw_id] = found
+            else:
+                fresh[raw_id] = value
+        parsed, problems = parse_subscriptions(self.qm, fresh)
+        for record in parsed:
+            raw_id = record.sub_id.encode("utf-8")
+            stored = fresh.get(raw_id)
+            if stored is not None:
+                kept[raw_id] = (stored, record)
+        self._parsed = kept
+        records += parsed
+        records.sort(key=lambda r: r.sub_id)
+        return records, problems
+
     def _add(self, record: SubscriptionRecord) -> None:
         """Index one subscription with everything derived from it (selector, no-local, the first
         wildcard level, its queue's MAXDEPTH). Nothing changes when its filter is refused.
@@ -243,12 +278,14 @@ class RoutingTable:
             self.selectors[sub_id] = compile_selector(record.selector)
         if record.selector or record.no_local:
             self._conditional.add(sub_id)
-        levels = record.topic_filter.split("/")
-        first = next((i for i, level in enumerate(levels) if level in ("+", "#")), None)
-        if first is not None:
-            self._first_wildcard[sub_id] = first
-        tree = self.tree
-        if not tree.trivial:
+        topic_filter = record.topic_filter
+        if "+" in topic_filter or "#" in topic_filter:
+            levels = topic_filter.split("/")
+            first = next((i for i, level in enumerate(levels) if level in ("+", "#")), None)
+            if first is not None:
+                self._first_wildcard[sub_id] = first
+        if self._bounded:
+            tree = self.tree
             depth = tree.effective(fixed_prefix(record.topic_filter, tree.separator))["maxdepth"]
             if isinstance(depth, int):
                 limit = self.limits[sub_id] = (depth, record.durable)

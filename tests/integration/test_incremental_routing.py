@@ -289,3 +289,24 @@ def test_any_sequence_of_changes_applied_alone_equals_a_full_load(real_redis, se
             table.resolve(topic)
         assert table.refresh(real_redis)
         _same_as_full_load(real_redis, table, topics)
+
+
+def test_a_full_reload_reuses_only_records_whose_json_is_unchanged(real_redis, settings):
+    # Given a loaded table, then records rewritten by hand with an unlogged version bump
+    subscribe(real_redis, QM, "/a", "c", "same")
+    subscribe(real_redis, QM, "/a", "c", "moved")
+    subscribe(real_redis, QM, "/a", "c", "broken")
+    [worker] = make_workers(real_redis, settings, 1)
+    table = worker.table
+    same = table.subscriptions["c$same"]
+    subs = keys.subscriptions(QM)
+    real_redis.hset(subs, "c$moved", '{"filter":"/b","durable":true,"created_ms":1}')
+    real_redis.hset(subs, "c$broken", "not json")
+    real_redis.incr(keys.version(QM))
+    # When it reloads
+    assert not table.refresh(real_redis)
+    # Then the unchanged record is the same object, the changed ones are read again
+    assert table.subscriptions["c$same"] is same
+    assert table.subscriptions["c$moved"].topic_filter == "/b" and table.resolve("/b").sub_ids == ("c$moved",)
+    assert "c$broken" not in table.subscriptions and [p.field for p in table.problems] == ["c$broken"]
+    _same_as_full_load(real_redis, table, ["/a", "/b"])
