@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import ssl
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -412,8 +413,10 @@ def change_field(
     raise to refuse, or return ``KEEP`` to write nothing.
 
     With ``change_log`` (``keys.sub_changes``), once ``decide`` chose to write, the version and
-    the log are watched too and the change is logged as ``"<new version> <field>"`` in the same transaction, the log capped
-    at ``keys.SUB_CHANGES_MAX_LEN`` entries: workers then apply it alone to their routing table.
+    the log are watched too and the change is logged as ``"<new version> <field>"`` in the same
+    transaction (a new log starts with its epoch, ``"epoch <random hex>"`` scored 0), the log
+    capped at ``keys.SUB_CHANGES_MAX_LEN`` entries besides its epoch: workers then apply the
+    change alone to their routing table.
     A version or log that cannot be read (another type, not an integer) is not logged to, and
     the workers reload their whole table, as for any version bump the log lacks.
 
@@ -429,11 +432,9 @@ def change_field(
                 if value is KEEP:
                     pipe.unwatch()
                     return value
-                after = (
-                    None
-                    if log_to is None or version_key is None
-                    else _next_version(pipe, version_key, log_to)
-                )
+                logged = None
+                if log_to is not None and version_key is not None:
+                    logged = _next_version(pipe, version_key, log_to)
                 pipe.multi()
                 if value is None:
                     pipe.hdel(key, field)
@@ -441,24 +442,29 @@ def change_field(
                     pipe.hset(key, field, value)
                 if version_key is not None:
                     pipe.incr(version_key)
-                if after is not None and log_to is not None:
+                if logged is not None and log_to is not None:
+                    after, new_log = logged
+                    if new_log:  # its epoch: a log made anew (a reset) is never taken for the old one
+                        pipe.zadd(log_to, {f"epoch {uuid.uuid4().hex}": 0})
                     pipe.zadd(log_to, {f"{after} {field}": after})
-                    pipe.zremrangebyrank(log_to, 0, -(keys.SUB_CHANGES_MAX_LEN + 1))
+                    pipe.zremrangebyrank(log_to, 1, -(keys.SUB_CHANGES_MAX_LEN + 1))
                 pipe.execute()
                 return value
             except redis.WatchError:
                 continue
 
 
-def _next_version(pipe: Any, version_key: str, change_log: str) -> int | None:
-    """The version the coming ``INCR`` gives (both keys watched from now on), or None when the
-    change cannot be logged: the version is not an integer or either key holds another type."""
+def _next_version(pipe: Any, version_key: str, change_log: str) -> tuple[int, bool] | None:
+    """The version the coming ``INCR`` gives (both keys watched from now on) and whether the log
+    is to be made, or None when the change cannot be logged: the version is not an integer or
+    either key holds another type."""
     try:
         pipe.watch(version_key, change_log)
-        if as_bytes(pipe.type(change_log)) not in (b"none", b"zset"):
+        kind = as_bytes(pipe.type(change_log))
+        if kind not in (b"none", b"zset"):
             return None
         current = pipe.get(version_key)
-        return int(current or 0) + 1
+        return int(current or 0) + 1, kind == b"none"
     except (redis.ResponseError, ValueError):
         return None
 

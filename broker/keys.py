@@ -29,7 +29,8 @@ key                                 type      contents                          
 ``{qm}:subs``                       hash      sub id -> subscription JSON                   subscriptions            workers, admin
 ``{qm}:sub_changes``                zset      ``"<version> <sub id>"`` scored by the        subscriptions (with the  workers (incremental
                                               version its change bumped to; the newest      version bump)            routing-table refresh)
-                                              ``SUB_CHANGES_MAX_LEN``
+                                              ``SUB_CHANGES_MAX_LEN``, after the log's
+                                              epoch ``"epoch <id>"`` scored 0
 ``{qm}:links``                      hash      source topic -> JSON ``{target: backward}``   admin                    workers, admin
 ``{qm}:sub:<sub id>``               list      envelopes of priority 4 (the default); LPUSH  workers (commit.lua)     consumers (receive.lua)
                                               by workers, taken from the RIGHT (oldest)
@@ -304,7 +305,10 @@ A subscription change may also be logged, so that workers apply it to their rout
 table alone instead of reloading every subscription: in the same transaction, with the
 version the ``INCR`` returns (``WATCH`` the version and read it first, or do it in Lua),
 ``ZADD {qm}:sub_changes <version> "<version> <sub id>"`` and ``ZREMRANGEBYRANK
-{qm}:sub_changes 0 -(SUB_CHANGES_MAX_LEN + 1)``. A version bump without its log entry
+{qm}:sub_changes 1 -(SUB_CHANGES_MAX_LEN + 1)``; when the log does not exist yet, first
+``ZADD {qm}:sub_changes 0 "epoch <unique id>"``: its epoch, the first entry, kept by the trim
+(a worker applies only the entries of the log it loaded its table with, so a log made anew
+after a reset is never taken for the old one). A version bump without its log entry
 (links, topic objects, declared topics, the network, principals, a writer that does not
 log) is always allowed: a worker that finds a version missing from the log reloads its
 whole table, as it does when the log is trimmed past its version, absent or unreadable.

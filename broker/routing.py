@@ -77,6 +77,19 @@ def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
+def _epoch(first: list[tuple[Any, Any]]) -> bytes | None:
+    """The change log's epoch (``"epoch <id>"`` scored 0) from its first entry (member, score), or None."""
+    if not first:
+        return None
+    member, score = as_bytes(first[0][0]), first[0][1]
+    try:
+        if float(score) == 0 and member.startswith(b"epoch "):
+            return member
+    except (TypeError, ValueError):
+        pass
+    return None
+
+
 def _shown(raw: bytes | str) -> str:
     """A record's field name as a problem names it, whatever its bytes."""
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
@@ -160,6 +173,8 @@ class RoutingTable:
         self.incremental = True
         self._script: tuple[redis.Redis, Any] | None = None
         self._last_fallback = ""
+        #: the change log's epoch when the table was loaded (``refresh`` applies only that log's entries)
+        self._epoch: bytes | None = None
 
     def load(self, client: redis.Redis) -> None:
         """Read subscriptions, links and the version in one MULTI/EXEC and rebuild.
@@ -192,7 +207,9 @@ class RoutingTable:
         pipe.hgetall(names["proxies"])
         pipe.hgetall(names["cluster_topics"])
         pipe.hkeys(names["principals"])
+        pipe.zrange(keys.sub_changes(qm), 0, 0, withscores=True)  # the change log's epoch
         replies = pipe.execute(raise_on_error=False)
+        first = replies.pop()  # an error when the log is foreign: no epoch, never applied alone
         for (what, key), found in zip(names.items(), replies[: len(names)], strict=True):
             kind = _text(found)
             if kind not in ("none", _TYPES[what]):
@@ -203,6 +220,7 @@ class RoutingTable:
         version, subs, links, topics, manager, declared, network, proxies, clustered, principals = replies[
             len(names) :
         ]
+        self._epoch = _epoch(first if isinstance(first, list) else [])
         #: the ingress streams of the principals (``broker.principals``): a worker waits on them too
         self.ingress = tuple(keys.ingress(qm, _text(p)) for p in principals)
         self.scheme = scheme_of(qm, manager)
@@ -359,7 +377,9 @@ class RoutingTable:
         )
         if not reply:
             return "!the version, the change log or the subscription hash holds another type"
-        raw_version, entries, records = reply
+        raw_version, entries, records, first = reply
+        if self._epoch is None or _epoch([(first[0], first[1])] if len(first) == 2 else []) != self._epoch:
+            return "the change log is not the one the table was loaded with (made anew, or none then)"
         raw_version = raw_version if raw_version is not None else b"0"
         try:
             now = int(raw_version)

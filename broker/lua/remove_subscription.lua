@@ -18,7 +18,8 @@
 -- KEYS[7] the protocol 2 in-flight list  "{qm}:sub:<id>:inflight"
 -- KEYS[8..17] the priority bands
 -- KEYS[18] last use of subscriptions     "{qm}:last_active" hash sub id -> ms (its field is removed)
--- KEYS[19] the subscription change log  "{qm}:sub_changes" zset "<version> <sub id>" -> version
+-- KEYS[19] the subscription change log  "{qm}:sub_changes" zset "<version> <sub id>" -> version,
+--   and its epoch "epoch <id>" -> 0 (made with the log, kept by the trim)
 --   (a removal is logged there, unless it holds another type: workers then reload their whole table)
 -- ARGV[1] the subscription id
 -- ARGV[2] the in-flight prefix           "{qm}:sub:<id>:inflight:" (.. consumer)
@@ -68,8 +69,12 @@ if record then
   local now = redis.call('INCR', version)
   local log_key, kind = KEYS[19], redis.call('TYPE', KEYS[19]).ok
   if kind == 'zset' or kind == 'none' then
+    if kind == 'none' then  -- a new log starts with its epoch (never taken for an older log)
+      local t = redis.call('TIME')
+      redis.call('ZADD', log_key, 0, 'epoch ' .. now .. '.' .. t[1] .. '.' .. t[2])
+    end
     redis.call('ZADD', log_key, now, now .. ' ' .. sub_id)
-    redis.call('ZREMRANGEBYRANK', log_key, 0, -(tonumber(ARGV[6]) + 1))
+    redis.call('ZREMRANGEBYRANK', log_key, 1, -(tonumber(ARGV[6]) + 1))
   end
 end
 redis.call('DEL', unpack(doomed))

@@ -8,9 +8,10 @@
 -- KEYS[3] the subscription hash          "{qm}:subs"
 -- ARGV[1] the version the worker's table is at (an integer)
 -- ARGV[2] most log entries to read
--- returns {version, entries, records}: the version now (nil when absent); the log entries
+-- returns {version, entries, records, first}: the version now (nil when absent); the log entries
 --   scored above ARGV[1], oldest first, flat (member, score, ...); for each entry the
---   subscription's record now (nil when it has none, or when the member names no id).
+--   subscription's record now (nil when it has none, or when the member names no id); the
+--   log's first entry (member, score): its epoch "epoch <id>" scored 0, or nothing.
 --   Returns {} (the caller reloads its whole table) when one of the keys holds another type.
 
 for _, pair in ipairs({{KEYS[1], 'string'}, {KEYS[2], 'zset'}, {KEYS[3], 'hash'}}) do
@@ -23,4 +24,4 @@ for i = 1, #entries, 2 do
   local sub_id = string.match(entries[i], '^%d+ (.+)$')
   records[#records + 1] = sub_id and redis.call('HGET', KEYS[3], sub_id) or false
 end
-return {version, entries, records}
+return {version, entries, records, redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')}

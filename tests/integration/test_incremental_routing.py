@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from broker import Publisher, keys, subscribe
 from broker.config import ConsumerMode, Settings
 from broker.links import link
+from broker.maintenance import reset
 from broker.routing import RoutingTable
 from broker.status import status
 from broker.subscriptions import unsubscribe
@@ -241,8 +242,9 @@ def test_a_changed_record_that_cannot_be_read_reloads_and_is_a_problem(real_redi
 def test_the_log_keeps_only_the_newest_entries(real_redis):
     for i in range(keys.SUB_CHANGES_MAX_LEN + 5):
         subscribe(real_redis, QM, "/a", f"c{i % 7}", f"n{i}")
-    entries = real_redis.zrange(keys.sub_changes(QM), 0, -1, withscores=True)
+    epoch, *entries = real_redis.zrange(keys.sub_changes(QM), 0, -1, withscores=True)
     version = int(real_redis.get(keys.version(QM)))
+    assert epoch[0].startswith(b"epoch ") and epoch[1] == 0  # the log's epoch is kept
     assert len(entries) == keys.SUB_CHANGES_MAX_LEN
     last = keys.SUB_CHANGES_MAX_LEN + 4
     assert entries[-1] == (f"{version} c{last % 7}$n{last}".encode(), version)
@@ -264,6 +266,7 @@ def test_any_sequence_of_changes_applied_alone_equals_a_full_load(real_redis, se
     chosen = settings.model_copy(update={"topic_scheme": scheme})
     if scheme == "mqtt":
         define(real_redis, QM, "AB", "/a/b", Attributes(maxdepth=5))
+    subscribe(real_redis, QM, filters[0], "seed", "s", scheme=scheme)  # the log exists when the table loads
     [worker] = make_workers(real_redis, chosen, 1)
     table = worker.table
     for ops in batches:
@@ -310,3 +313,35 @@ def test_a_full_reload_reuses_only_records_whose_json_is_unchanged(real_redis, s
     assert table.subscriptions["c$moved"].topic_filter == "/b" and table.resolve("/b").sub_ids == ("c$moved",)
     assert "c$broken" not in table.subscriptions and [p.field for p in table.problems] == ["c$broken"]
     _same_as_full_load(real_redis, table, ["/a", "/b"])
+
+
+def test_a_log_made_anew_after_a_reset_is_never_applied_to_the_old_table(real_redis, settings, loads):
+    # Given a worker's table at version 3, then a reset of the queue manager (every key deleted)
+    worker = _behind(real_redis, settings)
+    table = worker.table
+    reset(real_redis, QM)
+    # When more subscription changes than the old version are logged anew
+    for i in range(6):
+        subscribe(real_redis, QM, "/n", "c", f"new{i}")
+    loads.clear()
+    # Then the table is reloaded whole (the new log's entries after 3 are not the whole story)
+    assert not table.refresh(real_redis) and loads == [table]
+    assert sorted(table.subscriptions) == [f"c$new{i}" for i in range(6)]
+    _same_as_full_load(real_redis, table, ["/a/b", "/n"])
+    # And the next change is applied alone again
+    subscribe(real_redis, QM, "/n", "c", "next")
+    assert table.refresh(real_redis)
+
+
+def test_a_removal_makes_the_log_with_its_epoch_when_there_is_none(real_redis, settings, loads):
+    worker = _behind(real_redis, settings)
+    real_redis.delete(keys.sub_changes(QM))
+    assert not worker.table.refresh(real_redis)  # no log: reloaded whole
+    unsubscribe(real_redis, QM, "c$one")  # remove_subscription.lua
+    (epoch, zero), (entry, version) = real_redis.zrange(keys.sub_changes(QM), 0, -1, withscores=True)
+    assert epoch.startswith(b"epoch ") and zero == 0 and entry == f"{int(version)} c$one".encode()
+    assert not worker.table.refresh(real_redis)  # a log the table did not know: reloaded whole, once
+    unsubscribe(real_redis, QM, "c$two")
+    loads.clear()
+    assert worker.table.refresh(real_redis) and loads == []
+    _same_as_full_load(real_redis, worker.table, ["/a/b"])
