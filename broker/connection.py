@@ -414,7 +414,8 @@ def change_field(
 
     With ``change_log`` (``keys.sub_changes``), once ``decide`` chose to write, the version and
     the log are watched too and the change is logged as ``"<new version> <field>"`` in the same
-    transaction (a new log starts with its epoch, ``"epoch <random hex>"`` scored 0), the log
+    transaction (a new log, made when there is none or the version restarts at 1, starts with
+    its epoch, ``"epoch <random hex>"`` scored 0), the log
     capped at ``keys.SUB_CHANGES_MAX_LEN`` entries besides its epoch: workers then apply the
     change alone to their routing table.
     A version or log that cannot be read (another type, not an integer) is not logged to, and
@@ -445,6 +446,7 @@ def change_field(
                 if logged is not None and log_to is not None:
                     after, new_log = logged
                     if new_log:  # its epoch: a log made anew (a reset) is never taken for the old one
+                        pipe.delete(log_to)
                         pipe.zadd(log_to, {f"epoch {uuid.uuid4().hex}": 0})
                     pipe.zadd(log_to, {f"{after} {field}": after})
                     pipe.zremrangebyrank(log_to, 1, -(keys.SUB_CHANGES_MAX_LEN + 1))
@@ -463,8 +465,8 @@ def _next_version(pipe: Any, version_key: str, change_log: str) -> tuple[int, bo
         kind = as_bytes(pipe.type(change_log))
         if kind not in (b"none", b"zset"):
             return None
-        current = pipe.get(version_key)
-        return int(current or 0) + 1, kind == b"none"
+        after = int(pipe.get(version_key) or 0) + 1
+        return after, kind == b"none" or after == 1  # versions restart: a new log too
     except (redis.ResponseError, ValueError):
         return None
 

@@ -305,7 +305,8 @@ A subscription change may also be logged, so that workers apply it to their rout
 table alone instead of reloading every subscription: in the same transaction, with the
 version the ``INCR`` returns (``WATCH`` the version and read it first, or do it in Lua),
 ``ZADD {qm}:sub_changes <version> "<version> <sub id>"`` and ``ZREMRANGEBYRANK
-{qm}:sub_changes 1 -(SUB_CHANGES_MAX_LEN + 1)``; when the log does not exist yet, first
+{qm}:sub_changes 1 -(SUB_CHANGES_MAX_LEN + 1)``; when the log does not exist yet or the
+version restarts (the ``INCR`` gives 1), first ``DEL {qm}:sub_changes`` and
 ``ZADD {qm}:sub_changes 0 "epoch <unique id>"``: its epoch, the first entry, kept by the trim
 (a worker applies only the entries of the log it loaded its table with, so a log made anew
 after a reset is never taken for the old one). A version bump without its log entry

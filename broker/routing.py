@@ -330,7 +330,8 @@ class RoutingTable:
 
         Only subscription changes are logged; any other version bump (links, topic objects,
         declared topics, the network, principals), a log trimmed past the table's version, an
-        absent log or one that cannot be read (another type, an entry that is not
+        absent log, a log other than the one the table was loaded with (its epoch differs: made
+        anew after a reset), one that cannot be read (another type, an entry that is not
         ``"<version> <sub id>"``), and a changed record that cannot be read all reload the whole
         table, as before the log existed. Recipient sets cached per topic are dropped when a
         subscription changed.

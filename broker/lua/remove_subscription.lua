@@ -69,8 +69,9 @@ if record then
   local now = redis.call('INCR', version)
   local log_key, kind = KEYS[19], redis.call('TYPE', KEYS[19]).ok
   if kind == 'zset' or kind == 'none' then
-    if kind == 'none' then  -- a new log starts with its epoch (never taken for an older log)
-      local t = redis.call('TIME')
+    if kind == 'none' or now == 1 then  -- a new log (none, or the versions restart) starts with
+      local t = redis.call('TIME')         -- its epoch: it is never taken for an older log
+      redis.call('DEL', log_key)
       redis.call('ZADD', log_key, 0, 'epoch ' .. now .. '.' .. t[1] .. '.' .. t[2])
     end
     redis.call('ZADD', log_key, now, now .. ' ' .. sub_id)

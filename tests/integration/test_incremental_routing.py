@@ -345,3 +345,18 @@ def test_a_removal_makes_the_log_with_its_epoch_when_there_is_none(real_redis, s
     loads.clear()
     assert worker.table.refresh(real_redis) and loads == []
     _same_as_full_load(real_redis, worker.table, ["/a/b"])
+
+
+def test_a_version_deleted_by_hand_starts_a_new_log(real_redis, settings, loads):
+    # Given a worker's table at version 3, then the version key deleted (the log kept)
+    worker = _behind(real_redis, settings)
+    table = worker.table
+    assert table.refresh(real_redis) and table.version == b"3"
+    real_redis.delete(keys.version(QM))
+    # When as many subscription changes are made again, the versions restarting at 1
+    for i in range(6):
+        subscribe(real_redis, QM, "/n", "c", f"again{i}")
+    loads.clear()
+    # Then the log is a new one, and the table is reloaded whole
+    assert not table.refresh(real_redis) and loads == [table]
+    _same_as_full_load(real_redis, table, ["/a/b", "/n"])
