@@ -232,6 +232,7 @@ class RoutingTable:
         self.declared, declared_problems = parse_declared(qm, declared)
         problems += declared_problems
         problems += self.load_network_records(network, proxies, clustered)
+        self.version = None  # until rebuilt: a failure halfway leaves a table that is never refreshed alone
         self.links = graph
         self.tree = tree
         self._bounded = not tree.trivial
@@ -346,8 +347,10 @@ class RoutingTable:
         if self.incremental and self.version is not None:
             try:
                 why = self._apply_changes(client)
-            except redis.ResponseError as exc:  # e.g. a server without the script flags: reload
-                why = f"the change log cannot be read: {exc}"
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise  # nothing was changed: the worker's round is retried
+            except Exception as exc:  # never stops a worker: a reload rebuilds everything
+                why = f"!the change log could not be applied: {exc!r}"
             if why is None:
                 return True
             if why != self._last_fallback:
@@ -393,6 +396,7 @@ class RoutingTable:
         changed = self._changed(since, entries, records)
         if isinstance(changed, str):
             return changed
+        self.version = None  # until applied: a failure halfway leaves a table only a reload brings on
         for sub_id, record in changed.items():
             self._remove(sub_id)
             if record is not None:

@@ -360,3 +360,27 @@ def test_a_version_deleted_by_hand_starts_a_new_log(real_redis, settings, loads)
     # Then the log is a new one, and the table is reloaded whole
     assert not table.refresh(real_redis) and loads == [table]
     _same_as_full_load(real_redis, table, ["/a/b", "/n"])
+
+
+def test_a_failure_while_applying_changes_reloads_the_whole_table(real_redis, settings, loads, monkeypatch):
+    # Given a table behind, and indexing that fails halfway through the changes
+    table = _behind(real_redis, settings).table
+    calls = []
+    original_add = RoutingTable._add
+
+    def failing(self: RoutingTable, record: object) -> None:
+        calls.append(record)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(RoutingTable, "_add", failing)
+    loads.clear()
+    # When it is refreshed, it falls back to a reload (which fails too here: the same indexing)
+    with pytest.raises(RuntimeError):
+        table.refresh(real_redis)
+    assert calls and loads == [table]
+    # Then the half-built table has no version: the next refresh reloads it whole
+    assert table.version is None
+    monkeypatch.setattr(RoutingTable, "_add", original_add)
+    loads.clear()
+    assert not table.refresh(real_redis) and loads == [table]
+    _same_as_full_load(real_redis, table, ["/a/b"])
