@@ -7,6 +7,7 @@ import inspect
 import re
 import ssl
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from redis.cluster import RedisCluster
 from redis.connection import Connection, ConnectionPool, parse_url
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
+from broker import keys
 from broker.errors import ClusterUnsupported, ConfigError, ConnectionLost, ForeignKey, ServerError, ServerFull
 
 #: Oldest server the broker supports (XAUTOCLAIM, LMOVE, SET ... GET, Lua 5.1 + cjson).
@@ -439,6 +441,7 @@ def change_field(
     decide: Callable[[Any], Any],
     version_key: str | None,
     watch: tuple[str, ...] = (),
+    change_log: str | None = None,
 ) -> Any:
     """Change one record of a hash and bump the index version, in one transaction.
 
@@ -450,9 +453,19 @@ def change_field(
     A concurrent change to a watched key makes it start again. ``decide`` may
     raise to refuse, or return ``KEEP`` to write nothing.
 
+    With ``change_log`` (``keys.sub_changes``), once ``decide`` chose to write, the version and
+    the log are watched too and the change is logged as ``"<new version> <field>"`` in the same
+    transaction (a new log, made when there is none or the version restarts at 1, starts with
+    its epoch, ``"epoch <random hex>"`` scored 0), the log
+    capped at ``keys.SUB_CHANGES_MAX_LEN`` entries besides its epoch: workers then apply the
+    change alone to their routing table.
+    A version or log that cannot be read (another type, not an integer) is not logged to, and
+    the workers reload their whole table, as for any version bump the log lacks.
+
     Returns:
         What ``decide`` returned.
     """
+    log_to = change_log if version_key is not None else None
     with client.pipeline(transaction=True) as pipe:
         while True:
             try:
@@ -461,6 +474,9 @@ def change_field(
                 if value is KEEP:
                     pipe.unwatch()
                     return value
+                logged = None
+                if log_to is not None and version_key is not None:
+                    logged = _next_version(pipe, version_key, log_to)
                 pipe.multi()
                 if value is None:
                     pipe.hdel(key, field)
@@ -468,10 +484,32 @@ def change_field(
                     pipe.hset(key, field, value)
                 if version_key is not None:
                     pipe.incr(version_key)
+                if logged is not None and log_to is not None:
+                    after, new_log = logged
+                    if new_log:  # its epoch: a log made anew (a reset) is never taken for the old one
+                        pipe.delete(log_to)
+                        pipe.zadd(log_to, {f"epoch {uuid.uuid4().hex}": 0})
+                    pipe.zadd(log_to, {f"{after} {field}": after})
+                    pipe.zremrangebyrank(log_to, 1, -(keys.SUB_CHANGES_MAX_LEN + 1))
                 pipe.execute()
                 return value
             except redis.WatchError:
                 continue
+
+
+def _next_version(pipe: Any, version_key: str, change_log: str) -> tuple[int, bool] | None:
+    """The version the coming ``INCR`` gives (both keys watched from now on) and whether the log
+    is to be made, or None when the change cannot be logged: the version is not an integer or
+    either key holds another type."""
+    try:
+        pipe.watch(version_key, change_log)
+        kind = as_bytes(pipe.type(change_log))
+        if kind not in (b"none", b"zset"):
+            return None
+        after = int(pipe.get(version_key) or 0) + 1
+        return after, kind == b"none" or after == 1  # versions restart: a new log too
+    except (redis.ResponseError, ValueError):
+        return None
 
 
 def wait_for_server(

@@ -29,6 +29,10 @@ key                                 type      contents                          
                                               builds, within its one atomic call                                     ``{qm}:publish``)
 ``{qm}:version``                    string    integer, +1 on every subscription/link change admin, subscriptions     workers (in dequeue.lua)
 ``{qm}:subs``                       hash      sub id -> subscription JSON                   subscriptions            workers, admin
+``{qm}:sub_changes``                zset      ``"<version> <sub id>"`` scored by the        subscriptions (with the  workers (incremental
+                                              version its change bumped to; the newest      version bump)            routing-table refresh)
+                                              ``SUB_CHANGES_MAX_LEN``, after the log's
+                                              epoch ``"epoch <id>"`` scored 0
 ``{qm}:links``                      hash      source topic -> JSON ``{target: backward}``   admin                    workers, admin
 ``{qm}:sub:<sub id>``               list      envelopes of priority 4 (the default); LPUSH  workers (commit.lua)     consumers (receive.lua)
                                               by workers, taken from the RIGHT (oldest)
@@ -329,11 +333,24 @@ and ``"share"`` (an MQTT 5 ShareName, for display)::
 
 Remove it with ``lua/remove_subscription.lua`` (or ``HDEL`` of its record and
 of its ``{qm}:last_active`` field, ``INCR`` on the version and ``DEL`` of every
-``{qm}:sub:<id>*`` key above, in one ``MULTI``);
+``{qm}:sub:<id>*`` key above, in one ``MULTI``, logged as below);
 a worker that resolved a topic before the removal delivers nothing to it
 (``commit.lua`` checks the record still exists), so its queue is never made again. A record the workers cannot read (not JSON,
 an invalid filter, an id outside that alphabet) matches nothing, and is named
 by ``broker status``, ``broker topics`` and the worker log.
+
+A subscription change may also be logged, so that workers apply it to their routing
+table alone instead of reloading every subscription: in the same transaction, with the
+version the ``INCR`` returns (``WATCH`` the version and read it first, or do it in Lua),
+``ZADD {qm}:sub_changes <version> "<version> <sub id>"`` and ``ZREMRANGEBYRANK
+{qm}:sub_changes 1 -(SUB_CHANGES_MAX_LEN + 1)``; when the log does not exist yet or the
+version restarts (the ``INCR`` gives 1), first ``DEL {qm}:sub_changes`` and
+``ZADD {qm}:sub_changes 0 "epoch <unique id>"``: its epoch, the first entry, kept by the trim
+(a worker applies only the entries of the log it loaded its table with, so a log made anew
+after a reset is never taken for the old one). A version bump without its log entry
+(links, topic objects, declared topics, the network, principals, a writer that does not
+log) is always allowed: a worker that finds a version missing from the log reloads its
+whole table, as it does when the log is trimmed past its version, absent or unreadable.
 
 Consumers (receive, acknowledge, heartbeat), for a service that is not written in Python
 -----------------------------------------------------------------------------------------
@@ -445,6 +462,15 @@ def version(qm: str) -> str:
 def subscriptions(qm: str) -> str:
     """The hash of subscriptions: ``{qm}:subs``."""
     return f"{_tag(qm)}:subs"
+
+
+def sub_changes(qm: str) -> str:
+    """The subscription change log (a zset ``"<version> <sub id>"`` -> version): ``{qm}:sub_changes``."""
+    return f"{_tag(qm)}:sub_changes"
+
+
+#: Most entries kept in ``{qm}:sub_changes``; a worker further behind reloads its whole routing table.
+SUB_CHANGES_MAX_LEN = 1000
 
 
 def links(qm: str) -> str:

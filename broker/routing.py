@@ -3,9 +3,12 @@
 A publication on topic T goes to every subscription whose filter matches T or
 any topic linked from T, transitively (seed 000), each subscription once. The
 table is loaded with the index version read in the same MULTI, and the worker
-reloads it whenever a dequeue returns a newer version, so it never matches
-against a stale index. Resolved recipient sets are cached per topic until the
-next reload.
+brings it to the version a dequeue returns whenever that is newer, so it never
+matches against a stale index. A subscription change is logged with the version
+it bumped to (``{qm}:sub_changes``): the worker reads the entries after its
+table's version and the records they name in one atomic call and applies them
+alone (``refresh``); any other change reloads the whole table. Resolved recipient
+sets are cached per topic until the next change.
 
 A record that cannot be read (written by hand: not JSON, an invalid filter or
 id, a forward link closing a cycle) matches nothing: it is skipped, logged
@@ -20,11 +23,12 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
 from broker import hierarchy, keys
-from broker.connection import translate_errors
+from broker.connection import as_bytes, translate_errors
 from broker.declared import parse_declared
 from broker.errors import ConfigError, CorruptRecord, ForeignKey, InvalidTopicFilter
 from broker.hierarchy import DeclaredTopics, HierarchyIndex
@@ -41,6 +45,7 @@ from broker.network import (
     parse_network,
 )
 from broker.schemes import scheme_of, separator
+from broker.scripts import script_source
 from broker.selectors import Selector, compile_selector
 from broker.subscriptions import SubscriptionRecord, parse_subscriptions
 from broker.topic_objects import Effective, TopicTree, fixed_prefix
@@ -75,6 +80,19 @@ def _text(raw: bytes | str) -> str:
 def _exact(raw: bytes | str) -> str:
     """A name read from Redis that a key is built from: its bytes round-trip (``surrogateescape``)."""
     return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+
+
+def _epoch(first: list[tuple[Any, Any]]) -> bytes | None:
+    """The change log's epoch (``"epoch <id>"`` scored 0) from its first entry (member, score), or None."""
+    if not first:
+        return None
+    member, score = as_bytes(first[0][0]), first[0][1]
+    try:
+        if float(score) == 0 and member.startswith(b"epoch "):
+            return member
+    except (TypeError, ValueError):
+        pass
+    return None
 
 
 def _shown(raw: bytes | str) -> str:
@@ -119,8 +137,8 @@ class RoutingTable:
             the fixed bounds of ``broker.selectors`` (terms, nesting) is skipped whatever this is.
 
     Attributes:
-        version: the index version counter's value when loaded (bytes, opaque:
-            compared, never parsed), or None before the first load.
+        version: the index version counter's value when loaded (bytes; compared with the
+            dequeue's, parsed only by ``refresh``), or None before the first load.
         problems: the records skipped at the last load.
     """
 
@@ -145,6 +163,12 @@ class RoutingTable:
         #: queue key (every priority band) -> (MAXDEPTH, durable), for the bounded queues
         self.queue_limits: dict[str, tuple[int, bool]] = {}
         self._first_wildcard: dict[str, int] = {}
+        #: topic objects other than the base at its defaults (``limits`` to work out)
+        self._bounded = False
+        #: the last load's readable records by raw field: (stored JSON, record), reused when unchanged
+        self._parsed: dict[bytes, tuple[bytes, SubscriptionRecord]] = {}
+        #: the subscriptions with a selector or no-local
+        self._conditional: set[str] = set()
         self._cache: dict[str, Recipients] = {}
         #: the network this queue manager is in (``{qm}:network``), None when it is alone
         self.topology: Topology | None = None
@@ -154,6 +178,12 @@ class RoutingTable:
         self.cluster_topics: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self._forward_cache: dict[tuple[str, str, tuple[str, ...]], tuple[str, ...]] = {}
         self.ingress: tuple[bytes, ...] = ()
+        #: apply logged subscription changes alone (``refresh``); False: always reload whole
+        self.incremental = True
+        self._script: tuple[redis.Redis, Any] | None = None
+        self._last_fallback = ""
+        #: the change log's epoch when the table was loaded (``refresh`` applies only that log's entries)
+        self._epoch: bytes | None = None
 
     def load(self, client: redis.Redis) -> None:
         """Read subscriptions, links and the version in one MULTI/EXEC and rebuild.
@@ -186,7 +216,9 @@ class RoutingTable:
         pipe.hgetall(names["proxies"])
         pipe.hgetall(names["cluster_topics"])
         pipe.hkeys(names["principals"])
+        pipe.zrange(keys.sub_changes(qm), 0, 0, withscores=True)  # the change log's epoch
         replies = pipe.execute(raise_on_error=False)
+        first = replies.pop()  # an error when the log is foreign: no epoch, never applied alone
         for (what, key), found in zip(names.items(), replies[: len(names)], strict=True):
             kind = _text(found)
             if kind not in ("none", _TYPES[what]):
@@ -197,6 +229,7 @@ class RoutingTable:
         version, subs, links, topics, manager, declared, network, proxies, clustered, principals = replies[
             len(names) :
         ]
+        self._epoch = _epoch(first if isinstance(first, list) else [])
         #: the ingress streams of the principals (``broker.principals``): a worker waits on them too
         # each key as bytes, byte for byte the principal's name as Redis holds it: a client's
         # hiredis packer encodes a str strictly, whatever its encoding_errors
@@ -206,54 +239,221 @@ class RoutingTable:
         self.scheme = scheme_of(qm, manager)
         self.direct = manager.get(b"direct_subscriber_selection", b"true") != b"false"
         # a selector over the limits is skipped here, named: else every publication pays for it
-        records, problems = parse_subscriptions(qm, subs, self.max_selector_bytes)
+        records, problems = self._parse_subscriptions(subs)
         graph, link_problems = parse_links(qm, links)
         tree = TopicTree.parse(qm, topics, separator(self.scheme), self.default_maxdepth)
         problems += link_problems + tree.problems
         self.declared, declared_problems = parse_declared(qm, declared)
         problems += declared_problems
         problems += self.load_network_records(network, proxies, clustered)
-        index: TopicIndex | HierarchyIndex = TopicIndex() if self.scheme == "mqtt" else HierarchyIndex()
-        kept = []
+        self.version = None  # until rebuilt: a failure halfway leaves a table that is never refreshed alone
+        self.links = graph
+        self.tree = tree
+        self._bounded = not tree.trivial
+        self.index = TopicIndex() if self.scheme == "mqtt" else HierarchyIndex()
+        self.subscriptions, self.selectors, self._conditional = {}, {}, set()
+        self.limits, self.queue_limits, self._first_wildcard = {}, {}, {}
         for record in records:
             try:
-                index.add(record.topic_filter, record.sub_id)
+                self._add(record)
             except InvalidTopicFilter as exc:
                 problems.append(
                     CorruptRecord(names["subs"], record.sub_id, f"under the {self.scheme} scheme: {exc}")
                 )
-                continue
-            kept.append(record)
-        records = kept
-        if problems:
-            for problem in problems:
-                log.warning("routing table of %s: %s; it is skipped (matches nothing)", qm, problem)
-        self.index = index
-        self.links = graph
+        for problem in problems:
+            log.warning("routing table of %s: %s; it is skipped (matches nothing)", qm, problem)
         self.problems = problems
-        self.subscriptions = {record.sub_id: record for record in records}
-        self.selectors = {r.sub_id: compile_selector(r.selector) for r in records if r.selector}
-        self.tree = tree
-        self.limits = {}
-        self._first_wildcard = {}
-        for record in records:
-            levels = record.topic_filter.split("/")
-            first = next((i for i, level in enumerate(levels) if level in ("+", "#")), None)
-            if first is not None:
-                self._first_wildcard[record.sub_id] = first
-            if not tree.trivial:
-                depth = tree.effective(fixed_prefix(record.topic_filter, tree.separator))["maxdepth"]
-                if isinstance(depth, int):
-                    self.limits[record.sub_id] = (depth, record.durable)
-        self.queue_limits = {
-            keys.sub_band(qm, sub_id, p): limit
-            for sub_id, limit in self.limits.items()
-            for p in keys.PRIORITIES
-        }
-        self._conditional = frozenset(r.sub_id for r in records if r.selector or r.no_local)
         self._cache = {}
         self._forward_cache = {}
         self.version = version if version is not None else b"0"
+
+    def _parse_subscriptions(
+        self, subs: dict[bytes, bytes]
+    ) -> tuple[list[SubscriptionRecord], list[CorruptRecord]]:
+        """``parse_subscriptions`` of the ``{qm}:subs`` hash, reusing the records of the last load
+        whose stored JSON is unchanged (a reload after an admin change parses only what changed).
+
+        Returns:
+            ``(records sorted by id, problems)``.
+        """
+        known, kept = self._parsed, {}
+        records: list[SubscriptionRecord] = []
+        fresh: dict[bytes, bytes] = {}
+        for raw_id, value in subs.items():
+            found = known.get(raw_id)
+            if found is not None and found[0] == value:
+                records.append(found[1])
+                kept[raw_id] = found
+            else:
+                fresh[raw_id] = value
+        parsed, problems = parse_subscriptions(self.qm, fresh, self.max_selector_bytes)
+        for record in parsed:
+            raw_id = record.sub_id.encode("utf-8")
+            stored = fresh.get(raw_id)
+            if stored is not None:
+                kept[raw_id] = (stored, record)
+        self._parsed = kept
+        records += parsed
+        records.sort(key=lambda r: r.sub_id)
+        return records, problems
+
+    def _add(self, record: SubscriptionRecord) -> None:
+        """Index one subscription with everything derived from it (selector, no-local, the first
+        wildcard level, its queue's MAXDEPTH). Nothing changes when its filter is refused.
+
+        Raises:
+            InvalidTopicFilter: the filter is invalid under the queue manager's scheme.
+        """
+        sub_id = record.sub_id
+        self.index.add(record.topic_filter, sub_id)
+        self.subscriptions[sub_id] = record
+        if record.selector:
+            self.selectors[sub_id] = compile_selector(record.selector)
+        if record.selector or record.no_local:
+            self._conditional.add(sub_id)
+        topic_filter = record.topic_filter
+        if "+" in topic_filter or "#" in topic_filter:
+            levels = topic_filter.split("/")
+            first = next((i for i, level in enumerate(levels) if level in ("+", "#")), None)
+            if first is not None:
+                self._first_wildcard[sub_id] = first
+        if self._bounded:
+            tree = self.tree
+            depth = tree.effective(fixed_prefix(record.topic_filter, tree.separator))["maxdepth"]
+            if isinstance(depth, int):
+                limit = self.limits[sub_id] = (depth, record.durable)
+                for p in keys.PRIORITIES:
+                    self.queue_limits[keys.sub_band(self.qm, sub_id, p)] = limit
+
+    def _remove(self, sub_id: str) -> None:
+        """Forget one subscription and everything derived from it (nothing when it is not here)."""
+        record = self.subscriptions.pop(sub_id, None)
+        if record is None:
+            return
+        self.index.remove(record.topic_filter, sub_id)
+        self.selectors.pop(sub_id, None)
+        self._conditional.discard(sub_id)
+        self._first_wildcard.pop(sub_id, None)
+        if self.limits.pop(sub_id, None) is not None:
+            for p in keys.PRIORITIES:
+                self.queue_limits.pop(keys.sub_band(self.qm, sub_id, p), None)
+
+    def refresh(self, client: redis.Redis) -> bool:
+        """Bring the table to the index version now: apply the logged subscription changes
+        (``{qm}:sub_changes``) alone when the log holds every version since the table's, else
+        reload the whole table (``load``).
+
+        Only subscription changes are logged; any other version bump (links, topic objects,
+        declared topics, the network, principals), a log trimmed past the table's version, an
+        absent log, a log other than the one the table was loaded with (its epoch differs: made
+        anew after a reset), one that cannot be read (another type, an entry that is not
+        ``"<version> <sub id>"``), and a changed record that cannot be read all reload the whole
+        table, as before the log existed. Recipient sets cached per topic are dropped when a
+        subscription changed.
+
+        Returns:
+            True when the changes were applied alone, False when the table was reloaded.
+
+        Raises:
+            ForeignKey: as ``load`` (only on a reload).
+            redis.RedisError: as redis-py raises it.
+        """
+        if self.incremental and self.version is not None:
+            try:
+                why = self._apply_changes(client)
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise  # nothing was changed: the worker's round is retried
+            except Exception as exc:  # never stops a worker: a reload rebuilds everything
+                why = f"!the change log could not be applied: {exc!r}"
+            if why is None:
+                return True
+            if why != self._last_fallback:
+                log.log(
+                    logging.WARNING if why.startswith("!") else logging.DEBUG,
+                    "routing table of %s: %s; reloading it whole",
+                    self.qm,
+                    why.lstrip("!"),
+                )
+                self._last_fallback = why
+        self.load(client)
+        return False
+
+    def _apply_changes(self, client: redis.Redis) -> str | None:
+        """Apply the subscription changes logged since ``version``; None when done, else why not
+        (nothing is changed then; ``!`` first: something is wrong, worth a warning)."""
+        qm = self.qm
+        assert self.version is not None
+        try:
+            since = int(self.version)
+        except ValueError:
+            return "!the version is not an integer"
+        if self._script is None or self._script[0] is not client:
+            self._script = (client, client.register_script(script_source("sub_changes")))
+        reply = self._script[1](
+            keys=[keys.version(qm), keys.sub_changes(qm), keys.subscriptions(qm)],
+            args=[since, keys.SUB_CHANGES_MAX_LEN],
+        )
+        if not reply:
+            return "!the version, the change log or the subscription hash holds another type"
+        raw_version, entries, records, first = reply
+        if self._epoch is None or _epoch([(first[0], first[1])] if len(first) == 2 else []) != self._epoch:
+            return "the change log is not the one the table was loaded with (made anew, or none then)"
+        raw_version = raw_version if raw_version is not None else b"0"
+        try:
+            now = int(raw_version)
+        except ValueError:
+            return "!the version is not an integer"
+        if now < since:
+            return f"the version went back from {since} to {now}"
+        if len(entries) != 2 * (now - since):
+            return f"the change log lacks versions between {since} and {now} (not a subscription change)"
+        changed = self._changed(since, entries, records)
+        if isinstance(changed, str):
+            return changed
+        self.version = None  # until applied: a failure halfway leaves a table only a reload brings on
+        for sub_id, record in changed.items():
+            self._remove(sub_id)
+            if record is not None:
+                self._add(record)
+        if changed:
+            self._cache = {}
+        self.version = raw_version
+        return None
+
+    def _changed(
+        self, since: int, entries: list[bytes], records: list[bytes | None]
+    ) -> dict[str, SubscriptionRecord | None] | str:
+        """The subscriptions changed after version ``since`` (id -> its record now, None: removed),
+        read from the log entries (flat member, score) and the records; or why they cannot be
+        applied alone (a string)."""
+        subs_key = keys.subscriptions(self.qm)
+        unreadable = {p.field for p in self.problems if p.key == subs_key}
+        changed: dict[str, SubscriptionRecord | None] = {}
+        for i in range(len(entries) // 2):
+            expected = since + 1 + i
+            member, score = entries[2 * i], entries[2 * i + 1]
+            head, sep, raw_id = as_bytes(member).partition(b" ")
+            try:
+                if not sep or head != str(expected).encode() or float(score) != expected:
+                    raise ValueError("not in order")
+                sub_id = raw_id.decode("utf-8")
+            except ValueError:  # UnicodeDecodeError too
+                return f"!change log entry {_shown(member)!r} is not {expected} <subscription id>"
+            if sub_id in unreadable:
+                return f"subscription {sub_id} could not be read before"
+            raw = records[i]
+            try:
+                record = (
+                    None
+                    if raw is None
+                    else SubscriptionRecord.from_json(sub_id, raw, self.qm, self.max_selector_bytes)
+                )
+                if record is not None and self.scheme != "mqtt":
+                    hierarchy.validate_filter(record.topic_filter)
+            except (CorruptRecord, InvalidTopicFilter) as exc:
+                return f"changed subscription {sub_id} cannot be read: {exc}"
+            changed[sub_id] = record
+        return changed
 
     def load_network_records(
         self, network: bytes | None, proxies: dict[bytes, bytes], clustered: dict[bytes, bytes]
@@ -403,7 +603,7 @@ class RoutingTable:
         found = Recipients(
             self.qm,
             tuple(sorted(sub_ids)),
-            self._conditional.intersection(sub_ids),
+            frozenset(self._conditional.intersection(sub_ids)),
             None if tree is None else tree.effective(topic),
         )
         if len(self._cache) >= CACHE_TOPICS:

@@ -178,6 +178,7 @@ def status(
     pipe.scard(keys.active_publishers(qm))
     pipe.get(keys.version(qm))
     pipe.hgetall(keys.workers(qm))
+    pipe.zcard(keys.sub_changes(qm))  # foreign: workers reload their whole table on every change
     replies = pipe.execute(raise_on_error=False)
     checked = [(keys.sub_queue(qm, r.sub_id), keys.sub_inflight(qm, r.sub_id)) for r in subs]
     flat_keys = [(k, "list") for pair in checked for k in pair] + [
@@ -185,6 +186,7 @@ def status(
         (keys.active_publishers(qm), "set"),
         (keys.version(qm), "string"),
         (keys.workers(qm), "hash"),
+        (keys.sub_changes(qm), "zset"),
     ]
     values: list[Any] = []
     for (key, expected), reply in zip(flat_keys, replies, strict=True):
@@ -193,7 +195,7 @@ def status(
             values.append(None)
         else:
             values.append(reply)
-    dead, active, version, beats = values[-4:]
+    dead, active, version, beats, _ = values[-5:]
     problems += _foreign_keys(client, qm, subs, keyspace)
 
     now_ms = int(time.time() * 1000)

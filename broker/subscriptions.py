@@ -10,10 +10,12 @@ consumer closes it, or ``subscription_expiry_ms`` after its consumers stopped
 renewing their leases (``broker.consumer.sweep_subscriptions``). Consumers
 (``broker.consumer.Subscriber``) are the other half.
 
-Every change bumps ``{qm}:version`` in the same MULTI as the change itself. A
-worker reads that counter in the same atomic call that dequeues, so a
-publication enqueued after ``subscribe`` returned always reaches the new
-subscription.
+Every change bumps ``{qm}:version`` in the same MULTI as the change itself, and
+logs the subscription id with the new version in ``{qm}:sub_changes``. A worker
+reads that counter in the same atomic call that dequeues, and brings its routing
+table to it before it resolves, so a publication enqueued after ``subscribe``
+returned always reaches the new subscription (the worker applies the logged
+changes alone: ``broker.routing.RoutingTable.refresh``).
 """
 
 from __future__ import annotations
@@ -377,7 +379,15 @@ def subscribe(
         found.append(old)
         return KEEP  # attach to it: nothing to write
 
-    change_field(client, subs_key, sub_id, decide, keys.version(qm), watch=(topics_key,))
+    change_field(
+        client,
+        subs_key,
+        sub_id,
+        decide,
+        keys.version(qm),
+        watch=(topics_key,),
+        change_log=keys.sub_changes(qm),
+    )
     return found[-1] if found else record
 
 
@@ -479,7 +489,7 @@ def unsubscribe(client: redis.Redis, qm: str, sub_id: str) -> None:
             return None
 
         if ":" in sub_id:
-            change_field(client, subs_key, sub_id, decide, keys.version(qm))
+            change_field(client, subs_key, sub_id, decide, keys.version(qm), change_log=keys.sub_changes(qm))
             return
         if not client.hexists(subs_key, sub_id):
             raise missing from None
@@ -545,6 +555,7 @@ def remove_subscription(
             keys.sub_inflight(qm, sub_id),
             *keys.sub_bands(qm, sub_id),
             keys.last_active(qm),
+            keys.sub_changes(qm),
         ],
         args=[
             sub_id,
@@ -552,6 +563,7 @@ def remove_subscription(
             "" if abandoned_before_ms is None else abandoned_before_ms,
             "durable" if durable else "",
             "" if min_depth is None else min_depth,
+            keys.SUB_CHANGES_MAX_LEN,
         ],
     )
     return Removal(bool(removed), int(messages))

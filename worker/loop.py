@@ -13,7 +13,9 @@ Seed 004 (IPCOM000031305D), on Redis:
    the stream (XCLAIM) when they reach the head. No worker blocks while another
    publisher has work.
 3. **Resolve**: the routing table (exact hash + wildcard trie + links) is
-   reloaded whenever the dequeue saw a newer version.
+   brought to the version the dequeue saw whenever it is newer: the logged
+   subscription changes alone, or a whole reload for any other change
+   (``RoutingTable.refresh``).
 4. **Unit of work** (``commit.lua``, one per publication, pipelined): fenced on
    the turn and the FIFO head; LPUSH to every queue, dedup record, XACK, reply,
    pop the head, and give up the turn when the FIFO is empty. All or nothing.
@@ -433,7 +435,7 @@ class Worker:
         self.metrics.dequeued(len(dequeued.entries))
         self.hook("after_dequeue")
         if dequeued.version != self.table.version:
-            self.table.load(self.client)
+            self.table.refresh(self.client)
         held = dequeued.turns
         handed_over = False
         for entry_id, fields in dequeued.entries:

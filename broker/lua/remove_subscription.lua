@@ -18,11 +18,15 @@
 -- KEYS[7] the protocol 2 in-flight list  "{qm}:sub:<id>:inflight"
 -- KEYS[8..17] the priority bands
 -- KEYS[18] last use of subscriptions     "{qm}:last_active" hash sub id -> ms (its field is removed)
+-- KEYS[19] the subscription change log  "{qm}:sub_changes" zset "<version> <sub id>" -> version,
+--   and its epoch "epoch <id>" -> 0 (made with the log, kept by the trim)
+--   (a removal is logged there, unless it holds another type: workers then reload their whole table)
 -- ARGV[1] the subscription id
 -- ARGV[2] the in-flight prefix           "{qm}:sub:<id>:inflight:" (.. consumer)
 -- ARGV[3] cutoff, ms since the epoch: remove only when abandoned since then; "" = remove
 -- ARGV[4] "durable": the cutoff removes an idle durable subscription (not a non-durable one); "" otherwise
 -- ARGV[5] least depth: remove only when its bands hold at least this many messages; "" = remove
+-- ARGV[6] most entries kept in the change log (keys.SUB_CHANGES_MAX_LEN)
 -- returns {removed, messages}: removed 1, or 0 (no such subscription, not abandoned, or not
 --   that deep); messages: those deleted with it (waiting in its bands and in flight), or
 --   waiting in its bands when it was not removed for its depth (0 otherwise)
@@ -61,7 +65,18 @@ local messages = waiting + total_length(inflight)
 redis.call('HDEL', last_active, sub_id)
 if record then
   redis.call('HDEL', subs, sub_id)
-  redis.call('INCR', version)  -- workers reload only when a subscription went
+  -- workers refresh only when a subscription went: they apply the logged change alone
+  local now = redis.call('INCR', version)
+  local log_key, kind = KEYS[19], redis.call('TYPE', KEYS[19]).ok
+  if kind == 'zset' or kind == 'none' then
+    if kind == 'none' or now == 1 then  -- a new log (none, or the versions restart) starts with
+      local t = redis.call('TIME')         -- its epoch: it is never taken for an older log
+      redis.call('DEL', log_key)
+      redis.call('ZADD', log_key, 0, 'epoch ' .. now .. '.' .. t[1] .. '.' .. t[2])
+    end
+    redis.call('ZADD', log_key, now, now .. ' ' .. sub_id)
+    redis.call('ZREMRANGEBYRANK', log_key, 1, -(tonumber(ARGV[6]) + 1))
+  end
 end
 redis.call('DEL', unpack(doomed))
 if record then return {1, messages} end
