@@ -70,28 +70,24 @@ from broker.errors import (
     BrokerError,
     ConnectionLost,
     ForeignKey,
-    InvalidMessage,
-    InvalidTopic,
     ServerError,
     ServerFull,
 )
 from broker.logs import publication_extra
 from broker.metrics import recorder
-from broker.models import apply_topic_defaults, encode_envelope, parse_entry
 from broker.routing import RoutingTable
-from broker.schemes import record_manager, root_topic, separator
+from broker.schemes import record_manager
 from broker.scripts import Dequeued, Refusals, Scripts, flow_control_arg, parse_dequeue
 from broker.stream import ensure_group
 from broker.subscriptions import remove_subscription
-from broker.topics import limit_problem
 from broker.unit_of_work import (
-    Action,
     CommitBatch,
     Outcome,
     UnitOfWork,
     decode_disconnects,
     decode_outcomes,
 )
+from worker.decide import Decider
 from worker.suspects import Suspects, record_alone
 
 log = logging.getLogger("broker.worker")
@@ -122,9 +118,6 @@ SATURATED_SWEEP_FACTOR = 10
 
 #: Pause before starting a round again after a Redis error, ms.
 RETRY_PAUSE_MS = 500
-
-#: Most publications per ``commit.lua`` call (bounds how long one call holds Redis).
-COMMIT_CHUNK = 256
 
 #: How often a worker looks for pending entries that are in no FIFO (``sweep_entries.lua``), ms.
 ENTRY_SWEEP_INTERVAL_MS = 30_000
@@ -182,13 +175,6 @@ def _stream_id(entry_id: str) -> tuple[int, int]:
     """A stream entry id ``"ms-seq"`` as numbers, to compare two ids."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
-
-
-def _msgid(fields: dict[bytes, bytes], entry_id: str) -> str:
-    """The message id of an entry, its bytes as sent (``surrogateescape``: a msgid that is not
-    UTF-8 round-trips, so its reply and dedup keys are those the publisher built), or the entry id."""
-    raw = fields.get(b"msgid")
-    return raw.decode("utf-8", "surrogateescape") if raw else entry_id
 
 
 class Worker:
@@ -254,8 +240,8 @@ class Worker:
         self._next_heartbeat_ms = 0
         self._started_ms = self.clock_ms()
         self._flow_control = flow_control_arg(settings)
-        #: root topic -> its slow-subscriber condition
-        self._slow = {c.name: c for c in settings.slow_subscriber_conditions}
+        #: the pure step of the round: entries in, units of work out (``worker.decide``)
+        self.decide = Decider(settings, self.table)
         #: Prometheus metrics (``broker.metrics``): a no-op unless ``metrics_port`` is set
         self.metrics = recorder(settings)
 
@@ -647,12 +633,14 @@ class Worker:
             suspects.note(times)
         alone = suspects.choose(heads, self.settings.heads, self._entries) if suspects else None
         if alone is None:
-            batches = self._build(heads, times, now_ms)
+            batches = self.decide.batches(heads, self._entries, times, now_ms)
         else:  # one entry alone (worker.suspects): every other turn held, not worked, not given up
             publisher, entry_id, delivered = alone
             self._alone_recorded = True  # removed by _send, also when the reply to this is lost
             record_alone(self.client, self.qm, self.name, entry_id)
-            batches = self._build({publisher: [entry_id]}, {entry_id: delivered}, now_ms)
+            batches = self.decide.batches(
+                {publisher: [entry_id]}, self._entries, {entry_id: delivered}, now_ms
+            )
             give_up = ()
         self.hook("before_commit")
         results = self._send(batches, heads, give_up, next_read or (self.settings.batch_size, None))
@@ -687,57 +675,6 @@ class Worker:
             if counted:
                 self.metrics.turns(len(self.turns), entries_taken_over=len(counted))
         return times
-
-    def _build(self, heads: dict[str, list[str]], times: dict[str, int], now_ms: int) -> list[CommitBatch]:
-        """The units of work of the heads, in FIFO order per publisher, in batches of ``COMMIT_CHUNK``."""
-        entries = self._entries
-        max_deliveries = self.settings.max_deliveries
-        journal = self.settings.journal
-        batches = [CommitBatch(journal)]
-        for publisher, ids in heads.items():
-            batch = batches[-1]
-            if len(batch) >= COMMIT_CHUNK:
-                batch = CommitBatch(journal)
-                batches.append(batch)
-            delivered = times.get(ids[0], 1)
-            for entry_id in ids:
-                found = entries.get(entry_id)
-                if found is None:
-                    log.warning(
-                        "entry %s of publisher %r is gone from the stream; skipping it",
-                        entry_id,
-                        publisher,
-                        extra=publication_extra(entry_id, publisher=publisher),
-                    )
-                    batch.add(UnitOfWork(publisher, entry_id, Action.SKIP, entry_id))
-                elif entry_id == ids[0] and delivered > max_deliveries:
-                    reason = (
-                        f"taken over {delivered} times without being handled: its workers died "
-                        f"(max_deliveries {max_deliveries})"
-                    )
-                    log.error(
-                        "entry %s: %s; dead-lettering it",
-                        entry_id,
-                        reason,
-                        extra=publication_extra(entry_id, found[1], publisher=publisher),
-                    )
-                    batch.add(self._refusal(publisher, entry_id, found[1], reason))
-                else:
-                    unit = self.unit_of_work(publisher, entry_id, found[1], now_ms)
-                    batch.add(unit)
-                    limits = self.table.queue_limits
-                    if limits and unit.queues:
-                        for queue in unit.queues:
-                            bound = limits.get(queue)
-                            if bound is not None:
-                                batch.limit(queue, *bound)
-                    if unit.slow is not None:
-                        subscriptions = self.table.subscriptions
-                        for queue in unit.queues:
-                            record = subscriptions.get(keys.band_sub_id(self.qm, queue))
-                            if record is not None:  # not a transmission stream
-                                batch.watch(queue, record.durable)
-        return batches
 
     def _send(
         self,
@@ -820,7 +757,7 @@ class Worker:
         metrics = self.metrics
         committed_ms = self.clock_ms() if metrics.enabled else 0
         for batch, reply in zip(batches, results, strict=True):
-            if self._slow:
+            if self.decide.slow:
                 disconnects.update(decode_disconnects(batch, reply))
             decoded = decode_outcomes(batch, reply)
             if metrics.enabled:
@@ -884,116 +821,11 @@ class Worker:
             )
         return removal.removed
 
-    def _refusal(
-        self,
-        publisher: str,
-        entry_id: str,
-        fields: dict[bytes, bytes],
-        reason: str,
-        suggestion: str = "",
-        dead_letter: bool = True,
-        policy: bool = False,
-    ) -> UnitOfWork:
-        """The unit of work that refuses an entry (dead-letters it unless USEDLQ(NO), posts "refused" if asked);
-        ``policy``: a topic object's policy refused it (PUB(DISABLED))."""
-        reply_ttl = self.settings.reply_ttl_ms if fields.get(b"reply") == b"1" else 0
-        return UnitOfWork(
-            publisher,
-            entry_id,
-            Action.REFUSE,
-            _msgid(fields, entry_id),
-            reason=reason,
-            suggestion=suggestion,
-            reply_ttl_ms=reply_ttl,
-            dead_letter=dead_letter,
-            policy=policy,
-        )
-
     def unit_of_work(
         self, publisher: str, entry_id: str, fields: dict[bytes, bytes], now_ms: int
     ) -> UnitOfWork:
-        """The unit of work of one entry: deliver, expire, or refuse with the reason. Never raises.
-
-        The one place a unit of work is built from an entry, or from the error that refused it.
-
-        Args:
-            publisher: the FIFO the entry was filed under.
-            entry_id: the stream entry id.
-            fields: the entry's fields, bytes to bytes.
-            now_ms: the time, ms since the epoch (expiry).
-        """
-        settings = self.settings
-        delivery, dead_letter, slow = "ALLAVAIL", True, None
-        try:
-            entry = parse_entry(entry_id, fields, settings.max_body_bytes, settings.max_properties_bytes)
-            # before resolving: an abusive topic must not cost a match over thousands of levels
-            over = limit_problem(
-                entry.topic,
-                settings.max_topic_bytes,
-                settings.max_topic_levels,
-                separator(self.table.scheme),
-                "the topic",
-            )
-            if over is not None:
-                raise InvalidTopic(entry.topic, over)
-            recipients = self.table.resolve(entry.topic)
-            attributes = recipients.attributes
-            if attributes is not None:  # a topic object at or above the topic (broker.topic_objects)
-                dead_letter = attributes["usedlq"] == "YES"
-                if attributes["pub"] == "DISABLED":
-                    reason = (
-                        f"publishing on {entry.topic!r} is disabled: topic object "
-                        f"{attributes.source['pub']!r} has PUB(DISABLED)"
-                    )
-                    return self._refusal(
-                        publisher, entry_id, fields, reason, dead_letter=dead_letter, policy=True
-                    )
-                apply_topic_defaults(entry, fields, attributes)
-                persistent = entry.header.get("persistent", True)
-                delivery = attributes["pmsgdlv"] if persistent else attributes["npmsgdlv"]
-            queues = self.table.queues(entry, recipients)
-            if self.table.topology is not None:  # in a network: the proxy subscriptions' channels
-                forwards = self.table.forwards(entry, attributes)
-                if forwards:
-                    queues = (*queues, *forwards)
-            envelope = encode_envelope(entry.header, entry.body) if queues else b""
-            if self._slow and queues:
-                condition = self._slow.get(root_topic(entry.topic, self.table.scheme))
-                if condition is not None and condition.applies(entry.header.get("persistent", True)):
-                    slow = condition
-        except InvalidTopic as exc:
-            return self._refusal(publisher, entry_id, fields, exc.reason, exc.suggestion or "")
-        except InvalidMessage as exc:
-            return self._refusal(publisher, entry_id, fields, str(exc))
-        except Exception as exc:  # a bug must not stop the worker: dead-letter the entry
-            log.exception(
-                "entry %s could not be handled",
-                entry_id,
-                extra=publication_extra(entry_id, fields, publisher=publisher),
-            )
-            return self._refusal(publisher, entry_id, fields, f"internal error: {exc!r}")
-        header = entry.header
-        reply_ttl = settings.reply_ttl_ms if entry.reply else 0
-        journal = {"seq": header["seq"], "topic": entry.topic, "enqueued_ms": entry.timestamp_ms}
-        if entry.expiration_ms and entry.expiration_ms <= now_ms:
-            return UnitOfWork(
-                publisher, entry_id, Action.EXPIRE, entry.msgid, reply_ttl_ms=reply_ttl, **journal
-            )
-        window = settings.dedup_window_ms if entry.msgid_given else 0
-        return UnitOfWork(
-            publisher,
-            entry_id,
-            Action.DELIVER,
-            entry.msgid,
-            envelope=envelope,
-            queues=queues,
-            dedup_window_ms=window,
-            reply_ttl_ms=reply_ttl,
-            delivery=delivery,
-            dead_letter=dead_letter,
-            slow=slow,
-            **journal,
-        )
+        """The unit of work of one entry (``Decider.unit_of_work``): deliver, expire or refuse. Never raises."""
+        return self.decide.unit_of_work(publisher, entry_id, fields, now_ms)
 
     def _heartbeat(self, now_ms: int) -> None:
         if now_ms < self._next_heartbeat_ms:

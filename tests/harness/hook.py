@@ -76,9 +76,9 @@ class CrashHook:
 
 def install_killer(control_dir: str) -> None:
     """Make this worker process die (SIGKILL) as it handles an entry with ``KILLER_FIELD``."""
-    import worker.loop
+    import worker.decide
 
-    real_parse = worker.loop.parse_entry
+    real_parse = worker.decide.parse_entry
     field = KILLER_FIELD.encode()
 
     def parse(entry_id: str, fields: dict[bytes, bytes], *limits: int) -> Any:
@@ -89,7 +89,7 @@ def install_killer(control_dir: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return real_parse(entry_id, fields, *limits)
 
-    worker.loop.parse_entry = parse  # type: ignore[assignment]
+    worker.decide.parse_entry = parse  # type: ignore[assignment]
 
 
 def _armed(control_dir: str, log_file: str, plan: dict[str, Any] | None) -> CrashHook:

@@ -17,7 +17,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-import worker.loop as worker_loop
+import worker.decide as worker_decide
 from broker import ConnectionLost, Publisher, keys, link, subscribe
 from broker.config import Settings
 from broker.connection import connect
@@ -551,14 +551,14 @@ def test_poison_entry_is_dead_lettered_once_with_its_reason_and_the_rest_flows(r
 def killer_entry(monkeypatch):
     """Workers die (``Died``) while handling any entry whose msgid is ``kills`` (as on an OOM or a crash
     in a C extension); dead-lettering it does not handle it, so that does not kill them."""
-    real_parse = worker_loop.parse_entry
+    real_parse = worker_decide.parse_entry
 
     def parse(entry_id, fields, *limits):
         if fields.get(b"msgid") == b"kills":
             raise Died(entry_id)
         return real_parse(entry_id, fields, *limits)
 
-    monkeypatch.setattr(worker_loop, "parse_entry", parse)
+    monkeypatch.setattr(worker_decide, "parse_entry", parse)
 
 
 def _xadd_killer(client: redis.Redis) -> str:

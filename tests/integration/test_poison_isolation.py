@@ -21,6 +21,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
+import worker.decide as worker_decide
 import worker.loop as worker_loop
 from broker import Publisher, keys, subscribe
 from broker.config import Settings
@@ -44,14 +45,14 @@ class Died(BaseException):
 def poison(monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers die (``Died``) as they handle the entry whose msgid is ``kills``; dead-lettering it
     does not handle it, so that does not kill them."""
-    real_parse = worker_loop.parse_entry
+    real_parse = worker_decide.parse_entry
 
     def parse(entry_id, fields, *limits):  # type: ignore[no-untyped-def]
         if fields.get(b"msgid") == POISON_MSGID.encode():
             raise Died(entry_id)
         return real_parse(entry_id, fields, *limits)
 
-    monkeypatch.setattr(worker_loop, "parse_entry", parse)
+    monkeypatch.setattr(worker_decide, "parse_entry", parse)
 
 
 class Healthy:

@@ -1,0 +1,242 @@
+"""Decide: an entry, the routing table and the settings in, a unit of work out. No Redis.
+
+The middle step of a worker's round (``worker.loop``: dequeue -> decide -> commit -> apply). For
+each FIFO head the worker holds, it says what the unit of work does: deliver (to which subscriber
+queues and channels, with which envelope, under which delivery policy), expire, refuse (with the
+reason, dead-lettered unless USEDLQ(NO)) or skip (gone from the stream), and groups the units into
+the ``commit.lua`` calls of the round (``CommitBatch``, at most ``COMMIT_CHUNK`` publishers each).
+
+Nothing here reads or writes Redis: the routing table was loaded by the worker
+(``broker.routing.RoutingTable``), the entries were read by the dequeue, and the time is given, so
+every rule can be tested without a server (``tests/unit/test_decide.py``). Nothing here raises
+either: an entry that cannot be handled is refused with the reason (bad input never stops a worker).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from broker import keys
+from broker.config import Settings
+from broker.errors import InvalidMessage, InvalidTopic
+from broker.logs import publication_extra
+from broker.models import apply_topic_defaults, encode_envelope, parse_entry
+from broker.routing import RoutingTable
+from broker.schemes import root_topic, separator
+from broker.topics import limit_problem
+from broker.unit_of_work import Action, CommitBatch, UnitOfWork
+
+log = logging.getLogger("broker.worker")
+
+#: Most publications per ``commit.lua`` call (bounds how long one call holds Redis).
+COMMIT_CHUNK = 256
+
+#: ``{entry id: (publisher, fields)}``: the entries a worker has read (fields bytes to bytes).
+Entries = dict[str, tuple[str, dict[bytes, bytes]]]
+
+
+def msgid_of(fields: dict[bytes, bytes], entry_id: str) -> str:
+    """The message id of an entry, its bytes as sent (``surrogateescape``: a msgid that is not
+    UTF-8 round-trips, so its reply and dedup keys are those the publisher built), or the entry id."""
+    raw = fields.get(b"msgid")
+    return raw.decode("utf-8", "surrogateescape") if raw else entry_id
+
+
+class Decider:
+    """Builds units of work from entries, for one worker.
+
+    Args:
+        settings: the broker settings (limits, reply and dedup windows, max_deliveries, journal,
+            slow-subscriber conditions).
+        table: the worker's routing table; the worker keeps it at the dequeue's version, and the
+            decider reads it as it is at each call.
+    """
+
+    def __init__(self, settings: Settings, table: RoutingTable) -> None:
+        self.settings = settings
+        self.table = table
+        #: root topic -> its slow-subscriber condition
+        self.slow = {c.name: c for c in settings.slow_subscriber_conditions}
+
+    def batches(
+        self, heads: dict[str, list[str]], entries: Entries, times: dict[str, int], now_ms: int
+    ) -> list[CommitBatch]:
+        """The units of work of the heads, in FIFO order per publisher, in batches of ``COMMIT_CHUNK``.
+
+        Args:
+            heads: ``{publisher: [entry ids]}`` in FIFO order, the heads to handle this round.
+            entries: the entries read; a head missing here is gone from the stream (skipped).
+            times: ``{entry id: times delivered}`` of heads taken over; a publisher's first head
+                delivered more than ``max_deliveries`` times is refused (its workers died on it).
+            now_ms: the time, ms since the epoch (expiry).
+        """
+        journal = self.settings.journal
+        batches = [CommitBatch(journal)]
+        for publisher, ids in heads.items():
+            batch = batches[-1]
+            if len(batch) >= COMMIT_CHUNK:
+                batch = CommitBatch(journal)
+                batches.append(batch)
+            delivered = times.get(ids[0], 1)
+            for entry_id in ids:
+                found = entries.get(entry_id)
+                if found is None:
+                    log.warning(
+                        "entry %s of publisher %r is gone from the stream; skipping it",
+                        entry_id,
+                        publisher,
+                        extra=publication_extra(entry_id, publisher=publisher),
+                    )
+                    batch.add(UnitOfWork(publisher, entry_id, Action.SKIP, entry_id))
+                elif entry_id == ids[0] and delivered > self.settings.max_deliveries:
+                    batch.add(self._poison(publisher, entry_id, found[1], delivered))
+                else:
+                    self._add(batch, self.unit_of_work(publisher, entry_id, found[1], now_ms))
+        return batches
+
+    def _poison(
+        self, publisher: str, entry_id: str, fields: dict[bytes, bytes], delivered: int
+    ) -> UnitOfWork:
+        """The refusal of a head its workers kept dying on (``max_deliveries``)."""
+        max_deliveries = self.settings.max_deliveries
+        reason = (
+            f"taken over {delivered} times without being handled: its workers died "
+            f"(max_deliveries {max_deliveries})"
+        )
+        log.error(
+            "entry %s: %s; dead-lettering it",
+            entry_id,
+            reason,
+            extra=publication_extra(entry_id, fields, publisher=publisher),
+        )
+        return self.refusal(publisher, entry_id, fields, reason)
+
+    def _add(self, batch: CommitBatch, unit: UnitOfWork) -> None:
+        """Add ``unit`` to ``batch`` with the queue bounds (MAXDEPTH) and watches (a slow-subscriber
+        condition) its queues need: none when nothing is configured."""
+        batch.add(unit)
+        limits = self.table.queue_limits
+        if limits and unit.queues:
+            for queue in unit.queues:
+                bound = limits.get(queue)
+                if bound is not None:
+                    batch.limit(queue, *bound)
+        if unit.slow is not None:
+            subscriptions = self.table.subscriptions
+            qm = self.settings.qm
+            for queue in unit.queues:
+                record = subscriptions.get(keys.band_sub_id(qm, queue))
+                if record is not None:  # not a transmission stream
+                    batch.watch(queue, record.durable)
+
+    def refusal(
+        self,
+        publisher: str,
+        entry_id: str,
+        fields: dict[bytes, bytes],
+        reason: str,
+        suggestion: str = "",
+        dead_letter: bool = True,
+        policy: bool = False,
+    ) -> UnitOfWork:
+        """The unit of work that refuses an entry (dead-letters it unless USEDLQ(NO), posts "refused" if asked);
+        ``policy``: a topic object's policy refused it (PUB(DISABLED))."""
+        reply_ttl = self.settings.reply_ttl_ms if fields.get(b"reply") == b"1" else 0
+        return UnitOfWork(
+            publisher,
+            entry_id,
+            Action.REFUSE,
+            msgid_of(fields, entry_id),
+            reason=reason,
+            suggestion=suggestion,
+            reply_ttl_ms=reply_ttl,
+            dead_letter=dead_letter,
+            policy=policy,
+        )
+
+    def unit_of_work(
+        self, publisher: str, entry_id: str, fields: dict[bytes, bytes], now_ms: int
+    ) -> UnitOfWork:
+        """The unit of work of one entry: deliver, expire, or refuse with the reason. Never raises.
+
+        The one place a unit of work is built from an entry, or from the error that refused it.
+
+        Args:
+            publisher: the FIFO the entry was filed under.
+            entry_id: the stream entry id.
+            fields: the entry's fields, bytes to bytes.
+            now_ms: the time, ms since the epoch (expiry).
+        """
+        settings = self.settings
+        table = self.table
+        delivery, dead_letter, slow = "ALLAVAIL", True, None
+        try:
+            entry = parse_entry(entry_id, fields, settings.max_body_bytes, settings.max_properties_bytes)
+            # before resolving: an abusive topic must not cost a match over thousands of levels
+            over = limit_problem(
+                entry.topic,
+                settings.max_topic_bytes,
+                settings.max_topic_levels,
+                separator(table.scheme),
+                "the topic",
+            )
+            if over is not None:
+                raise InvalidTopic(entry.topic, over)
+            recipients = table.resolve(entry.topic)
+            attributes = recipients.attributes
+            if attributes is not None:  # a topic object at or above the topic (broker.topic_objects)
+                dead_letter = attributes["usedlq"] == "YES"
+                if attributes["pub"] == "DISABLED":
+                    reason = (
+                        f"publishing on {entry.topic!r} is disabled: topic object "
+                        f"{attributes.source['pub']!r} has PUB(DISABLED)"
+                    )
+                    return self.refusal(
+                        publisher, entry_id, fields, reason, dead_letter=dead_letter, policy=True
+                    )
+                apply_topic_defaults(entry, fields, attributes)
+                persistent = entry.header.get("persistent", True)
+                delivery = attributes["pmsgdlv"] if persistent else attributes["npmsgdlv"]
+            queues = table.queues(entry, recipients)
+            if table.topology is not None:  # in a network: the proxy subscriptions' channels
+                forwards = table.forwards(entry, attributes)
+                if forwards:
+                    queues = (*queues, *forwards)
+            envelope = encode_envelope(entry.header, entry.body) if queues else b""
+            if self.slow and queues:
+                condition = self.slow.get(root_topic(entry.topic, table.scheme))
+                if condition is not None and condition.applies(entry.header.get("persistent", True)):
+                    slow = condition
+        except InvalidTopic as exc:
+            return self.refusal(publisher, entry_id, fields, exc.reason, exc.suggestion or "")
+        except InvalidMessage as exc:
+            return self.refusal(publisher, entry_id, fields, str(exc))
+        except Exception as exc:  # a bug must not stop the worker: dead-letter the entry
+            log.exception(
+                "entry %s could not be handled",
+                entry_id,
+                extra=publication_extra(entry_id, fields, publisher=publisher),
+            )
+            return self.refusal(publisher, entry_id, fields, f"internal error: {exc!r}")
+        header = entry.header
+        reply_ttl = settings.reply_ttl_ms if entry.reply else 0
+        journal = {"seq": header["seq"], "topic": entry.topic, "enqueued_ms": entry.timestamp_ms}
+        if entry.expiration_ms and entry.expiration_ms <= now_ms:
+            return UnitOfWork(
+                publisher, entry_id, Action.EXPIRE, entry.msgid, reply_ttl_ms=reply_ttl, **journal
+            )
+        window = settings.dedup_window_ms if entry.msgid_given else 0
+        return UnitOfWork(
+            publisher,
+            entry_id,
+            Action.DELIVER,
+            entry.msgid,
+            envelope=envelope,
+            queues=queues,
+            dedup_window_ms=window,
+            reply_ttl_ms=reply_ttl,
+            delivery=delivery,
+            dead_letter=dead_letter,
+            slow=slow,
+            **journal,
+        )
