@@ -13,7 +13,7 @@ configuration is broken.
 
 This is the application layer: it sits on top of the broker's core
 (``broker``) and of the worker pool (``worker``), and is the only place besides
-``broker.demo`` that imports ``worker``.
+``broker.demo.replay`` (the demo package) that imports ``worker``.
 """
 
 from __future__ import annotations
@@ -513,7 +513,7 @@ def demo_command(
         "replace": replace,
     }
     if federation:
-        from broker.federated_demo import run_federated_demo
+        from broker.demo.federated import run_federated_demo
 
         report = run_federated_demo(state.settings, concurrency=concurrency or 1, **options)
         console.print(
@@ -523,7 +523,7 @@ def demo_command(
             soft_wrap=True,
         )
     else:
-        from broker.demo import run_demo
+        from broker.demo.replay import run_demo
 
         report = run_demo(state.settings, concurrency=concurrency or 2, **options)
     click.echo(report.line())

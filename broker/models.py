@@ -1,6 +1,6 @@
 """The message model, the stream entry it travels in, and the envelope subscribers pop.
 
-The wire formats are documented in ``broker.keys`` (protocol version 1). The
+The wire formats are documented in ``broker.keys`` (``keys.PROTOCOL_VERSION``). The
 worker's hot path uses ``parse_entry`` and ``encode_envelope`` on plain dicts;
 ``Message`` (pydantic) is what the Python publisher takes and the subscriber
 returns.
@@ -615,7 +615,7 @@ def publication_fields(
     client_id: str | None = None,
     message_type: str | None = None,
 ) -> dict[str, bytes | str]:
-    """Build the fields of one publication entry (protocol version 1).
+    """Build the fields of one publication entry (``keys.PROTOCOL_VERSION``).
 
     Returns:
         ``{field: value}`` for ``XADD``; optional fields not given (None) are omitted, and

@@ -150,7 +150,7 @@ Measurements
    ``match`` sizes (``bench_lib.run_hierarchy_matching``).
 
 13. **Federation** (``--only federation``): a local 3-master Redis Cluster (in
-   memory, ``broker.local_cluster``) with one queue manager per master
+   memory, ``broker.demo.local_cluster``) with one queue manager per master
    (``FEDA``, ``FEDB``, ``FEDC``, numbered when needed to land on distinct
    masters), each with the workload above (built on its own master). Runs with
    1, 2 and 3 queue managers (side by side in each repeat): each gets

@@ -85,7 +85,7 @@ Federation (``--federation``)
     python -m scripts.chaos --federation --seconds 20 [--seed 1] [--workers 2] [--rate 100]
 
 Three queue managers in one network (``broker.network``) over a local 3-master
-Redis Cluster (``broker.local_cluster.LocalCluster(aof=True,
+Redis Cluster (``broker.demo.local_cluster.LocalCluster(aof=True,
 full_coverage=False)``, ``appendfsync always``), each queue manager's keys on a
 master of its own: ``ROOT``, the hierarchy's root, and its children ``EAST`` and
 ``WEST`` (names get a number when needed to land on distinct masters), which

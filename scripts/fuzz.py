@@ -27,7 +27,7 @@ It checks that every bad input is answered by a clear error or a dead letter wit
 "internal error"; an envelope: a dead letter at once, reason "malformed envelope: ...", or
 expired, or a valid message), that no worker raises (none dies), that an administrative
 request that fails changes nothing, and that every good publication reaches each of its
-subscriptions once, in its publisher's order (``broker.oracle.score``). It prints a summary
+subscriptions once, in its publisher's order (``broker.demo.oracle.score``). It prints a summary
 and exits 1 on any violation.
 """
 
@@ -64,7 +64,7 @@ from broker.errors import (
 )
 from broker.hierarchy import HierarchyIndex
 from broker.network import load_network
-from broker.oracle import Expectation, score
+from broker.demo.oracle import Expectation, score
 from broker.publish import Publisher
 from broker.selectors import compile_selector, like
 from broker.server import Server

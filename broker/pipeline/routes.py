@@ -1,9 +1,11 @@
 """Who should receive a publication: MQTT 5 §4.7 matching and link closure, written for the audit.
 
 This is a second, independent implementation of the broker's routing rules,
-so the audit does not trust the code it checks (it imports nothing from
-``broker.topics`` or ``broker.routing``; the link closure is the plain
-breadth-first search of ``broker.oracle``). Each filter is compiled to a regular
+so the audit does not trust the code it checks: it matches and follows links without
+``broker.topics`` or the routing table's index (``broker.routing`` only reads the
+subscription and link records, as the workers read them, in ``Subscriptions.from_broker``);
+the link closure is a plain breadth-first search (``link_closure``, which the demo's
+oracle, ``broker.demo.oracle``, uses too). Each filter is compiled to a regular
 expression instead of walking a trie:
 
 * ``+`` is one whole level, possibly empty: ``[^/]*``;
@@ -25,15 +27,39 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from broker.oracle import link_closure
 from broker.routing import RoutingTable
+
+
+def link_closure(topic: str, targets: Mapping[str, Iterable[str]]) -> list[str]:
+    """``topic`` and every topic reachable from it through links, each once, breadth first.
+
+    Loops (closed by backward links) end because each topic is visited once (seed 000).
+
+    Args:
+        topic: the topic published on.
+        targets: source topic -> the topics it links to (``link_targets``).
+
+    Returns:
+        The topics a publication on ``topic`` appears on, ``topic`` first.
+    """
+    seen = {topic}
+    order = [topic]
+    queue = deque(order)
+    while queue:
+        for nxt in targets.get(queue.popleft(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                order.append(nxt)
+                queue.append(nxt)
+    return order
 
 
 def filter_pattern(topic_filter: str) -> re.Pattern[str]:

@@ -1,11 +1,11 @@
-"""The local Redis Cluster now ships in ``broker.local_cluster``; tests import it from here too."""
+"""The local Redis Cluster now ships in ``broker.demo.local_cluster``; tests import it from here too."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from broker import keys
-from broker.local_cluster import ClusterError, LocalCluster
+from broker.demo.local_cluster import ClusterError, LocalCluster
 
 __all__ = ["ClusterError", "LocalCluster", "spread_names"]
 

@@ -6,7 +6,7 @@ harness gave up retrying) may be delivered 0 or 1 times, never twice.
 
 The check, per subscription and publisher (Jepsen's queue checker, reduced to
 what a per-publisher FIFO promises; each subscription is scored by
-``broker.oracle.score``, the checker the demo uses too):
+``broker.demo.oracle.score``, the checker the demo uses too):
 
 - **lost**: an acknowledged publication whose topic (or a topic linked from it)
   matches the subscription, never received by it;

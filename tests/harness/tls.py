@@ -24,7 +24,7 @@ import trustme
 
 from broker.connection import TLSOptions
 from broker.errors import ServerNotFound
-from broker.local_cluster import LocalCluster
+from broker.demo.local_cluster import LocalCluster
 from broker.server import EPHEMERAL, Server, free_port, server_binary
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.demo import ALERTS_SUB, AUDIT_SUB, LINKS, SUBSCRIPTIONS, expected_topics, run_demo, verify
+from broker.demo.replay import ALERTS_SUB, AUDIT_SUB, LINKS, SUBSCRIPTIONS, expected_topics, run_demo, verify
 
 
 def test_short_replay_delivers_every_publication_once_in_order(real_redis, real_server, settings):
@@ -113,7 +113,7 @@ def test_non_durable_subscriptions_outlive_a_replay_longer_than_the_subscription
 
 
 def test_federated_demo_delivers_every_publication_once_in_order_on_three_queue_managers(settings):
-    from broker.federated_demo import SUBSCRIPTIONS, run_federated_demo
+    from broker.demo.federated import SUBSCRIPTIONS, run_federated_demo
 
     # Given the demo's own local 3-master cluster, three queue managers (JFK the parent of LGA
     # and EWR, all three in cluster NYC), a worker pool and a channel process each
@@ -150,7 +150,7 @@ def _network():
     A is the parent of B and C; B, C and D are in cluster K; D has no parent, so only cluster
     topics (under /CL) reach it or leave it. C links /LOCAL/x to /ALERTS/x.
     """
-    from broker.oracle import Node
+    from broker.demo.oracle import Node
 
     nodes = {
         "A": Node(None, (), {"all": "#", "alerts": "/ALERTS/#"}),
@@ -162,7 +162,7 @@ def _network():
 
 
 def test_network_checker_follows_route_classes_and_each_queue_managers_links():
-    from broker.oracle import network_recipients, route_cluster
+    from broker.demo.oracle import network_recipients, route_cluster
 
     nodes, clustered = _network()
     assert route_cluster("/CL/x", clustered) == "K"
@@ -195,7 +195,7 @@ def _network_scenario():
 
 
 def test_network_checker_passes_correct_queues_and_counts_remote_deliveries():
-    from broker.federated_demo import verify_network
+    from broker.demo.federated import verify_network
 
     pubs, nodes, clustered, received = _network_scenario()
     result, remote = verify_network(pubs, nodes, clustered, received)
@@ -208,7 +208,7 @@ def test_network_checker_passes_correct_queues_and_counts_remote_deliveries():
 
 
 def test_network_checker_detects_a_missing_recipient_a_misrouted_and_a_reordered_message():
-    from broker.federated_demo import verify_network
+    from broker.demo.federated import verify_network
 
     pubs, nodes, clustered, received = _network_scenario()
     # Given doctored queues: C's link target lost one (a queue manager that ignored its links),

