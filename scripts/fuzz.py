@@ -54,6 +54,7 @@ from broker import hierarchy, keys, topics
 from broker.config import Settings, load_settings
 from broker.connection import connect
 from broker.consumer import Subscriber
+from broker.demo.oracle import Expectation, score
 from broker.errors import (
     ConfigError,
     InvalidMessage,
@@ -64,7 +65,6 @@ from broker.errors import (
 )
 from broker.hierarchy import HierarchyIndex
 from broker.network import load_network
-from broker.demo.oracle import Expectation, score
 from broker.publish import Publisher
 from broker.selectors import compile_selector, like
 from broker.server import Server

@@ -23,8 +23,8 @@ from pathlib import Path
 import trustme
 
 from broker.connection import TLSOptions
-from broker.errors import ServerNotFound
 from broker.demo.local_cluster import LocalCluster
+from broker.errors import ServerNotFound
 from broker.server import EPHEMERAL, Server, free_port, server_binary
 
 
