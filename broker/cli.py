@@ -190,9 +190,9 @@ def _print_problems(problems: Any) -> None:
     if not problems:
         return
     console = _console()
-    console.print(
-        Text(f"{len(problems)} problem(s): the workers skip these records and go on", style="bold red")
-    )
+    # each line says what the problem does (a record skipped, a key waited on, a stream to repair):
+    # the heading claims nothing about the workers
+    console.print(Text(f"{len(problems)} problem(s):", style="bold red"))
     for problem in problems:
         console.print(Text(f"  {problem}", style="red"))
 
