@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from broker import oracle
+from broker.demo import oracle
 from tests.harness.testing import queue_messages
 
 
