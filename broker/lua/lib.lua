@@ -164,6 +164,13 @@ local function ring(bell)
   if redis.call('LLEN', bell) == 0 then redis.call('RPUSH', bell, '1') end
 end
 
+-- The fields {field, value, ...} of stream entry `id`, or nil when it is gone.
+local function entry_fields(stream, id)
+  local found = redis.call('XRANGE', stream, id, id)
+  if found[1] then return found[1][2] end
+  return nil
+end
+
 -- Take over entries another worker dequeued, for the worker holding their publisher's turn
 -- (take_over.lua; dequeue.lua for the next heads of a saturated publisher). The first
 -- `counted` ids (each publisher's FIFO head) are claimed (XCLAIM), which counts a new
@@ -222,11 +229,7 @@ local function take_over(stream, group, consumer, ids, counted, alone)
   end
   local out = {}
   for i, id in ipairs(ids) do
-    local fields = fields_of[id]
-    if not fields then
-      local found = redis.call('XRANGE', stream, id, id)
-      if found[1] then fields = found[1][2] end
-    end
+    local fields = fields_of[id] or entry_fields(stream, id)
     if fields then
       out[#out + 1] = {id, fields, i <= counted and times_of[id] or 0}
     end

@@ -109,15 +109,10 @@ if last_delivered ~= '18446744073709551615-18446744073709551615' then
 end
 table.sort(ids, id_less)
 
-local t = redis.call('TIME')
-local horizon = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[5]))
+local horizon = string.format('%.0f', now_ms() + tonumber(ARGV[5]))
 local moves, pending, unread, gone = {}, 0, 0, 0
 for _, id in ipairs(ids) do
-  local fields = fields_of[id]
-  if not fields then
-    local found = redis.call('XRANGE', stream, id, id)
-    if found[1] then fields = found[1][2] end
-  end
+  local fields = fields_of[id] or entry_fields(stream, id)
   if not fields then
     gone = gone + 1
   else
