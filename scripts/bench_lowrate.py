@@ -39,7 +39,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(url: str, qm: str, rate: float, duration_s: float, publishers: int, concurrency: int) -> dict[str, Any]:
+def run(
+    url: str, qm: str, rate: float, duration_s: float, publishers: int, concurrency: int
+) -> dict[str, Any]:
     """Measure one run (see the module text); returns the figures printed."""
     from broker import keys
     from broker.config import Settings
@@ -102,7 +104,9 @@ def run(url: str, qm: str, rate: float, duration_s: float, publishers: int, conc
     diff = {name: after.get(name, 0) - before.get(name, 0) for name in after}
     scripts = sum(diff.get(name, 0) for name in ("evalsha", "eval", "fcall", "evalsha_ro", "fcall_ro"))
     count = len(latencies)
-    per = {name: round(calls / total, 3) for name, calls in sorted(diff.items(), key=lambda x: -x[1]) if calls}
+    per = {
+        name: round(calls / total, 3) for name, calls in sorted(diff.items(), key=lambda x: -x[1]) if calls
+    }
     return {
         "published": total,
         "rate_per_s": round(total / elapsed, 1),
