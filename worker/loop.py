@@ -229,8 +229,6 @@ class Worker:
         self.waiting = Waiting(client, self.qm, self.name)
         #: the group's last-delivered id as last seen: an idle worker waits for entries after it
         self._wait_from = ""
-        #: how long the next round waits before its dequeue, ms (0: it dequeues at once)
-        self._idle_ms = 0
         #: this round's commit ends every turn it holds: no dequeue rides with it (``_send``)
         self._no_prefetch = False
         self._next_busy_sweep_ms = 0
@@ -378,7 +376,7 @@ class Worker:
         self._entries.clear()
         self._prefetched = None
         self.housekeeping.entry_sweep_start = "-"
-        self._idle_ms = 0
+        self._wait_from = ""
         start = ensure_group(self.client, self.qm, (self._last_read_id,))
         if start is None:
             log.info("worker %s: the consumer group was created again by another worker", self.name)
@@ -451,10 +449,12 @@ class Worker:
         self.hook("holding_turn")
         give_up = self._turns_to_give_up(dequeued)
         next_read = self._next_read(dequeued, give_up)
-        # Each FIFO no longer than its heads: the commit ends every turn it holds, so no dequeue rides
-        # with it (it would find nothing at low rates); the worker waits for the next entry instead.
+        # A low rate (this dequeue read one entry at most) and each FIFO no longer than its heads: the
+        # commit ends every turn it holds, so no dequeue rides with it (it would most likely find
+        # nothing); the worker waits for the next entry instead. At higher rates the dequeue rides along.
         self._no_prefetch = (
             block
+            and len(dequeued.entries) <= 1
             and next_read[1] is None
             and all(dequeued.backlog.get(p, 0) <= len(ids) for p, ids in dequeued.turns.items())
         )
