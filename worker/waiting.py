@@ -18,7 +18,7 @@ them can read: at low rates most script calls are wasted.
   (``waiter_lease_ms``: twice the wait, plus ``LEASE_MARGIN_MS``); every idle worker also
   dequeues once after each wait that timed out, so nothing read late waits longer than one wait.
   A foreign ``{qm}:wake`` (another type) is logged once, and the workers wait on the stream
-  as before.
+  as before until it is removed.
 """
 
 from __future__ import annotations
@@ -88,6 +88,13 @@ class Waiting:
             mine = True
         else:
             mine = bool(self.client.set(self.waiter_key, self.name, nx=True, px=lease))
+        if self._foreign_wake and self.client.type(self.wake_key) in (b"list", b"none", "list", "none"):
+            log.info(
+                "worker %s: %s is no longer foreign; idle workers wait for wake-ups again",
+                self.name,
+                self.wake_key,
+            )
+            self._foreign_wake = False
         if mine or self._foreign_wake:
             self.holds_until_ms = now_ms + lease if mine else 0
             return self._read(last_id, wait_ms, ingress)
