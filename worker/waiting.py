@@ -4,7 +4,7 @@ Without it, every idle worker blocks on the publish stream (XREAD) and every one
 XADD, each then running ``dequeue.lua`` (the queue mutex) for one publication that only one of
 them can read: at low rates most script calls are wasted.
 
-- **The waiter**: the one idle worker holding ``{qm}:waiter`` (SET NX, PX ``lease_ms``, renewed
+- **The waiter**: the one idle worker holding ``{qm}:waiter`` (SET NX, PX its lease, renewed
   at each wait) blocks on the publish stream (and the principals' ingress streams) from the
   group's last-delivered id, and runs the dequeue when an entry comes. It keeps the role while
   it can handle what it read alone, returning to the stream after its commit (no prefetched
@@ -15,7 +15,7 @@ them can read: at low rates most script calls are wasted.
   not hold, or turns it gave up (named in the element, so the worker woken takes them with its
   dequeue, with no sweep).
 - **Crash safety**: a waiter killed with SIGKILL keeps the role until its lease runs out
-  (``waiter_lease_ms``: twice the wait, plus ``LEASE_MARGIN_MS``); every idle worker also
+  (``waiter_lease_ms``: its wait, plus ``LEASE_MARGIN_MS``); every idle worker also
   dequeues once after each wait that timed out, so nothing read late waits longer than one wait.
   A foreign ``{qm}:wake`` (another type) is logged once, and the workers wait on the stream
   as before until it is removed.
@@ -32,13 +32,15 @@ from broker import keys
 
 log = logging.getLogger("broker.worker")
 
-#: The waiter's lease beyond twice its wait, ms: the round it runs between two waits.
+#: The waiter's lease beyond its wait, ms: the round it runs between two waits (the role is
+#: renewed at each wait; should a round run longer, another idle worker may wait on the stream
+#: too for a while, which costs a dequeue, never a publication).
 LEASE_MARGIN_MS = 500
 
 
 def waiter_lease_ms(wait_ms: int) -> int:
     """The lease of the waiter's role for a wait of ``wait_ms`` ms, ms."""
-    return 2 * wait_ms + LEASE_MARGIN_MS
+    return wait_ms + LEASE_MARGIN_MS
 
 
 class Waiting:
