@@ -17,8 +17,8 @@ them can read: at low rates most script calls are wasted.
 - **Crash safety**: a waiter killed with SIGKILL keeps the role until its lease runs out
   (``waiter_lease_ms``: its wait, plus ``LEASE_MARGIN_MS``); every idle worker also
   dequeues once after each wait that timed out, so nothing read late waits longer than one wait.
-  A foreign ``{qm}:wake`` (another type) is logged once, and the workers wait on the stream
-  as before until it is removed.
+  A foreign ``{qm}:wake`` or ``{qm}:waiter`` (another type) is logged once, and the workers
+  wait on the stream as before until it is removed.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ class Waiting:
         self.holds_until_ms = 0
         #: the publishers named by the last wake-up taken (turns given up by another worker)
         self.given_up: tuple[str, ...] = ()
-        self._foreign_wake = False
+        #: a waiting key found of another type ("" for none): idle workers wait on the stream meanwhile
+        self._foreign_key = ""
 
     def holds(self, now_ms: int) -> bool:
         """Whether this worker holds the waiter's role (as far as it knows) at ``now_ms``."""
@@ -90,23 +91,22 @@ class Waiting:
             mine = True
         else:
             mine = bool(self.client.set(self.waiter_key, self.name, nx=True, px=lease))
-        if self._foreign_wake and self.client.type(self.wake_key) in (b"list", b"none", "list", "none"):
-            log.info(
-                "worker %s: %s is no longer foreign; idle workers wait for wake-ups again",
-                self.name,
-                self.wake_key,
-            )
-            self._foreign_wake = False
-        if mine or self._foreign_wake:
+        if self._foreign_key and self._type_ok(self._foreign_key):
+            log.info("worker %s: %s is no longer foreign; waiting as before", self.name, self._foreign_key)
+            self._foreign_key = ""
+        if mine or self._foreign_key:
             self.holds_until_ms = now_ms + lease if mine else 0
             return self._read(last_id, wait_ms, ingress)
         self.holds_until_ms = 0
         try:
             popped = self.client.blpop([self.wake_key], timeout=wait_ms / 1000)
-        except redis.ResponseError as exc:  # a foreign wake-up key: wait on the stream, as every worker
-            self._foreign(exc)
+        except redis.ResponseError:  # a foreign wake-up key: wait on the stream, as every worker
+            self._foreign(self.wake_key)
             return self._read(last_id, wait_ms, ingress)
         if popped is None:
+            # nobody woke it for a whole wait: a foreign waiter key would keep every worker off the stream
+            if not self._type_ok(self.waiter_key):
+                self._foreign(self.waiter_key)
             return False
         raw = popped[1]
         named = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
@@ -150,7 +150,7 @@ class Waiting:
             return
         for reply in replies:
             if isinstance(reply, redis.ResponseError):
-                self._foreign(reply)
+                self._foreign(self.wake_key)
 
     def release(self) -> None:
         """Give up the waiter's role on a warm stop (when this worker holds it)."""
@@ -158,12 +158,24 @@ class Waiting:
             self.client.delete(self.waiter_key)
             self.holds_until_ms = 0
 
-    def _foreign(self, exc: Exception) -> None:
-        if not self._foreign_wake:
+    def _type_ok(self, key: str) -> bool:
+        """Whether ``key`` is absent or of the type the waiting keeps there."""
+        return self._type(key) in ("list" if key == self.wake_key else "string", "none")
+
+    def _type(self, key: str) -> str:
+        found = self.client.type(key)
+        return found.decode() if isinstance(found, bytes) else str(found)
+
+    def _foreign(self, key: str) -> None:
+        """Note a foreign ``{qm}:wake`` or ``{qm}:waiter``: logged once, then idle workers wait on the stream."""
+        if not self._foreign_key:
+            wanted = "a list" if key == self.wake_key else "a string"
             log.error(
-                "worker %s: %s is not a list (%s): idle workers all wait on the publish stream until it is removed",
+                "worker %s: foreign key: %s holds a %s, not %s; idle workers all wait on the publish stream "
+                "until it is removed",
                 self.name,
-                self.wake_key,
-                exc,
+                key,
+                self._type(key),
+                wanted,
             )
-        self._foreign_wake = True
+        self._foreign_key = key

@@ -157,13 +157,18 @@ def test_sweeps_run_on_their_timers_not_every_round(real_redis, settings):
     assert real_redis.xpending(keys.publish_stream(QM), keys.WORKER_GROUP)["pending"] == 0
 
 
-def test_a_foreign_wake_up_key_is_logged_once_and_idle_workers_wait_on_the_stream(
-    real_redis, settings, caplog
+@pytest.mark.parametrize("which", ["wake", "waiter"])
+def test_a_foreign_waiting_key_is_logged_once_and_idle_workers_wait_on_the_stream(
+    real_redis, settings, caplog, which
 ):
-    # Given {qm}:wake planted as a string, and w0 holding the waiter's role
+    # Given {qm}:wake planted as a string, or {qm}:waiter as a list
     settings = settings.model_copy(update={"block_ms": 5, "sweep_interval_ms": 60_000})
     record = subscribe(real_redis, QM, "t/#", "app", "s")
-    real_redis.set(keys.wake(QM), "oops")
+    key = keys.wake(QM) if which == "wake" else keys.waiter(QM)
+    if which == "wake":
+        real_redis.set(key, "oops")
+    else:
+        real_redis.rpush(key, "oops")
     clock = [NOW]
     w0, w1 = _worker(real_redis, settings, "w0", clock), _worker(real_redis, settings, "w1", clock)
     w0.run_once(block=True)
@@ -171,13 +176,14 @@ def test_a_foreign_wake_up_key_is_logged_once_and_idle_workers_wait_on_the_strea
     w1.run_once(block=True)
     w1.run_once(block=True)
     Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
-    # Then it waited on the stream instead (no error raised), said so once, and the publication is delivered
+    # Then it was said once per worker (nothing raised), w1 waits on the stream, the publication is delivered
     assert w1.run_once(block=True) == 1
-    foreign = [r for r in caplog.records if "is not a list" in r.getMessage()]
-    assert len(foreign) == 1 and "{TEST}:wake" in foreign[0].getMessage()
+    foreign = [r.getMessage() for r in caplog.records if "foreign key" in r.getMessage()]
+    assert 1 <= len(foreign) <= 2 and all(key in m for m in foreign)
+    assert w1.waiting._foreign_key == key
     assert real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 1
-    assert real_redis.get(keys.wake(QM)) == b"oops"
-    # When the key is removed, w1 waits for wake-ups again
-    real_redis.delete(keys.wake(QM))
+    assert real_redis.type(key) == (b"string" if which == "wake" else b"list")
+    # When the key is removed, w1 waits as before
+    real_redis.delete(key)
     w1.run_once(block=True)
-    assert not w1.waiting._foreign_wake
+    assert w1.waiting._foreign_key == ""
