@@ -15,6 +15,7 @@ import threading
 import pytest
 
 from broker import Publisher, keys, subscribe
+from broker.status import status
 from worker.loop import BUSY_POLL_MS, Worker
 from worker.waiting import waiter_lease_ms
 
@@ -187,3 +188,14 @@ def test_a_foreign_waiting_key_is_logged_once_and_idle_workers_wait_on_the_strea
     real_redis.delete(key)
     w1.run_once(block=True)
     assert w1.waiting._foreign_key == ""
+
+
+def test_status_names_foreign_waiting_keys(real_redis, settings):
+    # Given {qm}:waiter planted as a list and {qm}:wake as a string
+    real_redis.rpush(keys.waiter(QM), "oops")
+    real_redis.set(keys.wake(QM), "oops")
+    # When an operator looks at the status
+    problems = "\n".join(status(real_redis, QM)["problems"])
+    # Then both are named, with the type found and the type wanted
+    assert f"{keys.waiter(QM)} holds a list, not a string" in problems
+    assert f"{keys.wake(QM)} holds a string, not a list" in problems
