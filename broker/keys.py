@@ -69,6 +69,11 @@ key                                 type      contents                          
 ``{qm}:alone``                      hash      worker name -> the entry id it handles alone  workers (only in rounds  take_over (lib.lua: a
                                               this round (a suspect, see "Delivery          that handle a suspect    death is charged to that
                                               counting" below)                              alone); HDEL after them  entry only)
+``{qm}:waiter``                     string    the worker waiting on the publish stream      idle workers (SET NX PX  idle workers (one waits
+                                              (XREAD), PX its lease (``worker.waiting``)    lease), DEL on hand-on   on the stream at a time)
+``{qm}:wake``                       list      at most one element: publishers given up,     workers (LPUSH + LTRIM)  idle workers not waiting
+                                              newline-separated ("" for none): wake one                              on the stream (BLPOP)
+                                              idle worker to dequeue
 ``{qm}:journal``                    stream    one record per publication handled (when the  commit.lua (capped)      ``broker journal export``
                                               ``journal`` setting is on): entry_id, msgid,
                                               publisher, seq, topic, subs (JSON list of
@@ -675,6 +680,18 @@ def alone(qm: str) -> str:
     """The entries workers handle alone (``worker.loop``: a suspect of ``max_deliveries``): ``{qm}:alone``,
     hash worker name -> entry id, read by ``take_over`` in ``lua/lib.lua``."""
     return f"{_tag(qm)}:alone"
+
+
+def waiter(qm: str) -> str:
+    """The one idle worker waiting on the publish stream (``worker.waiting``): ``{qm}:waiter``, a string
+    holding its name, PX its lease in ms."""
+    return f"{_tag(qm)}:waiter"
+
+
+def wake(qm: str) -> str:
+    """Wakes one idle worker that is not the waiter (``worker.waiting``): ``{qm}:wake``, a list of at most
+    one element, the publishers given up (newline-separated, empty for none)."""
+    return f"{_tag(qm)}:wake"
 
 
 def usage(qm: str) -> str:

@@ -72,7 +72,7 @@ def _subscription_row(
 
 
 def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], keyspace: bool) -> list[str]:
-    """Foreign subscription bells and, with ``keyspace``, per-publisher keys (FIFO, turn, flow: every
+    """Foreign subscription bells, the idle workers' ``{qm}:waiter`` and ``{qm}:wake``, and, with ``keyspace``, per-publisher keys (FIFO, turn, flow: every
     ``{qm}:pub:*`` key, found by ``SCAN``), one line each (``ForeignKey``'s text)."""
     wanted: list[tuple[Any, str]] = []
     for raw in client.scan_iter(match=keys.pub_pattern(qm), count=1000) if keyspace else ():
@@ -81,6 +81,7 @@ def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], 
             if name.endswith(suffix):
                 wanted.append((raw, kind))
     wanted += [(keys.sub_bell(qm, record.sub_id), "list") for record in subs]
+    wanted += [(keys.waiter(qm), "string"), (keys.wake(qm), "list")]  # worker.waiting
     pipe = client.pipeline(transaction=False)
     for key, _kind in wanted:
         pipe.type(key)

@@ -28,6 +28,11 @@ Seed 004 (IPCOM000031305D), on Redis:
    WARNING. The unit of work is already whole without it: should the worker die
    first, the next matching publication asks again.
 
+An idle worker waits for work as ``worker.waiting`` says (one on the publish stream, the others for a
+wake-up), and a round whose commit ends every turn it held sends no dequeue with it: at low rates a
+publication costs one dequeue and one commit. The sweeps, the heartbeat and the disconnects run on
+their timers in ``worker.housekeeping``.
+
 A worker never dies on one message: an entry that cannot be parsed, has an
 invalid topic or is over a limit against abuse (``max_body_bytes``,
 ``max_properties_bytes``, ``max_topic_bytes``, ``max_topic_levels``) is
@@ -49,7 +54,6 @@ not counted as a new delivery), until memory is freed.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -64,10 +68,8 @@ from redis.exceptions import RedisClusterException
 from broker import keys
 from broker.config import Settings
 from broker.connection import block_slice_ms, wait_for_server
-from broker.consumer import sweep_subscriptions
 from broker.declared import seed_declared
 from broker.errors import (
-    BrokerError,
     ConnectionLost,
     ForeignKey,
     ServerError,
@@ -79,7 +81,6 @@ from broker.routing import RoutingTable
 from broker.schemes import record_manager
 from broker.scripts import Dequeued, Refusals, Scripts, flow_control_arg, parse_dequeue
 from broker.stream import ensure_group
-from broker.subscriptions import remove_subscription
 from broker.unit_of_work import (
     CommitBatch,
     Outcome,
@@ -88,12 +89,11 @@ from broker.unit_of_work import (
     decode_outcomes,
 )
 from worker.decide import Decider
+from worker.housekeeping import Housekeeping
 from worker.suspects import Suspects, record_alone
+from worker.waiting import Waiting
 
 log = logging.getLogger("broker.worker")
-
-#: Least time between two subscription sweeps (dead consumers, abandoned subscriptions), ms.
-SUBSCRIPTION_SWEEP_MS = 1_000
 
 #: Named points where tests and the chaos harness inject faults:
 #: after_dequeue: entries read and filed in FIFOs, nothing handled yet;
@@ -106,28 +106,13 @@ CRASH_POINTS = ("after_dequeue", "waiting_for_turn", "holding_turn", "before_com
 #: A worker whose last heartbeat is older than this is not counted live (fair share), ms.
 LIVENESS_MS = 5_000
 
-#: Publishers looked at per orphan sweep (SSCAN COUNT).
-SWEEP_COUNT = 100
-
-#: How long a worker with nothing to do waits while others hold waiting publishers, ms.
+#: How long a worker with nothing to do waits while others hold waiting publishers, ms; it
+#: sweeps for turns they gave up at most this often (``Worker._idle``).
 BUSY_POLL_MS = 20
-
-#: A worker serving a saturated publisher alone sweeps for orphaned turns this many times less
-#: often: the other workers take them (a turn it took would delay its publisher by a round).
-SATURATED_SWEEP_FACTOR = 10
 
 #: Pause before starting a round again after a Redis error, ms.
 RETRY_PAUSE_MS = 500
 
-#: How often a worker looks for pending entries that are in no FIFO (``sweep_entries.lua``), ms.
-ENTRY_SWEEP_INTERVAL_MS = 30_000
-
-#: Pending entries looked at per orphan sweep call.
-ENTRY_SWEEP_COUNT = 100
-
-#: A worker whose heartbeat is older than this is removed from ``{qm}:workers`` and
-#: ``{qm}:alive`` by the live workers (it was killed without a chance to deregister), ms.
-GONE_AFTER_MS = 60_000
 
 Hook = Callable[[str], None]
 
@@ -227,17 +212,19 @@ class Worker:
         self._last_read_id = ""
         #: the last round kept a saturated publisher alone (``_next_read``)
         self._saturated = False
-        self._turn_sweep_cursor = "0"
-        self._next_turn_sweep_ms = 0
-        self._next_entry_sweep_ms = 0
-        self._entry_sweep_start = "-"
-        self._next_subscription_sweep_ms = 0
-        self._subscription_sweep_start = ""
+        #: the sweeps, heartbeat and disconnects, on their timers (``worker.housekeeping``)
+        self.housekeeping = Housekeeping(self)
+        #: one idle worker waits on the stream, the others on a wake-up (``worker.waiting``)
+        self.waiting = Waiting(client, self.qm, self.name)
+        #: the group's last-delivered id as last seen: an idle worker waits for entries after it
+        self._wait_from = ""
+        #: this round's commit ends every turn it holds: no dequeue rides with it (``_send``)
+        self._no_prefetch = False
+        self._next_busy_sweep_ms = 0
         self._last_problem = ""
         #: the server was full (``maxmemory`` reached) in the last round: refused writes were retried
         self.server_full = False
         self._full_this_round = False
-        self._next_heartbeat_ms = 0
         self._started_ms = self.clock_ms()
         self._flow_control = flow_control_arg(settings)
         #: the pure step of the round: entries in, units of work out (``worker.decide``)
@@ -336,6 +323,7 @@ class Worker:
         """Give up every turn this worker holds and remove its heartbeat."""
         try:
             self.scripts.give_up(self.name, sorted(self.turns))
+            self.waiting.release()
             self.metrics.stopped(len(self.turns))
             self.client.hdel(keys.workers(self.qm), self.name)
             self.client.zrem(keys.alive(self.qm), self.name)
@@ -376,7 +364,8 @@ class Worker:
         from them)."""
         self._entries.clear()
         self._prefetched = None
-        self._entry_sweep_start = "-"
+        self.housekeeping.entry_sweep_start = "-"
+        self._wait_from = ""
         start = ensure_group(self.client, self.qm, (self._last_read_id,))
         if start is None:
             log.info("worker %s: the consumer group was created again by another worker", self.name)
@@ -394,27 +383,18 @@ class Worker:
         """``run_once`` without the recovery of a lost group."""
         settings = self.settings
         now = self.clock_ms()
-        # On a full server, a sweep that must write is refused (writing nothing): the round goes
-        # on to the dequeue, which renews the turns this worker holds (their entries stay its own).
-        if now >= self._next_turn_sweep_ms:
-            factor = SATURATED_SWEEP_FACTOR if self._saturated else 1
-            self._next_turn_sweep_ms = now + settings.sweep_interval_ms * factor
-            self._unless_full(self._sweep_turns)
-        if now >= self._next_entry_sweep_ms:
-            self._next_entry_sweep_ms = now + ENTRY_SWEEP_INTERVAL_MS
-            self._unless_full(lambda: self.sweep_entries(settings.lease_ms))
-        if now >= self._next_subscription_sweep_ms:
-            self._next_subscription_sweep_ms = now + max(settings.sweep_interval_ms, SUBSCRIPTION_SWEEP_MS)
-            self.sweep_subscriptions()
+        self.housekeeping.due(now, self._saturated, self._unless_full)
         dequeued = self._prefetched
         self._prefetched = None
         if dequeued is None:
+            # with the turns it holds, those another worker gave up and woke it for (worker.waiting)
+            given_up = self.waiting.take_given_up()
             dequeued = self.scripts.dequeue(
                 self.name,
                 settings.batch_size,
                 settings.lease_ms,
                 settings.heads,
-                sorted(self.turns),
+                sorted(self.turns.union(given_up)),
                 liveness_ms=LIVENESS_MS,
             )
             assert dequeued is not None
@@ -430,6 +410,7 @@ class Worker:
             handed_over = handed_over or publisher not in held
         if dequeued.entries:
             self._last_read_id = dequeued.entries[-1][0]
+        self._wait_from = dequeued.last_delivered_id or self._last_read_id or self._wait_from
         times: dict[str, int] = {}  # heads taken over by the dequeue, counted as a delivery
         for entry_id, fields, delivered in dequeued.taken_over:
             self._entries[entry_id] = (_publisher_of(fields), fields)
@@ -439,22 +420,45 @@ class Worker:
             self.hook("waiting_for_turn")
         self.turns = set(held)
         self._saturated = False
+        wait_ms = min(settings.block_ms, block_slice_ms(self.client))
         if not dequeued.turns:
             self._forget_entries()
             self._heartbeat(now)
             if dequeued.active:
-                # Others hold every waiting publisher: look for turns they gave up, and
-                # wait only briefly, so this worker starts as soon as one is given up.
-                taken = self._sweep_turns()
-                if block and not taken and not dequeued.entries:
-                    self._wait(dequeued, min(settings.block_ms, BUSY_POLL_MS, block_slice_ms(self.client)))
-            elif block and not dequeued.entries:
-                self._wait(dequeued, min(settings.block_ms, block_slice_ms(self.client)))
+                # Others hold every waiting publisher: look for turns they gave up (at most every
+                # BUSY_POLL_MS), and wait only briefly, so this worker starts as soon as one is given up.
+                wait_ms = min(wait_ms, BUSY_POLL_MS)
+                if not block or now >= self._next_busy_sweep_ms:
+                    self._next_busy_sweep_ms = now + BUSY_POLL_MS
+                    if self._sweep_turns():
+                        return 0
+            if block and not dequeued.entries:
+                self._idle(now, wait_ms)
             return 0
         self.hook("holding_turn")
         give_up = self._turns_to_give_up(dequeued)
-        done = self._commit(dequeued.turns, now, give_up, times, self._next_read(dequeued, give_up))
+        next_read = self._next_read(dequeued, give_up)
+        # A low rate (this dequeue read one entry at most) and each FIFO no longer than its heads: the
+        # commit ends every turn it holds, so no dequeue rides with it (it would most likely find
+        # nothing); the worker waits for the next entry instead. At higher rates the dequeue rides along.
+        self._no_prefetch = (
+            block
+            and len(dequeued.entries) <= 1
+            and next_read[1] is None
+            and all(dequeued.backlog.get(p, 0) <= len(ids) for p, ids in dequeued.turns.items())
+        )
+        try:
+            done = self._commit(dequeued.turns, now, give_up, times, next_read)
+        finally:
+            self._no_prefetch = False
         self._heartbeat(now)
+        busy = bool(self.turns) or self._prefetched is not None
+        if handed_over or give_up or (busy and self.waiting.holds(now)):
+            # work left for another worker (entries for turns it does not hold, turns it gave up),
+            # or this waiter stays busy: wake an idle one
+            self.waiting.hand_on(now, give_up)
+        if block and not busy:
+            self._idle(now, wait_ms)
         return done
 
     def _forget_entries(self) -> None:
@@ -462,19 +466,15 @@ class Worker:
         self._entries.clear()
         self._suspects.clear()
 
-    def _wait(self, dequeued: Dequeued, block_ms: int) -> None:
-        """Block until the publish stream or a principal's ingress stream gets an entry, or ``block_ms``.
+    def _idle(self, now_ms: int, wait_ms: int) -> bool:
+        """Wait up to ``wait_ms`` for work (``worker.waiting``): on the publish stream and the principals'
+        ingress streams when this worker is the waiter, else for a wake-up. The next round dequeues,
+        woken or not (a wait that timed out is followed by one dequeue: nothing waits on a lost wake-up).
 
-        An ingress stream is waited on from its start: the queue mutex deletes what it moved, so
-        any entry there is new work.
+        Returns:
+            True when woken, False after ``wait_ms``.
         """
-        streams: dict[Any, Any] = {self._stream: dequeued.last_delivered_id}
-        for ingress in self.table.ingress:
-            streams[ingress] = "0-0"
-        try:
-            self.client.xread(streams, count=1, block=block_ms)
-        except redis.ResponseError:  # an ingress key of another type: wait on the publish stream alone
-            self.client.xread({self._stream: dequeued.last_delivered_id}, count=1, block=block_ms)
+        return self.waiting.wait(now_ms, self._wait_from or "$", wait_ms, self.table.ingress)
 
     def _unless_full(self, step: Callable[[], object]) -> None:
         """Run ``step``; a full server's refusal (nothing written) is noted, not raised."""
@@ -484,66 +484,16 @@ class Worker:
             self._report(exc)
 
     def _sweep_turns(self) -> list[str]:
-        """Take orphaned turns (and find forgotten ones of ours); returns the publishers taken."""
-        self._turn_sweep_cursor, taken = self.scripts.sweep_turns(
-            self.name, self.settings.lease_ms, self._turn_sweep_cursor, SWEEP_COUNT
-        )
-        self.turns.update(taken)
-        if taken:
-            self.metrics.turns(len(self.turns), taken_over=len(taken))
-        return taken
+        """Take orphaned turns now (``Housekeeping.sweep_turns``); returns the publishers taken."""
+        return self.housekeeping.sweep_turns()
 
     def sweep_entries(self, min_idle_ms: int) -> list[str]:
-        """Refuse pending entries that are in no publisher's FIFO (an operator deleted it by hand).
-
-        Looks at up to ``ENTRY_SWEEP_COUNT`` pending entries per call, going on
-        from where the last call stopped.
-
-        Args:
-            min_idle_ms: only entries pending at least this long are looked at, ms.
-
-        Returns:
-            The entry ids refused (dead-lettered with the reason).
-
-        Raises:
-            redis.RedisError: as redis-py raises it.
-        """
-        self._entry_sweep_start, refused = self.scripts.sweep_entries(
-            min_idle_ms, self._entry_sweep_start, ENTRY_SWEEP_COUNT
-        )
-        if not self._entry_sweep_start:
-            self._entry_sweep_start = "-"
-        for entry_id in refused:
-            log.error(
-                "worker %s: entry %s was pending in no publisher's FIFO; dead-lettered",
-                self.name,
-                entry_id,
-                extra=publication_extra(entry_id),
-            )
-        return refused
+        """Refuse pending entries in no publisher's FIFO (``Housekeeping.sweep_entries``)."""
+        return self.housekeeping.sweep_entries(min_idle_ms)
 
     def sweep_subscriptions(self) -> list[str]:
-        """Give back dead consumers' in-flight messages and remove abandoned non-durable subscriptions.
-
-        Looks at up to ``broker.consumer.SWEEP_SUBSCRIPTIONS`` subscriptions per call,
-        going on from where the last call stopped.
-
-        Returns:
-            The subscription ids removed.
-        """
-        try:
-            self._subscription_sweep_start, removed = sweep_subscriptions(
-                self.client,
-                self.qm,
-                self.settings,
-                self._subscription_sweep_start,
-                records=self.table.subscriptions.values(),
-            )
-        except BrokerError as exc:  # a foreign key in one subscription must not stop the worker
-            log.warning("worker %s: subscription sweep: %s", self.name, exc)
-            self._subscription_sweep_start = ""
-            return []
-        return removed
+        """Give back dead consumers' messages, remove abandoned subscriptions (``Housekeeping.sweep_subscriptions``)."""
+        return self.housekeeping.sweep_subscriptions()
 
     def _turns_to_give_up(self, dequeued: Dequeued) -> tuple[str, ...]:
         """Publishers beyond this worker's fair share of the work, to give up after this round.
@@ -693,7 +643,7 @@ class Worker:
         """
         settings = self.settings
         journal = settings.journal_max_len if settings.journal else 0
-        prefetch = not self.stopping
+        prefetch = not self.stopping and not self._no_prefetch
 
         recorded = self._alone_recorded
 
@@ -789,37 +739,8 @@ class Worker:
         return done
 
     def _disconnect(self, sub_id: str, max_messages: int) -> bool:
-        """Remove a subscription a slow-subscriber condition matched, if it still holds ``max_messages``.
-
-        Logged at WARNING with what was lost. Never raises: the units of work are
-        committed already, and a failure here is retried by the next publication
-        the condition matches.
-
-        Returns:
-            True when it was removed.
-        """
-        record = self.table.subscriptions.get(sub_id)
-        shown = record.shown_filter if record is not None else "?"
-        kind = "durable" if record is not None and record.durable else "non-durable"
-        try:
-            removal = remove_subscription(self.client, self.qm, sub_id, min_depth=max_messages)
-        except Exception as exc:  # a foreign key, a lost connection: never stop the worker for this
-            log.warning("worker %s: could not disconnect slow subscription %s: %s", self.name, sub_id, exc)
-            return False
-        if removal:
-            self.counts["disconnected"] = self.counts.get("disconnected", 0) + 1
-            self.metrics.disconnected()
-            log.warning(
-                "worker %s: slow subscriber: %s subscription %s (filter %r) removed by its slow-subscriber "
-                "condition (%d messages or more waiting); %d messages lost",
-                self.name,
-                kind,
-                sub_id,
-                shown,
-                max_messages,
-                removal.messages,
-            )
-        return removal.removed
+        """Remove a subscription a slow-subscriber condition matched (``Housekeeping.disconnect``)."""
+        return self.housekeeping.disconnect(sub_id, max_messages)
 
     def unit_of_work(
         self, publisher: str, entry_id: str, fields: dict[bytes, bytes], now_ms: int
@@ -828,37 +749,8 @@ class Worker:
         return self.decide.unit_of_work(publisher, entry_id, fields, now_ms)
 
     def _heartbeat(self, now_ms: int) -> None:
-        if now_ms < self._next_heartbeat_ms:
-            return
-        self._next_heartbeat_ms = now_ms + 1_000
-        beat: dict[str, Any] = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started_ms": self._started_ms,
-            "heartbeat_ms": now_ms,
-            "processed": self.processed,
-            "turns": len(self.turns),
-            # the group is created again after the newest of these when it is lost (ensure_group)
-            "last_read_id": self._last_read_id,
-        }
-        alive = keys.alive(self.qm)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hset(keys.workers(self.qm), self.name, json.dumps(beat))
-        pipe.zadd(alive, {self.name: now_ms})
-        pipe.zrangebyscore(alive, "-inf", now_ms - GONE_AFTER_MS, start=0, num=100)
-        replies = pipe.execute(raise_on_error=False)
-        for reply in replies:
-            if isinstance(reply, redis.exceptions.OutOfMemoryError):
-                # a full server: the heartbeat waits (the work goes on; others may count this
-                # worker silent meanwhile), the round is not failed for it
-                self._report(reply)
-            elif isinstance(reply, Exception):
-                raise reply
-        gone = replies[-1]
-        if gone:  # workers killed without deregistering: forget them
-            pipe.hdel(keys.workers(self.qm), *gone)
-            pipe.zrem(alive, *gone)
-            pipe.execute()
+        """Send the heartbeat when it is due (``Housekeeping.heartbeat``)."""
+        self.housekeeping.heartbeat(now_ms)
 
 
 def main(settings: Settings, hook: Hook | None = None) -> None:

@@ -300,7 +300,7 @@ def test_workers_killed_without_deregistering_are_forgotten_by_the_live_ones(rea
     # Given the heartbeats of a worker killed long ago and of one seen a second ago
     import time
 
-    from worker.loop import GONE_AFTER_MS
+    from worker.housekeeping import GONE_AFTER_MS
 
     now_ms = int(time.time() * 1000)
     for name, age_ms in (("killed", GONE_AFTER_MS + 1_000), ("recent", 1_000)):

@@ -1,0 +1,201 @@
+"""Idle workers at low rates (issue 25, item 3): one waits on the stream, the sweeps run on their timers.
+
+One idle worker (the waiter, ``{qm}:waiter``) blocks on the publish stream; the others block on
+``{qm}:wake``, so a publication wakes one worker, which spends one dequeue and one commit on it.
+A killed waiter keeps the role only for its lease, and meanwhile the others still dequeue after
+each wait. The orphan sweep runs every ``sweep_interval_ms`` and a worker with nothing to do while
+others hold waiting publishers sweeps at most every ``BUSY_POLL_MS``, not every round. Clocks are
+injected; blocking calls end on an entry, a wake-up or CLIENT UNBLOCK, never on a sleep.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from broker import Publisher, keys, subscribe
+from broker.status import status
+from worker.loop import BUSY_POLL_MS, Worker
+from worker.waiting import waiter_lease_ms
+
+QM = "TEST"
+NOW = 1_000_000
+
+
+class Died(BaseException):
+    """A worker's death at a crash point (simulated in-process)."""
+
+
+def _worker(client, settings, name: str, clock: list[int], hook=None) -> Worker:
+    worker = Worker(client, settings, name=name, clock_ms=lambda: clock[0], hook=hook)
+    worker.setup()
+    return worker
+
+
+def _script_calls(client) -> int:
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval", "fcall"))
+
+
+def _blocked(client, command: str) -> list[int]:
+    """Ids of the clients blocked in ``command``."""
+    return [
+        int(c["id"]) for c in client.client_list() if c.get("cmd") == command and "b" in c.get("flags", "")
+    ]
+
+
+def _until(condition, what: str) -> None:
+    """Spin until ``condition()`` (a blocking call reaching the server), at most 10^6 looks."""
+    for _ in range(1_000_000):
+        if condition():
+            return
+    raise AssertionError(f"never: {what}")
+
+
+def _round_in_thread(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run_once, kwargs={"block": True}, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_two_idle_workers_spend_one_dequeue_and_one_commit_on_a_publication(real_redis, settings):
+    # Given two idle workers, w0 waiting on the stream and w1 on the wake-up list (long waits)
+    settings = settings.model_copy(update={"block_ms": 10_000, "sweep_interval_ms": 60_000})
+    record = subscribe(real_redis, QM, "t/#", "app", "s")
+    clock = [NOW]
+    w0, w1 = _worker(real_redis, settings, "w0", clock), _worker(real_redis, settings, "w1", clock)
+    first = _round_in_thread(w0)
+    _until(lambda: _blocked(real_redis, "xread"), "w0 blocks on the stream")
+    second = _round_in_thread(w1)
+    _until(lambda: _blocked(real_redis, "blpop"), "w1 blocks on the wake-up list")
+    assert real_redis.get(keys.waiter(QM)) == b"w0"
+    before = _script_calls(real_redis)
+    # When one publication comes
+    Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
+    first.join(timeout=10)
+    # Then only the waiter woke: w1 still waits for a wake-up, and nobody ran a script yet
+    assert not first.is_alive()
+    assert second.is_alive() and _blocked(real_redis, "blpop")
+    assert _script_calls(real_redis) == before
+    # When the waiter handles it and goes back to the stream
+    again = _round_in_thread(w0)
+    _until(lambda: _blocked(real_redis, "xread"), "w0 waits on the stream again")
+    # Then the publication cost one dequeue and one commit: no prefetched dequeue, no sweep
+    assert real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 1
+    assert _script_calls(real_redis) - before == 2
+    assert real_redis.get(keys.waiter(QM)) == b"w0"
+    for client_id in _blocked(real_redis, "xread") + _blocked(real_redis, "blpop"):
+        real_redis.client_unblock(client_id)
+    again.join(timeout=10)
+    second.join(timeout=10)
+    assert not again.is_alive() and not second.is_alive()
+
+
+def test_a_killed_waiter_keeps_the_role_only_for_its_lease_and_publications_go_on(real_redis, settings):
+    # Given w0, the waiter, killed after its wait (it never runs again)
+    block_ms = 20
+    settings = settings.model_copy(update={"block_ms": block_ms, "sweep_interval_ms": 60_000})
+    record = subscribe(real_redis, QM, "t/#", "app", "s")
+    clock = [NOW]
+    w0, w1 = _worker(real_redis, settings, "w0", clock), _worker(real_redis, settings, "w1", clock)
+    w0.run_once(block=True)
+    assert real_redis.get(keys.waiter(QM)) == b"w0"
+    assert 0 < real_redis.pttl(keys.waiter(QM)) <= waiter_lease_ms(block_ms)
+    # When a publication comes while its lease runs
+    Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
+    # Then the other worker handles it in its next round (a dequeue follows every wait), and waits
+    # for a wake-up, not on the stream
+    assert w1.run_once(block=True) == 1
+    assert real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 1
+    assert real_redis.get(keys.waiter(QM)) == b"w0"
+    # When the lease runs out, w1 takes the role in its next wait
+    real_redis.pexpire(keys.waiter(QM), 1)
+    _until(lambda: real_redis.get(keys.waiter(QM)) is None, "the lease runs out")
+    w1.run_once(block=True)
+    assert real_redis.get(keys.waiter(QM)) == b"w1"
+
+
+def test_sweeps_run_on_their_timers_not_every_round(real_redis, settings):
+    # Given w0 holding publisher p1's turn (it died before committing) and w1 with nothing to do
+    settings = settings.model_copy(update={"block_ms": 1, "sweep_interval_ms": 1_000, "lease_ms": 30_000})
+    subscribe(real_redis, QM, "t/#", "app", "s")
+    clock = [NOW]
+
+    def die(point: str) -> None:
+        if point == "holding_turn":
+            raise Died(point)
+
+    w0 = _worker(real_redis, settings, "w0", clock, hook=die)
+    w1 = _worker(real_redis, settings, "w1", clock)
+    Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
+    with pytest.raises(Died):
+        w0.run_once(block=True)
+    sweeps: list[int] = []
+    sweep_turns = w1.scripts.sweep_turns
+
+    def counted(*args, **kwargs):
+        sweeps.append(clock[0])
+        return sweep_turns(*args, **kwargs)
+
+    w1.scripts.sweep_turns = counted  # type: ignore[method-assign]
+    # When w1 runs five rounds at one instant
+    for _ in range(5):
+        assert w1.run_once(block=True) == 0
+    # Then it swept twice (the orphan sweep's timer, and once for turns given up), not every round
+    assert sweeps == [NOW, NOW]
+    # When BUSY_POLL_MS pass, once more; when sweep_interval_ms pass, the timer's sweep too
+    clock[0] = NOW + BUSY_POLL_MS
+    w1.run_once(block=True)
+    w1.run_once(block=True)
+    assert sweeps == [NOW, NOW, NOW + BUSY_POLL_MS]
+    # And when w0's lease has run out (its turn expires), the next timed sweep takes its publisher
+    real_redis.pexpire(keys.turn_key(QM, "p1"), 1)
+    _until(lambda: not real_redis.exists(keys.turn_key(QM, "p1")), "w0's turn expires")
+    clock[0] = NOW + settings.sweep_interval_ms
+    done = w1.run_once(block=True) + w1.run_once(block=True)
+    assert done == 1
+    assert real_redis.xpending(keys.publish_stream(QM), keys.WORKER_GROUP)["pending"] == 0
+
+
+@pytest.mark.parametrize("which", ["wake", "waiter"])
+def test_a_foreign_waiting_key_is_logged_once_and_idle_workers_wait_on_the_stream(
+    real_redis, settings, caplog, which
+):
+    # Given {qm}:wake planted as a string, or {qm}:waiter as a list
+    settings = settings.model_copy(update={"block_ms": 5, "sweep_interval_ms": 60_000})
+    record = subscribe(real_redis, QM, "t/#", "app", "s")
+    key = keys.wake(QM) if which == "wake" else keys.waiter(QM)
+    if which == "wake":
+        real_redis.set(key, "oops")
+    else:
+        real_redis.rpush(key, "oops")
+    clock = [NOW]
+    w0, w1 = _worker(real_redis, settings, "w0", clock), _worker(real_redis, settings, "w1", clock)
+    w0.run_once(block=True)
+    # When w1 waits twice, and a publication comes
+    w1.run_once(block=True)
+    w1.run_once(block=True)
+    Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
+    # Then it was said once per worker (nothing raised), w1 waits on the stream, the publication is delivered
+    assert w1.run_once(block=True) == 1
+    foreign = [r.getMessage() for r in caplog.records if "foreign key" in r.getMessage()]
+    assert 1 <= len(foreign) <= 2 and all(key in m for m in foreign)
+    assert w1.waiting._foreign_key == key
+    assert real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 1
+    assert real_redis.type(key) == (b"string" if which == "wake" else b"list")
+    # When the key is removed, w1 waits as before
+    real_redis.delete(key)
+    w1.run_once(block=True)
+    assert w1.waiting._foreign_key == ""
+
+
+def test_status_names_foreign_waiting_keys(real_redis, settings):
+    # Given {qm}:waiter planted as a list and {qm}:wake as a string
+    real_redis.rpush(keys.waiter(QM), "oops")
+    real_redis.set(keys.wake(QM), "oops")
+    # When an operator looks at the status
+    problems = "\n".join(status(real_redis, QM)["problems"])
+    # Then both are named, with the type found and the type wanted
+    assert f"{keys.waiter(QM)} holds a list, not a string" in problems
+    assert f"{keys.wake(QM)} holds a string, not a list" in problems

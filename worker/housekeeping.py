@@ -1,0 +1,244 @@
+"""A worker's housekeeping, off the per-publication path and driven by time: the sweeps, the heartbeat,
+and the disconnect of slow subscriptions.
+
+- **Orphan turn sweep** (``sweep_turns.lua``, every ``sweep_interval_ms``; ``SATURATED_SWEEP_FACTOR``
+  times less often for a worker keeping a saturated publisher): take the turns nobody holds (a worker
+  died: its turns expire after ``lease_ms``), so a dead worker's publishers are served again within
+  about ``lease_ms + sweep_interval_ms``.
+- **Entry sweep** (``sweep_entries.lua``, every ``ENTRY_SWEEP_INTERVAL_MS``): refuse entries pending in
+  no FIFO.
+- **Subscription sweep** (``broker.consumer.sweep_subscriptions``, every ``sweep_interval_ms``, at
+  least ``SUBSCRIPTION_SWEEP_MS``): dead consumers' in-flight messages back, abandoned subscriptions removed.
+- **Heartbeat** (at most once a second): ``{qm}:workers`` and ``{qm}:alive``; workers silent for
+  ``GONE_AFTER_MS`` are forgotten.
+- **Disconnect**: a subscription a slow-subscriber condition matched is removed after the commit.
+
+``Housekeeping.due(now_ms)`` runs the sweeps whose time has come; the worker calls it once per
+round, before its dequeue (``worker.loop``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from broker import keys
+from broker.consumer import sweep_subscriptions
+from broker.errors import BrokerError
+from broker.logs import publication_extra
+from broker.subscriptions import remove_subscription
+
+if TYPE_CHECKING:
+    from worker.loop import Worker
+
+log = logging.getLogger("broker.worker")
+
+#: Least time between two subscription sweeps (dead consumers, abandoned subscriptions), ms.
+SUBSCRIPTION_SWEEP_MS = 1_000
+
+#: Publishers looked at per orphan sweep (SSCAN COUNT).
+SWEEP_COUNT = 100
+
+#: A worker serving a saturated publisher alone sweeps for orphaned turns this many times less
+#: often: the other workers take them (a turn it took would delay its publisher by a round).
+SATURATED_SWEEP_FACTOR = 10
+
+#: How often a worker looks for pending entries that are in no FIFO (``sweep_entries.lua``), ms.
+ENTRY_SWEEP_INTERVAL_MS = 30_000
+
+#: Pending entries looked at per orphan sweep call.
+ENTRY_SWEEP_COUNT = 100
+
+#: A worker whose heartbeat is older than this is removed from ``{qm}:workers`` and
+#: ``{qm}:alive`` by the live workers (it was killed without a chance to deregister), ms.
+GONE_AFTER_MS = 60_000
+
+#: Least time between two heartbeats of a worker, ms.
+HEARTBEAT_MS = 1_000
+
+
+class Housekeeping:
+    """The sweeps, heartbeat and disconnects of one worker (module text); holds the timers and cursors.
+
+    Args:
+        worker: the worker it keeps (its client, scripts, settings, name, turns, routing table, metrics).
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.turn_sweep_cursor = "0"
+        self.next_turn_sweep_ms = 0
+        self.next_entry_sweep_ms = 0
+        self.entry_sweep_start = "-"
+        self.next_subscription_sweep_ms = 0
+        self.subscription_sweep_start = ""
+        self.next_heartbeat_ms = 0
+
+    def due(self, now_ms: int, saturated: bool, unless_full: Callable[[Callable[[], object]], None]) -> None:
+        """Run the sweeps whose time has come (``now_ms``, ms since the epoch).
+
+        Args:
+            now_ms: the worker's clock, ms.
+            saturated: the worker keeps a saturated publisher (its turn sweeps are rarer).
+            unless_full: runs a sweep, noting (not raising) a full server's refusal.
+        """
+        settings = self.worker.settings
+        # On a full server, a sweep that must write is refused (writing nothing): the round goes
+        # on to the dequeue, which renews the turns this worker holds (their entries stay its own).
+        if now_ms >= self.next_turn_sweep_ms:
+            factor = SATURATED_SWEEP_FACTOR if saturated else 1
+            self.next_turn_sweep_ms = now_ms + settings.sweep_interval_ms * factor
+            unless_full(self.sweep_turns)
+        if now_ms >= self.next_entry_sweep_ms:
+            self.next_entry_sweep_ms = now_ms + ENTRY_SWEEP_INTERVAL_MS
+            unless_full(lambda: self.sweep_entries(settings.lease_ms))
+        if now_ms >= self.next_subscription_sweep_ms:
+            self.next_subscription_sweep_ms = now_ms + max(settings.sweep_interval_ms, SUBSCRIPTION_SWEEP_MS)
+            self.sweep_subscriptions()
+
+    def sweep_turns(self) -> list[str]:
+        """Take orphaned turns (and find forgotten ones of the worker's); returns the publishers taken."""
+        worker = self.worker
+        self.turn_sweep_cursor, taken = worker.scripts.sweep_turns(
+            worker.name, worker.settings.lease_ms, self.turn_sweep_cursor, SWEEP_COUNT
+        )
+        worker.turns.update(taken)
+        if taken:
+            worker.metrics.turns(len(worker.turns), taken_over=len(taken))
+        return taken
+
+    def sweep_entries(self, min_idle_ms: int) -> list[str]:
+        """Refuse pending entries that are in no publisher's FIFO (an operator deleted it by hand).
+
+        Looks at up to ``ENTRY_SWEEP_COUNT`` pending entries per call, going on
+        from where the last call stopped.
+
+        Args:
+            min_idle_ms: only entries pending at least this long are looked at, ms.
+
+        Returns:
+            The entry ids refused (dead-lettered with the reason).
+
+        Raises:
+            redis.RedisError: as redis-py raises it.
+        """
+        worker = self.worker
+        self.entry_sweep_start, refused = worker.scripts.sweep_entries(
+            min_idle_ms, self.entry_sweep_start, ENTRY_SWEEP_COUNT
+        )
+        if not self.entry_sweep_start:
+            self.entry_sweep_start = "-"
+        for entry_id in refused:
+            log.error(
+                "worker %s: entry %s was pending in no publisher's FIFO; dead-lettered",
+                worker.name,
+                entry_id,
+                extra=publication_extra(entry_id),
+            )
+        return refused
+
+    def sweep_subscriptions(self) -> list[str]:
+        """Give back dead consumers' in-flight messages and remove abandoned non-durable subscriptions.
+
+        Looks at up to ``broker.consumer.SWEEP_SUBSCRIPTIONS`` subscriptions per call,
+        going on from where the last call stopped. A foreign key in one subscription is
+        logged at WARNING (the sweep starts over next time), never raised.
+
+        Returns:
+            The subscription ids removed.
+        """
+        worker = self.worker
+        try:
+            self.subscription_sweep_start, removed = sweep_subscriptions(
+                worker.client,
+                worker.qm,
+                worker.settings,
+                self.subscription_sweep_start,
+                records=worker.table.subscriptions.values(),
+            )
+        except BrokerError as exc:  # a foreign key in one subscription must not stop the worker
+            log.warning("worker %s: subscription sweep: %s", worker.name, exc)
+            self.subscription_sweep_start = ""
+            return []
+        return removed
+
+    def heartbeat(self, now_ms: int) -> None:
+        """Record the worker in ``{qm}:workers`` and ``{qm}:alive`` (at most every ``HEARTBEAT_MS``),
+        and forget workers silent for ``GONE_AFTER_MS``.
+
+        Raises:
+            redis.RedisError: any error but a full server's (reported, not raised: the work goes on).
+        """
+        if now_ms < self.next_heartbeat_ms:
+            return
+        self.next_heartbeat_ms = now_ms + HEARTBEAT_MS
+        worker = self.worker
+        beat: dict[str, Any] = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_ms": worker._started_ms,
+            "heartbeat_ms": now_ms,
+            "processed": worker.processed,
+            "turns": len(worker.turns),
+            # the group is created again after the newest of these when it is lost (ensure_group)
+            "last_read_id": worker._last_read_id,
+        }
+        qm, client = worker.qm, worker.client
+        alive = keys.alive(qm)
+        pipe = client.pipeline(transaction=False)
+        pipe.hset(keys.workers(qm), worker.name, json.dumps(beat))
+        pipe.zadd(alive, {worker.name: now_ms})
+        pipe.zrangebyscore(alive, "-inf", now_ms - GONE_AFTER_MS, start=0, num=100)
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, redis.exceptions.OutOfMemoryError):
+                # a full server: the heartbeat waits (the work goes on; others may count this
+                # worker silent meanwhile), the round is not failed for it
+                worker._report(reply)
+            elif isinstance(reply, Exception):
+                raise reply
+        gone = replies[-1]
+        if gone:  # workers killed without deregistering: forget them
+            pipe.hdel(keys.workers(qm), *gone)
+            pipe.zrem(alive, *gone)
+            pipe.execute()
+
+    def disconnect(self, sub_id: str, max_messages: int) -> bool:
+        """Remove a subscription a slow-subscriber condition matched, if it still holds ``max_messages``.
+
+        Logged at WARNING with what was lost. Never raises: the units of work are
+        committed already, and a failure here is retried by the next publication
+        the condition matches.
+
+        Returns:
+            True when it was removed.
+        """
+        worker = self.worker
+        record = worker.table.subscriptions.get(sub_id)
+        shown = record.shown_filter if record is not None else "?"
+        kind = "durable" if record is not None and record.durable else "non-durable"
+        try:
+            removal = remove_subscription(worker.client, worker.qm, sub_id, min_depth=max_messages)
+        except Exception as exc:  # a foreign key, a lost connection: never stop the worker for this
+            log.warning("worker %s: could not disconnect slow subscription %s: %s", worker.name, sub_id, exc)
+            return False
+        if removal:
+            worker.counts["disconnected"] = worker.counts.get("disconnected", 0) + 1
+            worker.metrics.disconnected()
+            log.warning(
+                "worker %s: slow subscriber: %s subscription %s (filter %r) removed by its slow-subscriber "
+                "condition (%d messages or more waiting); %d messages lost",
+                worker.name,
+                kind,
+                sub_id,
+                shown,
+                max_messages,
+                removal.messages,
+            )
+        return removal.removed
