@@ -1,4 +1,8 @@
-"""One worker: dequeue -> take the publisher's turn -> resolve -> fan out, in a loop.
+"""One worker: dequeue -> decide -> commit -> apply, in a loop (``Worker._round`` reads in that order).
+
+Around it: ``worker.housekeeping`` (sweeps on their timers, the heartbeat, disconnects),
+``worker.waiting`` (how an idle worker waits: one on the stream, the others woken),
+``worker.suspects`` (delivery counting: a poison entry handled alone).
 
 Seed 004 (IPCOM000031305D), on Redis:
 
@@ -12,10 +16,11 @@ Seed 004 (IPCOM000031305D), on Redis:
    left to that worker (handed over, never waited for), which claims them from
    the stream (XCLAIM) when they reach the head. No worker blocks while another
    publisher has work.
-3. **Resolve**: the routing table (exact hash + wildcard trie + links) is
-   brought to the version the dequeue saw whenever it is newer: the logged
-   subscription changes alone, or a whole reload for any other change
-   (``RoutingTable.refresh``).
+3. **Decide** (``worker.decide``, pure: no Redis): the routing table (exact hash +
+   wildcard trie + links) is brought to the version the dequeue saw whenever it is
+   newer: the logged subscription changes alone, or a whole reload for any other
+   change (``RoutingTable.refresh``); each head becomes a unit of work (deliver to
+   which queues, expire, refuse with the reason, skip).
 4. **Unit of work** (``commit.lua``, one per publication, pipelined): fenced on
    the turn and the FIFO head; LPUSH to every queue, dedup record, XACK, reply,
    pop the head, and give up the turn when the FIFO is empty. All or nothing.
@@ -380,10 +385,45 @@ class Worker:
             )
 
     def _round(self, block: bool) -> int:
-        """``run_once`` without the recovery of a lost group."""
-        settings = self.settings
+        """``run_once`` without the recovery of a lost group: housekeeping due, then dequeue ->
+        decide -> commit -> apply (``_work``), then wake another worker if work is left."""
         now = self.clock_ms()
         self.housekeeping.due(now, self._saturated, self._unless_full)
+        dequeued = self._dequeue()
+        times, handed_over = self._file(dequeued)
+        wait_ms = min(self.settings.block_ms, block_slice_ms(self.client))
+        if not dequeued.turns:
+            return self._without_turns(dequeued, now, block, wait_ms)
+        self.hook("holding_turn")
+        give_up = self._turns_to_give_up(dequeued)
+        next_read = self._next_read(dequeued, give_up)
+        # A low rate (this dequeue read one entry at most) and each FIFO no longer than its heads: the
+        # commit ends every turn it holds, so no dequeue rides with it (it would most likely find
+        # nothing); the worker waits for the next entry instead. At higher rates the dequeue rides along.
+        self._no_prefetch = (
+            block
+            and len(dequeued.entries) <= 1
+            and next_read[1] is None
+            and all(dequeued.backlog.get(p, 0) <= len(ids) for p, ids in dequeued.turns.items())
+        )
+        try:
+            done = self._work(dequeued.turns, now, give_up, times, next_read)
+        finally:
+            self._no_prefetch = False
+        self._heartbeat(now)
+        busy = bool(self.turns) or self._prefetched is not None
+        if handed_over or give_up or (busy and self.waiting.holds(now)):
+            # work left for another worker (entries for turns it does not hold, turns it gave up),
+            # or this waiter stays busy: wake an idle one
+            self.waiting.hand_on(now, give_up)
+        if block and not busy:
+            self._idle(now, wait_ms)
+        return done
+
+    def _dequeue(self) -> Dequeued:
+        """The queue mutex (``dequeue.lua``), or the dequeue that rode with the last commit; the
+        routing table brought to the version it read."""
+        settings = self.settings
         dequeued = self._prefetched
         self._prefetched = None
         if dequeued is None:
@@ -402,6 +442,15 @@ class Worker:
         self.hook("after_dequeue")
         if dequeued.version != self.table.version:
             self.table.refresh(self.client)
+        return dequeued
+
+    def _file(self, dequeued: Dequeued) -> tuple[dict[str, int], bool]:
+        """Keep the entries the dequeue read and took over, and note the turns it holds.
+
+        Returns:
+            ``({entry id: times delivered}`` of the heads it took over, counted as a delivery;
+            whether it read entries of publishers another worker holds``)``.
+        """
         held = dequeued.turns
         handed_over = False
         for entry_id, fields in dequeued.entries:
@@ -411,7 +460,7 @@ class Worker:
         if dequeued.entries:
             self._last_read_id = dequeued.entries[-1][0]
         self._wait_from = dequeued.last_delivered_id or self._last_read_id or self._wait_from
-        times: dict[str, int] = {}  # heads taken over by the dequeue, counted as a delivery
+        times: dict[str, int] = {}
         for entry_id, fields, delivered in dequeued.taken_over:
             self._entries[entry_id] = (_publisher_of(fields), fields)
             if delivered:
@@ -420,46 +469,23 @@ class Worker:
             self.hook("waiting_for_turn")
         self.turns = set(held)
         self._saturated = False
-        wait_ms = min(settings.block_ms, block_slice_ms(self.client))
-        if not dequeued.turns:
-            self._forget_entries()
-            self._heartbeat(now)
-            if dequeued.active:
-                # Others hold every waiting publisher: look for turns they gave up (at most every
-                # BUSY_POLL_MS), and wait only briefly, so this worker starts as soon as one is given up.
-                wait_ms = min(wait_ms, BUSY_POLL_MS)
-                if not block or now >= self._next_busy_sweep_ms:
-                    self._next_busy_sweep_ms = now + BUSY_POLL_MS
-                    if self._sweep_turns():
-                        return 0
-            if block and not dequeued.entries:
-                self._idle(now, wait_ms)
-            return 0
-        self.hook("holding_turn")
-        give_up = self._turns_to_give_up(dequeued)
-        next_read = self._next_read(dequeued, give_up)
-        # A low rate (this dequeue read one entry at most) and each FIFO no longer than its heads: the
-        # commit ends every turn it holds, so no dequeue rides with it (it would most likely find
-        # nothing); the worker waits for the next entry instead. At higher rates the dequeue rides along.
-        self._no_prefetch = (
-            block
-            and len(dequeued.entries) <= 1
-            and next_read[1] is None
-            and all(dequeued.backlog.get(p, 0) <= len(ids) for p, ids in dequeued.turns.items())
-        )
-        try:
-            done = self._commit(dequeued.turns, now, give_up, times, next_read)
-        finally:
-            self._no_prefetch = False
+        return times, handed_over
+
+    def _without_turns(self, dequeued: Dequeued, now: int, block: bool, wait_ms: int) -> int:
+        """A round that holds no turn: forget what was read (its holders take it over), and wait."""
+        self._forget_entries()
         self._heartbeat(now)
-        busy = bool(self.turns) or self._prefetched is not None
-        if handed_over or give_up or (busy and self.waiting.holds(now)):
-            # work left for another worker (entries for turns it does not hold, turns it gave up),
-            # or this waiter stays busy: wake an idle one
-            self.waiting.hand_on(now, give_up)
-        if block and not busy:
+        if dequeued.active:
+            # Others hold every waiting publisher: look for turns they gave up (at most every
+            # BUSY_POLL_MS), and wait only briefly, so this worker starts as soon as one is given up.
+            wait_ms = min(wait_ms, BUSY_POLL_MS)
+            if not block or now >= self._next_busy_sweep_ms:
+                self._next_busy_sweep_ms = now + BUSY_POLL_MS
+                if self._sweep_turns():
+                    return 0
+        if block and not dequeued.entries:
             self._idle(now, wait_ms)
-        return done
+        return 0
 
     def _forget_entries(self) -> None:
         """Forget the entries read (a take-over reads them again, with their delivery counts)."""
@@ -554,7 +580,7 @@ class Worker:
                     return 0, (publisher, after)
         return settings.batch_size, None
 
-    def _commit(
+    def _work(
         self,
         heads: dict[str, list[str]],
         now_ms: int,
@@ -562,7 +588,8 @@ class Worker:
         times: dict[str, int] | None = None,
         next_read: tuple[int, tuple[str, str] | None] | None = None,
     ) -> int:
-        """Handle the FIFO heads of the publishers whose turn this worker holds: take over, build, send, apply.
+        """Handle the FIFO heads of the publishers whose turn this worker holds: take over, decide
+        (``worker.decide``), commit (``_send``: one ``commit.lua`` call per batch), apply.
 
         Args:
             heads: ``{publisher: [entry ids]}``, in FIFO order.
