@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.harness import bench_lib as lib
-from tests.harness import bench_rabbit as br
+from scripts.bench import lib
+from scripts.bench import rabbit as br
 
 pytestmark = pytest.mark.real
 

@@ -1,10 +1,10 @@
-"""The benchmark's selector workload (``tests.harness.bench_lib``): which subscriptions carry the
+"""The benchmark's selector workload (``scripts.bench.lib``): which subscriptions carry the
 selector, and that the publications' properties make it select about half of them."""
 
 from __future__ import annotations
 
 from broker.selectors import compile_selector
-from tests.harness import bench_lib as lib
+from scripts.bench import lib
 
 
 def test_every_fifth_subscription_of_the_plan_carries_the_selector() -> None:
@@ -49,7 +49,7 @@ def test_the_topic_objects_cover_most_topics_and_change_nothing() -> None:
 
 def test_the_baseline_pool_gets_the_changed_settings_as_broker_variables():
     from broker.config import Settings
-    from tests.harness.bench_baseline import settings_env
+    from scripts.bench.baseline import settings_env
 
     # Given settings with a URL, a queue manager, a flag and a list changed from their defaults
     settings = Settings(redis_url="redis://127.0.0.1:1/0", qm="B1", flowcontrol_enabled=False, concurrency=7)
@@ -69,7 +69,7 @@ def test_the_baseline_pool_gets_the_changed_settings_as_broker_variables():
 
 
 def test_a_ratio_of_two_rows_is_the_median_of_the_ratios_within_each_repeat():
-    from scripts.bench import _paired
+    from scripts.bench.cli import _paired
 
     # Given three repeats in which the box ran at half speed once (both rows of that repeat slowed)
     runs = {
@@ -86,7 +86,7 @@ def test_a_ratio_of_two_rows_is_the_median_of_the_ratios_within_each_repeat():
 
 
 def test_the_instruction_count_is_the_dumps_totals_not_its_summary(tmp_path):
-    from tests.harness.bench_callgrind import total_instructions
+    from scripts.bench.instructions import total_instructions
 
     # Given a callgrind dump made with the instrumentation switched on at run time (its summary says 0)
     dump = tmp_path / "callgrind.out.1"

@@ -1,4 +1,4 @@
-"""The RabbitMQ peer's topology (``tests.harness.bench_rabbit``): filters as AMQP binding keys, links as
+"""The RabbitMQ peer's topology (``scripts.bench.rabbit``): filters as AMQP binding keys, links as
 exchange-to-exchange bindings, and the depths a run must find: no RabbitMQ needed."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from tests.harness import bench_lib as lib
-from tests.harness import bench_rabbit as br
+from scripts.bench import lib
+from scripts.bench import rabbit as br
 
 
 @pytest.mark.parametrize(

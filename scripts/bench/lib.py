@@ -2111,7 +2111,7 @@ class Federation:
         """Start the cluster and give every queue manager the benchmark's topology: ``topology``'s
         (built on another server), or one built here on the first queue manager's master."""
         from broker.connection import connect
-        from tests.harness.cluster import LocalCluster, spread_names
+        from scripts.rig.cluster import LocalCluster, spread_names
 
         cluster = LocalCluster().start()
         try:

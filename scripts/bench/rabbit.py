@@ -65,7 +65,7 @@ from typing import Any
 
 from broker.server import free_port
 from broker.topics import LinkGraph, TopicIndex
-from tests.harness.bench_lib import (
+from scripts.bench.lib import (
     BODY_BYTES,
     FANOUT,
     PUBLISHERS,

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 import redis
 
 from broker.demo import oracle
-from tests.harness.testing import queue_messages
+from broker.testing import queue_messages
 
 
 def recipients(topic: str, filters: dict[str, str], links: list[tuple[str, str]]) -> frozenset[str]:

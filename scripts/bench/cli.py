@@ -191,14 +191,14 @@ Measurements
 16. **No regression** (``--only regression``, ``--baseline REF``, default the commit before the
    features of issues 13-15): as 2 with 2 workers, side by side (alternating), the worker pool of
    REF (a detached worktree, removed at the end, its own ``worker.pool.Pool`` in a subprocess:
-   ``tests/harness/bench_baseline.py``) and this commit's, nothing configured (no selectors,
+   ``scripts/bench/baseline.py``) and this commit's, nothing configured (no selectors,
    topic objects, predicates, ACLs, metrics). regression_ratio = this / REF, per repeat, median
    (printed before the last line and in ``--json``). The costs of each feature when configured
    are rows 7, 9-12, 14 and 15.
 17. **RabbitMQ** (``--only rabbit``; skipped with a note when ``rabbitmq-server`` is not
    installed: ``apt-get install rabbitmq-server``, and pika, the ``bench`` extra): a node of its
    own on loopback (free ports, a temporary directory, its own epmd, no plugins; stopped at the
-   end whatever happens) with the workload above as AMQP (``tests/harness/bench_rabbit.py``): a
+   end whatever happens) with the workload above as AMQP (``scripts/bench/rabbit.py``): a
    durable topic exchange, 1,450 durable classic queues bound with the filters' AMQP patterns
    (``+`` -> ``*``), a fanout exchange per link target with exchange-to-exchange bindings for the
    1,100 links (1,670 queue and 1,200 exchange bindings), loaded while the node boots. 50
@@ -230,7 +230,7 @@ Measurements
    ``--rate`` (2,000/s) and at 80% of the saturated rate: the 2-worker rate of 2. when
    it ran, else one 2-worker run made for it. Prints ``e2e_p99_ms=`` and
    ``e2e_p99_80pct_ms=`` before the last line (and in ``--json``).
-21. **Instructions** (``--only instructions``; ``tests/harness/bench_callgrind.py``): the
+21. **Instructions** (``--only instructions``; ``scripts/bench/instructions.py``): the
    server under ``valgrind --tool=callgrind`` (instrumentation switched on only around what is
    counted): one in-process worker of this commit handling ``--instructions-n`` (3,000)
    preloaded publications after a warm-up, and the ceiling's timed loop over as many entries.
@@ -279,9 +279,10 @@ from broker.config import Settings, SlowSubscriberCondition
 from broker.connection import connect
 from broker.server import Server
 from scripts import ab_publish
-from tests.harness import bench_callgrind, bench_rabbit
-from tests.harness import bench_lib as lib
-from tests.harness.bench_baseline import DEFAULT_BASELINE, BaselineCheckout, BaselineError, pool_factory
+from scripts.bench import instructions as bench_callgrind
+from scripts.bench import lib
+from scripts.bench import rabbit as bench_rabbit
+from scripts.bench.baseline import DEFAULT_BASELINE, BaselineCheckout, BaselineError, pool_factory
 
 QM = "BENCH"
 
@@ -574,7 +575,7 @@ class Bench:
             "host": platform.node(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        self.figures["code"] = lib.code_state(Path(__file__).resolve().parent.parent)
+        self.figures["code"] = lib.code_state(Path(__file__).resolve().parents[2])
         self.log(
             f"server {self.figures['environment']['server']} on {self.server.url} (pid {info['process_id']}); "
             f"code {self.figures['code']['describe']}"
@@ -711,7 +712,7 @@ class Bench:
         baseline_factory = None
         if "regression" in args.only:
             try:
-                self.baseline = BaselineCheckout(Path(__file__).resolve().parent.parent, args.baseline)
+                self.baseline = BaselineCheckout(Path(__file__).resolve().parents[2], args.baseline)
                 baseline_factory = pool_factory(self.baseline.path)
                 self.figures["baseline"] = {
                     "ref": args.baseline,
