@@ -280,9 +280,34 @@ from broker.connection import connect
 from broker.server import Server
 from scripts import ab_publish
 from scripts.bench import instructions as bench_callgrind
-from scripts.bench import lib
 from scripts.bench import rabbit as bench_rabbit
+from scripts.bench.aof import run_broker_aof
 from scripts.bench.baseline import DEFAULT_BASELINE, BaselineCheckout, BaselineError, pool_factory
+from scripts.bench.ceiling import run_ceiling
+from scripts.bench.consume import run_consume
+from scripts.bench.e2e import run_e2e
+from scripts.bench.federation import Federation, run_federation, run_federation_latency
+from scripts.bench.kombu import run_kombu
+from scripts.bench.latency import run_latency
+from scripts.bench.match import run_hierarchy_matching, run_matching
+from scripts.bench.memory import run_memory
+from scripts.bench.pool import run_broker, wait_idle
+from scripts.bench.selectors import run_selector_cost
+from scripts.bench.topology import Topology
+from scripts.bench.workload import (
+    BODY_BYTES,
+    FANOUT,
+    SELECTOR,
+    SELECTOR_EVERY,
+    TOPIC_OBJECTS,
+    TOPICS,
+    BenchError,
+    code_state,
+    link_plan,
+    swiftmq_subscription_plan,
+    topic_object_coverage,
+    topic_object_plan,
+)
 
 QM = "BENCH"
 
@@ -497,7 +522,7 @@ class Bench:
         }
         self.errors: dict[str, str] = {}
         self.server: Server | None = None
-        self.fed: lib.Federation | None = None
+        self.fed: Federation | None = None
         self.baseline: BaselineCheckout | None = None
         self.rabbit: bench_rabbit.RabbitPeer | None = None
 
@@ -508,7 +533,7 @@ class Bench:
         if self.args.idle_wait <= 0:
             return None
         assert self.server is not None and self.server.process is not None
-        got = lib.wait_idle([self.server.process.pid, os.getpid()], self.args.idle_wait)
+        got = wait_idle([self.server.process.pid, os.getpid()], self.args.idle_wait)
         if not got["idle"]:
             self.log(
                 f"[yellow]box not idle before {what}: foreign load {got['foreign_pct']:.0f}% of a core "
@@ -519,7 +544,7 @@ class Bench:
     def attempt(self, name: str, fn: Any, *a: Any, **kw: Any) -> Any:
         try:
             return fn(*a, **kw)
-        except lib.BenchError as exc:
+        except BenchError as exc:
             self.errors[name] = str(exc)[:2000]
             self.log(f"[red]{name} failed: {str(exc)[:500]}[/red]")
             return None
@@ -531,7 +556,7 @@ class Bench:
         args = self.args
         self.idle("hot publisher")
         self.log(f"3. broker, 2 workers, one hot publisher (half of N={args.n:,}){tag}")
-        got = self.attempt("hot_2w", lib.run_broker, client, settings, topo, args.n, 2, True, args.interleave)
+        got = self.attempt("hot_2w", run_broker, client, settings, topo, args.n, 2, True, args.interleave)
         if got:
             runs["hot_2w"].append(got)
             self.log(f"   {got['pubs_per_s']:,} pubs/s")
@@ -575,7 +600,7 @@ class Bench:
             "host": platform.node(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        self.figures["code"] = lib.code_state(Path(__file__).resolve().parents[2])
+        self.figures["code"] = code_state(Path(__file__).resolve().parents[2])
         self.log(
             f"server {self.figures['environment']['server']} on {self.server.url} (pid {info['process_id']}); "
             f"code {self.figures['code']['describe']}"
@@ -605,11 +630,11 @@ class Bench:
         topo = None
         if need_topology:
             self.log("subscriptions and links (admin API) ...")
-            topo = lib.Topology.build(client, QM)
+            topo = Topology.build(client, QM)
             self.figures["topology"] = {
-                "topics": len(lib.TOPICS),
+                "topics": len(TOPICS),
                 "subscriptions": len(topo.sub_ids),
-                "links": len(lib.link_plan()),
+                "links": len(link_plan()),
                 "setup_s": round(topo.setup_s, 2),
                 "explain_checked": topo.checked,
                 "example_route": topo.via.get("example"),
@@ -617,29 +642,29 @@ class Bench:
             routes = topo.routes(client)
         sel_topo = None
         if "selectors" in args.only:
-            self.log(f"the same with a selector on every {lib.SELECTOR_EVERY}th subscription ...")
-            sel_topo = lib.Topology.build(client, QM, selector=lib.SELECTOR)
+            self.log(f"the same with a selector on every {SELECTOR_EVERY}th subscription ...")
+            sel_topo = Topology.build(client, QM, selector=SELECTOR)
             self.figures["topology_selectors"] = {
-                "selector": lib.SELECTOR,
-                "every": lib.SELECTOR_EVERY,
+                "selector": SELECTOR,
+                "every": SELECTOR_EVERY,
                 "selective_subscriptions": len(sel_topo.selective),
                 "setup_s": round(sel_topo.setup_s, 2),
             }
         swift_topo = None
         if "swiftmq" in args.only:
             self.log("the same topology in the swiftmq scheme (dot topics, % predicates) ...")
-            swift_topo = lib.Topology.build(client, QM, scheme="swiftmq")
+            swift_topo = Topology.build(client, QM, scheme="swiftmq")
             self.figures["topology_swiftmq"] = {
                 "subscriptions": len(swift_topo.sub_ids),
-                "predicates": sum(1 for f, _, _ in lib.swiftmq_subscription_plan() if "%" in f),
+                "predicates": sum(1 for f, _, _ in swiftmq_subscription_plan() if "%" in f),
                 "setup_s": round(swift_topo.setup_s, 2),
                 "example_route": swift_topo.via.get("example"),
             }
-        objects = lib.topic_object_plan() if "topics" in args.only else []
+        objects = topic_object_plan() if "topics" in args.only else []
         if objects:
             self.figures["topic_objects"] = {
                 "count": len(objects),
-                "coverage": round(lib.topic_object_coverage(objects), 3),
+                "coverage": round(topic_object_coverage(objects), 3),
                 "examples": [f"{o.name} -> {o.topic_string}" for o in objects[::40]],
             }
         runs: dict[str, list[dict[str, Any]]] = {
@@ -673,7 +698,7 @@ class Bench:
                 "13. federation: a local 3-master cluster, the workload on one queue manager per master ..."
             )
             started = time.perf_counter()
-            self.fed = lib.Federation.start(topo)  # the topology above when built, else built there
+            self.fed = Federation.start(topo)  # the topology above when built, else built there
             self.figures["federation_setup"] = {
                 "queue_managers": {qm: self.fed.port(qm) for qm in self.fed.qms},
                 "masters": self.fed.cluster.ports,
@@ -701,7 +726,7 @@ class Bench:
 
         def two_workers(topology: Any, run_settings: Settings = settings, **extra: Any) -> Any:
             """The 2-worker broker run of a side-by-side comparison (7. selectors, 9.-11.)."""
-            return lib.run_broker(client, run_settings, topology, args.n, 2, False, args.interleave, **extra)
+            return run_broker(client, run_settings, topology, args.n, 2, False, args.interleave, **extra)
 
         flow_off = settings.model_copy(update={"flowcontrol_enabled": False})
         never_slow = SlowSubscriberCondition(name="bench", max_messages=10**9, persistence_mode="all")
@@ -803,7 +828,7 @@ class Bench:
                 self.idle("ceiling")
                 self.log(f"1. ceiling: hand-packed MULTI fan-out, N={args.n:,}{tag}")
                 got = self.attempt(
-                    "ceiling", lib.run_ceiling, client, "127.0.0.1", self.server.port, routes, args.n
+                    "ceiling", run_ceiling, client, "127.0.0.1", self.server.port, routes, args.n
                 )
                 if got:
                     runs["ceiling"].append(got)
@@ -817,7 +842,7 @@ class Bench:
                     self.log(f"2. broker, {workers} worker(s), N={args.n:,}{tag}")
                     got = self.attempt(
                         f"broker_{workers}w",
-                        lib.run_broker,
+                        run_broker,
                         client,
                         settings,
                         topo,
@@ -834,9 +859,7 @@ class Bench:
             if "aof" in args.only:
                 self.idle("broker aof")
                 self.log(f"18. broker, 2 workers, AOF on (appendfsync everysec), N={args.n:,}{tag}")
-                got = self.attempt(
-                    "aof_2w", lib.run_broker_aof, client, settings, topo, args.n, args.interleave
-                )
+                got = self.attempt("aof_2w", run_broker_aof, client, settings, topo, args.n, args.interleave)
                 if got:
                     runs["aof_2w"].append(got)
                     self.log(f"   {got['pubs_per_s']:,} pubs/s")
@@ -863,7 +886,7 @@ class Bench:
                     )
                     got = self.attempt(
                         f"fed_{k}qm",
-                        lib.run_federation,
+                        run_federation,
                         self.fed,
                         settings,
                         k,
@@ -904,8 +927,8 @@ class Bench:
             if runs[name]:
                 self.figures[name] = _median_run(runs[name], key)
         if "selectors" in args.only:
-            self.log(f"7. selector evaluation: compile_selector({lib.SELECTOR!r}).matches, timeit")
-            self.figures["selector_eval"] = lib.run_selector_cost()
+            self.log(f"7. selector evaluation: compile_selector({SELECTOR!r}).matches, timeit")
+            self.figures["selector_eval"] = run_selector_cost()
             self.figures["selector_ratios"] = _ratios(runs["selectors_off"], runs["selectors_on"])
         if "topics" in args.only:
             self.figures["topic_objects_ratios"] = _ratios(runs["topics_off"], runs["topics_on"])
@@ -916,7 +939,7 @@ class Bench:
             self.figures["swiftmq_ratios"] = _ratios(runs["swiftmq_off"], runs["swiftmq_on"])
             self.idle("swiftmq matching")
             self.log(f"12. swiftmq matching: indexes of {', '.join(f'{n:,}' for n in args.match_sizes)}")
-            self.figures["swiftmq_matching"] = lib.run_hierarchy_matching(
+            self.figures["swiftmq_matching"] = run_hierarchy_matching(
                 args.match_sizes, min_s=0.2 if args.quick else 0.4
             )
         if self.fed is not None:
@@ -928,14 +951,14 @@ class Bench:
                 f"13. forwarded latency: paced {args.fed_rate:,.0f}/s for {args.latency_s:.0f} s, 2 queue managers"
             )
             got = self.attempt(
-                "fed_latency", lib.run_federation_latency, self.fed, settings, args.fed_rate, args.latency_s
+                "fed_latency", run_federation_latency, self.fed, settings, args.fed_rate, args.latency_s
             )
             if got:
                 self.figures["fed_latency"] = got
         if "latency" in args.only:
             self.idle("latency")
             self.log(f"4. latency: paced {args.rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers")
-            got = self.attempt("latency", lib.run_latency, client, settings, topo, args.rate, args.latency_s)
+            got = self.attempt("latency", run_latency, client, settings, topo, args.rate, args.latency_s)
             if got:
                 self.figures["latency"] = got
         if "publish" in args.only:
@@ -947,7 +970,7 @@ class Bench:
         if "kombu" in args.only:
             self.idle("kombu")
             self.log(f"5. kombu topic exchange, N={args.kombu_n:,}")
-            got = self.attempt("kombu", lib.run_kombu, client, self.server.url, args.kombu_n)
+            got = self.attempt("kombu", run_kombu, client, self.server.url, args.kombu_n)
             if got:
                 self.figures["kombu"] = got
         if "aof" in args.only:
@@ -969,7 +992,7 @@ class Bench:
             )
             got = self.attempt(
                 "memory",
-                lib.run_memory,
+                run_memory,
                 client,
                 settings,
                 topo,
@@ -990,7 +1013,7 @@ class Bench:
                 f"8. one consumer: receive_many(100) + ack_many of {args.n:,}, the same with receive_many(1000), "
                 f"and reading each message; receive + ack of {single_n:,}"
             )
-            got = self.attempt("consume", lib.run_consume, client, settings, QM, args.n, single_n)
+            got = self.attempt("consume", run_consume, client, settings, QM, args.n, single_n)
             if got:
                 self.figures["consume"] = got
                 self.log(
@@ -1000,7 +1023,7 @@ class Bench:
         if "match" in args.only:
             self.idle("matching")
             self.log(f"6. matching: indexes of {', '.join(f'{n:,}' for n in args.match_sizes)} subscriptions")
-            self.figures["matching"] = lib.run_matching(args.match_sizes, min_s=0.2 if args.quick else 0.4)
+            self.figures["matching"] = run_matching(args.match_sizes, min_s=0.2 if args.quick else 0.4)
         skip = bench_callgrind.available() if "instructions" in args.only else None
         if skip:  # as RabbitMQ's row without rabbitmq-server: n/a, not a failure
             self.log(f"21. instructions: skipped, {skip}")
@@ -1027,7 +1050,7 @@ class Bench:
             )
             got = self.attempt(
                 "profile",
-                lib.run_broker,
+                run_broker,
                 client,
                 settings,
                 topo,
@@ -1050,7 +1073,7 @@ class Bench:
             self.idle("e2e saturation")
             self.log(f"20. end to end: the saturated rate first (2 workers, N={args.n:,})")
             got = self.attempt(
-                "e2e_saturation", lib.run_broker, client, settings, topo, args.n, 2, False, args.interleave
+                "e2e_saturation", run_broker, client, settings, topo, args.n, 2, False, args.interleave
             )
             saturated = got and got["pubs_per_s"]
         if not saturated:
@@ -1061,7 +1084,7 @@ class Bench:
             self.log(
                 f"20. end to end: paced {rate:,.0f}/s for {args.latency_s:.0f} s, 2 workers, 1 consumer process"
             )
-            got = self.attempt(key, lib.run_e2e, client, settings, topo, rate, args.latency_s)
+            got = self.attempt(key, run_e2e, client, settings, topo, rate, args.latency_s)
             if got:
                 self.figures[key] = got
                 self.log(
@@ -1143,8 +1166,7 @@ class Bench:
             "selector_eval_us": f.get("selector_eval", {}).get("median_us", nan),
             "consume_per_s": consume.get("msgs_per_s", nan),
             "consume_large_per_s": consume.get("large_msgs_per_s", nan),
-            "memory_over_body_bytes": (memory.get("fanout") or {}).get("bytes_per_element", nan)
-            - lib.BODY_BYTES,
+            "memory_over_body_bytes": (memory.get("fanout") or {}).get("bytes_per_element", nan) - BODY_BYTES,
             "regression_ratio": statistics.median(f["regression_ratios"])
             if f.get("regression_ratios")
             else nan,
@@ -1305,7 +1327,7 @@ class Bench:
             table.add_row(
                 "4. latency 2 workers",
                 _fmt(lat["achieved_rate"]),
-                _fmt((lat["achieved_rate"] or 0) * lib.FANOUT),
+                _fmt((lat["achieved_rate"] or 0) * FANOUT),
                 f"paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, XADD -> BRPOP: {_percentiles(lat)}; "
                 f"publisher at most {lat['publisher_max_behind_ms']} ms behind its schedule",
                 cpu3(lat["cpu"], ("workers", "bench", "publisher")),
@@ -1335,7 +1357,7 @@ class Bench:
                 "5. kombu consume",
                 "-",
                 _fmt(k["consumed_deliveries_per_s"]),
-                f"1 Consumer on the 10 queues, ack each, {k['n'] * lib.FANOUT:,} messages",
+                f"1 Consumer on the 10 queues, ack each, {k['n'] * FANOUT:,} messages",
                 cpu3(k["cpu_consume"], ("bench",)),
             )
         rabbit = f.get("rabbit") or {}
@@ -1445,7 +1467,7 @@ class Bench:
                 off = f.get("selectors_off", {}).get("pubs_per_s")
                 ratio = f"{b['pubs_per_s'] / off:.2f}" if off else "-"
                 notes = (
-                    f"same, {b['selective_subscriptions']} subscriptions with {lib.SELECTOR!r}: "
+                    f"same, {b['selective_subscriptions']} subscriptions with {SELECTOR!r}: "
                     f"{b['selector_evaluations'] / b['n']:.2f} evaluations/pub, "
                     f"{b['selected_share']:.0%} selected; F={b['fanout_measured']} "
                     f"(= expected {b['expected_deliveries'] / b['n']:.3f}); with/without {ratio} "
@@ -1458,7 +1480,7 @@ class Bench:
             broker_row(label, b, notes)
         for key, label in (
             ("topics_off", "9. no topic objects"),
-            ("topics_on", f"9. {lib.TOPIC_OBJECTS} topic objects"),
+            ("topics_on", f"9. {TOPIC_OBJECTS} topic objects"),
         ):
             if key not in f:
                 continue

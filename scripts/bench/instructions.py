@@ -36,7 +36,10 @@ import redis
 from broker.config import Settings
 from broker.connection import connect
 from broker.server import Server, server_binary
-from scripts.bench.lib import BenchError, Topology, preload, run_ceiling
+from scripts.bench.ceiling import run_ceiling
+from scripts.bench.preload import preload
+from scripts.bench.topology import Topology
+from scripts.bench.workload import BenchError
 
 #: Publications (and ceiling transactions) counted by default: under callgrind the server runs
 #: ~50x slower, so 3,000 take about a minute.

@@ -65,16 +65,16 @@ from typing import Any
 
 from broker.server import free_port
 from broker.topics import LinkGraph, TopicIndex
-from scripts.bench.lib import (
+from scripts.bench.cpu import CpuMeter
+from scripts.bench.preload import publisher_ids
+from scripts.bench.workload import (
     BODY_BYTES,
     FANOUT,
     PUBLISHERS,
     TOPICS,
     BenchError,
-    CpuMeter,
     bodies,
     link_plan,
-    publisher_ids,
     subscription_plan,
 )
 

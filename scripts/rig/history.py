@@ -381,7 +381,7 @@ def check_queues(
     links: list[tuple[str, str]],
     published: dict[str, list[tuple[str, str]]],
 ) -> list[str]:
-    """Check subscriber queues (read, not consumed) against what was published; for tests.
+    """Check subscriber queues (read, not consumed) against what was published (the tests use it).
 
     Args:
         client: a redis-py client.
