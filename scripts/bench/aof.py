@@ -8,6 +8,7 @@ from typing import Any
 import redis
 
 from broker.config import Settings
+from scripts.bench.base import Ctx, Figures, Measurement, Row, broker_row, ratios, run_notes
 from scripts.bench.pool import run_broker
 from scripts.bench.topology import Topology
 from scripts.bench.workload import POLL_S, BenchError
@@ -57,3 +58,34 @@ def run_broker_aof(
     finally:
         set_aof(client, False)
     return result | {"aof": aof}
+
+
+def _repeat(ctx: Ctx, rep: int, tag: str) -> None:
+    a = ctx.args
+    ctx.idle("broker aof")
+    ctx.log(f"18. broker, 2 workers, AOF on (appendfsync everysec), N={a.n:,}{tag}")
+    got = ctx.attempt("aof_2w", run_broker_aof, ctx.client, ctx.settings, ctx.topo, a.n, a.interleave)
+    ctx.keep("aof_2w", got)
+
+
+def _finish(ctx: Ctx) -> None:
+    ctx.figures["aof_ratios"] = ratios(ctx.runs["broker_2w"], ctx.runs["aof_2w"])
+
+
+def _rows(f: Figures) -> list[Row]:
+    if "aof_2w" not in f:
+        return []
+    b = f["aof_2w"]
+    off = f.get("broker_2w", {}).get("pubs_per_s")
+    repeats = ", ".join(str(x) for x in f.get("aof_ratios") or [])
+    return [
+        broker_row(
+            "18. broker 2 workers, AOF everysec",
+            b,
+            run_notes(b, "as 2 with 2 workers, appendonly yes + appendfsync everysec on the server")
+            + (f"; AOF/no AOF {b['pubs_per_s'] / off:.2f} (per repeat {repeats})" if off else ""),
+        )
+    ]
+
+
+MEASUREMENT = Measurement("aof", runs=("aof_2w",), topology=True, repeat=_repeat, finish=_finish, rows=_rows)

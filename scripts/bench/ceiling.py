@@ -12,6 +12,7 @@ from typing import Any
 import hiredis
 import redis
 
+from scripts.bench.base import Ctx, Figures, Measurement, Row, cpu3, fmt
 from scripts.bench.cpu import CpuMeter, redis_pid
 from scripts.bench.workload import PUBLISHERS, TOPICS, BenchError, bodies
 
@@ -60,7 +61,7 @@ def run_ceiling(
     builds each payload (a one-line JSON header + the body, like an envelope), packs
     RESP by hand into one buffer per round trip, writes it to a raw socket and reads
     the replies with a bare ``hiredis.Reader``. ``around``: called just before the timed
-    loop and just after it (``bench_callgrind`` counts the server's instructions in between).
+    loop and just after it (``instructions`` counts the server's instructions in between).
 
     Returns:
         ``{"n", "tx_per_s", "deliveries_per_s", "elapsed_s", "cpu", "redis_usec_per_tx"}``.
@@ -154,3 +155,34 @@ def run_ceiling(
 # --------------------------------------------------------------------------------------------
 # 2-3. The broker end to end: preload with Publisher.publish_many, then drain with the pool
 # --------------------------------------------------------------------------------------------
+
+
+def _repeat(ctx: Ctx, rep: int, tag: str) -> None:
+    assert ctx.server is not None
+    ctx.idle("ceiling")
+    ctx.log(f"1. ceiling: hand-packed MULTI fan-out, N={ctx.args.n:,}{tag}")
+    got = ctx.attempt(
+        "ceiling", run_ceiling, ctx.client, "127.0.0.1", ctx.server.port, ctx.state["routes"], ctx.args.n
+    )
+    ctx.keep("ceiling", got, got and f"   {got['tx_per_s']:,} tx/s")
+
+
+def _rows(f: Figures) -> list[Row]:
+    if "ceiling" not in f:
+        return []
+    c = f["ceiling"]
+    return [
+        Row(
+            "1. ceiling",
+            fmt(c["tx_per_s"]),
+            fmt(c["deliveries_per_s"]),
+            f"MULTI + 10 LPUSH + XACK + EXEC, {c['tx_per_rt']} tx per round trip, hand-packed RESP, "
+            f"hiredis.Reader; N={c['n']:,}; redis {c['redis_cpu_us_per_pub']} CPU-us/tx",
+            cpu3(c["cpu"], ("bench",)),
+        )
+    ]
+
+
+MEASUREMENT = Measurement(
+    "ceiling", runs=("ceiling",), median_key="tx_per_s", topology=True, repeat=_repeat, rows=_rows
+)

@@ -11,6 +11,7 @@ import redis
 from broker import keys
 from broker.config import Settings
 from broker.subscriptions import subscribe
+from scripts.bench.base import QM, Ctx, Figures, Measurement, Row, cpu3, fmt
 from scripts.bench.cpu import CpuMeter, commandstats, redis_pid
 from scripts.bench.preload import preload_queue
 from scripts.bench.workload import BenchError
@@ -133,3 +134,72 @@ def run_consume(
 # --------------------------------------------------------------------------------------------
 # 16. End to end: paced publishers -> 2 workers -> one consumer process (receive_many + ack_many)
 # --------------------------------------------------------------------------------------------
+
+
+def _finish(ctx: Ctx) -> None:
+    n = ctx.args.n
+    single_n = max(1000, n // 5)
+    ctx.idle("consume")
+    ctx.log(
+        f"8. one consumer: receive_many(100) + ack_many of {n:,}, the same with receive_many(1000), "
+        f"and reading each message; receive + ack of {single_n:,}"
+    )
+    got = ctx.attempt("consume", run_consume, ctx.client, ctx.settings, QM, n, single_n)
+    if got:
+        ctx.figures["consume"] = got
+        ctx.log(
+            f"   {got['msgs_per_s']:,} msgs/s batched, {got['large_msgs_per_s']:,} by 1000, "
+            f"{got['read_msgs_per_s']:,} read, {got['single_msgs_per_s']:,} one at a time"
+        )
+
+
+def _rows(f: Figures) -> list[Row]:
+    if "consume" not in f:
+        return []
+    c = f["consume"]
+    rows = [
+        Row(
+            "8. consume batched",
+            "-",
+            fmt(c["msgs_per_s"]),
+            f"1 Subscriber (in the bench process): receive_many({c['batch']}) + ack_many, "
+            f"{c['n']:,} preloaded messages; {c['batch_over_single']:.1f}x one at a time; "
+            f"python {c.get('bench_cpu_us_per_msg', '-')}, redis {c['redis_cpu_us_per_msg']} CPU-us/msg",
+            cpu3(c["cpu"], ("bench",)),
+        )
+    ]
+    if "large_msgs_per_s" in c:
+        rows.append(
+            Row(
+                "8. consume batched 1000",
+                "-",
+                fmt(c["large_msgs_per_s"]),
+                f"same, receive_many({c['large_batch']}) + ack_many; "
+                f"python {c['large_bench_cpu_us_per_msg']}, redis {c['large_redis_cpu_us_per_msg']} CPU-us/msg",
+                cpu3(c["large_cpu"], ("bench",)),
+            )
+        )
+        rows.append(
+            Row(
+                "8. consume batched, read",
+                "-",
+                fmt(c["read_msgs_per_s"]),
+                f"same, receive_many({c['batch']}), every message read (decoded) + ack_many; "
+                f"python {c['read_bench_cpu_us_per_msg']}, redis {c['read_redis_cpu_us_per_msg']} CPU-us/msg",
+                cpu3(c["read_cpu"], ("bench",)),
+            )
+        )
+    rows.append(
+        Row(
+            "8. consume one by one",
+            "-",
+            fmt(c["single_msgs_per_s"]),
+            f"same, receive() + ack(), {c['single_n']:,} messages; "
+            f"redis {c['single_redis_cpu_us_per_msg']} CPU-us/msg",
+            cpu3(c["single_cpu"], ("bench",)),
+        )
+    )
+    return rows
+
+
+MEASUREMENT = Measurement("consume", finish=_finish, rows=_rows)

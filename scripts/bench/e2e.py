@@ -9,9 +9,10 @@ import redis
 
 from broker.config import Settings
 from broker.publish import Publisher
+from scripts.bench.base import Ctx, Figures, Measurement, Row, cpu3, fmt, percentiles
 from scripts.bench.cpu import CpuMeter, redis_pid
 from scripts.bench.latency import _paced, _percentile
-from scripts.bench.pool import _pool, _worker_pids, wait_registered
+from scripts.bench.pool import _pool, _worker_pids, run_broker, wait_registered
 from scripts.bench.preload import publisher_ids
 from scripts.bench.topology import Topology
 from scripts.bench.workload import LATENCY_SUB, BenchError
@@ -201,3 +202,60 @@ def run_e2e(
 # --------------------------------------------------------------------------------------------
 # 13. Federation: queue managers of one network on a local 3-master cluster
 # --------------------------------------------------------------------------------------------
+
+
+def _finish(ctx: Ctx) -> None:
+    """20. End to end at ``--rate`` and at 80% of the saturated 2-worker rate."""
+    a = ctx.args
+    saturated = a.e2e_saturated or ctx.figures.get("broker_2w", {}).get("pubs_per_s")
+    if not saturated:
+        ctx.idle("e2e saturation")
+        ctx.log(f"20. end to end: the saturated rate first (2 workers, N={a.n:,})")
+        got = ctx.attempt(
+            "e2e_saturation", run_broker, ctx.client, ctx.settings, ctx.topo, a.n, 2, False, a.interleave
+        )
+        saturated = got and got["pubs_per_s"]
+    if not saturated:
+        return
+    ctx.figures["e2e_saturated"] = saturated
+    for key, rate in (("e2e", a.rate), ("e2e_80pct", 0.8 * saturated)):
+        ctx.idle(key)
+        ctx.log(f"20. end to end: paced {rate:,.0f}/s for {a.latency_s:.0f} s, 2 workers, 1 consumer process")
+        got = ctx.attempt(key, run_e2e, ctx.client, ctx.settings, ctx.topo, rate, a.latency_s)
+        if got:
+            ctx.figures[key] = got
+            ctx.log(f"   p50 {got['p50_ms']} ms, p99 {got['p99_ms']} ms, achieved {got['achieved_rate']:,}/s")
+
+
+def _rows(f: Figures) -> list[Row]:
+    rows = []
+    for key, label in (("e2e", "20. e2e"), ("e2e_80pct", "20. e2e 80% sat.")):
+        if key in f:
+            e = f[key]
+            rows.append(
+                Row(
+                    label,
+                    fmt(e["achieved_rate"]),
+                    "-",
+                    f"paced {e['rate']:,}/s ({e['publishers']} publisher processes) for {e['duration_s']:.0f} s, "
+                    f"XADD -> 2 workers -> receive_many({e['batch']}) + ack_many in 1 consumer process: "
+                    f"{percentiles(e)}; consumer {e['consumer_cpu_us_per_msg']} CPU-us/msg",
+                    cpu3(e["cpu"], ("workers", "consumer", "publishers")),
+                )
+            )
+    return rows
+
+
+def e2e_text(f: Figures) -> str:
+    """20.'s figures, printed before the last line."""
+    if "e2e" not in f and "e2e_80pct" not in f:
+        return ""
+    nan = float("nan")
+    return (
+        f"20. end to end (publish -> 2 workers -> consumer ack), saturated {f.get('e2e_saturated', nan):,} pubs/s: "
+        f"e2e_p99_ms={f.get('e2e', {}).get('p99_ms', nan)} "
+        f"e2e_p99_80pct_ms={f.get('e2e_80pct', {}).get('p99_ms', nan)}"
+    )
+
+
+MEASUREMENT = Measurement("e2e", topology=True, finish=_finish, rows=_rows)

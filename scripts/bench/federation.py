@@ -15,6 +15,7 @@ import redis
 from broker import keys
 from broker.config import Settings
 from broker.stream import group_state
+from scripts.bench.base import Ctx, Figures, Measurement, Row, cpu3, fmt, percentiles, ratios
 from scripts.bench.cpu import CpuMeter
 from scripts.bench.latency import measure_latency
 from scripts.bench.pool import _pool, _queue_total, _worker_pids, wait_registered
@@ -315,3 +316,156 @@ def run_federation_latency(
 # --------------------------------------------------------------------------------------------
 # AOF everysec (the broker's row like RabbitMQ's persistent messages) and memory per waiting message
 # --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# Row 13 in the bench's registry
+# --------------------------------------------------------------------------------------------
+
+#: Queue managers in the federation runs (13.).
+FED_SIZES = (1, 2, 3)
+
+
+def _setup(ctx: Ctx) -> None:
+    ctx.log("13. federation: a local 3-master cluster, the workload on one queue manager per master ...")
+    started = time.perf_counter()
+    fed = Federation.start(ctx.topo)  # the shared topology
+    ctx.state["fed"] = fed
+    ctx.closers.append(fed.stop)
+    ctx.figures["federation_setup"] = {
+        "queue_managers": {qm: fed.port(qm) for qm in fed.qms},
+        "masters": fed.cluster.ports,
+        "setup_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def _repeat(ctx: Ctx, rep: int, tag: str) -> None:
+    a = ctx.args
+    for k in FED_SIZES:
+        ctx.idle(f"federation {k}")
+        ctx.log(
+            f"13. federation, {k} queue manager(s), {a.fed_workers} worker(s) each, N={a.fed_n:,} each{tag}"
+        )
+        got = ctx.attempt(
+            f"fed_{k}qm",
+            run_federation,
+            ctx.state["fed"],
+            ctx.settings,
+            k,
+            a.fed_n,
+            a.fed_workers,
+            a.interleave,
+        )
+        ctx.keep(
+            f"fed_{k}qm",
+            got,
+            got and f"   {got['pubs_per_s']:,} pubs/s ({got['entries_per_s']:,} entries/s handled)",
+        )
+
+
+def _finish(ctx: Ctx) -> None:
+    a, runs = ctx.args, ctx.runs
+    ctx.figures["federation_ratios"] = {
+        f"{k}qm": ratios(runs["fed_1qm"], runs[f"fed_{k}qm"]) for k in FED_SIZES[1:]
+    }
+    ctx.idle("federation latency")
+    ctx.log(f"13. forwarded latency: paced {a.fed_rate:,.0f}/s for {a.latency_s:.0f} s, 2 queue managers")
+    got = ctx.attempt(
+        "fed_latency", run_federation_latency, ctx.state["fed"], ctx.settings, a.fed_rate, a.latency_s
+    )
+    if got:
+        ctx.figures["fed_latency"] = got
+
+
+def _rows(f: Figures) -> list[Row]:
+    rows = []
+    for k in FED_SIZES:
+        b = f.get(f"fed_{k}qm")
+        if not b:
+            continue
+        rs = f.get("federation_ratios", {}).get(f"{k}qm") or []
+        ratio = (
+            f"; {k} QMs / 1 QM {statistics.median(rs):.2f} (per repeat {', '.join(map(str, rs))})"
+            if rs
+            else ""
+        )
+        nodes = ", ".join(f"{n['qm']} {n['cpu_us_per_pub']}" for n in b["nodes"])
+        rows.append(
+            Row(
+                f"13. federation {k} QM" + ("s" if k > 1 else ""),
+                fmt(b["pubs_per_s"]),
+                fmt(b["deliveries_per_s"]),
+                f"{k} of the 3 masters, {b['workers_per_qm']} worker(s) each"
+                + (", one network (hierarchy), channel processes" if k > 1 else "")
+                + f"; N={b['n_per_qm']:,} each; {fmt(b['entries_per_s'])} entries/s handled; "
+                f"F={b['fanout_measured']} network-wide{ratio}; "
+                f"redis CPU-us/pub per master {nodes}; workers {b['workers_cpu_us_per_pub']}, "
+                f"channels {b['channels_cpu_us_per_pub']} CPU-us/pub",
+                cpu3(b["cpu"], ("workers", "channels", "bench")),
+            )
+        )
+    if "fed_latency" in f:
+        lat = f["fed_latency"]
+        rows.append(
+            Row(
+                "13. forwarded latency",
+                fmt(lat["achieved_rate"]),
+                "-",
+                f"{lat['origin']} -> {lat['destination']}, paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, "
+                f"XADD -> worker -> channel -> worker -> BRPOP: {percentiles(lat)}",
+                cpu3(lat["cpu"], ("workers", "channels", "bench", "publisher")),
+            )
+        )
+    return rows
+
+
+def federation_summary(f: Figures) -> dict[str, Any]:
+    """The federation figures (13.): pubs/s and Redis CPU-us per publication (all masters) with
+    1, 2 and 3 queue managers, the median ratios to 1, the forwarded latency."""
+    nan = float("nan")
+    out: dict[str, Any] = {}
+    for k in FED_SIZES:
+        run = f.get(f"fed_{k}qm", {})
+        out[f"federation_{k}qm_pubs_per_s"] = run.get("pubs_per_s", nan)
+        out[f"federation_{k}qm_redis_cpu_us_per_pub"] = run.get("redis_cpu_us_per_pub", nan)
+        rs = f.get("federation_ratios", {}).get(f"{k}qm")
+        if k > 1:
+            out[f"federation_{k}qm_ratio"] = statistics.median(rs) if rs else nan
+    out["federation_latency_p50_ms"] = f.get("fed_latency", {}).get("p50_ms", nan)
+    out["federation_latency_p99_ms"] = f.get("fed_latency", {}).get("p99_ms", nan)
+    return out
+
+
+def federation_text(f: Figures) -> str:
+    """Per master and per process kind, CPU-us per publication in each federation run, and the summary."""
+    lines = []
+    for k in FED_SIZES:
+        b = f.get(f"fed_{k}qm")
+        if not b:
+            continue
+        nodes = ", ".join(f"{n['qm']}@{n['port']} {n['cpu_us_per_pub']}" for n in b["nodes"])
+        lines.append(
+            f"  {k} queue manager(s): redis per master {nodes} (sum {b['redis_cpu_us_per_pub']}); "
+            f"workers {b['workers_cpu_us_per_pub']}, channel processes {b['channels_cpu_us_per_pub']}"
+        )
+    if not lines:
+        return ""
+    summary = " ".join(
+        f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in federation_summary(f).items()
+    )
+    return (
+        "Federation CPU-us per publication (a publication is handled once at every queue manager; "
+        "channel_in at each receiver, the transmission stream at each sender):\n"
+        + "\n".join(lines)
+        + f"\n{summary}"
+    )
+
+
+MEASUREMENT = Measurement(
+    "federation",
+    runs=tuple(f"fed_{k}qm" for k in FED_SIZES),
+    setup=_setup,
+    repeat=_repeat,
+    finish=_finish,
+    rows=_rows,
+)

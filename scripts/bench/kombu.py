@@ -9,6 +9,7 @@ from typing import Any
 
 import redis
 
+from scripts.bench.base import Ctx, Figures, Measurement, Row, cpu3, fmt
 from scripts.bench.cpu import CpuMeter, redis_pid
 from scripts.bench.workload import FANOUT, PUBLISHERS, BenchError, bodies
 
@@ -87,3 +88,37 @@ def run_kombu(client: redis.Redis, url: str, n: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # 6. Matching alone: TopicIndex + LinkGraph at 1k, 100k, 1M subscriptions
 # --------------------------------------------------------------------------------------------
+
+
+def _finish(ctx: Ctx) -> None:
+    assert ctx.server is not None
+    ctx.idle("kombu")
+    ctx.log(f"5. kombu topic exchange, N={ctx.args.kombu_n:,}")
+    got = ctx.attempt("kombu", run_kombu, ctx.client, ctx.server.url, ctx.args.kombu_n)
+    if got:
+        ctx.figures["kombu"] = got
+
+
+def _rows(f: Figures) -> list[Row]:
+    if "kombu" not in f:
+        return []
+    k = f["kombu"]
+    return [
+        Row(
+            "5. kombu publish",
+            fmt(k["pubs_per_s"]),
+            fmt(k["published_deliveries_per_s"]),
+            f"topic exchange, 10 queues bound t.#, sequential Producer.publish, N={k['n']:,}",
+            cpu3(k["cpu_publish"], ("bench",)),
+        ),
+        Row(
+            "5. kombu consume",
+            "-",
+            fmt(k["consumed_deliveries_per_s"]),
+            f"1 Consumer on the 10 queues, ack each, {k['n'] * FANOUT:,} messages",
+            cpu3(k["cpu_consume"], ("bench",)),
+        ),
+    ]
+
+
+MEASUREMENT = Measurement("kombu", finish=_finish, rows=_rows)

@@ -13,11 +13,12 @@ import redis
 from broker import keys
 from broker.config import Settings
 from broker.publish import Publisher
+from scripts.bench.base import Ctx, Figures, Measurement, Row, cpu3, fmt, percentiles
 from scripts.bench.cpu import CpuMeter, commandstats, redis_pid
 from scripts.bench.pool import _pool, _worker_pids, wait_registered
 from scripts.bench.preload import publisher_ids
 from scripts.bench.topology import Topology
-from scripts.bench.workload import LATENCY_SUB, LATENCY_TOPICS, BenchError, bodies
+from scripts.bench.workload import FANOUT, LATENCY_SUB, LATENCY_TOPICS, BenchError, bodies
 
 
 def latency_publisher(url: str, qm: str, rate: float, count: int, conn: Any) -> None:
@@ -212,3 +213,31 @@ def measure_latency(
 # --------------------------------------------------------------------------------------------
 # 5. The peer: kombu's topic exchange on the same Redis
 # --------------------------------------------------------------------------------------------
+
+
+def _finish(ctx: Ctx) -> None:
+    a = ctx.args
+    ctx.idle("latency")
+    ctx.log(f"4. latency: paced {a.rate:,.0f}/s for {a.latency_s:.0f} s, 2 workers")
+    got = ctx.attempt("latency", run_latency, ctx.client, ctx.settings, ctx.topo, a.rate, a.latency_s)
+    if got:
+        ctx.figures["latency"] = got
+
+
+def _rows(f: Figures) -> list[Row]:
+    if "latency" not in f:
+        return []
+    lat = f["latency"]
+    return [
+        Row(
+            "4. latency 2 workers",
+            fmt(lat["achieved_rate"]),
+            fmt((lat["achieved_rate"] or 0) * FANOUT),
+            f"paced {lat['rate']:,.0f}/s for {lat['duration_s']:.0f} s, XADD -> BRPOP: {percentiles(lat)}; "
+            f"publisher at most {lat['publisher_max_behind_ms']} ms behind its schedule",
+            cpu3(lat["cpu"], ("workers", "bench", "publisher")),
+        )
+    ]
+
+
+MEASUREMENT = Measurement("latency", topology=True, finish=_finish, rows=_rows)

@@ -14,6 +14,7 @@ from typing import Any
 from broker.errors import LinkCycle
 from broker.hierarchy import HierarchyIndex
 from broker.topics import LinkGraph, TopicIndex
+from scripts.bench.base import Ctx, Figures, Measurement, Row, fmt
 
 _METRICS = ("temp", "rh", "wind", "rain", "power", "door", "alarm", "cpu", "disk", "net")
 
@@ -259,3 +260,43 @@ def run_hierarchy_matching(
     built.clear()
     gc.collect()
     return out
+
+
+def _finish(ctx: Ctx) -> None:
+    sizes = ctx.args.match_sizes
+    ctx.idle("matching")
+    ctx.log(f"6. matching: indexes of {', '.join(f'{n:,}' for n in sizes)} subscriptions")
+    ctx.figures["matching"] = run_matching(sizes, min_s=0.2 if ctx.args.quick else 0.4)
+
+
+def _rows(f: Figures) -> list[Row]:
+    return [
+        Row(
+            f"6. matching {m['n']:,}",
+            fmt(m["resolves_per_s"]),
+            "-",
+            f"resolve (closure + match) {m['resolve_us']:.2f} us, match {m['match_us']:.2f} us; "
+            f"{m['bytes_per_sub']} B/sub; {m['links']:,} links, {m['wildcard_share']:.0%} wildcards; "
+            f"{m['avg_results']} results avg, {m['matched_share']:.0%} of topics match; "
+            f"build {m['build_s']} s",
+        )
+        for m in f.get("matching") or []
+    ]
+
+
+def swiftmq_matching_rows(f: Figures) -> list[Row]:
+    """12.'s matching rows: the SwiftMQ hierarchy index against the MQTT TopicIndex."""
+    return [
+        Row(
+            f"12. swiftmq match {m['n']:,}",
+            "-",
+            "-",
+            f"match per topic: mqtt TopicIndex {m['mqtt_us']:.2f} us, swiftmq plain {m['plain_us']:.2f} us, "
+            f"swiftmq with {m['predicates']:,} predicates (10%) {m['predicates_us']:.2f} us; "
+            f"{m['avg_results']} results avg (depth-4 topics, 90% in the index)",
+        )
+        for m in f.get("swiftmq_matching") or []
+    ]
+
+
+MEASUREMENT = Measurement("match", finish=_finish, rows=_rows)

@@ -10,6 +10,7 @@ import redis
 
 from broker import keys
 from broker.config import Settings
+from scripts.bench.base import Ctx, Figures, Measurement, Row
 from scripts.bench.pool import run_broker
 from scripts.bench.preload import preload_queue
 from scripts.bench.topology import Topology
@@ -91,3 +92,53 @@ def run_memory(
         client.flushdb()
     out["target_bytes"] = BODY_BYTES + 150
     return out
+
+
+def _finish(ctx: Ctx) -> None:
+    a = ctx.args
+    ctx.idle("memory")
+    ctx.log(
+        f"19. memory per waiting message: {a.memory_n:,} envelopes in one queue, "
+        f"{a.memory_n // 5:,} publications fanned out"
+    )
+    got = ctx.attempt(
+        "memory", run_memory, ctx.client, ctx.settings, ctx.topo, a.memory_n, a.memory_n // 5, a.interleave
+    )
+    if got:
+        ctx.figures["memory"] = got
+        ctx.log(
+            f"   {got['single']['bytes_per_msg']} B/message in one queue, "
+            f"{got['fanout']['bytes_per_element']} B per queue element fanned out"
+        )
+
+
+def _rows(f: Figures) -> list[Row]:
+    if "memory" not in f:
+        return []
+    m = f["memory"]
+    one, fan = m["single"], m["fanout"]
+    return [
+        Row(
+            "19. memory, one queue",
+            "-",
+            "-",
+            f"{one['k']:,} envelopes of {m['body_bytes']} B bodies ({one['envelope_bytes']} B each) in one "
+            f"subscriber queue: {one['bytes_per_msg']} B of used_memory per message "
+            f"(body + {one['bytes_per_msg'] - m['body_bytes']:.0f}; target <= {m['target_bytes']}), "
+            f"the list's MEMORY USAGE {one['key_bytes_per_msg']} B",
+        ),
+        Row(
+            "19. memory, fanned out",
+            "-",
+            "-",
+            f"{fan['k']:,} publications through the broker, {fan['elements']:,} queue elements "
+            f"({fan['envelope_bytes']} B envelopes, {fan['elements_per_queue']} per queue): "
+            f"{fan['bytes_per_element']} B of used_memory per element (body + "
+            f"{fan['bytes_per_element'] - m['body_bytes']:.0f}), of which the queues "
+            f"{fan['queue_bytes_per_element']} B; per publication the publish stream "
+            f"{fan['stream_bytes_per_pub']} B and the rest (dedup records, ...) {fan['other_bytes_per_pub']} B",
+        ),
+    ]
+
+
+MEASUREMENT = Measurement("memory", topology=True, finish=_finish, rows=_rows)

@@ -12,6 +12,7 @@ import redis
 
 from scripts.bench import rabbit as br
 from scripts.bench.aof import set_aof
+from scripts.bench.rabbit_node import _session_alive
 from scripts.bench.workload import FANOUT
 
 pytestmark = pytest.mark.real
@@ -51,5 +52,5 @@ def test_rabbitmq_delivers_what_the_broker_would_and_its_node_is_stopped() -> No
     assert runs["persistent"]["window"] == br.WINDOW and runs["transient"]["window"] is None
     assert peer.info["version"].startswith("3.") and peer.info["topology"]["queues"] == 1450
     assert not Path(directory).exists()
-    assert not br._session_alive(session)  # the node's processes are gone
+    assert not _session_alive(session)  # the node's processes are gone
     peer.stop()  # twice is harmless

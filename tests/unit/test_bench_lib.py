@@ -79,7 +79,7 @@ def test_the_baseline_pool_gets_the_changed_settings_as_broker_variables():
 
 
 def test_a_ratio_of_two_rows_is_the_median_of_the_ratios_within_each_repeat():
-    from scripts.bench.cli import _paired
+    from scripts.bench.base import paired as _paired
 
     # Given three repeats in which the box ran at half speed once (both rows of that repeat slowed)
     runs = {
