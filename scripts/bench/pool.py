@@ -10,6 +10,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -191,65 +192,36 @@ def summarise_stacks(stacks: Counter[str], top: int = 25) -> dict[str, Any]:
     }
 
 
-def run_broker(
+@dataclass
+class _Drain:
+    """What ``_watch_drain`` saw: when every worker had registered (``t0``, None if never) and
+    how much was acknowledged then, when the drain ended, (time, acknowledged) samples, CPU, the
+    py-spy profile, the work split."""
+
+    t0: float | None
+    acked0: int
+    t_end: float
+    samples: list[tuple[float, int]]
+    cpu: dict[str, float]
+    profile: dict[str, Any] | None
+    split: list[float] | None
+
+
+def _watch_drain(
     client: redis.Redis,
-    settings: Settings,
-    topo: Topology,
+    qm: str,
     n: int,
     workers: int,
-    hot: bool,
-    chunk: int,
-    profile_dir: str | None = None,
-    label: str = "",
-    properties: bool = False,
-    topic_objects: Sequence[TopicObject] | None = None,
-    security: bool = False,
-    pool_factory: Callable[[Settings, int], Any] | None = None,
-) -> dict[str, Any]:
-    """Preload ``n`` publications, then time the pool draining them into the subscriber queues.
-
-    The clock starts when all ``workers`` have registered (a worker writes its first
-    heartbeat after its first round, so whatever was acknowledged before that is
-    subtracted) and stops when the group has nothing pending and no lag. Then the
-    subscriber queues must hold exactly ``n x FANOUT`` envelopes (with ``properties``:
-    every publication carries ``selector_props``, and the queues must hold what the
-    topology's selectors select, counted by ``preload``). With ``topic_objects``, they are
-    defined after the topology is restored and before the preload (untimed), must still all
-    be there when the drain ends, and are removed afterwards; without, the queue manager must
-    have none. With ``security``, every publisher id publishes as its own principal user through
-    its ingress stream (``Principals``, made after the restore, untimed) and the workers connect as a
-    worker user: the drain ends when the ingress streams are empty too, and every envelope of a
-    sampled queue must carry its publisher's principal. ``pool_factory(settings, workers)`` makes
-    the pool instead of this commit's ``worker.pool.Pool`` (``bench_baseline``: an earlier
-    commit's, for the no-regression row).
-
-    Returns:
-        Figures: pubs/s, deliveries/s, measured F, CPU, Redis time per publication, ...
+    pool: Any,
+    ingress: Sequence[str],
+    profile_dir: str | None,
+    label: str,
+) -> _Drain:
+    """Poll the group until nothing is pending or lagging; the clock starts when all ``workers`` registered.
 
     Raises:
-        BenchError: the drain stalled, a worker died, or deliveries are missing.
+        BenchError: no progress for ``STALL_S``, or a worker died.
     """
-    qm = topo.qm
-    topo.restore(client)
-    objects_key = keys.topic_objects(qm)
-    define_s = None
-    if topic_objects:
-        define_s = define_topic_objects(client, qm, topic_objects)
-    elif client.exists(objects_key):
-        raise BenchError(f"{objects_key} holds {client.hlen(objects_key)} topic objects after the restore")
-    principals = Principals.make(client, qm, settings.redis_url, publisher_ids()) if security else None
-    loaded = preload(
-        client, qm, n, hot=hot, chunk=chunk, properties=properties, topics=topo.topics, principals=principals
-    )
-    settings = settings.model_copy(update={"topic_scheme": topo.scheme})
-    if principals is not None:
-        settings = settings.model_copy(update={"redis_url": principals.worker_url})
-    ingress = principals.ingress() if principals is not None else []
-    expected = loaded.get("expected_deliveries", n * FANOUT)
-    client.config_resetstat()
-    pool = (pool_factory or _pool)(settings, workers)
-    t_spawn = time.perf_counter()
-    pool.start()
     profiler: Profiler | None = None
     samples: list[tuple[float, int]] = []
     try:
@@ -286,6 +258,84 @@ def run_broker(
     finally:
         if profiler is not None:
             profiler.stop()
+    return _Drain(t0, acked0, t_end, samples, cpu, profile, split)
+
+
+def _queue_checks(client: redis.Redis, qm: str, msgids: Sequence[tuple[str, str]]) -> tuple[int, int, int]:
+    """Order inversions and envelopes checked in three sampled queues; dedup records found of ``msgids``."""
+    inversions = checked = 0
+    for sub in ("hash$r3", "exact$bench_3_3_3", "dedup$r7"):
+        bad, count = order_violations(client, keys.sub_queue(qm, sub))
+        inversions += bad
+        checked += count
+    pipe = client.pipeline(transaction=False)
+    for pid, msgid in msgids:
+        pipe.exists(keys.dedup(qm, pid, msgid))
+    return inversions, checked, sum(pipe.execute())
+
+
+def run_broker(
+    client: redis.Redis,
+    settings: Settings,
+    topo: Topology,
+    n: int,
+    workers: int,
+    hot: bool,
+    chunk: int,
+    profile_dir: str | None = None,
+    label: str = "",
+    properties: bool = False,
+    topic_objects: Sequence[TopicObject] | None = None,
+    security: bool = False,
+    pool_factory: Callable[[Settings, int], Any] | None = None,
+) -> dict[str, Any]:
+    """Preload ``n`` publications, then time the pool draining them into the subscriber queues.
+
+    The clock starts when all ``workers`` have registered (a worker writes its first
+    heartbeat after its first round, so whatever was acknowledged before that is
+    subtracted) and stops when the group has nothing pending and no lag. Then the
+    subscriber queues must hold exactly ``n x FANOUT`` envelopes (with ``properties``:
+    every publication carries ``selector_props``, and the queues must hold what the
+    topology's selectors select, counted by ``preload``). With ``topic_objects``, they are
+    defined after the topology is restored and before the preload (untimed), must still all
+    be there when the drain ends, and are removed afterwards; without, the queue manager must
+    have none. With ``security``, every publisher id publishes as its own principal user through
+    its ingress stream (``Principals``, made after the restore, untimed) and the workers connect as a
+    worker user: the drain ends when the ingress streams are empty too, and every envelope of a
+    sampled queue must carry its publisher's principal. ``pool_factory(settings, workers)`` makes
+    the pool instead of this commit's ``worker.pool.Pool`` (``baseline``: an earlier
+    commit's, for the no-regression row).
+
+    Returns:
+        Figures: pubs/s, deliveries/s, measured F, CPU, Redis time per publication, ...
+
+    Raises:
+        BenchError: the drain stalled, a worker died, or deliveries are missing.
+    """
+    qm = topo.qm
+    topo.restore(client)
+    objects_key = keys.topic_objects(qm)
+    define_s = None
+    if topic_objects:
+        define_s = define_topic_objects(client, qm, topic_objects)
+    elif client.exists(objects_key):
+        raise BenchError(f"{objects_key} holds {client.hlen(objects_key)} topic objects after the restore")
+    principals = Principals.make(client, qm, settings.redis_url, publisher_ids()) if security else None
+    loaded = preload(
+        client, qm, n, hot=hot, chunk=chunk, properties=properties, topics=topo.topics, principals=principals
+    )
+    settings = settings.model_copy(update={"topic_scheme": topo.scheme})
+    if principals is not None:
+        settings = settings.model_copy(update={"redis_url": principals.worker_url})
+    ingress = principals.ingress() if principals is not None else []
+    expected = loaded.get("expected_deliveries", n * FANOUT)
+    client.config_resetstat()
+    pool = (pool_factory or _pool)(settings, workers)
+    t_spawn = time.perf_counter()
+    pool.start()
+    try:
+        drain = _watch_drain(client, qm, n, workers, pool, ingress, profile_dir, label)
+    finally:
         pool.stop()
         objects_left = client.hlen(objects_key)
         if topic_objects:
@@ -293,6 +343,7 @@ def run_broker(
         if principals is not None:
             principals.close(client)
     stats = commandstats(client)
+    t0, acked0, t_end, samples, cpu = drain.t0, drain.acked0, drain.t_end, drain.samples, drain.cpu
     if t0 is None:  # finished before every worker registered: fall back to the spawn time
         t0, acked0 = t_spawn, 0
     elapsed = t_end - t0
@@ -303,15 +354,7 @@ def run_broker(
     t10 = next((t for t, a in samples if a >= 0.1 * n), t0)
     t90 = next((t for t, a in samples if a >= 0.9 * n), t_end)
     steady = round(0.8 * n / (t90 - t10)) if t90 > t10 else None
-    inversions = checked = 0
-    for sub in ("hash$r3", "exact$bench_3_3_3", "dedup$r7"):
-        bad, count = order_violations(client, keys.sub_queue(qm, sub))
-        inversions += bad
-        checked += count
-    pipe = client.pipeline(transaction=False)
-    for pid, msgid in loaded["msgids"]:
-        pipe.exists(keys.dedup(qm, pid, msgid))
-    dedup_found = sum(pipe.execute())
+    inversions, checked, dedup_found = _queue_checks(client, qm, loaded["msgids"])
     redis_cpu_us = cpu.get("redis", 0.0) / 100 * elapsed * 1e6
     result = {
         "n": n,
@@ -330,7 +373,7 @@ def run_broker(
         "deliveries": delivered,
         "fanout_measured": round(delivered / n, 3),
         "dead_lettered": dead,
-        "work_split": split,
+        "work_split": drain.split,
         "order_inversions": inversions,
         "order_checked": checked,
         "dedup_records_found": f"{dedup_found}/{len(loaded['msgids'])}",
@@ -346,8 +389,8 @@ def run_broker(
             key=lambda x: -x[2],
         )[:8],
     }
-    if profile is not None:
-        result["profile"] = profile
+    if drain.profile is not None:
+        result["profile"] = drain.profile
     if properties:
         result |= {
             "properties": True,
