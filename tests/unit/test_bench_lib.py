@@ -1,4 +1,4 @@
-"""The benchmark's selector workload (``scripts.bench.lib``): which subscriptions carry the
+"""The benchmark's selector workload (``scripts.bench.workload``): which subscriptions carry the
 selector, and that the publications' properties make it select about half of them."""
 
 from __future__ import annotations
