@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
@@ -115,10 +115,17 @@ class FakeTime:
 
 
 def queue_messages(client: redis.Redis, qm: str, sub_id: str) -> list[Message]:
-    """Every message in a subscriber queue in the order a consumer takes them, without consuming them."""
+    """Every message in a subscriber queue in the order a consumer takes them, without consuming them.
+
+    Args:
+        client: a client with ``decode_responses=False`` (envelopes are bytes).
+        qm: the queue manager.
+        sub_id: the subscription id (``SubscriptionRecord.sub_id``).
+    """
     out = []
     for band in keys.sub_bands(qm, sub_id):  # highest priority first, as a consumer takes them
-        out += [Message.from_envelope(item) for item in reversed(client.lrange(band, 0, -1))]
+        envelopes = cast("list[bytes]", client.lrange(band, 0, -1))
+        out += [Message.from_envelope(item) for item in reversed(envelopes)]
     return out
 
 
