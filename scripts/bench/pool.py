@@ -274,6 +274,68 @@ def _queue_checks(client: redis.Redis, qm: str, msgids: Sequence[tuple[str, str]
     return inversions, checked, sum(pipe.execute())
 
 
+def _variant_figures(
+    client: redis.Redis,
+    qm: str,
+    topo: Topology,
+    loaded: dict[str, Any],
+    properties: bool,
+    principals: Principals | None,
+    topic_objects: Sequence[TopicObject] | None,
+    define_s: float | None,
+) -> dict[str, Any]:
+    """The figures of a comparison's variant (selectors, security, topic objects) of a ``run_broker`` run.
+
+    Raises:
+        BenchError: with ``principals``, a sampled envelope without its publisher's principal.
+    """
+    result: dict[str, Any] = {}
+    if properties:
+        result |= {
+            "properties": True,
+            "selective_subscriptions": len(topo.selective),
+            "expected_deliveries": loaded.get("expected_deliveries"),
+            "selector_evaluations": loaded["selector_evaluations"],
+            "selected_share": loaded["selected_share"],
+        }
+    if principals is not None:
+        sample = [Message.from_envelope(raw) for raw in client.lrange(keys.sub_queue(qm, "hash$r3"), 0, 199)]
+        strays = [m.msgid for m in sample if m.principal != principals.principal(m.publisher)]
+        if strays or not sample:
+            raise BenchError(f"envelopes without their publisher's principal: {strays[:5]} of {len(sample)}")
+        result |= {"security": True, "principals": len(principals.clients), "principal_checked": len(sample)}
+    if topic_objects is not None:
+        result |= {
+            "topic_objects": len(topic_objects),
+            "topic_objects_define_s": round(define_s, 3) if define_s is not None else None,
+            "topic_objects_coverage": round(topic_object_coverage(topic_objects), 3),
+        }
+    return result
+
+
+def _define_objects(
+    client: redis.Redis, qm: str, topic_objects: Sequence[TopicObject] | None
+) -> float | None:
+    """Define ``topic_objects`` (s taken, untimed) after a restore; without, check there are none.
+
+    Raises:
+        BenchError: topic objects left over from an earlier run.
+    """
+    if topic_objects:
+        return define_topic_objects(client, qm, topic_objects)
+    objects_key = keys.topic_objects(qm)
+    if client.exists(objects_key):
+        raise BenchError(f"{objects_key} holds {client.hlen(objects_key)} topic objects after the restore")
+    return None
+
+
+def _steady_rate(samples: list[tuple[float, int]], n: int, t0: float, t_end: float) -> int | None:
+    """Publications/s in the steady window, from 10% to 90% acknowledged (None when too short to tell)."""
+    t10 = next((t for t, a in samples if a >= 0.1 * n), t0)
+    t90 = next((t for t, a in samples if a >= 0.9 * n), t_end)
+    return round(0.8 * n / (t90 - t10)) if t90 > t10 else None
+
+
 def run_broker(
     client: redis.Redis,
     settings: Settings,
@@ -315,18 +377,13 @@ def run_broker(
     qm = topo.qm
     topo.restore(client)
     objects_key = keys.topic_objects(qm)
-    define_s = None
-    if topic_objects:
-        define_s = define_topic_objects(client, qm, topic_objects)
-    elif client.exists(objects_key):
-        raise BenchError(f"{objects_key} holds {client.hlen(objects_key)} topic objects after the restore")
+    define_s = _define_objects(client, qm, topic_objects)
     principals = Principals.make(client, qm, settings.redis_url, publisher_ids()) if security else None
     loaded = preload(
         client, qm, n, hot=hot, chunk=chunk, properties=properties, topics=topo.topics, principals=principals
     )
-    settings = settings.model_copy(update={"topic_scheme": topo.scheme})
-    if principals is not None:
-        settings = settings.model_copy(update={"redis_url": principals.worker_url})
+    worker_url = {"redis_url": principals.worker_url} if principals is not None else {}
+    settings = settings.model_copy(update={"topic_scheme": topo.scheme, **worker_url})
     ingress = principals.ingress() if principals is not None else []
     expected = loaded.get("expected_deliveries", n * FANOUT)
     client.config_resetstat()
@@ -350,10 +407,7 @@ def run_broker(
     measured = n - acked0
     delivered = _queue_total(client, topo.queues)
     dead = client.xlen(keys.dead_letter(qm))
-    # steady window: 10% -> 90% acknowledged
-    t10 = next((t for t, a in samples if a >= 0.1 * n), t0)
-    t90 = next((t for t, a in samples if a >= 0.9 * n), t_end)
-    steady = round(0.8 * n / (t90 - t10)) if t90 > t10 else None
+    steady = _steady_rate(samples, n, t0, t_end)
     inversions, checked, dedup_found = _queue_checks(client, qm, loaded["msgids"])
     redis_cpu_us = cpu.get("redis", 0.0) / 100 * elapsed * 1e6
     result = {
@@ -391,26 +445,7 @@ def run_broker(
     }
     if drain.profile is not None:
         result["profile"] = drain.profile
-    if properties:
-        result |= {
-            "properties": True,
-            "selective_subscriptions": len(topo.selective),
-            "expected_deliveries": expected,
-            "selector_evaluations": loaded["selector_evaluations"],
-            "selected_share": loaded["selected_share"],
-        }
-    if principals is not None:
-        sample = [Message.from_envelope(raw) for raw in client.lrange(keys.sub_queue(qm, "hash$r3"), 0, 199)]
-        strays = [m.msgid for m in sample if m.principal != principals.principal(m.publisher)]
-        if strays or not sample:
-            raise BenchError(f"envelopes without their publisher's principal: {strays[:5]} of {len(sample)}")
-        result |= {"security": True, "principals": len(principals.clients), "principal_checked": len(sample)}
-    if topic_objects is not None:
-        result |= {
-            "topic_objects": len(topic_objects),
-            "topic_objects_define_s": round(define_s, 3) if define_s is not None else None,
-            "topic_objects_coverage": round(topic_object_coverage(topic_objects), 3),
-        }
+    result |= _variant_figures(client, qm, topo, loaded, properties, principals, topic_objects, define_s)
     if objects_left != len(topic_objects or ()):
         raise BenchError(
             f"{objects_key} held {objects_left} topic objects at the end of the run, "

@@ -16,6 +16,153 @@ from scripts.bench.workload import (
 )
 
 
+class _Channel:
+    """One publisher's pika channel in a publisher process: publishes its topics, counts confirms."""
+
+    def __init__(self, session: _Session, publisher: str, topics: list[str]) -> None:
+        self.session = session
+        self.publisher = publisher
+        self.keys = [amqp_key(t) for t in topics]
+        self.sent = 0
+        self.unconfirmed: set[int] = set()
+        self.finished = False
+        self.channel: Any = None
+
+    def on_open(self, channel: Any) -> None:
+        self.channel = channel
+        channel.add_on_close_callback(self.session.on_channel_closed)
+        if self.session.confirms:
+            channel.confirm_delivery(self.on_confirm, callback=lambda _frame: self.session.opened())
+        else:
+            self.session.opened()
+
+    def pump(self, limit: int) -> None:
+        """Publish up to ``limit`` more (and at most the window's room)."""
+        session = self.session
+        end = len(self.keys)
+        if session.confirms:
+            limit = min(limit, session.window - len(self.unconfirmed))
+        publish = self.channel.basic_publish
+        while limit > 0 and self.sent < end:
+            self.sent += 1
+            props = session.pika.BasicProperties(
+                delivery_mode=session.delivery_mode,
+                message_id=f"{self.publisher}-{self.sent}",
+                app_id=self.publisher,
+            )
+            publish(session.exchange, self.keys[self.sent - 1], session.body, props)
+            if session.confirms:
+                self.unconfirmed.add(self.sent)  # delivery tags count from 1 per channel
+            limit -= 1
+        if self.sent == end and not self.finished:
+            if session.confirms and not self.unconfirmed:
+                self.finish()
+            elif not session.confirms:
+                self.finished = True  # a synchronous round trip: everything before it was routed
+                self.channel.basic_qos(prefetch_count=0, callback=lambda _frame: self.finish())
+
+    def on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        tags = (
+            {t for t in self.unconfirmed if t <= method.delivery_tag}
+            if method.multiple
+            else {method.delivery_tag}
+        )
+        if isinstance(method, self.session.pika.spec.Basic.Nack):
+            self.session.state["nacked"] += len(tags & self.unconfirmed)
+        self.unconfirmed -= tags
+        self.pump(self.session.window)
+        if self.sent == len(self.keys) and not self.unconfirmed and not self.finished:
+            self.finish()
+
+    def finish(self) -> None:
+        self.finished = True
+        self.session.channel_done()
+
+
+class _Session:
+    """One publisher process's ``SelectConnection``: its channels, the counters, the pipe to the parent."""
+
+    #: transient: publish more only when pika's write buffer is below this many bytes
+    BUFFER_LIMIT = 256 * 1024
+
+    def __init__(
+        self,
+        pika: Any,
+        exchange: str,
+        delivery_mode: int,
+        confirms: bool,
+        window: int,
+        body: bytes,
+        conn: Any,
+        go: Any,
+    ) -> None:
+        self.pika = pika
+        self.exchange, self.delivery_mode, self.confirms = exchange, delivery_mode, confirms
+        self.window, self.body, self.conn, self.go = window, body, conn, go
+        self.state: dict[str, Any] = {"open": 0, "done": 0, "nacked": 0}
+        self.channels: list[_Channel] = []
+        self.connection: Any = None
+
+    def channel_done(self) -> None:
+        state = self.state
+        state["done"] += 1
+        if state["done"] == len(self.channels):
+            t_end = time.perf_counter()
+            published = sum(c.sent for c in self.channels)
+            self.conn.send(("done", state["t_start"], t_end, published, state["nacked"]))
+            self.connection.close()
+
+    def opened(self) -> None:
+        self.state["open"] += 1
+        if self.state["open"] == len(self.channels):
+            self.conn.send(("ready",))
+            self.connection.ioloop.call_later(0.001, self.wait_go)
+
+    def wait_go(self) -> None:
+        if not self.go.is_set():
+            self.connection.ioloop.call_later(0.001, self.wait_go)
+            return
+        self.state["t_start"] = time.perf_counter()
+        if self.confirms:
+            for c in self.channels:
+                c.pump(self.window)
+        else:
+            self.tick()
+
+    def tick(self) -> None:
+        """Transient: a round of 20 per channel whenever pika's write buffer is short."""
+        if self.connection._get_write_buffer_size() < self.BUFFER_LIMIT:
+            for c in self.channels:
+                if not c.finished:
+                    c.pump(20)
+        if any(not c.finished for c in self.channels):
+            self.connection.ioloop.call_later(0, self.tick)
+
+    def on_channel_closed(self, channel: Any, reason: Exception) -> None:
+        if self.state["done"] < len(self.channels):
+            self.fail(f"channel {channel.channel_number} closed: {reason}")
+
+    def fail(self, text: str) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.send(("error", text))
+        self.state["done"] = len(self.channels) + 1
+        with contextlib.suppress(Exception):
+            self.connection.ioloop.stop()
+
+    def on_open(self, connection: Any) -> None:
+        for c in self.channels:
+            connection.channel(on_open_callback=c.on_open)
+
+    def on_open_error(self, _connection: Any, error: Exception) -> None:
+        self.fail(f"connection failed: {error!r}")
+
+    def on_closed(self, _connection: Any, reason: Exception) -> None:
+        if self.state["done"] < len(self.channels):
+            self.fail(f"connection closed: {reason!r}")
+        self.connection.ioloop.stop()
+
+
 def _publisher_process(
     port: int,
     exchange: str,
@@ -34,132 +181,19 @@ def _publisher_process(
     import pika
     from pika.adapters.select_connection import SelectConnection
 
-    state: dict[str, Any] = {"open": 0, "done": 0, "nacked": 0}
-    channels: list[_Channel] = []
-    buffer_limit = 256 * 1024  # transient: publish more only when pika's write buffer is below this
-
-    class _Channel:
-        def __init__(self, publisher: str, topics: list[str]) -> None:
-            self.publisher = publisher
-            self.keys = [amqp_key(t) for t in topics]
-            self.sent = 0
-            self.unconfirmed: set[int] = set()
-            self.finished = False
-            self.channel: Any = None
-
-        def on_open(self, channel: Any) -> None:
-            self.channel = channel
-            channel.add_on_close_callback(on_channel_closed)
-            if confirms:
-                channel.confirm_delivery(self.on_confirm, callback=lambda _frame: opened())
-            else:
-                opened()
-
-        def pump(self, limit: int) -> None:
-            """Publish up to ``limit`` more (and at most the window's room)."""
-            end = len(self.keys)
-            if confirms:
-                limit = min(limit, window - len(self.unconfirmed))
-            publish = self.channel.basic_publish
-            while limit > 0 and self.sent < end:
-                self.sent += 1
-                props = pika.BasicProperties(
-                    delivery_mode=delivery_mode,
-                    message_id=f"{self.publisher}-{self.sent}",
-                    app_id=self.publisher,
-                )
-                publish(exchange, self.keys[self.sent - 1], body, props)
-                if confirms:
-                    self.unconfirmed.add(self.sent)  # delivery tags count from 1 per channel
-                limit -= 1
-            if self.sent == end and not self.finished:
-                if confirms and not self.unconfirmed:
-                    self.finish()
-                elif not confirms:
-                    self.finished = True  # a synchronous round trip: everything before it was routed
-                    self.channel.basic_qos(prefetch_count=0, callback=lambda _frame: self.finish())
-
-        def on_confirm(self, frame: Any) -> None:
-            method = frame.method
-            tags = (
-                {t for t in self.unconfirmed if t <= method.delivery_tag}
-                if method.multiple
-                else {method.delivery_tag}
-            )
-            if isinstance(method, pika.spec.Basic.Nack):
-                state["nacked"] += len(tags & self.unconfirmed)
-            self.unconfirmed -= tags
-            self.pump(window)
-            if self.sent == len(self.keys) and not self.unconfirmed and not self.finished:
-                self.finish()
-
-        def finish(self) -> None:
-            self.finished = True
-            state["done"] += 1
-            if state["done"] == len(channels):
-                t_end = time.perf_counter()
-                published = sum(c.sent for c in channels)
-                conn.send(("done", state["t_start"], t_end, published, state["nacked"]))
-                connection.close()
-
-    def opened() -> None:
-        state["open"] += 1
-        if state["open"] == len(channels):
-            conn.send(("ready",))
-            connection.ioloop.call_later(0.001, wait_go)
-
-    def wait_go() -> None:
-        if not go.is_set():
-            connection.ioloop.call_later(0.001, wait_go)
-            return
-        state["t_start"] = time.perf_counter()
-        if confirms:
-            for c in channels:
-                c.pump(window)
-        else:
-            tick()
-
-    def tick() -> None:
-        """Transient: a round of 20 per channel whenever pika's write buffer is short."""
-        if connection._get_write_buffer_size() < buffer_limit:
-            for c in channels:
-                if not c.finished:
-                    c.pump(20)
-        if any(not c.finished for c in channels):
-            connection.ioloop.call_later(0, tick)
-
-    def on_channel_closed(channel: Any, reason: Exception) -> None:
-        if state["done"] < len(channels):
-            fail(f"channel {channel.channel_number} closed: {reason}")
-
-    def fail(text: str) -> None:
-        with contextlib.suppress(Exception):
-            conn.send(("error", text))
-        state["done"] = len(channels) + 1
-        with contextlib.suppress(Exception):
-            connection.ioloop.stop()
-
-    def on_open(connection: Any) -> None:
-        for c in channels:
-            connection.channel(on_open_callback=c.on_open)
-
-    def on_open_error(_connection: Any, error: Exception) -> None:
-        fail(f"connection failed: {error!r}")
-
-    def on_closed(_connection: Any, _reason: Exception) -> None:
-        if state["done"] < len(channels):
-            fail(f"connection closed: {_reason!r}")
-        connection.ioloop.stop()
-
-    channels.extend(_Channel(p, topics) for p, topics in work.items())
+    session = _Session(pika, exchange, delivery_mode, confirms, window, body, conn, go)
+    session.channels.extend(_Channel(session, p, topics) for p, topics in work.items())
     params = pika.ConnectionParameters(host="127.0.0.1", port=port, heartbeat=0)
-    connection = SelectConnection(
-        params, on_open_callback=on_open, on_open_error_callback=on_open_error, on_close_callback=on_closed
+    session.connection = SelectConnection(
+        params,
+        on_open_callback=session.on_open,
+        on_open_error_callback=session.on_open_error,
+        on_close_callback=session.on_closed,
     )
     try:
-        connection.ioloop.start()
+        session.connection.ioloop.start()
     except Exception as exc:  # reported to the parent, which raises BenchError
-        fail(f"{type(exc).__name__}: {exc}")
+        session.fail(f"{type(exc).__name__}: {exc}")
     finally:
         conn.close()
 
