@@ -21,7 +21,7 @@ from rich.console import Console
 
 from broker.config import Settings
 from broker.server import Server
-from scripts.bench.pool import wait_idle
+from scripts.bench.pool import run_broker, wait_idle
 from scripts.bench.workload import BenchError
 
 #: The benchmark's queue manager.
@@ -209,8 +209,6 @@ def broker_row(label: str, b: dict[str, Any], notes: str) -> Row:
 
 def two_workers(ctx: Ctx, topology: Any, run_settings: Settings | None = None, **extra: Any) -> Any:
     """The 2-worker broker run of a side-by-side comparison (7., 9.-16.)."""
-    from scripts.bench.pool import run_broker
-
     a = ctx.args
     return run_broker(
         ctx.client, run_settings or ctx.settings, topology, a.n, 2, False, a.interleave, **extra
