@@ -401,7 +401,7 @@ def run_broker(
             principals.close(client)
     stats = commandstats(client)
     t0, acked0, t_end, samples, cpu = drain.t0, drain.acked0, drain.t_end, drain.samples, drain.cpu
-    if t0 is None:  # finished before every worker registered: fall back to the spawn time
+    if t0 is None or t0 >= t_end:  # done before (or as) every worker registered: time from the spawn
         t0, acked0 = t_spawn, 0
     elapsed = t_end - t0
     measured = n - acked0
