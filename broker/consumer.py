@@ -541,7 +541,7 @@ class Subscriber:
         delivery's message is made from its checked header when it is first read
         (``Delivery.message``, which then cannot fail).
 
-        Batches of a few hundred are cheapest per message (``scripts/bench.py`` row 8):
+        Batches of a few hundred are cheapest per message (``python -m scripts.bench`` row 8):
         taking and acknowledging cost a round trip and a fixed part each, and
         ``ack_many`` of a whole batch is one step in Redis.
 

@@ -9,7 +9,7 @@ Usage::
 Why: the bench's own regression row runs an older commit's code under THIS commit's harness,
 which cannot run a commit that speaks an older protocol. Here each side is a clone of the
 repository at that commit (``--workdir``, default ``/tmp/bench-ab/<sha>``) with a venv of its
-own (``pip install -e .``, made once and kept), and runs its own ``scripts/bench.py``:
+own (``pip install -e .``, made once and kept), and runs its own ``python -m scripts.bench``:
 
 - ``broker``: ``--only broker --n N --repeat 1``: the 2-worker pool's publications/s;
 - ``latency``: ``--only latency --latency-s S``: p99 and p50 (ms) at 2,000/s, XADD -> BRPOP, and

@@ -9,7 +9,7 @@ Usage::
 The script starts its own server (AOF on, ``appendfsync always``, a data
 directory kept across restarts), a proxy process in front of it (workers and
 publishers connect through it, so replies can be lost), worker processes
-(``worker.loop.main`` with ``tests.harness.hook.CrashHook``) under its own
+(``worker.loop.main`` with ``scripts.rig.hook.CrashHook``) under its own
 supervisor, publisher and subscriber threads, and a maintenance thread that
 trims acknowledged stream entries and watches memory. For ``--duration-s`` it
 injects faults chosen by ``random.Random(seed)``:
@@ -52,7 +52,7 @@ injects faults chosen by ``random.Random(seed)``:
   and go on;
 - ``killer_entry`` (optional: ``--weight killer_entry=N``): an ordinary
   publisher writes, in its order among its publications, an entry every worker
-  dies on (SIGKILL as it handles it; ``tests.harness.hook.install_killer``).
+  dies on (SIGKILL as it handles it; ``scripts.rig.hook.install_killer``).
   It must be dead-lettered once, after ``max_deliveries``, and no healthy
   publication held beside it (its publisher's, other publishers') may be
   (``good_dead_lettered``).
@@ -68,7 +68,7 @@ reason, received by none); ``half_applied`` counts those that are neither.
 Publishers also write poison entries (missing topic, invalid UTF-8, oversized
 body, invalid topic, missing publisher) among their publications. Then the
 faults stop, publishers stop, the workers drain, and the history is checked
-(``tests.harness.history``). The last line is::
+(``scripts.rig.history``). The last line is::
 
     faults=<n> publications=<n> deliveries=<n> dead_lettered=<n> lost=<n> duplicated=<n> reordered=<n> \
     refusable=<n> refused_by_foreign_key=<n> half_applied=<n> foreign_not_refused=<n> good_dead_lettered=<n>
@@ -115,7 +115,7 @@ proxy. Faults (``FED_FAULTS``):
 - ``consumer_kill``: as above.
 
 The expected recipients of each publication are computed network-wide
-(``tests.harness.history.network_recipients``). After the drain (every queue
+(``scripts.rig.history.network_recipients``). After the drain (every queue
 manager's stream handled, every transmission stream filed by its receiver,
 every queue consumed), the last line is::
 
@@ -167,10 +167,10 @@ from broker.status import status
 from broker.stream import group_state
 from broker.subscriptions import subscribe
 from broker.topic_objects import Attributes, define
-from tests.harness.cluster import LocalCluster, spread_names
-from tests.harness.history import History, Poison, Publication, network_recipients, recipients
-from tests.harness.hook import KILLER_FIELD, run_channel, run_worker
-from tests.harness.proxy import ProxyProcess, evalsha
+from scripts.rig.cluster import LocalCluster, spread_names
+from scripts.rig.history import History, Poison, Publication, network_recipients, recipients
+from scripts.rig.hook import KILLER_FIELD, run_channel, run_worker
+from scripts.rig.proxy import ProxyProcess, evalsha
 from worker.loop import CRASH_POINTS
 from worker.pool import ExitHandler, Pool
 
@@ -282,7 +282,7 @@ FED_FAULTS: dict[str, int] = {
 
 #: Fault kinds implemented but left out of the default weights (``--weight KIND=N`` turns one on).
 #: ``killer_entry``: an ordinary publisher writes, among its publications, an entry every worker
-#: dies on (SIGKILL as it handles it, ``tests.harness.hook.KILLER_FIELD``): it must be dead-lettered
+#: dies on (SIGKILL as it handles it, ``scripts.rig.hook.KILLER_FIELD``): it must be dead-lettered
 #: after ``max_deliveries`` ("max_deliveries" in its reason), and no healthy publication held with
 #: it may be (``good_dead_lettered``). Each costs up to ``max_deliveries`` worker deaths.
 OPTIONAL_FAULTS: tuple[str, ...] = ("killer_entry",)
@@ -642,7 +642,7 @@ class Harness:
             fields["topic"] = "a/#"
         elif kind == "missing_publisher":
             del fields["publisher"]
-        elif kind == "killer_entry":  # a valid publication every worker dies on (tests.harness.hook)
+        elif kind == "killer_entry":  # a valid publication every worker dies on (scripts.rig.hook)
             fields[KILLER_FIELD] = "1"
             self._fault(kind, f"publisher {publisher}: {marker}")
         poison = Poison(kind, marker, POISON[kind][1] if kind in POISON else "max_deliveries")

@@ -4,11 +4,11 @@
 
 Starts its own server (``broker.server.Server``; ``--redis-url`` to use another), and three queue
 managers, ``FZM`` (``mqtt`` scheme), ``FZS`` (``swiftmq``) and ``FZI`` (``swiftmq`` with indirect
-subscriber selection), each with in-process workers (``tests.harness.testing.make_workers``)
+subscriber selection), each with in-process workers (``broker.testing.make_workers``)
 driven round by round after every chunk of inputs. Three well-behaved publishers per queue
 manager publish on ``good/...`` (``good....``) to subscriptions with exact, wildcard, predicate,
 selector and shared filters. Between their publications come the bad inputs
-(``tests.harness.fuzzing`` generates them, seeded):
+(``scripts.rig.fuzzing`` generates them, seeded):
 
 - ``entry``: raw ``XADD`` fields of a publication, mutated (fields missing, given twice, of the
   wrong type, huge, not UTF-8, out of range; binary and oversized bodies; bad priorities,
@@ -69,10 +69,10 @@ from broker.publish import Publisher
 from broker.selectors import compile_selector, like
 from broker.server import Server
 from broker.subscriptions import SubscriptionRecord, subscribe, unsubscribe
+from broker.testing import make_workers
 from broker.topic_objects import load_file
 from broker.topics import TopicIndex, split_shared
-from tests.harness import fuzzing as fz
-from tests.harness.testing import make_workers
+from scripts.rig import fuzzing as fz
 from worker.loop import Worker
 
 #: The queue managers fuzzed: name, topic scheme, direct subscriber selection (swiftmq: False

@@ -15,8 +15,8 @@ from broker import cli
 from broker.config import Settings
 from broker.connection import connect
 from broker.server import Server
-from tests.harness.cluster import LocalCluster
-from tests.harness.testing import start_server
+from broker.testing import start_server
+from scripts.rig.cluster import LocalCluster
 
 QM = "TEST"
 
@@ -30,7 +30,7 @@ def real_server() -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[LocalCluster]:
-    """A 3-master Redis Cluster (``tests.harness.cluster``) for the session (``test_cluster.py``,
+    """A 3-master Redis Cluster (``scripts.rig.cluster``) for the session (``test_cluster.py``,
     ``test_federation.py``: each test uses queue manager names of its own)."""
     cluster = LocalCluster().start()
     yield cluster

@@ -14,7 +14,7 @@
 
 The child's entry point is an argument (``entry_point``, default
 :func:`run_worker`), so a test rig can run the same supervision over workers it
-instruments (``scripts/chaos.py`` runs ``tests.harness.hook.run_worker``, which
+instruments (``scripts/chaos.py`` runs ``scripts.rig.hook.run_worker``, which
 adds crash points).
 """
 

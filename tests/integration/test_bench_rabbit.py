@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.harness import bench_lib as lib
-from tests.harness import bench_rabbit as br
+from scripts.bench import rabbit as br
+from scripts.bench.aof import set_aof
+from scripts.bench.rabbit_node import _session_alive
+from scripts.bench.workload import FANOUT
 
 pytestmark = pytest.mark.real
 
@@ -19,11 +21,11 @@ pytestmark = pytest.mark.real
 def test_the_aof_row_turns_appendfsync_everysec_on_and_off_again(real_redis: redis.Redis) -> None:
     real_redis.set("k", "v")
     try:
-        got = lib.set_aof(real_redis, True)
+        got = set_aof(real_redis, True)
         assert got == {"appendonly": "yes", "appendfsync": "everysec", "aof_enabled": 1}
         real_redis.set("k2", "v2")
     finally:
-        off = lib.set_aof(real_redis, False)
+        off = set_aof(real_redis, False)
     assert off["aof_enabled"] == 0 and off["appendonly"] == "no"
     assert real_redis.get("k2") == b"v2"
 
@@ -44,11 +46,11 @@ def test_rabbitmq_delivers_what_the_broker_would_and_its_node_is_stopped() -> No
     finally:
         peer.stop()
     for mode, run in runs.items():
-        assert run["n"] == 300 and run["deliveries"] == 300 * lib.FANOUT, mode
+        assert run["n"] == 300 and run["deliveries"] == 300 * FANOUT, mode
         assert run["queues_checked"] == 1450 and run["fanout_measured"] == 10.0
         assert run["pubs_per_s"] > 0 and run["cpu"]["rabbitmq"] > 0
     assert runs["persistent"]["window"] == br.WINDOW and runs["transient"]["window"] is None
     assert peer.info["version"].startswith("3.") and peer.info["topology"]["queues"] == 1450
     assert not Path(directory).exists()
-    assert not br._session_alive(session)  # the node's processes are gone
+    assert not _session_alive(session)  # the node's processes are gone
     peer.stop()  # twice is harmless

@@ -43,8 +43,8 @@ from broker.network_admin import apply_network, list_proxies, network_status
 from broker.routing import RoutingTable
 from broker.server import Server
 from broker.stream import ensure_group
-from tests.harness.proxy import Proxy, evalsha
-from tests.harness.testing import drain, make_workers, queue_messages, wait_for
+from broker.testing import drain, make_workers, queue_messages, wait_for
+from scripts.rig.proxy import Proxy, evalsha
 from worker.loop import Worker
 
 A, B = "A", "B"

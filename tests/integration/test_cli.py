@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from broker import cli, keys
-from tests.harness.testing import drain, make_workers
+from broker.testing import drain, make_workers
 
 QM = "TEST"
 

@@ -1,6 +1,6 @@
 """Queue managers on a Redis Cluster: each lives in its ``{qm}`` slot, the hot path touches only it.
 
-A local 3-master cluster (``tests.harness.cluster``) for the session; every
+A local 3-master cluster (``scripts.rig.cluster``) for the session; every
 test uses queue manager names of its own, so nothing is flushed between tests.
 """
 
@@ -19,8 +19,8 @@ from broker.connection import connect, is_cluster
 from broker.errors import ClusterUnsupported, ConfigError
 from broker.jobs import schedule
 from broker.server import cli_command
-from tests.harness.cluster import LocalCluster
-from tests.harness.testing import drain, make_workers, queue_messages, work_while
+from broker.testing import drain, make_workers, queue_messages, work_while
+from scripts.rig.cluster import LocalCluster
 from worker.loop import Worker
 
 _names = itertools.count()

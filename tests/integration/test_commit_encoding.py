@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from broker import Publisher, keys, subscribe
-from tests.harness.testing import drain, make_workers, queue_messages
+from broker.testing import drain, make_workers, queue_messages
 
 QM = "TEST"
 

@@ -22,7 +22,7 @@ import pytest
 import redis
 import uvicorn
 
-from broker import keys
+from broker import keys, testing
 from broker.acl import RoleSpec, add_user
 from broker.config import Settings
 from broker.console import create_app
@@ -30,9 +30,8 @@ from broker.publish import Publisher
 from broker.server import Server, free_port
 from broker.status import status
 from broker.subscriptions import subscribe
+from broker.testing import queue_messages
 from broker.topic_objects import Attributes, alter, define
-from tests.harness import testing
-from tests.harness.testing import queue_messages
 from worker.pool import Pool
 
 QM = "TEST"

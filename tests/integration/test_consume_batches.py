@@ -20,7 +20,7 @@ from broker.config import Settings
 from broker.consumer import CRASH_POINTS, Delivery, Subscriber
 from broker.errors import InvalidMessage, ServerError
 from broker.models import encode_envelope
-from tests.harness.consumers import run_crashing_consumer
+from scripts.rig.consumers import run_crashing_consumer
 
 QM = "TEST"
 LEASE = 1_000

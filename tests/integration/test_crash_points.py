@@ -5,7 +5,7 @@ Each point of ``worker.loop.CRASH_POINTS`` is tested twice, without sleeps:
 - in-process: the hook raises ``Died`` (a ``BaseException``, so nothing in the
   worker can swallow it) and the object is dropped with its Redis state as it
   is; the lease running out is simulated by deleting the turns it held;
-- as a real process that SIGKILLs itself at the point (``tests.harness.hook``),
+- as a real process that SIGKILLs itself at the point (``scripts.rig.hook``),
   joined (not slept on).
 
 The set-up makes every point reachable in the victim's first round: a live
@@ -21,9 +21,9 @@ import signal
 import pytest
 
 from broker import Publisher, keys, link, subscribe
-from tests.harness.history import check_queues
-from tests.harness.hook import run_worker
-from tests.harness.testing import drain, make_workers
+from broker.testing import drain, make_workers
+from scripts.rig.history import check_queues
+from scripts.rig.hook import run_worker
 from worker.loop import CRASH_POINTS, Worker
 
 QM = "TEST"

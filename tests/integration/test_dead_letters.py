@@ -23,8 +23,8 @@ from broker.dead_letters import (
 )
 from broker.errors import DeadLetterNotFound, EmptySelection, ForeignKey
 from broker.principals import bind
+from broker.testing import drain, make_workers, queue_messages
 from broker.topic_objects import Attributes, alter, define
-from tests.harness.testing import drain, make_workers, queue_messages
 
 QM = "TEST"
 DISABLED = Selection(reason="pub(disabled)")

@@ -14,7 +14,7 @@ from broker.durables import delete_durables, expire_idle_durables
 from broker.errors import InvalidSelector
 from broker.jobs import ADMIN_QUEUE, periodic
 from broker.subscriptions import Removal, list_subscriptions, remove_subscription
-from tests.harness.testing import drain, make_workers
+from broker.testing import drain, make_workers
 
 QM = "TEST"
 

@@ -1,7 +1,7 @@
 """Faults other than a worker's death at a crash point: lost replies, zombies, Redis restarts, poison.
 
 Each fault is injected at a named point (a worker hook, or the reply-dropping
-proxy of ``tests.harness.proxy`` armed for one command), never after a sleep.
+proxy of ``scripts.rig.proxy`` armed for one command), never after a sleep.
 Workers run either round by round (``drain``) or through their real loop
 (``Worker.run``, stopped by a hook once the stream is drained or after a bound
 on rounds), so that the loop's own error handling is what is tested.
@@ -24,10 +24,10 @@ from broker.connection import connect
 from broker.models import publication_fields
 from broker.server import Server, free_port
 from broker.status import status
+from broker.testing import drain, make_workers, queue_messages
 from broker.unit_of_work import CommitBatch
-from tests.harness.history import History, Publication, check_queues
-from tests.harness.proxy import Proxy, evalsha
-from tests.harness.testing import drain, make_workers, queue_messages
+from scripts.rig.history import History, Publication, check_queues
+from scripts.rig.proxy import Proxy, evalsha
 from worker.loop import Worker
 
 QM = "TEST"

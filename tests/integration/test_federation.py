@@ -31,9 +31,9 @@ from broker.network_admin import apply_network, list_proxies, network_status, re
 from broker.publish import Publisher
 from broker.server import Server, free_port
 from broker.subscriptions import subscribe, unsubscribe
+from broker.testing import drain, make_workers, queue_messages
 from broker.topic_objects import Attributes, define, delete
-from tests.harness.cluster import LocalCluster
-from tests.harness.testing import drain, make_workers, queue_messages
+from scripts.rig.cluster import LocalCluster
 
 _tags = itertools.count()
 

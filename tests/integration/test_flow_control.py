@@ -18,8 +18,8 @@ from broker import keys
 from broker.models import publication_fields
 from broker.publish import Publisher
 from broker.subscriptions import subscribe
+from broker.testing import FakeTime, drain, make_workers, work_while
 from tests.conftest import QM
-from tests.harness.testing import FakeTime, drain, make_workers, work_while
 
 
 @pytest.fixture

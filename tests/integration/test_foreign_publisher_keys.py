@@ -14,7 +14,7 @@ import redis
 from broker import keys, subscribe
 from broker.errors import ForeignKey
 from broker.status import status
-from tests.harness.testing import make_workers
+from broker.testing import make_workers
 from worker import loop
 from worker.loop import Worker
 

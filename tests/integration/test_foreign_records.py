@@ -14,7 +14,7 @@ from broker.errors import CorruptRecord, ForeignKey
 from broker.routing import RoutingTable, explain
 from broker.status import status
 from broker.subscriptions import read_subscriptions, unsubscribe
-from tests.harness.testing import drain, make_workers, queue_messages
+from broker.testing import drain, make_workers, queue_messages
 
 QM = "TEST"
 

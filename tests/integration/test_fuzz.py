@@ -16,9 +16,9 @@ from broker import keys
 from broker.config import Settings
 from broker.consumer import Subscriber
 from broker.subscriptions import subscribe
+from broker.testing import drain, make_workers, queue_messages
 from scripts.fuzz import Fuzz
-from tests.harness import fuzzing as fz
-from tests.harness.testing import drain, make_workers, queue_messages
+from scripts.rig import fuzzing as fz
 
 QM = "TEST"
 

@@ -9,7 +9,7 @@ import pytest
 from broker import Publisher, keys, link, subscribe, unlink
 from broker.models import publication_fields
 from broker.status import status
-from tests.harness.testing import drain, make_workers, queue_messages, work_while
+from broker.testing import drain, make_workers, queue_messages, work_while
 from worker.loop import Worker
 
 QM = "TEST"

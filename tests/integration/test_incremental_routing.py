@@ -26,8 +26,8 @@ from broker.maintenance import reset
 from broker.routing import RoutingTable
 from broker.status import status
 from broker.subscriptions import unsubscribe
+from broker.testing import drain, make_workers, queue_messages
 from broker.topic_objects import Attributes, define
-from tests.harness.testing import drain, make_workers, queue_messages
 from worker.loop import Worker
 
 QM = "TEST"

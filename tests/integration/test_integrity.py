@@ -18,7 +18,7 @@ import redis
 from broker import Publisher, keys, subscribe
 from broker.maintenance import trim_acknowledged
 from broker.models import publication_fields
-from tests.harness.testing import drain, make_workers, queue_messages
+from broker.testing import drain, make_workers, queue_messages
 
 QM = "TEST"
 

@@ -25,7 +25,7 @@ from broker.jobs import (
 )
 from broker.schedules import next_run_ms
 from broker.subscriptions import list_subscriptions
-from tests.harness.testing import drain, make_workers
+from broker.testing import drain, make_workers
 
 QM = "TEST"
 

@@ -21,9 +21,9 @@ from broker.models import publication_fields
 from broker.publish import Publisher
 from broker.status import topic_status
 from broker.subscriptions import subscribe, unsubscribe
+from broker.testing import drain, make_workers, queue_messages, work_while
 from broker.topic_objects import BASE, Attributes, alter, define
 from tests.conftest import QM
-from tests.harness.testing import drain, make_workers, queue_messages, work_while
 
 
 def _dead_letters(client) -> list[dict[bytes, bytes]]:

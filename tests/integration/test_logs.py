@@ -15,7 +15,7 @@ from pathlib import Path
 from broker import keys
 from broker.logs import configure_logging
 from broker.models import publication_fields
-from tests.harness.testing import drain, make_workers
+from broker.testing import drain, make_workers
 
 QM = "TEST"
 ROOT = Path(__file__).resolve().parents[2]

@@ -32,8 +32,8 @@ from broker.models import publication_fields
 from broker.publish import Publisher
 from broker.server import EPHEMERAL, Server
 from broker.subscriptions import subscribe, unsubscribe
+from broker.testing import drain, make_workers, queue_messages
 from broker.topic_objects import Attributes, define
-from tests.harness.testing import drain, make_workers, queue_messages
 from worker.loop import RETRY_PAUSE_MS, Worker
 
 QM = "MEM"

@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker import Publisher, keys, subscribe
 from broker.metrics import METRICS, NULL_RECORDER, Recorder
 from broker.server import free_port
+from broker.testing import drain, make_workers, wait_for
 from broker.topic_objects import Attributes, define
-from tests.harness.testing import drain, make_workers, wait_for
 from worker.pool import Pool
 
 QM = "TEST"

@@ -39,7 +39,7 @@ from broker.pipeline.routes import Subscriptions, filter_pattern, link_closure
 from broker.pipeline.session import build_session, task_attempts, with_retries
 from broker.pipeline.source import SourceSpec
 from broker.server import Server
-from tests.harness.testing import drain, make_workers, queue_messages
+from broker.testing import drain, make_workers, queue_messages
 
 QM = "TEST"
 ROWS = 2_000
@@ -328,7 +328,7 @@ def test_a_partition_failing_halfway_is_retried_without_duplicates(
 
 
 def test_the_spark_tasks_publish_over_tls_with_the_settings_they_are_given(spark, flights, tmp_path):
-    from tests.harness.tls import TLSServer, make_certificates, tls_binary
+    from scripts.rig.tls import TLSServer, make_certificates, tls_binary
 
     binary = tls_binary()
     if binary is None:

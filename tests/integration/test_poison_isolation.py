@@ -26,8 +26,8 @@ import worker.loop as worker_loop
 from broker import Publisher, keys, subscribe
 from broker.config import Settings
 from broker.errors import ForeignKey
-from tests.harness.history import History, Poison, Publication, check_queues
-from tests.harness.testing import drain
+from broker.testing import drain
+from scripts.rig.history import History, Poison, Publication, check_queues
 from worker.loop import Worker
 
 QM = "TEST"

@@ -7,7 +7,7 @@ import signal
 
 from broker import Publisher, keys, subscribe
 from broker.status import status
-from tests.harness.testing import queue_messages, wait_for
+from broker.testing import queue_messages, wait_for
 from worker.pool import Pool
 
 QM = "TEST"

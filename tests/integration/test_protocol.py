@@ -10,7 +10,7 @@ from pathlib import Path
 
 from broker import Subscriber, keys, list_subscriptions
 from broker.server import cli_binary
-from tests.harness.testing import drain, make_workers
+from broker.testing import drain, make_workers
 
 QM = "TEST"
 

@@ -16,8 +16,8 @@ from broker.channel import forwarded_fields
 from broker.models import encode_envelope, parse_entry
 from broker.routing import RoutingTable
 from broker.subscriptions import subscribe
+from broker.testing import drain, make_workers, queue_messages
 from tests.conftest import QM
-from tests.harness.testing import drain, make_workers, queue_messages
 
 RAW_MSGID = b"u\xff"
 

@@ -9,7 +9,7 @@ import pytest
 from broker import ReplyTimeout, keys, list_subscriptions, subscribe
 from broker.consumer import sweep_subscriptions
 from broker.request_reply import ERROR_PROPERTY, Requestor, Responder
-from tests.harness.testing import make_workers
+from broker.testing import make_workers
 
 QM = "TEST"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from broker import Publisher, keys, subscribe
-from tests.harness.testing import drain, make_workers, queue_messages
+from broker.testing import drain, make_workers, queue_messages
 from worker.loop import Worker
 
 QM = "TEST"

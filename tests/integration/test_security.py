@@ -52,9 +52,9 @@ from broker.scripts import script_source
 from broker.server import Server, cli_binary, free_port
 from broker.status import status
 from broker.subscriptions import SubscriptionRecord, subscribe, unsubscribe
+from broker.testing import drain, make_workers, queue_messages, work_while
 from broker.topic_objects import Attributes, define
 from broker.topic_objects import delete as delete_object
-from tests.harness.testing import drain, make_workers, queue_messages, work_while
 from worker.loop import Worker
 
 QM = "TEST"

@@ -18,8 +18,8 @@ from broker.errors import SelectorTooComplex
 from broker.models import publication_fields
 from broker.status import status
 from broker.subscriptions import subscribe
+from broker.testing import drain, make_workers, queue_messages
 from tests.conftest import QM
-from tests.harness.testing import drain, make_workers, queue_messages
 
 #: The issue's selector: 60,000 ORed comparisons, 768 KB.
 HUGE = " OR ".join(f"a = {i}" for i in range(60_000))

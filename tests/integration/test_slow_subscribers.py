@@ -19,9 +19,9 @@ from broker.config import SlowSubscriberCondition
 from broker.models import publication_fields
 from broker.status import status
 from broker.subscriptions import remove_subscription, subscribe
+from broker.testing import drain, make_workers
 from broker.topic_objects import Attributes, define
 from tests.conftest import QM
-from tests.harness.testing import drain, make_workers
 
 
 def _fill(client, sub_id: str, depth: int) -> None:

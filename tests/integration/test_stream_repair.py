@@ -19,7 +19,7 @@ from broker import Publisher, keys, subscribe
 from broker.repair import repair_stream
 from broker.status import status
 from broker.stream import MAX_ID, group_state
-from tests.harness.testing import drain, make_workers, queue_messages
+from broker.testing import drain, make_workers, queue_messages
 from worker.loop import Worker
 
 QM = "TEST"

@@ -16,8 +16,8 @@ import pytest
 from broker import ConsumerConflict, Publisher, keys, list_subscriptions, subscribe, unsubscribe
 from broker.config import ConsumerMode, Settings
 from broker.consumer import Subscriber, subscription_load, sweep_subscriptions
-from tests.harness.consumers import run_consumer
-from tests.harness.testing import drain, make_workers
+from broker.testing import drain, make_workers
+from scripts.rig.consumers import run_consumer
 
 QM = "TEST"
 LEASE = 1_000

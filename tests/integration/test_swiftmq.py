@@ -16,8 +16,8 @@ from broker.declared import declare, list_declared, undeclare
 from broker.errors import ConfigError, InvalidTopicFilter, NoSuchTopic, SubscriptionRefused
 from broker.links import link
 from broker.status import status
+from broker.testing import drain, make_workers, queue_messages
 from broker.topic_objects import Attributes, define, topic_of
-from tests.harness.testing import drain, make_workers, queue_messages
 
 QM = "TEST"
 

@@ -1,6 +1,6 @@
 """TLS (``rediss://``): every client the broker makes takes the ``tls_*`` settings.
 
-The servers are ``tests.harness.tls.TLSServer``: a binary built with TLS (the embedded
+The servers are ``scripts.rig.tls.TLSServer``: a binary built with TLS (the embedded
 valkey-server is not; Debian's redis-server, which ``.ci/run`` installs, is), certificates
 from trustme. Each server keeps a plain port for the fixtures (``Server.url``); the broker
 is only ever given the TLS one (``tls_url``). ``tls_server`` does not ask for client
@@ -30,8 +30,8 @@ from broker.jobs import ADMIN_QUEUE, schedule
 from broker.network import parse_network
 from broker.network_admin import apply_network, list_proxies
 from broker.server import cli_binary, cli_command
-from tests.harness.testing import drain, make_workers, queue_messages, wait_for
-from tests.harness.tls import Certificates, TLSCluster, TLSServer, make_certificates, tls_binary
+from broker.testing import drain, make_workers, queue_messages, wait_for
+from scripts.rig.tls import Certificates, TLSCluster, TLSServer, make_certificates, tls_binary
 from worker.pool import Pool
 
 QM = "TLS"

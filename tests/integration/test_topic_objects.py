@@ -8,8 +8,8 @@ import pytest
 
 from broker import Publisher, keys, subscribe
 from broker.errors import SubscriptionRefused, TopicObjectConflict
+from broker.testing import drain, make_workers, queue_messages
 from broker.topic_objects import BASE, Attributes, alter, apply, define, delete, display, load_file, read_tree
-from tests.harness.testing import drain, make_workers, queue_messages
 
 QM = "TEST"
 

@@ -1,25 +1,35 @@
-"""The benchmark's selector workload (``tests.harness.bench_lib``): which subscriptions carry the
+"""The benchmark's selector workload (``scripts.bench.workload``): which subscriptions carry the
 selector, and that the publications' properties make it select about half of them."""
 
 from __future__ import annotations
 
 from broker.selectors import compile_selector
-from tests.harness import bench_lib as lib
+from scripts.bench.selectors import selector_sample
+from scripts.bench.workload import (
+    HUGE_DEPTH,
+    SELECTOR,
+    TOPIC_OBJECTS,
+    TOPICS,
+    plan_selectors,
+    subscription_plan,
+    topic_object_coverage,
+    topic_object_plan,
+)
 
 
 def test_every_fifth_subscription_of_the_plan_carries_the_selector() -> None:
-    plan = lib.subscription_plan()
-    chosen = lib.plan_selectors(len(plan), lib.SELECTOR)
+    plan = subscription_plan()
+    chosen = plan_selectors(len(plan), SELECTOR)
     assert len(plan) == 1450
     assert sum(s is not None for s in chosen) == 290
     assert [i for i, s in enumerate(chosen) if s][:3] == [4, 9, 14]
-    assert set(chosen) == {None, lib.SELECTOR}
-    assert lib.plan_selectors(len(plan), None) == [None] * len(plan)
+    assert set(chosen) == {None, SELECTOR}
+    assert plan_selectors(len(plan), None) == [None] * len(plan)
 
 
 def test_the_selector_selects_about_half_of_the_publications() -> None:
-    sample = lib.selector_sample(2000)
-    selector = compile_selector(lib.SELECTOR)
+    sample = selector_sample(2000)
+    selector = compile_selector(SELECTOR)
     share = sum(selector.matches(p) for p in sample) / len(sample)
     assert 0.4 < share < 0.6
     assert {"region", "amount", "JMSPriority", "JMSMessageID"} <= set(sample[0])
@@ -29,27 +39,27 @@ def test_the_topic_objects_cover_most_topics_and_change_nothing() -> None:
     from broker.topic_objects import BASE_DEFAULTS, TopicTree, check_name
     from broker.topics import validate_topic
 
-    objects = lib.topic_object_plan()
-    assert len(objects) == lib.TOPIC_OBJECTS == 200
+    objects = topic_object_plan()
+    assert len(objects) == TOPIC_OBJECTS == 200
     assert len({o.name for o in objects}) == len({o.topic_string for o in objects}) == 200
     for obj in objects:
         check_name(obj.name)
         validate_topic(obj.topic_string)
-    assert lib.topic_object_coverage(objects) == 0.9
-    assert any(o.attributes.maxdepth == lib.HUGE_DEPTH for o in objects)
+    assert topic_object_coverage(objects) == 0.9
+    assert any(o.attributes.maxdepth == HUGE_DEPTH for o in objects)
     tree = TopicTree.parse("BENCH", {o.name: o.to_json() for o in objects})
     assert not tree.problems and not tree.trivial
-    for topic in lib.TOPICS + [f"audit/{r}/{c}" for r in range(10) for c in range(10)]:
+    for topic in TOPICS + [f"audit/{r}/{c}" for r in range(10) for c in range(10)]:
         eff = tree.effective(topic)
         for name in ("pub", "defprty", "defpsist", "usedlq", "capexpry", "pmsgdlv", "npmsgdlv", "wildcard"):
             assert eff[name] == getattr(BASE_DEFAULTS, name), (topic, name)
-        assert eff["maxdepth"] in ("NOLIMIT", lib.HUGE_DEPTH)
+        assert eff["maxdepth"] in ("NOLIMIT", HUGE_DEPTH)
         assert eff.blocks == 0
 
 
 def test_the_baseline_pool_gets_the_changed_settings_as_broker_variables():
     from broker.config import Settings
-    from tests.harness.bench_baseline import settings_env
+    from scripts.bench.baseline import settings_env
 
     # Given settings with a URL, a queue manager, a flag and a list changed from their defaults
     settings = Settings(redis_url="redis://127.0.0.1:1/0", qm="B1", flowcontrol_enabled=False, concurrency=7)
@@ -69,7 +79,7 @@ def test_the_baseline_pool_gets_the_changed_settings_as_broker_variables():
 
 
 def test_a_ratio_of_two_rows_is_the_median_of_the_ratios_within_each_repeat():
-    from scripts.bench import _paired
+    from scripts.bench.base import paired as _paired
 
     # Given three repeats in which the box ran at half speed once (both rows of that repeat slowed)
     runs = {
@@ -86,7 +96,7 @@ def test_a_ratio_of_two_rows_is_the_median_of_the_ratios_within_each_repeat():
 
 
 def test_the_instruction_count_is_the_dumps_totals_not_its_summary(tmp_path):
-    from tests.harness.bench_callgrind import total_instructions
+    from scripts.bench.instructions import total_instructions
 
     # Given a callgrind dump made with the instrumentation switched on at run time (its summary says 0)
     dump = tmp_path / "callgrind.out.1"

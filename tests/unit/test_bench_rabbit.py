@@ -1,4 +1,4 @@
-"""The RabbitMQ peer's topology (``tests.harness.bench_rabbit``): filters as AMQP binding keys, links as
+"""The RabbitMQ peer's topology (``scripts.bench.rabbit``): filters as AMQP binding keys, links as
 exchange-to-exchange bindings, and the depths a run must find: no RabbitMQ needed."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from collections import Counter
 
 import pytest
 
-from tests.harness import bench_lib as lib
-from tests.harness import bench_rabbit as br
+from scripts.bench import rabbit as br
+from scripts.bench.preload import publisher_ids
+from scripts.bench.workload import FANOUT, TOPICS
 
 
 @pytest.mark.parametrize(
@@ -71,10 +72,10 @@ def test_the_benchmark_topology_maps_to_a_topic_exchange_and_link_exchanges() ->
 
 def test_amqp_routing_reaches_what_the_broker_would_on_every_topic() -> None:
     topo = br.map_topology()
-    for topic in lib.TOPICS:
+    for topic in TOPICS:
         expected = {q for q, n in br.expected_depths(Counter({topic: 1})).items() if n}
         assert br.route(topo, br.amqp_key(topic)) == expected, topic
-        assert len(expected) == lib.FANOUT
+        assert len(expected) == FANOUT
     # '+/r/#' is reached three ways (the topic, audit/r/c, audit/r) and holds the publication once
     assert "dedup$r1" in br.route(topo, "bench.1.2.3")
 
@@ -93,12 +94,12 @@ def test_a_chain_of_links_and_a_cycle_route_like_the_broker() -> None:
 
 def test_the_schedule_and_the_expected_depths_add_up_to_n_times_f() -> None:
     work = br.schedule(1000)
-    assert list(work) == lib.publisher_ids() and sum(len(t) for t in work.values()) == 1000
+    assert list(work) == publisher_ids() and sum(len(t) for t in work.values()) == 1000
     assert {len(t) for t in work.values()} == {20}
     assert br.schedule(1000) == work  # the same publications every time
     depths = br.expected_depths(Counter(t for topics in work.values() for t in topics))
     assert len(depths) == 1450
-    assert sum(depths.values()) == 1000 * lib.FANOUT
+    assert sum(depths.values()) == 1000 * FANOUT
     assert sum(depths[f"link2$r{r}"] for r in range(10)) == 1000  # every publication reaches audit/r
 
 

@@ -7,7 +7,7 @@ import pytest
 from broker import keys
 from broker.errors import BacklogTimeout
 from broker.flow import backlog, wait_for_room
-from tests.harness.testing import FakeTime
+from broker.testing import FakeTime
 
 QM = "TEST"
 

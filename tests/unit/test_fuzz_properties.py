@@ -2,7 +2,7 @@
 entries, envelopes, topic strings and filters of both schemes, selectors, configuration files,
 administrative requests and records written by hand. Each bad input is refused with its
 documented error and nothing else; nothing is half-written. The generators are
-``tests.harness.fuzzing``'s (``st.randoms()`` drives them), the same as ``python -m scripts.fuzz``.
+``scripts.rig.fuzzing``'s (``st.randoms()`` drives them), the same as ``python -m scripts.fuzz``.
 
 The last part pins the bugs the fuzzing found, one test each.
 """
@@ -70,7 +70,7 @@ from broker.topic_objects import (
     topic_of,
 )
 from broker.topics import TopicIndex
-from tests.harness import fuzzing as fz
+from scripts.rig import fuzzing as fz
 
 QM = "FZ"
 

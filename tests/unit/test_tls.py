@@ -11,7 +11,7 @@ from broker.config import load_settings
 from broker.connection import TLSOptions, is_tls_url, tls_hint, unreachable
 from broker.errors import ConfigError
 from broker.jobs import _carry, _stored
-from tests.harness.tls import make_certificates
+from scripts.rig.tls import make_certificates
 
 URL = "rediss://127.0.0.1:6390/0"
 

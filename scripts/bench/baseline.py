@@ -1,7 +1,7 @@
 """The worker pool of an earlier commit, for the benchmark's no-regression row (``--only regression``).
 
-``scripts/bench.py`` measures "the rate before the new features" side by side with this commit's:
-the same server, topology, preload and drain check (``bench_lib.run_broker``), only the worker
+``python -m scripts.bench`` measures "the rate before the new features" side by side with this commit's:
+the same server, topology, preload and drain check (``pool.run_broker``), only the worker
 pool differs. ``BaselineCheckout`` makes a detached git worktree of the earlier commit (removed
 at the end), and ``BaselinePool`` runs *that* checkout's own ``worker.pool.Pool`` in a
 subprocess whose ``sys.path`` starts there, so its workers load its Python code and its Lua

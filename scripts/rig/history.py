@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 import redis
 
 from broker.demo import oracle
-from tests.harness.testing import queue_messages
+from broker.testing import queue_messages
 
 
 def recipients(topic: str, filters: dict[str, str], links: list[tuple[str, str]]) -> frozenset[str]:
@@ -381,7 +381,7 @@ def check_queues(
     links: list[tuple[str, str]],
     published: dict[str, list[tuple[str, str]]],
 ) -> list[str]:
-    """Check subscriber queues (read, not consumed) against what was published; for tests.
+    """Check subscriber queues (read, not consumed) against what was published (the tests use it).
 
     Args:
         client: a redis-py client.

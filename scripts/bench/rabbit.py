@@ -1,7 +1,7 @@
-"""RabbitMQ as the broker's peer in ``scripts/bench.py`` (``--only rabbit``): the same workload on a topic exchange.
+"""RabbitMQ as the broker's peer in ``python -m scripts.bench`` (``--only rabbit``): the same workload on a topic exchange.
 
-The benchmark's topology (``bench_lib.subscription_plan``: 1,450 subscriptions;
-``bench_lib.link_plan``: 1,100 links; every topic reaches F=10 subscriber queues)
+The benchmark's topology (``workload.subscription_plan``: 1,450 subscriptions;
+``workload.link_plan``: 1,100 links; every topic reaches F=10 subscriber queues)
 is mapped to AMQP 0-9-1 (``map_topology``):
 
 * publications go to one durable topic exchange (``EXCHANGE``) with the topic as the
@@ -47,34 +47,27 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import json
-import multiprocessing
 import os
 import random
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from broker.server import free_port
 from broker.topics import LinkGraph, TopicIndex
-from tests.harness.bench_lib import (
+from scripts.bench.base import Ctx, Figures, Measurement, Row, fmt, median_run, server_cpu_us
+from scripts.bench.cpu import CpuMeter
+from scripts.bench.preload import publisher_ids
+from scripts.bench.rabbit_node import RabbitNode, RabbitUnavailable, unavailable
+from scripts.bench.workload import (
     BODY_BYTES,
     FANOUT,
     PUBLISHERS,
     TOPICS,
     BenchError,
-    CpuMeter,
     bodies,
     link_plan,
-    publisher_ids,
     subscription_plan,
 )
 
@@ -86,12 +79,6 @@ LINK_PREFIX = "link:"
 WINDOW = 100
 #: Modes of ``run_rabbit``: (delivery mode, publisher confirms).
 MODES = {"persistent": (2, True), "transient": (1, False)}
-#: Where Debian puts the server script that runs as the calling user (``/usr/sbin``'s ``su``\\ s to rabbitmq).
-DEBIAN_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
-
-
-class RabbitUnavailable(BenchError):
-    """``rabbitmq-server`` (or pika) is not installed: the RabbitMQ rows are skipped."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,7 +154,7 @@ def map_topology(
 ) -> AmqpTopology:
     """Map subscriptions ``(filter, client id, durable name)`` and links ``(source, target)`` to AMQP.
 
-    Defaults: ``bench_lib.subscription_plan()`` and ``bench_lib.link_plan()``.
+    Defaults: ``workload.subscription_plan()`` and ``workload.link_plan()``.
     See the module docstring for the mapping.
 
     Raises:
@@ -263,261 +250,6 @@ def schedule(n: int, seed: int = 11) -> dict[str, list[str]]:
 
 
 # --------------------------------------------------------------------------------------------
-# A node of our own
-# --------------------------------------------------------------------------------------------
-
-
-def server_path() -> str | None:
-    """The ``rabbitmq-server`` script to run (``$BENCH_RABBITMQ_SERVER``, Debian's, or on PATH), or None."""
-    wanted = os.environ.get("BENCH_RABBITMQ_SERVER")
-    if wanted:
-        return wanted if os.access(wanted, os.X_OK) else None
-    if os.access(DEBIAN_SERVER, os.X_OK):
-        return DEBIAN_SERVER
-    return shutil.which("rabbitmq-server")
-
-
-def unavailable() -> str | None:
-    """Why the RabbitMQ rows cannot run here, or None when they can."""
-    if server_path() is None:
-        return "rabbitmq-server is not installed (apt-get install rabbitmq-server)"
-    if shutil.which("epmd") is None:
-        return "epmd (Erlang) is not on PATH"
-    try:
-        import pika  # noqa: F401
-    except ImportError:
-        return "pika is not installed (pip install pika: the bench extra)"
-    return None
-
-
-def _wait_port(port: int, process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise BenchError(f"nothing listens on 127.0.0.1:{port} (exit code {process.poll()})")
-        time.sleep(0.05)
-
-
-class RabbitNode:
-    """A RabbitMQ node of our own on 127.0.0.1: free ports, a temporary directory, no plugins.
-
-    Args:
-        server: the ``rabbitmq-server`` script; None means ``server_path()``.
-        keep: keep the temporary directory (logs, data) after ``stop``.
-        definitions: a definitions document (``definitions``) the node loads while it boots, or None.
-
-    Attributes:
-        nodename: ``bench-<pid>@localhost``.
-        port: the AMQP port.
-        directory: the temporary directory (config, logs, data, the Erlang cookie).
-    """
-
-    def __init__(
-        self, server: str | None = None, keep: bool = False, definitions: dict[str, Any] | None = None
-    ) -> None:
-        found = server or server_path()
-        if found is None:
-            raise RabbitUnavailable("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
-        self.server = found
-        self.keep = keep
-        self.nodename = f"bench-{os.getpid()}@localhost"
-        self.port = free_port()
-        self.dist_port = free_port()
-        self.epmd_port = free_port()
-        self.directory = Path(tempfile.mkdtemp(prefix="bench-rabbit-"))
-        self.process: subprocess.Popen[bytes] | None = None
-        self.epmd: subprocess.Popen[bytes] | None = None
-        self.start_s = 0.0
-        self.definitions = definitions
-
-    def environment(self) -> dict[str, str]:
-        """The environment of the server and of ``rabbitmq-diagnostics`` against it."""
-        d = self.directory
-        return os.environ | {
-            "HOME": str(d),  # the Erlang cookie
-            "RABBITMQ_NODENAME": self.nodename,
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-            "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(self.dist_port),
-            "ERL_EPMD_PORT": str(self.epmd_port),
-            "ERL_EPMD_ADDRESS": "127.0.0.1",
-            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
-            "RABBITMQ_LOG_BASE": str(d / "log"),
-            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
-            "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
-            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
-            "RABBITMQ_PID_FILE": str(d / "rabbit.pid"),
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-        }
-
-    def start(self, timeout_s: float = 120.0) -> RabbitNode:
-        """Start epmd and the node; wait until a pika connection succeeds.
-
-        Raises:
-            BenchError: the node exited or did not accept a connection within ``timeout_s`` (its log
-                tail in the message); everything started is stopped first.
-        """
-        d = self.directory
-        (d / "log").mkdir()
-        (d / "rabbitmq.conf").write_text(
-            f"listeners.tcp.1 = 127.0.0.1:{self.port}\n"
-            "log.console = false\n"
-            "log.file.level = warning\n"
-            "disk_free_limit.absolute = 50MB\n"
-        )
-        if self.definitions is not None:
-            (d / "definitions.json").write_text(json.dumps(self.definitions))
-            conf = (d / "rabbitmq.conf").read_text()
-            (d / "rabbitmq.conf").write_text(conf + f"load_definitions = {d / 'definitions.json'}\n")
-        (d / "rabbitmq-env.conf").write_text("")
-        (d / "enabled_plugins").write_text("[].\n")  # management and every other plugin off
-        started = time.perf_counter()
-        try:
-            env = self.environment()
-            self.epmd = subprocess.Popen(
-                ["epmd", "-port", str(self.epmd_port), "-address", "127.0.0.1"],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            _wait_port(self.epmd_port, self.epmd, 10)
-            with open(d / "startup.log", "wb") as out:
-                self.process = subprocess.Popen(
-                    [self.server],
-                    env=env,
-                    cwd=d,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            self._wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_s = time.perf_counter() - started
-        return self
-
-    def parameters(self) -> Any:
-        """pika ``ConnectionParameters`` of the node (guest from loopback)."""
-        import pika
-
-        return pika.ConnectionParameters(
-            host="127.0.0.1", port=self.port, heartbeat=0, blocked_connection_timeout=300
-        )
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        import pika
-
-        deadline = time.monotonic() + timeout_s
-        params = self.parameters()
-        params.socket_timeout = 2
-        params.connection_attempts = 1
-        while True:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise BenchError(f"rabbitmq-server exited with {self.process.returncode}: {self.log_tail()}")
-            try:
-                pika.BlockingConnection(params).close()
-                return
-            except pika.exceptions.AMQPError:
-                if time.monotonic() > deadline:
-                    raise BenchError(
-                        f"RabbitMQ did not accept a connection in {timeout_s:.0f} s: {self.log_tail()}"
-                    ) from None
-                time.sleep(0.25)
-
-    def log_tail(self, chars: int = 1500) -> str:
-        """The end of the startup output and of the node's log."""
-        texts = []
-        for path in (self.directory / "startup.log", *sorted((self.directory / "log").glob("*.log"))):
-            with contextlib.suppress(OSError):
-                texts.append(f"[{path.name}] " + path.read_text(errors="replace")[-chars:])
-        return "\n".join(texts)
-
-    def beam_pids(self) -> list[int]:
-        """The Erlang VM's pids (``beam*`` processes of the node's session), for the CPU meter."""
-        if self.process is None:
-            return []
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_bytes()
-            except OSError:
-                continue
-            name = stat[stat.index(b"(") + 1 : stat.rindex(b")")]
-            fields = stat[stat.rindex(b")") + 2 :].split()
-            if name.startswith(b"beam") and int(fields[3]) == self.process.pid:  # session id
-                pids.append(int(entry.name))
-        return pids
-
-    def version(self) -> str:
-        """The server's version (from the AMQP connection's server properties)."""
-        import pika
-
-        conn = pika.BlockingConnection(self.parameters())
-        try:
-            props = conn._impl.server_properties  # what the broker said in connection.start
-            version = props.get("version", b"?")
-            return version.decode() if isinstance(version, bytes) else str(version)
-        finally:
-            conn.close()
-
-    def stop(self) -> None:
-        """Stop the node (SIGTERM to its session: a clean shutdown; SIGKILL after 30 s), then our epmd,
-        and remove the directory unless ``keep``. Safe to call twice."""
-        if self.process is not None:
-            _stop_session(self.process, 30)
-            self.process = None
-        if self.epmd is not None:
-            _stop_session(self.epmd, 5)
-            self.epmd = None
-        if not self.keep:
-            shutil.rmtree(self.directory, ignore_errors=True)
-
-    def __enter__(self) -> RabbitNode:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _stop_session(process: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the session ``process`` leads (we started it with ``start_new_session``), then SIGKILL."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        try:
-            process.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        deadline = time.monotonic() + wait_s  # the session's other processes (beam under the script)
-        while _session_alive(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not _session_alive(process.pid):
-            return
-
-
-def _session_alive(sid: int) -> bool:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_bytes()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(b")") + 2 :].split()
-            if int(fields[3]) == sid and fields[0] != b"Z":
-                return True
-    return False
-
-
-# --------------------------------------------------------------------------------------------
 # Declaring, checking and purging the topology
 # --------------------------------------------------------------------------------------------
 
@@ -587,217 +319,6 @@ def purge(channel: Any, queues: Iterable[str]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _publisher_process(
-    port: int,
-    exchange: str,
-    work: dict[str, list[str]],
-    delivery_mode: int,
-    confirms: bool,
-    window: int,
-    body: bytes,
-    conn: Any,
-    go: Any,
-) -> None:
-    """One process: one pika ``SelectConnection``, one channel per publisher of ``work`` (publisher id ->
-    topics). Sends ``("ready",)`` when every channel is open, starts when ``go`` is set, then sends
-    ``("done", t_start, t_end, published, nacked)`` (``time.perf_counter``, the same clock in every
-    process on Linux) or ``("error", text)``."""
-    import pika
-    from pika.adapters.select_connection import SelectConnection
-
-    state: dict[str, Any] = {"open": 0, "done": 0, "nacked": 0}
-    channels: list[_Channel] = []
-    buffer_limit = 256 * 1024  # transient: publish more only when pika's write buffer is below this
-
-    class _Channel:
-        def __init__(self, publisher: str, topics: list[str]) -> None:
-            self.publisher = publisher
-            self.keys = [amqp_key(t) for t in topics]
-            self.sent = 0
-            self.unconfirmed: set[int] = set()
-            self.finished = False
-            self.channel: Any = None
-
-        def on_open(self, channel: Any) -> None:
-            self.channel = channel
-            channel.add_on_close_callback(on_channel_closed)
-            if confirms:
-                channel.confirm_delivery(self.on_confirm, callback=lambda _frame: opened())
-            else:
-                opened()
-
-        def pump(self, limit: int) -> None:
-            """Publish up to ``limit`` more (and at most the window's room)."""
-            end = len(self.keys)
-            if confirms:
-                limit = min(limit, window - len(self.unconfirmed))
-            publish = self.channel.basic_publish
-            while limit > 0 and self.sent < end:
-                self.sent += 1
-                props = pika.BasicProperties(
-                    delivery_mode=delivery_mode,
-                    message_id=f"{self.publisher}-{self.sent}",
-                    app_id=self.publisher,
-                )
-                publish(exchange, self.keys[self.sent - 1], body, props)
-                if confirms:
-                    self.unconfirmed.add(self.sent)  # delivery tags count from 1 per channel
-                limit -= 1
-            if self.sent == end and not self.finished:
-                if confirms and not self.unconfirmed:
-                    self.finish()
-                elif not confirms:
-                    self.finished = True  # a synchronous round trip: everything before it was routed
-                    self.channel.basic_qos(prefetch_count=0, callback=lambda _frame: self.finish())
-
-        def on_confirm(self, frame: Any) -> None:
-            method = frame.method
-            tags = (
-                {t for t in self.unconfirmed if t <= method.delivery_tag}
-                if method.multiple
-                else {method.delivery_tag}
-            )
-            if isinstance(method, pika.spec.Basic.Nack):
-                state["nacked"] += len(tags & self.unconfirmed)
-            self.unconfirmed -= tags
-            self.pump(window)
-            if self.sent == len(self.keys) and not self.unconfirmed and not self.finished:
-                self.finish()
-
-        def finish(self) -> None:
-            self.finished = True
-            state["done"] += 1
-            if state["done"] == len(channels):
-                t_end = time.perf_counter()
-                published = sum(c.sent for c in channels)
-                conn.send(("done", state["t_start"], t_end, published, state["nacked"]))
-                connection.close()
-
-    def opened() -> None:
-        state["open"] += 1
-        if state["open"] == len(channels):
-            conn.send(("ready",))
-            connection.ioloop.call_later(0.001, wait_go)
-
-    def wait_go() -> None:
-        if not go.is_set():
-            connection.ioloop.call_later(0.001, wait_go)
-            return
-        state["t_start"] = time.perf_counter()
-        if confirms:
-            for c in channels:
-                c.pump(window)
-        else:
-            tick()
-
-    def tick() -> None:
-        """Transient: a round of 20 per channel whenever pika's write buffer is short."""
-        if connection._get_write_buffer_size() < buffer_limit:
-            for c in channels:
-                if not c.finished:
-                    c.pump(20)
-        if any(not c.finished for c in channels):
-            connection.ioloop.call_later(0, tick)
-
-    def on_channel_closed(channel: Any, reason: Exception) -> None:
-        if state["done"] < len(channels):
-            fail(f"channel {channel.channel_number} closed: {reason}")
-
-    def fail(text: str) -> None:
-        with contextlib.suppress(Exception):
-            conn.send(("error", text))
-        state["done"] = len(channels) + 1
-        with contextlib.suppress(Exception):
-            connection.ioloop.stop()
-
-    def on_open(connection: Any) -> None:
-        for c in channels:
-            connection.channel(on_open_callback=c.on_open)
-
-    def on_open_error(_connection: Any, error: Exception) -> None:
-        fail(f"connection failed: {error!r}")
-
-    def on_closed(_connection: Any, _reason: Exception) -> None:
-        if state["done"] < len(channels):
-            fail(f"connection closed: {_reason!r}")
-        connection.ioloop.stop()
-
-    channels.extend(_Channel(p, topics) for p, topics in work.items())
-    params = pika.ConnectionParameters(host="127.0.0.1", port=port, heartbeat=0)
-    connection = SelectConnection(
-        params, on_open_callback=on_open, on_open_error_callback=on_open_error, on_close_callback=on_closed
-    )
-    try:
-        connection.ioloop.start()
-    except Exception as exc:  # reported to the parent, which raises BenchError
-        fail(f"{type(exc).__name__}: {exc}")
-    finally:
-        conn.close()
-
-
-@contextlib.contextmanager
-def _publishers(
-    node: RabbitNode,
-    work: dict[str, list[str]],
-    procs: int,
-    mode: str,
-    window: int,
-    body: bytes,
-    timeout_s: float,
-) -> Iterator[tuple[list[Any], list[Any], Any]]:
-    """Start ``procs`` publisher processes (the publishers dealt round robin) and wait until every
-    channel is open; yields (processes, their pipe ends, the start event). Processes are ended at exit."""
-    ctx = multiprocessing.get_context("spawn")
-    go = ctx.Event()
-    ids = list(work)
-    delivery_mode, confirms = MODES[mode]
-    processes, pipes = [], []
-    try:
-        for k in range(procs):
-            mine = {p: work[p] for p in ids[k::procs]}
-            parent, child = ctx.Pipe(duplex=False)
-            process = ctx.Process(
-                target=_publisher_process,
-                args=(node.port, EXCHANGE, mine, delivery_mode, confirms, window, body, child, go),
-                daemon=True,
-            )
-            process.start()
-            child.close()
-            processes.append(process)
-            pipes.append(parent)
-        for got in _gather(pipes, processes, "ready", timeout_s):
-            if got[0] != "ready":
-                raise BenchError(f"RabbitMQ publisher: {got[1] if len(got) > 1 else got}")
-        yield processes, pipes, go
-    finally:
-        for process in processes:
-            process.join(timeout=5)
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=5)
-
-
-def _gather(pipes: list[Any], processes: list[Any], what: str, timeout_s: float) -> list[tuple[Any, ...]]:
-    """One message from every pipe, within ``timeout_s``."""
-    from multiprocessing.connection import wait
-
-    out: list[tuple[Any, ...] | None] = [None] * len(pipes)
-    deadline = time.monotonic() + timeout_s
-    while any(x is None for x in out):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise BenchError(f"RabbitMQ publishers: not all {what} after {timeout_s:.0f} s")
-        for ready in wait([p for p, x in zip(pipes, out, strict=True) if x is None], timeout=min(left, 1.0)):
-            i = pipes.index(ready)
-            try:
-                out[i] = pipes[i].recv()
-            except EOFError:
-                raise BenchError(
-                    f"RabbitMQ publisher process {processes[i].pid} exited (code {processes[i].exitcode})"
-                ) from None
-    return [x for x in out if x is not None]
-
-
 # --------------------------------------------------------------------------------------------
 # The measurement
 # --------------------------------------------------------------------------------------------
@@ -833,6 +354,8 @@ def run_mode(
         raise BenchError(f"RabbitMQ: the topology delivers {total} for {n} publications, not {n * FANOUT}")
     body = bodies(1, BODY_BYTES)[0]
     timeout_s = max(120.0, n / 100)
+    from scripts.bench.rabbit_publishers import _gather, _publishers  # they import this module
+
     with _publishers(node, work, procs, mode, window, body, timeout_s) as (processes, pipes, go):
         meter = CpuMeter(
             {"rabbitmq": node.beam_pids(), "publishers": [p.pid for p in processes], "bench": [os.getpid()]}
@@ -976,3 +499,116 @@ def run_rabbit(
         return peer.info | {mode: peer.run(mode, n) for mode in modes}
     finally:
         peer.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# Row 17 in the bench's registry
+# --------------------------------------------------------------------------------------------
+
+
+def _setup(ctx: Ctx) -> None:
+    why = unavailable()
+    if why:
+        ctx.figures["rabbit"] = {"skipped": why}
+        ctx.log(f"[yellow]17. RabbitMQ skipped: {why}[/yellow]")
+        return
+    ctx.log("17. RabbitMQ: a node of its own loading the topology as a topic exchange ...")
+    peer = RabbitPeer(ctx.args.rabbit_procs, ctx.args.rabbit_window)
+    ctx.closers.append(peer.stop)
+    if ctx.attempt("rabbit", peer.start) is None:
+        return
+    ctx.state["rabbit"] = peer
+    ctx.figures["rabbit"] = dict(peer.info)
+    ctx.log(
+        f"   RabbitMQ {peer.info['version']} up in {peer.info['node_start_s']} s "
+        f"({len(peer.topo.queues):,} queues, "
+        f"{len(peer.topo.queue_bindings) + len(peer.topo.exchange_bindings):,} bindings)"
+    )
+
+
+def _repeat(ctx: Ctx, rep: int, tag: str) -> None:
+    peer = ctx.state.get("rabbit")
+    if peer is None:
+        return
+    a = ctx.args
+    for mode in MODES:
+        ctx.idle(f"rabbit {mode}")
+        ctx.log(f"17. RabbitMQ {mode}, 50 channels in {a.rabbit_procs} processes, N={a.rabbit_n:,}{tag}")
+        ctx.keep(f"rabbit_{mode}", ctx.attempt(f"rabbit_{mode}", peer.run, mode, a.rabbit_n))
+
+
+def _finish(ctx: Ctx) -> None:
+    peer = ctx.state.get("rabbit")
+    if peer is None:
+        return
+    peer.stop()
+    runs = ctx.runs
+    for mode in MODES:
+        if runs[f"rabbit_{mode}"]:
+            ctx.figures["rabbit"][mode] = median_run(runs[f"rabbit_{mode}"], "pubs_per_s")
+    ctx.figures["rabbit_ratios"] = [
+        round(a["pubs_per_s"] / b["pubs_per_s"], 3)
+        for a, b in zip(runs["broker_2w"], runs["rabbit_persistent"], strict=False)
+    ]
+
+
+def _mode_row(f: Figures, mode: str, what: str) -> Row:
+    rabbit = f["rabbit"]
+    r = rabbit[mode]
+    broker = f.get("broker_2w", {}).get("pubs_per_s")
+    aof = f.get("aof_2w", {}).get("pubs_per_s")
+    vs = []
+    if broker:
+        repeats = f.get("rabbit_ratios") if mode == "persistent" else None
+        vs.append(
+            f"broker 2 workers / this {broker / r['pubs_per_s']:.2f}"
+            + (f" (per repeat {', '.join(map(str, repeats))})" if repeats else "")
+        )
+    if aof:
+        vs.append(f"broker with AOF everysec / this {aof / r['pubs_per_s']:.2f}")
+    server_us = f"RabbitMQ {r['rabbitmq_cpu_us_per_pub']:,.0f} CPU-us/pub"
+    b2 = f.get("broker_2w")
+    if b2:
+        server_us += f" (the broker's Redis + workers {server_cpu_us(b2):,.0f})"
+    topo = rabbit.get("topology", {})
+    return Row(
+        f"17. RabbitMQ {mode}",
+        fmt(r["pubs_per_s"]),
+        fmt(r["deliveries_per_s"]),
+        f"RabbitMQ {rabbit.get('version')} (a node of its own), topic exchange: {topo.get('queues')} "
+        f"durable classic queues, {topo.get('link_exchanges')} link fanout exchanges, "
+        f"{topo.get('queue_bindings')} + {topo.get('exchange_bindings')} e2e bindings; "
+        + what.format(window=r["window"])
+        + f"; 50 pika channels in {r['procs']} processes; N={r['n']:,}; F={r['fanout_measured']} "
+        f"(all {r['queues_checked']:,} queue depths checked, {r['settle_s']} s after the clock)"
+        + (f"; {', '.join(vs)}" if vs else "")
+        + f"; {server_us}, publishers {r['publishers_cpu_us_per_pub']:,.0f}"
+        + "; server column = RabbitMQ's beam",
+        f"{r['cpu'].get('rabbitmq', 0):.0f} / {r['cpu'].get('publishers', 0) + r['cpu'].get('bench', 0):.0f}"
+        f" / {r['cpu'].get('foreign', 0):.0f}",
+    )
+
+
+def _rows(f: Figures) -> list[Row]:
+    rabbit = f.get("rabbit") or {}
+    rows = []
+    if "skipped" in rabbit:
+        rows.append(Row("17. RabbitMQ", "-", "-", f"skipped: {rabbit['skipped']}"))
+    for mode, what in (
+        ("persistent", "persistent (delivery mode 2), publisher confirms, window {window}/channel"),
+        ("transient", "transient (delivery mode 1), no confirms"),
+    ):
+        if rabbit.get(mode):
+            rows.append(_mode_row(f, mode, what))
+    return rows
+
+
+MEASUREMENT = Measurement(
+    "rabbit",
+    runs=("rabbit_persistent", "rabbit_transient"),
+    medians=False,
+    setup=_setup,
+    repeat=_repeat,
+    finish=_finish,
+    rows=_rows,
+)

@@ -8,7 +8,7 @@ under ``valgrind --tool=callgrind`` with instrumentation off, and turns it on
 
 - the broker: one in-process ``worker.loop.Worker`` of this commit handling ``n`` preloaded
   publications of the bench workload (F=10), after a warm-up round of its own, and
-- the ceiling: ``bench_lib.run_ceiling``'s timed loop (MULTI + F x LPUSH + XACK + EXEC) over
+- the ceiling: ``ceiling.run_ceiling``'s timed loop (MULTI + F x LPUSH + XACK + EXEC) over
   ``n`` entries,
 
 so ``ceiling_ir_per_tx / broker_ir_per_pub`` is the ceiling ratio in server work alone: what
@@ -36,7 +36,11 @@ import redis
 from broker.config import Settings
 from broker.connection import connect
 from broker.server import Server, server_binary
-from tests.harness.bench_lib import BenchError, Topology, preload, run_ceiling
+from scripts.bench.base import Ctx, Figures, Measurement, Row
+from scripts.bench.ceiling import run_ceiling
+from scripts.bench.preload import preload
+from scripts.bench.topology import Topology
+from scripts.bench.workload import BenchError
 
 #: Publications (and ceiling transactions) counted by default: under callgrind the server runs
 #: ~50x slower, so 3,000 take about a minute.
@@ -205,3 +209,49 @@ def _drain(worker: Any, n: int, max_rounds: int = 100_000) -> int:
         if rounds > max_rounds:
             raise BenchError(f"21. instructions: the worker handled {done} of {n} in {max_rounds} rounds")
     return rounds
+
+
+def _finish(ctx: Ctx) -> None:
+    skip = available()
+    if skip:  # as RabbitMQ's row without rabbitmq-server: n/a, not a failure
+        ctx.log(f"21. instructions: skipped, {skip}")
+        ctx.figures["instructions"] = {"skipped": skip}
+        return
+    n = ctx.args.instructions_n
+    ctx.idle("instructions")
+    ctx.log(
+        f"21. instructions: the server under callgrind, 1 worker in process and the ceiling, N={n:,} each"
+    )
+    got = ctx.attempt("instructions", run_instructions, ctx.topo, n, ctx.args.interleave)
+    if got:
+        ctx.figures["instructions"] = got
+        ctx.log(
+            f"   broker {got['broker_ir_per_pub']:,} instructions/publication, ceiling "
+            f"{got['ceiling_ir_per_tx']:,}/tx: ratio {got['ratio']}"
+        )
+
+
+def _rows(f: Figures) -> list[Row]:
+    ins = f.get("instructions")
+    if ins is None:
+        return []
+    if "skipped" in ins:
+        return [Row("21. instructions", "-", "-", f"skipped: {ins['skipped']}")]
+
+    def top(rows: list[Any], k: int = 5) -> str:
+        return ", ".join(f"{name} {count:,}" for name, count in rows[:k])
+
+    return [
+        Row(
+            "21. instructions",
+            "-",
+            "-",
+            f"the server's instructions (callgrind Ir), N={ins['n']:,}: broker {ins['broker_ir_per_pub']:,}/publication "
+            f"(1 worker in process, {ins['worker_rounds']} rounds), ceiling {ins['ceiling_ir_per_tx']:,}/tx: "
+            f"ratio {ins['ratio']} (the ceiling ratio in server work alone, deterministic); most per "
+            f"publication: {top(ins['broker_top'])}; per ceiling tx: {top(ins['ceiling_top'])}",
+        )
+    ]
+
+
+MEASUREMENT = Measurement("instructions", topology=True, finish=_finish, rows=_rows)

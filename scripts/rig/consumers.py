@@ -62,12 +62,12 @@ def run_crashing_consumer(
     """Entry point of a consumer process that SIGKILLs itself at a crash point (spawned).
 
     It consumes as ``run_consumer`` does (batches of 10, each recorded in ``<log>`` before it is
-    acknowledged), with a ``tests.harness.hook.CrashHook`` armed with ``plan_json``
+    acknowledged), with a ``scripts.rig.hook.CrashHook`` armed with ``plan_json``
     (``{"point": one of broker.consumer.CRASH_POINTS, "after": n}``) as its hook.
     """
     import json
 
-    from tests.harness.hook import CrashHook
+    from scripts.rig.hook import CrashHook
 
     hook = CrashHook(control_dir)
     plan = json.loads(plan_json)

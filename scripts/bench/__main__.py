@@ -1,0 +1,3 @@
+from scripts.bench.cli import main
+
+raise SystemExit(main())
