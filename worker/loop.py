@@ -78,7 +78,7 @@ from broker.metrics import recorder
 from broker.models import apply_topic_defaults, encode_envelope, parse_entry
 from broker.routing import RoutingTable
 from broker.schemes import record_manager, root_topic, separator
-from broker.scripts import Dequeued, Refusals, Scripts, flow_control_arg, parse_dequeue
+from broker.scripts import Dequeued, Refusals, Scripts, checked, flow_control_arg, parse_dequeue
 from broker.stream import ensure_group
 from broker.subscriptions import remove_subscription
 from broker.topics import limit_problem
@@ -317,7 +317,7 @@ class Worker:
     def _report(self, exc: Exception) -> None:
         """Log why a round failed: once per distinct problem at error level, then at debug."""
         text = f"{type(exc).__name__}: {_script_error(exc)}"  # the same problem from two scripts: one text
-        foreign = isinstance(exc, ForeignKey) or "foreign key" in str(exc)
+        foreign = isinstance(exc, ForeignKey)
         full = _out_of_memory(exc)
         if full:
             self._full_this_round = True
@@ -658,8 +658,8 @@ class Worker:
         applied = [(b, r) for b, r in zip(batches, results, strict=True) if not isinstance(r, Exception)]
         done = self._apply([b for b, _ in applied], [r for _, r in applied], give_up, started_ms)
         for reply in results:
-            if isinstance(reply, Exception):
-                raise reply  # a refused script wrote nothing (broker/lua/lib.lua): sent again next round
+            if isinstance(reply, Exception):  # a refused script wrote nothing: sent again next round
+                checked(reply, "unit of work")  # raises ForeignKey, ServerFull or the reply
         return done
 
     def _take_over(self, heads: dict[str, list[str]]) -> dict[str, int]:

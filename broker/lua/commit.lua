@@ -205,7 +205,8 @@ end
 local function flow_delay(depth)
   if depth <= fc_start then return 0 end
   if depth >= fc_full then return fc_max end
-  return math.floor(fc_max * (depth - fc_start) / (fc_full - fc_start))
+  local delay = fc_max * (depth - fc_start) / (fc_full - fc_start)
+  return delay - delay % 1  -- rounded down
 end
 local function hot(k)
   return fc_start ~= nil and not xmit[k] and not gone[k] and band_depth[k] + nunits > fc_start
@@ -301,7 +302,7 @@ local function turn_of(pub)
     heads = redis.pcall('LRANGE', fifo, 0, units_of[pub] - 1)
     ok = heads.err == nil
   end
-  local t = {ok = ok, popped = 0, heads = heads, fifo = fifo, turn = turn, delay = 0,
+  local t = {ok = ok, popped = 0, heads = heads, fifo = fifo, turn = turn, delay = 0, last = 0,
              dedup = id_key(dedup_prefix, pub, ''), reply = id_key(reply_prefix, pub, '')}
   turns[pub] = t
   turn_order[#turn_order + 1] = pub
@@ -458,8 +459,12 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     if set_hot[set] then depth = flow_depth_of(set, skip) end
   end
   if fc_start and depth > fc_start then
-    local delay = flow_delay(depth)
-    delay_of[n] = delay
+    local delay = fc_max  -- flow_delay(depth), inlined: once per unit
+    if depth < fc_full then
+      delay = fc_max * (depth - fc_start) / (fc_full - fc_start)
+      delay = delay - delay % 1
+    end
+    if reply_of[n] then delay_of[n] = delay end  -- posted in the result only
     if delay > t.delay then t.delay = delay end
   end
   for id, most in pairs(said or {}) do
@@ -562,11 +567,12 @@ local function write_unit(n, u, o)
   end
 end
 
-local out, acks = {}, {}
+local out, acks, nacks = {}, {}, 0
 for i = 1, n do
   local u = unit_at[i]
   if u then
-    acks[#acks + 1] = ARGV[u + ENTRY_ID]
+    nacks = nacks + 1
+    acks[nacks] = ARGV[u + ENTRY_ID]
     if reply_of[i] or status[i] == REFUSED or journal_len > 0 then
       write_unit(i, u, options[ARGV[u + OPTIONS]])
     end
