@@ -208,8 +208,9 @@ local function flow_delay(depth)
   local delay = fc_max * (depth - fc_start) / (fc_full - fc_start)
   return delay - delay % 1  -- rounded down
 end
-local function hot(k)
-  return fc_start ~= nil and not xmit[k] and not gone[k] and band_depth[k] + nunits > fc_start
+local hot = {}  -- KEYS index -> true: a band that could pass the start depth in this call
+for k = FIRST_QUEUE, fc_start and #KEYS or 0 do
+  hot[k] = not xmit[k] and not gone[k] and band_depth[k] + nunits > fc_start or nil
 end
 
 -- Watched queues (ARGV[12]: MAXDEPTH, slow-subscriber conditions): the messages waiting in every
@@ -268,7 +269,7 @@ local function set_of(packed)
   for _, k in ipairs(set) do
     if queue_foreign[k] and set_why[set] == nil then set_why[set] = queue_foreign[k] end
     if gone[k] or xmit[k] then plain = false end
-    if hot(k) then hot_ones[#hot_ones + 1] = k end
+    if hot[k] then hot_ones[#hot_ones + 1] = k end
   end
   set_plain[set] = plain
   if #hot_ones > 0 then set_hot[set] = hot_ones end
@@ -288,7 +289,8 @@ local function options_of(text)
 end
 
 -- The fence: per publisher, its turn (this worker's token?) and as many FIFO heads as it has
--- units in the call, read once. turns[pub] = {ok, popped, heads, fifo, turn, delay, dedup, reply, last}.
+-- units in the call, read once. turns[pub] = {ok, popped, heads, fifo, turn, depth (the deepest band its units
+-- met, flow control), dedup, reply, last (its last unit)}.
 local turns, turn_order, units_of = {}, {}, {}
 for u = first, #ARGV, UNIT do
   local pub = ARGV[u + PUBLISHER]
@@ -302,7 +304,7 @@ local function turn_of(pub)
     heads = redis.pcall('LRANGE', fifo, 0, units_of[pub] - 1)
     ok = heads.err == nil
   end
-  local t = {ok = ok, popped = 0, heads = heads, fifo = fifo, turn = turn, delay = 0, last = 0,
+  local t = {ok = ok, popped = 0, heads = heads, fifo = fifo, turn = turn, depth = 0, last = 0,
              dedup = id_key(dedup_prefix, pub, ''), reply = id_key(reply_prefix, pub, '')}
   turns[pub] = t
   turn_order[#turn_order + 1] = pub
@@ -458,15 +460,10 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     count[n] = copy_each(n, set, payload, skip)
     if set_hot[set] then depth = flow_depth_of(set, skip) end
   end
-  if fc_start and depth > fc_start then
-    local delay = fc_max  -- flow_delay(depth), inlined: once per unit
-    if depth < fc_full then
-      delay = fc_max * (depth - fc_start) / (fc_full - fc_start)
-      delay = delay - delay % 1
-    end
-    if reply_of[n] then delay_of[n] = delay end  -- posted in the result only
-    if delay > t.delay then t.delay = delay end
-  end
+  -- the delay grows with the depth: a publisher's largest is that of the deepest band its
+  -- publications met (t.depth), worked out once per publisher; a result posts its own
+  if depth > t.depth then t.depth = depth end
+  if reply_of[n] and fc_start then delay_of[n] = flow_delay(depth) end
   for id, most in pairs(said or {}) do
     if not disconnect[id] then disconnect_order[#disconnect_order + 1] = id end
     disconnect[id] = most
@@ -508,9 +505,8 @@ end
 -- The flow keys to set: a publisher's largest delay of this call, unless its key is foreign.
 local flow_keys = {}
 for _, pub in ipairs(fc_start and turn_order or {}) do
-  local t = turns[pub]
-  local key = pub_prefix .. pub .. ':flow'
-  if t.delay > 0 and not foreign(key, 'string') then flow_keys[#flow_keys + 1] = {key, t.delay} end
+  local delay, key = flow_delay(turns[pub].depth), pub_prefix .. pub .. ':flow'
+  if delay > 0 and not foreign(key, 'string') then flow_keys[#flow_keys + 1] = {key, delay} end
 end
 
 -- ==== Phase "write": every key written below was checked above (or is the publish stream, a
