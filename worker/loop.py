@@ -354,7 +354,7 @@ class Worker:
             self.client.hdel(keys.saturated(self.qm), self.name)
             if self._alone_recorded:
                 self.client.hdel(keys.alone(self.qm), self.name)
-        except (redis.RedisError, RedisClusterException) as exc:
+        except (redis.RedisError, RedisClusterException, BrokerError) as exc:  # BrokerError: a script wrapper
             log.warning("worker %s: could not release turns on stop: %s", self.name, exc)
         self.turns.clear()
 
@@ -492,7 +492,7 @@ class Worker:
         """Run ``step``; a full server's refusal (nothing written) is noted, not raised."""
         try:
             step()
-        except redis.exceptions.OutOfMemoryError as exc:
+        except (redis.exceptions.OutOfMemoryError, ServerFull) as exc:  # ServerFull: a script wrapper
             self._report(exc)
 
     def _sweep_turns(self) -> list[str]:
