@@ -415,14 +415,16 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     -- fails on a foreign key, writing nothing.
     local key = t.dedup .. ARGV[u + MSGID]
     local found = redis.pcall('SET', key, entry_id, 'NX', 'PX', o.window, 'GET')
-    if type(found) == 'table' and found.err then
+    if found == false then  -- fresh (the usual case, tested first: type() is a call)
+      recorded = key
+    elseif type(found) == 'table' and found.err then
       -- a full server refuses the first write of a script, so nothing is written yet: stop with
       -- the error (the worker retries), never refuse the publication for it
       if string.sub(found.err, 1, 3) == 'OOM' then error({err = found.err}) end
       return REFUSED, foreign(key, 'string') or ('dedup record ' .. key .. ': ' .. found.err)
+    else
+      return DUPLICATE
     end
-    if found then return DUPLICATE end
-    recorded = key
   end
   local why = reply_why and (reply_why .. '; the result could not be posted')
   if not why and set then why = set_why[set] end
