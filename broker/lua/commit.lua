@@ -255,25 +255,26 @@ for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do watch(tonu
 
 -- ==== Phase "plan": per unit, the fence, its keys' types, its outcome and its copies ===========
 
--- A unit's recipient set (field 4) as a list of KEYS indexes, parsed once per distinct value,
--- with what every unit sent to it asks: set_why[set] = the first foreign queue's reason; plain =
--- every queue a subscriber queue still subscribed; set_hot[set] = its hot bands (flow control).
-local sets, set_why, set_plain, set_hot = {}, {}, {}, {}
+-- A unit's recipient set (field 4) as a list of KEYS indexes, parsed once per distinct value
+-- (there are about as many sets as units in a call: one pass, one table), with what every unit
+-- sent to it asks: set_why[set] = the first foreign queue's reason, if any; set_kind[set] =
+-- PLAIN (every queue a subscriber queue still subscribed, none hot), PLAIN_HOT (the same, some
+-- band hot: flow control) or MIXED (a queue gone or a transmission stream).
+local PLAIN, PLAIN_HOT, MIXED = 1, 2, 3
+local sets, set_why, set_kind = {}, {}, {}
 local function set_of(packed)
-  local set = {}
+  local set, m, kind, why = {}, 0, PLAIN, nil
   for at = 1, #packed, 3000 do  -- string.byte returns its bytes on the Lua stack: a slice at a time
     local b = {string.byte(packed, at, math.min(at + 2999, #packed))}
-    for i = 1, #b, 3 do set[#set + 1] = (b[i] * 256 + b[i + 1]) * 256 + b[i + 2] end
+    for i = 1, #b, 3 do
+      local k = (b[i] * 256 + b[i + 1]) * 256 + b[i + 2]
+      m = m + 1
+      set[m] = k
+      why = why or queue_foreign[k]
+      if gone[k] or xmit[k] then kind = MIXED elseif hot[k] and kind == PLAIN then kind = PLAIN_HOT end
+    end
   end
-  local plain, hot_ones = true, {}
-  for _, k in ipairs(set) do
-    if queue_foreign[k] and set_why[set] == nil then set_why[set] = queue_foreign[k] end
-    if gone[k] or xmit[k] then plain = false end
-    if hot[k] then hot_ones[#hot_ones + 1] = k end
-  end
-  set_plain[set] = plain
-  if #hot_ones > 0 then set_hot[set] = hot_ones end
-  sets[packed] = set
+  set_why[set], set_kind[set], sets[packed] = why, kind, set
   return set
 end
 
@@ -367,11 +368,10 @@ end
 -- The deepest hot band of `set` given a copy of this unit (not one it skipped), once that copy
 -- is counted (flow control: the slowest subscriber's).
 local function flow_depth_of(set, skip)
-  local most, hot_ones = 0, set_hot[set]
-  for i = 1, #hot_ones do
-    local k = hot_ones[i]
+  local most = 0
+  for _, k in ipairs(set) do
     local depth = band_depth[k] + pushed[k]
-    if depth > most and not (skip and skip[k]) then most = depth end
+    if depth > most and hot[k] and not (skip and skip[k]) then most = depth end
   end
   return most
 end
@@ -439,7 +439,8 @@ local function plan_deliver(n, t, o, set, u, reply_why)
   if not set then return DELIVERED end
   local payload = ARGV[u + PAYLOAD]
   local depth = 0  -- the deepest hot band given a copy (flow control)
-  if set_plain[set] and not skip and not watching and not set_hot[set] then
+  local kind = (skip or watching) and MIXED or set_kind[set]
+  if kind == PLAIN then
     for i = 1, #set do  -- the usual case: a copy for every queue of the set
       local k = set[i]
       local c = pushed[k] + 1
@@ -447,7 +448,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
       copies[k][c] = payload
     end
     count[n] = #set
-  elseif set_plain[set] and not skip and not watching then
+  elseif kind == PLAIN_HOT then
     for i = 1, #set do  -- the same, following the depth of every band (cold ones stay under it)
       local k = set[i]
       local c = pushed[k] + 1
@@ -460,7 +461,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
   else
     skip_of[n] = skip
     count[n] = copy_each(n, set, payload, skip)
-    if set_hot[set] then depth = flow_depth_of(set, skip) end
+    if fc_start then depth = flow_depth_of(set, skip) end
   end
   -- the delay grows with the depth: a publisher's largest is that of the deepest band its
   -- publications met (t.depth), worked out once per publisher; a result posts its own
