@@ -405,6 +405,14 @@ local function copy_each(n, set, payload, skip)
   return given
 end
 
+-- The subscriptions a delivered publication's slow-subscriber condition asks to disconnect.
+local function ask_disconnect(said)
+  for id, most in pairs(said) do
+    if not disconnect[id] then disconnect_order[#disconnect_order + 1] = id end
+    disconnect[id] = most
+  end
+end
+
 -- Decide a deliver unit n whose turn holds: refused (a foreign key, a full queue under ALL),
 -- duplicate, or delivered with its copies queued.
 local function plan_deliver(n, t, o, set, u, reply_why)
@@ -467,23 +475,28 @@ local function plan_deliver(n, t, o, set, u, reply_why)
   -- publications met (t.depth), worked out once per publisher; a result posts its own
   if depth > t.depth then t.depth = depth end
   if reply_of[n] and fc_start then delay_of[n] = flow_delay(depth) end
-  for id, most in pairs(said or {}) do
-    if not disconnect[id] then disconnect_order[#disconnect_order + 1] = id end
-    disconnect[id] = most
-  end
+  if said then ask_disconnect(said) end
   return DELIVERED
 end
 
 -- Plan every unit n (ARGV index u): fenced (unit_at[n] false), or its outcome.
+-- The reply (3 integers per unit, filled in as each is planned), the entries to acknowledge and
+-- the units the write phase has more to do for (a dead letter, a result, a journal record).
+local out, acks, nacks, writes = {}, {}, 0, {}
 local n = 0
 for u = first, #ARGV, UNIT do
   n = n + 1
-  local pub = ARGV[u + PUBLISHER]
+  local pub, entry_id = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID]
   local t = turns[pub] or turn_of(pub)
-  if t.ok and t.heads[t.popped + 1] ~= ARGV[u + ENTRY_ID] then t.ok = false end
+  if t.ok and t.heads[t.popped + 1] ~= entry_id then t.ok = false end
   unit_at[n] = t.ok and u
-  if t.ok then
+  out[3 * n] = 0
+  if not t.ok then
+    out[3 * n - 2], out[3 * n - 1] = 0, 0  -- fenced
+  else
     t.popped, t.last, count[n] = t.popped + 1, n, 0
+    nacks = nacks + 1
+    acks[nacks] = entry_id
     local text, packed = ARGV[u + OPTIONS], ARGV[u + RECIPIENTS]
     local o = options[text] or options_of(text)
     local set = packed ~= '' and (sets[packed] or set_of(packed)) or nil
@@ -502,6 +515,8 @@ for u = first, #ARGV, UNIT do
     else
       status[n] = action == 'expire' and EXPIRED or SKIPPED
     end
+    out[3 * n - 2], out[3 * n - 1] = status[n], count[n]
+    if reply_of[n] or reason_of[n] or journal_len > 0 then writes[#writes + 1] = n end
   end
 end
 
@@ -566,19 +581,9 @@ local function write_unit(n, u, o)
   end
 end
 
-local out, acks, nacks = {}, {}, 0
-for i = 1, n do
+for _, i in ipairs(writes) do
   local u = unit_at[i]
-  if u then
-    nacks = nacks + 1
-    acks[nacks] = ARGV[u + ENTRY_ID]
-    if reply_of[i] or status[i] == REFUSED or journal_len > 0 then
-      write_unit(i, u, options[ARGV[u + OPTIONS]])
-    end
-    out[3 * i - 2], out[3 * i - 1], out[3 * i] = status[i], count[i], 0
-  else
-    out[3 * i - 2], out[3 * i - 1], out[3 * i] = 0, 0, 0
-  end
+  write_unit(i, u, options[ARGV[u + OPTIONS]])
 end
 
 for id, c in pairs(skipped) do redis.call('HINCRBY', skipped_key, id, c) end
