@@ -259,7 +259,7 @@ for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do watch(tonu
 -- (there are about as many sets as units in a call: one pass, one table), with what every unit
 -- sent to it asks: set_why[set] = the first foreign queue's reason, if any; set_kind[set] =
 -- PLAIN (every queue a subscriber queue still subscribed, none hot), PLAIN_HOT (the same, some
--- band hot: flow control) or MIXED (a queue gone or a transmission stream).
+-- band hot: flow control) or MIXED (a queue gone, foreign or a transmission stream).
 local PLAIN, PLAIN_HOT, MIXED = 1, 2, 3
 local sets, set_why, set_kind = {}, {}, {}
 local function set_of(packed)
@@ -271,7 +271,7 @@ local function set_of(packed)
       m = m + 1
       set[m] = k
       why = why or queue_foreign[k]
-      if gone[k] or xmit[k] then kind = MIXED elseif hot[k] and kind == PLAIN then kind = PLAIN_HOT end
+      if gone[k] or xmit[k] or why then kind = MIXED elseif hot[k] and kind == PLAIN then kind = PLAIN_HOT end
     end
   end
   set_why[set], set_kind[set], sets[packed] = why, kind, set
@@ -313,10 +313,9 @@ local function turn_of(pub)
 end
 
 -- The plan, one slot per unit n (parallel arrays, so that a plain unit makes no table):
--- unit_at[n] = its ARGV index, or false when fenced; status[n]; count[n] = subscriptions given a
--- copy; and, only when there is one: reply_of[n] (the key its result is posted on), reason_of[n],
+-- status[n]; count[n] = subscriptions given a copy; and, only when there is one: reply_of[n] (the key its result is posted on), reason_of[n],
 -- skip_of[n] ({KEYS index = 'full' | 'slow'}), delay_of[n] (ms), forwarded_of[n].
-local unit_at, status, count = {}, {}, {}
+local status, count = {}, {}
 local reply_of, reason_of, skip_of, delay_of, forwarded_of = {}, {}, {}, {}, {}
 local skipped, withheld = {}, {}   -- sub id -> deliveries skipped (full queue or slow), withheld (slow)
 local disconnect, disconnect_order = {}, {}  -- sub id -> max_messages of the condition
@@ -435,7 +434,8 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     end
   end
   local why = reply_why and (reply_why .. '; the result could not be posted')
-  if not why and set then why = set_why[set] end
+  local kind = set and set_kind[set]
+  if not why and kind == MIXED then why = set_why[set] end
   local skip, said = nil, nil
   if not why and set and o.slow ~= '' then skip, said = withhold_slow(n, set, o.slow, skip) end
   if not why and set and watching then why, skip = bound(n, set, o.delivery, skip) end
@@ -447,7 +447,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
   if not set then return DELIVERED end
   local payload = ARGV[u + PAYLOAD]
   local depth = 0  -- the deepest hot band given a copy (flow control)
-  local kind = (skip or watching) and MIXED or set_kind[set]
+  if skip or watching then kind = MIXED end
   if kind == PLAIN then
     for i = 1, #set do  -- the usual case: a copy for every queue of the set
       local k = set[i]
@@ -479,7 +479,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
   return DELIVERED
 end
 
--- Plan every unit n (ARGV index u): fenced (unit_at[n] false), or its outcome.
+-- Plan every unit n (ARGV index u): fenced (its reply 0, 0, 0), or its outcome.
 -- The reply (3 integers per unit, filled in as each is planned), the entries to acknowledge and
 -- the units the write phase has more to do for (a dead letter, a result, a journal record).
 local out, acks, nacks, writes = {}, {}, 0, {}
@@ -489,7 +489,6 @@ for u = first, #ARGV, UNIT do
   local pub, entry_id = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID]
   local t = turns[pub] or turn_of(pub)
   if t.ok and t.heads[t.popped + 1] ~= entry_id then t.ok = false end
-  unit_at[n] = t.ok and u
   out[3 * n] = 0
   if not t.ok then
     out[3 * n - 2], out[3 * n - 1] = 0, 0  -- fenced
@@ -516,7 +515,7 @@ for u = first, #ARGV, UNIT do
       status[n] = action == 'expire' and EXPIRED or SKIPPED
     end
     out[3 * n - 2], out[3 * n - 1] = status[n], count[n]
-    if reply_of[n] or reason_of[n] or journal_len > 0 then writes[#writes + 1] = n end
+    if reply_of[n] or reason_of[n] or journal_len > 0 then writes[#writes + 1] = {n, u} end
   end
 end
 
@@ -581,10 +580,7 @@ local function write_unit(n, u, o)
   end
 end
 
-for _, i in ipairs(writes) do
-  local u = unit_at[i]
-  write_unit(i, u, options[ARGV[u + OPTIONS]])
-end
+for _, w in ipairs(writes) do write_unit(w[1], w[2], options[ARGV[w[2] + OPTIONS]]) end
 
 for id, c in pairs(skipped) do redis.call('HINCRBY', skipped_key, id, c) end
 for id, c in pairs(withheld) do redis.call('HINCRBY', slow_key, id, c) end
