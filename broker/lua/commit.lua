@@ -252,6 +252,11 @@ local function watch(k, depth, dur)
   end
 end
 for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do watch(tonumber(k), depth, dur) end
+-- watched_id[k] = the subscription id of band k when its subscription is watched (its depth counted up)
+local watched_id = {}
+for k = FIRST_QUEUE, watching and #KEYS or 0 do
+  if not xmit[k] and not gone[k] and depth_of[sub_id_of(k)] then watched_id[k] = sub_id_of(k) end
+end
 
 -- ==== Phase "plan": per unit, the fence, its keys' types, its outcome and its copies ===========
 
@@ -364,44 +369,38 @@ local function bound(n, set, policy, skip)
   return nil, skip
 end
 
--- The deepest hot band of `set` given a copy of this unit (not one it skipped), once that copy
--- is counted (flow control: the slowest subscriber's).
-local function flow_depth_of(set, skip)
-  local most = 0
-  for _, k in ipairs(set) do
-    local depth = band_depth[k] + pushed[k]
-    if depth > most and hot[k] and not (skip and skip[k]) then most = depth end
-  end
-  return most
-end
-
--- Queue a copy of `payload` for queue k.
-local function copy(k, payload)
-  local c = pushed[k] + 1
-  pushed[k] = c
-  copies[k][c] = payload
+-- A delivery skipped (a full queue) or withheld (a slow subscriber), counted per subscription.
+local function count_skipped(k, why)
+  local id = sub_id_of(k)
+  skipped[id] = (skipped[id] or 0) + 1
+  if why == 'slow' then withheld[id] = (withheld[id] or 0) + 1 end
 end
 
 -- Give copies to the queues of a set that are not gone or skipped, counting what was skipped.
+-- Returns how many subscriptions got one and the deepest hot band given one (flow control).
 local function copy_each(n, set, payload, skip)
-  local given, forwarded = 0, 0
-  for _, k in ipairs(set) do
-    if skip and skip[k] then
-      local id = sub_id_of(k)
-      skipped[id] = (skipped[id] or 0) + 1
-      if skip[k] == 'slow' then withheld[id] = (withheld[id] or 0) + 1 end
-    elseif xmit[k] then
-      copy(k, payload)
-      forwarded = forwarded + 1
+  local given, forwarded, deepest_hot = 0, 0, 0
+  for i = 1, #set do
+    local k = set[i]
+    local why = skip and skip[k]
+    if why then
+      count_skipped(k, why)
     elseif not gone[k] then
-      copy(k, payload)
-      given = given + 1
-      local id = watching and sub_id_of(k)
-      if id and depth_of[id] then depth_of[id] = depth_of[id] + 1 end
+      local c = pushed[k] + 1
+      pushed[k] = c
+      copies[k][c] = payload
+      if xmit[k] then
+        forwarded = forwarded + 1
+      else
+        given = given + 1
+        local id = watched_id[k]
+        if id then depth_of[id] = depth_of[id] + 1 end
+        if hot[k] and band_depth[k] + c > deepest_hot then deepest_hot = band_depth[k] + c end
+      end
     end
   end
   if forwarded > 0 then forwarded_of[n] = forwarded end
-  return given
+  return given, deepest_hot
 end
 
 -- The subscriptions a delivered publication's slow-subscriber condition asks to disconnect.
@@ -468,8 +467,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     count[n] = #set
   else
     skip_of[n] = skip
-    count[n] = copy_each(n, set, payload, skip)
-    if fc_start then depth = flow_depth_of(set, skip) end
+    count[n], depth = copy_each(n, set, payload, skip)
   end
   -- the delay grows with the depth: a publisher's largest is that of the deepest band its
   -- publications met (t.depth), worked out once per publisher; a result posts its own
