@@ -326,7 +326,16 @@ class Scripts:
                 checks that each recipient subscription still exists.
             flow_control: the delay curve, ``"<start depth>:<full depth>:<max delay ms>"``
                 (``flow_control_arg``); "" when flow control is off (nothing is read for it).
+
+        Raises:
+            ValueError: ``batch`` was built with the journal (``CommitBatch(journal=True)``) and
+                ``journal_max_len`` is 0, or the other way round: its units' fields would be misread.
         """
+        if batch.journal != (journal_max_len > 0):
+            raise ValueError(
+                f"a batch built with journal={batch.journal} needs journal_max_len "
+                f"{'> 0' if batch.journal else '0'}, not {journal_max_len}"
+            )
         qm = self.qm
         self._call(
             self._commit,

@@ -103,7 +103,8 @@
 --   to the publication: "<max_messages>:<disconnect non-durable 1|0>:<disconnect durable 1|0>";
 --   every queue of its recipient set is watched (ARGV[12])
 --   suggestion: "" or a corrected topic (the rest of the string)
--- unit field 6 journal: "<seq or empty>|<enqueued_ms>|<topic>", or "" (no journal: ARGV[7] 0)
+-- unit field 6 journal: "<seq or empty>|<enqueued_ms>|<topic>"; only when ARGV[7] > 0 (without the
+--   journal a unit has the 6 fields before it)
 -- returns 3 integers per publication: status, subscriptions, gave_up
 --   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped
 --   gave_up: 1 when the FIFO is now empty and the turn was given up
@@ -127,6 +128,7 @@ for i = 15, 14 + ngive_up do give_up[ARGV[i]] = true end
 local first = 15 + ngive_up
 local PUBLISHER, ENTRY_ID, PAYLOAD, MSGID, RECIPIENTS, OPTIONS, JOURNAL = 0, 1, 2, 3, 4, 5, 6
 local UNIT = 7
+if journal_len == 0 then UNIT = 6 end  -- no journal field per unit without the journal
 local FIRST_QUEUE = 9
 local skipped_key, slow_key = KEYS[7], KEYS[8]
 local watching = limits_arg ~= ''
