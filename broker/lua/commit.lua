@@ -319,10 +319,10 @@ local function turn_of(pub)
   return t
 end
 
--- The plan, one slot per unit n (parallel arrays, so that a plain unit makes no table):
--- status[n]; count[n] = subscriptions given a copy; and, only when there is one: reply_of[n] (the key its result is posted on), reason_of[n],
--- skip_of[n] ({KEYS index = 'full' | 'slow'}), delay_of[n] (ms), forwarded_of[n].
-local status, count = {}, {}
+-- The plan, one slot per unit n (so that a plain unit makes no table): its outcome and count in
+-- the reply (out[3n - 2], out[3n - 1], below) and, only when there is one: reply_of[n] (the key
+-- its result is posted on), reason_of[n], skip_of[n] ({KEYS index = 'full' | 'slow'}),
+-- delay_of[n] (ms), forwarded_of[n].
 local reply_of, reason_of, skip_of, delay_of, forwarded_of = {}, {}, {}, {}, {}
 local skipped, withheld = {}, {}   -- sub id -> deliveries skipped (full queue or slow), withheld (slow)
 local disconnect, disconnect_order = {}, {}  -- sub id -> max_messages of the condition
@@ -414,7 +414,8 @@ local function ask_disconnect(said)
 end
 
 -- Decide a deliver unit n whose turn holds: refused (a foreign key, a full queue under ALL),
--- duplicate, or delivered with its copies queued.
+-- duplicate, or delivered with its copies queued. Returns the outcome, the reason it is refused
+-- (or nil) and how many subscriptions get a copy.
 local function plan_deliver(n, t, o, set, u, reply_why)
   local entry_id, recorded = ARGV[u + ENTRY_ID], nil
   if o.window ~= '0' then
@@ -447,7 +448,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
   end
   if not set then return DELIVERED end
   local payload = ARGV[u + PAYLOAD]
-  local depth = 0  -- the deepest hot band given a copy (flow control)
+  local depth, given = 0, 0  -- the deepest hot band given a copy (flow control); copies given
   if skip or watching then kind = MIXED end
   if kind == PLAIN then
     for i = 1, #set do  -- the usual case: a copy for every queue of the set
@@ -456,7 +457,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
       pushed[k] = c
       copies[k][c] = payload
     end
-    count[n] = #set
+    given = #set
   elseif kind == PLAIN_HOT then
     for i = 1, #set do  -- the same, following the depth of every band (cold ones stay under it)
       local k = set[i]
@@ -466,17 +467,17 @@ local function plan_deliver(n, t, o, set, u, reply_why)
       c = c + band_depth[k]
       if c > depth then depth = c end
     end
-    count[n] = #set
+    given = #set
   else
     skip_of[n] = skip
-    count[n], depth = copy_each(n, set, payload, skip)
+    given, depth = copy_each(n, set, payload, skip)
   end
   -- the delay grows with the depth: a publisher's largest is that of the deepest band its
   -- publications met (t.depth), worked out once per publisher; a result posts its own
   if depth > t.depth then t.depth = depth end
   if reply_of[n] and fc_start then delay_of[n] = flow_delay(depth) end
   if said then ask_disconnect(said) end
-  return DELIVERED
+  return DELIVERED, nil, given
 end
 
 -- Plan every unit n (ARGV index u): fenced (its reply 0, 0, 0), or its outcome.
@@ -493,7 +494,7 @@ for u = first, #ARGV, UNIT do
   if not t.ok then
     out[3 * n - 2], out[3 * n - 1] = 0, 0  -- fenced
   else
-    t.popped, t.last, count[n] = t.popped + 1, n, 0
+    t.popped, t.last = t.popped + 1, n
     nacks = nacks + 1
     acks[nacks] = entry_id
     local text, packed = ARGV[u + OPTIONS], ARGV[u + RECIPIENTS]
@@ -505,16 +506,16 @@ for u = first, #ARGV, UNIT do
       reply_why = foreign(reply_key, 'list')
       if not reply_why then reply_of[n] = reply_key end
     end
-    local action, why = o.action, nil
+    local action, why, code, given = o.action, nil, nil, 0
     if action == 'deliver' then
-      status[n], why = plan_deliver(n, t, o, set, u, reply_why)
+      code, why, given = plan_deliver(n, t, o, set, u, reply_why)
       if why then reason_of[n] = why .. '; delivered to no subscription' end
     elseif action == 'refuse' then
-      status[n], reason_of[n] = REFUSED, ARGV[u + PAYLOAD]
+      code, reason_of[n] = REFUSED, ARGV[u + PAYLOAD]
     else
-      status[n] = action == 'expire' and EXPIRED or SKIPPED
+      code = action == 'expire' and EXPIRED or SKIPPED
     end
-    out[3 * n - 2], out[3 * n - 1] = status[n], count[n]
+    out[3 * n - 2], out[3 * n - 1] = code, given or 0
     if reply_of[n] or reason_of[n] or journal_len > 0 then writes[#writes + 1] = {n, u} end
   end
 end
@@ -552,14 +553,14 @@ end
 -- A refused unit's dead letter, its result and its journal record.
 local function write_unit(n, u, o)
   local pub, entry_id, msgid = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID], ARGV[u + MSGID]
-  local code = status[n]
+  local code = out[3 * n - 2]
   if code == REFUSED and o.dead_letter then
     local original = redis.call('XRANGE', stream, entry_id, entry_id)
     local fields = #original == 1 and original[1][2] or {}
     dead_letter(dlq, dlq_len, max_body, entry_id, fields, reason_of[n])
   end
   if reply_of[n] then
-    local result = {status = STATUS_NAME[code], subscriptions = count[n], entry_id = entry_id,
+    local result = {status = STATUS_NAME[code], subscriptions = out[3 * n - 1], entry_id = entry_id,
                     publisher = pub, msgid = msgid}
     if code == REFUSED then
       result.reason = reason_of[n]
