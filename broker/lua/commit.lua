@@ -115,6 +115,9 @@
 --   broker/scripts.py raises them as ForeignKey and ServerFull
 
 
+-- KEYS, ARGV and redis.pcall as locals: a global is a table lookup on every use, and the plan
+-- reads a few ARGV per unit
+local KEYS, ARGV, pcall_redis = KEYS, ARGV, redis.pcall
 local stream, active, dlq, journal, subs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
 local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
@@ -423,7 +426,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     -- changed since. One SET NX GET records it (nil: fresh), finds it (a string: duplicate) or
     -- fails on a foreign key, writing nothing.
     local key = t.dedup .. ARGV[u + MSGID]
-    local found = redis.pcall('SET', key, entry_id, 'NX', 'PX', o.window, 'GET')
+    local found = pcall_redis('SET', key, entry_id, 'NX', 'PX', o.window, 'GET')
     if found == false then  -- fresh (the usual case, tested first: type() is a call)
       recorded = key
     elseif type(found) == 'table' and found.err then
