@@ -8,10 +8,20 @@ sends plain ``EVALSHA`` and, on NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted
 server), calls ``load`` and sends the pipeline again, which is safe because
 every unit of work is fenced. The wrappers take and return plain Python
 values; the key layout they assume is documented in ``broker.keys``.
+
+Errors: a wrapper raises ``ForeignKey`` when its script stopped on a foreign
+queue-manager-wide key (the script's error reply ``BROKER foreign key: <key> holds a
+<type>, not a <type>``, before any write) and ``ServerFull`` when the server is out of
+memory (its first write refused: nothing written). A pipelined call (``pipe``) leaves its
+reply, error or not, in the pipeline's results: pass it to ``checked``, which raises the same.
+Callers never read an error's text.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -20,6 +30,7 @@ import redis
 
 from broker import keys
 from broker.config import Settings
+from broker.errors import ForeignKey, ServerFull
 from broker.unit_of_work import CommitBatch
 
 
@@ -37,6 +48,58 @@ def flow_control_arg(settings: Settings) -> str:
         f"{settings.flow_control_start_depth}:{settings.flow_control_full_depth}:"
         f"{settings.flow_control_max_delay_ms}"
     )
+
+
+#: A script's foreign-key error reply (``require_types`` in ``lua/lib.lua``); the server may
+#: append " script: <sha>, on @user_script:<line>." to it.
+_FOREIGN_KEY = re.compile(
+    r"^BROKER foreign key: (?P<key>.*) holds a (?P<found>\w+), not a (?P<expected>\w+)(?: script: .*)?$", re.S
+)
+
+
+def script_error(exc: BaseException, what: str) -> BaseException:
+    """The broker error a script's error reply stands for, or ``exc`` itself.
+
+    Args:
+        exc: what redis-py raised, or left in a pipeline's results, for one script call.
+        what: what was refused, a few words (``ServerFull.what``), e.g. "unit of work".
+
+    Returns:
+        ``ForeignKey`` (a queue-manager-wide key holds another Redis type; nothing was
+        written), ``ServerFull`` (``maxmemory`` reached; nothing was written) or ``exc``.
+    """
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return ServerFull(what, str(exc))
+    if isinstance(exc, redis.ResponseError):
+        found = _FOREIGN_KEY.match(str(exc))
+        if found:
+            return ForeignKey(found["key"], found["found"], found["expected"])
+    return exc
+
+
+def checked(reply: Any, what: str) -> Any:
+    """A pipelined script call's reply, or raise the broker error it stands for (``script_error``).
+
+    Raises:
+        ForeignKey: the script stopped on a foreign queue-manager-wide key, before any write.
+        ServerFull: the server is out of memory; nothing was written.
+        redis.RedisError: any other error reply, as redis-py gave it.
+    """
+    if isinstance(reply, BaseException):
+        raise script_error(reply, what) from reply
+    return reply
+
+
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """Raise a script's foreign-key and out-of-memory replies as ``ForeignKey`` and ``ServerFull``."""
+    try:
+        yield
+    except redis.ResponseError as exc:
+        error = script_error(exc, what)
+        if error is exc:
+            raise
+        raise error from exc
 
 
 def _read(name: str) -> str:
@@ -150,9 +213,10 @@ class Scripts:
         ):
             self.client.script_load(script.script)
 
-    def _call(self, script: Any, keys_: list[Any], args: list[Any], pipe: Any) -> Any:
+    def _call(self, script: Any, keys_: list[Any], args: list[Any], pipe: Any, what: str) -> Any:
         if pipe is None:
-            return script(keys=keys_, args=args)
+            with _translated(what):
+                return script(keys=keys_, args=args)
         pipe.execute_command("EVALSHA", script.sha, len(keys_), *keys_, *args)
         return None
 
@@ -187,9 +251,10 @@ class Scripts:
             A ``Dequeued``, or None with ``pipe``.
 
         Raises:
-            redis.RedisError: as redis-py raises it; callers translate. A foreign
-                queue-manager-wide key gives a ``ResponseError`` starting with
-                "BROKER foreign key", raised before anything was written.
+            ForeignKey: a queue-manager-wide key holds another Redis type; nothing was written.
+            ServerFull: the server is out of memory; nothing was written.
+            redis.RedisError: any other error, as redis-py raises it.
+            (With ``pipe`` nothing is raised: pass the reply to ``checked``.)
         """
         qm = self.qm
         refusals = self.refusals
@@ -225,6 +290,7 @@ class Scripts:
                 *map(_b, turns),
             ],
             pipe,
+            "dequeue",
         )
         return None if pipe is not None else parse_dequeue(raw)
 
@@ -242,7 +308,9 @@ class Scripts:
         """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication,
         then the subscriptions a slow-subscriber condition asks to disconnect.
 
-        Decode the reply with ``broker.unit_of_work.decode_outcomes`` and
+        Decode the reply (after ``checked(reply, "unit of work")``, which raises ``ForeignKey``
+        for a foreign queue-manager-wide key and ``ServerFull`` for a full server, nothing
+        written either way) with ``broker.unit_of_work.decode_outcomes`` and
         ``decode_disconnects``; see ``broker/lua/commit.lua``.
 
         Args:
@@ -258,7 +326,16 @@ class Scripts:
                 checks that each recipient subscription still exists.
             flow_control: the delay curve, ``"<start depth>:<full depth>:<max delay ms>"``
                 (``flow_control_arg``); "" when flow control is off (nothing is read for it).
+
+        Raises:
+            ValueError: ``batch`` was built with the journal (``CommitBatch(journal=True)``) and
+                ``journal_max_len`` is 0, or the other way round: its units' fields would be misread.
         """
+        if batch.journal != (journal_max_len > 0):
+            raise ValueError(
+                f"a batch built with journal={batch.journal} needs journal_max_len "
+                f"{'> 0' if batch.journal else '0'}, not {journal_max_len}"
+            )
         qm = self.qm
         self._call(
             self._commit,
@@ -290,6 +367,7 @@ class Scripts:
                 *batch.args,
             ],
             pipe,
+            "unit of work",
         )
 
     def take_over(
@@ -315,9 +393,10 @@ class Scripts:
         for start in range(0, max(len(counted), len(uncounted)), TAKE_OVER_CHUNK):
             head = counted[start : start + TAKE_OVER_CHUNK]
             rest = uncounted[start : start + TAKE_OVER_CHUNK]
-            raw = self._take_over_script(
-                keys=[stream, alone], args=[keys.WORKER_GROUP, token, len(head), *head, *rest]
-            )
+            with _translated("take-over"):
+                raw = self._take_over_script(
+                    keys=[stream, alone], args=[keys.WORKER_GROUP, token, len(head), *head, *rest]
+                )
             for entry_id, flat, times in raw:
                 out.append((entry_id.decode(), entry_fields(flat), int(times)))
         return out
@@ -335,13 +414,14 @@ class Scripts:
             ``(next cursor, publishers taken)``.
 
         Raises:
-            redis.RedisError: as redis-py raises it; a foreign ``{qm}:publishers`` gives a
-                ``ResponseError`` starting with "BROKER foreign key", before anything was written.
+            ForeignKey: ``{qm}:publishers`` holds another Redis type; nothing was written.
+            redis.RedisError: any other error, as redis-py raises it.
         """
-        nxt, taken = self._sweep_turns_script(
-            keys=[keys.active_publishers(self.qm)],
-            args=[self._prefix, token, lease_ms, cursor, count],
-        )
+        with _translated("turn sweep"):
+            nxt, taken = self._sweep_turns_script(
+                keys=[keys.active_publishers(self.qm)],
+                args=[self._prefix, token, lease_ms, cursor, count],
+            )
         return nxt.decode(), [p.decode("utf-8", "surrogateescape") for p in taken]
 
     def sweep_entries(self, min_idle_ms: int, start: str = "-", count: int = 100) -> tuple[str, list[str]]:
@@ -356,26 +436,29 @@ class Scripts:
             ``(next start id, or "" when the pending list was read to its end; refused entry ids)``.
 
         Raises:
-            redis.RedisError: as redis-py raises it (a foreign stream or dead-letter
-                stream: "BROKER foreign key ..." before any write).
+            ForeignKey: the stream or the dead-letter stream holds another Redis type; nothing
+                was written.
+            ServerFull: the server is out of memory; nothing was written.
+            redis.RedisError: any other error, as redis-py raises it.
         """
         refusals = self.refusals
-        nxt, refused = self._sweep_entries_script(
-            keys=[keys.publish_stream(self.qm), keys.dead_letter(self.qm)],
-            args=[
-                keys.WORKER_GROUP,
-                min_idle_ms,
-                count,
-                start,
-                self._prefix,
-                keys.MALFORMED_PUBLISHER,
-                keys.MAX_PUBLISHER_BYTES,
-                self._reply_prefix,
-                refusals.reply_ttl_ms,
-                refusals.dead_letter_max_len,
-                refusals.max_body_bytes,
-            ],
-        )
+        with _translated("entry sweep"):
+            nxt, refused = self._sweep_entries_script(
+                keys=[keys.publish_stream(self.qm), keys.dead_letter(self.qm)],
+                args=[
+                    keys.WORKER_GROUP,
+                    min_idle_ms,
+                    count,
+                    start,
+                    self._prefix,
+                    keys.MALFORMED_PUBLISHER,
+                    keys.MAX_PUBLISHER_BYTES,
+                    self._reply_prefix,
+                    refusals.reply_ttl_ms,
+                    refusals.dead_letter_max_len,
+                    refusals.max_body_bytes,
+                ],
+            )
         return nxt.decode(), [r.decode() for r in refused]
 
     def give_up(self, token: str, publishers: list[str]) -> int:
@@ -387,7 +470,8 @@ class Scripts:
         if not publishers:
             return 0
         turns = [_b(keys.turn_key(self.qm, p)) for p in publishers]
-        return int(self._give_up(keys=turns, args=[token]))
+        with _translated("giving up turns"):
+            return int(self._give_up(keys=turns, args=[token]))
 
 
 def entry_fields(flat: list[bytes]) -> dict[bytes, bytes]:

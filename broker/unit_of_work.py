@@ -9,7 +9,8 @@ gone from the stream). ``CommitBatch`` encodes a batch of them into one
 
 The ARGV layout of a unit is named in ``UNIT_FIELDS`` and written out in the
 header of ``commit.lua`` (``-- unit field <n> <name>``); a test checks that both
-list the same fields in the same order.
+list the same fields in the same order. The last field, ``journal``, is sent only
+when the journal is on: every field costs Redis and Lua per unit, whether empty or not.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ FIRST_QUEUE_KEY = 9
 #: The ARGV fields of one unit of work in ``commit.lua``, in order. Few, because every
 #: argument costs Redis (a string object, then a Lua string): what most units of a batch
 #: share is packed into ``options`` and ``recipients``, which the script parses once per
-#: distinct value (``encode_options``, ``CommitBatch``).
+#: distinct value (``encode_options``, ``CommitBatch``). The last one, ``journal``, only
+#: when the journal is on (``CommitBatch(journal=True)``); without, a unit has the others.
 UNIT_FIELDS = (
     "publisher",
     "entry_id",
@@ -131,13 +133,13 @@ class CommitBatch:
     recipient queues by their KEYS indexes, packed 3 bytes each (``recipients``).
 
     Args:
-        journal: send each unit's journal fields (seq, enqueued_ms, topic); without,
-            the unit's ``journal`` field is "" (the call writes no journal).
+        journal: send each unit's journal field (seq, enqueued_ms, topic); without, a
+            unit has no ``journal`` field (``unit_size`` fields) and the call writes no journal.
     """
 
     __slots__ = ("queue_keys", "_key_index", "_set_index", "args", "units", "limits", "journal")
 
-    def __init__(self, journal: bool = True) -> None:
+    def __init__(self, journal: bool = False) -> None:
         #: KEYS index -> (MAXDEPTH, durable) of the bounded queues in this batch
         self.limits: dict[int, tuple[int, bool]] = {}
         self.queue_keys: list[str] = []
@@ -149,6 +151,11 @@ class CommitBatch:
 
     def __len__(self) -> int:
         return len(self.units)
+
+    @property
+    def unit_size(self) -> int:
+        """How many ARGV fields each unit has: ``UNIT_FIELDS``, without ``journal`` when it is off."""
+        return len(UNIT_FIELDS) if self.journal else len(UNIT_FIELDS) - 1
 
     def _recipients(self, queues: tuple[str, ...]) -> bytes:
         """The recipient set ``queues`` as ``commit.lua`` takes it: KEYS indexes, 3 bytes each, big-endian.
@@ -188,9 +195,6 @@ class CommitBatch:
         """Encode one unit of work (``UNIT_FIELDS`` order) at the end of the batch."""
         payload: bytes | str = unit.envelope if unit.action is Action.DELIVER else unit.reason
         recipients = self._recipients(unit.queues) if unit.queues else b""
-        journal = ""
-        if self.journal:
-            journal = f"{'' if unit.seq is None else unit.seq}|{unit.enqueued_ms}|{unit.topic}"
         self.args += (
             _b(unit.publisher),
             unit.entry_id,
@@ -198,8 +202,9 @@ class CommitBatch:
             _b(unit.msgid),
             recipients,
             encode_options(unit),
-            journal,
         )
+        if self.journal:
+            self.args.append(f"{'' if unit.seq is None else unit.seq}|{unit.enqueued_ms}|{unit.topic}")
         self.units.append(unit)
 
 

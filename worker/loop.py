@@ -84,7 +84,7 @@ from broker.logs import publication_extra
 from broker.metrics import recorder
 from broker.routing import RoutingTable
 from broker.schemes import record_manager
-from broker.scripts import Dequeued, Refusals, Scripts, flow_control_arg, parse_dequeue
+from broker.scripts import Dequeued, Refusals, Scripts, checked, flow_control_arg, parse_dequeue
 from broker.stream import ensure_group
 from broker.unit_of_work import (
     CommitBatch,
@@ -297,7 +297,7 @@ class Worker:
     def _report(self, exc: Exception) -> None:
         """Log why a round failed: once per distinct problem at error level, then at debug."""
         text = f"{type(exc).__name__}: {_script_error(exc)}"  # the same problem from two scripts: one text
-        foreign = isinstance(exc, ForeignKey) or "foreign key" in str(exc)
+        foreign = isinstance(exc, ForeignKey)
         full = _out_of_memory(exc)
         if full:
             self._full_this_round = True
@@ -335,7 +335,7 @@ class Worker:
             self.client.hdel(keys.saturated(self.qm), self.name)
             if self._alone_recorded:
                 self.client.hdel(keys.alone(self.qm), self.name)
-        except (redis.RedisError, RedisClusterException) as exc:
+        except (redis.RedisError, RedisClusterException, BrokerError) as exc:  # BrokerError: a script wrapper
             log.warning("worker %s: could not release turns on stop: %s", self.name, exc)
         self.turns.clear()
 
@@ -506,7 +506,7 @@ class Worker:
         """Run ``step``; a full server's refusal (nothing written) is noted, not raised."""
         try:
             step()
-        except redis.exceptions.OutOfMemoryError as exc:
+        except (redis.exceptions.OutOfMemoryError, ServerFull) as exc:  # ServerFull: a script wrapper
             self._report(exc)
 
     def _sweep_turns(self) -> list[str]:
@@ -625,8 +625,8 @@ class Worker:
         applied = [(b, r) for b, r in zip(batches, results, strict=True) if not isinstance(r, Exception)]
         done = self._apply([b for b, _ in applied], [r for _, r in applied], give_up, started_ms)
         for reply in results:
-            if isinstance(reply, Exception):
-                raise reply  # a refused script wrote nothing (broker/lua/lib.lua): sent again next round
+            if isinstance(reply, Exception):  # a refused script wrote nothing: sent again next round
+                checked(reply, "unit of work")  # raises ForeignKey, ServerFull or the reply
         return done
 
     def _take_over(self, heads: dict[str, list[str]]) -> dict[str, int]:

@@ -5,28 +5,36 @@
 -- holds the publisher's turn and the entry is next in the publisher's FIFO (a
 -- worker resumed after its lease cannot write).
 --
--- Two phases, so that no command can fail after the first write (Redis does
--- not roll back a script): the first checks the type of every key a
--- publication would write (its dedup record, with one SET NX GET, then its
--- reply list and subscriber queues) and decides its outcome; a publication that would have to write
--- to a foreign key is refused as a whole, with that reason (IBM MQ's
--- PMSGDLV(ALL): delivered to every subscriber or to none). The second phase
--- writes, grouped (one LPUSH per queue, one XACK, one LTRIM per FIFO).
+-- Three named phases, so that no command can fail after the first write (Redis
+-- does not roll back a script):
+--   check: the type of every queue-manager-wide key (a foreign one stops the
+--     call with an error, before any write) and of every recipient queue, with
+--     one LLEN each (its depth; 0 when absent; an error when it holds another type);
+--   plan: per publication, the fence, the type of every key it would write (its
+--     dedup record, with one SET NX GET, its reply list, its queues) and its
+--     outcome; a publication that would have to write to a foreign key is refused
+--     as a whole, with that reason (IBM MQ's PMSGDLV(ALL): delivered to every
+--     subscriber or to none). Its copies are queued per queue;
+--   write: dead letters, results, journal, counters, flow keys, then one push
+--     routine per queue (one LPUSH per queue), one XACK, one LTRIM per FIFO.
+-- A feature nothing in the call asks for costs nothing: no journal key is looked
+-- at when ARGV[7] is 0, no watched queue when ARGV[12] is "", no flow work when
+-- ARGV[13] is "" or no band could pass the start depth in this call.
 --
--- Cost (this script is most of the broker's Redis time): each subscriber queue is
--- looked at once per call, with one LLEN (its depth; 0 when absent; an error when it
--- holds another type); each publisher's FIFO with one LRANGE of as many heads as it
--- has units in the call (the fence); a unit makes one redis.call (its dedup record)
--- and its copies join one LPUSH per queue.
+-- Cost (this script is most of the broker's Redis time): each recipient queue is
+-- looked at once per call (one LLEN); each publisher's FIFO with one LRANGE of as
+-- many heads as it has units in the call (the fence); a unit makes one redis.call
+-- (its dedup record) and its copies join one LPUSH per queue. docs/design.md has
+-- the instructions per phase.
 --
--- Flow control (ARGV[13], SwiftMQ's delay-based flow control, seed 003): the
--- depth of each subscriber queue (KEYS[9..]) is read once per batch (one LLEN;
--- none for a queue that does not exist) and counted up as publications go to
--- it; a publication's delay is curve(the deepest queue it went to, itself
--- included): the slowest subscriber's. It is posted in the result
--- ("flow_control_delay_ms") and, when above 0, set on the publisher's flow key
--- (the largest of its publications in the batch, PX that delay), which a
--- publisher that does not wait for results reads. ARGV[13] "" reads nothing.
+-- Flow control (ARGV[13], SwiftMQ's delay-based flow control, seed 003): a
+-- publication's delay is curve(the deepest band it went to, itself included): the
+-- slowest subscriber's. A band's depth is its LLEN above plus the copies this call
+-- gave it. Only "hot" bands are followed: those that could pass the start depth in
+-- this call (depth + units of the call > start depth); any other stays where the
+-- delay is 0. The delay is posted in the result ("flow_control_delay_ms") and,
+-- when above 0, set on the publisher's flow key (the largest of its publications
+-- in the call, PX that delay), which a publisher that does not wait for results reads.
 --
 -- Slow-subscriber conditions (a unit's option "slow", seed 003): a publication whose
 -- root topic has a condition that applies to it gives no copy to a watched
@@ -95,14 +103,21 @@
 --   to the publication: "<max_messages>:<disconnect non-durable 1|0>:<disconnect durable 1|0>";
 --   every queue of its recipient set is watched (ARGV[12])
 --   suggestion: "" or a corrected topic (the rest of the string)
--- unit field 6 journal: "<seq or empty>|<enqueued_ms>|<topic>", or "" (no journal: ARGV[7] 0)
+-- unit field 6 journal: "<seq or empty>|<enqueued_ms>|<topic>"; only when ARGV[7] > 0 (without the
+--   journal a unit has the 6 fields before it)
 -- returns 3 integers per publication: status, subscriptions, gave_up
 --   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped
 --   gave_up: 1 when the FIFO is now empty and the turn was given up
 -- then, per subscription a delivered publication's condition asks to disconnect, each once:
 --   its id and the condition's max_messages (the worker removes it only if still that deep)
--- errors "BROKER foreign key: ..." before any write when a queue-manager-wide key is foreign
+-- errors "BROKER foreign key: ..." before any write when a queue-manager-wide key is foreign,
+--   and "OOM ..." when the server is full (its first write refused: nothing written);
+--   broker/scripts.py raises them as ForeignKey and ServerFull
 
+
+-- KEYS, ARGV and redis.pcall as locals: a global is a table lookup on every use, and the plan
+-- reads a few ARGV per unit
+local KEYS, ARGV, pcall_redis = KEYS, ARGV, redis.pcall
 local stream, active, dlq, journal, subs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
 local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
@@ -116,36 +131,35 @@ for i = 15, 14 + ngive_up do give_up[ARGV[i]] = true end
 local first = 15 + ngive_up
 local PUBLISHER, ENTRY_ID, PAYLOAD, MSGID, RECIPIENTS, OPTIONS, JOURNAL = 0, 1, 2, 3, 4, 5, 6
 local UNIT = 7
+if journal_len == 0 then UNIT = 6 end  -- no journal field per unit without the journal
 local FIRST_QUEUE = 9
-
 local skipped_key, slow_key = KEYS[7], KEYS[8]
+local watching = limits_arg ~= ''
+local nunits = (#ARGV - first + 1) / UNIT
+
+-- Outcomes, as the reply codes them (broker.unit_of_work.OUTCOMES) and the result names them.
+local DELIVERED, DUPLICATE, EXPIRED, REFUSED, SKIPPED = 1, 2, 3, 4, 5
+local STATUS_NAME = {'delivered', 'duplicate', 'expired', 'refused', 'skipped'}
+
+-- ==== Phase "check": the queue-manager-wide keys, then every recipient queue =================
+
 local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}, {subs, 'hash'}, {KEYS[6], 'string'}}
-if limits_arg ~= '' then
+if watching then
   fixed[#fixed + 1] = {skipped_key, 'hash'}
   fixed[#fixed + 1] = {slow_key, 'hash'}
 end
 if journal_len > 0 then fixed[#fixed + 1] = {journal, 'stream'} end
 require_types(fixed)
 
--- Flow control: the curve, or nil when off.
-local fc_start, fc_full, fc_max
-if flow_arg ~= '' then
-  local a, b, c = string.match(flow_arg, '^(%d+):(%d+):(%d+)$')
-  fc_start, fc_full, fc_max = tonumber(a), tonumber(b), tonumber(c)
-end
-local function flow_delay(depth)
-  if depth <= fc_start then return 0 end
-  if depth >= fc_full then return fc_max end
-  return math.floor(fc_max * (depth - fc_start) / (fc_full - fc_start))
-end
-
--- The subscriber queues: each checked once per batch; whether its subscription
--- still exists (gone: it gets nothing; looked up only when the index changed
--- since the worker loaded it); for an empty band, its bell (rung below); and its
--- depth (flow control, MAXDEPTH), all with one LLEN.
+-- Per recipient queue KEYS[k]: queue_foreign[k] (why it cannot be written, or nil); gone[k] (its
+-- subscription was removed since the worker resolved it); xmit[k] (a transmission stream);
+-- bell_of[k] (an empty band: its bell is rung when it gets messages); band_depth[k] (messages it
+-- held before this call); pushed[k] (copies this call gives it) and copies[k] (those copies).
 local changed = redis.call('GET', KEYS[6]) ~= resolved_version
-local queue_foreign, sub_of, bell_of, gone, band_depth = {}, {}, {}, {}, {}
-local xmit = {}  -- KEYS index -> true: a transmission stream
+local queue_foreign, sub_of, bell_of, gone, xmit = {}, {}, {}, {}, {}
+local band_depth, pushed, copies = {}, {}, {}
+local deepest = 0        -- the deepest band of the call, before it
+
 -- the subscription id of queue KEYS[k] (its band suffix cut), worked out only when needed
 local function sub_id_of(k)
   local id = sub_of[k]
@@ -156,39 +170,59 @@ local function sub_id_of(k)
   end
   return id
 end
-for k = FIRST_QUEUE, #KEYS do
+
+-- One LLEN per subscriber queue says all three: 0 is an absent key (a list is never empty),
+-- an error is another type (a foreign key), and otherwise its depth.
+local function check_queue(k)
   local queue = KEYS[k]
+  pushed[k], copies[k], band_depth[k], gone[k] = 0, {}, 0, false
   if string.sub(queue, 1, sub_prefix_len) ~= sub_prefix then
     xmit[k] = true
-    gone[k] = false
     queue_foreign[k] = foreign(queue, 'stream')
-    band_depth[k] = 0
+    return
+  end
+  gone[k] = changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0
+  if gone[k] then return end
+  local depth = redis.pcall('LLEN', queue)
+  if type(depth) ~= 'number' then
+    queue_foreign[k] = foreign(queue, 'list') or ('subscriber queue ' .. queue .. ': ' .. tostring(depth.err))
+  elseif depth == 0 then
+    -- an empty band: its bell is rung when it gets messages (a non-empty band's is rung already)
+    bell_of[k] = sub_prefix .. sub_id_of(k) .. ':bell'
+    queue_foreign[k] = foreign(bell_of[k], 'list')
   else
-    gone[k] = changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0
-    if not gone[k] then
-      -- a list is never empty: 0 is an absent key; an error is another type (a foreign key)
-      local depth = redis.pcall('LLEN', queue)
-      if type(depth) ~= 'number' then
-        queue_foreign[k] = foreign(queue, 'list') or ('subscriber queue ' .. queue .. ': ' .. tostring(depth.err))
-      elseif depth == 0 then
-        -- an empty band: its bell is rung when it gets messages (a non-empty band's is rung already)
-        bell_of[k] = sub_prefix .. sub_id_of(k) .. ':bell'
-        queue_foreign[k] = foreign(bell_of[k], 'list')
-        band_depth[k] = 0
-      else
-        band_depth[k] = depth
-      end
-    end
+    band_depth[k] = depth
+    if depth > deepest then deepest = depth end
   end
 end
+for k = FIRST_QUEUE, #KEYS do check_queue(k) end
 
--- Watched queues (MAXDEPTH, slow-subscriber conditions): the messages waiting in every band
--- of their subscription, read once per subscription. limit[k] = MAXDEPTH or nil.
-local watching = limits_arg ~= ''
+-- Flow control (ARGV[13]): the curve, in force for this call only when some band could pass the
+-- start depth in it (its depth before + the call's units); then only those bands ("hot") are
+-- followed: any other stays at or under the start depth, where the delay is 0.
+local fc_start, fc_full, fc_max
+if flow_arg ~= '' then
+  local a, b, c = string.match(flow_arg, '^(%d+):(%d+):(%d+)$')
+  if deepest + nunits > tonumber(a) then
+    fc_start, fc_full, fc_max = tonumber(a), tonumber(b), tonumber(c)
+  end
+end
+local function flow_delay(depth)
+  if depth <= fc_start then return 0 end
+  if depth >= fc_full then return fc_max end
+  local delay = fc_max * (depth - fc_start) / (fc_full - fc_start)
+  return delay - delay % 1  -- rounded down
+end
+local hot = {}  -- KEYS index -> true: a band that could pass the start depth in this call
+for k = FIRST_QUEUE, fc_start and #KEYS or 0 do
+  hot[k] = not xmit[k] and not gone[k] and band_depth[k] + nunits > fc_start or nil
+end
+
+-- Watched queues (ARGV[12]: MAXDEPTH, slow-subscriber conditions): the messages waiting in every
+-- band of their subscription, read once per subscription. limit[k] = MAXDEPTH or nil.
 local limit, durable_q, depth_of = {}, {}, {}
 -- the suffixes of the bands other than the default one (built once: number to string is slow)
 local OTHER_BANDS = {':p0', ':p1', ':p2', ':p3', ':p5', ':p6', ':p7', ':p8', ':p9'}
--- messages waiting in every band of the subscription of queue KEYS[k]
 local function waiting_in(k)
   local id = sub_id_of(k)
   local queue, waiting = KEYS[k], nil
@@ -209,43 +243,48 @@ end
 -- the deepest watched subscription and the lowest MAXDEPTH: the n-th unit of the batch cannot
 -- find a queue deeper than deepest_watched + n, so below a threshold it need not look at each one
 local deepest_watched, lowest_limit = 0, math.huge
-for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do
-  k = tonumber(k)
-  if not gone[k] and not queue_foreign[k] and not xmit[k] then
-    local id = sub_id_of(k)
-    if not depth_of[id] then
-      depth_of[id] = waiting_in(k)
-      if depth_of[id] > deepest_watched then deepest_watched = depth_of[id] end
-    end
-    durable_q[k] = dur == '1'
-    if depth ~= '0' then
-      limit[k] = tonumber(depth)
-      if limit[k] < lowest_limit then lowest_limit = limit[k] end
-    end
+local function watch(k, depth, dur)
+  if gone[k] or queue_foreign[k] or xmit[k] then return end
+  local id = sub_id_of(k)
+  if not depth_of[id] then
+    depth_of[id] = waiting_in(k)
+    if depth_of[id] > deepest_watched then deepest_watched = depth_of[id] end
+  end
+  durable_q[k] = dur == '1'
+  if depth ~= '0' then
+    limit[k] = tonumber(depth)
+    if limit[k] < lowest_limit then lowest_limit = limit[k] end
   end
 end
-local skipped, withheld = {}, {}   -- sub id -> deliveries skipped (full queue or slow), withheld (slow)
-local disconnect, disconnect_order = {}, {}  -- sub id -> max_messages of the condition
-local conditions = {}    -- a unit's slow option -> {max_messages, non-durable flag, durable flag}
+for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do watch(tonumber(k), depth, dur) end
+-- watched_id[k] = the subscription id of band k when its subscription is watched (its depth counted up)
+local watched_id = {}
+for k = FIRST_QUEUE, watching and #KEYS or 0 do
+  if not xmit[k] and not gone[k] and depth_of[sub_id_of(k)] then watched_id[k] = sub_id_of(k) end
+end
 
--- A unit's recipient set (field 4) as a list of KEYS indexes, parsed once per distinct value,
--- with what phase 1 asks of every unit sent to it: why = the first foreign queue's reason;
--- plain = every queue is a subscriber queue still subscribed (none gone, no transmission stream).
-local sets, set_why, set_plain = {}, {}, {}
+-- ==== Phase "plan": per unit, the fence, its keys' types, its outcome and its copies ===========
+
+-- A unit's recipient set (field 4) as a list of KEYS indexes, parsed once per distinct value
+-- (there are about as many sets as units in a call: one pass, one table), with what every unit
+-- sent to it asks: set_why[set] = the first foreign queue's reason, if any; set_kind[set] =
+-- PLAIN (every queue a subscriber queue still subscribed, none hot), PLAIN_HOT (the same, some
+-- band hot: flow control) or MIXED (a queue gone, foreign or a transmission stream).
+local PLAIN, PLAIN_HOT, MIXED = 1, 2, 3
+local sets, set_why, set_kind = {}, {}, {}
 local function set_of(packed)
-  local set = {}
+  local set, m, kind, why = {}, 0, PLAIN, nil
   for at = 1, #packed, 3000 do  -- string.byte returns its bytes on the Lua stack: a slice at a time
     local b = {string.byte(packed, at, math.min(at + 2999, #packed))}
-    for i = 1, #b, 3 do set[#set + 1] = (b[i] * 256 + b[i + 1]) * 256 + b[i + 2] end
+    for i = 1, #b, 3 do
+      local k = (b[i] * 256 + b[i + 1]) * 256 + b[i + 2]
+      m = m + 1
+      set[m] = k
+      why = why or queue_foreign[k]
+      if gone[k] or xmit[k] or why then kind = MIXED elseif hot[k] and kind == PLAIN then kind = PLAIN_HOT end
+    end
   end
-  local plain = true
-  for i = 1, #set do
-    local k = set[i]
-    if queue_foreign[k] and set_why[set] == nil then set_why[set] = queue_foreign[k] end
-    if gone[k] or xmit[k] then plain = false end
-  end
-  set_plain[set] = plain
-  sets[packed] = set
+  set_why[set], set_kind[set], sets[packed] = why, kind, set
   return set
 end
 
@@ -260,18 +299,14 @@ local function options_of(text)
   return o
 end
 
-local STATUS = {delivered = 1, duplicate = 2, expired = 3, refused = 4, skipped = 5}
-local turns = {}         -- publisher -> {ok = bool, popped = n, heads = ids, fifo = key, turn = key, delay = ms}
-local turn_order = {}
-
--- units per publisher in this call: how many FIFO heads its fence reads
-local units_of = {}
+-- The fence: per publisher, its turn (this worker's token?) and as many FIFO heads as it has
+-- units in the call, read once. turns[pub] = {ok, popped, heads, fifo, turn, depth (the deepest band its units
+-- met, flow control), dedup, reply, last (its last unit)}.
+local turns, turn_order, units_of = {}, {}, {}
 for u = first, #ARGV, UNIT do
   local pub = ARGV[u + PUBLISHER]
   units_of[pub] = (units_of[pub] or 0) + 1
 end
-
--- dedup = id_key(dedup_prefix, pub, '') and reply the same for reply_prefix (lib.lua), built once
 local function turn_of(pub)
   local turn, fifo = pub_prefix .. pub .. ':turn', pub_prefix .. pub .. ':fifo'
   -- pcall: a foreign turn or FIFO key is simply not this worker's turn
@@ -280,316 +315,319 @@ local function turn_of(pub)
     heads = redis.pcall('LRANGE', fifo, 0, units_of[pub] - 1)
     ok = heads.err == nil
   end
-  local t = {ok = ok, popped = 0, heads = heads, fifo = fifo, turn = turn, delay = 0,
+  local t = {ok = ok, popped = 0, heads = heads, fifo = fifo, turn = turn, depth = 0, last = 0,
              dedup = id_key(dedup_prefix, pub, ''), reply = id_key(reply_prefix, pub, '')}
   turns[pub] = t
   turn_order[#turn_order + 1] = pub
   return t
 end
 
--- Phase 1: read and decide. plan[i] = nil (fenced) or
--- {u = ARGV index, status, count, reason, reply = key to post on, skip = {k = true}, delay = ms}.
--- The copies of a delivered publication are queued in pushes (written in phase 2).
-local plan = {}
+-- The plan, one slot per unit n (so that a plain unit makes no table): its outcome and count in
+-- the reply (out[3n - 2], out[3n - 1], below) and, only when there is one: reply_of[n] (the key
+-- its result is posted on), reason_of[n], skip_of[n] ({KEYS index = 'full' | 'slow'}),
+-- delay_of[n] (ms), forwarded_of[n].
+local reply_of, reason_of, skip_of, delay_of, forwarded_of = {}, {}, {}, {}, {}
+local skipped, withheld = {}, {}   -- sub id -> deliveries skipped (full queue or slow), withheld (slow)
+local disconnect, disconnect_order = {}, {}  -- sub id -> max_messages of the condition
+local conditions = {}    -- a unit's slow option -> {max_messages, non-durable flag, durable flag}
+
+-- A slow-subscriber condition (option "slow"): a watched queue of the set holding max_messages or
+-- more is withheld the publication (skip[k] = 'slow'); returns skip and the subscriptions the
+-- condition asks to disconnect if the publication is delivered.
+local function withhold_slow(n, set, condition, skip)
+  local parsed = conditions[condition]
+  if not parsed then
+    local m, nd, dd = string.match(condition, '^(%d+):(%d):(%d)$')
+    parsed = {tonumber(m), nd, dd}
+    conditions[condition] = parsed
+  end
+  local most, non_durable, durable = parsed[1], parsed[2], parsed[3]
+  if deepest_watched + n < most then return skip, nil end
+  local said = nil
+  for _, k in ipairs(set) do
+    local id = not gone[k] and not xmit[k] and sub_id_of(k)
+    if id and depth_of[id] and depth_of[id] >= most then
+      skip = skip or {}
+      skip[k] = 'slow'
+      if (durable_q[k] and durable == '1') or (not durable_q[k] and non_durable == '1') then
+        said = said or {}
+        said[id] = most
+      end
+    end
+  end
+  return skip, said
+end
+
+-- MAXDEPTH (PMSGDLV/NPMSGDLV): a full bounded queue refuses the publication as a whole (ALL;
+-- ALLDUR for a durable subscription: returns why) or is skipped (skip[k] = 'full').
+local function bound(n, set, policy, skip)
+  if deepest_watched + n < lowest_limit then return nil, skip end
+  for _, k in ipairs(set) do
+    if limit[k] and not (skip and skip[k]) and depth_of[sub_id_of(k)] >= limit[k] then
+      if policy == 'ALL' or (policy == 'ALLDUR' and durable_q[k]) then
+        return 'subscriber queue ' .. KEYS[k] .. ' is full (MAXDEPTH ' .. limit[k] .. ', delivery ' .. policy .. ')', nil
+      end
+      skip = skip or {}
+      skip[k] = 'full'
+    end
+  end
+  return nil, skip
+end
+
+-- A delivery skipped (a full queue) or withheld (a slow subscriber), counted per subscription.
+local function count_skipped(k, why)
+  local id = sub_id_of(k)
+  skipped[id] = (skipped[id] or 0) + 1
+  if why == 'slow' then withheld[id] = (withheld[id] or 0) + 1 end
+end
+
+-- Give copies to the queues of a set that are not gone or skipped, counting what was skipped.
+-- Returns how many subscriptions got one and the deepest hot band given one (flow control).
+local function copy_each(n, set, payload, skip)
+  local given, forwarded, deepest_hot = 0, 0, 0
+  for i = 1, #set do
+    local k = set[i]
+    local why = skip and skip[k]
+    if why then
+      count_skipped(k, why)
+    elseif not gone[k] then
+      local c = pushed[k] + 1
+      pushed[k] = c
+      copies[k][c] = payload
+      if xmit[k] then
+        forwarded = forwarded + 1
+      else
+        given = given + 1
+        local id = watched_id[k]
+        if id then depth_of[id] = depth_of[id] + 1 end
+        if hot[k] and band_depth[k] + c > deepest_hot then deepest_hot = band_depth[k] + c end
+      end
+    end
+  end
+  if forwarded > 0 then forwarded_of[n] = forwarded end
+  return given, deepest_hot
+end
+
+-- The subscriptions a delivered publication's slow-subscriber condition asks to disconnect.
+local function ask_disconnect(said)
+  for id, most in pairs(said) do
+    if not disconnect[id] then disconnect_order[#disconnect_order + 1] = id end
+    disconnect[id] = most
+  end
+end
+
+-- Decide a deliver unit n whose turn holds: refused (a foreign key, a full queue under ALL),
+-- duplicate, or delivered with its copies queued. Returns the outcome, the reason it is refused
+-- (or nil) and how many subscriptions get a copy.
+local function plan_deliver(n, t, o, set, u, reply_why)
+  local entry_id, recorded = ARGV[u + ENTRY_ID], nil
+  if o.window ~= '0' then
+    -- The dedup record first: a retry of a delivered message is a duplicate, whatever else
+    -- changed since. One SET NX GET records it (nil: fresh), finds it (a string: duplicate) or
+    -- fails on a foreign key, writing nothing.
+    local key = t.dedup .. ARGV[u + MSGID]
+    local found = pcall_redis('SET', key, entry_id, 'NX', 'PX', o.window, 'GET')
+    if found == false then  -- fresh (the usual case, tested first: type() is a call)
+      recorded = key
+    elseif type(found) == 'table' and found.err then
+      -- a full server refuses the first write of a script, so nothing is written yet: stop with
+      -- the error (the worker retries), never refuse the publication for it
+      if string.sub(found.err, 1, 3) == 'OOM' then error({err = found.err}) end
+      return REFUSED, foreign(key, 'string') or ('dedup record ' .. key .. ': ' .. found.err)
+    else
+      return DUPLICATE
+    end
+  end
+  local why = reply_why and (reply_why .. '; the result could not be posted')
+  local kind = set and set_kind[set]
+  if not why and kind == MIXED then why = set_why[set] end
+  local skip, said = nil, nil
+  if not why and set and o.slow ~= '' then skip, said = withhold_slow(n, set, o.slow, skip) end
+  if not why and set and watching then why, skip = bound(n, set, o.delivery, skip) end
+  if why then
+    -- refused after all: the record this script just made did not exist before it
+    if recorded then redis.call('DEL', recorded) end
+    return REFUSED, why
+  end
+  if not set then return DELIVERED end
+  local payload = ARGV[u + PAYLOAD]
+  local depth, given = 0, 0  -- the deepest hot band given a copy (flow control); copies given
+  if skip or watching then kind = MIXED end
+  if kind == PLAIN then
+    for i = 1, #set do  -- the usual case: a copy for every queue of the set
+      local k = set[i]
+      local c = pushed[k] + 1
+      pushed[k] = c
+      copies[k][c] = payload
+    end
+    given = #set
+  elseif kind == PLAIN_HOT then
+    for i = 1, #set do  -- the same, following the depth of every band (cold ones stay under it)
+      local k = set[i]
+      local c = pushed[k] + 1
+      pushed[k] = c
+      copies[k][c] = payload
+      c = c + band_depth[k]
+      if c > depth then depth = c end
+    end
+    given = #set
+  else
+    skip_of[n] = skip
+    given, depth = copy_each(n, set, payload, skip)
+  end
+  -- the delay grows with the depth: a publisher's largest is that of the deepest band its
+  -- publications met (t.depth), worked out once per publisher; a result posts its own
+  if depth > t.depth then t.depth = depth end
+  if reply_of[n] and fc_start then delay_of[n] = flow_delay(depth) end
+  if said then ask_disconnect(said) end
+  return DELIVERED, nil, given
+end
+
+-- Plan every unit n (ARGV index u): fenced (its reply 0, 0, 0), or its outcome.
+-- The reply (3 integers per unit, filled in as each is planned), the entries to acknowledge and
+-- the units the write phase has more to do for (a dead letter, a result, a journal record).
+local out, acks, nacks, writes = {}, {}, 0, {}
 local n = 0
-local pushes = {}        -- queue KEYS index -> envelopes, in order
-local push_order = {}    -- queue KEYS indexes in first-use order
 for u = first, #ARGV, UNIT do
   n = n + 1
   local pub, entry_id = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID]
   local t = turns[pub] or turn_of(pub)
   if t.ok and t.heads[t.popped + 1] ~= entry_id then t.ok = false end
-  if t.ok then
-    t.popped = t.popped + 1
-    local text = ARGV[u + OPTIONS]
+  out[3 * n] = 0
+  if not t.ok then
+    out[3 * n - 2], out[3 * n - 1] = 0, 0  -- fenced
+  else
+    t.popped, t.last = t.popped + 1, n
+    nacks = nacks + 1
+    acks[nacks] = entry_id
+    local text, packed = ARGV[u + OPTIONS], ARGV[u + RECIPIENTS]
     local o = options[text] or options_of(text)
-    local action, payload, msgid = o.action, ARGV[u + PAYLOAD], ARGV[u + MSGID]
-    local set = nil
-    local packed = ARGV[u + RECIPIENTS]
-    if packed ~= '' then set = sets[packed] or set_of(packed) end
-    local step = {u = u, o = o, set = set, status = 'skipped', count = 0, delay = 0}
+    local set = packed ~= '' and (sets[packed] or set_of(packed)) or nil
     local reply_why = nil
     if o.reply_ttl ~= '0' then
-      local reply_key = t.reply .. msgid
+      local reply_key = t.reply .. ARGV[u + MSGID]
       reply_why = foreign(reply_key, 'list')
-      if not reply_why then step.reply = reply_key end
+      if not reply_why then reply_of[n] = reply_key end
     end
+    local action, why, code, given = o.action, nil, nil, 0
     if action == 'deliver' then
-      -- The dedup record first: a retry of a delivered message is a duplicate,
-      -- whatever else changed since. One SET NX GET records it (nil: fresh), finds
-      -- it (a string: duplicate) or fails on a foreign key, writing nothing.
-      local why, duplicate, recorded = nil, false, nil
-      local slow_said = nil  -- sub id -> max_messages: subscriptions to disconnect if delivered
-      if o.window ~= '0' then
-        local key = t.dedup .. msgid
-        local found = redis.pcall('SET', key, entry_id, 'NX', 'PX', o.window, 'GET')
-        if type(found) == 'table' and found.err and string.sub(found.err, 1, 3) == 'OOM' then
-          -- a full server refuses the first write of a script, so nothing is written yet:
-          -- stop with the error (the worker retries), never refuse the publication for it
-          return redis.error_reply(found.err)
-        elseif type(found) == 'table' and found.err then
-          why = foreign(key, 'string') or ('dedup record ' .. key .. ': ' .. found.err)
-        elseif found then
-          duplicate = true
-        else
-          recorded = key
-        end
-      end
-      if not why and not duplicate then
-        why = reply_why and (reply_why .. '; the result could not be posted')
-        if not why and set then why = set_why[set] end
-        -- a slow subscriber (its root topic's condition): withheld this publication
-        local condition = o.slow
-        if not why and set and condition ~= '' then
-          local parsed = conditions[condition]
-          if not parsed then
-            local m, nd, dd = string.match(condition, '^(%d+):(%d):(%d)$')
-            parsed = {tonumber(m), nd, dd}
-            conditions[condition] = parsed
-          end
-          local most, non_durable, durable = parsed[1], parsed[2], parsed[3]
-          if deepest_watched + n >= most then
-            for _, k in ipairs(set) do
-              local id = not gone[k] and not xmit[k] and sub_id_of(k)
-              if id and depth_of[id] and depth_of[id] >= most then
-                step.skip = step.skip or {}
-                step.skip[k] = 'slow'
-                if (durable_q[k] and durable == '1') or (not durable_q[k] and non_durable == '1') then
-                  slow_said = slow_said or {}
-                  slow_said[id] = most
-                end
-              end
-            end
-          end
-        end
-        -- a full bounded queue: refuse as a whole (ALL; ALLDUR for a durable subscription) or skip it
-        if not why and set and deepest_watched + n >= lowest_limit then
-          local policy = o.delivery
-          for _, k in ipairs(set) do
-            if limit[k] and not (step.skip and step.skip[k]) and depth_of[sub_id_of(k)] >= limit[k] then
-              if policy == 'ALL' or (policy == 'ALLDUR' and durable_q[k]) then
-                why = 'subscriber queue ' .. KEYS[k] .. ' is full (MAXDEPTH ' .. limit[k] .. ', delivery ' .. policy .. ')'
-                step.skip = nil
-                break
-              end
-              step.skip = step.skip or {}
-              step.skip[k] = 'full'
-            end
-          end
-        end
-        -- refused after all: the record this script just made did not exist before it
-        if why and recorded then redis.call('DEL', recorded) end
-      end
-      if why then
-        step.status, step.reason = 'refused', why .. '; delivered to no subscription'
-      elseif duplicate then
-        step.status = 'duplicate'
-      else
-        step.status = 'delivered'
-        local skip = step.skip
-        if set and set_plain[set] and not skip and not watching then
-          -- the usual case: a copy for every queue of the set
-          for i = 1, #set do
-            local k = set[i]
-            local list = pushes[k]
-            if not list then
-              list = {}
-              pushes[k] = list
-              push_order[#push_order + 1] = k
-            end
-            list[#list + 1] = payload
-          end
-          step.count = #set
-          if fc_start then
-            local flow_depth = 0
-            for i = 1, #set do
-              local k = set[i]
-              local depth = band_depth[k] + 1
-              band_depth[k] = depth
-              if depth > flow_depth then flow_depth = depth end
-            end
-            if flow_depth > fc_start then
-              step.delay = flow_delay(flow_depth)
-              if step.delay > t.delay then t.delay = step.delay end
-            end
-          end
-        elseif set then
-          local flow_depth = 0
-          for _, k in ipairs(set) do
-            if gone[k] then
-              -- removed since the worker resolved the topic: gets nothing
-            elseif skip and skip[k] then
-              local id = sub_id_of(k)
-              skipped[id] = (skipped[id] or 0) + 1
-              if skip[k] == 'slow' then withheld[id] = (withheld[id] or 0) + 1 end
-            else
-              local list = pushes[k]
-              if not list then
-                list = {}
-                pushes[k] = list
-                push_order[#push_order + 1] = k
-              end
-              list[#list + 1] = payload
-              if xmit[k] then
-                step.forwarded = (step.forwarded or 0) + 1
-              else
-                step.count = step.count + 1
-                if watching then
-                  local id = sub_id_of(k)
-                  if depth_of[id] then depth_of[id] = depth_of[id] + 1 end
-                end
-                if fc_start then
-                  local depth = band_depth[k] + 1
-                  band_depth[k] = depth
-                  if depth > flow_depth then flow_depth = depth end
-                end
-              end
-            end
-          end
-          if fc_start and flow_depth > fc_start then
-            step.delay = flow_delay(flow_depth)
-            if step.delay > t.delay then t.delay = step.delay end
-          end
-        end
-        for id, most in pairs(slow_said or {}) do
-          if not disconnect[id] then disconnect_order[#disconnect_order + 1] = id end
-          disconnect[id] = most
-        end
-      end
-    elseif action == 'expire' then
-      step.status = 'expired'
+      code, why, given = plan_deliver(n, t, o, set, u, reply_why)
+      if why then reason_of[n] = why .. '; delivered to no subscription' end
     elseif action == 'refuse' then
-      step.status, step.reason = 'refused', payload
+      code, reason_of[n] = REFUSED, ARGV[u + PAYLOAD]
+    else
+      code = action == 'expire' and EXPIRED or SKIPPED
     end
-    plan[n] = step
+    out[3 * n - 2], out[3 * n - 1] = code, given or 0
+    if reply_of[n] or reason_of[n] or journal_len > 0 then writes[#writes + 1] = {n, u} end
   end
 end
 
--- The flow keys to set: a publisher's largest delay of this batch, unless its key is foreign.
+-- The flow keys to set: a publisher's largest delay of this call, unless its key is foreign.
 local flow_keys = {}
-if fc_start then
-  for _, pub in ipairs(turn_order) do
-    local t = turns[pub]
-    if t.delay > 0 then
-      local key = pub_prefix .. pub .. ':flow'
-      if not foreign(key, 'string') then flow_keys[#flow_keys + 1] = {key, t.delay} end
-    end
-  end
+for _, pub in ipairs(fc_start and turn_order or {}) do
+  local delay, key = flow_delay(turns[pub].depth), pub_prefix .. pub .. ':flow'
+  if delay > 0 and not foreign(key, 'string') then flow_keys[#flow_keys + 1] = {key, delay} end
 end
 
--- Phase 2: write. Every key written below was checked above (or is the
--- publish stream, FIFO, turn and set, whose types were checked or read).
+-- ==== Phase "write": every key written below was checked above (or is the publish stream, a
+-- FIFO, a turn or the active set, whose types were checked or read) ==============================
+
 local now_ms = ''
 if journal_len > 0 then
   local tm = redis.call('TIME')
   now_ms = tostring(tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000))
 end
+
+-- The subscription ids a delivered unit went to, as JSON (journal); once per set unless skipped.
 local names = {}
-local function subscription_ids(set)
+local function subscription_ids(set, skip)
   if not set then return '[]' end
-  if not names[set] then
-    local ids = {}
-    for _, k in ipairs(set) do
-      if not gone[k] and not xmit[k] then ids[#ids + 1] = sub_id_of(k) end
-    end
-    names[set] = cjson.encode(ids)
+  if names[set] and not skip then return names[set] end
+  local ids = {}
+  for _, k in ipairs(set) do
+    if not gone[k] and not xmit[k] and not (skip and skip[k]) then ids[#ids + 1] = sub_id_of(k) end
   end
-  return names[set]
+  local text = #ids > 0 and cjson.encode(ids) or '[]'
+  if not skip then names[set] = text end
+  return text
 end
 
-local out = {}
-local acks = {}          -- entry ids to XACK, in order
-for i = 1, n do
-  local step = plan[i]
-  if not step then
-    out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
-  else
-    local u, o, set = step.u, step.o, step.set
-    local pub, entry_id, msgid = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID], ARGV[u + MSGID]
-    local status = step.status
-    if status == 'refused' then
-      local original = redis.call('XRANGE', stream, entry_id, entry_id)
-      local fields = {}
-      if #original == 1 then fields = original[1][2] end
-      if o.dead_letter then dead_letter(dlq, dlq_len, max_body, entry_id, fields, step.reason) end
+-- A refused unit's dead letter, its result and its journal record.
+local function write_unit(n, u, o)
+  local pub, entry_id, msgid = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID], ARGV[u + MSGID]
+  local code = out[3 * n - 2]
+  if code == REFUSED and o.dead_letter then
+    local original = redis.call('XRANGE', stream, entry_id, entry_id)
+    local fields = #original == 1 and original[1][2] or {}
+    dead_letter(dlq, dlq_len, max_body, entry_id, fields, reason_of[n])
+  end
+  if reply_of[n] then
+    local result = {status = STATUS_NAME[code], subscriptions = out[3 * n - 1], entry_id = entry_id,
+                    publisher = pub, msgid = msgid}
+    if code == REFUSED then
+      result.reason = reason_of[n]
+      if o.suggestion ~= '' then result.suggestion = o.suggestion end
     end
-    acks[#acks + 1] = entry_id
-    if step.reply then
-      local result = {status = status, subscriptions = step.count, entry_id = entry_id,
-                      publisher = pub, msgid = msgid}
-      if status == 'refused' then
-        result.reason = step.reason
-        if o.suggestion ~= '' then result.suggestion = o.suggestion end
-      end
-      if fc_start then result.flow_control_delay_ms = step.delay end
-      if step.forwarded then result.forwarded = step.forwarded end
-      post_reply(step.reply, o.reply_ttl, result)
-    end
-    if journal_len > 0 and status ~= 'skipped' then
-      local subs = '[]'
-      if status == 'delivered' and step.skip then
-        local ids = {}
-        for _, k in ipairs(set) do
-          if not gone[k] and not step.skip[k] and not xmit[k] then ids[#ids + 1] = sub_id_of(k) end
-        end
-        if #ids > 0 then subs = cjson.encode(ids) end
-      elseif status == 'delivered' then
-        subs = subscription_ids(set)
-      end
-      local seq, enqueued_ms, topic = string.match(ARGV[u + JOURNAL], '^([^|]*)|([^|]*)|(.*)$')
-      redis.call('XADD', journal, 'MAXLEN', '~', journal_len, '*',
-        'entry_id', entry_id, 'msgid', msgid, 'publisher', pub, 'seq', seq or '',
-        'topic', topic or '', 'subs', subs, 'enq_ms', enqueued_ms or '', 'dlv_ms', now_ms, 'status', status)
-    end
-    out[#out + 1] = STATUS[status]; out[#out + 1] = step.count; out[#out + 1] = 0
+    if flow_arg ~= '' then result.flow_control_delay_ms = delay_of[n] or 0 end
+    result.forwarded = forwarded_of[n]
+    post_reply(reply_of[n], o.reply_ttl, result)
+  end
+  if journal_len > 0 and code ~= SKIPPED then
+    local packed = ARGV[u + RECIPIENTS]
+    local subs_json = code == DELIVERED and packed ~= '' and subscription_ids(sets[packed], skip_of[n]) or '[]'
+    local seq, enqueued_ms, topic = string.match(ARGV[u + JOURNAL], '^([^|]*)|([^|]*)|(.*)$')
+    redis.call('XADD', journal, 'MAXLEN', '~', journal_len, '*',
+      'entry_id', entry_id, 'msgid', msgid, 'publisher', pub, 'seq', seq or '',
+      'topic', topic or '', 'subs', subs_json, 'enq_ms', enqueued_ms or '', 'dlv_ms', now_ms,
+      'status', STATUS_NAME[code])
   end
 end
 
-for id, n in pairs(skipped) do redis.call('HINCRBY', skipped_key, id, n) end
-for id, n in pairs(withheld) do redis.call('HINCRBY', slow_key, id, n) end
+for _, w in ipairs(writes) do write_unit(w[1], w[2], options[ARGV[w[2] + OPTIONS]]) end
+
+for id, c in pairs(skipped) do redis.call('HINCRBY', skipped_key, id, c) end
+for id, c in pairs(withheld) do redis.call('HINCRBY', slow_key, id, c) end
 for _, pair in ipairs(flow_keys) do redis.call('SET', pair[1], pair[2], 'PX', pair[2]) end
 
--- Apply the fan-out (one variadic LPUSH per queue keeps each queue's order),
--- the acknowledgements and the FIFO pops, then pass on the turns.
+-- The one push routine: queue k's copies, in order (one variadic LPUSH per CHUNK keeps the
+-- queue's order; a transmission stream gets one XADD per copy, its id the channel sequence),
+-- then its bell when the band was empty.
 local CHUNK = 1000
-for _, k in ipairs(push_order) do
-  local list = pushes[k]
-  if xmit[k] then  -- a channel: one entry per publication, its id the channel sequence
-    for i = 1, #list do redis.call('XADD', KEYS[k], '*', 'e', list[i]) end
-  else
-    for i = 1, #list, CHUNK do
-      redis.call('LPUSH', KEYS[k], unpack(list, i, math.min(i + CHUNK - 1, #list)))
-    end
-    if bell_of[k] then ring(bell_of[k]) end
+local function push(k)
+  local list, c = copies[k], pushed[k]
+  if xmit[k] then
+    for i = 1, c do redis.call('XADD', KEYS[k], '*', 'e', list[i]) end
+    return
   end
+  for i = 1, c, CHUNK do redis.call('LPUSH', KEYS[k], unpack(list, i, math.min(i + CHUNK - 1, c))) end
+  if bell_of[k] then ring(bell_of[k]) end
+end
+for k = FIRST_QUEUE, #KEYS do
+  if pushed[k] > 0 then push(k) end
 end
 for i = 1, #acks, CHUNK do
   redis.call('XACK', stream, group, unpack(acks, i, math.min(i + CHUNK - 1, #acks)))
 end
-local gave_up = {}
+
+-- Pass the turns on: a publisher whose FIFO is now empty (or who is to give its turn up) gives
+-- it up, marked "gave_up" on its last unit of the call; the others' leases are renewed.
+local function pass_turn(pub, t)
+  redis.call('LTRIM', t.fifo, t.popped, -1)
+  if redis.call('LLEN', t.fifo) == 0 then
+    redis.call('DEL', t.turn)
+    redis.call('SREM', active, pub)
+  elseif give_up[pub] then
+    redis.call('DEL', t.turn)  -- still active: another worker's sweep takes the turn
+  else
+    redis.call('PEXPIRE', t.turn, lease_ms)
+    return
+  end
+  out[3 * t.last] = 1
+end
 for _, pub in ipairs(turn_order) do
   local t = turns[pub]
-  if t.popped > 0 then
-    redis.call('LTRIM', t.fifo, t.popped, -1)
-    if redis.call('LLEN', t.fifo) == 0 then
-      redis.call('DEL', t.turn)
-      redis.call('SREM', active, pub)
-      gave_up[pub] = true
-    elseif give_up[pub] then
-      redis.call('DEL', t.turn)  -- still active: another worker's sweep takes the turn
-      gave_up[pub] = true
-    else
-      redis.call('PEXPIRE', t.turn, lease_ms)
-    end
-  end
-end
--- mark "gave_up" on the last handled unit of each publisher that gave up its turn
-local last_of = {}
-for i = 1, n do
-  if plan[i] then last_of[ARGV[plan[i].u + PUBLISHER]] = i end
-end
-for pub, i in pairs(last_of) do
-  if gave_up[pub] then out[3 * i] = 1 end
+  if t.popped > 0 then pass_turn(pub, t) end
 end
 -- the subscriptions to disconnect, after the units' integers
 for _, id in ipairs(disconnect_order) do

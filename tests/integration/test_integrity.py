@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from broker import Publisher, keys, subscribe
+from broker.errors import ForeignKey
 from broker.maintenance import trim_acknowledged
 from broker.models import publication_fields
 from broker.testing import drain, make_workers, queue_messages
@@ -141,7 +142,7 @@ def test_foreign_dead_letter_stream_stops_nothing_half_way(real_redis, settings)
     workers = make_workers(real_redis, settings, 1)
     _xadd(real_redis, "p", "/bad/#", "m1")
     # When a worker runs, it cannot dead-letter: the round fails, naming the key, before writing anything
-    with pytest.raises(redis.ResponseError, match=f"foreign key: {keys.dead_letter(QM)}"):
+    with pytest.raises(ForeignKey, match=f"foreign key: {keys.dead_letter(QM)}"):
         drain(workers)
     assert real_redis.exists(keys.reply(QM, "p", "m1")) == 0
     assert real_redis.get(keys.dead_letter(QM)) == b"x"
