@@ -75,6 +75,7 @@ from broker.config import Settings
 from broker.connection import block_slice_ms, wait_for_server
 from broker.declared import seed_declared
 from broker.errors import (
+    BrokerError,
     ConnectionLost,
     ForeignKey,
     ServerError,
