@@ -15,10 +15,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from broker.cli.common import State, _fail
 from broker.connection import connect
 from broker.pipeline.session import DEFAULT_DRIVER_MEMORY, DEFAULT_MASTER, task_attempts, with_retries
 from broker.pipeline.source import FORMATS, SourceSpec
@@ -30,12 +31,6 @@ if TYPE_CHECKING:
 FAILED = 1
 
 _PY_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Lost|Failure|Timeout)\b: ")
-
-
-def _fail(message: str, exit_code: int = FAILED) -> NoReturn:
-    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    click.echo(f"error: {text}", err=True)
-    raise click.exceptions.Exit(exit_code)
 
 
 def _spark_error(exc: BaseException) -> str:
@@ -61,7 +56,7 @@ def _spark(master: str, driver_memory: str) -> Iterator[SparkSession]:
         from pyspark.errors import PySparkException
 
         if isinstance(exc, Py4JJavaError | PySparkException):
-            _fail(f"Spark job failed: {_spark_error(exc)}")
+            _fail(f"Spark job failed: {_spark_error(exc)}", FAILED)
         raise
     finally:
         if running is None:
@@ -238,7 +233,7 @@ def journal() -> None:
 @_spark_options
 @click.pass_obj
 def publish_command(
-    state: Any,
+    state: State,
     path: str,
     fmt: str | None,
     topic: str | None,
@@ -351,7 +346,7 @@ def publish_command(
 @_spark_options
 @click.pass_obj
 def audit_command(
-    state: Any,
+    state: State,
     journal_paths: tuple[str, ...],
     subscriptions_file: str | None,
     subscriptions_from_broker: bool,
@@ -442,7 +437,9 @@ def audit_command(
     "--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr."
 )
 @click.pass_obj
-def export_command(state: Any, out: str, chunk: int, rows_per_file: int, keep: bool, progress: bool) -> None:
+def export_command(
+    state: State, out: str, chunk: int, rows_per_file: int, keep: bool, progress: bool
+) -> None:
     """Write the journal's records, oldest first, as Parquet, then remove exactly those from the stream.
 
     Prints 'exported=<n> files=<n> drained=<n>'.
@@ -485,10 +482,14 @@ def export_command(state: Any, out: str, chunk: int, rows_per_file: int, keep: b
     help="The JSON file to write (for 'broker pipeline audit --subscriptions').",
 )
 @click.pass_obj
-def subscriptions_command(state: Any, out: str) -> None:
+def subscriptions_command(state: State, out: str) -> None:
     """Write the live subscriptions ({qm}:subs) and links ({qm}:links) as the audit's subscriptions file."""
     from broker.pipeline.routes import Subscriptions
 
     snapshot = Subscriptions.from_broker(state.client(), state.settings.qm)
     snapshot.write(out)
     click.echo(f"subscriptions={len(snapshot.subscriptions)} links={len(snapshot.links)} file={out}")
+
+
+#: The commands this module adds to ``broker``.
+COMMANDS = (pipeline, journal)
