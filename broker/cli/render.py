@@ -18,6 +18,7 @@ from rich.text import Text
 
 from broker.models import Message
 from broker.publish import PublishResult
+from broker.status import Snapshot
 
 
 def _print_problems(problems: Any) -> None:
@@ -164,3 +165,128 @@ def _print_proxy_rows(console: Console, rows: list[dict[str, Any]], qm: str) -> 
         )
         table.add_row(row["qm"], row["topic"], source, _utc(row["since_ms"]))
     console.print(table)
+
+
+def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
+    """``broker status``: the summary, the subscriptions and the workers, then the problems.
+
+    Args:
+        snapshot: ``broker.status.status``.
+        qm: the queue manager's name.
+        url: its Redis URL, password redacted.
+    """
+    console = _console()
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column(justify="right")
+    rows = (
+        ("publish stream length", "stream_length"),
+        ("pending (read, not committed)", "pending"),
+        ("lag (not yet read)", "lag"),
+        ("dead-lettered", "dead_lettered"),
+        ("active publishers", "active_publishers"),
+        ("links", "links"),
+        ("topic scheme", "topic_scheme"),
+        ("index version", "version"),
+    )
+    for label, name in rows:
+        value = getattr(snapshot, name)
+        style = "bold red" if name == "dead_lettered" and value else ""
+        summary.add_row(label, Text(str(value), style=style))
+    console.print(Text.assemble("queue manager ", (qm, "bold"), f" on {url}"))
+    console.print(summary)
+    if snapshot.subscriptions:
+        counts = ("consumers", "depth", "inflight", "skipped", "slow", "expired")
+        subs = _table(
+            "subscription",
+            "filter",
+            "durable",
+            "mode",
+            "consumers",
+            "depth",
+            "in-flight",
+            "skipped",
+            "slow",
+            "expired",
+        )
+        for sub in snapshot.subscriptions:
+            subs.add_row(
+                sub.id,
+                sub.filter,
+                "yes" if sub.durable else "no",
+                sub.mode,
+                *("?" if getattr(sub, k) is None else str(getattr(sub, k)) for k in counts),
+            )
+        console.print(subs)
+    else:
+        console.print("no subscriptions")
+    if snapshot.workers:
+        workers = _table("worker", "pid", "processed", "heartbeat age (ms)", "state")
+        for beat in snapshot.workers:
+            workers.add_row(
+                beat.name,
+                str(beat.pid),
+                str(beat.processed),
+                str(beat.heartbeat_age_ms),
+                beat.state,
+            )
+        console.print(workers)
+    else:
+        console.print("no workers")
+    _print_problems(snapshot.problems)
+
+
+def _print_network(found: dict[str, Any], qm: str) -> None:
+    """``broker status --network``: queue managers, channels, proxy subscriptions, problems.
+
+    Args:
+        found: ``broker.network_admin.network_status`` of a queue manager in a network.
+        qm: the queue manager it was seen from.
+    """
+    console = _console()
+    console.print(Text.assemble("network ", (found["network"], "bold"), " as seen from ", (qm, "bold")))
+    qms = _table(
+        "queue manager",
+        "parent",
+        "clusters",
+        "reachable",
+        "state",
+        "announces",
+        "proxies",
+        "workers",
+        "channel processes",
+    )
+    for row in found["queue_managers"]:
+        if row["reachable"]:
+            cells = [
+                row["state"],
+                ", ".join(row["announced"]) or "-",
+                str(row["proxies"]),
+                str(row["workers"]),
+                str(row["channel_processes"]),
+            ]
+        else:
+            cells = [Text(row["error"][:60], style="bold red"), "", "", "", ""]
+        qms.add_row(
+            row["qm"],
+            row["parent"] or "-",
+            ", ".join(row["clusters"]) or "-",
+            "yes" if row["reachable"] else Text("no", style="bold red"),
+            *cells,
+        )
+    console.print(qms)
+    channels = _table("channel", "state", "moved", "lag", "in-flight", "backoff (ms)", "last error")
+    for row in found["channels"]:
+        bad = row.get("state") == "retrying" or row.get("error")
+        channels.add_row(
+            f"{row['from']} -> {row['to']}",
+            Text(row.get("state", "?"), style="bold red" if bad else ""),
+            str(row.get("moved", "?")),
+            "?" if row["lag"] is None else str(row["lag"]),
+            str(row.get("in_flight", "?")),
+            str(row.get("backoff_ms", "?")),
+            (row.get("error") or row.get("last_error") or "")[:60],
+        )
+    console.print(channels)
+    _print_proxy_rows(console, found["proxies"], qm)
+    _print_problems(found.get("problems"))
