@@ -85,7 +85,7 @@ def proxies_command(ctx: click.Context, as_json: bool) -> None:
         )
         return
     console = _console()
-    _print_proxy_rows(console, [asdict(r) for r in rows], qm)
+    _print_proxy_rows(console, rows, qm)
     if announced is None:
         console.print(f"{qm} announces nothing yet (no channel process has run)")
     else:

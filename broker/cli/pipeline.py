@@ -20,8 +20,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from broker.cli.common import State, _fail
+from broker.cli.render import _progress_bars
 from broker.connection import connect
-from broker.pipeline.session import DEFAULT_DRIVER_MEMORY, DEFAULT_MASTER, task_attempts, with_retries
+from broker.pipeline.audit import run_audit, write_figure
+from broker.pipeline.journal import export_journal
+from broker.pipeline.publish import Progress, publish_dataset
+from broker.pipeline.routes import Subscriptions
+from broker.pipeline.session import DEFAULT_DRIVER_MEMORY, DEFAULT_MASTER, build_session
 from broker.pipeline.source import FORMATS, SourceSpec
 
 if TYPE_CHECKING:
@@ -43,9 +48,7 @@ def _spark_error(exc: BaseException) -> str:
 @contextmanager
 def _spark(master: str, driver_memory: str) -> Iterator[SparkSession]:
     """A session for one command: stopped at the end unless it was already running."""
-    from pyspark.sql import SparkSession
-
-    from broker.pipeline.session import build_session
+    from pyspark.sql import SparkSession  # lazy: the JVM only when a Spark command runs
 
     running = SparkSession.getActiveSession()
     spark = build_session(master, driver_memory=driver_memory)
@@ -223,13 +226,6 @@ def journal() -> None:
 @click.option(
     "--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr."
 )
-@click.option(
-    "--fail-partition",
-    type=int,
-    default=None,
-    hidden=True,
-    help="Testing: this partition fails once after half its rows (Spark retries it).",
-)
 @_spark_options
 @click.pass_obj
 def publish_command(
@@ -248,7 +244,6 @@ def publish_command(
     flow_control: bool,
     partitions: int | None,
     progress: bool,
-    fail_partition: int | None,
     master: str,
     driver_memory: str,
 ) -> None:
@@ -259,12 +254,6 @@ def publish_command(
     that order, so re-running the job (or Spark retrying a task) delivers
     nothing twice. Prints 'rows=<n> publishers=<n> rows_per_s=<n> elapsed_s=<x>'.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as Bars
-
-    from broker.pipeline.publish import Progress, publish_dataset
-
     spec = _source_spec(
         path,
         fmt,
@@ -278,16 +267,7 @@ def publish_command(
     )
     settings = state.settings
     connect(settings.redis_url, check=True, tls=settings.tls).close()  # fail fast, before a JVM
-    if fail_partition is not None and (task_attempts(master) or 2) < 2:
-        master = with_retries(master)
-    bars = Bars(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=not progress,
-    )
+    bars = _progress_bars("{task.description}", progress)
     with bars, _spark(master, driver_memory) as spark:
         task = bars.add_task("preparing", total=None)
 
@@ -309,7 +289,6 @@ def publish_command(
             max_backlog=max_backlog,
             flow_control=flow_control,
             partitions=partitions,
-            fail_partition=fail_partition,
             on_progress=on_progress,
         )
     click.echo(report.line())
@@ -373,8 +352,6 @@ def audit_command(
     order_violations=<n> duplicates=<n> missing=<n> p50_ms=<x> p99_ms=<x>' and
     exits 1 when any violation is found.
     """
-    from broker.pipeline.audit import run_audit, write_figure
-    from broker.pipeline.routes import Subscriptions
 
     if subscriptions_file and subscriptions_from_broker:
         raise click.UsageError("give --subscriptions or --subscriptions-from-broker, not both")
@@ -444,19 +421,7 @@ def export_command(
 
     Prints 'exported=<n> files=<n> drained=<n>'.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from broker.pipeline.journal import export_journal
-
-    bars = Progress(
-        TextColumn("exported"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=not progress,
-    )
+    bars = _progress_bars("exported", progress)
     with bars:
         task = bars.add_task("exported", total=None)
         result = export_journal(
@@ -484,7 +449,6 @@ def export_command(
 @click.pass_obj
 def subscriptions_command(state: State, out: str) -> None:
     """Write the live subscriptions ({qm}:subs) and links ({qm}:links) as the audit's subscriptions file."""
-    from broker.pipeline.routes import Subscriptions
 
     snapshot = Subscriptions.from_broker(state.client(), state.settings.qm)
     snapshot.write(out)

@@ -15,7 +15,7 @@ from broker.errors import (
     ServerError,
 )
 from broker.models import PropertyValue
-from broker.publish import Publisher
+from broker.publish import Publisher, PublishResult
 
 
 def _parse_properties(
@@ -138,7 +138,38 @@ def publish_command(
     if body is not None and body_file is not None:
         raise click.UsageError("give BODY or --body-file, not both")
     payload: bytes = body_file.read() if body_file is not None else (body or "").encode()
-    # with security on, through the ingress stream of the user the URL authenticates as
+    result = _publish(
+        state,
+        publisher_id,
+        validate,
+        client_id,
+        topic,
+        payload,
+        properties=properties or None,
+        msgid=msgid,
+        persistent=persistent,
+        priority=priority,
+        message_type=message_type,
+        topic_object=topic_object,
+        wait=wait,
+        timeout_ms=timeout_ms,
+    )
+    if not result.ok:
+        raise PublicationRefused(result.reason or "no reason given", result.suggestion)
+    click.echo(_describe_result(result))
+
+
+def _publish(
+    state: State,
+    publisher_id: str,
+    validate: bool,
+    client_id: str | None,
+    topic: str,
+    payload: bytes,
+    **options: Any,
+) -> PublishResult:
+    """``Publisher.publish`` with the settings; with security on, through the ingress stream of the
+    user the URL authenticates as (a refusal for another publisher id says which ids it may use)."""
     principal = state.settings.url_credentials()[0] if state.settings.security else None
     publisher = Publisher(
         state.client(),
@@ -150,18 +181,7 @@ def publish_command(
         principal=principal,
     )
     try:
-        result = publisher.publish(
-            topic,
-            payload,
-            properties=properties or None,
-            msgid=msgid,
-            persistent=persistent,
-            priority=priority,
-            message_type=message_type,
-            topic_object=topic_object,
-            wait=wait,
-            timeout_ms=timeout_ms,
-        )
+        return publisher.publish(topic, payload, **options)
     except ServerError as exc:
         if principal and isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
             raise ServerError(
@@ -169,9 +189,6 @@ def publish_command(
                 f"with --publisher (an entry under another id is dead-lettered, not delivered)"
             ) from exc
         raise
-    if not result.ok:
-        raise PublicationRefused(result.reason or "no reason given", result.suggestion)
-    click.echo(_describe_result(result))
 
 
 #: The commands this module adds to ``broker``.

@@ -13,12 +13,15 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from broker.models import Message
+from broker.network_admin import NetworkStatus, ProxyRow
 from broker.publish import PublishResult
 from broker.status import Snapshot
+from broker.subscriptions import SubscriptionRecord
 
 
 def _print_problems(problems: Any) -> None:
@@ -89,6 +92,19 @@ def _format_message(message: Message) -> str:
     )
 
 
+def _describe_subscription(record: SubscriptionRecord) -> str:
+    """The line ``broker subscribe`` prints once attached: id, filter, kind, selector, no-local, mode."""
+    kind = "durable" if record.durable else "non-durable, removed on exit"
+    extra = "".join(
+        [
+            f", selector {record.selector!r}" if record.selector else "",
+            ", no-local" if record.no_local else "",
+            f", {record.mode}",
+        ]
+    )
+    return f"subscribed {record.sub_id} to {record.shown_filter!r} ({kind}{extra})"
+
+
 def _usage_table(rows: Any, last: str) -> Table:
     """The columns of SwiftMQ's usage lists (name, client id, topic, selector, no-local, bound to)
     and ``last`` (``depth`` or ``consumers``)."""
@@ -150,7 +166,7 @@ def _shown_value(raw: bytes) -> str:
     return safe + (f"... ({len(raw)} bytes)" if len(text) > SHOWN_CHARS else "")
 
 
-def _print_proxy_rows(console: Console, rows: list[dict[str, Any]], qm: str) -> None:
+def _print_proxy_rows(console: Console, rows: list[ProxyRow], qm: str) -> None:
     if not rows:
         console.print(f"{qm} holds no proxy subscriptions")
         return
@@ -159,11 +175,11 @@ def _print_proxy_rows(console: Console, rows: list[dict[str, Any]], qm: str) -> 
     )
     for row in rows:
         source = (
-            row["source"]
-            if row["source"] == "dynamic"
-            else (f"static at {row['at']}" + (", keep_on_unsubscribe" if row["keep"] else ""))
+            row.source
+            if row.source == "dynamic"
+            else (f"static at {row.at}" + (", keep_on_unsubscribe" if row.keep else ""))
         )
-        table.add_row(row["qm"], row["topic"], source, _utc(row["since_ms"]))
+        table.add_row(row.qm, row.topic, source, _utc(row.since_ms))
     console.print(table)
 
 
@@ -236,7 +252,7 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
     _print_problems(snapshot.problems)
 
 
-def _print_network(found: dict[str, Any], qm: str) -> None:
+def _print_network(found: NetworkStatus, qm: str) -> None:
     """``broker status --network``: queue managers, channels, proxy subscriptions, problems.
 
     Args:
@@ -244,7 +260,7 @@ def _print_network(found: dict[str, Any], qm: str) -> None:
         qm: the queue manager it was seen from.
     """
     console = _console()
-    console.print(Text.assemble("network ", (found["network"], "bold"), " as seen from ", (qm, "bold")))
+    console.print(Text.assemble("network ", (found.network or "", "bold"), " as seen from ", (qm, "bold")))
     qms = _table(
         "queue manager",
         "parent",
@@ -256,37 +272,55 @@ def _print_network(found: dict[str, Any], qm: str) -> None:
         "workers",
         "channel processes",
     )
-    for row in found["queue_managers"]:
-        if row["reachable"]:
-            cells = [
-                row["state"],
-                ", ".join(row["announced"]) or "-",
-                str(row["proxies"]),
-                str(row["workers"]),
-                str(row["channel_processes"]),
+    for row in found.queue_managers:
+        if row.reachable:
+            cells: list[str | Text] = [
+                str(row.state),
+                ", ".join(row.announced or ()) or "-",
+                str(row.proxies),
+                str(row.workers),
+                str(row.channel_processes),
             ]
         else:
-            cells = [Text(row["error"][:60], style="bold red"), "", "", "", ""]
+            cells = [Text((row.error or "")[:60], style="bold red"), "", "", "", ""]
         qms.add_row(
-            row["qm"],
-            row["parent"] or "-",
-            ", ".join(row["clusters"]) or "-",
-            "yes" if row["reachable"] else Text("no", style="bold red"),
+            row.qm,
+            row.parent or "-",
+            ", ".join(row.clusters) or "-",
+            "yes" if row.reachable else Text("no", style="bold red"),
             *cells,
         )
     console.print(qms)
     channels = _table("channel", "state", "moved", "lag", "in-flight", "backoff (ms)", "last error")
-    for row in found["channels"]:
-        bad = row.get("state") == "retrying" or row.get("error")
+    for channel in found.channels:
+        bad = channel.state == "retrying" or channel.error
         channels.add_row(
-            f"{row['from']} -> {row['to']}",
-            Text(row.get("state", "?"), style="bold red" if bad else ""),
-            str(row.get("moved", "?")),
-            "?" if row["lag"] is None else str(row["lag"]),
-            str(row.get("in_flight", "?")),
-            str(row.get("backoff_ms", "?")),
-            (row.get("error") or row.get("last_error") or "")[:60],
+            f"{channel.sender} -> {channel.to}",
+            Text(_known(channel.state), style="bold red" if bad else ""),
+            _known(channel.moved),
+            _known(channel.lag),
+            _known(channel.in_flight),
+            _known(channel.backoff_ms),
+            (channel.error or channel.last_error or "")[:60],
         )
     console.print(channels)
-    _print_proxy_rows(console, found["proxies"], qm)
-    _print_problems(found.get("problems"))
+    _print_proxy_rows(console, found.proxies, qm)
+    _print_problems(found.problems)
+
+
+def _known(value: object) -> str:
+    """A figure, or "?" when it could not be read."""
+    return "?" if value is None else str(value)
+
+
+def _progress_bars(label: str, shown: bool) -> Progress:
+    """A progress bar on stderr for the Spark commands: ``label`` (a rich column template), the bar,
+    done/total, time elapsed; ``shown`` False: disabled."""
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not shown,
+    )

@@ -77,9 +77,9 @@ def _print_network_status(state: State, as_json: bool) -> None:
     settings = state.settings
     found = network_status(state.client(), settings.qm, settings.redis_url, settings.tls)
     if as_json:
-        click.echo(json.dumps(found, indent=2, sort_keys=True))
+        click.echo(json.dumps(found.as_dict(), indent=2, sort_keys=True))
         return
-    if found["network"] is None:
+    if found.network is None:
         click.echo(f"{settings.qm} is in no network (broker network apply configs/network.toml)")
         return
     _print_network(found, settings.qm)

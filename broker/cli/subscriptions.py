@@ -9,7 +9,14 @@ import signal
 import click
 
 from broker.cli.common import State
-from broker.cli.render import _console, _format_message, _print_problems, _print_usage, _table
+from broker.cli.render import (
+    _console,
+    _describe_subscription,
+    _format_message,
+    _print_problems,
+    _print_usage,
+    _table,
+)
 from broker.consumer import Subscriber, browse, subscription_load
 from broker.durables import delete_durables
 from broker.errors import (
@@ -116,38 +123,14 @@ def subscribe_command(
         max_subscriptions_per_client=settings.max_subscriptions_per_client,
         max_selector_bytes=settings.max_selector_bytes,
     )
-    kind = "durable" if record.durable else "non-durable, removed on exit"
-    extra = "".join(
-        [
-            f", selector {record.selector!r}" if record.selector else "",
-            ", no-local" if record.no_local else "",
-            f", {record.mode}",
-        ]
-    )
     subscriber = Subscriber(client, qm, record, settings)
-    received = 0
-    was_standby = False
+    received = [0]  # counted as they come: a Ctrl-C in the loop keeps the count
     previous = signal.getsignal(signal.SIGTERM)
     try:
         signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM closes as Ctrl-C does
         # printed once attached (its lease taken) and stoppable by SIGTERM: a script may wait for it
-        click.echo(f"subscribed {record.sub_id} to {record.shown_filter!r} ({kind}{extra})", err=True)
-        while count is None or received < count:
-            if subscriber.standby and not was_standby:
-                click.echo("standby: another consumer is active; waiting to take over", err=True)
-            was_standby = subscriber.standby
-            delivery = subscriber.receive(timeout_ms=timeout_ms or POLL_MS)
-            if delivery is None:
-                if timeout_ms is not None:
-                    click.echo(f"no message within {timeout_ms} ms", err=True)
-                    break
-                continue
-            line = _format_message(delivery.message)
-            if delivery.redelivered:
-                line += f"  redelivered={delivery.delivery_count - 1}"
-            click.echo(line)
-            subscriber.ack(delivery)
-            received += 1
+        click.echo(_describe_subscription(record), err=True)
+        _receive(subscriber, count, timeout_ms, received)
     except KeyboardInterrupt:
         click.echo("", err=True)
     finally:
@@ -159,7 +142,29 @@ def subscribe_command(
         finally:
             signal.signal(signal.SIGINT, interrupt)
             signal.signal(signal.SIGTERM, previous)
-    click.echo(f"received {received} message(s)", err=True)
+    click.echo(f"received {received[0]} message(s)", err=True)
+
+
+def _receive(subscriber: Subscriber, count: int | None, timeout_ms: int | None, received: list[int]) -> None:
+    """Print and acknowledge messages until ``count`` (``received[0]`` counts them) or, with
+    ``timeout_ms``, until none arrives within that long (ms)."""
+    was_standby = False
+    while count is None or received[0] < count:
+        if subscriber.standby and not was_standby:
+            click.echo("standby: another consumer is active; waiting to take over", err=True)
+        was_standby = subscriber.standby
+        delivery = subscriber.receive(timeout_ms=timeout_ms or POLL_MS)
+        if delivery is None:
+            if timeout_ms is not None:
+                click.echo(f"no message within {timeout_ms} ms", err=True)
+                return
+            continue
+        line = _format_message(delivery.message)
+        if delivery.redelivered:
+            line += f"  redelivered={delivery.delivery_count - 1}"
+        click.echo(line)
+        subscriber.ack(delivery)
+        received[0] += 1
 
 
 def _interrupt(signum: int, frame: object) -> None:

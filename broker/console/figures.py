@@ -18,7 +18,7 @@ import redis
 
 from broker import keys
 from broker.config import Settings
-from broker.network_admin import network_status
+from broker.network_admin import NetworkStatus, network_status
 from broker.status import TopicNode, status, topic_status, topic_tree
 from broker.stream import group_state
 from broker.subscriptions import read_subscriptions
@@ -243,10 +243,9 @@ def workers_and_channels(client: redis.Redis, settings: Settings, url: str) -> d
     """
     snap = status(client, settings.qm)
     try:
-        network: dict[str, Any] | None = network_status(client, settings.qm, url, settings.tls)
+        found: NetworkStatus | None = network_status(client, settings.qm, url, settings.tls)
     except redis.exceptions.NoPermissionError as exc:
-        network = None
+        found = None
         snap.problems.append(f"network: {exc}")
-    if network is not None and network["network"] is None:
-        network = None
+    network = found.as_dict() if found is not None and found.network is not None else None
     return {"workers": [asdict(w) for w in snap.workers], "network": network, "problems": snap.problems}
