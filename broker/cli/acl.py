@@ -12,7 +12,10 @@ import redis
 from broker.acl import RoleSpec, acl_file, add_user, delete_user, list_users, read_password, rotate
 from broker.channel import read_network
 from broker.cli.common import State
-from broker.cli.render import _console, _print_problems, _table
+from broker.cli.render import (
+    _print_problems,
+    _print_users,
+)
 
 
 @click.group("acl", short_help="Broker roles as Redis ACL users: add, list, rotate, delete, file.")
@@ -81,7 +84,6 @@ def acl_add(
     password_file: str | None,
 ) -> None:
     """Create (or replace) ACL user USER with ROLE's rules on this queue manager."""
-
     password = read_password(password_env, password_file)
     client, qm = state.client(), state.settings.qm
     peer_list = list(peers)
@@ -101,15 +103,11 @@ def acl_add(
 @click.pass_obj
 def acl_list(state: State, as_json: bool) -> None:
     """List the users broker acl made for this queue manager: role, bindings, rules (no password)."""
-
     rows, problems = list_users(state.client(), state.settings.qm)
     if as_json:
         click.echo(json.dumps({"users": [asdict(r) for r in rows], "problems": problems}, indent=2))
         return
-    table = _table("user", "role", "bindings", "enabled", "rules")
-    for row in rows:
-        table.add_row(row.user, row.role, row.bindings or "-", "yes" if row.enabled else "no", row.rules)
-    _console().print(table)
+    _print_users(rows)
     _print_problems(problems)
 
 
@@ -124,7 +122,6 @@ def acl_rotate(
     state: State, user: str, drop_old: bool, password_env: str | None, password_file: str | None
 ) -> None:
     """Give USER a new password; the old one stays valid until --drop-old."""
-
     client = state.client()
     rotate(client, user, read_password(password_env, password_file), keep_old=not drop_old)
     click.echo(
@@ -137,7 +134,6 @@ def acl_rotate(
 @click.pass_obj
 def acl_delete(state: State, user: str) -> None:
     """Delete ACL user USER (and its publisher binding)."""
-
     client = state.client()
     existed = delete_user(client, state.settings.qm, user)
     click.echo(f"user {user}: {'deleted' if existed else 'did not exist'}; {_save_acl(client)}")
@@ -147,7 +143,6 @@ def acl_delete(state: State, user: str) -> None:
 @click.pass_obj
 def acl_file_command(state: State) -> None:
     """Print an ACL file (passwords as SHA-256) of this queue manager's broker users, for your own Redis."""
-
     click.echo(acl_file(state.client(), state.settings.qm), nl=False)
 
 

@@ -7,7 +7,11 @@ from typing import Any
 import click
 
 from broker.cli.common import State, _fail
-from broker.cli.render import _console, _print_problems, _shown_value, _table, _utc
+from broker.cli.render import (
+    _print_dead_letter,
+    _print_dead_letters,
+    _print_problems,
+)
 from broker.dead_letters import Selection, dumps, list_dead_letters, purge, replay, show
 
 
@@ -52,7 +56,6 @@ def dlq_group() -> None:
 def dlq_list(state: State, count: int, as_json: bool, **given: Any) -> None:
     """List dead letters, oldest first: id, time (UTC), reason, publisher, msgid, topic or
     subscription, body size (bytes)."""
-
     rows, problems = list_dead_letters(state.client(), state.settings.qm, _dlq_selection(**given), count)
     if as_json:
         click.echo(dumps({"dead_letters": [r.to_json() for r in rows], "problems": problems}))
@@ -60,21 +63,7 @@ def dlq_list(state: State, count: int, as_json: bool, **given: Any) -> None:
     if not rows:
         click.echo("no dead letters")
     else:
-        table = _table("id", "time (UTC)", "reason", "publisher", "msgid", "topic / subscription", "bytes")
-        for row in rows:
-            where = row.topic or "-"
-            if row.subscription is not None:
-                where = f"{where} -> {row.subscription}"
-            table.add_row(
-                row.id,
-                _utc(row.time_ms).removesuffix(" UTC"),
-                row.reason,
-                row.publisher or "-",
-                row.msgid or "-",
-                where,
-                "-" if row.body_size is None else str(row.body_size),
-            )
-        _console().print(table)
+        _print_dead_letters(rows)
         if len(rows) == count:
             click.echo(f"the first {count} shown (--count)")
     _print_problems(problems)
@@ -86,19 +75,11 @@ def dlq_list(state: State, count: int, as_json: bool, **given: Any) -> None:
 @click.pass_obj
 def dlq_show(state: State, entry: str, as_json: bool) -> None:
     """Show every field of dead letter ENTRY (an id from `broker dlq list`)."""
-
     letter = show(state.client(), state.settings.qm, entry)
     if as_json:
         click.echo(dumps(letter.to_json()))
         return
-    table = _table("field", "value", title=f"dead letter {letter.id} ({_utc(letter.time_ms)})")
-    for name, value in letter.fields.items():
-        if name.startswith("dlq.") and name.endswith("_bytes"):
-            value_text = f"{_shown_value(value)} bytes: not copied (over max_body_bytes)"
-        else:
-            value_text = _shown_value(value)
-        table.add_row(name, value_text)
-    _console().print(table)
+    _print_dead_letter(letter)
 
 
 _dlq_ids = click.argument("entries", nargs=-1, metavar="[ENTRY]...")
@@ -121,7 +102,6 @@ def dlq_replay(
     message id, a poison message re-queued to its subscription; each leaves the dead-letter queue
     in the same atomic step (unless --keep). Select with ENTRY ids and/or filters, or --all.
     A dead letter that cannot be replayed is skipped with the reason and left where it is."""
-
     report = replay(
         state.client(),
         state.settings.qm,
@@ -145,7 +125,6 @@ def dlq_replay(
 def dlq_purge(state: State, entries: tuple[str, ...], everything: bool, yes: bool, **given: Any) -> None:
     """Delete the selected dead letters (ENTRY ids and/or filters, or --all). Asks first unless
     --yes; with no selection at all, asks whether to delete every dead letter."""
-
     selection = _dlq_selection(entries, everything, **given)
     client, qm = state.client(), state.settings.qm
     if selection.is_empty():

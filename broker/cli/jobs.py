@@ -8,7 +8,11 @@ from dataclasses import asdict
 import click
 
 from broker.cli.common import State
-from broker.cli.render import _console, _print_problems, _table, _utc
+from broker.cli.render import (
+    _print_problems,
+    _print_schedules,
+    _utc,
+)
 
 
 @click.group("jobs", short_help="Scheduled admin jobs: schedule, list, cancel.")
@@ -76,19 +80,7 @@ def jobs_list(state: State, as_json: bool) -> None:
     if not found:
         click.echo("no scheduled jobs")
     else:
-        table = _table("id", "job", "parameters", "schedule (UTC)", "next run", "last run", "last result")
-        for item in found:
-            params = " ".join(f"{k}={v}" for k, v in item.params.items())
-            table.add_row(
-                item.schedule_id,
-                item.job,
-                params,
-                item.cron,
-                _utc(item.next_run_ms),
-                _utc(item.last_run_ms),
-                item.last_result or "-",
-            )
-        _console().print(table)
+        _print_schedules(found)
     _print_problems(problems)
 
 

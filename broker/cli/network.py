@@ -25,7 +25,6 @@ def network_group() -> None:
 @click.pass_obj
 def network_apply(state: State, network_file: str, dry_run: bool) -> None:
     """Store NETWORK_FILE's topology in every queue manager it names (their workers reload at once)."""
-
     network = load_network(network_file)
     if dry_run:
         click.echo(json.dumps(describe_network(network), indent=2))
@@ -42,7 +41,6 @@ def network_apply(state: State, network_file: str, dry_run: bool) -> None:
 @click.pass_obj
 def network_show(state: State) -> None:
     """Print the topology stored in this queue manager (JSON)."""
-
     network = read_network(state.client(), state.settings.qm)
     if network is None:
         _fail(f"{state.settings.qm} is in no network: run 'broker network apply' first", 3)
@@ -55,7 +53,6 @@ def network_withdraw(state: State) -> None:
     """Withdraw this queue manager's announcements before an orderly shutdown (SwiftMQ): others
     stop forwarding to it, except static subscriptions with keep_on_unsubscribe. Its channel
     process announces again when it starts."""
-
     settings = state.settings
     record = withdraw(state.client(), settings.qm, settings.redis_url, settings.tls)
     click.echo(f"{settings.qm}: withdrawn ({len(record['keys'])} keys announced)")
@@ -69,7 +66,6 @@ def network_withdraw(state: State) -> None:
 def proxies_command(ctx: click.Context, as_json: bool) -> None:
     """List the proxy subscriptions this queue manager holds for others (remote queue manager,
     topic key, dynamic or static), and what it announces itself."""
-
     if ctx.invoked_subcommand is not None:
         return
     state: State = ctx.obj
@@ -101,7 +97,6 @@ def proxies_remove(state: State, remote_qm: str) -> None:
     """Remove the dynamic proxy subscriptions held here for REMOTE_QM: a queue manager taken out
     of the network without withdrawing (SwiftMQ: delete its remote router subscriptions on every
     node). They come back only if REMOTE_QM announces again; static ones stay (network file)."""
-
     removed = remove_proxies(state.client(), state.settings.qm, remote_qm)
     click.echo(f"{state.settings.qm}: removed {removed} proxy subscription(s) for {remote_qm}")
 

@@ -352,7 +352,6 @@ def audit_command(
     order_violations=<n> duplicates=<n> missing=<n> p50_ms=<x> p99_ms=<x>' and
     exits 1 when any violation is found.
     """
-
     if subscriptions_file and subscriptions_from_broker:
         raise click.UsageError("give --subscriptions or --subscriptions-from-broker, not both")
     subscriptions = None
@@ -449,7 +448,6 @@ def export_command(
 @click.pass_obj
 def subscriptions_command(state: State, out: str) -> None:
     """Write the live subscriptions ({qm}:subs) and links ({qm}:links) as the audit's subscriptions file."""
-
     snapshot = Subscriptions.from_broker(state.client(), state.settings.qm)
     snapshot.write(out)
     click.echo(f"subscriptions={len(snapshot.subscriptions)} links={len(snapshot.links)} file={out}")

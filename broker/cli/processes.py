@@ -106,7 +106,6 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
     to this terminal. On SIGTERM or Ctrl-C it waits up to stop_grace_ms (ms)
     for connected clients to leave (workers give up their turns), then stops.
     """
-
     settings = state.settings
     config_file = settings.server_config_file()
     args: tuple[str, ...] = ()
@@ -170,7 +169,6 @@ def cli_command(state: State, args: tuple[str, ...]) -> None:
     and needs a valkey-cli or redis-cli built with TLS. For example:
     broker cli XADD '{QM1}:publish' '*' publisher svc-7 topic /ORDERS/EU body hello
     """
-
     argv, extra_env = cli_argv(state.settings.redis_url, args, state.settings.tls)
     code = subprocess.run(argv, env={**os.environ, **extra_env}, check=False).returncode
     if code:
@@ -187,7 +185,6 @@ def channel_command(state: State, once: bool, wait_ms: int) -> None:
     """Run this queue manager's channel process until SIGTERM or Ctrl-C: it announces its
     subscriptions, keeps its proxy subscriptions in step with the network, and moves its
     transmission streams to the receiving queue managers, in order, each entry once."""
-
     settings = state.settings
     wait_for_server(settings.redis_url, wait_ms, tls=settings.tls).close()
     if once:
@@ -230,7 +227,6 @@ def metrics_command(state: State, port: int | None, once: bool, wait_ms: int) ->
     letters by reason, channel lag) until Ctrl-C, for when the workers run elsewhere: the
     workers' own counters and latencies are served by `broker worker` with metrics_port set.
     Names and meanings: docs/operations.md, section Metrics."""
-
     # lazy: prometheus_client only when the metrics are served
     from broker.metrics import MetricsServer, exposition, sampled_registry
 

@@ -16,12 +16,21 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
 
+from broker.acl import UserRow
+from broker.consumer import Load
+from broker.dead_letters import DeadLetter
+from broker.declared import Declared
+from broker.durables import Deletion
 from broker.models import Message
 from broker.network_admin import NetworkStatus, ProxyRow
 from broker.publish import PublishResult
-from broker.status import Snapshot
+from broker.routing import Route
+from broker.schedules import Schedule
+from broker.status import Snapshot, TopicNode, TopicStatus
 from broker.subscriptions import SubscriptionRecord
+from broker.topic_objects import TopicObject
 
 
 def _print_problems(problems: Any) -> None:
@@ -324,3 +333,182 @@ def _progress_bars(label: str, shown: bool) -> Progress:
         console=Console(stderr=True),
         disable=not shown,
     )
+
+
+def _print_users(rows: list[UserRow]) -> None:
+    """``broker acl list``: user, role, bindings, enabled, rules."""
+    table = _table("user", "role", "bindings", "enabled", "rules")
+    for row in rows:
+        table.add_row(row.user, row.role, row.bindings or "-", "yes" if row.enabled else "no", row.rules)
+    _console().print(table)
+
+
+def _print_dead_letters(rows: list[DeadLetter]) -> None:
+    """``broker dlq list``: id, time (UTC), reason, publisher, msgid, topic or subscription, bytes."""
+    table = _table("id", "time (UTC)", "reason", "publisher", "msgid", "topic / subscription", "bytes")
+    for row in rows:
+        where = row.topic or "-"
+        if row.subscription is not None:
+            where = f"{where} -> {row.subscription}"
+        table.add_row(
+            row.id,
+            _utc(row.time_ms).removesuffix(" UTC"),
+            row.reason,
+            row.publisher or "-",
+            row.msgid or "-",
+            where,
+            "-" if row.body_size is None else str(row.body_size),
+        )
+    _console().print(table)
+
+
+def _print_dead_letter(letter: DeadLetter) -> None:
+    """``broker dlq show``: every field of one dead letter, long values cut (``SHOWN_CHARS``)."""
+    table = _table("field", "value", title=f"dead letter {letter.id} ({_utc(letter.time_ms)})")
+    for name, value in letter.fields.items():
+        if name.startswith("dlq.") and name.endswith("_bytes"):
+            value_text = f"{_shown_value(value)} bytes: not copied (over max_body_bytes)"
+        else:
+            value_text = _shown_value(value)
+        table.add_row(name, value_text)
+    _console().print(table)
+
+
+def _print_schedules(found: list[Schedule]) -> None:
+    """``broker jobs list``: id, job, parameters, cron (UTC), next and last run, last result."""
+    table = _table("id", "job", "parameters", "schedule (UTC)", "next run", "last run", "last result")
+    for item in found:
+        params = " ".join(f"{k}={v}" for k, v in item.params.items())
+        table.add_row(
+            item.schedule_id,
+            item.job,
+            params,
+            item.cron,
+            _utc(item.next_run_ms),
+            _utc(item.last_run_ms),
+            item.last_result or "-",
+        )
+    _console().print(table)
+
+
+def _print_subscriptions(rows: list[tuple[SubscriptionRecord, Load]]) -> None:
+    """``broker subscriptions``: id, filter, selector, no-local, durable, mode, consumers, depth,
+    in flight (messages)."""
+    table = _table(
+        "id", "filter", "selector", "no-local", "durable", "mode", "consumers", "depth", "in-flight"
+    )
+    for record, load in rows:
+        table.add_row(
+            record.sub_id,
+            record.shown_filter,
+            record.selector or "-",
+            "yes" if record.no_local else "no",
+            "yes" if record.durable else "no",
+            record.mode,
+            str(load.consumers),
+            str(load.depth),
+            str(load.in_flight),
+        )
+    _console().print(table)
+
+
+def _print_deletion(done: Deletion, dry_run: bool) -> None:
+    """``broker durables delete``: each subscription deleted (or, ``dry_run``, that would be) and
+    the messages it held."""
+    table = _table("subscription", "messages held" if dry_run else "messages lost")
+    for item in done.deleted:
+        table.add_row(item.sub_id, str(item.messages))
+    _console().print(table)
+
+
+def _print_links(found: list[tuple[str, str, bool]]) -> None:
+    """``broker links``: source, target, backward."""
+    table = _table("source", "target", "backward")
+    for source, target, backward in found:
+        table.add_row(source, target, "yes" if backward else "no")
+    _console().print(table)
+
+
+def _print_filters(by_filter: dict[str, list[str]]) -> None:
+    """``broker topics``: each filter, sorted, and the subscriptions made with it."""
+    table = _table("filter", "subscriptions")
+    for topic_filter in sorted(by_filter):
+        table.add_row(topic_filter, ", ".join(by_filter[topic_filter]))
+    _console().print(table)
+
+
+def _print_route(route: Route) -> None:
+    """``broker topics TOPIC``: each topic reached (published on, or linked), the subscriptions
+    matched through it, then the subscriptions that get one copy each."""
+    table = _table("topic reached", "how", "subscriptions matched", title=f"route of {route.topic}")
+    for reached, matched in route.via.items():
+        how = "published on" if reached == route.topic else "linked"
+        table.add_row(reached, how, ", ".join(matched) or "-")
+    _console().print(table)
+    n = len(route.subscriptions)
+    listed = ": " + ", ".join(route.subscriptions) if route.subscriptions else ""
+    click.echo(f"delivered once to {n} subscription{'' if n == 1 else 's'}{listed}")
+
+
+def _print_declared(found: list[Declared]) -> None:
+    """``broker topic list``: each declared topic, where it was declared (cli or config), when (UTC)."""
+    table = _table("topic", "source", "declared")
+    for item in found:
+        table.add_row(item.topic, item.source, _utc(item.declared_ms))
+    _console().print(table)
+
+
+def _print_topic_objects(objects: list[TopicObject], names: list[str]) -> None:
+    """``broker topic display``: each topic object's name, topic string and the attributes ``names``."""
+    table = _table("name", "topic string", *(n.upper() for n in names))
+    for obj in objects:
+        attrs = obj.attributes
+        table.add_row(obj.name, obj.topic_string or "''", *(str(getattr(attrs, n)) for n in names))
+    _console().print(table)
+
+
+def _print_topic_status(found: TopicStatus) -> None:
+    """``broker topic status``: effective attributes and their objects, the route, the subscriptions
+    reached (and blocked), the publishers among the newest stream entries."""
+    console = _console()
+    table = _table("attribute", "value", "from", title=f"topic {found.topic!r}")
+    for name, value, source in found.attributes:
+        table.add_row(name.upper(), str(value), source)
+    console.print(table)
+    route = _table("topic reached", "how", "subscriptions matched")
+    for reached, matched in found.via.items():
+        route.add_row(
+            reached, "published on" if reached == found.topic else "linked", ", ".join(matched) or "-"
+        )
+    console.print(route)
+    click.echo(f"delivered once to {len(found.subscriptions)}: {', '.join(found.subscriptions) or '-'}")
+    if found.blocked:
+        why = f"WILDCARD(BLOCK) of topic object {found.blocked_by}" if found.blocked_by else "WILDCARD(BLOCK)"
+        click.echo(f"blocked by {why}: {', '.join(found.blocked)}")
+    seen = ", ".join(f"{p} ({n})" for p, n in sorted(found.publishers.items())) or "none"
+    last = "-" if found.last_publication_ms is None else str(found.last_publication_ms)
+    click.echo(
+        f"publishers in the newest {found.scanned} stream entries: {seen}; last publication (ms): {last}"
+    )
+
+
+def _print_topic_tree(root: TopicNode) -> None:
+    """``broker topic tree``: each level, its topic object, its subscriptions and its links."""
+
+    def label(level: str, node: Any) -> str:
+        parts = [level or "''"]
+        if node.topic_object:
+            parts.append(f"[{node.topic_object}]")
+        if node.subscriptions:
+            parts.append(f"{node.subscriptions} subscription{'' if node.subscriptions == 1 else 's'}")
+        parts += [f"-> {target}" for target in node.links_to]
+        return "  ".join(parts)
+
+    def grow(branch: Tree, node: Any) -> None:
+        for level in sorted(node.children):
+            child = node.children[level]
+            grow(branch.add(label(level, child)), child)
+
+    tree = Tree(label("", root))
+    grow(tree, root)
+    _console().print(tree)

@@ -33,7 +33,6 @@ def repair_stream_command(state: State, max_entries: int, dry_run: bool) -> None
     acknowledged entries are dropped; the FIFOs and turns are rebuilt by the workers. Safe
     while workers run. Exit 3 when it refuses (nothing written).
     """
-
     report = repair_stream(state.client(), state.settings.qm, max_entries, dry_run)
     stream = keys.publish_stream(state.settings.qm)
     if not report.old_last_id:

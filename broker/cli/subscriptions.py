@@ -10,12 +10,12 @@ import click
 
 from broker.cli.common import State
 from broker.cli.render import (
-    _console,
     _describe_subscription,
     _format_message,
+    _print_deletion,
     _print_problems,
+    _print_subscriptions,
     _print_usage,
-    _table,
 )
 from broker.consumer import Subscriber, browse, subscription_load
 from broker.durables import delete_durables
@@ -212,23 +212,7 @@ def subscriptions_command(state: State) -> None:
     if not records:
         click.echo("no subscriptions")
     else:
-        table = _table(
-            "id", "filter", "selector", "no-local", "durable", "mode", "consumers", "depth", "in-flight"
-        )
-        for record in records:
-            load = subscription_load(client, qm, record.sub_id)
-            table.add_row(
-                record.sub_id,
-                record.shown_filter,
-                record.selector or "-",
-                "yes" if record.no_local else "no",
-                "yes" if record.durable else "no",
-                record.mode,
-                str(load.consumers),
-                str(load.depth),
-                str(load.in_flight),
-            )
-        _console().print(table)
+        _print_subscriptions([(record, subscription_load(client, qm, record.sub_id)) for record in records])
     _print_problems(problems)
 
 
@@ -277,10 +261,7 @@ def durables_delete(
         state.client(), state.settings.qm, client_id_predicate, durable_name_predicate, dry_run=dry_run
     )
     if done.deleted:
-        table = _table("subscription", "messages held" if dry_run else "messages lost")
-        for item in done.deleted:
-            table.add_row(item.sub_id, str(item.messages))
-        _console().print(table)
+        _print_deletion(done, dry_run)
     click.echo(done.summary())
     _print_problems(done.problems)
 

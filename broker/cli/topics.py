@@ -9,11 +9,19 @@ from typing import Any
 
 import click
 from pydantic import ValidationError
-from rich.tree import Tree
 
 from broker import declared, links, routing, topic_objects
 from broker.cli.common import State
-from broker.cli.render import _console, _print_problems, _table, _utc
+from broker.cli.render import (
+    _print_declared,
+    _print_filters,
+    _print_links,
+    _print_problems,
+    _print_route,
+    _print_topic_objects,
+    _print_topic_status,
+    _print_topic_tree,
+)
 from broker.status import topic_status, topic_tree
 from broker.subscriptions import read_subscriptions
 
@@ -68,10 +76,7 @@ def links_command(state: State) -> None:
     if not found:
         click.echo("no links")
     else:
-        table = _table("source", "target", "backward")
-        for source, target, backward in found:
-            table.add_row(source, target, "yes" if backward else "no")
-        _console().print(table)
+        _print_links(found)
     _print_problems(problems)
 
 
@@ -86,7 +91,6 @@ def topics_command(state: State, topic: str | None) -> None:
     subscriptions that receive one copy each.
     """
     client, qm = state.client(), state.settings.qm
-    console = _console()
     if topic is None:
         by_filter: dict[str, list[str]] = {}
         records, problems = read_subscriptions(client, qm)
@@ -95,21 +99,11 @@ def topics_command(state: State, topic: str | None) -> None:
         if not by_filter:
             click.echo("no subscriptions")
         else:
-            table = _table("filter", "subscriptions")
-            for topic_filter in sorted(by_filter):
-                table.add_row(topic_filter, ", ".join(by_filter[topic_filter]))
-            console.print(table)
+            _print_filters(by_filter)
         _print_problems([*problems, *links.read_links(client, qm)[1]])
         return
     route = routing.explain(client, qm, topic)
-    table = _table("topic reached", "how", "subscriptions matched", title=f"route of {route.topic}")
-    for reached, matched in route.via.items():
-        how = "published on" if reached == route.topic else "linked"
-        table.add_row(reached, how, ", ".join(matched) or "-")
-    console.print(table)
-    n = len(route.subscriptions)
-    listed = ": " + ", ".join(route.subscriptions) if route.subscriptions else ""
-    click.echo(f"delivered once to {n} subscription{'' if n == 1 else 's'}{listed}")
+    _print_route(route)
     _print_problems(route.problems)
 
 
@@ -228,10 +222,7 @@ def topic_undeclare(state: State, topics: tuple[str, ...]) -> None:
 def topic_list(state: State) -> None:
     """List the declared topics (name, source: cli or config, when)."""
     found, problems = declared.list_declared(state.client(), state.settings.qm)
-    table = _table("topic", "source", "declared")
-    for item in found:
-        table.add_row(item.topic, item.source, _utc(item.declared_ms))
-    _console().print(table)
+    _print_declared(found)
     _print_problems(problems)
 
 
@@ -250,13 +241,7 @@ def topic_delete(state: State, name: str) -> None:
 def topic_display(state: State, name: str) -> None:
     """Show topic objects: NAME, or a generic name ending in '*' (default: all)."""
     objects = topic_objects.display(state.client(), state.settings.qm, name)
-    table = _table("name", "topic string", *(n.upper() for n, _ in _ATTRIBUTE_OPTIONS))
-    for obj in objects:
-        attrs = obj.attributes
-        table.add_row(
-            obj.name, obj.topic_string or "''", *(str(getattr(attrs, n)) for n, _ in _ATTRIBUTE_OPTIONS)
-        )
-    _console().print(table)
+    _print_topic_objects(objects, [n for n, _ in _ATTRIBUTE_OPTIONS])
 
 
 @topic_group.command("apply")
@@ -282,26 +267,7 @@ def topic_status_command(state: State, topic_string: str) -> None:
     found = topic_status(
         state.client(), state.settings.qm, topic_string, default_maxdepth=state.settings.default_maxdepth
     )
-    console = _console()
-    table = _table("attribute", "value", "from", title=f"topic {found.topic!r}")
-    for name, value, source in found.attributes:
-        table.add_row(name.upper(), str(value), source)
-    console.print(table)
-    route = _table("topic reached", "how", "subscriptions matched")
-    for reached, matched in found.via.items():
-        route.add_row(
-            reached, "published on" if reached == found.topic else "linked", ", ".join(matched) or "-"
-        )
-    console.print(route)
-    click.echo(f"delivered once to {len(found.subscriptions)}: {', '.join(found.subscriptions) or '-'}")
-    if found.blocked:
-        why = f"WILDCARD(BLOCK) of topic object {found.blocked_by}" if found.blocked_by else "WILDCARD(BLOCK)"
-        click.echo(f"blocked by {why}: {', '.join(found.blocked)}")
-    seen = ", ".join(f"{p} ({n})" for p, n in sorted(found.publishers.items())) or "none"
-    last = "-" if found.last_publication_ms is None else str(found.last_publication_ms)
-    click.echo(
-        f"publishers in the newest {found.scanned} stream entries: {seen}; last publication (ms): {last}"
-    )
+    _print_topic_status(found)
 
 
 @topic_group.command("tree")
@@ -309,24 +275,7 @@ def topic_status_command(state: State, topic_string: str) -> None:
 def topic_tree_command(state: State) -> None:
     """Draw the topic tree: topic objects, subscription counts, links."""
     root = topic_tree(state.client(), state.settings.qm)
-
-    def label(level: str, node: Any) -> str:
-        parts = [level or "''"]
-        if node.topic_object:
-            parts.append(f"[{node.topic_object}]")
-        if node.subscriptions:
-            parts.append(f"{node.subscriptions} subscription{'' if node.subscriptions == 1 else 's'}")
-        parts += [f"-> {target}" for target in node.links_to]
-        return "  ".join(parts)
-
-    def grow(branch: Tree, node: Any) -> None:
-        for level in sorted(node.children):
-            child = node.children[level]
-            grow(branch.add(label(level, child)), child)
-
-    tree = Tree(label("", root))
-    grow(tree, root)
-    _console().print(tree)
+    _print_topic_tree(root)
 
 
 #: The commands this module adds to ``broker``.
