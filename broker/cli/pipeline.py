@@ -1,10 +1,11 @@
 """The ``broker pipeline`` and ``broker journal`` command groups.
 
 Importing this module imports neither PySpark nor pyarrow (they come with the
-``spark`` extra): each command imports what it needs when it runs, so
-``broker --help`` and the workers start without a JVM. The groups are meant
-to be added to the main ``broker`` group, whose context object (``ctx.obj``)
-gives them the settings (``--redis-url``, ``--qm``) and a Redis client.
+``spark`` extra): ``broker.pipeline``'s modules import them when a job runs, and
+this module imports PySpark only inside ``_spark``, so ``broker --help`` and the
+workers start without a JVM. ``broker.cli`` adds both groups to ``broker``; its
+``State`` (``ctx.obj``) gives them the settings (``--redis-url``, ``--qm``) and a
+Redis client.
 
 Each command parses, calls one library function and prints a summary line on
 stdout (progress goes to stderr).

@@ -9,7 +9,7 @@ import json
 import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -27,10 +27,12 @@ from broker.models import Message
 from broker.network_admin import NetworkStatus, ProxyRow
 from broker.publish import PublishResult
 from broker.routing import Route
-from broker.schedules import Schedule
 from broker.status import Snapshot, TopicNode, TopicStatus
 from broker.subscriptions import SubscriptionRecord
 from broker.topic_objects import TopicObject
+
+if TYPE_CHECKING:  # broker.schedules imports croniter: only `broker jobs` needs it
+    from broker.schedules import Schedule
 
 
 def _print_problems(problems: Any) -> None:
