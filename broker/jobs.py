@@ -85,12 +85,12 @@ def usage_snapshot(redis_url: str, qm: str, tls: TLSArgument = None) -> dict[str
     snap = status(client, qm, keyspace=False)  # figures only: no SCAN of the whole database
     figures = {
         "ts_ms": int(time.time() * 1000),
-        "stream_length": snap["stream_length"],
-        "pending": snap["pending"],
-        "dead_lettered": snap["dead_lettered"],
-        "queued": sum(s["depth"] or 0 for s in snap["subscriptions"]),
-        "subscriptions": len(snap["subscriptions"]),
-        "workers": len(snap["workers"]),
+        "stream_length": snap.stream_length,
+        "pending": snap.pending,
+        "dead_lettered": snap.dead_lettered,
+        "queued": sum(s.depth or 0 for s in snap.subscriptions),
+        "subscriptions": len(snap.subscriptions),
+        "workers": len(snap.workers),
     }
     client.xadd(keys.usage(qm), {"snapshot": json.dumps(figures)}, maxlen=USAGE_KEEP, approximate=True)
     return figures

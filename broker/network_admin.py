@@ -142,35 +142,134 @@ def list_proxies(client: redis.Redis, qm: str) -> tuple[list[ProxyRow], dict[str
     return sorted(rows, key=lambda r: (r.qm, r.topic, r.source)), announced, problems
 
 
+@dataclass
+class QueueManagerRow:
+    """One queue manager of the network in ``network_status``.
+
+    Attributes:
+        qm: its name.
+        url: its Redis URL, password redacted.
+        parent: its parent in the hierarchy, or None.
+        clusters: the publish/subscribe clusters it is in.
+        reachable: False when it could not be reached (``error`` says why; the fields below are None).
+        state: what it last announced ("never announced" when it never did).
+        announced: the topic keys it announces, sorted.
+        proxies: proxy subscriptions it holds.
+        workers: worker heartbeats it has.
+        channel_processes: channel processes with a recent heartbeat (``AGENT_SILENT_MS``).
+        same_network: True when its network record is this one.
+        error: why it could not be reached, or None.
+    """
+
+    qm: str
+    url: str
+    parent: str | None
+    clusters: list[str]
+    reachable: bool = False
+    state: str | None = None
+    announced: list[str] | None = None
+    proxies: int | None = None
+    workers: int | None = None
+    channel_processes: int | None = None
+    same_network: bool | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON object of ``broker status --network --json``: the reached fields, or ``error``."""
+        row = asdict(self)
+        drop = ("error",) if self.reachable else tuple(k for k in row if k not in _QM_UNREACHED)
+        return {k: v for k, v in row.items() if k not in drop}
+
+
+_QM_UNREACHED = ("qm", "url", "parent", "clusters", "reachable", "error")
+
+
+@dataclass
+class ChannelRow:
+    """One channel (``sender`` -> ``to``) in ``network_status``; a field is None when the end that
+    holds it could not be read.
+
+    Attributes:
+        sender: the sending queue manager (``"from"`` in JSON).
+        to: the receiving queue manager.
+        lag: entries written to the transmission stream and not yet filed by the receiver
+            (messages), or None when either end cannot be read.
+        state: the mover's state ("idle" when it never wrote one).
+        moved: entries moved.
+        in_flight: entries sent in a move that failed (messages).
+        backoff_ms: the mover's backoff, ms.
+        last_error: the mover's last error ("" when none).
+        dead_lettered: unreadable entries the mover dead-lettered.
+        error: why an end could not be reached, or None.
+    """
+
+    sender: str
+    to: str
+    lag: int | None = None
+    state: str | None = None
+    moved: int | None = None
+    in_flight: int | None = None
+    backoff_ms: int | None = None
+    last_error: str | None = None
+    dead_lettered: int | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON object of ``broker status --network --json``: ``"from"``, ``"to"``, ``"lag"``
+        and the fields that could be read."""
+        row = {k: v for k, v in asdict(self).items() if v is not None or k == "lag"}
+        return {"from": row.pop("sender"), **row}
+
+
+@dataclass
+class NetworkStatus:
+    """The network as seen from one queue manager (``network_status``).
+
+    Attributes:
+        network: the network record's digest, or None when the queue manager is in no network.
+        queue_managers: one row per queue manager of the network.
+        channels: one row per channel, by sender.
+        proxies: the proxy subscriptions held at the queue manager.
+        problems: its proxy subscription records that cannot be read, and what its running
+            channel processes report.
+    """
+
+    network: str | None
+    queue_managers: list[QueueManagerRow] = field(default_factory=list)
+    channels: list[ChannelRow] = field(default_factory=list)
+    proxies: list[ProxyRow] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON object of ``broker status --network --json`` (and the console's workers page)."""
+        return {
+            "network": self.network,
+            "queue_managers": [q.as_dict() for q in self.queue_managers],
+            "channels": [c.as_dict() for c in self.channels],
+            "proxies": [asdict(p) for p in self.proxies],
+            "problems": list(self.problems),
+        }
+
+
 @translate_errors
-def network_status(client: redis.Redis, qm: str, url: str, tls: TLSOptions | None = None) -> dict[str, Any]:
+def network_status(client: redis.Redis, qm: str, url: str, tls: TLSOptions | None = None) -> NetworkStatus:
     """The network as seen from ``qm``: queue managers, channels and proxy subscriptions.
 
     Returns:
-        ``{"network": digest or None, "queue_managers": [...], "channels": [...], "proxies": [...],
-        "problems": [...]}``; a queue manager that cannot be reached is listed with
-        ``reachable: false`` and its error. Channel ``lag`` is entries written to the
-        transmission stream and not yet filed by the receiver (messages); ``in_flight`` those
-        sent in a move that failed. ``problems``: ``qm``'s proxy subscription records that cannot
-        be read, and what its running channel processes report (a record of another queue
-        manager they cannot read, ...).
+        A ``NetworkStatus`` (``network`` None when ``qm`` is in no network); a queue manager that
+        cannot be reached is listed with ``reachable`` False and its error.
     """
     network = read_network(client, qm)
     if network is None:
-        return {"network": None, "queue_managers": [], "channels": [], "proxies": [], "problems": []}
+        return NetworkStatus(None)
     topology = Topology(network)
     peers = Peers(url, client, tls)
     peers.network = network
-    qms: list[dict[str, Any]] = []
+    qms: list[QueueManagerRow] = []
     reach: dict[str, redis.Redis | None] = {}
     problems: list[str] = []
     for name, node in network.queue_managers.items():
-        row: dict[str, Any] = {
-            "qm": name,
-            "url": redact_url(node.url or url),
-            "parent": node.parent,
-            "clusters": list(node.clusters),
-        }
+        row = QueueManagerRow(name, redact_url(node.url or url), node.parent, list(node.clusters))
         try:
             peer = peers.client(name)
             announced = read_announced(peer, name) or {}
@@ -182,19 +281,16 @@ def network_status(client: redis.Redis, qm: str, url: str, tls: TLSOptions | Non
             proxies, workers, agents, stored = pipe.execute()
             if name == qm:
                 problems += _agent_problems(agents)
-            row.update(
-                reachable=True,
-                state=announced.get("state", "never announced"),
-                announced=sorted(announced.get("keys", {})),
-                proxies=proxies,
-                workers=workers,
-                channel_processes=_live(agents),
-                same_network=_text(stored) == network.to_json(),
-            )
+            row.state = announced.get("state", "never announced")
+            row.announced = sorted(announced.get("keys", {}))
+            row.proxies, row.workers = proxies, workers
+            row.channel_processes = _live(agents)
+            row.same_network = _text(stored) == network.to_json()
+            row.reachable = True
             reach[name] = peer
         except (*UNREACHABLE, ValueError) as exc:
             peers.drop(name)
-            row.update(reachable=False, error=f"{type(exc).__name__}: {exc}")
+            row.error = f"{type(exc).__name__}: {exc}"
             reach[name] = None
         qms.append(row)
     channels = []
@@ -202,14 +298,7 @@ def network_status(client: redis.Redis, qm: str, url: str, tls: TLSOptions | Non
         for to in neighbours:
             channels.append(_channel_row(sender, to, reach.get(sender), reach.get(to)))
     rows, _, bad_proxies = list_proxies(client, qm)
-    proxies = [asdict(p) for p in rows]
-    return {
-        "network": network.digest,
-        "queue_managers": qms,
-        "channels": channels,
-        "proxies": proxies,
-        "problems": bad_proxies + problems,
-    }
+    return NetworkStatus(network.digest, qms, channels, rows, bad_proxies + problems)
 
 
 #: A channel process whose heartbeat is older than this is not counted as running, ms.
@@ -240,37 +329,33 @@ def _agent_problems(agents: dict[Any, Any]) -> list[str]:
     return found
 
 
-def _channel_row(
-    sender: str, to: str, source: redis.Redis | None, target: redis.Redis | None
-) -> dict[str, Any]:
-    row: dict[str, Any] = {"from": sender, "to": to}
+def _channel_row(sender: str, to: str, source: redis.Redis | None, target: redis.Redis | None) -> ChannelRow:
+    row = ChannelRow(sender, to)
     written = filed = None
     if source is not None:
         try:
             state = {_text(k): _text(v) for k, v in source.hgetall(keys.channel_state(sender, to)).items()}
-            row.update(
-                state=state.get("state", "idle"),
-                moved=int(state.get("moved", 0) or 0),
-                in_flight=int(state.get("in_flight", 0) or 0),
-                backoff_ms=int(state.get("backoff_ms", 0) or 0),
-                last_error=state.get("last_error", ""),
-                dead_lettered=int(state.get("dead_lettered", 0) or 0),
-            )
+            row.state = state.get("state", "idle")
+            row.moved = int(state.get("moved", 0) or 0)
+            row.in_flight = int(state.get("in_flight", 0) or 0)
+            row.backoff_ms = int(state.get("backoff_ms", 0) or 0)
+            row.last_error = state.get("last_error", "")
+            row.dead_lettered = int(state.get("dead_lettered", 0) or 0)
             try:
                 info: dict[Any, Any] = source.xinfo_stream(keys.transmission(sender, to))
                 written = int(info.get("entries-added", info.get(b"entries-added", 0)) or 0)
             except redis.ResponseError:
                 written = 0  # no transmission stream yet
         except UNREACHABLE as exc:
-            row["error"] = f"{sender}: {exc}"
+            row.error = f"{sender}: {exc}"
     if target is not None:
         try:
             filed = int(target.hget(keys.received(to), f"{sender}:count") or 0)
         except UNREACHABLE as exc:
-            row["error"] = f"{to}: {exc}"
+            row.error = f"{to}: {exc}"
     if written is not None:  # an unreadable entry the mover dead-lettered is never filed
-        written -= row.get("dead_lettered", 0)
-    row["lag"] = None if written is None or filed is None else max(written - filed, 0)
+        written -= row.dead_lettered or 0
+    row.lag = None if written is None or filed is None else max(written - filed, 0)
     return row
 
 

@@ -46,9 +46,90 @@ def _read(problems: list[str], what: str, call: Any, default: Any) -> Any:
     return default
 
 
+@dataclass
+class SubscriptionRow:
+    """One subscription in the snapshot.
+
+    Attributes:
+        id: the subscription id (``client$name``).
+        filter: its topic filter as shown (``SubscriptionRecord.shown_filter``).
+        durable: True for a durable subscription.
+        mode: its consumer mode.
+        consumers: live consumers, or None for a queue key of another Redis type.
+        depth: messages waiting, every priority band; None for a queue key of another Redis type.
+        inflight: messages in flight, every consumer; None as ``depth``.
+        skipped: deliveries left out (a full MAXDEPTH queue or a slow subscriber); None when the
+            counter hash is foreign or corrupt.
+        slow: those of ``skipped`` a slow-subscriber condition withheld; None as ``skipped``.
+        expired: messages that expired before delivery; None as ``skipped``.
+    """
+
+    id: str
+    filter: str
+    durable: bool
+    mode: str
+    consumers: int | None
+    depth: int | None
+    inflight: int | None
+    skipped: int | None
+    slow: int | None
+    expired: int | None
+
+
+@dataclass
+class WorkerRow:
+    """One worker heartbeat in the snapshot.
+
+    Attributes:
+        name: the worker's name.
+        pid: its process id, as it wrote it.
+        processed: publications it processed, as it wrote it.
+        heartbeat_age_ms: time since its last heartbeat, ms.
+        state: "alive", or "silent" (no heartbeat for ``SILENT_AFTER_MS``).
+    """
+
+    name: str
+    pid: Any
+    processed: Any
+    heartbeat_age_ms: int
+    state: str
+
+
+@dataclass
+class Snapshot:
+    """The operator's snapshot of a queue manager (``status``); ``dataclasses.asdict`` gives the
+    JSON object of ``broker status --json``.
+
+    Attributes:
+        stream_length: entries in the publish stream.
+        pending: entries read by the workers and not yet committed.
+        lag: entries not yet read.
+        dead_lettered: entries in the dead-letter queue.
+        active_publishers: publishers with a FIFO now.
+        version: the routing index version (an int; the raw text when it is not a number).
+        subscriptions: one row per subscription.
+        links: how many topic links.
+        topic_scheme: the queue manager's topic scheme ("?" when it cannot be read).
+        workers: one row per worker heartbeat, by name.
+        problems: foreign keys, records that cannot be read, a broken publish stream, one line each.
+    """
+
+    stream_length: int
+    pending: int
+    lag: int
+    dead_lettered: int
+    active_publishers: int
+    version: int | str
+    subscriptions: list[SubscriptionRow]
+    links: int
+    topic_scheme: str
+    workers: list[WorkerRow]
+    problems: list[str]
+
+
 def _subscription_row(
     client: redis.Redis, qm: str, record: SubscriptionRecord, foreign: bool
-) -> dict[str, Any]:
+) -> SubscriptionRow:
     """One subscription's row: depth over every priority band, in flight over every consumer."""
     load = None if foreign else subscription_load(client, qm, record.sub_id)
     try:
@@ -57,18 +138,18 @@ def _subscription_row(
         expired: int | None = int(client.hget(keys.expired(qm), record.sub_id) or 0)
     except (redis.ResponseError, ValueError):  # a foreign or corrupt counter hash: unknown
         skipped = slow = expired = None
-    return {
-        "id": record.sub_id,
-        "filter": record.shown_filter,
-        "durable": record.durable,
-        "mode": record.mode,
-        "consumers": load.consumers if load else None,
-        "depth": load.depth if load else None,
-        "inflight": load.in_flight if load else None,
-        "skipped": skipped,
-        "slow": slow,
-        "expired": expired,
-    }
+    return SubscriptionRow(
+        id=record.sub_id,
+        filter=record.shown_filter,
+        durable=record.durable,
+        mode=record.mode,
+        consumers=load.consumers if load else None,
+        depth=load.depth if load else None,
+        inflight=load.in_flight if load else None,
+        skipped=skipped,
+        slow=slow,
+        expired=expired,
+    )
 
 
 def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], keyspace: bool) -> list[str]:
@@ -123,7 +204,7 @@ def _scheme_text(client: redis.Redis, qm: str) -> str:
 @translate_errors
 def status(
     client: redis.Redis, qm: str, max_selector_bytes: int | None = None, keyspace: bool = True
-) -> dict[str, Any]:
+) -> Snapshot:
     """A snapshot of the queue manager.
 
     ``max_selector_bytes``: ``Settings.max_selector_bytes``, as the workers have it: a
@@ -138,15 +219,7 @@ def status(
     (``broker.stream.clock_problem``), or that has no consumer group.
 
     Returns:
-        ``{"stream_length", "pending", "lag", "dead_lettered", "active_publishers",
-        "version", "topic_scheme", "subscriptions": [{"id", "filter", "durable", "mode", "consumers", "depth",
-        "inflight", "skipped", "slow", "expired"}],
-        "links": n, "workers": [{"name", "pid", "processed", "heartbeat_age_ms", "state"}],
-        "problems": [str]}``. Depths are messages; ``depth``/``inflight`` are None
-        for a queue key of another Redis type; ``skipped`` counts deliveries left out
-        (a full MAXDEPTH queue or a slow subscriber), ``slow`` those of them a
-        slow-subscriber condition withheld; ``state`` is "alive" or "silent"
-        (no heartbeat for ``SILENT_AFTER_MS``).
+        A ``Snapshot`` (its fields say the units: depths are messages, ages ms).
 
     Raises:
         ConnectionLost, redis.ConnectionError: the server cannot be reached.
@@ -200,7 +273,7 @@ def status(
     problems += _foreign_keys(client, qm, subs, keyspace)
 
     now_ms = int(time.time() * 1000)
-    workers = []
+    workers: list[WorkerRow] = []
     for name, raw in sorted((beats or {}).items()):
         try:
             beat = json.loads(raw)
@@ -210,29 +283,27 @@ def status(
             continue
         age = now_ms - heartbeat_ms
         workers.append(
-            {
-                "name": _text(name),
-                "pid": beat.get("pid"),
-                "processed": beat.get("processed"),
-                "heartbeat_age_ms": age,
-                "state": "alive" if age <= SILENT_AFTER_MS else "silent",
-            }
+            WorkerRow(
+                name=_text(name),
+                pid=beat.get("pid"),
+                processed=beat.get("processed"),
+                heartbeat_age_ms=age,
+                state="alive" if age <= SILENT_AFTER_MS else "silent",
+            )
         )
-    return {
-        "stream_length": state.length if state else 0,
-        "pending": state.pending if state else 0,
-        "lag": (state.lag or 0) if state else 0,
-        "dead_lettered": int(dead or 0),
-        "active_publishers": int(active or 0),
-        "version": int(version) if version is not None and _text(version).isdigit() else _text(version or 0),
-        "subscriptions": [
-            _subscription_row(client, qm, r, values[2 * i] is None) for i, r in enumerate(subs)
-        ],
-        "links": len(graph.links()) if graph is not None else 0,
-        "topic_scheme": scheme,
-        "workers": workers,
-        "problems": problems,
-    }
+    return Snapshot(
+        stream_length=state.length if state else 0,
+        pending=state.pending if state else 0,
+        lag=(state.lag or 0) if state else 0,
+        dead_lettered=int(dead or 0),
+        active_publishers=int(active or 0),
+        version=int(version) if version is not None and _text(version).isdigit() else _text(version or 0),
+        subscriptions=[_subscription_row(client, qm, r, values[2 * i] is None) for i, r in enumerate(subs)],
+        links=len(graph.links()) if graph is not None else 0,
+        topic_scheme=scheme,
+        workers=workers,
+        problems=problems,
+    )
 
 
 @dataclass

@@ -34,7 +34,7 @@ from rich.text import Text
 
 from broker import keys
 from broker.errors import BrokerError
-from broker.status import status
+from broker.status import Snapshot, status
 from broker.stream import group_state
 
 #: Problems lines shown at most; the rest are counted on one more line.
@@ -68,7 +68,7 @@ class Sample:
     """
 
     at_ms: float
-    snapshot: dict[str, Any]
+    snapshot: Snapshot
     entries_added: int | None = None
     acknowledged: int | None = None
 
@@ -112,7 +112,7 @@ def take_sample(client: redis.Redis, qm: str, clock_ms: Callable[[], float] | No
 
     Raises:
         ConnectionLost, redis.ConnectionError: the server cannot be reached. What the sample
-            finds (foreign keys, corrupt records) is in ``snapshot["problems"]``, never raised.
+            finds (foreign keys, corrupt records) is in ``snapshot.problems``, never raised.
     """
     at_ms = (clock_ms or monotonic_ms)()
     snapshot = status(client, qm, keyspace=False)  # a SCAN of the whole database per refresh is too dear
@@ -137,11 +137,11 @@ def rates(before: Sample, after: Sample) -> Rates | None:
     if interval <= 0:
         return None
     seconds = interval / 1000
-    depths = {s["id"]: s["depth"] for s in before.snapshot["subscriptions"] if s["depth"] is not None}
+    depths = {s.id: s.depth for s in before.snapshot.subscriptions if s.depth is not None}
     depth_per_s = {
-        s["id"]: (s["depth"] - depths[s["id"]]) / seconds
-        for s in after.snapshot["subscriptions"]
-        if s["depth"] is not None and s["id"] in depths
+        s.id: (s.depth - depths[s.id]) / seconds
+        for s in after.snapshot.subscriptions
+        if s.depth is not None and s.id in depths
     }
     return Rates(
         interval,
@@ -182,26 +182,24 @@ def render(sample: Sample, found: Rates | None, title: str, height: int) -> Rend
             every,
         )
     )
-    workers = snap["workers"]
-    alive = sum(1 for w in workers if w["state"] == "alive")
-    dead = snap["dead_lettered"]
+    workers = snap.workers
+    alive = sum(1 for w in workers if w.state == "alive")
+    dead = snap.dead_lettered
     parts.append(
         Text.assemble(
-            f"stream length {snap['stream_length']}   lag {snap['lag']}   pending {snap['pending']}   ",
+            f"stream length {snap.stream_length}   lag {snap.lag}   pending {snap.pending}   ",
             ("dead letters ", "bold red" if dead else ""),
             (str(dead), "bold red" if dead else ""),
             "   workers alive ",
             (f"{alive}/{len(workers)}", "bold red" if alive < len(workers) or not workers else ""),
         )
     )
-    problems = snap["problems"]
+    problems = snap.problems
     for problem in problems[:MAX_PROBLEM_LINES]:
         parts.append(Text(f"problem: {problem}", style="red"))
     if len(problems) > MAX_PROBLEM_LINES:
         parts.append(Text(f"... and {len(problems) - MAX_PROBLEM_LINES} more problem(s)", style="red"))
-    subs = sorted(
-        snap["subscriptions"], key=lambda s: (-(s["depth"] if s["depth"] is not None else -1), s["id"])
-    )
+    subs = sorted(snap.subscriptions, key=lambda s: (-(s.depth if s.depth is not None else -1), s.id))
     if not subs:
         parts.append(Text("no subscriptions"))
         return Group(*parts)
@@ -211,14 +209,14 @@ def render(sample: Sample, found: Rates | None, title: str, height: int) -> Rend
         table.add_column(column, justify="left" if n < 2 else "right", overflow="fold", no_wrap=n == 0)
     growth = found.depth_per_s if found else {}
     for sub in subs[:room]:
-        change = growth.get(sub["id"])
+        change = growth.get(sub.id)
         table.add_row(
-            sub["id"],
-            sub["filter"],
-            _count(sub["depth"]),
+            sub.id,
+            sub.filter,
+            _count(sub.depth),
             Text(_rate(change), style="yellow" if change and change > 0 else ""),
-            _count(sub["inflight"]),
-            _count(sub["consumers"]),
+            _count(sub.inflight),
+            _count(sub.consumers),
         )
     parts.append(table)
     if len(subs) > room:

@@ -1167,7 +1167,7 @@ class Harness:
         acked, unknown, received = self.history.counts()
         try:
             s = status(self.admin, QM)  # type: ignore[arg-type]
-            pending, xlen = s["pending"], s["stream_length"]
+            pending, xlen = s.pending, s.stream_length
         except (redis.RedisError, BrokerError, ValueError):  # e.g. a foreign key planted just now
             pending = xlen = -1
         alive = self.pool.alive() if self.pool is not None else 0
@@ -1237,8 +1237,8 @@ class Harness:
             return False
         last = info["last-generated-id"]
         caught_up = state.last_delivered_id == (last.decode() if isinstance(last, bytes) else str(last))
-        queues_empty = all(sub["depth"] == 0 and sub["inflight"] == 0 for sub in s["subscriptions"])
-        return s["pending"] == 0 and caught_up and s["active_publishers"] == 0 and queues_empty
+        queues_empty = all(sub.depth == 0 and sub.inflight == 0 for sub in s.subscriptions)
+        return s.pending == 0 and caught_up and s.active_publishers == 0 and queues_empty
 
     def report(self, drained: bool) -> int:
         assert self.admin is not None and self.proxy is not None
@@ -1634,13 +1634,8 @@ class FederationHarness(Harness):
                 s = status(client, qm)
                 state = group_state(client, qm)
                 last = _text(client.xinfo_stream(keys.publish_stream(qm))["last-generated-id"])
-                queues_empty = all(sub["depth"] == 0 and sub["inflight"] == 0 for sub in s["subscriptions"])
-                if (
-                    s["pending"]
-                    or state.last_delivered_id != last
-                    or s["active_publishers"]
-                    or not queues_empty
-                ):
+                queues_empty = all(sub.depth == 0 and sub.inflight == 0 for sub in s.subscriptions)
+                if s.pending or state.last_delivered_id != last or s.active_publishers or not queues_empty:
                     return False
             return self._channel_lag() == 0
         except (redis.RedisError, BrokerError, ValueError):
@@ -1651,7 +1646,7 @@ class FederationHarness(Harness):
         pending = []
         try:
             for qm, client in self.direct.items():
-                pending.append(f"{qm}:{status(client, qm)['pending']}")
+                pending.append(f"{qm}:{status(client, qm).pending}")
             lag = str(self._channel_lag())
         except (redis.RedisError, BrokerError, ValueError):
             lag = "?"

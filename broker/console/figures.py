@@ -11,14 +11,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
 
 from broker import keys
 from broker.config import Settings
-from broker.network_admin import network_status
+from broker.network_admin import NetworkStatus, network_status
 from broker.status import TopicNode, status, topic_status, topic_tree
 from broker.stream import group_state
 from broker.subscriptions import read_subscriptions
@@ -126,21 +126,22 @@ def overview(client: redis.Redis, qm: str, meter: RateMeter) -> dict[str, Any]:
     """The overview page: the status snapshot's totals, rates, workers and memory.
 
     Returns:
-        ``broker.status.status`` plus ``"rates"`` (``RateMeter.add``), ``"memory"`` (``memory``),
+        ``broker.status.status`` (``dataclasses.asdict``) plus ``"rates"`` (``RateMeter.add``), ``"memory"`` (``memory``),
         ``"totals"`` ``{"subscriptions", "depth", "inflight", "consumers"}`` (messages) and
         ``"workers_alive"``.
     """
-    snap = status(client, qm, keyspace=False)  # refreshed live: no SCAN of the whole database
+    found = status(client, qm, keyspace=False)  # refreshed live: no SCAN of the whole database
+    snap: dict[str, Any] = asdict(found)
     snap["rates"] = meter.add(read_counters(client, qm, meter.clock_ms()))
     snap["memory"] = memory(client)
-    subs = snap["subscriptions"]
+    subs = found.subscriptions
     snap["totals"] = {
         "subscriptions": len(subs),
-        "depth": sum(s["depth"] or 0 for s in subs),
-        "inflight": sum(s["inflight"] or 0 for s in subs),
-        "consumers": sum(s["consumers"] or 0 for s in subs),
+        "depth": sum(s.depth or 0 for s in subs),
+        "inflight": sum(s.inflight or 0 for s in subs),
+        "consumers": sum(s.consumers or 0 for s in subs),
     }
-    snap["workers_alive"] = sum(1 for w in snap["workers"] if w["state"] == "alive")
+    snap["workers_alive"] = sum(1 for w in found.workers if w.state == "alive")
     return snap
 
 
@@ -160,15 +161,17 @@ def subscriptions(client: redis.Redis, qm: str, search: str = "") -> dict[str, A
     by_id = {r.sub_id: r for r in records}
     rows = []
     needle = search.strip().lower()
-    for row in snap["subscriptions"]:
-        record = by_id.get(row["id"])
+    for sub in snap.subscriptions:
+        record = by_id.get(sub.id)
         row = dict(
-            row, selector=record.selector if record else "", no_local=record.no_local if record else False
+            asdict(sub),
+            selector=record.selector if record else "",
+            no_local=record.no_local if record else False,
         )
         if needle and not any(needle in str(row[k]).lower() for k in ("id", "filter", "selector")):
             continue
         rows.append(row)
-    return {"rows": rows, "total": len(snap["subscriptions"]), "problems": snap["problems"]}
+    return {"rows": rows, "total": len(snap.subscriptions), "problems": snap.problems}
 
 
 def topics(client: redis.Redis, qm: str) -> dict[str, Any]:
@@ -240,10 +243,9 @@ def workers_and_channels(client: redis.Redis, settings: Settings, url: str) -> d
     """
     snap = status(client, settings.qm)
     try:
-        network: dict[str, Any] | None = network_status(client, settings.qm, url, settings.tls)
+        found: NetworkStatus | None = network_status(client, settings.qm, url, settings.tls)
     except redis.exceptions.NoPermissionError as exc:
-        network = None
-        snap["problems"].append(f"network: {exc}")
-    if network is not None and network["network"] is None:
-        network = None
-    return {"workers": snap["workers"], "network": network, "problems": snap["problems"]}
+        found = None
+        snap.problems.append(f"network: {exc}")
+    network = found.as_dict() if found is not None and found.network is not None else None
+    return {"workers": [asdict(w) for w in snap.workers], "network": network, "problems": snap.problems}

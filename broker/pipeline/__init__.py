@@ -1,7 +1,7 @@
 """Spark jobs around the broker: bulk publishing from a data set, exporting and auditing the delivery journal.
 
 Everything that needs PySpark (a JVM) or pyarrow lives in this package and is
-imported lazily: ``broker.pipeline.cli`` defines the click groups ``pipeline``
+imported lazily: ``broker.cli.pipeline`` defines the click groups ``pipeline``
 and ``journal`` without importing either, so the broker and its workers start
 without them (they come with the ``spark`` extra).
 

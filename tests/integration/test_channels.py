@@ -177,7 +177,7 @@ class Fed:
         return {_text(k): _text(v) for k, v in raw.items()}
 
     def channel_row(self) -> dict[str, Any]:
-        found = network_status(self.clients[A], A, self.settings[A].redis_url)
+        found = network_status(self.clients[A], A, self.settings[A].redis_url).as_dict()
         return next(r for r in found["channels"] if (r["from"], r["to"]) == (A, B))
 
     def check_exactly_once(self) -> None:
@@ -450,7 +450,7 @@ def test_a_receiver_down_is_retried_with_a_doubling_pause_then_caught_up(servers
     assert row["backoff_ms"] == MAX_BACKOFF_MS
     assert "Error 111" in row["last_error"] or "Connection refused" in row["last_error"]
     assert row["lag"] is None  # B's count cannot be read
-    status = network_status(fed.clients[A], A, servers[A].url)
+    status = network_status(fed.clients[A], A, servers[A].url).as_dict()
     assert [q["reachable"] for q in status["queue_managers"]] == [True, False]
     # When B's server is started again (same port and directory, its AOF)
     servers[B].start()
@@ -733,7 +733,7 @@ def test_a_corrupt_proxy_record_is_skipped_and_nothing_dies(one_server):
     table = RoutingTable(A)
     table.load(client)
     assert {p.key for p in table.problems} == {keys.proxies(A)}
-    problems = network_status(client, A, fed.settings[A].redis_url)["problems"]
+    problems = network_status(client, A, fed.settings[A].redis_url).problems
     assert sorted(p.split(": ", 1)[0] for p in problems) == [
         f"{keys.proxies(A)} field 'B dynamic {t}'" for t in ("boats", "trains")
     ]
@@ -754,7 +754,7 @@ def test_a_corrupt_announcement_of_the_receiver_stops_neither_the_agent_nor_the_
     fed.clock.now += 2_000
     fed.move_all()
     # Then it went on, said why in its heartbeat, and kept B's proxy subscription
-    problems = network_status(fed.clients[A], A, fed.settings[A].redis_url)["problems"]
+    problems = network_status(fed.clients[A], A, fed.settings[A].redis_url).problems
     assert problems == [f"channel process ch-A-1: {keys.announced(B)} is not an announcement record"]
     assert [p.qm for p in list_proxies(fed.clients[A], A)[0]] == [B]
     fed.check_exactly_once()
@@ -782,7 +782,7 @@ def test_a_corrupt_network_record_stops_neither_the_worker_nor_the_mover(one_ser
     beat = json.loads(client.hget(keys.network_agents(A), "ch-A-1"))
     assert any(keys.network(A) in p for p in beat["problems"]), beat
     with pytest.raises(ConfigError, match="not valid|Invalid JSON|invalid"):
-        network_status(client, A, fed.settings[A].redis_url)
+        network_status(client, A, fed.settings[A].redis_url).as_dict()
 
 
 # --- 7. two movers on one channel --------------------------------------------------------------

@@ -146,7 +146,7 @@ def test_console_pages_replay_from_the_page_and_a_monitor_cannot_purge(
             publisher.publish(f"/orders/{n % 3}", f"order {n}".encode())
         Publisher(real_redis, QM, "bank-1").publish("/pay/eu", b"payment 1", msgid="pay-1")
         wait_for(lambda: real_redis.xlen(keys.dead_letter(QM)) == 1, "the refused publication's dead letter")
-        wait_for(lambda: status(real_redis, QM)["subscriptions"][1]["depth"] == 25, "25 deliveries")
+        wait_for(lambda: status(real_redis, QM).subscriptions[1].depth == 25, "25 deliveries")
 
         with ConsoleServer(settings) as console:
             base = console.url
@@ -216,12 +216,8 @@ def test_console_pages_replay_from_the_page_and_a_monitor_cannot_purge(
             expect(admin.locator(".flash")).to_contain_text("Replayed 1 dead letter(s)")
 
             # Then it reaches its subscriber, once, and leaves the dead-letter queue
-            wait_for(
-                lambda: status(real_redis, QM)["subscriptions"][0]["depth"] == 1, "the replayed delivery"
-            )
-            wait_for(
-                lambda: status(real_redis, QM)["lag"] == 0 and status(real_redis, QM)["pending"] == 0, "idle"
-            )
+            wait_for(lambda: status(real_redis, QM).subscriptions[0].depth == 1, "the replayed delivery")
+            wait_for(lambda: status(real_redis, QM).lag == 0 and status(real_redis, QM).pending == 0, "idle")
             assert real_redis.xlen(keys.dead_letter(QM)) == 0
             got = queue_messages(real_redis, QM, "bank$pay")
             assert [(m.msgid, m.body) for m in got] == [("pay-1", b"payment 1")]

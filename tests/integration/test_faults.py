@@ -541,7 +541,7 @@ def test_poison_entry_is_dead_lettered_once_with_its_reason_and_the_rest_flows(r
     assert reason in dead[0][b"dlq.reason"].decode("utf-8", "replace")
     assert dead[0][b"chaos.poison"] == kind.encode()
     assert real_redis.xlen(keys.dead_letter(QM)) == 1
-    assert status(real_redis, QM)["active_publishers"] == 0
+    assert status(real_redis, QM).active_publishers == 0
 
 
 # -- max_deliveries --------------------------------------------------------------------

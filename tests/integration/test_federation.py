@@ -257,7 +257,7 @@ def test_hierarchy_delivers_every_publication_once_in_order_and_proxies_follow_s
         expected["pR"] + expected["pR2"] + expected["pB"]
     )
     assert fed.xmit_len("R", "B") == fed.xmit_len("A", "R") == fed.xmit_len("C", "A") == 0
-    status = network_status(fed.client, fed["R"], fed.url)
+    status = network_status(fed.client, fed["R"], fed.url).as_dict()
     moved = {(c["from"][len(fed.prefix) :], c["to"][len(fed.prefix) :]): c for c in status["channels"]}
     assert {edge: (c["moved"], c["lag"]) for edge, c in moved.items()} == {
         ("R", "A"): (18, 0),
@@ -679,7 +679,7 @@ def test_a_network_in_one_server_delivers_through_the_parent(real_server, real_r
     got = fed.messages("C", sub.sub_id)
     assert [m.msgid for m in got] == sent
     assert {(m.origin, fed.route(m)) for m in got} == {(fed["B"], ("B", "A"))}
-    status = network_status(real_redis, fed["A"], real_server.url)
+    status = network_status(real_redis, fed["A"], real_server.url).as_dict()
     assert status["network"] == fed.network.digest
     channels = {(c["from"][len(fed.prefix) :], c["to"][len(fed.prefix) :]): c for c in status["channels"]}
     assert set(channels) == {("A", "B"), ("B", "A"), ("A", "C"), ("C", "A")}
@@ -770,7 +770,7 @@ def test_a_receiver_on_another_server_that_crashes_gets_everything_when_it_is_ba
         state = real_redis.hgetall(keys.channel_state(fed["M"], fed["D"]))
         assert state[b"state"] == b"retrying" and state[b"last_error"]
         assert int(state[b"backoff_ms"]) >= 100
-        status = network_status(real_redis, fed["S"], here)
+        status = network_status(real_redis, fed["S"], here).as_dict()
         rows = {r["qm"]: r for r in status["queue_managers"]}
         assert rows[fed["D"]]["reachable"] is False and "error" in rows[fed["D"]]
         channel = next(c for c in status["channels"] if (c["from"], c["to"]) == (fed["M"], fed["D"]))

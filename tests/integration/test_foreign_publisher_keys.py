@@ -40,7 +40,7 @@ def test_status_names_a_foreign_fifo_turn_flow_or_bell_key(real_redis, run, kind
     else:
         real_redis.sadd(key, "a")
     # When an operator asks for the status (the library, and the CLI)
-    problems = status(real_redis, QM)["problems"]
+    problems = status(real_redis, QM).problems
     out = run("status")
     # Then the key is named, with what it holds and what the broker keeps there
     line = str(ForeignKey(key, found, expected))
@@ -52,7 +52,7 @@ def test_status_names_no_per_publisher_key_of_the_right_type(real_redis):
     real_redis.rpush(keys.fifo_key(QM, "p"), "1-0")
     real_redis.set(keys.turn_key(QM, "p"), "w0")
     real_redis.set(keys.flow_key(QM, "p"), "10")
-    assert not [p for p in status(real_redis, QM)["problems"] if "foreign key" in p]
+    assert not [p for p in status(real_redis, QM).problems if "foreign key" in p]
 
 
 def test_the_orphan_sweep_names_a_foreign_publishers_set_as_a_foreign_key(real_redis, settings):

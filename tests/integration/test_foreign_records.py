@@ -107,9 +107,9 @@ def test_status_survives_foreign_keys_and_corrupt_records_and_names_them(real_re
     # When an operator asks for the status
     snapshot = status(real_redis, QM)
     # Then it is given, with each problem named
-    subs = {s["id"]: s for s in snapshot["subscriptions"]}
-    assert subs["good$g"]["depth"] == 0 and subs["bad$b"]["depth"] is None
-    text = "\n".join(snapshot["problems"])
+    subs = {s.id: s for s in snapshot.subscriptions}
+    assert subs["good$g"].depth == 0 and subs["bad$b"].depth is None
+    text = "\n".join(snapshot.problems)
     for name in (keys.sub_queue(QM, "bad$b"), "/BADL", "app$broken", "w9", keys.dead_letter(QM)):
         assert name in text, name
 

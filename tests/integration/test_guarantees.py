@@ -192,7 +192,7 @@ def test_malformed_entries_are_dead_lettered_in_place_and_the_rest_flows_in_orde
     orphan = [fields for _, fields in dead if b"publisher" not in fields]
     assert len(orphan) == 1 and b"missing field 'publisher'" in orphan[0][b"dlq.reason"]
     assert orphan[0][b"topic"] == b"/A"  # the original fields are kept
-    assert status(real_redis, QM)["pending"] == 0
+    assert status(real_redis, QM).pending == 0
 
 
 def test_expired_publication_is_not_delivered(real_redis, settings):

@@ -221,7 +221,7 @@ def test_a_foreign_change_log_never_refuses_a_subscription_and_workers_reload(re
     unsubscribe(real_redis, QM, sub_id)
     assert real_redis.get(keys.sub_changes(QM)) == b"not a log"
     # And broker status names it
-    assert any(keys.sub_changes(QM) in p for p in status(real_redis, QM)["problems"])
+    assert any(keys.sub_changes(QM) in p for p in status(real_redis, QM).problems)
 
 
 def test_a_changed_record_that_cannot_be_read_reloads_and_is_a_problem(real_redis, settings, loads):

@@ -26,13 +26,13 @@ import pytest
 from click.testing import CliRunner, Result
 
 from broker import keys, link, subscribe, topics
-from broker.cli import State
+from broker.cli.common import State
+from broker.cli.pipeline import journal, pipeline
 from broker.config import Settings
 from broker.connection import connect
 from broker.demo.replay import LINKS, SUBSCRIPTIONS, data_dir
 from broker.flow import backlog
 from broker.pipeline.audit import AuditReport, run_audit
-from broker.pipeline.cli import journal, pipeline
 from broker.pipeline.journal import export_journal, journal_schema
 from broker.pipeline.publish import publish_dataset
 from broker.pipeline.routes import Subscriptions, filter_pattern, link_closure
@@ -631,7 +631,7 @@ def test_subscriptions_file_round_trips_and_reads_the_live_broker(real_redis, tm
 
 def test_the_cli_and_the_workers_import_neither_pyspark_nor_pyarrow():
     code = (
-        "import sys, broker.cli, broker.pipeline.cli, worker.pool, worker.loop; "
+        "import sys, broker.cli, worker.pool, worker.loop; "
         "print(sorted(m for m in ('pyspark', 'pyarrow', 'matplotlib', 'py4j') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -29,16 +29,14 @@ def test_killed_worker_is_restarted_and_nothing_is_lost_duplicated_or_reordered(
             for pub in publishers:
                 pub.publish(f"/t/{n % 7}", str(n).encode())
         # When one child is SIGKILLed while it works
-        _wait_for(lambda: status(real_redis, QM)["subscriptions"][0]["depth"] > 200, 60, "first deliveries")
+        _wait_for(lambda: status(real_redis, QM).subscriptions[0].depth > 200, 60, "first deliveries")
         victim = pool._children[0]
         assert victim is not None and victim.pid is not None
         os.kill(victim.pid, signal.SIGKILL)
         victim.join()
         assert pool.supervise_once() == 1
         # Then every publication is delivered exactly once, in per-publisher order
-        _wait_for(
-            lambda: (s := status(real_redis, QM))["pending"] == 0 and s["lag"] == 0, 120, "all acknowledged"
-        )
+        _wait_for(lambda: (s := status(real_redis, QM)).pending == 0 and s.lag == 0, 120, "all acknowledged")
     finally:
         pool.stop()
     got = queue_messages(real_redis, QM, sub.sub_id)
@@ -53,8 +51,8 @@ def test_killed_worker_is_restarted_and_nothing_is_lost_duplicated_or_reordered(
 def test_sigterm_stops_the_pool_warmly_and_gives_up_turns(real_redis, settings):
     pool = Pool(settings.model_copy(update={"concurrency": 2}))
     pool.start()
-    _wait_for(lambda: len(status(real_redis, QM)["workers"]) == 2, 60, "workers to register")
+    _wait_for(lambda: len(status(real_redis, QM).workers) == 2, 60, "workers to register")
     pool.stop()
     assert all(p is not None and p.exitcode == 0 for p in pool._children)
-    assert status(real_redis, QM)["workers"] == []
+    assert status(real_redis, QM).workers == []
     assert not list(real_redis.scan_iter(match=keys.turn_key(QM, "*")))

@@ -50,7 +50,7 @@ def test_honcho_scales_workers_from_the_procfile(tmp_path):
             try:
                 client = connect(env["BROKER_REDIS_URL"])
                 try:
-                    workers = len(status(client, "PROC")["workers"])
+                    workers = len(status(client, "PROC").workers)
                 finally:
                     client.close()
             except Exception:

@@ -461,8 +461,8 @@ def test_worker_runs_the_whole_pipeline_of_its_queue_manager_only(scene: Scene) 
     assert not admin.hexists(keys.subscriptions(QM), nd.sub_id)
     assert admin.llen(keys.consumer_inflight(QM, scene.subs["c1"].sub_id, "gone")) == 0
     assert scene.depths()["c1"] == 4
-    assert status(admin, QM)["problems"] == []
-    assert {w["name"] for w in status(admin, QM)["workers"]} >= {"w0", "w1"}
+    assert status(admin, QM).problems == []
+    assert {w.name for w in status(admin, QM).workers} >= {"w0", "w1"}
 
 
 # --- admin --------------------------------------------------------------------------------------
@@ -494,7 +494,7 @@ def test_admin_defines_subscriptions_links_and_topic_objects_but_runs_no_server_
     define(client, QM, "ORDERS", "a", Attributes(maxdepth=10))
     bind(client, QM, "sec-pub", ["svc-7", "svc-7b", "svc-9"])
     assert bindings(admin, QM)["sec-pub"] == ["svc-7", "svc-7b", "svc-9"]
-    assert {durable.sub_id, shared.sub_id} <= {s["id"] for s in status(client, QM)["subscriptions"]}
+    assert {durable.sub_id, shared.sub_id} <= {s.id for s in status(client, QM).subscriptions}
     unlink(client, QM, "a/x", "t/y")
     delete_object(client, QM, "ORDERS")
     unsubscribe(client, QM, durable.sub_id)
@@ -547,9 +547,9 @@ def test_monitor_reads_the_status_and_writes_nothing(scene: Scene) -> None:
 
     # Allowed: the status, as the administrator sees it, with nothing it could not read
     seen = status(client, QM)
-    assert seen["problems"] == []
-    assert seen["subscriptions"] == status(admin, QM)["subscriptions"]
-    assert {s["id"]: s["depth"] for s in seen["subscriptions"]} == {
+    assert seen.problems == []
+    assert seen.subscriptions == status(admin, QM).subscriptions
+    assert {s.id: s.depth for s in seen.subscriptions} == {
         r.sub_id: scene.depths()[c] for c, r in scene.subs.items()
     }
     shown = broker_as(users.url("sec-mon"), "status", "--json")

@@ -77,11 +77,11 @@ def test_a_stored_record_over_the_limits_is_skipped_by_the_workers_and_named_by_
     assert all("more than the broker allows (max_selector_bytes 10240)" in r for r in skipped.values())
     assert not real_redis.exists(keys.sub_queue(QM, "app$huge"), keys.sub_queue(QM, "app$long"))
     # And status names both (as the workers count them) ...
-    problems = status(real_redis, QM, settings.max_selector_bytes)["problems"]
+    problems = status(real_redis, QM, settings.max_selector_bytes).problems
     assert any("app$huge" in p and "max_selector_bytes" in p for p in problems)
     assert any("app$long" in p and "max_selector_bytes" in p for p in problems)
     # ... the huge one whatever the byte limit (its tokens), and so does the CLI
-    problems = status(real_redis, QM)["problems"]
+    problems = status(real_redis, QM).problems
     assert any("app$huge" in p and "MAX_TOKENS" in p for p in problems)
     shown = run("status")
     assert shown.exit_code == 0, shown.output[-300:]

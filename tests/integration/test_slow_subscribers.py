@@ -114,9 +114,9 @@ def test_the_seed_example(real_redis, settings, scheme, bloomberg, reuters):
     assert _depth(real_redis, events) == 403
     assert _counter(real_redis, keys.skipped(QM), events) == 0
     # The operator sees the withheld deliveries
-    rows = {row["id"]: row for row in status(real_redis, QM)["subscriptions"]}
-    assert (rows[slow]["skipped"], rows[slow]["slow"]) == (2, 2)
-    assert (rows[fast]["slow"], rows[reuters_sub]["slow"], rows[events]["slow"]) == (0, 0, 0)
+    rows = {row.id: row for row in status(real_redis, QM).subscriptions}
+    assert (rows[slow].skipped, rows[slow].slow) == (2, 2)
+    assert (rows[fast].slow, rows[reuters_sub].slow, rows[events].slow) == (0, 0, 0)
 
 
 def test_the_depth_counts_the_publications_of_the_same_batch(real_redis, settings):

@@ -139,17 +139,17 @@ def test_a_worker_started_after_xgroup_destroy_starts_after_what_the_others_read
 def test_status_names_an_exhausted_or_far_future_stream_and_the_way_out(real_redis, pool, entry_id, named):
     # Given a publication added with an id the client chose
     Publisher(real_redis, QM, "p").publish("/T/1", b"a")
-    assert not [p for p in status(real_redis, QM)["problems"] if "publish stream" in p]
+    assert not [p for p in status(real_redis, QM).problems if "publish stream" in p]
     real_redis.xadd(keys.publish_stream(QM), {"publisher": "p", "topic": "/T/1"}, id=entry_id)
     # When an operator asks for the status
-    problems = [p for p in status(real_redis, QM)["problems"] if "publish stream" in p]
+    problems = [p for p in status(real_redis, QM).problems if "publish stream" in p]
     # Then the stream is named, with the way out
     assert len(problems) == 1 and named in problems[0] and "broker repair stream" in problems[0]
 
 
 def test_status_names_a_stream_without_the_workers_group(real_redis):
     Publisher(real_redis, QM, "p").publish("/T/1", b"a")
-    problems = status(real_redis, QM)["problems"]
+    problems = status(real_redis, QM).problems
     assert any("no consumer group 'workers'" in p for p in problems), problems
 
 
@@ -187,7 +187,7 @@ def test_repair_stream_moves_pending_and_unread_work_in_order_while_a_worker_hol
     assert len(bodies) == 12
     assert [b for b in bodies if b.startswith(b"one")] == [f"one-{i}".encode() for i in range(7)]
     assert [b for b in bodies if b.startswith(b"two")] == [f"two-{i}".encode() for i in range(2, 7)]
-    assert not [p for p in status(real_redis, QM)["problems"] if "publish stream" in p]
+    assert not [p for p in status(real_redis, QM).problems if "publish stream" in p]
     last = real_redis.xinfo_stream(keys.publish_stream(QM))["last-generated-id"].decode()
     assert int(last.split("-")[0]) < time.time() * 1000 + 60_000
 

@@ -191,7 +191,7 @@ def test_cli_declares_lists_and_undeclares_topics(run):
 def test_status_names_a_subscription_the_swiftmq_scheme_refuses(real_redis, swift):
     make_workers(real_redis, swift, 1)
     real_redis.hset(keys.subscriptions(QM), "svc$bad", '{"filter":"f%.x","durable":true,"created_ms":0}')
-    problems = status(real_redis, QM)["problems"]
+    problems = status(real_redis, QM).problems
     assert any(
         "'svc$bad' matches nothing under the swiftmq scheme" in p and "root node" in p for p in problems
     )

@@ -195,7 +195,7 @@ def test_status_names_foreign_waiting_keys(real_redis, settings):
     real_redis.rpush(keys.waiter(QM), "oops")
     real_redis.set(keys.wake(QM), "oops")
     # When an operator looks at the status
-    problems = "\n".join(status(real_redis, QM)["problems"])
+    problems = "\n".join(status(real_redis, QM).problems)
     # Then both are named, with the type found and the type wanted
     assert f"{keys.waiter(QM)} holds a list, not a string" in problems
     assert f"{keys.wake(QM)} holds a string, not a list" in problems

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from broker import cli
-from broker.publish import PublishResult
+from broker.publish import Publisher, PublishResult
 
 COMMANDS = [
     "worker",
@@ -119,7 +119,7 @@ def test_refused_publication_prints_reason_and_suggestion_and_exits_3(run, monke
     def refused(self, topic, body=b"", **options):
         return PublishResult("refused", "1-0", "m1", 1, reason="wildcards are not allowed", suggestion="/a")
 
-    monkeypatch.setattr(cli.Publisher, "publish", refused)
+    monkeypatch.setattr(Publisher, "publish", refused)
     result = run("--redis-url", CLOSED, "publish", "--no-validate", "/a/#", "hello")
     line = assert_one_error_line(result, 3)
     assert line == "error: publication refused: wildcards are not allowed (did you mean '/a'?)"
@@ -132,7 +132,7 @@ def test_delivered_publication_prints_how_many_subscriptions_got_it(run, monkeyp
         seen.update(options, topic=topic, body=body, publisher=self.publisher_id)
         return PublishResult("delivered", "123-0", "m1", 1, subscriptions=3)
 
-    monkeypatch.setattr(cli.Publisher, "publish", delivered)
+    monkeypatch.setattr(Publisher, "publish", delivered)
     result = run(
         "--redis-url", CLOSED, "publish", "/a/b", "hi", "-p", "k=v", "--priority", "7", "--non-persistent"
     )
@@ -219,7 +219,7 @@ def test_known_redis_url_query_options_are_accepted():
     [(b"plain text", "plain text"), (b"two\nlines", "b'two\\nlines'"), (b"\xff\xfe", "b'\\xff\\xfe'")],
 )
 def test_subscriber_prints_one_line_per_message_whatever_the_body(body, line):
-    from broker.cli import _format_message
+    from broker.cli.render import _format_message
     from broker.models import Message
 
     text = _format_message(Message(msgid="m", publisher="p", topic="/t", timestamp_ms=0, body=body))

@@ -7,22 +7,28 @@ from typing import Any
 
 from rich.console import Console
 
+from broker.status import Snapshot, SubscriptionRow, WorkerRow
 from broker.watch import Sample, rates, render, watch
 
 
-def _snapshot(depths: dict[str, int | None], problems: list[str] | None = None, **top: Any) -> dict[str, Any]:
-    return {
-        "stream_length": top.get("stream_length", 0),
-        "pending": 0,
-        "lag": 0,
-        "dead_lettered": top.get("dead_lettered", 0),
-        "subscriptions": [
-            {"id": sub_id, "filter": f"t/{sub_id}", "depth": depth, "inflight": 0, "consumers": 1}
+def _snapshot(depths: dict[str, int | None], problems: list[str] | None = None, **top: Any) -> Snapshot:
+    workers = top.get("workers", [("w0", "alive")])
+    return Snapshot(
+        stream_length=top.get("stream_length", 0),
+        pending=0,
+        lag=0,
+        dead_lettered=top.get("dead_lettered", 0),
+        active_publishers=0,
+        version=1,
+        subscriptions=[
+            SubscriptionRow(sub_id, f"t/{sub_id}", False, "queue", 1, depth, 0, 0, 0, 0)
             for sub_id, depth in depths.items()
         ],
-        "workers": top.get("workers", [{"name": "w0", "state": "alive"}]),
-        "problems": problems or [],
-    }
+        links=0,
+        topic_scheme="mqtt",
+        workers=[WorkerRow(name, 1, 0, 0, state) for name, state in workers],
+        problems=problems or [],
+    )
 
 
 def _sample(at_ms: float, added: int | None, acked: int | None, depths: dict[str, int | None]) -> Sample:
@@ -106,7 +112,7 @@ def test_frame_shows_problems_dead_letters_and_workers_alive():
         {"a": 1},
         problems=[f"foreign key {{T}}:k{n} is a string, expected a list" for n in range(7)],
         dead_lettered=3,
-        workers=[{"name": "w0", "state": "alive"}, {"name": "w1", "state": "silent"}],
+        workers=[("w0", "alive"), ("w1", "silent")],
     )
     console, out = _console()
     console.print(render(Sample(0, snapshot, None, None), None, "T", 40))

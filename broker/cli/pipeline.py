@@ -1,10 +1,11 @@
 """The ``broker pipeline`` and ``broker journal`` command groups.
 
 Importing this module imports neither PySpark nor pyarrow (they come with the
-``spark`` extra): each command imports what it needs when it runs, so
-``broker --help`` and the workers start without a JVM. The groups are meant
-to be added to the main ``broker`` group, whose context object (``ctx.obj``)
-gives them the settings (``--redis-url``, ``--qm``) and a Redis client.
+``spark`` extra): ``broker.pipeline``'s modules import them when a job runs, and
+this module imports PySpark only inside ``_spark``, so ``broker --help`` and the
+workers start without a JVM. ``broker.cli`` adds both groups to ``broker``; its
+``State`` (``ctx.obj``) gives them the settings (``--redis-url``, ``--qm``) and a
+Redis client.
 
 Each command parses, calls one library function and prints a summary line on
 stdout (progress goes to stderr).
@@ -15,12 +16,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from broker.cli.common import State, _fail
+from broker.cli.render import _progress_bars
 from broker.connection import connect
-from broker.pipeline.session import DEFAULT_DRIVER_MEMORY, DEFAULT_MASTER, task_attempts, with_retries
+from broker.pipeline.audit import run_audit, write_figure
+from broker.pipeline.journal import export_journal
+from broker.pipeline.publish import Progress, publish_dataset
+from broker.pipeline.routes import Subscriptions
+from broker.pipeline.session import DEFAULT_DRIVER_MEMORY, DEFAULT_MASTER, build_session
 from broker.pipeline.source import FORMATS, SourceSpec
 
 if TYPE_CHECKING:
@@ -30,12 +37,6 @@ if TYPE_CHECKING:
 FAILED = 1
 
 _PY_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Lost|Failure|Timeout)\b: ")
-
-
-def _fail(message: str, exit_code: int = FAILED) -> NoReturn:
-    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    click.echo(f"error: {text}", err=True)
-    raise click.exceptions.Exit(exit_code)
 
 
 def _spark_error(exc: BaseException) -> str:
@@ -48,9 +49,7 @@ def _spark_error(exc: BaseException) -> str:
 @contextmanager
 def _spark(master: str, driver_memory: str) -> Iterator[SparkSession]:
     """A session for one command: stopped at the end unless it was already running."""
-    from pyspark.sql import SparkSession
-
-    from broker.pipeline.session import build_session
+    from pyspark.sql import SparkSession  # lazy: the JVM only when a Spark command runs
 
     running = SparkSession.getActiveSession()
     spark = build_session(master, driver_memory=driver_memory)
@@ -61,7 +60,7 @@ def _spark(master: str, driver_memory: str) -> Iterator[SparkSession]:
         from pyspark.errors import PySparkException
 
         if isinstance(exc, Py4JJavaError | PySparkException):
-            _fail(f"Spark job failed: {_spark_error(exc)}")
+            _fail(f"Spark job failed: {_spark_error(exc)}", FAILED)
         raise
     finally:
         if running is None:
@@ -228,17 +227,10 @@ def journal() -> None:
 @click.option(
     "--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr."
 )
-@click.option(
-    "--fail-partition",
-    type=int,
-    default=None,
-    hidden=True,
-    help="Testing: this partition fails once after half its rows (Spark retries it).",
-)
 @_spark_options
 @click.pass_obj
 def publish_command(
-    state: Any,
+    state: State,
     path: str,
     fmt: str | None,
     topic: str | None,
@@ -253,7 +245,6 @@ def publish_command(
     flow_control: bool,
     partitions: int | None,
     progress: bool,
-    fail_partition: int | None,
     master: str,
     driver_memory: str,
 ) -> None:
@@ -264,12 +255,6 @@ def publish_command(
     that order, so re-running the job (or Spark retrying a task) delivers
     nothing twice. Prints 'rows=<n> publishers=<n> rows_per_s=<n> elapsed_s=<x>'.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as Bars
-
-    from broker.pipeline.publish import Progress, publish_dataset
-
     spec = _source_spec(
         path,
         fmt,
@@ -283,16 +268,7 @@ def publish_command(
     )
     settings = state.settings
     connect(settings.redis_url, check=True, tls=settings.tls).close()  # fail fast, before a JVM
-    if fail_partition is not None and (task_attempts(master) or 2) < 2:
-        master = with_retries(master)
-    bars = Bars(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=not progress,
-    )
+    bars = _progress_bars("{task.description}", progress)
     with bars, _spark(master, driver_memory) as spark:
         task = bars.add_task("preparing", total=None)
 
@@ -314,7 +290,6 @@ def publish_command(
             max_backlog=max_backlog,
             flow_control=flow_control,
             partitions=partitions,
-            fail_partition=fail_partition,
             on_progress=on_progress,
         )
     click.echo(report.line())
@@ -351,7 +326,7 @@ def publish_command(
 @_spark_options
 @click.pass_obj
 def audit_command(
-    state: Any,
+    state: State,
     journal_paths: tuple[str, ...],
     subscriptions_file: str | None,
     subscriptions_from_broker: bool,
@@ -378,9 +353,6 @@ def audit_command(
     order_violations=<n> duplicates=<n> missing=<n> p50_ms=<x> p99_ms=<x>' and
     exits 1 when any violation is found.
     """
-    from broker.pipeline.audit import run_audit, write_figure
-    from broker.pipeline.routes import Subscriptions
-
     if subscriptions_file and subscriptions_from_broker:
         raise click.UsageError("give --subscriptions or --subscriptions-from-broker, not both")
     subscriptions = None
@@ -442,24 +414,14 @@ def audit_command(
     "--progress/--no-progress", default=True, show_default=True, help="Show a progress bar on stderr."
 )
 @click.pass_obj
-def export_command(state: Any, out: str, chunk: int, rows_per_file: int, keep: bool, progress: bool) -> None:
+def export_command(
+    state: State, out: str, chunk: int, rows_per_file: int, keep: bool, progress: bool
+) -> None:
     """Write the journal's records, oldest first, as Parquet, then remove exactly those from the stream.
 
     Prints 'exported=<n> files=<n> drained=<n>'.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from broker.pipeline.journal import export_journal
-
-    bars = Progress(
-        TextColumn("exported"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        disable=not progress,
-    )
+    bars = _progress_bars("exported", progress)
     with bars:
         task = bars.add_task("exported", total=None)
         result = export_journal(
@@ -485,10 +447,12 @@ def export_command(state: Any, out: str, chunk: int, rows_per_file: int, keep: b
     help="The JSON file to write (for 'broker pipeline audit --subscriptions').",
 )
 @click.pass_obj
-def subscriptions_command(state: Any, out: str) -> None:
+def subscriptions_command(state: State, out: str) -> None:
     """Write the live subscriptions ({qm}:subs) and links ({qm}:links) as the audit's subscriptions file."""
-    from broker.pipeline.routes import Subscriptions
-
     snapshot = Subscriptions.from_broker(state.client(), state.settings.qm)
     snapshot.write(out)
     click.echo(f"subscriptions={len(snapshot.subscriptions)} links={len(snapshot.links)} file={out}")
+
+
+#: The commands this module adds to ``broker``.
+COMMANDS = (pipeline, journal)

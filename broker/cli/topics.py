@@ -1,0 +1,288 @@
+"""Topic administration: ``broker link``, ``unlink``, ``links``, ``topics`` (list filters, explain a
+topic), and the ``broker topic`` group (IBM MQ's DEFINE/ALTER/DELETE/DISPLAY TOPIC, DISPLAY TPSTATUS,
+declared topics, the topic tree).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from broker import declared, links, routing, topic_objects
+from broker.cli.common import State
+from broker.cli.render import (
+    _print_declared,
+    _print_filters,
+    _print_links,
+    _print_problems,
+    _print_route,
+    _print_topic_objects,
+    _print_topic_status,
+    _print_topic_tree,
+)
+from broker.status import topic_status, topic_tree
+from broker.subscriptions import read_subscriptions
+
+
+@click.command("link", short_help="Link a source topic to a target topic.")
+@click.argument("source")
+@click.argument("target")
+@click.option(
+    "--backward",
+    is_flag=True,
+    help="Allow the link even if it closes a cycle; the loop is cut at publish time.",
+)
+@click.pass_obj
+def link_command(state: State, source: str, target: str, backward: bool) -> None:
+    """Link topic SOURCE to topic TARGET: publications on SOURCE also reach TARGET's subscribers.
+
+    Links are transitive. A link that would close a cycle is refused (exit 2)
+    unless --backward is given.
+    """
+    links.link(state.client(), state.settings.qm, source, target, backward=backward)
+    click.echo(f"linked {source} -> {target}" + (" (backward)" if backward else ""))
+
+
+@click.command("unlink")
+@click.argument("source")
+@click.argument("target", required=False)
+@click.option(
+    "--all",
+    "remove_all",
+    is_flag=True,
+    help="Remove every link from SOURCE: its whole record, even one that cannot be read.",
+)
+@click.pass_obj
+def unlink_command(state: State, source: str, target: str | None, remove_all: bool) -> None:
+    """Remove the link from topic SOURCE to topic TARGET (or, with --all, every link from SOURCE)."""
+    if remove_all == (target is not None):
+        raise click.UsageError("give TARGET, or --all to remove every link from SOURCE")
+    if target is None:
+        links.unlink_all(state.client(), state.settings.qm, source)
+        click.echo(f"removed every link from {source}")
+        return
+    links.unlink(state.client(), state.settings.qm, source, target)
+    click.echo(f"unlinked {source} -> {target}")
+
+
+@click.command("links")
+@click.pass_obj
+def links_command(state: State) -> None:
+    """List every topic link: source, target, backward."""
+    graph, problems = links.read_links(state.client(), state.settings.qm)
+    found = graph.links()
+    if not found:
+        click.echo("no links")
+    else:
+        _print_links(found)
+    _print_problems(problems)
+
+
+@click.command("topics", short_help="List filters, or explain where a topic goes.")
+@click.argument("topic", required=False)
+@click.pass_obj
+def topics_command(state: State, topic: str | None) -> None:
+    """Without TOPIC, list subscription filters with their subscriptions; with TOPIC, explain its route.
+
+    The route lists each topic a publication on TOPIC reaches (TOPIC itself,
+    then linked topics), the subscriptions matched through each, and the
+    subscriptions that receive one copy each.
+    """
+    client, qm = state.client(), state.settings.qm
+    if topic is None:
+        by_filter: dict[str, list[str]] = {}
+        records, problems = read_subscriptions(client, qm)
+        for record in records:
+            by_filter.setdefault(record.topic_filter, []).append(record.sub_id)
+        if not by_filter:
+            click.echo("no subscriptions")
+        else:
+            _print_filters(by_filter)
+        _print_problems([*problems, *links.read_links(client, qm)[1]])
+        return
+    route = routing.explain(client, qm, topic)
+    _print_route(route)
+    _print_problems(route.problems)
+
+
+# --- topic objects (IBM MQ's DEFINE/ALTER/DELETE/DISPLAY TOPIC, DISPLAY TPSTATUS) ----------------
+
+_ATTRIBUTE_OPTIONS = (
+    ("pub", "ENABLED | DISABLED | ASPARENT: publishing under the node"),
+    ("sub", "ENABLED | DISABLED | ASPARENT: new subscriptions under the node"),
+    ("dursub", "YES | NO | ASPARENT: durable subscriptions may be made"),
+    ("defpsist", "YES | NO | ASPARENT: persistence of a publication that gives none"),
+    ("defprty", "0-9 | ASPARENT: priority of a publication that gives none"),
+    ("capexpry", "ms | NOLIMIT | ASPARENT: cap on a publication's expiry"),
+    ("maxdepth", "messages | NOLIMIT | ASPARENT: bound of the queues of subscriptions made under the node"),
+    ("pmsgdlv", "ALL | ALLDUR | ALLAVAIL | ASPARENT: persistent publications when a queue is full"),
+    ("npmsgdlv", "ALL | ALLDUR | ALLAVAIL | ASPARENT: non-persistent publications when a queue is full"),
+    ("usedlq", "YES | NO | ASPARENT: refused publications go to the dead-letter stream"),
+    ("wildcard", "PASSTHRU | BLOCK: wildcard subscriptions above the node get nothing at or below it"),
+    ("pubscope", "QMGR | ALL | ASPARENT: QMGR keeps publications made here from other queue managers"),
+    ("subscope", "QMGR | ALL | ASPARENT: QMGR keeps subscriptions made here from being announced"),
+    ("cluster", "cluster name | '' (local) | ASPARENT: topics under the node are cluster topics"),
+    ("clroute", "DIRECT | TOPICHOST: cluster routing, straight to members or through the topic hosts"),
+    ("proxysub", "FIRSTUSE | FORCE: FORCE announces the node even with no subscription under it"),
+)
+
+
+def _attribute_options(func: Any) -> Any:
+    for name, text in reversed(_ATTRIBUTE_OPTIONS):
+        func = click.option(f"--{name}", default=None, metavar="VALUE", help=text)(func)
+    return click.option("--description", default=None, help="Free text.")(func)
+
+
+def _attribute_values(given: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, _ in _ATTRIBUTE_OPTIONS:
+        value = given.get(name)
+        if value is None:
+            continue
+        text = str(value).strip()
+        out[name] = int(text) if text.isdigit() else (text if name == "cluster" else text.upper())
+    return out
+
+
+def _attributes_error(exc: ValidationError) -> click.BadParameter:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "attributes"
+    return click.BadParameter(f"{where}: {err['msg']}")
+
+
+@click.group(
+    "topic", short_help="Administrative topic objects: define, alter, delete, display, apply, status, tree."
+)
+def topic_group() -> None:
+    """Topic objects (IBM MQ): a name bound to a topic string, with attributes that topics below
+    inherit from the closest object up to SYSTEM.BASE.TOPIC. Durations in ms."""
+
+
+@topic_group.command("define")
+@click.argument("name")
+@click.option("--topic-string", required=True, help="The topic string (cannot be changed later).")
+@click.option("--replace", is_flag=True, help="Redefine an existing object (same topic string).")
+@_attribute_options
+@click.pass_obj
+def topic_define(
+    state: State, name: str, topic_string: str, replace: bool, description: str | None, **given: Any
+) -> None:
+    """Define topic object NAME for --topic-string; unset attributes are ASPARENT."""
+    try:
+        attributes = topic_objects.Attributes(**_attribute_values(given))
+    except ValidationError as exc:
+        raise _attributes_error(exc) from exc
+    obj = topic_objects.define(
+        state.client(), state.settings.qm, name, topic_string, attributes, description or "", replace=replace
+    )
+    click.echo(f"defined topic object {obj.name} for {obj.topic_string!r}")
+
+
+@topic_group.command("alter")
+@click.argument("name")
+@_attribute_options
+@click.pass_obj
+def topic_alter(state: State, name: str, description: str | None, **given: Any) -> None:
+    """Change attributes of topic object NAME (others keep their values); SYSTEM.BASE.TOPIC holds the defaults."""
+    changes = _attribute_values(given)
+    if not changes and description is None:
+        raise click.UsageError("name at least one attribute to change")
+    try:
+        obj = topic_objects.alter(state.client(), state.settings.qm, name, description=description, **changes)
+    except ValidationError as exc:
+        raise _attributes_error(exc) from exc
+    click.echo(f"altered topic object {obj.name}")
+
+
+@topic_group.command("declare")
+@click.argument("topics", nargs=-1, required=True)
+@click.pass_obj
+def topic_declare(state: State, topics: tuple[str, ...]) -> None:
+    """Declare TOPICS (swiftmq scheme: indirect selection picks among the declared topics)."""
+    for topic in topics:
+        done = declared.declare(state.client(), state.settings.qm, topic)
+        click.echo(f"declared {topic}" if done else f"{topic} was declared already")
+
+
+@topic_group.command("undeclare")
+@click.argument("topics", nargs=-1, required=True)
+@click.pass_obj
+def topic_undeclare(state: State, topics: tuple[str, ...]) -> None:
+    """Undeclare TOPICS; their subscriptions stay."""
+    for topic in topics:
+        declared.undeclare(state.client(), state.settings.qm, topic)
+        note = " (the topics setting declares it again when a worker starts)"
+        click.echo(f"undeclared {topic}" + (note if topic in state.settings.topics else ""))
+
+
+@topic_group.command("list")
+@click.pass_obj
+def topic_list(state: State) -> None:
+    """List the declared topics (name, source: cli or config, when)."""
+    found, problems = declared.list_declared(state.client(), state.settings.qm)
+    _print_declared(found)
+    _print_problems(problems)
+
+
+@topic_group.command("delete")
+@click.argument("name")
+@click.pass_obj
+def topic_delete(state: State, name: str) -> None:
+    """Delete topic object NAME; topics below it inherit from the next object up."""
+    topic_objects.delete(state.client(), state.settings.qm, name)
+    click.echo(f"deleted topic object {name}")
+
+
+@topic_group.command("display")
+@click.argument("name", default="*")
+@click.pass_obj
+def topic_display(state: State, name: str) -> None:
+    """Show topic objects: NAME, or a generic name ending in '*' (default: all)."""
+    objects = topic_objects.display(state.client(), state.settings.qm, name)
+    _print_topic_objects(objects, [n for n, _ in _ATTRIBUTE_OPTIONS])
+
+
+@topic_group.command("apply")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--prune", is_flag=True, help="Also delete topic objects that are not in FILE.")
+@click.pass_obj
+def topic_apply(state: State, file: str, prune: bool) -> None:
+    """Make the topic objects match FILE (TOML, [[topic]] tables), idempotently."""
+    applied = topic_objects.apply(
+        state.client(), state.settings.qm, topic_objects.load_file(file), prune=prune
+    )
+    for what in ("defined", "altered", "deleted", "unchanged"):
+        names = getattr(applied, what)
+        click.echo(f"{what}: {len(names)}" + (f" ({', '.join(names)})" if names else ""))
+
+
+@topic_group.command("status")
+@click.argument("topic_string")
+@click.pass_obj
+def topic_status_command(state: State, topic_string: str) -> None:
+    """Show TOPIC_STRING's effective attributes (and the object each comes from), the subscriptions it
+    reaches (and through which link), and the publishers seen among the newest stream entries."""
+    found = topic_status(
+        state.client(), state.settings.qm, topic_string, default_maxdepth=state.settings.default_maxdepth
+    )
+    _print_topic_status(found)
+
+
+@topic_group.command("tree")
+@click.pass_obj
+def topic_tree_command(state: State) -> None:
+    """Draw the topic tree: topic objects, subscription counts, links."""
+    root = topic_tree(state.client(), state.settings.qm)
+    _print_topic_tree(root)
+
+
+#: The commands this module adds to ``broker``.
+COMMANDS = (
+    link_command,
+    unlink_command,
+    links_command,
+    topics_command,
+    topic_group,
+)
