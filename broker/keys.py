@@ -72,7 +72,7 @@ key                                 type      contents                          
 ``{qm}:waiter``                     string    the worker waiting on the publish stream      idle workers (SET NX PX  idle workers (one waits
                                               (XREAD), PX its lease (``worker.waiting``)    lease), DEL on hand-on   on the stream at a time)
 ``{qm}:wake``                       list      at most one element: publishers given up,     workers (LPUSH + LTRIM)  idle workers not waiting
-                                              newline-separated ("" for none): wake one                              on the stream (BLPOP)
+                                              a JSON list of publisher ids: wake one                                   on the stream (BLPOP)
                                               idle worker to dequeue
 ``{qm}:journal``                    stream    one record per publication handled (when the  commit.lua (capped)      ``broker journal export``
                                               ``journal`` setting is on): entry_id, msgid,
@@ -690,7 +690,7 @@ def waiter(qm: str) -> str:
 
 def wake(qm: str) -> str:
     """Wakes one idle worker that is not the waiter (``worker.waiting``): ``{qm}:wake``, a list of at most
-    one element, the publishers given up (newline-separated, empty for none)."""
+    one element, the publishers given up (a JSON list of str, any bytes of an id surrogate-escaped)."""
     return f"{_tag(qm)}:wake"
 
 

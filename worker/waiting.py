@@ -23,6 +23,7 @@ them can read: at low rates most script calls are wasted.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 
@@ -41,6 +42,18 @@ LEASE_MARGIN_MS = 500
 def waiter_lease_ms(wait_ms: int) -> int:
     """The lease of the waiter's role for a wait of ``wait_ms`` ms, ms."""
     return wait_ms + LEASE_MARGIN_MS
+
+
+def _publishers(raw: bytes | str) -> tuple[str, ...]:
+    """The publishers a wake-up names (a JSON list of str, ``hand_on``); () for anything else
+    (a wake-up written by something other than a worker)."""
+    try:
+        named = json.loads(raw)
+    except ValueError:  # UnicodeDecodeError too
+        return ()
+    if not isinstance(named, list):
+        return ()
+    return tuple(p for p in named if isinstance(p, str) and p)
 
 
 class Waiting:
@@ -108,9 +121,7 @@ class Waiting:
             if not self._type_ok(self.waiter_key):
                 self._foreign(self.waiter_key)
             return False
-        raw = popped[1]
-        named = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
-        self.given_up = tuple(p for p in named.split("\n") if p)
+        self.given_up = _publishers(popped[1])
         return True
 
     def _read(self, last_id: str, wait_ms: int, ingress: Iterable[bytes | str]) -> bool:
@@ -141,7 +152,8 @@ class Waiting:
         if self.holds(now_ms):
             pipe.delete(self.waiter_key)
             self.holds_until_ms = 0
-        pipe.lpush(self.wake_key, "\n".join(given_up))
+        # JSON: any publisher id (bytes as sent, surrogateescape; a newline in it) in ASCII
+        pipe.lpush(self.wake_key, json.dumps(list(given_up)))
         pipe.ltrim(self.wake_key, 0, 0)
         try:
             replies = pipe.execute(raise_on_error=False)

@@ -16,6 +16,7 @@ import pytest
 
 from broker import Publisher, keys, subscribe
 from broker.status import status
+from broker.testing import make_workers
 from worker.loop import BUSY_POLL_MS, Worker
 from worker.waiting import waiter_lease_ms
 
@@ -199,3 +200,17 @@ def test_status_names_foreign_waiting_keys(real_redis, settings):
     # Then both are named, with the type found and the type wanted
     assert f"{keys.waiter(QM)} holds a list, not a string" in problems
     assert f"{keys.wake(QM)} holds a string, not a list" in problems
+
+
+def test_a_wake_up_names_any_publisher_id_byte_for_byte(real_redis, settings):
+    # Given turns given up by publishers whose ids are not UTF-8 or hold the old separator
+    waker, woken = make_workers(real_redis, settings, 2)
+    real_redis.set(keys.waiter(QM), "a third worker", px=60_000)  # so the woken one waits on {qm}:wake
+    odd = [b"p\xff".decode("utf-8", "surrogateescape"), "a\nb"]
+    # When one worker wakes another naming them
+    waker.waiting.hand_on(0, odd)
+    # Then the woken worker reads them back as they were, and a foreign element names nothing
+    assert woken.waiting.wait(0, "0-0", 100) is True
+    assert woken.waiting.take_given_up() == tuple(odd)
+    real_redis.lpush(keys.wake(QM), b"\xff not json")
+    assert woken.waiting.wait(0, "0-0", 100) is True and woken.waiting.take_given_up() == ()
