@@ -136,7 +136,8 @@ def publish_round(side: Side, url: str, n: int) -> None:
         raise RuntimeError(f"{side.label}: publish driver failed:\n{proc.stderr[-3000:]}")
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     for name in ("flow_on_us", "flow_on_cpu_us", "flow_off_us", "flow_off_cpu_us", "xadd_cpu_us"):
-        side.add(f"publish_{name}", float(got[name]))
+        if name in got:
+            side.add(f"publish_{name}", float(got[name]))
 
 
 def instructions(sides: list[Side], n: int) -> None:
@@ -249,8 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = (old, new) if r % 2 == 0 else (new, old)
             for side in order:
-                timed_round(side, rows, args.n, args.latency_s)
+                try:
+                    timed_round(side, rows, args.n, args.latency_s)
+                except RuntimeError as exc:  # a failed run: its figures are missing, the rest go on
+                    print(f"round {r + 1}: {exc}", file=sys.stderr)
             print(f"round {r + 1}/{args.rounds} done ({time.monotonic() - started:.0f} s)", flush=True)
+    failed = []
     if "publish" in rows:
         from broker.server import Server
 
@@ -259,12 +264,19 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 for side in (old, new) if r % 2 == 0 else (new, old):
                     publish_round(side, server.url, args.publish_n)
+        except RuntimeError as exc:  # one row failing must not lose the others' figures
+            failed.append(f"publish: {exc}")
         finally:
             server.stop()
     if "instructions" in rows:
-        instructions([old, new], args.ir_n)
+        try:
+            instructions([old, new], args.ir_n)
+        except RuntimeError as exc:
+            failed.append(f"instructions: {exc}")
+    for why in failed:
+        print(f"row failed: {why}", file=sys.stderr)
     print(report(old, new))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
