@@ -112,11 +112,8 @@ CRASH_POINTS = ("after_dequeue", "waiting_for_turn", "holding_turn", "before_com
 #: A worker whose last heartbeat is older than this is not counted live (fair share), ms.
 LIVENESS_MS = 5_000
 
-#: How long a worker with nothing to do waits while others hold waiting publishers, ms; it
-#: sweeps for turns nobody holds at most this often (``Worker._idle``). It bounds how long an
-#: entry waits whose turn nobody took and whose wake-up found no idle worker: p99 at 2,000/s
-#: (bench row 4) 23 ms with 20, 13.6 with 5 alone, 8 with 5 and the wake-up naming the
-#: publishers read but not taken (``_round``); 200/s still 2.0 script calls per publication.
+#: How long a worker with nothing to do waits while others hold waiting publishers, and how often
+#: it then sweeps for turns nobody holds, ms (p99 at 2,000/s: 23 ms with 20; 8 with 5).
 BUSY_POLL_MS = 5
 
 #: Pause before starting a round again after a Redis error, ms.
@@ -775,12 +772,6 @@ class Worker:
     def _disconnect(self, sub_id: str, max_messages: int) -> bool:
         """Remove a subscription a slow-subscriber condition matched (``Housekeeping.disconnect``)."""
         return self.housekeeping.disconnect(sub_id, max_messages)
-
-    def unit_of_work(
-        self, publisher: str, entry_id: str, fields: dict[bytes, bytes], now_ms: int
-    ) -> UnitOfWork:
-        """The unit of work of one entry (``Decider.unit_of_work``): deliver, expire or refuse. Never raises."""
-        return self.decide.unit_of_work(publisher, entry_id, fields, now_ms)
 
     def _heartbeat(self, now_ms: int) -> None:
         """Send the heartbeat when it is due (``Housekeeping.heartbeat``)."""

@@ -191,7 +191,7 @@ def test_commit_applied_twice_is_fenced_the_second_time(real_redis, settings):
     dequeued = worker.scripts.dequeue(worker.name, 10, settings.lease_ms, 10, [])
     batch = CommitBatch()
     for entry_id, fields in dequeued.entries:
-        batch.add(worker.unit_of_work("p", entry_id, fields, now_ms=0))
+        batch.add(worker.decide.unit_of_work("p", entry_id, fields, now_ms=0))
     # When the same commit is sent twice (a re-send after a lost reply)
     statuses = []
     for _ in range(2):

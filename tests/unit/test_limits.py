@@ -158,16 +158,16 @@ def test_a_worker_refuses_a_topic_over_a_limit_with_the_reason_and_no_match(fake
         ("abcdefghijk", "the topic is 11 bytes long, more than the broker allows (max_topic_bytes 10)"),
     ):
         fields = {b"publisher": b"p", b"topic": topic.encode(), b"body": b"x"}
-        unit = worker.unit_of_work("p", "1-0", fields, 0)
+        unit = worker.decide.unit_of_work("p", "1-0", fields, 0)
         assert (unit.action, unit.reason) == (Action.REFUSE, why)
     # within the limits it is delivered (to nobody here)
-    ok = worker.unit_of_work("p", "1-0", {b"publisher": b"p", b"topic": b"a/b/c"}, 0)
+    ok = worker.decide.unit_of_work("p", "1-0", {b"publisher": b"p", b"topic": b"a/b/c"}, 0)
     assert ok.action is Action.DELIVER
 
 
 def test_a_worker_refuses_properties_over_the_limit(fake_redis):
     worker = Worker(fake_redis, Settings(qm=QM, max_properties_bytes=8))
-    unit = worker.unit_of_work("p", "1-0", _fields(properties={"k": "12345"}), 0)
+    unit = worker.decide.unit_of_work("p", "1-0", _fields(properties={"k": "12345"}), 0)
     assert unit.action is Action.REFUSE and "max_properties_bytes" in unit.reason
 
 
