@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
@@ -35,7 +35,31 @@ from broker.logs import publication_extra
 from broker.subscriptions import remove_subscription
 
 if TYPE_CHECKING:
-    from worker.loop import Worker
+    from broker.config import Settings
+    from broker.metrics import NullRecorder
+    from broker.routing import RoutingTable
+    from broker.scripts import Scripts
+
+
+class Worker(Protocol):
+    """What housekeeping needs of its worker (``worker.loop.Worker``; named here, not imported,
+    so that the two modules do not import each other)."""
+
+    client: redis.Redis
+    qm: str
+    name: str
+    settings: Settings
+    scripts: Scripts
+    metrics: NullRecorder
+    table: RoutingTable
+    turns: set[str]
+    processed: int
+    counts: dict[str, int]
+    _last_read_id: str
+    _started_ms: int
+
+    def _report(self, exc: Exception) -> None: ...
+
 
 log = logging.getLogger("broker.worker")
 
