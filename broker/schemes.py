@@ -18,7 +18,7 @@ The **root topic** of a topic string is its first level (``mqtt``) or node
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 import redis
 
@@ -26,10 +26,20 @@ from broker import keys
 from broker.connection import as_bytes, translate_errors
 from broker.errors import ConfigError, ForeignKey
 
-if TYPE_CHECKING:
-    from broker.config import Settings
-
 SchemeName = Literal["mqtt", "swiftmq"]
+
+
+class ManagerSettings(Protocol):
+    """The settings ``record_manager`` reads (``broker.config.Settings`` has them: named here, not
+    imported, since the settings' validation uses this module's ``separator``)."""
+
+    @property
+    def qm(self) -> str: ...
+    @property
+    def topic_scheme(self) -> str: ...
+    @property
+    def direct_subscriber_selection(self) -> bool: ...
+
 
 #: The schemes, with the separator of their levels (nodes).
 SEPARATORS: dict[str, str] = {"mqtt": "/", "swiftmq": "."}
@@ -79,7 +89,7 @@ def scheme_of(qm: str, manager: dict[Any, Any]) -> SchemeName:
 
 
 @translate_errors
-def record_manager(client: redis.Redis, settings: Settings) -> None:
+def record_manager(client: redis.Redis, settings: ManagerSettings) -> None:
     """Record the queue manager's topic scheme and subscriber selection, or check them against ``settings``.
 
     The first process records them; every later one must agree (a worker calls this at start).
