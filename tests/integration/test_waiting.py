@@ -17,7 +17,7 @@ import pytest
 from broker import Publisher, keys, subscribe
 from broker.status import status
 from broker.testing import make_workers
-from worker.loop import BUSY_POLL_MS, Worker
+from worker.loop import BUSY_POLL_MS, QUIET_WAIT_MS, Worker
 from worker.waiting import waiter_lease_ms
 
 QM = "TEST"
@@ -72,7 +72,8 @@ def test_two_idle_workers_spend_one_dequeue_and_one_commit_on_a_publication(real
     _until(lambda: _blocked(real_redis, "blpop"), "w1 blocks on the wake-up list")
     assert real_redis.get(keys.waiter(QM)) == b"w0"
     before = _script_calls(real_redis)
-    # When one publication comes
+    # When one publication comes after a quiet while (a low rate: worker.loop.QUIET_WAIT_MS)
+    clock[0] += 10 * QUIET_WAIT_MS
     Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
     first.join(timeout=10)
     # Then only the waiter woke: w1 still waits for a wake-up, and nobody ran a script yet
@@ -214,3 +215,16 @@ def test_a_wake_up_names_any_publisher_id_byte_for_byte(real_redis, settings):
     assert woken.waiting.take_given_up() == tuple(odd)
     real_redis.lpush(keys.wake(QM), b"\xff not json")
     assert woken.waiting.wait(0, "0-0", 100) is True and woken.waiting.take_given_up() == ()
+
+
+def test_after_a_short_wait_the_next_dequeue_rides_with_the_commit(real_redis, settings):
+    # Given a worker whose last wait for work was short (entries keep coming: 2,000/s and more)
+    subscribe(real_redis, QM, "t/#", "app", "s")
+    clock = [NOW]
+    worker = _worker(real_redis, settings, "w0", clock)
+    worker._waited_ms = QUIET_WAIT_MS - 1
+    Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
+    # When it handles the publication (one entry read)
+    assert worker.run_once(block=True) == 1
+    # Then its next dequeue rode with the commit (one round trip), instead of a wait and a dequeue
+    assert worker._prefetched is not None
