@@ -42,6 +42,21 @@ def msgid_of(fields: dict[bytes, bytes], entry_id: str) -> str:
     return raw.decode("utf-8", "surrogateescape") if raw else entry_id
 
 
+def log_refused(unit: UnitOfWork) -> None:
+    """Log a publication its committed unit of work refused (dead-lettered unless USEDLQ(NO)), with its keys."""
+    if not log.isEnabledFor(logging.WARNING):
+        return
+    # a deliver refused by commit.lua (a full MAXDEPTH queue under ALL, a foreign key): the reason
+    # is in the dead-letter record
+    reason = unit.reason or "delivered to no subscription (a subscriber queue refused it)"
+    log.warning(
+        "publication refused: %s; %s",
+        reason,
+        "dead-lettered" if unit.dead_letter else "not dead-lettered (USEDLQ(NO))",
+        extra=publication_extra(unit.entry_id, msgid=unit.msgid, publisher=unit.publisher),
+    )
+
+
 class Decider:
     """Builds units of work from entries, for one worker.
 

@@ -81,7 +81,6 @@ from broker.errors import (
     ServerError,
     ServerFull,
 )
-from broker.logs import publication_extra
 from broker.metrics import recorder
 from broker.routing import RoutingTable
 from broker.schemes import record_manager
@@ -90,11 +89,10 @@ from broker.stream import ensure_group
 from broker.unit_of_work import (
     CommitBatch,
     Outcome,
-    UnitOfWork,
     decode_disconnects,
     decode_outcomes,
 )
-from worker.decide import Decider
+from worker.decide import Decider, log_refused
 from worker.housekeeping import Housekeeping
 from worker.suspects import Suspects, record_alone
 from worker.waiting import Waiting
@@ -143,21 +141,6 @@ def _publisher_of(fields: dict[bytes, bytes]) -> str:
     if raw is None or not 0 < len(raw) <= keys.MAX_PUBLISHER_BYTES:
         return keys.MALFORMED_PUBLISHER
     return raw.decode("utf-8", "surrogateescape")
-
-
-def _log_refused(unit: UnitOfWork) -> None:
-    """Log a publication its unit of work refused (dead-lettered unless USEDLQ(NO)), with its keys."""
-    if not log.isEnabledFor(logging.WARNING):
-        return
-    # a deliver refused by commit.lua (a full MAXDEPTH queue under ALL, a foreign key): the reason
-    # is in the dead-letter record
-    reason = unit.reason or "delivered to no subscription (a subscriber queue refused it)"
-    log.warning(
-        "publication refused: %s; %s",
-        reason,
-        "dead-lettered" if unit.dead_letter else "not dead-lettered (USEDLQ(NO))",
-        extra=publication_extra(unit.entry_id, msgid=unit.msgid, publisher=unit.publisher),
-    )
 
 
 def _script_error(exc: Exception) -> str:
@@ -762,7 +745,7 @@ class Worker:
                 done += 1
                 counts[outcome.value] = counts.get(outcome.value, 0) + 1
                 if outcome is refused:
-                    _log_refused(unit)
+                    log_refused(unit)
                 if released:
                     self.turns.discard(unit.publisher)
         self.processed += done
