@@ -33,7 +33,7 @@ SCRIPT FLUSH / KILL or FUNCTION: those stay with the operator's own user.
 
 A publisher's identity is enforced by Redis: it may ``XADD`` to its own ingress stream only,
 and the queue mutex files what arrives there under the principal it came from
-(``broker.principals``). The users the broker made are recorded in ``{qm}:acl`` (no
+(``broker.core.principals``). The users the broker made are recorded in ``{qm}:acl`` (no
 password): name -> role and bindings. Passwords come from an environment variable or a
 secret file, are sent to Redis only (``ACL SETUSER ... >password``) and never printed.
 """
@@ -51,10 +51,10 @@ from typing import Any, Literal
 
 import redis
 
-from broker import keys
-from broker.connection import is_cluster, translate_errors
-from broker.errors import ConfigError, InvalidName
-from broker.principals import bind, check_principal, check_publisher_ids, unbind
+from broker.core import keys
+from broker.core.connection import is_cluster, translate_errors
+from broker.core.errors import ConfigError, InvalidName
+from broker.core.principals import bind, check_principal, check_publisher_ids, unbind
 
 Role = Literal["publisher", "subscriber", "worker", "channel", "admin", "monitor"]
 ROLES: tuple[Role, ...] = ("publisher", "subscriber", "worker", "channel", "admin", "monitor")
@@ -261,7 +261,7 @@ def _acl(client: redis.Redis, *args: Any) -> list[Any]:
 def add_user(client: redis.Redis, qm: str, user: str, spec: RoleSpec, password: str) -> list[str]:
     """Create or replace ACL user ``user`` with ``spec``'s role on ``qm``; returns its rules.
 
-    A publisher is also bound to its publisher ids (``broker.principals``). The password is
+    A publisher is also bound to its publisher ids (``broker.core.principals``). The password is
     sent with ``>``, never stored by the broker.
 
     Raises:

@@ -45,12 +45,14 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.exceptions import RedisClusterException
 
-from broker import keys
-from broker.config import Settings
-from broker.connection import TLSOptions, connect, is_tls_url, wait_for_server
-from broker.errors import ConfigError, InvalidMessage
-from broker.logs import publication_extra
-from broker.models import decode_envelope, header_timestamp_ms
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import TLSOptions, connect, is_tls_url, wait_for_server
+from broker.core.errors import ConfigError, InvalidMessage
+from broker.core.logs import publication_extra
+from broker.core.models import decode_envelope, header_timestamp_ms
+from broker.core.schemes import separator
+from broker.core.scripts import script_source
 from broker.network import (
     Network,
     ProxySubscription,
@@ -59,8 +61,6 @@ from broker.network import (
     parse_network,
 )
 from broker.routing import RoutingTable
-from broker.schemes import separator
-from broker.scripts import script_source
 from broker.topic_objects import TopicObject, fixed_prefix
 
 log = logging.getLogger("broker.channel")
@@ -633,7 +633,7 @@ class Mover:
     def _dead_letter(self, bad: list[tuple[str, dict[Any, Any], str]]) -> None:
         """Move unreadable transmission entries (written by something else) to the dead-letter
         stream: the entry's own fields, then ``dlq.reason`` and ``dlq.entry_id`` (its
-        transmission entry id), as every dead letter (``broker.keys``)."""
+        transmission entry id), as every dead letter (``broker.core.keys``)."""
         pipe = self.client.pipeline(transaction=True)
         for sequence, fields, reason in bad:
             record: dict[Any, Any] = {k: v for k, v in fields.items() if not _text(k).startswith("dlq.")}

@@ -54,12 +54,12 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.config import Settings
-from broker.connection import as_bytes, block_slice_ms, translate_errors
-from broker.errors import ConsumerConflict, InvalidMessage, ServerError, TooManyConsumers
-from broker.models import Message, decode_header, message_of, usual_values
-from broker.scripts import script_source
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import as_bytes, block_slice_ms, translate_errors
+from broker.core.errors import ConsumerConflict, InvalidMessage, ServerError, TooManyConsumers
+from broker.core.models import Message, decode_header, message_of, usual_values
+from broker.core.scripts import script_source
 from broker.subscriptions import (
     SubscriptionRecord,
     check_name,

@@ -1,6 +1,6 @@
 """The dead-letter queue ``{qm}:dlq``: list, show, replay and purge dead letters (``broker dlq``).
 
-A dead letter is one entry of the dead-letter stream (``broker.keys``, "Dead letter"). Two kinds:
+A dead letter is one entry of the dead-letter stream (``broker.core.keys``, "Dead letter"). Two kinds:
 
 - a **refused publication** (``dequeue.lua``, ``commit.lua``): the publication's own fields, then
   ``dlq.reason`` and ``dlq.entry_id`` (the publish-stream entry it was); ``dlq.principal`` when
@@ -35,7 +35,7 @@ A MULTI/EXEC would run the XDEL even when its XADD failed on a key of another ty
 What is never replayed (skipped, with the reason, and left in the dead-letter queue): a dead
 letter missing a field (a body, props or topic over ``max_body_bytes``: ``dlq.<field>_bytes``;
 more than 1,000 fields: ``dlq.fields``), with no valid publisher id, whose fields would be
-refused again (``broker.models.parse_entry``), that has expired, of a principal no longer bound
+refused again (``broker.core.models.parse_entry``), that has expired, of a principal no longer bound
 to its publisher id, or of a subscription that no longer exists; a poison message with
 ``keep`` (the subscriber queue has no dedup record: each replay would deliver it again).
 Order: dead letters are replayed in the dead-letter stream's order; once one publication of a
@@ -53,11 +53,11 @@ from typing import Any, cast
 import orjson
 import redis
 
-from broker import keys
-from broker.connection import is_cluster, translate_errors
-from broker.errors import DeadLetterNotFound, EmptySelection, ForeignKey, InvalidMessage
-from broker.models import decode_envelope, parse_entry
-from broker.scripts import script_source
+from broker.core import keys
+from broker.core.connection import is_cluster, translate_errors
+from broker.core.errors import DeadLetterNotFound, EmptySelection, ForeignKey, InvalidMessage
+from broker.core.models import decode_envelope, parse_entry
+from broker.core.scripts import script_source
 
 #: A dead-letter id: a stream entry id, ``<ms>-<n>``.
 DLQ_ID = re.compile(r"^\d{1,20}-\d{1,20}$")

@@ -1,7 +1,7 @@
 """Declared topics (SwiftMQ's ``<topics>`` list, seed 003): declare, undeclare, list.
 
 Under the swiftmq scheme with indirect subscriber selection, a publication's topic is
-a SQL-LIKE predicate that selects among the declared topics (``broker.hierarchy``);
+a SQL-LIKE predicate that selects among the declared topics (``broker.core.hierarchy``);
 a topic that is not declared reaches nobody. Declared topics live in ``{qm}:declared``
 (topic -> ``{"declared_ms": n, "source": "cli" | "config"}``); the ``topics`` setting
 declares more when a worker starts (``seed_declared``). Every change bumps
@@ -19,10 +19,10 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.connection import KEEP, can_name, change_field, read_hash, translate_errors
-from broker.errors import CorruptRecord, InvalidTopic, NoSuchTopic
-from broker.hierarchy import DeclaredTopics, validate_topic
+from broker.core import keys
+from broker.core.connection import KEEP, can_name, change_field, read_hash, translate_errors
+from broker.core.errors import CorruptRecord, InvalidTopic, NoSuchTopic
+from broker.core.hierarchy import DeclaredTopics, validate_topic
 
 
 def _text(raw: bytes | str) -> str:

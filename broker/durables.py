@@ -4,7 +4,7 @@ Two of SwiftMQ's Topic Manager tools (seed 003):
 
 - **Delete Durable**: the durable subscriptions whose client id and durable name
   match two SQL-LIKE predicates (``%`` any run, ``_`` one character, ``\\`` the
-  escape, as ``broker.selectors.like`` reads them) are deleted with every
+  escape, as ``broker.core.selectors.like`` reads them) are deleted with every
   message they hold. A subscription id is ``<client id>$<durable name>``; for
   an MQTT shared subscription the part before ``$`` is its ShareName.
   Non-durable subscriptions are never touched.
@@ -34,11 +34,11 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.connection import translate_errors
 from broker.consumer import subscription_load
-from broker.errors import BrokerError, ForeignKey, InvalidSelector
-from broker.selectors import like
+from broker.core import keys
+from broker.core.connection import translate_errors
+from broker.core.errors import BrokerError, ForeignKey, InvalidSelector
+from broker.core.selectors import like
 from broker.subscriptions import SubscriptionRecord, read_subscriptions, remove_subscription
 
 log = logging.getLogger("broker.durables")

@@ -34,10 +34,11 @@ from rq import Queue, Worker
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from broker import keys, schedules
-from broker.connection import TLSOptions, connect, redact_url, require_single_server, translate_errors
+from broker import schedules
+from broker.core import keys
+from broker.core.connection import TLSOptions, connect, redact_url, require_single_server, translate_errors
+from broker.core.errors import BrokerError, CorruptRecord
 from broker.durables import Deletion, delete_durables, expire_idle_durables
-from broker.errors import BrokerError, CorruptRecord
 from broker.maintenance import trim_acknowledged
 from broker.schedules import Schedule
 from broker.status import status

@@ -21,10 +21,18 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.connection import change_field, read_hash, translate_errors
-from broker.errors import CorruptRecord, ForeignKey, InvalidLink, InvalidTopic, LinkCycle, NoSuchLink, shown
-from broker.topics import LinkGraph, validate_topic
+from broker.core import keys
+from broker.core.connection import change_field, read_hash, translate_errors
+from broker.core.errors import (
+    CorruptRecord,
+    ForeignKey,
+    InvalidLink,
+    InvalidTopic,
+    LinkCycle,
+    NoSuchLink,
+    shown,
+)
+from broker.core.topics import LinkGraph, validate_topic
 
 
 def _text(raw: bytes | str) -> str:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import redis
 
-from broker import keys
-from broker.connection import translate_errors
-from broker.stream import group_state
+from broker.core import keys
+from broker.core.connection import translate_errors
+from broker.core.stream import group_state
 
 
 @translate_errors

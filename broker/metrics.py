@@ -11,7 +11,7 @@ Two sources, one exposition:
   (``PROMETHEUS_MULTIPROC_DIR``, a private directory per pool) and adds up their files
   when scraped (``pool_registry``).
 - **Sampled from Redis at scrape time** (``RedisCollector``): the publish stream's
-  length, pending and lag (``broker.stream.group_state``), the subscriptions' depth, in
+  length, pending and lag (``broker.core.stream.group_state``), the subscriptions' depth, in
   flight, consumers and redelivered messages (totals over all, series for the
   ``metrics_max_subscriptions`` deepest), deliveries withheld (``{qm}:skipped``,
   ``{qm}:slow``), dead letters by reason code (``{qm}:dlq``, read on from where the last
@@ -41,9 +41,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from broker import keys
-from broker.config import Settings
-from broker.unit_of_work import Outcome, UnitOfWork
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.unit_of_work import Outcome, UnitOfWork
 
 log = logging.getLogger("broker.metrics")
 
@@ -100,7 +100,7 @@ _REASON_RULES = (
     ("(max_topic_levels ", "over_limit"),
 )
 
-#: Reasons starting with these are a publication entry's field out of its range (``broker.models``).
+#: Reasons starting with these are a publication entry's field out of its range (``broker.core.models``).
 _MESSAGE_PREFIXES = ("field ", "missing field", "envelope", "priority ", "expiration", "property ")
 
 #: Most dead letters one scrape reads (the rest are read by the next ones).
@@ -488,7 +488,7 @@ class RedisCollector(Collector):
         return GaugeMetricFamily(name, METRICS[name][1], value=value)
 
     def _stream(self) -> Iterator[Any]:
-        from broker.stream import group_state
+        from broker.core.stream import group_state
 
         state = group_state(self.client, self.qm)
         yield self._gauge("broker_stream_length", state.length)
@@ -576,11 +576,11 @@ class RedisCollector(Collector):
 
     def _topic_check(self) -> Any:
         """``valid(topic)`` under the queue manager's topic scheme."""
-        from broker import hierarchy
-        from broker.connection import read_hash
-        from broker.errors import BrokerError
-        from broker.schemes import scheme_of
-        from broker.topics import validate_topic
+        from broker.core import hierarchy
+        from broker.core.connection import read_hash
+        from broker.core.errors import BrokerError
+        from broker.core.schemes import scheme_of
+        from broker.core.topics import validate_topic
 
         try:
             scheme = scheme_of(self.qm, read_hash(self.client, keys.manager(self.qm)))
@@ -687,7 +687,7 @@ class MetricsServer:
     def __init__(self, registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> None:
         from prometheus_client import start_http_server
 
-        from broker.errors import MetricsUnavailable
+        from broker.core.errors import MetricsUnavailable
 
         self.port = port
         self.host = host

@@ -53,8 +53,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from broker.errors import ConfigError, InvalidSelector
-from broker.selectors import like_regex
+from broker.core.errors import ConfigError, InvalidSelector
+from broker.core.selectors import like_regex
 
 #: Where ``broker network apply`` reads the topology by default.
 DEFAULT_NETWORK_FILE = Path("configs") / "network.toml"
@@ -210,7 +210,7 @@ def load_network(path: str | Path = DEFAULT_NETWORK_FILE) -> Network:
         ConfigError: the file is missing, not TOML, or not a valid network (the first
             problem is named).
     """
-    from broker.config import read_toml
+    from broker.core.config import read_toml
 
     raw = read_toml(path, f"network file {path}")
     return parse_network(raw, str(path))

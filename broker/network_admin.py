@@ -11,10 +11,10 @@ from typing import Any
 
 import redis
 
-from broker import keys
 from broker.channel import UNREACHABLE, Agent, Peers, read_announced, read_network
-from broker.connection import TLSOptions, redact_url, translate_errors
-from broker.errors import ConfigError
+from broker.core import keys
+from broker.core.connection import TLSOptions, redact_url, translate_errors
+from broker.core.errors import ConfigError
 from broker.network import Network, ProxySubscription, Topology, proxy_field
 
 

@@ -10,7 +10,7 @@ instance and sequence number, unless given),
 so a retry after a lost reply (redis-py retries on connection errors) is
 recognised by the worker and delivered once.
 
-Flow control (``broker.flow``): the broker asks a publisher to slow down to its
+Flow control (``broker.core.flow``): the broker asks a publisher to slow down to its
 slowest subscriber's pace with a delay. A ``Publisher`` learns it from the result
 (``wait``) or reads its flow key with each ``XADD`` (one round trip: both written at once to a pooled connection),
 and waits that long before its next publication, unless made with
@@ -28,13 +28,13 @@ from typing import Any
 
 import redis
 
-from broker import hierarchy, keys
-from broker.connection import as_bytes, block_slice_ms
-from broker.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError, ServerFull
-from broker.flow import FlowGate, parse_delay
-from broker.models import PropertyValue, publication_fields
+from broker.core import hierarchy, keys
+from broker.core.connection import as_bytes, block_slice_ms
+from broker.core.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError, ServerFull
+from broker.core.flow import FlowGate, parse_delay
+from broker.core.models import PropertyValue, publication_fields
+from broker.core.topics import validate_topic
 from broker.topic_objects import topic_of
-from broker.topics import validate_topic
 
 
 def _direct_pool(client: Any) -> redis.ConnectionPool | None:
@@ -135,13 +135,13 @@ class Publisher:
             does not receive it); None sends none.
         scheme: the queue manager's topic scheme (``Settings.topic_scheme``) that
             ``validate`` checks topics against: ``mqtt`` (MQTT 5 §4.7) or ``swiftmq``
-            (dot nodes, ``broker.hierarchy``).
+            (dot nodes, ``broker.core.hierarchy``).
         flow_control: wait the delay the broker asks for (``PublishResult.flow_control_delay_ms``)
             before the next publication; False: never wait, and do not read the flow key.
         clock_ms: a monotonic clock in ms, for the flow-control wait (injectable for tests).
         sleep_ms: sleeps for the given ms, for the flow-control wait (injectable for tests).
         principal: publish through this principal's ingress stream (``{qm}:in:<principal>``,
-            ``broker.principals``): the ACL user the client is authenticated as, when the
+            ``broker.core.principals``): the ACL user the client is authenticated as, when the
             queue manager runs with security on; None publishes to the publish stream.
     """
 

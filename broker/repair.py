@@ -10,7 +10,7 @@ group, in a publisher's FIFO, or not read yet; drops the acknowledged ones; crea
 the fresh stream's start; and deletes the FIFOs and turns, so the workers file the moved entries
 again in the same order. It is safe while workers run: a worker holding units of work built from
 the old entries is fenced in ``commit.lua`` (its turn is gone), so nothing is delivered twice.
-``broker status`` names a stream that needs it (``broker.stream.clock_problem``).
+``broker status`` names a stream that needs it (``broker.core.stream.clock_problem``).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.connection import translate_errors
-from broker.errors import RepairRefused
-from broker.scripts import script_source
-from broker.stream import FUTURE_MS
+from broker.core import keys
+from broker.core.connection import translate_errors
+from broker.core.errors import RepairRefused
+from broker.core.scripts import script_source
+from broker.core.stream import FUTURE_MS
 
 #: The most entries one repair moves by default: the call holds the server meanwhile (1.8 s for
 #: 100,000 small unread entries on a shared 2-core box: ``SLOWLOG GET 1`` after the repair).

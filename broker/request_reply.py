@@ -23,20 +23,20 @@ from collections.abc import Callable
 
 import redis
 
-from broker.config import Settings
 from broker.consumer import Subscriber
-from broker.errors import BrokerError, InvalidTopic, ReplyTimeout
-from broker.logs import publication_extra
-from broker.models import Message, PropertyValue
+from broker.core.config import Settings
+from broker.core.errors import BrokerError, InvalidTopic, ReplyTimeout
+from broker.core.logs import publication_extra
+from broker.core.models import Message, PropertyValue
+from broker.core.topics import validate_topic
 from broker.publish import Publisher
 from broker.subscriptions import SubscriptionRecord, subscribe
-from broker.topics import validate_topic
 
 log = logging.getLogger("broker.request_reply")
 
 
 def _extra(message: Message) -> dict[str, str | None]:
-    """The log keys of a line about ``message`` (``broker.logs``)."""
+    """The log keys of a line about ``message`` (``broker.core.logs``)."""
     return publication_extra(message.entry_id, msgid=message.msgid, publisher=message.publisher)
 
 

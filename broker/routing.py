@@ -27,14 +27,20 @@ from typing import Any
 
 import redis
 
-from broker import hierarchy, keys
-from broker.connection import as_bytes, translate_errors
+from broker.core import hierarchy, keys
+from broker.core.connection import as_bytes, translate_errors
+from broker.core.errors import ConfigError, CorruptRecord, ForeignKey, InvalidTopicFilter
+from broker.core.hierarchy import DeclaredTopics, HierarchyIndex
+from broker.core.logs import publication_extra
+from broker.core.models import DEFAULT_PRIORITY, Entry
+from broker.core.schemes import scheme_of, separator
+from broker.core.scripts import script_source
+from broker.core.selectors import Selector, compile_selector
+from broker.core.topics import LinkGraph, TopicIndex, validate_topic
+from broker.core.topics import matches as mqtt_matches
+from broker.core.topics import validate_filter as mqtt_validate_filter
 from broker.declared import parse_declared
-from broker.errors import ConfigError, CorruptRecord, ForeignKey, InvalidTopicFilter
-from broker.hierarchy import DeclaredTopics, HierarchyIndex
 from broker.links import parse_links
-from broker.logs import publication_extra
-from broker.models import DEFAULT_PRIORITY, Entry
 from broker.network import (
     EVERYTHING,
     LOCAL,
@@ -44,14 +50,8 @@ from broker.network import (
     key_matches,
     parse_network,
 )
-from broker.schemes import scheme_of, separator
-from broker.scripts import script_source
-from broker.selectors import Selector, compile_selector
 from broker.subscriptions import SubscriptionRecord, parse_subscriptions
 from broker.topic_objects import Effective, TopicTree, fixed_prefix
-from broker.topics import LinkGraph, TopicIndex, validate_topic
-from broker.topics import matches as mqtt_matches
-from broker.topics import validate_filter as mqtt_validate_filter
 
 log = logging.getLogger("broker.routing")
 
@@ -134,7 +134,7 @@ class RoutingTable:
             object bounds, messages; 0 for none.
         max_selector_bytes: ``Settings.max_selector_bytes``: a subscription whose selector is
             longer, bytes, is skipped at load (in ``problems``, logged); None: any size. One over
-            the fixed bounds of ``broker.selectors`` (terms, nesting) is skipped whatever this is.
+            the fixed bounds of ``broker.core.selectors`` (terms, nesting) is skipped whatever this is.
 
     Attributes:
         version: the index version counter's value when loaded (bytes; compared with the
@@ -148,7 +148,7 @@ class RoutingTable:
         self.max_selector_bytes = max_selector_bytes
         self.version: bytes | None = None
         self.index: TopicIndex | HierarchyIndex = TopicIndex()
-        #: the queue manager's topic scheme (``{qm}:manager``; ``broker.schemes``)
+        #: the queue manager's topic scheme (``{qm}:manager``; ``broker.core.schemes``)
         self.scheme = "mqtt"
         #: swiftmq scheme: direct subscriber selection (else indirect, among ``declared``)
         self.direct = True
@@ -230,7 +230,7 @@ class RoutingTable:
             len(names) :
         ]
         self._epoch = _epoch(first if isinstance(first, list) else [])
-        #: the ingress streams of the principals (``broker.principals``): a worker waits on them too
+        #: the ingress streams of the principals (``broker.core.principals``): a worker waits on them too
         # each key as bytes, byte for byte the principal's name as Redis holds it: a client's
         # hiredis packer encodes a str strictly, whatever its encoding_errors
         self.ingress = tuple(

@@ -1,7 +1,7 @@
 """Schedule records: which admin job runs when (SwiftMQ's Scheduler Swiftlet jobs, seed 003).
 
 A schedule is one field of ``{qm}:schedules`` (the protocol document,
-``broker.keys``): a job name, its parameters, a cron expression, the next run
+``broker.core.keys``): a job name, its parameters, a cron expression, the next run
 and the id of the rq job that will run it. ``broker.jobs`` enqueues that rq
 job and runs it; this module reads, checks and changes the records.
 
@@ -25,10 +25,10 @@ from typing import Any
 import redis
 from croniter import CroniterBadDateError, croniter
 
-from broker import keys
-from broker.connection import KEEP, change_field, read_hash, translate_errors
+from broker.core import keys
+from broker.core.connection import KEEP, change_field, read_hash, translate_errors
+from broker.core.errors import CorruptRecord, InvalidSchedule, NoSuchSchedule
 from broker.durables import check_predicate
-from broker.errors import CorruptRecord, InvalidSchedule, NoSuchSchedule
 
 #: The jobs that can be scheduled -> their parameters (all mandatory), and how each is checked.
 JOBS: dict[str, dict[str, str]] = {

@@ -15,17 +15,17 @@ from typing import Any, Literal
 
 import redis
 
-from broker import hierarchy, keys
-from broker.connection import read_hash, translate_errors
 from broker.consumer import subscription_load
-from broker.errors import BrokerError, ForeignKey, InvalidTopicFilter
+from broker.core import hierarchy, keys
+from broker.core.connection import read_hash, translate_errors
+from broker.core.errors import BrokerError, ForeignKey, InvalidTopicFilter
+from broker.core.schemes import scheme_of
+from broker.core.stream import GroupState, clock_problem, group_state
+from broker.core.topics import validate_topic
 from broker.links import read_links
 from broker.routing import RoutingTable, network_problems
-from broker.schemes import scheme_of
-from broker.stream import GroupState, clock_problem, group_state
 from broker.subscriptions import SubscriptionRecord, read_subscriptions
 from broker.topic_objects import BASE, read_tree
-from broker.topics import validate_topic
 
 #: A worker whose last heartbeat is older than this is shown as "silent", ms.
 SILENT_AFTER_MS = 5_000
@@ -209,14 +209,14 @@ def status(
 
     ``max_selector_bytes``: ``Settings.max_selector_bytes``, as the workers have it: a
     subscription whose selector is longer is named in ``problems`` (the workers skip it),
-    as one over the fixed bounds of ``broker.selectors`` always is; None: any size.
+    as one over the fixed bounds of ``broker.core.selectors`` always is; None: any size.
 
     ``problems`` names foreign keys: the queue-manager-wide ones, subscriber queues, bells and,
     with ``keyspace``, the per-publisher keys (FIFO, turn, flow), found with a ``SCAN`` of the
     server's keys (a cost that grows with the whole database: ``status --watch``, the console's
     live pages and the usage snapshot job leave it out);
     a publish stream whose last entry id is exhausted or far in the future
-    (``broker.stream.clock_problem``), or that has no consumer group.
+    (``broker.core.stream.clock_problem``), or that has no consumer group.
 
     Returns:
         A ``Snapshot`` (its fields say the units: depths are messages, ages ms).

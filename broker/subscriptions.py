@@ -31,16 +31,16 @@ from typing import Any
 
 import redis
 
-from broker import hierarchy, keys
-from broker.config import (
+from broker.core import hierarchy, keys
+from broker.core.config import (
     DEFAULT_MAX_SELECTOR_BYTES,
     DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
     DEFAULT_MAX_TOPIC_BYTES,
     DEFAULT_MAX_TOPIC_LEVELS,
     ConsumerMode,
 )
-from broker.connection import KEEP, can_name, change_field, read_hash, translate_errors
-from broker.errors import (
+from broker.core.connection import KEEP, can_name, change_field, read_hash, translate_errors
+from broker.core.errors import (
     CorruptRecord,
     InvalidName,
     InvalidSelector,
@@ -50,11 +50,11 @@ from broker.errors import (
     SubscriptionRefused,
     TooManySubscriptions,
 )
-from broker.schemes import recorded_scheme, separator
-from broker.scripts import script_source
-from broker.selectors import check_size, compile_selector, like
+from broker.core.schemes import recorded_scheme, separator
+from broker.core.scripts import script_source
+from broker.core.selectors import check_size, compile_selector, like
+from broker.core.topics import limit_problem, split_shared, validate_filter
 from broker.topic_objects import TopicTree, fixed_prefix, topic_of
-from broker.topics import limit_problem, split_shared, validate_filter
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
@@ -79,13 +79,13 @@ def check_sub_id(sub_id: str) -> None:
     check_name("subscription name", name)
 
 
-#: The consumer modes a record may hold (``broker.config.ConsumerModeName``).
+#: The consumer modes a record may hold (``broker.core.config.ConsumerModeName``).
 MODES = ("exclusive", "shared", "activestandby")
 
 
 @dataclass(frozen=True)
 class SubscriptionRecord:
-    """A subscription as stored in ``{qm}:subs`` (the protocol document, ``broker.keys``).
+    """A subscription as stored in ``{qm}:subs`` (the protocol document, ``broker.core.keys``).
 
     Attributes:
         sub_id: ``clientid$name`` (for an MQTT shared subscription, ``<ShareName>$<name>``).
@@ -95,7 +95,7 @@ class SubscriptionRecord:
         selector: a message selector (Jakarta Messaging §3.8.1.1), "" for none.
         no_local: publications whose ``client_id`` is this subscription's client
             id are not delivered to it (Jakarta Messaging §6.11.1, MQTT 5 §3.8.3.1).
-        mode: ``exclusive``, ``shared`` or ``activestandby`` (``broker.config.ConsumerMode``).
+        mode: ``exclusive``, ``shared`` or ``activestandby`` (``broker.core.config.ConsumerMode``).
         share: the MQTT 5 ShareName of a ``$share/<ShareName>/<filter>`` subscription, or "".
     """
 
@@ -151,7 +151,7 @@ class SubscriptionRecord:
         Raises:
             CorruptRecord: the id or the value cannot be read: not JSON, no valid
                 filter, an invalid selector (over ``max_selector_bytes``, or over the
-                bounds of ``broker.selectors``: "invalid selector: ... more than the
+                bounds of ``broker.core.selectors``: "invalid selector: ... more than the
                 broker allows"), a field of the wrong type.
         """
         key = keys.subscriptions(qm) if qm else "{qm}:subs"
@@ -289,7 +289,7 @@ def subscribe(
         scheme: the topic scheme this process is configured with (``Settings.topic_scheme``),
             recorded for the queue manager if none is yet; None reads the recorded one.
             Under ``swiftmq`` the filter is a dot topic whose nodes after the root may be
-            SQL-LIKE predicates (``iit.%.US``, ``broker.hierarchy``); ``$share/`` is not
+            SQL-LIKE predicates (``iit.%.US``, ``broker.core.hierarchy``); ``$share/`` is not
             interpreted (use ``shared``).
         max_topic_bytes: the longest filter accepted, bytes (``Settings.max_topic_bytes``;
             without its ``$share/<ShareName>/`` prefix).
@@ -314,7 +314,7 @@ def subscribe(
         ConfigError: ``scheme`` differs from the queue manager's recorded scheme.
         InvalidSelector: the selector is invalid (the position is named).
         SelectorTooComplex: (an ``InvalidSelector``) the selector is over ``max_selector_bytes``
-            or over the bounds of ``broker.selectors`` on its terms and nesting; ``limit``,
+            or over the bounds of ``broker.core.selectors`` on its terms and nesting; ``limit``,
             ``maximum`` and ``found`` say which, and the message says both.
         InvalidName: the client id, name or ShareName has characters other than ``A-Za-z0-9_.-``.
         SubscriptionConflict: the subscription exists with another filter, selector, no-local or sharing.

@@ -8,7 +8,7 @@ comes from the closest topic object at or above it (walking up ``/`` levels),
 up to ``SYSTEM.BASE.TOPIC``, whose topic string is empty, which always exists,
 cannot be deleted and holds the defaults.
 
-Objects live in the hash ``{qm}:topics`` (name -> JSON, ``broker.keys``); every
+Objects live in the hash ``{qm}:topics`` (name -> JSON, ``broker.core.keys``); every
 change bumps ``{qm}:version`` in the same transaction, so a worker applies a
 change to every publication enqueued after it (the routing table reloads with
 the version it dequeues with, as for subscriptions).
@@ -63,12 +63,12 @@ from typing import Any, Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from broker import hierarchy, keys
-from broker.config import read_toml
-from broker.connection import can_name, change_field, read_hash, translate_errors
-from broker.errors import ConfigError, CorruptRecord, InvalidName, NoSuchTopicObject, TopicObjectConflict
-from broker.schemes import recorded_scheme, separator
-from broker.topics import LEVEL_SEPARATOR, split_shared, validate_topic
+from broker.core import hierarchy, keys
+from broker.core.config import read_toml
+from broker.core.connection import can_name, change_field, read_hash, translate_errors
+from broker.core.errors import ConfigError, CorruptRecord, InvalidName, NoSuchTopicObject, TopicObjectConflict
+from broker.core.schemes import recorded_scheme, separator
+from broker.core.topics import LEVEL_SEPARATOR, split_shared, validate_topic
 
 #: The root topic object: topic string "", holds the defaults, cannot be deleted.
 BASE = "SYSTEM.BASE.TOPIC"
@@ -305,7 +305,7 @@ class TopicTree:
     ) -> TopicTree:
         """Build the tree from the ``{qm}:topics`` hash; unreadable records are kept in ``problems``.
 
-        ``separator``: the topic scheme's (``broker.schemes.separator``). ``default_maxdepth``
+        ``separator``: the topic scheme's (``broker.core.schemes.separator``). ``default_maxdepth``
         (``Settings.default_maxdepth``, messages; 0 for none): ``SYSTEM.BASE.TOPIC``'s MAXDEPTH
         when it says NOLIMIT, so that it bounds every queue no object below bounds otherwise.
         """

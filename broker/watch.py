@@ -32,10 +32,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from broker import keys
-from broker.errors import BrokerError
+from broker.core import keys
+from broker.core.errors import BrokerError
+from broker.core.stream import group_state
 from broker.status import Snapshot, status
-from broker.stream import group_state
 
 #: Problems lines shown at most; the rest are counted on one more line.
 MAX_PROBLEM_LINES = 5

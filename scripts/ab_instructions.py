@@ -64,7 +64,7 @@ def _drain(worker: object, count: int) -> tuple[int, int]:
 def main() -> int:
     import redis
 
-    from broker.config import Settings
+    from broker.core.config import Settings
     from broker.subscriptions import subscribe
     from worker.loop import Worker
 

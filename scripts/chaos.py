@@ -151,20 +151,20 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from broker import keys
-from broker.config import Settings
-from broker.connection import connect
 from broker.consumer import Subscriber
-from broker.errors import BrokerError, ConnectionLost, ConsumerConflict, ServerError, ServerNotFound
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.errors import BrokerError, ConnectionLost, ConsumerConflict, ServerError, ServerNotFound
+from broker.core.models import publication_fields
+from broker.core.server import Server, free_port, server_binary
+from broker.core.stream import group_state
 from broker.links import link
 from broker.maintenance import trim_acknowledged
-from broker.models import publication_fields
 from broker.network import ProxySubscription, announce_key, parse_network
 from broker.network_admin import apply_network
 from broker.publish import Publisher
-from broker.server import Server, free_port, server_binary
 from broker.status import status
-from broker.stream import group_state
 from broker.subscriptions import subscribe
 from broker.topic_objects import Attributes, define
 from scripts.rig.cluster import LocalCluster, spread_names

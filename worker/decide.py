@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import logging
 
-from broker import keys
-from broker.config import Settings
-from broker.errors import InvalidMessage, InvalidTopic
-from broker.logs import publication_extra
-from broker.models import apply_topic_defaults, encode_envelope, parse_entry
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.errors import InvalidMessage, InvalidTopic
+from broker.core.logs import publication_extra
+from broker.core.models import apply_topic_defaults, encode_envelope, parse_entry
+from broker.core.schemes import root_topic, separator
+from broker.core.topics import limit_problem
+from broker.core.unit_of_work import Action, CommitBatch, UnitOfWork
 from broker.routing import RoutingTable
-from broker.schemes import root_topic, separator
-from broker.topics import limit_problem
-from broker.unit_of_work import Action, CommitBatch, UnitOfWork
 
 log = logging.getLogger("broker.worker")
 

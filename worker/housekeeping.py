@@ -28,17 +28,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
-from broker import keys
 from broker.consumer import sweep_subscriptions
-from broker.errors import BrokerError
-from broker.logs import publication_extra
+from broker.core import keys
+from broker.core.errors import BrokerError
+from broker.core.logs import publication_extra
 from broker.subscriptions import remove_subscription
 
 if TYPE_CHECKING:
-    from broker.config import Settings
+    from broker.core.config import Settings
+    from broker.core.scripts import Scripts
     from broker.metrics import NullRecorder
     from broker.routing import RoutingTable
-    from broker.scripts import Scripts
 
 
 class Worker(Protocol):

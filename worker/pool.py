@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from broker.config import Settings
-from broker.errors import WorkerPoolFailed
-from broker.logs import configure_logging
+from broker.core.config import Settings
+from broker.core.errors import WorkerPoolFailed
+from broker.core.logs import configure_logging
 
 log = logging.getLogger("broker.pool")
 
@@ -52,7 +52,7 @@ def run_worker(settings_json: str) -> None:
 
     Args:
         settings_json: ``Settings.model_dump_json()`` of the pool's settings; its
-            ``log_format`` and ``log_level`` configure the child's logging (``broker.logs``).
+            ``log_format`` and ``log_level`` configure the child's logging (``broker.core.logs``).
     """
     from worker.loop import main
 
@@ -154,7 +154,7 @@ class Pool:
             self._spawn(slot)
 
     def _start_metrics(self) -> None:
-        from broker.connection import connect
+        from broker.core.connection import connect
         from broker.metrics import MetricsServer, MultiprocessDir, pool_registry
 
         directory = MultiprocessDir()

@@ -18,9 +18,9 @@ import click
 from broker.acl import admin_acl_file
 from broker.channel import ChannelProcess
 from broker.cli.common import State, _fail, _start_logging, _wait_ms_option
-from broker.connection import redact_url, wait_for_server
-from broker.server import Server
-from broker.server import cli_command as cli_argv
+from broker.core.connection import redact_url, wait_for_server
+from broker.core.server import Server
+from broker.core.server import cli_command as cli_argv
 
 
 @click.command("worker", short_help="Run the worker pool (fan-out) in the foreground.")

@@ -10,11 +10,11 @@ import redis
 
 from broker.cli.common import State
 from broker.cli.render import _describe_result
-from broker.errors import (
+from broker.core.errors import (
     PublicationRefused,
     ServerError,
 )
-from broker.models import PropertyValue
+from broker.core.models import PropertyValue
 from broker.publish import Publisher, PublishResult
 
 

@@ -20,10 +20,10 @@ from rich.tree import Tree
 
 from broker.acl import UserRow
 from broker.consumer import Load
+from broker.core.models import Message
 from broker.dead_letters import DeadLetter
 from broker.declared import Declared
 from broker.durables import Deletion
-from broker.models import Message
 from broker.network_admin import NetworkStatus, ProxyRow
 from broker.publish import PublishResult
 from broker.routing import Route

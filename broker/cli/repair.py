@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from broker import keys
 from broker.cli.common import State
+from broker.core import keys
 from broker.repair import repair_stream
 
 

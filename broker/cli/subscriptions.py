@@ -18,10 +18,10 @@ from broker.cli.render import (
     _print_usage,
 )
 from broker.consumer import Subscriber, browse, subscription_load
-from broker.durables import delete_durables
-from broker.errors import (
+from broker.core.errors import (
     NoSuchSubscription,
 )
+from broker.durables import delete_durables
 from broker.status import usage_list
 from broker.subscriptions import read_subscriptions
 from broker.subscriptions import subscribe as subscribe_to

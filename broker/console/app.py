@@ -34,11 +34,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from broker.config import Settings
 from broker.console import dlq as dlq_views
 from broker.console import figures
 from broker.console.auth import Pending, Session, SessionStore, describe
-from broker.errors import BrokerError, ConnectionLost, LoginRefused
+from broker.core.config import Settings
+from broker.core.errors import BrokerError, ConnectionLost, LoginRefused
 
 #: The session cookie's name.
 COOKIE = "broker_console"

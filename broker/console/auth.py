@@ -27,11 +27,11 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import redis
 from itsdangerous import BadSignature, URLSafeSerializer
 
-from broker import keys
 from broker.acl import RoleSpec
-from broker.config import Settings
-from broker.connection import connect
-from broker.errors import ConnectionLost, LoginRefused
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.errors import ConnectionLost, LoginRefused
 
 ConsoleRole = Literal["monitor", "admin"]
 
@@ -145,7 +145,7 @@ class SessionStore:
     Args:
         settings: the broker settings (Redis URL, TLS, queue manager, ``console_session_idle_ms``).
         clock_ms: a monotonic clock in ms (injectable for tests).
-        connector: makes a Redis client from a URL (``broker.connection.connect`` with the TLS settings).
+        connector: makes a Redis client from a URL (``broker.core.connection.connect`` with the TLS settings).
     """
 
     def __init__(

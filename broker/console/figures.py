@@ -16,11 +16,11 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.config import Settings
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.stream import group_state
 from broker.network_admin import NetworkStatus, network_status
 from broker.status import TopicNode, status, topic_status, topic_tree
-from broker.stream import group_state
 from broker.subscriptions import read_subscriptions
 from broker.topic_objects import BASE, read_tree
 

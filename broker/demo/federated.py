@@ -34,10 +34,12 @@ import redis
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from broker import keys
 from broker.channel import read_announced
-from broker.config import Settings
-from broker.connection import connect, redact_url
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect, redact_url
+from broker.core.errors import DemoError
+from broker.core.stream import GroupState, group_state
 from broker.demo.oracle import Node, label, network_recipients
 from broker.demo.replay import (
     LINKS as SINGLE_LINKS,
@@ -60,10 +62,8 @@ from broker.demo.replay import (
     score_queues,
     settings_for,
 )
-from broker.errors import DemoError
 from broker.network import Network, Topology, parse_network, proxy_field
 from broker.network_admin import apply_network
-from broker.stream import GroupState, group_state
 from broker.topic_objects import Attributes, define
 from worker.pool import Pool
 

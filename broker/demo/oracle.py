@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from broker.core.topics import matches
 from broker.pipeline.routes import link_closure
-from broker.topics import matches
 
 
 def link_targets(links: Iterable[tuple[str, str]]) -> dict[str, list[str]]:

@@ -64,7 +64,7 @@ local FIRST_OWNED = 17
 require_types({{stream, 'stream'}, {KEYS[2], 'string'}, {KEYS[3], 'set'}, {KEYS[4], 'zset'}, {KEYS[5], 'stream'},
                {KEYS[6], 'hash'}, {KEYS[7], 'hash'}})
 
--- Authenticated ingress (broker.principals): each principal (an ACL user) may XADD only to its
+-- Authenticated ingress (broker.core.principals): each principal (an ACL user) may XADD only to its
 -- own ingress stream, so the stream says who published. Its entries are moved here, in order,
 -- into the publish stream, each with the field "principal" set to it; one whose publisher id
 -- is not bound to the principal is dead-lettered with the reason (no result is posted: the

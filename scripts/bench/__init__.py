@@ -6,7 +6,7 @@ Usage::
     .venv/bin/python -m scripts.bench --json bench.json  # full run (N=100k, 3 repeats), about 5 minutes
     .venv/bin/python -m scripts.bench --quick --profile /tmp/prof   # + py-spy of the workers
 
-The script starts one server (``broker.server.Server()``: the embedded Valkey,
+The script starts one server (``broker.core.server.Server()``: the embedded Valkey,
 or ``$BROKER_REDIS_SERVER_BIN``) on 127.0.0.1 and runs every measurement
 against it in the same run, because the machine is shared and noisy: the
 *ratios* between side-by-side figures are what to read (see

@@ -8,8 +8,8 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.config import Settings
+from broker.core import keys
+from broker.core.config import Settings
 from broker.subscriptions import subscribe
 from scripts.bench.base import QM, Ctx, Figures, Measurement, Row, cpu3, fmt
 from scripts.bench.cpu import CpuMeter, commandstats, redis_pid
@@ -78,8 +78,8 @@ def run_consume(
     Raises:
         BenchError: a message was not received or not acknowledged.
     """
-    from broker.connection import connect
     from broker.consumer import Subscriber
+    from broker.core.connection import connect
 
     client.flushdb()
     conn = connect(settings.redis_url)

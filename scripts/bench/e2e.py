@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from broker.config import Settings
+from broker.core.config import Settings
 from broker.publish import Publisher
 from scripts.bench.base import Ctx, Figures, Measurement, Row, cpu3, fmt, percentiles
 from scripts.bench.cpu import CpuMeter, redis_pid
@@ -24,7 +24,7 @@ E2E_RATE_PER_PUBLISHER = 6_000.0
 def e2e_publisher(url: str, qm: str, rate: float, count: int, pids: list[str], conn: Any) -> None:
     """Child process of 16.: ``latency_publisher``'s schedule, on its own publisher ids ``pids``
     (each id's sequence belongs to one process). Sends the same summary on ``conn``."""
-    from broker.connection import connect
+    from broker.core.connection import connect
 
     client = connect(url)
     pubs = [Publisher(client, qm, pid, flow_control=False) for pid in pids]
@@ -42,9 +42,9 @@ def e2e_consumer(
     ``{"sent_ns": [...], "latency_ns": [...], "calls": n, "cpu_s": s}`` on ``conn``."""
     from array import array
 
-    from broker.config import Settings
-    from broker.connection import connect
     from broker.consumer import Subscriber
+    from broker.core.config import Settings
+    from broker.core.connection import connect
     from broker.subscriptions import SubscriptionRecord
 
     client = connect(url)

@@ -11,8 +11,8 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.models import encode_envelope, publication_fields
+from broker.core import keys
+from broker.core.models import encode_envelope, publication_fields
 from broker.publish import Publisher
 from broker.routing import RoutingTable
 from scripts.bench.topology import Principals

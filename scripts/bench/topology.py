@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from broker import keys
+from broker.core import keys
 from broker.links import link
 from broker.routing import RoutingTable, explain
 from broker.subscriptions import subscribe

@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from broker import keys
+from broker.core import keys
 from broker.topic_objects import Attributes, TopicObject
 from broker.topic_objects import define as define_topic
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from broker import keys
+from broker.core import keys
 from broker.demo.local_cluster import ClusterError, LocalCluster
 
 __all__ = ["ClusterError", "LocalCluster", "spread_names"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import threading
 
-from broker.config import Settings
-from broker.connection import connect
 from broker.consumer import Subscriber
+from broker.core.config import Settings
+from broker.core.connection import connect
 from broker.subscriptions import SubscriptionRecord
 
 

@@ -5,7 +5,7 @@ Every generator takes a ``random.Random`` (the fuzz script's, seeded; or hypothe
 ``st.randoms()``, which shrinks), so one seed gives the same inputs again:
 
 - ``bad_entry``: the raw fields of one ``XADD {qm}:publish`` (the protocol document in
-  ``broker.keys``), a valid publication with one to three mutations: a field left out, given
+  ``broker.core.keys``), a valid publication with one to three mutations: a field left out, given
   twice, of the wrong type, huge, not UTF-8, out of range; a binary or oversized body; bad
   priorities, expirations, props JSON, origin and route; thousands of fields;
 - ``garbage_envelope``: what a consumer may find in a subscriber queue written by another
@@ -15,7 +15,7 @@ Every generator takes a ``random.Random`` (the fuzz script's, seeded; or hypothe
   that they meet;
 - ``garbage_selector``, ``valid_selector``, ``random_properties``: Jakarta Messaging selectors
   and what they are evaluated on; ``like_reference``: SQL LIKE by dynamic programming, the
-  reference of ``broker.selectors.like``;
+  reference of ``broker.core.selectors.like``;
 - ``settings_toml``, ``topics_toml``, ``network_toml``: configuration files (``toml_document``
   writes TOML), and ``junk_document``: bytes that may not be TOML at all;
 - ``admin_request`` / ``run_admin``: subscribe, unsubscribe, link, topic define/alter/delete/apply,
@@ -42,10 +42,10 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from broker import keys
-from broker.config import Settings
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.errors import BrokerError
 from broker.declared import declare, undeclare
-from broker.errors import BrokerError
 from broker.links import link, unlink, unlink_all
 from broker.subscriptions import subscribe, unsubscribe
 from broker.topic_objects import BASE, Attributes, TopicObject, alter, apply, define, delete
@@ -55,7 +55,7 @@ R = random.Random
 #: The root topic of the fuzz run's good traffic: bad input never names it.
 GOOD = "good"
 
-#: The publication entry's fields (``broker.keys``).
+#: The publication entry's fields (``broker.core.keys``).
 ENTRY_FIELDS = (
     "publisher",
     "topic",
@@ -610,7 +610,7 @@ def random_properties(r: R) -> dict[str, object]:
 @lru_cache(maxsize=4096)
 def like_reference(pattern: str, value: str, escape: str | None = None) -> bool:
     """SQL LIKE by dynamic programming over the pattern's tokens: the reference
-    ``broker.selectors.like`` must agree with. The pattern's escapes must be valid."""
+    ``broker.core.selectors.like`` must agree with. The pattern's escapes must be valid."""
     tokens: list[tuple[str, str]] = []
     i = 0
     while i < len(pattern):

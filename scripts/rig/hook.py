@@ -120,7 +120,7 @@ def run_worker(
         log_file: the worker's log (warnings and errors), appended to.
         plan: a plan to start with (tests), instead of waiting for SIGUSR1.
     """
-    from broker.config import Settings
+    from broker.core.config import Settings
     from worker.loop import main
 
     hook = _armed(control_dir, log_file, plan)
@@ -147,7 +147,7 @@ def run_channel(
         plan: a plan to start with (tests), instead of waiting for SIGUSR1.
     """
     from broker.channel import main
-    from broker.config import Settings
+    from broker.core.config import Settings
 
     hook = _armed(control_dir, log_file, plan)
     main(Settings.model_validate_json(settings_json), name=name, hook=hook)

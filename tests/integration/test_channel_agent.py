@@ -3,9 +3,9 @@ the workers keep their routing tables (every change of ``{qm}:proxies`` bumps ``
 
 from __future__ import annotations
 
-from broker import keys
 from broker.channel import ChannelProcess
-from broker.config import Settings
+from broker.core import keys
+from broker.core.config import Settings
 from broker.network import parse_network
 from broker.network_admin import apply_network
 from broker.subscriptions import subscribe

@@ -22,12 +22,13 @@ import pytest
 import redis
 import uvicorn
 
-from broker import keys, testing
+from broker import testing
 from broker.acl import RoleSpec, add_user
-from broker.config import Settings
 from broker.console import create_app
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.server import Server, free_port
 from broker.publish import Publisher
-from broker.server import Server, free_port
 from broker.status import status
 from broker.subscriptions import subscribe
 from broker.testing import queue_messages

@@ -15,16 +15,16 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from broker import keys
 from broker.acl import RoleSpec, add_user, admin_acl_file
-from broker.config import Settings
-from broker.connection import connect
 from broker.console import create_app
 from broker.console.app import COOKIE
 from broker.console.auth import REFUSED, url_as
 from broker.console.figures import Counters, RateMeter
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.server import EPHEMERAL, Server
 from broker.publish import Publisher
-from broker.server import EPHEMERAL, Server
 from broker.subscriptions import subscribe
 
 with warnings.catch_warnings():  # Starlette >= 1.x suggests httpx2; httpx is what the test extra installs

@@ -15,11 +15,12 @@ import time
 
 import pytest
 
-from broker import keys, subscribe
-from broker.config import Settings
+from broker import subscribe
 from broker.consumer import CRASH_POINTS, Delivery, Subscriber
-from broker.errors import InvalidMessage, ServerError
-from broker.models import encode_envelope
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.errors import InvalidMessage, ServerError
+from broker.core.models import encode_envelope
 from scripts.rig.consumers import run_crashing_consumer
 
 QM = "TEST"

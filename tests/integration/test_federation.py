@@ -20,16 +20,17 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from broker import cli, keys
+from broker import cli
 from broker.channel import ChannelProcess
-from broker.config import Settings
-from broker.connection import connect
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.models import Message
+from broker.core.server import Server, free_port
 from broker.links import link
-from broker.models import Message
 from broker.network import Topology, parse_network
 from broker.network_admin import apply_network, list_proxies, network_status, remove_proxies, withdraw
 from broker.publish import Publisher
-from broker.server import Server, free_port
 from broker.subscriptions import subscribe, unsubscribe
 from broker.testing import drain, make_workers, queue_messages
 from broker.topic_objects import Attributes, define, delete

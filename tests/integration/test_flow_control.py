@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker import keys
-from broker.models import publication_fields
+from broker.core import keys
+from broker.core.models import publication_fields
 from broker.publish import Publisher
 from broker.subscriptions import subscribe
 from broker.testing import FakeTime, drain, make_workers, work_while

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker import Publisher, keys, link, subscribe
-from broker.errors import CorruptRecord, ForeignKey
+from broker import Publisher, link, subscribe
+from broker.core import keys
+from broker.core.errors import CorruptRecord, ForeignKey
 from broker.routing import RoutingTable, explain
 from broker.status import status
 from broker.subscriptions import read_subscriptions, unsubscribe

@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from broker import Publisher, keys, subscribe
-from broker.config import ConsumerMode, Settings
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.core.config import ConsumerMode, Settings
 from broker.links import link
 from broker.maintenance import reset
 from broker.routing import RoutingTable

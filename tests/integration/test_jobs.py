@@ -10,8 +10,9 @@ import pytest
 from rq import Queue, SimpleWorker
 from rq.job import Job
 
-from broker import Publisher, keys, subscribe
-from broker.errors import InvalidSchedule, InvalidSelector, NoSuchSchedule
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.core.errors import InvalidSchedule, InvalidSelector, NoSuchSchedule
 from broker.jobs import (
     ADMIN_QUEUE,
     RUNNERS,

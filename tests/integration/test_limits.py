@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from broker import keys
-from broker.connection import connect
 from broker.consumer import Subscriber
-from broker.errors import InvalidTopicFilter, TooManyConsumers, TooManySubscriptions
-from broker.models import publication_fields
+from broker.core import keys
+from broker.core.connection import connect
+from broker.core.errors import InvalidTopicFilter, TooManyConsumers, TooManySubscriptions
+from broker.core.models import publication_fields
 from broker.publish import Publisher
 from broker.status import topic_status
 from broker.subscriptions import subscribe, unsubscribe

@@ -22,15 +22,16 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from broker import cli, keys
-from broker.config import Settings
-from broker.connection import connect
+from broker import cli
 from broker.consumer import Subscriber
-from broker.errors import ServerFull
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.errors import ServerFull
+from broker.core.models import publication_fields
+from broker.core.server import EPHEMERAL, Server
 from broker.maintenance import trim_acknowledged
-from broker.models import publication_fields
 from broker.publish import Publisher
-from broker.server import EPHEMERAL, Server
 from broker.subscriptions import subscribe, unsubscribe
 from broker.testing import drain, make_workers, queue_messages
 from broker.topic_objects import Attributes, define

@@ -7,9 +7,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker import Publisher, keys, subscribe
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.core.server import free_port
 from broker.metrics import METRICS, NULL_RECORDER, Recorder
-from broker.server import free_port
 from broker.testing import drain, make_workers, wait_for
 from broker.topic_objects import Attributes, define
 from worker.pool import Pool

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
-from broker import Publisher, keys, subscribe
+from broker import Publisher, subscribe
+from broker.core import keys
 from broker.status import status
 from broker.testing import queue_messages, wait_for
 from worker.pool import Pool

@@ -11,8 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from broker.connection import connect
-from broker.server import free_port
+from broker.core.connection import connect
+from broker.core.server import free_port
 from broker.status import status
 
 ROOT = Path(__file__).resolve().parents[2]

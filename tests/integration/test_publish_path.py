@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker import keys
-from broker.errors import ServerError
+from broker.core import keys
+from broker.core.errors import ServerError
 from broker.publish import Publisher
 
 QM = "TEST"

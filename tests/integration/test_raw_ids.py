@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
-from broker import keys
 from broker.channel import forwarded_fields
-from broker.models import encode_envelope, parse_entry
+from broker.core import keys
+from broker.core.models import encode_envelope, parse_entry
 from broker.routing import RoutingTable
 from broker.subscriptions import subscribe
 from broker.testing import drain, make_workers, queue_messages

@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
-from broker import ReplyTimeout, keys, list_subscriptions, subscribe
+from broker import ReplyTimeout, list_subscriptions, subscribe
 from broker.consumer import sweep_subscriptions
+from broker.core import keys
 from broker.request_reply import ERROR_PROPERTY, Requestor, Responder
 from broker.testing import make_workers
 

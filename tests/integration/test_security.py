@@ -35,21 +35,22 @@ from click.testing import CliRunner, Result
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from broker import cli, keys
+from broker import cli
 from broker.acl import RoleSpec, add_user
 from broker.channel import ChannelProcess
-from broker.config import Settings
-from broker.connection import connect
 from broker.consumer import Subscriber
-from broker.errors import ServerError
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.errors import ServerError
+from broker.core.models import Message
+from broker.core.principals import bind, bindings
+from broker.core.scripts import script_source
+from broker.core.server import Server, cli_binary, free_port
 from broker.links import link, unlink
-from broker.models import Message
 from broker.network import parse_network
 from broker.network_admin import apply_network
-from broker.principals import bind, bindings
 from broker.publish import Publisher
-from broker.scripts import script_source
-from broker.server import Server, cli_binary, free_port
 from broker.status import status
 from broker.subscriptions import SubscriptionRecord, subscribe, unsubscribe
 from broker.testing import drain, make_workers, queue_messages, work_while

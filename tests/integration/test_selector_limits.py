@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from broker import keys
-from broker.errors import SelectorTooComplex
-from broker.models import publication_fields
+from broker.core import keys
+from broker.core.errors import SelectorTooComplex
+from broker.core.models import publication_fields
 from broker.status import status
 from broker.subscriptions import subscribe
 from broker.testing import drain, make_workers, queue_messages

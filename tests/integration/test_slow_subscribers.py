@@ -14,9 +14,9 @@ import logging
 
 import pytest
 
-from broker import keys
-from broker.config import SlowSubscriberCondition
-from broker.models import publication_fields
+from broker.core import keys
+from broker.core.config import SlowSubscriberCondition
+from broker.core.models import publication_fields
 from broker.status import status
 from broker.subscriptions import remove_subscription, subscribe
 from broker.testing import drain, make_workers

@@ -14,7 +14,8 @@ import threading
 
 import pytest
 
-from broker import Publisher, keys, subscribe
+from broker import Publisher, subscribe
+from broker.core import keys
 from broker.status import status
 from broker.testing import make_workers
 from worker.loop import BUSY_POLL_MS, QUIET_WAIT_MS, Worker

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker import keys, subscribe, watch
-from broker.models import publication_fields
+from broker import subscribe, watch
+from broker.core import keys
+from broker.core.models import publication_fields
 
 QM = "TEST"
 

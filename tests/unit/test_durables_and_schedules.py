@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from broker.core.errors import CorruptRecord, InvalidSchedule, InvalidSelector
 from broker.durables import last_use, matching
-from broker.errors import CorruptRecord, InvalidSchedule, InvalidSelector
 from broker.jobs import RUNNERS
 from broker.schedules import JOBS, Schedule, check_params, new_schedule, next_run_ms
 from broker.subscriptions import SubscriptionRecord

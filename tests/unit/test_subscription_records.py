@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.config import ConsumerMode, Settings, load_settings
-from broker.errors import ConfigError, CorruptRecord
+from broker.core.config import ConsumerMode, Settings, load_settings
+from broker.core.errors import ConfigError, CorruptRecord
 from broker.subscriptions import SubscriptionRecord
 
 

@@ -7,7 +7,7 @@ though, redis-py's ``Script`` sends a ``SCRIPT EXISTS`` round trip before every
 sends plain ``EVALSHA`` and, on NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted
 server), calls ``load`` and sends the pipeline again, which is safe because
 every unit of work is fenced. The wrappers take and return plain Python
-values; the key layout they assume is documented in ``broker.keys``.
+values; the key layout they assume is documented in ``broker.core.keys``.
 
 Errors: a wrapper raises ``ForeignKey`` when its script stopped on a foreign
 queue-manager-wide key (the script's error reply ``BROKER foreign key: <key> holds a
@@ -28,10 +28,10 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.config import Settings
-from broker.errors import ForeignKey, ServerFull
-from broker.unit_of_work import CommitBatch
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.errors import ForeignKey, ServerFull
+from broker.core.unit_of_work import CommitBatch
 
 
 def _b(text: str) -> bytes:
@@ -310,7 +310,7 @@ class Scripts:
 
         Decode the reply (after ``checked(reply, "unit of work")``, which raises ``ForeignKey``
         for a foreign queue-manager-wide key and ``ServerFull`` for a full server, nothing
-        written either way) with ``broker.unit_of_work.decode_outcomes`` and
+        written either way) with ``broker.core.unit_of_work.decode_outcomes`` and
         ``decode_disconnects``; see ``broker/lua/commit.lua``.
 
         Args:

@@ -28,8 +28,8 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from broker.connection import TLSOptions
-from broker.errors import ConfigError
+from broker.core.connection import TLSOptions
+from broker.core.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = Path("configs") / "broker.toml"
 
@@ -101,7 +101,7 @@ class SlowSubscriberCondition(BaseModel):
     Attributes:
         name: the root topic: the first level (``mqtt``: ``sport`` for ``sport/tennis``;
             "" for the topics beginning with ``/``) or node (``swiftmq``: ``feed`` for
-            ``feed.bloomberg``) of the topics it covers (``broker.schemes.root_topic``).
+            ``feed.bloomberg``) of the topics it covers (``broker.core.schemes.root_topic``).
         max_messages: messages waiting in a subscriber queue (every priority band) at
             which it counts as slow, >= 1.
         persistence_mode: the publications it applies to: ``persistent``,
@@ -193,7 +193,7 @@ class Settings(BaseSettings):
             a 768 KB one (60,000 comparisons) added 23 ms to each. The default, 10,240, is IBM
             MQ's MQ_SELECTOR_LENGTH, the most a selection string may have there, so a selector
             an MQ application uses fits; the work is bounded further, whatever the size, by
-            ``broker.selectors`` (``MAX_TERMS`` 1,000 terms, nesting ``MAX_DEPTH``/``MAX_PARENS``).
+            ``broker.core.selectors`` (``MAX_TERMS`` 1,000 terms, nesting ``MAX_DEPTH``/``MAX_PARENS``).
         max_subscriptions_per_client: most subscriptions one client id may have (counted in
             the transaction that writes a new one; a ``$share/<ShareName>/`` one counts under
             its ShareName); a new one beyond it is refused (``TooManySubscriptions``).
@@ -240,7 +240,7 @@ class Settings(BaseSettings):
         topic_scheme: how topic strings are read, for the whole queue manager:
             ``mqtt`` (``/`` levels, ``+`` and ``#`` wildcards, MQTT 5 §4.7) or
             ``swiftmq`` (``.`` nodes, SQL-LIKE predicate nodes, hierarchy rules
-            of SwiftMQ's Topic Manager, seed 003; ``broker.hierarchy``). The first
+            of SwiftMQ's Topic Manager, seed 003; ``broker.core.hierarchy``). The first
             worker or subscribe records it in ``{qm}:manager``; a process whose
             setting differs is refused (``broker reset`` to change it).
         direct_subscriber_selection: swiftmq scheme: a publication's topic is a
@@ -279,7 +279,7 @@ class Settings(BaseSettings):
             one ``redis_url`` names (``redis://user:password@host:port/0``; it is allowed
             everything: give workers and others their own users with ``broker acl add``);
             ``broker publish`` publishes through the ingress stream of the user it is
-            authenticated as (``broker.principals``).
+            authenticated as (``broker.core.principals``).
         server_port: TCP port of the embedded server.
         server_dir: data directory of the embedded server.
         server_config: a redis.conf for the embedded server; empty (the default)
@@ -289,7 +289,7 @@ class Settings(BaseSettings):
             loopback address by default: put a TLS proxy in front to serve it further.
         console_port: TCP port of the web console.
         console_session_idle_ms: a console login unused for this long is logged out, ms.
-        log_format: how every broker process logs (``broker.logs``): ``text`` (one line per
+        log_format: how every broker process logs (``broker.core.logs``): ``text`` (one line per
             record, control characters escaped) or ``json`` (one JSON object per line, for
             log shippers); a line about a publication carries its ``msgid``, ``publisher``
             and ``entry_id``. ``broker --log-format``, ``BROKER_LOG_FORMAT``.
@@ -408,7 +408,7 @@ class Settings(BaseSettings):
     @field_validator("consumer_modes")
     @classmethod
     def _predicates_valid(cls, value: list[ConsumerMode]) -> list[ConsumerMode]:
-        from broker.selectors import like
+        from broker.core.selectors import like
 
         for rule in value:
             like(rule.predicate, "")  # raises ValueError (InvalidSelector) for a bad pattern
@@ -417,7 +417,7 @@ class Settings(BaseSettings):
     @field_validator("topics")
     @classmethod
     def _declared_valid(cls, value: list[str]) -> list[str]:
-        from broker.hierarchy import validate_topic
+        from broker.core.hierarchy import validate_topic
 
         for topic in value:
             validate_topic(topic)  # raises InvalidTopic, a ValueError
@@ -436,7 +436,7 @@ class Settings(BaseSettings):
     def _one_condition_per_root_topic(
         cls, value: list[SlowSubscriberCondition], info: ValidationInfo
     ) -> list[SlowSubscriberCondition]:
-        from broker.schemes import separator
+        from broker.core.schemes import separator
 
         scheme = info.data.get("topic_scheme", "mqtt")
         sep = separator(scheme)
@@ -484,7 +484,7 @@ class Settings(BaseSettings):
 
     def consumer_mode(self, sub_id: str) -> ConsumerModeName:
         """The consumer mode of subscription ``sub_id``: the first rule whose predicate matches, else exclusive."""
-        from broker.selectors import like
+        from broker.core.selectors import like
 
         for rule in self.consumer_modes:
             if like(rule.predicate, sub_id):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from broker.config import SlowSubscriberCondition
+from broker.core.config import SlowSubscriberCondition
 
 #: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..8] are fixed keys).
 FIRST_QUEUE_KEY = 9

@@ -131,7 +131,7 @@ from a prefix passed in ARGV, never from a prefix written in Lua:
 
 - the ingress streams (``dequeue.lua``): ``ingress_prefix(qm)`` = ``{qm}:in:`` followed by
   a principal name from ``{qm}:principals`` (Python twin: ``ingress``); principal names
-  hold no ``:`` (``broker.principals``).
+  hold no ``:`` (``broker.core.principals``).
 
 Tests check that the Lua and Python builders give the same strings.
 
@@ -141,13 +141,13 @@ Topic schemes and declared topics (``{qm}:manager``, ``{qm}:declared``)
 filter of the queue manager is read: ``mqtt`` (absent means ``mqtt``: ``/`` levels,
 ``+``/``#``) or ``swiftmq`` (``.`` nodes, SQL-LIKE ``%``/``_`` predicate nodes after
 the root with ``\\`` as escape; a subscription to a node also receives its parents'
-and sub-nodes' publications: ``broker.hierarchy``). ``direct_subscriber_selection``
+and sub-nodes' publications: ``broker.core.hierarchy``). ``direct_subscriber_selection``
 ``false`` makes a swiftmq publication's topic a predicate over the fields of
 ``{qm}:declared``. The first worker writes both (HSETNX); change them only on an
 empty queue manager. Declare a topic as a subscription is made:
 ``MULTI; HSET {qm}:declared <topic> '{"declared_ms":0,"source":"cli"}'; INCR {qm}:version; EXEC``.
 
-Publishing with security on (``broker.principals``, ``broker.acl``)
+Publishing with security on (``broker.core.principals``, ``broker.acl``)
 --------------------------------------------------------------------
 A publisher's ACL user (its *principal*) may ``XADD`` to one key only, its ingress stream:
 ``XADD {qm}:in:<principal> * publisher <id> topic <topic> body <body> ...`` (the same fields as
@@ -556,7 +556,7 @@ def topic_objects(qm: str) -> str:
 
 def manager(qm: str) -> str:
     """The queue manager's own record, ``{qm}:manager``: hash ``topic_scheme`` -> ``mqtt`` | ``swiftmq``
-    (written once, by the first worker or subscribe; ``broker.schemes.recorded_scheme``)."""
+    (written once, by the first worker or subscribe; ``broker.core.schemes.recorded_scheme``)."""
     return f"{_tag(qm)}:manager"
 
 
@@ -776,7 +776,7 @@ def network_agents(qm: str) -> str:
     return f"{_tag(qm)}:agents"
 
 
-# --- Security: authenticated ingress (``broker.principals``, ``broker.acl``) ---
+# --- Security: authenticated ingress (``broker.core.principals``, ``broker.acl``) ---
 
 
 def ingress_prefix(qm: str) -> str:

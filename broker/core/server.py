@@ -23,8 +23,8 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 
-from broker.connection import TLSOptions
-from broker.errors import ServerNotFound
+from broker.core.connection import TLSOptions
+from broker.core.errors import ServerNotFound
 
 #: Directives for a throwaway in-memory server (tests, the demo).
 EPHEMERAL = ("--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction")

@@ -21,8 +21,8 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.errors import ForeignKey
+from broker.core import keys
+from broker.core.errors import ForeignKey
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ import re
 
 import redis
 
-from broker import keys
-from broker.connection import translate_errors
-from broker.errors import InvalidName
+from broker.core import keys
+from broker.core.connection import translate_errors
+from broker.core.errors import InvalidName
 
 #: Principal names: ACL user names the broker accepts (they are part of a key name).
 PRINCIPAL = re.compile(r"^[A-Za-z0-9_.@\-]{1,64}$")

@@ -32,9 +32,9 @@ from typing import Any, cast
 
 import redis
 
-from broker import keys
-from broker.errors import BacklogTimeout, ConnectionLost
-from broker.stream import group_state
+from broker.core import keys
+from broker.core.errors import BacklogTimeout, ConnectionLost
+from broker.core.stream import group_state
 
 
 def parse_delay(raw: bytes | str | int | None) -> int:

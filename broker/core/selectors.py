@@ -28,11 +28,11 @@ A selector is parsed once (a hand-written tokenizer and a recursive-descent
 parser) into nested closures, cached by :func:`compile_selector`; evaluating
 never re-parses and never raises, whatever the property values.
 
-Errors: :class:`broker.errors.InvalidSelector` (a ``ValueError``) for a
+Errors: :class:`broker.core.errors.InvalidSelector` (a ``ValueError``) for a
 selector that does not parse, or whose literals make it wrong whatever the
 properties (``5``, ``'a' < 'b'``, ``'a' + 1 = 2``), with the 0-based position;
 :func:`like` raises it for an invalid pattern or escape character. Its subclass
-:class:`broker.errors.SelectorTooComplex` refuses a selector over a bound on the
+:class:`broker.core.errors.SelectorTooComplex` refuses a selector over a bound on the
 work it costs every publication it is evaluated for: ``MAX_TERMS``, ``MAX_TOKENS``,
 ``MAX_DEPTH``, ``MAX_PARENS`` here, and its size in bytes (:func:`check_size`,
 ``Settings.max_selector_bytes``).
@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.errors import InvalidSelector, SelectorTooComplex
+from broker.core.errors import InvalidSelector, SelectorTooComplex
 
 __all__ = [
     "InvalidSelector",

@@ -45,9 +45,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 
-from broker.errors import InvalidSelector, InvalidTopic, InvalidTopicFilter
-from broker.selectors import like_regex
-from broker.topics import MAX_TOPIC_BYTES, common_problem, strip_invalid_characters
+from broker.core.errors import InvalidSelector, InvalidTopic, InvalidTopicFilter
+from broker.core.selectors import like_regex
+from broker.core.topics import MAX_TOPIC_BYTES, common_problem, strip_invalid_characters
 
 __all__ = [
     "ESCAPE",
@@ -70,7 +70,7 @@ _WILD = frozenset("%_")
 def _string_problem(text: str) -> str | None:
     """The rules a swiftmq topic name and a swiftmq filter share; None when ``text`` keeps them.
 
-    Those of the mqtt scheme (``broker.topics.common_problem``), and no empty node.
+    Those of the mqtt scheme (``broker.core.topics.common_problem``), and no empty node.
     """
     problem = common_problem(text)
     if problem is not None:
@@ -83,7 +83,7 @@ def _string_problem(text: str) -> str | None:
 def _node_pattern(node: str) -> re.Pattern[str] | None:
     """Parse one node of a filter: None for a plain node, else its compiled SQL-LIKE predicate.
 
-    The predicate's semantics are ``broker.selectors.like`` with ``\\`` as the escape.
+    The predicate's semantics are ``broker.core.selectors.like`` with ``\\`` as the escape.
 
     Raises:
         InvalidSelector: a ``\\`` last, or before a character other than ``%``, ``_`` or ``\\``.
@@ -389,7 +389,7 @@ class HierarchyIndex:
 
     Plain subscriptions and predicate subscriptions live in two tries, so that
     a plain topic's match does not grow with the number of predicates. Same
-    interface as ``broker.topics.TopicIndex``.
+    interface as ``broker.core.topics.TopicIndex``.
     """
 
     __slots__ = ("_plain", "_predicates")

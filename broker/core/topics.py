@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from broker.errors import (
+from broker.core.errors import (
     InvalidLink,
     InvalidTopic,
     InvalidTopicFilter,

@@ -7,10 +7,10 @@ setting differs from the recorded one is refused with ``ConfigError`` rather tha
 matching differently from the others.
 
 * ``mqtt``: ``/``-separated levels, ``+``/``#`` wildcards (MQTT 5 §4.7,
-  ``broker.topics``).
+  ``broker.core.topics``).
 * ``swiftmq``: ``.``-separated nodes, SQL-LIKE predicate nodes after the root,
   publish/subscribe reaching parents and sub-nodes (SwiftMQ's Topic Manager,
-  seed 003, ``broker.hierarchy``).
+  seed 003, ``broker.core.hierarchy``).
 
 The **root topic** of a topic string is its first level (``mqtt``) or node
 (``swiftmq``): slow-subscriber conditions are defined per root topic.
@@ -22,15 +22,15 @@ from typing import Any, Literal, Protocol, cast
 
 import redis
 
-from broker import keys
-from broker.connection import as_bytes, translate_errors
-from broker.errors import ConfigError, ForeignKey
+from broker.core import keys
+from broker.core.connection import as_bytes, translate_errors
+from broker.core.errors import ConfigError, ForeignKey
 
 SchemeName = Literal["mqtt", "swiftmq"]
 
 
 class ManagerSettings(Protocol):
-    """The settings ``record_manager`` reads (``broker.config.Settings`` has them: named here, not
+    """The settings ``record_manager`` reads (``broker.core.config.Settings`` has them: named here, not
     imported, since the settings' validation uses this module's ``separator``)."""
 
     @property

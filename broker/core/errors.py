@@ -42,7 +42,7 @@ class BrokerError(Exception):
 class ConfigError(BrokerError, ValueError):
     """A configuration file or ``BROKER_*`` environment variable is invalid.
 
-    Raised at start-up by ``broker.config.load_settings``; the message names the
+    Raised at start-up by ``broker.core.config.load_settings``; the message names the
     file and the field.
     """
 
@@ -79,9 +79,9 @@ class InvalidTopic(BrokerError, ValueError):
 class InvalidSelector(BrokerError, ValueError):
     """A message selector (Jakarta Messaging 3.1 §3.8.1.1) is invalid.
 
-    Raised by ``broker.selectors.compile_selector`` and ``broker.selectors.select``
+    Raised by ``broker.core.selectors.compile_selector`` and ``broker.core.selectors.select``
     for a syntax error or a type error found when the selector is parsed, and by
-    ``broker.selectors.like`` for an invalid LIKE pattern or escape character
+    ``broker.core.selectors.like`` for an invalid LIKE pattern or escape character
     (then ``selector`` holds the pattern).
 
     Attributes:
@@ -109,8 +109,8 @@ class SelectorTooComplex(InvalidSelector):
     A subscription's selector is evaluated for every publication its filter matches, so its
     size bounds what one subscription adds to each of them (a 768 KB selector of 60,000
     comparisons added 23 ms to every matching publication). Raised by
-    ``broker.selectors.compile_selector`` (the number of terms, tokens and the nesting, fixed
-    in ``broker.selectors``) and ``broker.selectors.check_size`` (``Settings.max_selector_bytes``)
+    ``broker.core.selectors.compile_selector`` (the number of terms, tokens and the nesting, fixed
+    in ``broker.core.selectors``) and ``broker.core.selectors.check_size`` (``Settings.max_selector_bytes``)
     when a subscription is made; the routing table skips a stored record over them (a
     ``CorruptRecord`` that ``broker status`` names).
 
@@ -345,7 +345,7 @@ class ReplyTimeout(BrokerError, TimeoutError):
 class BacklogTimeout(ReplyTimeout):
     """A bulk publisher waited for room under the flow-control backlog limit longer than allowed.
 
-    Raised by ``broker.flow.wait_for_room``.
+    Raised by ``broker.core.flow.wait_for_room``.
     """
 
     exit_code = 3

@@ -19,8 +19,15 @@ from redis.cluster import RedisCluster
 from redis.connection import Connection, ConnectionPool, parse_url
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
-from broker import keys
-from broker.errors import ClusterUnsupported, ConfigError, ConnectionLost, ForeignKey, ServerError, ServerFull
+from broker.core import keys
+from broker.core.errors import (
+    ClusterUnsupported,
+    ConfigError,
+    ConnectionLost,
+    ForeignKey,
+    ServerError,
+    ServerFull,
+)
 
 #: Oldest server the broker supports (XAUTOCLAIM, LMOVE, SET ... GET, Lua 5.1 + cjson).
 MIN_SERVER_VERSION = (7, 0)

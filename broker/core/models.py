@@ -1,6 +1,6 @@
 """The message model, the stream entry it travels in, and the envelope subscribers pop.
 
-The wire formats are documented in ``broker.keys`` (``keys.PROTOCOL_VERSION``). The
+The wire formats are documented in ``broker.core.keys`` (``keys.PROTOCOL_VERSION``). The
 worker's hot path uses ``parse_entry`` and ``encode_envelope`` on plain dicts;
 ``Message`` (pydantic) is what the Python publisher takes and the subscriber
 returns.
@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from broker import keys
-from broker.errors import InvalidMessage, shown
+from broker.core import keys
+from broker.core.errors import InvalidMessage, shown
 
 #: User property values: JSON scalars (Jakarta Messaging §3.5 property types, minus byte).
 PropertyValue = str | int | float | bool | None
@@ -56,7 +56,7 @@ class Message(BaseModel):
             over a channel (``broker.network``); None when published here.
         route: the queue managers it passed through before this one, origin first.
         principal: the ACL user that published it through its ingress stream
-            (``broker.principals``; Redis enforced it), or None.
+            (``broker.core.principals``; Redis enforced it), or None.
     """
 
     model_config = ConfigDict(frozen=True)
