@@ -40,11 +40,11 @@ from broker.core.keys import PROTOCOL_VERSION
 from broker.core.models import Message
 from broker.core.selectors import like, select
 from broker.core.topics import matches, validate_filter, validate_topic
-from broker.links import link, list_links, unlink, unlink_all
 from broker.publish import Publisher, PublishResult
-from broker.routing import explain
 from broker.status import status
-from broker.subscriptions import list_subscriptions, subscribe, unsubscribe
+from broker.topics.links import link, list_links, unlink, unlink_all
+from broker.topics.routing import explain
+from broker.topics.subscriptions import list_subscriptions, subscribe, unsubscribe
 
 __all__ = [
     "PROTOCOL_VERSION",

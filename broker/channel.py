@@ -4,7 +4,7 @@ One channel process runs per queue manager (a Procfile process type, supervised 
 workers). It does two things in one loop:
 
 - **The agent** (SwiftMQ's subscription exchange, IBM MQ's proxy subscriptions; seeds 002
-  and 003, ``broker.network``): it writes what this queue manager announces
+  and 003, ``broker.topics.topology``): it writes what this queue manager announces
   (``{qm}:announced``: the keys of its subscriptions, "some/none"), reads what every other
   queue manager announces and the cluster topic objects they define, and reconciles this
   queue manager's proxy subscriptions (``{qm}:proxies``) and cluster topic copies
@@ -53,15 +53,15 @@ from broker.core.logs import publication_extra
 from broker.core.models import decode_envelope, header_timestamp_ms
 from broker.core.schemes import separator
 from broker.core.scripts import script_source
-from broker.network import (
+from broker.topics.routing import RoutingTable
+from broker.topics.topic_objects import TopicObject, fixed_prefix
+from broker.topics.topology import (
     Network,
     ProxySubscription,
     Topology,
     announce_key,
     parse_network,
 )
-from broker.routing import RoutingTable
-from broker.topic_objects import TopicObject, fixed_prefix
 
 log = logging.getLogger("broker.channel")
 

@@ -60,7 +60,7 @@ from broker.core.connection import as_bytes, block_slice_ms, translate_errors
 from broker.core.errors import ConsumerConflict, InvalidMessage, ServerError, TooManyConsumers
 from broker.core.models import Message, decode_header, message_of, usual_values
 from broker.core.scripts import script_source
-from broker.subscriptions import (
+from broker.topics.subscriptions import (
     SubscriptionRecord,
     check_name,
     read_subscriptions,

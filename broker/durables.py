@@ -39,7 +39,7 @@ from broker.core import keys
 from broker.core.connection import translate_errors
 from broker.core.errors import BrokerError, ForeignKey, InvalidSelector
 from broker.core.selectors import like
-from broker.subscriptions import SubscriptionRecord, read_subscriptions, remove_subscription
+from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions, remove_subscription
 
 log = logging.getLogger("broker.durables")
 

@@ -629,7 +629,7 @@ class RedisCollector(Collector):
         """Each channel's lag, as its sender sees it: entries added to the transmission stream
         minus those filed, dropped as already filed or dead-lettered (``broker.channel.Mover``)."""
         from broker.channel import read_network
-        from broker.network import Topology
+        from broker.topics.topology import Topology
 
         network = read_network(self.client, self.qm)
         if network is None:

@@ -15,7 +15,7 @@ from broker.channel import UNREACHABLE, Agent, Peers, read_announced, read_netwo
 from broker.core import keys
 from broker.core.connection import TLSOptions, redact_url, translate_errors
 from broker.core.errors import ConfigError
-from broker.network import Network, ProxySubscription, Topology, proxy_field
+from broker.topics.topology import Network, ProxySubscription, Topology, proxy_field
 
 
 def _text(raw: bytes | str | None) -> str:

@@ -34,7 +34,7 @@ from broker.core.errors import ConnectionLost, InvalidMessage, ReplyTimeout, Ser
 from broker.core.flow import FlowGate, parse_delay
 from broker.core.models import PropertyValue, publication_fields
 from broker.core.topics import validate_topic
-from broker.topic_objects import topic_of
+from broker.topics.topic_objects import topic_of
 
 
 def _direct_pool(client: Any) -> redis.ConnectionPool | None:
@@ -100,7 +100,7 @@ class PublishResult:
             ``wait``, else from the publisher's flow key read with the XADD (the delay of
             its latest publications the workers handled). 0: no wait, or flow control off.
         forwarded: how many channels to other queue managers it was forwarded on (when waited
-            for; ``broker.network``): its subscribers there are not counted in ``subscriptions``.
+            for; ``broker.topics.topology``): its subscribers there are not counted in ``subscriptions``.
     """
 
     status: str
@@ -242,7 +242,7 @@ class Publisher:
             message_type: JMSType, carried to subscribers (selectors can test it).
             timestamp_ms: publish time to record, ms; default the stream entry's.
             topic_object: publish through this topic object: its topic string, joined with
-                ``/`` to ``topic`` when ``topic`` is not empty (IBM MQ; ``broker.topic_objects``).
+                ``/`` to ``topic`` when ``topic`` is not empty (IBM MQ; ``broker.topics.topic_objects``).
             wait: block until a worker has handled it and return its result.
             timeout_ms: how long to wait for the result, ms (not counting the flow-control wait).
 

@@ -30,7 +30,7 @@ from broker.core.logs import publication_extra
 from broker.core.models import Message, PropertyValue
 from broker.core.topics import validate_topic
 from broker.publish import Publisher
-from broker.subscriptions import SubscriptionRecord, subscribe
+from broker.topics.subscriptions import SubscriptionRecord, subscribe
 
 log = logging.getLogger("broker.request_reply")
 

@@ -22,10 +22,10 @@ from broker.core.errors import BrokerError, ForeignKey, InvalidTopicFilter
 from broker.core.schemes import scheme_of
 from broker.core.stream import GroupState, clock_problem, group_state
 from broker.core.topics import validate_topic
-from broker.links import read_links
-from broker.routing import RoutingTable, network_problems
-from broker.subscriptions import SubscriptionRecord, read_subscriptions
-from broker.topic_objects import BASE, read_tree
+from broker.topics.links import read_links
+from broker.topics.routing import RoutingTable, network_problems
+from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions
+from broker.topics.topic_objects import BASE, read_tree
 
 #: A worker whose last heartbeat is older than this is shown as "silent", ms.
 SILENT_AFTER_MS = 5_000

@@ -32,7 +32,7 @@ from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.models import Message
 from broker.core.server import Server
-from broker.subscriptions import subscribe
+from broker.topics.subscriptions import subscribe
 
 if TYPE_CHECKING:  # the workers are imported when made: ``broker`` does not import ``worker`` at import
     from worker.loop import Worker

@@ -65,7 +65,7 @@ def main() -> int:
     import redis
 
     from broker.core.config import Settings
-    from broker.subscriptions import subscribe
+    from broker.topics.subscriptions import subscribe
     from worker.loop import Worker
 
     url, pid, n = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -49,7 +49,7 @@ def run(
     from broker.core.models import decode_header
     from broker.maintenance import reset
     from broker.publish import Publisher
-    from broker.subscriptions import subscribe
+    from broker.topics.subscriptions import subscribe
     from worker.pool import Pool
 
     client = connect(url)

@@ -40,8 +40,8 @@ from broker import Publisher, subscribe
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.server import Server
-from broker.routing import RoutingTable
-from broker.subscriptions import unsubscribe
+from broker.topics.routing import RoutingTable
+from broker.topics.subscriptions import unsubscribe
 from worker.loop import Worker
 
 QM = "BENCH"

@@ -84,7 +84,7 @@ Federation (``--federation``)
 
     python -m scripts.chaos --federation --seconds 20 [--seed 1] [--workers 2] [--rate 100]
 
-Three queue managers in one network (``broker.network``) over a local 3-master
+Three queue managers in one network (``broker.topics.topology``) over a local 3-master
 Redis Cluster (``broker.demo.local_cluster.LocalCluster(aof=True,
 full_coverage=False)``, ``appendfsync always``), each queue manager's keys on a
 master of its own: ``ROOT``, the hierarchy's root, and its children ``EAST`` and
@@ -159,14 +159,14 @@ from broker.core.errors import BrokerError, ConnectionLost, ConsumerConflict, Se
 from broker.core.models import publication_fields
 from broker.core.server import Server, free_port, server_binary
 from broker.core.stream import group_state
-from broker.links import link
 from broker.maintenance import trim_acknowledged
-from broker.network import ProxySubscription, announce_key, parse_network
 from broker.network_admin import apply_network
 from broker.publish import Publisher
 from broker.status import status
-from broker.subscriptions import subscribe
-from broker.topic_objects import Attributes, define
+from broker.topics.links import link
+from broker.topics.subscriptions import subscribe
+from broker.topics.topic_objects import Attributes, define
+from broker.topics.topology import ProxySubscription, announce_key, parse_network
 from scripts.rig.cluster import LocalCluster, spread_names
 from scripts.rig.history import History, Poison, Publication, network_recipients, recipients
 from scripts.rig.hook import KILLER_FIELD, run_channel, run_worker
@@ -1764,7 +1764,7 @@ def _code_version() -> str:
 
 
 def _subscriptions(client: redis.Redis, qm: str = QM) -> list[Any]:
-    from broker.subscriptions import list_subscriptions
+    from broker.topics.subscriptions import list_subscriptions
 
     return list_subscriptions(client, qm)
 

@@ -67,11 +67,11 @@ from broker.core.selectors import compile_selector, like
 from broker.core.server import Server
 from broker.core.topics import TopicIndex, split_shared
 from broker.demo.oracle import Expectation, score
-from broker.network import load_network
 from broker.publish import Publisher
-from broker.subscriptions import SubscriptionRecord, subscribe, unsubscribe
 from broker.testing import make_workers
-from broker.topic_objects import load_file
+from broker.topics.subscriptions import SubscriptionRecord, subscribe, unsubscribe
+from broker.topics.topic_objects import load_file
+from broker.topics.topology import load_network
 from scripts.rig import fuzzing as fz
 from worker.loop import Worker
 

@@ -32,13 +32,13 @@ from broker.consumer import sweep_subscriptions
 from broker.core import keys
 from broker.core.errors import BrokerError
 from broker.core.logs import publication_extra
-from broker.subscriptions import remove_subscription
+from broker.topics.subscriptions import remove_subscription
 
 if TYPE_CHECKING:
     from broker.core.config import Settings
     from broker.core.scripts import Scripts
     from broker.metrics import NullRecorder
-    from broker.routing import RoutingTable
+    from broker.topics.routing import RoutingTable
 
 
 class Worker(Protocol):

@@ -89,9 +89,9 @@ from broker.core.unit_of_work import (
     decode_disconnects,
     decode_outcomes,
 )
-from broker.declared import seed_declared
 from broker.metrics import recorder
-from broker.routing import RoutingTable
+from broker.topics.declared import seed_declared
+from broker.topics.routing import RoutingTable
 from worker.decide import Decider, log_refused
 from worker.housekeeping import Housekeeping
 from worker.suspects import Suspects, record_alone

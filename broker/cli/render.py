@@ -22,14 +22,14 @@ from broker.acl import UserRow
 from broker.consumer import Load
 from broker.core.models import Message
 from broker.dead_letters import DeadLetter
-from broker.declared import Declared
 from broker.durables import Deletion
 from broker.network_admin import NetworkStatus, ProxyRow
 from broker.publish import PublishResult
-from broker.routing import Route
 from broker.status import Snapshot, TopicNode, TopicStatus
-from broker.subscriptions import SubscriptionRecord
-from broker.topic_objects import TopicObject
+from broker.topics.declared import Declared
+from broker.topics.routing import Route
+from broker.topics.subscriptions import SubscriptionRecord
+from broker.topics.topic_objects import TopicObject
 
 if TYPE_CHECKING:  # broker.schedules imports croniter: only `broker jobs` needs it
     from broker.schedules import Schedule

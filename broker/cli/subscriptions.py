@@ -23,9 +23,9 @@ from broker.core.errors import (
 )
 from broker.durables import delete_durables
 from broker.status import usage_list
-from broker.subscriptions import read_subscriptions
-from broker.subscriptions import subscribe as subscribe_to
-from broker.subscriptions import unsubscribe as unsubscribe_from
+from broker.topics.subscriptions import read_subscriptions
+from broker.topics.subscriptions import subscribe as subscribe_to
+from broker.topics.subscriptions import unsubscribe as unsubscribe_from
 
 #: How long one blocking receive waits when ``subscribe`` has no ``--timeout-ms``, ms.
 POLL_MS = 1_000

@@ -21,8 +21,8 @@ from broker.core.config import Settings
 from broker.core.stream import group_state
 from broker.network_admin import NetworkStatus, network_status
 from broker.status import TopicNode, status, topic_status, topic_tree
-from broker.subscriptions import read_subscriptions
-from broker.topic_objects import BASE, read_tree
+from broker.topics.subscriptions import read_subscriptions
+from broker.topics.topic_objects import BASE, read_tree
 
 #: Readings older than this are forgotten by ``RateMeter``, ms.
 RATE_WINDOW_MS = 10_000

@@ -34,7 +34,7 @@ from broker.core.errors import ConfigError
 DEFAULT_CONFIG_FILE = Path("configs") / "broker.toml"
 
 #: Limits against abuse (``Settings``): their defaults, also those of the library functions
-#: that take them (``broker.subscriptions.subscribe``).
+#: that take them (``broker.topics.subscriptions.subscribe``).
 DEFAULT_MAX_PROPERTIES_BYTES = 65_536
 DEFAULT_MAX_TOPIC_BYTES = 4_096
 DEFAULT_MAX_TOPIC_LEVELS = 32
@@ -110,7 +110,7 @@ class SlowSubscriberCondition(BaseModel):
         subscription_type: the subscriptions it applies to: ``local`` and ``all`` match
             every subscription of this queue manager; ``remote`` would match the
             transmission streams of the channels to other queue managers
-            (``broker.network``), which are not watched: a transmission stream keeps
+            (``broker.topics.topology``), which are not watched: a transmission stream keeps
             filed entries for ``retention_ms``, so its length is not its backlog. A
             ``remote`` condition matches no subscriber and costs nothing.
         disconnect_non_durable_subscriber: also remove a non-durable subscription it

@@ -155,7 +155,7 @@ class InvalidTopicFilter(BrokerError, ValueError):
 class LinkCycle(BrokerError, ValueError):
     """A link from ``source`` to ``target`` would close a cycle of links.
 
-    Raised by ``broker.links.link`` unless the link is requested as a backward
+    Raised by ``broker.topics.links.link`` unless the link is requested as a backward
     link (seed 000: "unless the backwards link is explicitly requested ... the
     cyclic dependency checking is performed at link time").
 
@@ -192,7 +192,7 @@ class NoSuchLink(BrokerError, LookupError):
 
 
 class NoSuchTopic(BrokerError, LookupError):
-    """``broker topic undeclare`` names a topic that is not declared (``broker.declared``)."""
+    """``broker topic undeclare`` names a topic that is not declared (``broker.topics.declared``)."""
 
     exit_code = 2
 
@@ -217,7 +217,7 @@ class SubscriptionConflict(BrokerError, ValueError):
 class TooManySubscriptions(BrokerError):
     """A new subscription is refused: its client id has ``max_subscriptions_per_client`` already.
 
-    Counted in the same transaction that would write it (``broker.subscriptions.subscribe``),
+    Counted in the same transaction that would write it (``broker.topics.subscriptions.subscribe``),
     so concurrent subscribes of one client id never go over the limit. Attaching to an
     existing subscription is never refused.
 

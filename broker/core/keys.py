@@ -45,7 +45,7 @@ key                                 type      contents                          
 ``{qm}:sub:<sub id>:redelivered``   hash      entry id -> deliveries that failed             recover.lua              receive.lua (delivery count)
 ``{qm}:expired``                    hash      sub id -> messages that expired while waiting  receive.lua              operators
 ``{qm}:topics``                     hash      topic object name -> JSON (topic string,       ``broker topic``         workers, subscribe
-                                              attributes; ``broker.topic_objects``)
+                                              attributes; ``broker.topics.topic_objects``)
 ``{qm}:manager``                    hash      ``topic_scheme`` -> ``mqtt`` or ``swiftmq``   first worker/subscribe   workers, subscribe
 ``{qm}:declared``                   hash      declared topic -> JSON ``{"declared_ms": n}`` ``broker topic declare`` workers (indirect
                                                                                                                  selection), operators
@@ -158,7 +158,7 @@ bound to its principal (``HGET {qm}:principals <principal>``: ids, one per line)
 dead-lettered with the reason instead. Results are read as before
 (``BLPOP {qm}:reply:<n>:<id>:<msgid>``), and envelopes carry ``principal``.
 
-Many queue managers (``broker.network``, ``broker.channel``)
+Many queue managers (``broker.topics.topology``, ``broker.channel``)
 ------------------------------------------------------------
 A publication that must reach another queue manager is written, in its unit of work, to the
 transmission stream ``{qm}:xmit:<to qm>`` of the channel to the next queue manager on its
@@ -550,7 +550,7 @@ def sub_redelivered(qm: str, sub_id: str) -> str:
 
 
 def topic_objects(qm: str) -> str:
-    """The hash of administrative topic objects: ``{qm}:topics``, name -> JSON (``broker.topic_objects``)."""
+    """The hash of administrative topic objects: ``{qm}:topics``, name -> JSON (``broker.topics.topic_objects``)."""
     return f"{_tag(qm)}:topics"
 
 
@@ -709,12 +709,12 @@ def schedules(qm: str) -> str:
     return f"{_tag(qm)}:schedules"
 
 
-# --- Many queue managers, one topic space (``broker.network``, ``broker.channel``) ---
+# --- Many queue managers, one topic space (``broker.topics.topology``, ``broker.channel``) ---
 
 
 def network(qm: str) -> str:
     """The network's topology as this queue manager knows it, ``{qm}:network``: a string of JSON
-    (``broker.network.Network``, with its digest), written by ``broker network apply``."""
+    (``broker.topics.topology.Network``, with its digest), written by ``broker network apply``."""
     return f"{_tag(qm)}:network"
 
 
@@ -727,7 +727,7 @@ def announced(qm: str) -> str:
 
 def proxies(qm: str) -> str:
     """The proxy subscriptions held here for other queue managers, ``{qm}:proxies``: hash
-    ``<remote qm> <dynamic|static> <topic key>`` -> JSON (``broker.network.ProxySubscription``)."""
+    ``<remote qm> <dynamic|static> <topic key>`` -> JSON (``broker.topics.topology.ProxySubscription``)."""
     return f"{_tag(qm)}:proxies"
 
 

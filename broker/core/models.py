@@ -53,7 +53,7 @@ class Message(BaseModel):
         body: the body, bytes (binary-safe end to end).
         entry_id: the publish stream entry id, set by the broker.
         origin: the queue manager it was published at, when it came from another one
-            over a channel (``broker.network``); None when published here.
+            over a channel (``broker.topics.topology``); None when published here.
         route: the queue managers it passed through before this one, origin first.
         principal: the ACL user that published it through its ingress stream
             (``broker.core.principals``; Redis enforced it), or None.
@@ -536,7 +536,7 @@ def set_header(header: dict[str, Any], name: str, value: Any) -> None:
 
 
 def apply_topic_defaults(entry: Entry, fields: dict[bytes, bytes], attributes: Any) -> None:
-    """Apply a topic's effective DEFPSIST, DEFPRTY and CAPEXPRY (``broker.topic_objects``) to an entry.
+    """Apply a topic's effective DEFPSIST, DEFPRTY and CAPEXPRY (``broker.topics.topic_objects``) to an entry.
 
     A publication that gives no ``persistent`` / ``priority`` field gets the topic's default;
     its expiration is capped at its publish time (``ts``) + CAPEXPRY ms.
@@ -648,7 +648,7 @@ def publication_fields(
         fields["seq"] = str(seq)
     if timestamp_ms is not None:
         fields["ts"] = str(timestamp_ms)
-    # Not given (None): the topic's default applies (DEFPSIST / DEFPRTY, broker.topic_objects).
+    # Not given (None): the topic's default applies (DEFPSIST / DEFPRTY, broker.topics.topic_objects).
     if persistent is not None:
         fields["persistent"] = "1" if persistent else "0"
     if priority is not None:

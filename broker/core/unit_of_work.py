@@ -91,7 +91,7 @@ class UnitOfWork:
         topic: the topic string (journal).
         enqueued_ms: the publication's time, ms since the epoch (journal).
         delivery: ``ALL``, ``ALLDUR`` or ``ALLAVAIL``: what to do when a recipient queue
-            is at its MAXDEPTH (``broker.topic_objects``).
+            is at its MAXDEPTH (``broker.topics.topic_objects``).
         dead_letter: a refused publication goes to the dead-letter stream (USEDLQ).
         slow: the slow-subscriber condition of the publication's root topic, when it
             applies to the publication (``SlowSubscriberCondition.applies``); the

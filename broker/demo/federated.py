@@ -5,7 +5,7 @@ LGA and EWR (a hierarchy), and all three are members of the publish/subscribe cl
 ``NYC``. JFK defines the cluster topic objects ``NYC.FLIGHTS`` (``/FLIGHTS``) and
 ``NYC.WEATHER`` (``/WEATHER``), ``CLUSTER(NYC) CLROUTE(DIRECT)``; the channel processes copy
 them to LGA and EWR. Every topic published is under one of them, so every publication is in
-the same route class (``broker.network``): it takes one path to each queue manager, and each
+the same route class (``broker.topics.topology``): it takes one path to each queue manager, and each
 publisher's publications arrive everywhere in its order (publications of one publisher in
 two route classes could take different paths: their relative order is not promised).
 
@@ -62,9 +62,9 @@ from broker.demo.replay import (
     score_queues,
     settings_for,
 )
-from broker.network import Network, Topology, parse_network, proxy_field
 from broker.network_admin import apply_network
-from broker.topic_objects import Attributes, define
+from broker.topics.topic_objects import Attributes, define
+from broker.topics.topology import Network, Topology, parse_network, proxy_field
 from worker.pool import Pool
 
 #: The publish/subscribe cluster of all three queue managers.

@@ -70,10 +70,10 @@ from broker.core.stream import ensure_group, group_state
 from broker.demo.local_cluster import LocalCluster
 from broker.demo.oracle import Expectation, link_closure, link_targets, score
 from broker.demo.oracle import recipients as oracle_recipients
-from broker.links import link
 from broker.maintenance import reset
 from broker.publish import Publisher
-from broker.subscriptions import SubscriptionRecord, subscribe
+from broker.topics.links import link
+from broker.topics.subscriptions import SubscriptionRecord, subscribe
 from worker.pool import Pool
 
 #: The demo's subscriptions: ``(filter, client id, durable name or None)``.

@@ -68,7 +68,7 @@
 -- ARGV[7] journal: approximate max length of the journal stream; 0 = no journal
 -- ARGV[8] the subscriber queue prefix "{qm}:sub:" (subscription ids and bells are read from
 --   the queue keys); a recipient key outside it is a transmission stream "{qm}:xmit:<to qm>"
---   (a proxy subscription's queue, broker.network): it gets one XADD * e <envelope> per
+--   (a proxy subscription's queue, broker.topics.topology): it gets one XADD * e <envelope> per
 --   publication, is never gone, watched or counted for flow control, and holds a stream
 -- ARGV[9] approximate cap of the dead-letter stream, records
 -- ARGV[10] max_body_bytes: a dead letter keeps a field (the body) only up to this size

@@ -20,13 +20,13 @@ Every child process and the server are stopped at the end, whatever happens.
 Workload (measurements 2-4)
 ---------------------------
 1,000 topics ``bench/<r>/<c>/<j>``, 1,450 subscriptions and 1,100 links, made
-with the broker's own admin API (``broker.subscribe``, ``broker.links.link``)
+with the broker's own admin API (``broker.subscribe``, ``broker.topics.links.link``)
 once, DUMPed and RESTOREd after each flush. Every topic reaches exactly F=10
 subscriber queues: one exact subscription, six through ``+``/``#`` filters
 (one of which, ``+/<r>/#``, matches the topic and both of its linked topics
 and must be delivered once), and two that only links reach
 (``bench/r/c/j -> audit/r/c -> audit/r``). F is checked with
-``broker.routing.explain`` on a sample of topics before, and as
+``broker.topics.routing.explain`` on a sample of topics before, and as
 deliveries / N after every run. Publications have a 200-byte body and come
 from 50 publishers (``p00``..``p49``) through ``broker.Publisher``, which
 always sets a msgid (so every unit of work writes a dedup record); the pool
@@ -109,7 +109,7 @@ Measurements
    shown for each.
 9. **Topic objects**: as 2 with 2 workers, twice side by side (in alternating
    order when repeated), same topology and publications: in one run 200
-   administrative topic objects (``broker.topic_objects.define``, after the
+   administrative topic objects (``broker.topics.topic_objects.define``, after the
    restore, untimed) are bound to prefixes of the benchmark's topics --
    ``bench/r``, ``audit/r`` and ``bench/r/c`` of regions 0-8 and 92 leaf topics
    (``workload.topic_object_plan``) -- so 90% of the publications fall under an

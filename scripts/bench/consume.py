@@ -10,7 +10,7 @@ import redis
 
 from broker.core import keys
 from broker.core.config import Settings
-from broker.subscriptions import subscribe
+from broker.topics.subscriptions import subscribe
 from scripts.bench.base import QM, Ctx, Figures, Measurement, Row, cpu3, fmt
 from scripts.bench.cpu import CpuMeter, commandstats, redis_pid
 from scripts.bench.preload import preload_queue

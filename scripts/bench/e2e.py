@@ -45,7 +45,7 @@ def e2e_consumer(
     from broker.consumer import Subscriber
     from broker.core.config import Settings
     from broker.core.connection import connect
-    from broker.subscriptions import SubscriptionRecord
+    from broker.topics.subscriptions import SubscriptionRecord
 
     client = connect(url)
     record = SubscriptionRecord.from_json(sub_id, record_json, qm)
@@ -110,7 +110,7 @@ def run_e2e(
     import multiprocessing
     from array import array
 
-    from broker.subscriptions import read_subscriptions
+    from broker.topics.subscriptions import read_subscriptions
 
     qm = topo.qm
     topo.restore(client)

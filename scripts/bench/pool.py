@@ -19,7 +19,7 @@ from broker.core import keys
 from broker.core.config import Settings
 from broker.core.models import Message
 from broker.core.stream import group_state
-from broker.topic_objects import TopicObject
+from broker.topics.topic_objects import TopicObject
 from scripts.bench.cpu import CpuMeter, commandstats, redis_pid
 from scripts.bench.preload import preload, publisher_ids
 from scripts.bench.topology import Principals, Topology

@@ -14,7 +14,7 @@ import redis
 from broker.core import keys
 from broker.core.models import encode_envelope, publication_fields
 from broker.publish import Publisher
-from broker.routing import RoutingTable
+from broker.topics.routing import RoutingTable
 from scripts.bench.topology import Principals
 from scripts.bench.workload import PUBLISHERS, TOPICS, BenchError, bodies, selector_props
 

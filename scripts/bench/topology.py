@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import redis
 
 from broker.core import keys
-from broker.links import link
-from broker.routing import RoutingTable, explain
-from broker.subscriptions import subscribe
+from broker.topics.links import link
+from broker.topics.routing import RoutingTable, explain
+from broker.topics.subscriptions import subscribe
 from scripts.bench.workload import (
     FANOUT,
     SWIFT_TOPICS,

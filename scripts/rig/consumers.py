@@ -15,7 +15,7 @@ import threading
 from broker.consumer import Subscriber
 from broker.core.config import Settings
 from broker.core.connection import connect
-from broker.subscriptions import SubscriptionRecord
+from broker.topics.subscriptions import SubscriptionRecord
 
 
 def run_consumer(

@@ -45,10 +45,10 @@ from pydantic import ValidationError
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.errors import BrokerError
-from broker.declared import declare, undeclare
-from broker.links import link, unlink, unlink_all
-from broker.subscriptions import subscribe, unsubscribe
-from broker.topic_objects import BASE, Attributes, TopicObject, alter, apply, define, delete
+from broker.topics.declared import declare, undeclare
+from broker.topics.links import link, unlink, unlink_all
+from broker.topics.subscriptions import subscribe, unsubscribe
+from broker.topics.topic_objects import BASE, Attributes, TopicObject, alter, apply, define, delete
 
 R = random.Random
 
@@ -731,7 +731,7 @@ def settings_toml(r: R) -> dict[str, Any]:
 
 _ATTRIBUTES = tuple(Attributes.model_fields)
 
-#: Values each attribute takes (``broker.topic_objects.Attributes``), USEDLQ(NO) left out.
+#: Values each attribute takes (``broker.topics.topic_objects.Attributes``), USEDLQ(NO) left out.
 _VALID_ATTRIBUTES: dict[str, tuple[Any, ...]] = {
     "pub": ("ENABLED", "DISABLED", "ASPARENT"),
     "sub": ("ENABLED", "DISABLED", "ASPARENT"),
@@ -799,7 +799,7 @@ def object_name(r: R) -> str:
 
 
 def topics_toml(r: R) -> dict[str, Any]:
-    """A topic-object file's content (``broker.topic_objects.load_file``)."""
+    """A topic-object file's content (``broker.topics.topic_objects.load_file``)."""
     if r.random() < 0.1:
         return {r.choice(("topic", "topics", text(r, 6))): random_value(r)}
     items = []
@@ -817,7 +817,7 @@ def topics_toml(r: R) -> dict[str, Any]:
 
 
 def network_toml(r: R, qm: str = "QM1") -> dict[str, Any]:
-    """A network file's content (``broker.network.load_network``); ``qm`` is often in it."""
+    """A network file's content (``broker.topics.topology.load_network``); ``qm`` is often in it."""
     names = [qm, qm, "QM2", "QM3", "Q M", "", "x" * 65, "é"]
     qms: dict[str, Any] = {}
     for _ in range(r.randint(0, 3)):
@@ -1148,7 +1148,7 @@ def network_set(r: R, scheme: str, qm: str) -> list[tuple[str, bytes | None, byt
     """Records that put ``qm`` in a network and make it forward: the network (``qm`` with a parent
     and cluster peers), proxy subscriptions held for the others, cluster topic copies (their
     hosts sometimes not names) and a cluster topic object; each in the shape ``corrupt_record``
-    returns. Publications then take ``broker.routing``'s forwarding path, with junk along it."""
+    returns. Publications then take ``broker.topics.routing``'s forwarding path, with junk along it."""
     sep = "/" if scheme == "mqtt" else "."
     network = {
         "announce": r.choice(("root", "topic")),

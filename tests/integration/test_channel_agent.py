@@ -6,9 +6,9 @@ from __future__ import annotations
 from broker.channel import ChannelProcess
 from broker.core import keys
 from broker.core.config import Settings
-from broker.network import parse_network
 from broker.network_admin import apply_network
-from broker.subscriptions import subscribe
+from broker.topics.subscriptions import subscribe
+from broker.topics.topology import parse_network
 
 
 def test_an_agent_round_with_nothing_new_keeps_the_proxy_subscriptions_and_the_version(

@@ -41,10 +41,10 @@ from broker.core.errors import ConfigError
 from broker.core.models import publication_fields
 from broker.core.server import Server
 from broker.core.stream import ensure_group
-from broker.network import parse_network
 from broker.network_admin import apply_network, list_proxies, network_status
-from broker.routing import RoutingTable
 from broker.testing import drain, make_workers, queue_messages, wait_for
+from broker.topics.routing import RoutingTable
+from broker.topics.topology import parse_network
 from scripts.rig.proxy import Proxy, evalsha
 from worker.loop import Worker
 

@@ -30,9 +30,9 @@ from broker.core.config import Settings
 from broker.core.server import Server, free_port
 from broker.publish import Publisher
 from broker.status import status
-from broker.subscriptions import subscribe
 from broker.testing import queue_messages
-from broker.topic_objects import Attributes, alter, define
+from broker.topics.subscriptions import subscribe
+from broker.topics.topic_objects import Attributes, alter, define
 from worker.pool import Pool
 
 QM = "TEST"

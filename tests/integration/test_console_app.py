@@ -25,7 +25,7 @@ from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.server import EPHEMERAL, Server
 from broker.publish import Publisher
-from broker.subscriptions import subscribe
+from broker.topics.subscriptions import subscribe
 
 with warnings.catch_warnings():  # Starlette >= 1.x suggests httpx2; httpx is what the test extra installs
     warnings.simplefilter("ignore")

@@ -25,7 +25,7 @@ from broker.dead_letters import (
     show,
 )
 from broker.testing import drain, make_workers, queue_messages
-from broker.topic_objects import Attributes, alter, define
+from broker.topics.topic_objects import Attributes, alter, define
 
 QM = "TEST"
 DISABLED = Selection(reason="pub(disabled)")

@@ -1,4 +1,4 @@
-"""Many queue managers, one topic space, against real servers (``broker.network``, ``broker.channel``).
+"""Many queue managers, one topic space, against real servers (``broker.topics.topology``, ``broker.channel``).
 
 The main topologies run on the session's 3-master Redis Cluster (``local_cluster``): each queue
 manager lives in its own ``{qm}`` slot, so channels cross masters. Every test names its queue
@@ -27,13 +27,13 @@ from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.models import Message
 from broker.core.server import Server, free_port
-from broker.links import link
-from broker.network import Topology, parse_network
 from broker.network_admin import apply_network, list_proxies, network_status, remove_proxies, withdraw
 from broker.publish import Publisher
-from broker.subscriptions import subscribe, unsubscribe
 from broker.testing import drain, make_workers, queue_messages
-from broker.topic_objects import Attributes, define, delete
+from broker.topics.links import link
+from broker.topics.subscriptions import subscribe, unsubscribe
+from broker.topics.topic_objects import Attributes, define, delete
+from broker.topics.topology import Topology, parse_network
 from scripts.rig.cluster import LocalCluster
 
 _tags = itertools.count()

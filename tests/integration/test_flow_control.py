@@ -17,8 +17,8 @@ import pytest
 from broker.core import keys
 from broker.core.models import publication_fields
 from broker.publish import Publisher
-from broker.subscriptions import subscribe
 from broker.testing import FakeTime, drain, make_workers, work_while
+from broker.topics.subscriptions import subscribe
 from tests.conftest import QM
 
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from broker.consumer import Subscriber
 from broker.core import keys
 from broker.core.config import Settings
-from broker.subscriptions import subscribe
 from broker.testing import drain, make_workers, queue_messages
+from broker.topics.subscriptions import subscribe
 from scripts.fuzz import Fuzz
 from scripts.rig import fuzzing as fz
 

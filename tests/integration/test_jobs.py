@@ -25,8 +25,8 @@ from broker.jobs import (
     usage_snapshot,
 )
 from broker.schedules import next_run_ms
-from broker.subscriptions import list_subscriptions
 from broker.testing import drain, make_workers
+from broker.topics.subscriptions import list_subscriptions
 
 QM = "TEST"
 

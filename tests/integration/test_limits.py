@@ -20,9 +20,9 @@ from broker.core.errors import InvalidTopicFilter, TooManyConsumers, TooManySubs
 from broker.core.models import publication_fields
 from broker.publish import Publisher
 from broker.status import topic_status
-from broker.subscriptions import subscribe, unsubscribe
 from broker.testing import drain, make_workers, queue_messages, work_while
-from broker.topic_objects import BASE, Attributes, alter, define
+from broker.topics.subscriptions import subscribe, unsubscribe
+from broker.topics.topic_objects import BASE, Attributes, alter, define
 from tests.conftest import QM
 
 

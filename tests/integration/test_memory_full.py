@@ -32,9 +32,9 @@ from broker.core.models import publication_fields
 from broker.core.server import EPHEMERAL, Server
 from broker.maintenance import trim_acknowledged
 from broker.publish import Publisher
-from broker.subscriptions import subscribe, unsubscribe
 from broker.testing import drain, make_workers, queue_messages
-from broker.topic_objects import Attributes, define
+from broker.topics.subscriptions import subscribe, unsubscribe
+from broker.topics.topic_objects import Attributes, define
 from worker.loop import RETRY_PAUSE_MS, Worker
 
 QM = "MEM"

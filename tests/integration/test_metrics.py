@@ -12,7 +12,7 @@ from broker.core import keys
 from broker.core.server import free_port
 from broker.metrics import METRICS, NULL_RECORDER, Recorder
 from broker.testing import drain, make_workers, wait_for
-from broker.topic_objects import Attributes, define
+from broker.topics.topic_objects import Attributes, define
 from worker.pool import Pool
 
 QM = "TEST"

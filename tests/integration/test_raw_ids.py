@@ -14,9 +14,9 @@ import json
 from broker.channel import forwarded_fields
 from broker.core import keys
 from broker.core.models import encode_envelope, parse_entry
-from broker.routing import RoutingTable
-from broker.subscriptions import subscribe
 from broker.testing import drain, make_workers, queue_messages
+from broker.topics.routing import RoutingTable
+from broker.topics.subscriptions import subscribe
 from tests.conftest import QM
 
 RAW_MSGID = b"u\xff"

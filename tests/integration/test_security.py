@@ -47,15 +47,15 @@ from broker.core.models import Message
 from broker.core.principals import bind, bindings
 from broker.core.scripts import script_source
 from broker.core.server import Server, cli_binary, free_port
-from broker.links import link, unlink
-from broker.network import parse_network
 from broker.network_admin import apply_network
 from broker.publish import Publisher
 from broker.status import status
-from broker.subscriptions import SubscriptionRecord, subscribe, unsubscribe
 from broker.testing import drain, make_workers, queue_messages, work_while
-from broker.topic_objects import Attributes, define
-from broker.topic_objects import delete as delete_object
+from broker.topics.links import link, unlink
+from broker.topics.subscriptions import SubscriptionRecord, subscribe, unsubscribe
+from broker.topics.topic_objects import Attributes, define
+from broker.topics.topic_objects import delete as delete_object
+from broker.topics.topology import parse_network
 from worker.loop import Worker
 
 QM = "TEST"

@@ -14,11 +14,11 @@ from broker import Publisher, subscribe
 from broker.core import keys
 from broker.core.config import ConsumerMode, Settings
 from broker.core.errors import ConfigError, InvalidTopicFilter, NoSuchTopic, SubscriptionRefused
-from broker.declared import declare, list_declared, undeclare
-from broker.links import link
 from broker.status import status
 from broker.testing import drain, make_workers, queue_messages
-from broker.topic_objects import Attributes, define, topic_of
+from broker.topics.declared import declare, list_declared, undeclare
+from broker.topics.links import link
+from broker.topics.topic_objects import Attributes, define, topic_of
 
 QM = "TEST"
 

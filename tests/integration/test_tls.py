@@ -29,9 +29,9 @@ from broker.core.connection import TLSOptions, connect, wait_for_server
 from broker.core.errors import ConfigError, ConnectionLost, ServerNotFound
 from broker.core.server import cli_binary, cli_command
 from broker.jobs import ADMIN_QUEUE, schedule
-from broker.network import parse_network
 from broker.network_admin import apply_network, list_proxies
 from broker.testing import drain, make_workers, queue_messages, wait_for
+from broker.topics.topology import parse_network
 from scripts.rig.tls import Certificates, TLSCluster, TLSServer, make_certificates, tls_binary
 from worker.pool import Pool
 

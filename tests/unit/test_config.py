@@ -119,7 +119,7 @@ def test_public_entry_points_raise_broker_errors_not_redis_py_errors():
     import redis
 
     from broker import ConnectionLost, Subscriber, explain, link, list_subscriptions, status, subscribe
-    from broker.subscriptions import SubscriptionRecord
+    from broker.topics.subscriptions import SubscriptionRecord
 
     down = redis.Redis(port=1, socket_connect_timeout=0.2, retry_on_error=[], retry=None)
     record = SubscriptionRecord("app$x", "/a", True, 0)

@@ -10,8 +10,8 @@ import pytest
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.unit_of_work import Action
-from broker.routing import RoutingTable
-from broker.subscriptions import subscribe
+from broker.topics.routing import RoutingTable
+from broker.topics.subscriptions import subscribe
 from worker.decide import COMMIT_CHUNK, Decider
 
 QM = "TEST"

@@ -53,13 +53,12 @@ from broker.core.models import (
 from broker.core.scripts import entry_fields
 from broker.core.selectors import compile_selector, like
 from broker.core.topics import TopicIndex
-from broker.declared import parse_declared, undeclare
-from broker.links import parse_links
-from broker.network import ProxySubscription, load_network, parse_network
 from broker.publish import Publisher
-from broker.routing import RoutingTable
-from broker.subscriptions import parse_subscriptions, subscribe, unsubscribe
-from broker.topic_objects import (
+from broker.topics.declared import parse_declared, undeclare
+from broker.topics.links import parse_links
+from broker.topics.routing import RoutingTable
+from broker.topics.subscriptions import parse_subscriptions, subscribe, unsubscribe
+from broker.topics.topic_objects import (
     Attributes,
     TopicObject,
     TopicTree,
@@ -70,6 +69,7 @@ from broker.topic_objects import (
     load_file,
     topic_of,
 )
+from broker.topics.topology import ProxySubscription, load_network, parse_network
 from scripts.rig import fuzzing as fz
 
 QM = "FZ"

@@ -7,7 +7,7 @@ import pytest
 from broker import subscribe, unsubscribe
 from broker.core import keys
 from broker.core.errors import NoSuchSubscription, SubscriptionConflict
-from broker.subscriptions import list_subscriptions
+from broker.topics.subscriptions import list_subscriptions
 
 QM = "TEST"
 

@@ -27,8 +27,8 @@ from broker.core.models import parse_entry, publication_fields
 from broker.core.topics import limit_problem
 from broker.core.unit_of_work import Action
 from broker.publish import Publisher
-from broker.subscriptions import subscribe, unsubscribe
-from broker.topic_objects import BASE, Attributes, TopicObject, TopicTree
+from broker.topics.subscriptions import subscribe, unsubscribe
+from broker.topics.topic_objects import BASE, Attributes, TopicObject, TopicTree
 from worker.loop import Worker
 
 QM = "UNIT"

@@ -12,7 +12,7 @@ from broker.channel import forwarded_fields
 from broker.core.errors import ConfigError
 from broker.core.models import Message, encode_envelope, parse_entry, publication_fields
 from broker.core.topics import matches as mqtt_matches
-from broker.network import (
+from broker.topics.topology import (
     EVERYTHING,
     LOCAL,
     ProxySubscription,

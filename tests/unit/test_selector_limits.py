@@ -18,7 +18,7 @@ from broker.core import keys
 from broker.core.config import Settings
 from broker.core.errors import ConfigError, CorruptRecord, InvalidSelector, SelectorTooComplex
 from broker.core.selectors import MAX_PARENS, MAX_TERMS, MAX_TOKENS, check_size, compile_selector
-from broker.subscriptions import SubscriptionRecord, parse_subscriptions, subscribe
+from broker.topics.subscriptions import SubscriptionRecord, parse_subscriptions, subscribe
 
 QM = "QMU"
 #: The selector of the issue: 60,000 ORed comparisons, 768 KB.

@@ -6,7 +6,7 @@ import pytest
 
 from broker.core.config import ConsumerMode, Settings, load_settings
 from broker.core.errors import ConfigError, CorruptRecord
-from broker.subscriptions import SubscriptionRecord
+from broker.topics.subscriptions import SubscriptionRecord
 
 
 def test_record_round_trips_and_leaves_defaults_out():

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from broker.core.errors import ConfigError, CorruptRecord
-from broker.topic_objects import BASE, Attributes, TopicObject, TopicTree, fixed_prefix, load_file, parent_of
+from broker.topics.topic_objects import (
+    BASE,
+    Attributes,
+    TopicObject,
+    TopicTree,
+    fixed_prefix,
+    load_file,
+    parent_of,
+)
 
 
 def _tree(*objects: TopicObject) -> TopicTree:

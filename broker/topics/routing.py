@@ -39,9 +39,11 @@ from broker.core.selectors import Selector, compile_selector
 from broker.core.topics import LinkGraph, TopicIndex, validate_topic
 from broker.core.topics import matches as mqtt_matches
 from broker.core.topics import validate_filter as mqtt_validate_filter
-from broker.declared import parse_declared
-from broker.links import parse_links
-from broker.network import (
+from broker.topics.declared import parse_declared
+from broker.topics.links import parse_links
+from broker.topics.subscriptions import SubscriptionRecord, parse_subscriptions
+from broker.topics.topic_objects import Effective, TopicTree, fixed_prefix
+from broker.topics.topology import (
     EVERYTHING,
     LOCAL,
     ProxySubscription,
@@ -50,8 +52,6 @@ from broker.network import (
     key_matches,
     parse_network,
 )
-from broker.subscriptions import SubscriptionRecord, parse_subscriptions
-from broker.topic_objects import Effective, TopicTree, fixed_prefix
 
 log = logging.getLogger("broker.routing")
 
@@ -499,7 +499,7 @@ class RoutingTable:
         return problems
 
     def route_class(self, topic: str) -> RouteClass:
-        """The route class of a publication on ``topic`` (``broker.network``): the cluster of the
+        """The route class of a publication on ``topic`` (``broker.topics.topology``): the cluster of the
         closest cluster topic object at or above it (one defined here first, else the network's
         copies), with its topic hosts under CLROUTE(TOPICHOST); ``LOCAL`` for a local topic."""
         sep = self.tree.separator
@@ -522,7 +522,7 @@ class RoutingTable:
 
     def forwards(self, entry: Entry, attributes: Effective | None = None) -> tuple[str, ...]:
         """The transmission streams a publication goes to: one per channel whose far side
-        leads to a queue manager holding a proxy subscription for it (``broker.network``).
+        leads to a queue manager holding a proxy subscription for it (``broker.topics.topology``).
 
         A publication made here under ``PUBSCOPE(QMGR)`` goes nowhere else (IBM MQ). One that
         came over a channel goes on only towards destinations whose path from its origin runs

@@ -7,7 +7,7 @@ network (seed 003):
   flows along parent-child edges; the hierarchy is a tree (no cycles).
 - **Publish/subscribe clusters** (IBM MQ): queue managers that name the same cluster.
   Only *cluster topics* flow between members: topics under a topic object with the
-  ``CLUSTER`` attribute (``broker.topic_objects``); other topics are local and never cross
+  ``CLUSTER`` attribute (``broker.topics.topic_objects``); other topics are local and never cross
   a cluster edge. ``CLROUTE(DIRECT)``: every member sends straight to every member.
   ``CLROUTE(TOPICHOST)``: edges only between a member and the *topic hosts*, the members
   that define the clustered topic object, so a publication travels through a host.

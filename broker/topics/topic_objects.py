@@ -34,7 +34,7 @@ USEDLQ      YES | NO                      commit.lua: whether a refused publicat
 WILDCARD    PASSTHRU | BLOCK              worker: wildcard subscriptions above the node
                                           get nothing at or below it (not inherited)
 PUBSCOPE    QMGR | ALL                    worker: a publication made here under QMGR is not
-                                          forwarded to other queue managers (``broker.network``)
+                                          forwarded to other queue managers (``broker.topics.topology``)
 SUBSCOPE    QMGR | ALL                    channel process: a subscription made under QMGR is
                                           not announced to other queue managers
 CLUSTER     a cluster name, "" for none   worker: topics under the node are cluster topics of

@@ -15,7 +15,7 @@ logs the subscription id with the new version in ``{qm}:sub_changes``. A worker
 reads that counter in the same atomic call that dequeues, and brings its routing
 table to it before it resolves, so a publication enqueued after ``subscribe``
 returned always reaches the new subscription (the worker applies the logged
-changes alone: ``broker.routing.RoutingTable.refresh``).
+changes alone: ``broker.topics.routing.RoutingTable.refresh``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from broker.core.schemes import recorded_scheme, separator
 from broker.core.scripts import script_source
 from broker.core.selectors import check_size, compile_selector, like
 from broker.core.topics import limit_problem, split_shared, validate_filter
-from broker.topic_objects import TopicTree, fixed_prefix, topic_of
+from broker.topics.topic_objects import TopicTree, fixed_prefix, topic_of
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
@@ -319,7 +319,7 @@ def subscribe(
         InvalidName: the client id, name or ShareName has characters other than ``A-Za-z0-9_.-``.
         SubscriptionConflict: the subscription exists with another filter, selector, no-local or sharing.
         SubscriptionRefused: a new subscription under a topic object with ``SUB(DISABLED)``,
-            or a durable one under ``DURSUB(NO)`` (``broker.topic_objects``).
+            or a durable one under ``DURSUB(NO)`` (``broker.topics.topic_objects``).
         CorruptRecord: the stored record of this subscription cannot be read
             (``unsubscribe`` removes it).
     """
