@@ -6,7 +6,8 @@ subscriber queue whose filter matches its topic or a topic linked from it.
 The wire protocol is documented in ``broker.core.keys``.
 """
 
-from broker.consumer import Delivery, Subscriber
+from broker.clients.consumer import Delivery, Subscriber
+from broker.clients.publish import Publisher, PublishResult
 from broker.core.config import Settings, load_settings
 from broker.core.connection import connect
 from broker.core.errors import (
@@ -40,7 +41,6 @@ from broker.core.keys import PROTOCOL_VERSION
 from broker.core.models import Message
 from broker.core.selectors import like, select
 from broker.core.topics import matches, validate_filter, validate_topic
-from broker.publish import Publisher, PublishResult
 from broker.status import status
 from broker.topics.links import link, list_links, unlink, unlink_all
 from broker.topics.routing import explain

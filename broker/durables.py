@@ -34,7 +34,7 @@ from typing import Any
 
 import redis
 
-from broker.consumer import subscription_load
+from broker.clients.consumer import subscription_load
 from broker.core import keys
 from broker.core.connection import translate_errors
 from broker.core.errors import BrokerError, ForeignKey, InvalidSelector

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import redis
 
-from broker.consumer import subscription_load
+from broker.clients.consumer import subscription_load
 from broker.core import hierarchy, keys
 from broker.core.connection import read_hash, translate_errors
 from broker.core.errors import BrokerError, ForeignKey, InvalidTopicFilter

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
-from broker.consumer import Delivery, Subscriber
+from broker.clients.consumer import Delivery, Subscriber
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect

@@ -37,7 +37,7 @@ def _control(pid: str, *args: str) -> None:
 
 
 def _preload(client: object, count: int, salt: str) -> None:
-    from broker.publish import Publisher
+    from broker.clients.publish import Publisher
 
     publishers = [Publisher(client, QM, p) for p in PUBLISHERS]  # type: ignore[arg-type]
     sent, k = 0, 0

@@ -40,8 +40,8 @@ def _timed(call: Any, n: int) -> tuple[float, float]:
 
 def measure(client: Any, n: int) -> dict[str, float]:
     """Time ``n`` publish() calls with flow control on and off, and ``n`` bare XADDs (see the module text)."""
+    from broker.clients.publish import Publisher
     from broker.core import keys
-    from broker.publish import Publisher
 
     out: dict[str, float] = {"n": n}
     # a commit before flow control (no flow_control argument) publishes as "flow_off" does

@@ -43,12 +43,12 @@ def run(
     url: str, qm: str, rate: float, duration_s: float, publishers: int, concurrency: int
 ) -> dict[str, Any]:
     """Measure one run (see the module text); returns the figures printed."""
+    from broker.clients.publish import Publisher
     from broker.core import keys
     from broker.core.config import Settings
     from broker.core.connection import connect
     from broker.core.models import decode_header
     from broker.maintenance import reset
-    from broker.publish import Publisher
     from broker.topics.subscriptions import subscribe
     from worker.pool import Pool
 

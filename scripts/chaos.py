@@ -151,7 +151,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from broker.consumer import Subscriber
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
@@ -161,7 +162,6 @@ from broker.core.server import Server, free_port, server_binary
 from broker.core.stream import group_state
 from broker.maintenance import trim_acknowledged
 from broker.network_admin import apply_network
-from broker.publish import Publisher
 from broker.status import status
 from broker.topics.links import link
 from broker.topics.subscriptions import subscribe

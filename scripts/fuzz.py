@@ -50,7 +50,8 @@ from typing import Any
 
 import redis
 
-from broker.consumer import Subscriber
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
 from broker.core import hierarchy, keys, topics
 from broker.core.config import Settings, load_settings
 from broker.core.connection import connect
@@ -67,7 +68,6 @@ from broker.core.selectors import compile_selector, like
 from broker.core.server import Server
 from broker.core.topics import TopicIndex, split_shared
 from broker.demo.oracle import Expectation, score
-from broker.publish import Publisher
 from broker.testing import make_workers
 from broker.topics.subscriptions import SubscriptionRecord, subscribe, unsubscribe
 from broker.topics.topic_objects import load_file

@@ -10,12 +10,12 @@ import redis
 
 from broker.cli.common import State
 from broker.cli.render import _describe_result
+from broker.clients.publish import Publisher, PublishResult
 from broker.core.errors import (
     PublicationRefused,
     ServerError,
 )
 from broker.core.models import PropertyValue
-from broker.publish import Publisher, PublishResult
 
 
 def _parse_properties(

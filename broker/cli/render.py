@@ -19,12 +19,12 @@ from rich.text import Text
 from rich.tree import Tree
 
 from broker.acl import UserRow
-from broker.consumer import Load
+from broker.clients.consumer import Load
+from broker.clients.publish import PublishResult
 from broker.core.models import Message
 from broker.dead_letters import DeadLetter
 from broker.durables import Deletion
 from broker.network_admin import NetworkStatus, ProxyRow
-from broker.publish import PublishResult
 from broker.status import Snapshot, TopicNode, TopicStatus
 from broker.topics.declared import Declared
 from broker.topics.routing import Route

@@ -198,7 +198,7 @@ def _from_usual_header(header: dict[str, Any], body: bytes) -> Message | None:
 def usual_values(header: dict[str, Any]) -> dict[str, Any] | None:
     """The checked field values of a header of the usual shape (``_from_usual_header``), the body
     not yet set, or None for any other shape. A consumer checks each envelope it takes with this
-    (``broker.consumer``) and makes the message from the values only when it is read
+    (``broker.clients.consumer``) and makes the message from the values only when it is read
     (``message_of``)."""
     values = _DEFAULTS.copy()
     get = header.get

@@ -59,7 +59,8 @@ import redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from broker.consumer import Subscriber
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import as_bytes, connect, is_tls_url, redact_url
@@ -71,7 +72,6 @@ from broker.demo.local_cluster import LocalCluster
 from broker.demo.oracle import Expectation, link_closure, link_targets, score
 from broker.demo.oracle import recipients as oracle_recipients
 from broker.maintenance import reset
-from broker.publish import Publisher
 from broker.topics.links import link
 from broker.topics.subscriptions import SubscriptionRecord, subscribe
 from worker.pool import Pool

@@ -7,8 +7,8 @@ A subscription is a topic filter (MQTT 5 §4.7), optionally a selector
 subscription keeps collecting while its consumers are away and lasts until
 ``unsubscribe``; a non-durable one is removed (with its queue) when its last
 consumer closes it, or ``subscription_expiry_ms`` after its consumers stopped
-renewing their leases (``broker.consumer.sweep_subscriptions``). Consumers
-(``broker.consumer.Subscriber``) are the other half.
+renewing their leases (``broker.clients.consumer.sweep_subscriptions``). Consumers
+(``broker.clients.consumer.Subscriber``) are the other half.
 
 Every change bumps ``{qm}:version`` in the same MULTI as the change itself, and
 logs the subscription id with the new version in ``{qm}:sub_changes``. A worker

@@ -98,7 +98,7 @@ Measurements
    1,000 property dicts as a worker builds them (``Entry.selector_properties``):
    median of 7 rounds, us (selector_eval_us; the bare loop's cost is shown).
 8. **One consumer** (in the bench process, its own connection; a
-   ``broker.consumer.Subscriber`` of one durable subscription): N envelopes
+   ``broker.clients.consumer.Subscriber`` of one durable subscription): N envelopes
    (as a worker writes them, 200-byte bodies) are LPUSHed straight into the
    subscriber queue (untimed), then drained with ``receive_many(100)`` +
    ``ack_many``; N others with ``receive_many(1000)`` + ``ack_many``; N others with

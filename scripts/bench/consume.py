@@ -70,7 +70,7 @@ def run_consume(
     decoded: ``Delivery.message``), + ``ack_many``; then ``single_n`` with ``receive`` + ``ack``.
 
     Each run has its own durable subscription (``CONSUME_FILTER``), whose queue is filled
-    directly with ``preload_queue`` (untimed), and a ``broker.consumer.Subscriber`` with its
+    directly with ``preload_queue`` (untimed), and a ``broker.clients.consumer.Subscriber`` with its
     default heartbeat thread. Afterwards the queue and the in-flight list must be empty.
     Keys: ``msgs_per_s`` (batch), ``large_msgs_per_s``, ``read_msgs_per_s``,
     ``single_msgs_per_s``, each with its CPU and Redis commands under the same prefix.
@@ -78,7 +78,7 @@ def run_consume(
     Raises:
         BenchError: a message was not received or not acknowledged.
     """
-    from broker.consumer import Subscriber
+    from broker.clients.consumer import Subscriber
     from broker.core.connection import connect
 
     client.flushdb()

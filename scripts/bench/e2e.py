@@ -7,8 +7,8 @@ from typing import Any
 
 import redis
 
+from broker.clients.publish import Publisher
 from broker.core.config import Settings
-from broker.publish import Publisher
 from scripts.bench.base import Ctx, Figures, Measurement, Row, cpu3, fmt, percentiles
 from scripts.bench.cpu import CpuMeter, redis_pid
 from scripts.bench.latency import _paced, _percentile
@@ -42,7 +42,7 @@ def e2e_consumer(
     ``{"sent_ns": [...], "latency_ns": [...], "calls": n, "cpu_s": s}`` on ``conn``."""
     from array import array
 
-    from broker.consumer import Subscriber
+    from broker.clients.consumer import Subscriber
     from broker.core.config import Settings
     from broker.core.connection import connect
     from broker.topics.subscriptions import SubscriptionRecord

@@ -10,9 +10,9 @@ from typing import Any
 
 import redis
 
+from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
-from broker.publish import Publisher
 from scripts.bench.base import Ctx, Figures, Measurement, Row, cpu3, fmt, percentiles
 from scripts.bench.cpu import CpuMeter, commandstats, redis_pid
 from scripts.bench.pool import _pool, _worker_pids, wait_registered

@@ -11,9 +11,9 @@ from typing import Any
 
 import redis
 
+from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.models import encode_envelope, publication_fields
-from broker.publish import Publisher
 from broker.topics.routing import RoutingTable
 from scripts.bench.topology import Principals
 from scripts.bench.workload import PUBLISHERS, TOPICS, BenchError, bodies, selector_props

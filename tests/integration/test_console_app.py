@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from broker.acl import RoleSpec, add_user, admin_acl_file
+from broker.clients.publish import Publisher
 from broker.console import create_app
 from broker.console.app import COOKIE
 from broker.console.auth import REFUSED, url_as
@@ -24,7 +25,6 @@ from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.server import EPHEMERAL, Server
-from broker.publish import Publisher
 from broker.topics.subscriptions import subscribe
 
 with warnings.catch_warnings():  # Starlette >= 1.x suggests httpx2; httpx is what the test extra installs

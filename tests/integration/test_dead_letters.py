@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from broker import Publisher, cli, subscribe, unsubscribe
-from broker.consumer import Subscriber
+from broker.clients.consumer import Subscriber
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect

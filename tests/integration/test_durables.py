@@ -9,7 +9,7 @@ import pytest
 from rq import Queue, SimpleWorker
 
 from broker import Publisher, Subscriber, subscribe
-from broker.consumer import recover
+from broker.clients.consumer import recover
 from broker.core import keys
 from broker.core.errors import InvalidSelector
 from broker.durables import delete_durables, expire_idle_durables

@@ -22,13 +22,13 @@ from click.testing import CliRunner, Result
 
 from broker import cli
 from broker.channel import ChannelProcess
+from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.models import Message
 from broker.core.server import Server, free_port
 from broker.network_admin import apply_network, list_proxies, network_status, remove_proxies, withdraw
-from broker.publish import Publisher
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.links import link
 from broker.topics.subscriptions import subscribe, unsubscribe

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.consumer import Subscriber
+from broker.clients.consumer import Subscriber
 from broker.core import keys
 from broker.core.config import Settings
 from broker.testing import drain, make_workers, queue_messages

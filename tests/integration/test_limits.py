@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.consumer import Subscriber
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.connection import connect
 from broker.core.errors import InvalidTopicFilter, TooManyConsumers, TooManySubscriptions
 from broker.core.models import publication_fields
-from broker.publish import Publisher
 from broker.status import topic_status
 from broker.testing import drain, make_workers, queue_messages, work_while
 from broker.topics.subscriptions import subscribe, unsubscribe

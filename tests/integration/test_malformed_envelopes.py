@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from broker import subscribe
-from broker.consumer import Subscriber
+from broker.clients.consumer import Subscriber
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.models import encode_envelope

@@ -23,7 +23,8 @@ import redis
 from click.testing import CliRunner
 
 from broker import cli
-from broker.consumer import Subscriber
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
@@ -31,7 +32,6 @@ from broker.core.errors import ServerFull
 from broker.core.models import publication_fields
 from broker.core.server import EPHEMERAL, Server
 from broker.maintenance import trim_acknowledged
-from broker.publish import Publisher
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.subscriptions import subscribe, unsubscribe
 from broker.topics.topic_objects import Attributes, define

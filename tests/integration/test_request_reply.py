@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from broker import ReplyTimeout, list_subscriptions, subscribe
-from broker.consumer import sweep_subscriptions
+from broker.clients.consumer import sweep_subscriptions
+from broker.clients.request_reply import ERROR_PROPERTY, Requestor, Responder
 from broker.core import keys
-from broker.request_reply import ERROR_PROPERTY, Requestor, Responder
 from broker.testing import make_workers
 
 QM = "TEST"

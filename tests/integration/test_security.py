@@ -38,7 +38,8 @@ from redis.retry import Retry
 from broker import cli
 from broker.acl import RoleSpec, add_user
 from broker.channel import ChannelProcess
-from broker.consumer import Subscriber
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
@@ -48,7 +49,6 @@ from broker.core.principals import bind, bindings
 from broker.core.scripts import script_source
 from broker.core.server import Server, cli_binary, free_port
 from broker.network_admin import apply_network
-from broker.publish import Publisher
 from broker.status import status
 from broker.testing import drain, make_workers, queue_messages, work_while
 from broker.topics.links import link, unlink

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from broker import cli
-from broker.publish import Publisher, PublishResult
+from broker.clients.publish import Publisher, PublishResult
 
 COMMANDS = [
     "worker",

@@ -169,7 +169,7 @@ def test_a_disabled_flow_gate_never_waits():
 
 
 def test_publisher_reads_its_flow_key_with_the_xadd_and_waits_before_the_next(fake_redis):
-    from broker.publish import Publisher
+    from broker.clients.publish import Publisher
 
     # Given the broker asked publisher p to wait 250 ms
     t = FakeTime()
@@ -190,7 +190,7 @@ def test_publisher_reads_its_flow_key_with_the_xadd_and_waits_before_the_next(fa
 
 
 def test_publisher_without_flow_control_neither_reads_the_key_nor_waits(fake_redis, monkeypatch):
-    from broker.publish import Publisher
+    from broker.clients.publish import Publisher
 
     t = FakeTime()
     fake_redis.set(keys.flow_key(QM, "p"), "250")
@@ -205,7 +205,7 @@ def test_publisher_without_flow_control_neither_reads_the_key_nor_waits(fake_red
 
 
 def test_publish_many_reads_the_flow_key_once_per_batch_and_waits_before_the_next_batch(fake_redis):
-    from broker.publish import Publisher
+    from broker.clients.publish import Publisher
 
     t = FakeTime()
     pub = Publisher(fake_redis, QM, "p", clock_ms=t.clock, sleep_ms=t.sleep)
@@ -234,7 +234,7 @@ def test_publish_many_reads_the_flow_key_once_per_batch_and_waits_before_the_nex
 
 
 def test_a_foreign_flow_key_does_not_fail_the_publication(fake_redis):
-    from broker.publish import Publisher
+    from broker.clients.publish import Publisher
 
     fake_redis.rpush(keys.flow_key(QM, "p"), "not a delay")
     pub = Publisher(fake_redis, QM, "p")

@@ -25,6 +25,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from broker.clients.publish import Publisher
 from broker.core import hierarchy, keys, topics
 from broker.core.config import load_settings
 from broker.core.connection import can_name
@@ -53,7 +54,6 @@ from broker.core.models import (
 from broker.core.scripts import entry_fields
 from broker.core.selectors import compile_selector, like
 from broker.core.topics import TopicIndex
-from broker.publish import Publisher
 from broker.topics.declared import parse_declared, undeclare
 from broker.topics.links import parse_links
 from broker.topics.routing import RoutingTable

@@ -11,6 +11,7 @@ import json
 import pytest
 import redis
 
+from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings, load_settings
 from broker.core.connection import translate_errors
@@ -26,7 +27,6 @@ from broker.core.errors import (
 from broker.core.models import parse_entry, publication_fields
 from broker.core.topics import limit_problem
 from broker.core.unit_of_work import Action
-from broker.publish import Publisher
 from broker.topics.subscriptions import subscribe, unsubscribe
 from broker.topics.topic_objects import BASE, Attributes, TopicObject, TopicTree
 from worker.loop import Worker

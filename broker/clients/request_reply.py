@@ -23,13 +23,13 @@ from collections.abc import Callable
 
 import redis
 
-from broker.consumer import Subscriber
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
 from broker.core.config import Settings
 from broker.core.errors import BrokerError, InvalidTopic, ReplyTimeout
 from broker.core.logs import publication_extra
 from broker.core.models import Message, PropertyValue
 from broker.core.topics import validate_topic
-from broker.publish import Publisher
 from broker.topics.subscriptions import SubscriptionRecord, subscribe
 
 log = logging.getLogger("broker.request_reply")
