@@ -627,8 +627,8 @@ class RedisCollector(Collector):
 
     def _channels(self) -> Iterator[Any]:
         """Each channel's lag, as its sender sees it: entries added to the transmission stream
-        minus those filed, dropped as already filed or dead-lettered (``broker.channel.Mover``)."""
-        from broker.channel import read_network
+        minus those filed, dropped as already filed or dead-lettered (``broker.network.mover.Mover``)."""
+        from broker.network.channel import read_network
         from broker.topics.topology import Topology
 
         network = read_network(self.client, self.qm)

@@ -93,7 +93,7 @@ are also the publish/subscribe cluster ``FEDCL`` with the cluster topic object
 ``clu`` (defined at EAST, ``CLROUTE(DIRECT)``). Topics under ``hier/`` go from
 EAST to WEST through ROOT; topics under ``clu/`` straight. Every queue manager
 has a worker pool (``--workers`` processes) and a channel process
-(``broker.channel.main`` with a ``CrashHook``), both supervised by
+(``broker.network.channel.main`` with a ``CrashHook``), both supervised by
 ``worker.pool.Pool``, four subscriptions (``#``, ``hier/#``, ``+/b/x``,
 ``clu/a``) consumed by subscriber threads, and two publishers (one on
 ``hier/`` topics, one on ``clu/`` topics: each publisher's publications take one
@@ -161,7 +161,7 @@ from broker.core.models import publication_fields
 from broker.core.server import Server, free_port, server_binary
 from broker.core.stream import group_state
 from broker.maintenance import trim_acknowledged
-from broker.network_admin import apply_network
+from broker.network.network_admin import apply_network
 from broker.status import status
 from broker.topics.links import link
 from broker.topics.subscriptions import subscribe
@@ -263,7 +263,7 @@ FED_TOPICS = {"hier": ("hier/a/x", "hier/b/x", "hier/c"), "clu": ("clu/a", "clu/
 #: ``--federation``: the subscriptions of every queue manager (name -> filter).
 FED_FILTERS = {"all": "#", "hier": "hier/#", "plus": "+/b/x", "clu": "clu/a"}
 
-#: Crash points of a channel mover (``broker.channel.Mover.move_once``).
+#: Crash points of a channel mover (``broker.network.mover.Mover.move_once``).
 CHANNEL_POINTS = ("before_channel_in", "after_channel_in")
 
 #: ``--federation``: fault kinds and their weights. ``proxy_cut``, ``drop_reply:channel_in`` and

@@ -62,12 +62,12 @@ def run_worker(settings_json: str) -> None:
 
 
 def run_channel(settings_json: str) -> None:
-    """The entry point of a supervised channel process (``broker channel``): ``broker.channel.main``.
+    """The entry point of a supervised channel process (``broker channel``): ``broker.network.channel.main``.
 
     Args:
         settings_json: ``Settings.model_dump_json()`` of the pool's settings (logging as ``run_worker``).
     """
-    from broker.channel import main
+    from broker.network.channel import main
 
     settings = Settings.model_validate_json(settings_json)
     configure_logging(settings.log_format, settings.log_level)

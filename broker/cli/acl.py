@@ -10,12 +10,12 @@ import click
 import redis
 
 from broker.acl import RoleSpec, acl_file, add_user, delete_user, list_users, read_password, rotate
-from broker.channel import read_network
 from broker.cli.common import State
 from broker.cli.render import (
     _print_problems,
     _print_users,
 )
+from broker.network.channel import read_network
 
 
 @click.group("acl", short_help="Broker roles as Redis ACL users: add, list, rotate, delete, file.")

@@ -16,11 +16,11 @@ from pathlib import Path
 import click
 
 from broker.acl import admin_acl_file
-from broker.channel import ChannelProcess
 from broker.cli.common import State, _fail, _start_logging, _wait_ms_option
 from broker.core.connection import redact_url, wait_for_server
 from broker.core.server import Server
 from broker.core.server import cli_command as cli_argv
+from broker.network.channel import ChannelProcess
 
 
 @click.command("worker", short_help="Run the worker pool (fan-out) in the foreground.")

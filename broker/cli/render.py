@@ -24,7 +24,7 @@ from broker.clients.publish import PublishResult
 from broker.core.models import Message
 from broker.dead_letters import DeadLetter
 from broker.durables import Deletion
-from broker.network_admin import NetworkStatus, ProxyRow
+from broker.network.network_admin import NetworkStatus, ProxyRow
 from broker.status import Snapshot, TopicNode, TopicStatus
 from broker.topics.declared import Declared
 from broker.topics.routing import Route
@@ -267,7 +267,7 @@ def _print_network(found: NetworkStatus, qm: str) -> None:
     """``broker status --network``: queue managers, channels, proxy subscriptions, problems.
 
     Args:
-        found: ``broker.network_admin.network_status`` of a queue manager in a network.
+        found: ``broker.network.network_admin.network_status`` of a queue manager in a network.
         qm: the queue manager it was seen from.
     """
     console = _console()

@@ -10,7 +10,7 @@ import click
 from broker.cli.common import State
 from broker.cli.render import _console, _print_network, _print_snapshot
 from broker.core.connection import redact_url
-from broker.network_admin import network_status
+from broker.network.network_admin import network_status
 from broker.status import status as status_of
 from broker.watch import take_sample, watch
 

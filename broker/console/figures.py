@@ -19,7 +19,7 @@ import redis
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.stream import group_state
-from broker.network_admin import NetworkStatus, network_status
+from broker.network.network_admin import NetworkStatus, network_status
 from broker.status import TopicNode, status, topic_status, topic_tree
 from broker.topics.subscriptions import read_subscriptions
 from broker.topics.topic_objects import BASE, read_tree

@@ -158,7 +158,7 @@ bound to its principal (``HGET {qm}:principals <principal>``: ids, one per line)
 dead-lettered with the reason instead. Results are read as before
 (``BLPOP {qm}:reply:<n>:<id>:<msgid>``), and envelopes carry ``principal``.
 
-Many queue managers (``broker.topics.topology``, ``broker.channel``)
+Many queue managers (``broker.topics.topology``, ``broker.network.channel``)
 ------------------------------------------------------------
 A publication that must reach another queue manager is written, in its unit of work, to the
 transmission stream ``{qm}:xmit:<to qm>`` of the channel to the next queue manager on its
@@ -709,7 +709,7 @@ def schedules(qm: str) -> str:
     return f"{_tag(qm)}:schedules"
 
 
-# --- Many queue managers, one topic space (``broker.topics.topology``, ``broker.channel``) ---
+# --- Many queue managers, one topic space (``broker.topics.topology``, ``broker.network.channel``) ---
 
 
 def network(qm: str) -> str:

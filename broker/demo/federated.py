@@ -34,7 +34,6 @@ import redis
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from broker.channel import read_announced
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect, redact_url
@@ -62,7 +61,8 @@ from broker.demo.replay import (
     score_queues,
     settings_for,
 )
-from broker.network_admin import apply_network
+from broker.network.channel import read_announced
+from broker.network.network_admin import apply_network
 from broker.topics.topic_objects import Attributes, define
 from broker.topics.topology import Network, Topology, parse_network, proxy_field
 from worker.pool import Pool
@@ -130,11 +130,11 @@ CONVERGE_TIMEOUT_S = 60.0
 
 
 def run_channel(settings_json: str) -> None:
-    """A pool child that runs a channel process (``broker.channel.main``) instead of a worker;
+    """A pool child that runs a channel process (``broker.network.channel.main``) instead of a worker;
     it logs warnings and errors only (the demo's console shows progress bars)."""
     import logging
 
-    from broker.channel import main
+    from broker.network.channel import main
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     main(Settings.model_validate_json(settings_json))

@@ -136,7 +136,7 @@ def federated(
     Raises:
         BenchError: the proxy subscriptions were not in place within ``timeout_s``.
     """
-    from broker.network_admin import apply_network
+    from broker.network.network_admin import apply_network
     from broker.topics.topology import announce_key, parse_network
     from worker.pool import Pool, run_channel
 

@@ -1,12 +1,12 @@
-"""The channel agent (``broker.channel.Agent``): a round that finds nothing new changes nothing, so
+"""The channel agent (``broker.network.channel.Agent``): a round that finds nothing new changes nothing, so
 the workers keep their routing tables (every change of ``{qm}:proxies`` bumps ``{qm}:version``)."""
 
 from __future__ import annotations
 
-from broker.channel import ChannelProcess
 from broker.core import keys
 from broker.core.config import Settings
-from broker.network_admin import apply_network
+from broker.network.channel import ChannelProcess
+from broker.network.network_admin import apply_network
 from broker.topics.subscriptions import subscribe
 from broker.topics.topology import parse_network
 

@@ -1,4 +1,4 @@
-"""The channel's guarantees (``broker.channel``), on real servers: every publication forwarded
+"""The channel's guarantees (``broker.network.channel``), on real servers: every publication forwarded
 from queue manager A reaches the subscriber queue at B exactly once and in order, whatever
 dies, loses a reply, restarts or holds a foreign key on the way.
 
@@ -33,7 +33,6 @@ import redis
 from click.testing import CliRunner
 
 from broker import cli, subscribe
-from broker.channel import FIRST_BACKOFF_MS, MOVER_LEASE_MS, ChannelProcess, Mover
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
@@ -41,7 +40,9 @@ from broker.core.errors import ConfigError
 from broker.core.models import publication_fields
 from broker.core.server import Server
 from broker.core.stream import ensure_group
-from broker.network_admin import apply_network, list_proxies, network_status
+from broker.network.channel import ChannelProcess
+from broker.network.mover import FIRST_BACKOFF_MS, MOVER_LEASE_MS, Mover
+from broker.network.network_admin import apply_network, list_proxies, network_status
 from broker.testing import drain, make_workers, queue_messages, wait_for
 from broker.topics.routing import RoutingTable
 from broker.topics.topology import parse_network

@@ -1,4 +1,4 @@
-"""Many queue managers, one topic space, against real servers (``broker.topics.topology``, ``broker.channel``).
+"""Many queue managers, one topic space, against real servers (``broker.topics.topology``, ``broker.network.channel``).
 
 The main topologies run on the session's 3-master Redis Cluster (``local_cluster``): each queue
 manager lives in its own ``{qm}`` slot, so channels cross masters. Every test names its queue
@@ -21,14 +21,14 @@ import redis
 from click.testing import CliRunner, Result
 
 from broker import cli
-from broker.channel import ChannelProcess
 from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.models import Message
 from broker.core.server import Server, free_port
-from broker.network_admin import apply_network, list_proxies, network_status, remove_proxies, withdraw
+from broker.network.channel import ChannelProcess
+from broker.network.network_admin import apply_network, list_proxies, network_status, remove_proxies, withdraw
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.links import link
 from broker.topics.subscriptions import subscribe, unsubscribe

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
-from broker.channel import forwarded_fields
 from broker.core import keys
 from broker.core.models import encode_envelope, parse_entry
+from broker.network.mover import forwarded_fields
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.routing import RoutingTable
 from broker.topics.subscriptions import subscribe

@@ -37,7 +37,6 @@ from redis.retry import Retry
 
 from broker import cli
 from broker.acl import RoleSpec, add_user
-from broker.channel import ChannelProcess
 from broker.clients.consumer import Subscriber
 from broker.clients.publish import Publisher
 from broker.core import keys
@@ -48,7 +47,8 @@ from broker.core.models import Message
 from broker.core.principals import bind, bindings
 from broker.core.scripts import script_source
 from broker.core.server import Server, cli_binary, free_port
-from broker.network_admin import apply_network
+from broker.network.channel import ChannelProcess
+from broker.network.network_admin import apply_network
 from broker.status import status
 from broker.testing import drain, make_workers, queue_messages, work_while
 from broker.topics.links import link, unlink

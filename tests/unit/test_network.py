@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from broker.channel import forwarded_fields
 from broker.core.errors import ConfigError
 from broker.core.models import Message, encode_envelope, parse_entry, publication_fields
 from broker.core.topics import matches as mqtt_matches
+from broker.network.mover import forwarded_fields
 from broker.topics.topology import (
     EVERYTHING,
     LOCAL,

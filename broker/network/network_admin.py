@@ -11,10 +11,11 @@ from typing import Any
 
 import redis
 
-from broker.channel import UNREACHABLE, Agent, Peers, read_announced, read_network
 from broker.core import keys
 from broker.core.connection import TLSOptions, redact_url, translate_errors
 from broker.core.errors import ConfigError
+from broker.network.channel import Agent, read_announced, read_network
+from broker.network.peers import UNREACHABLE, Peers
 from broker.topics.topology import Network, ProxySubscription, Topology, proxy_field
 
 
