@@ -48,7 +48,7 @@ def run(
     from broker.core.config import Settings
     from broker.core.connection import connect
     from broker.core.models import decode_header
-    from broker.maintenance import reset
+    from broker.operations.maintenance import reset
     from broker.topics.subscriptions import subscribe
     from worker.pool import Pool
 

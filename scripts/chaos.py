@@ -160,9 +160,9 @@ from broker.core.errors import BrokerError, ConnectionLost, ConsumerConflict, Se
 from broker.core.models import publication_fields
 from broker.core.server import Server, free_port, server_binary
 from broker.core.stream import group_state
-from broker.maintenance import trim_acknowledged
 from broker.network.network_admin import apply_network
-from broker.status import status
+from broker.operations.maintenance import trim_acknowledged
+from broker.operations.status import status
 from broker.topics.links import link
 from broker.topics.subscriptions import subscribe
 from broker.topics.topic_objects import Attributes, define

@@ -37,7 +37,7 @@ from broker.topics.subscriptions import remove_subscription
 if TYPE_CHECKING:
     from broker.core.config import Settings
     from broker.core.scripts import Scripts
-    from broker.metrics import NullRecorder
+    from broker.operations.metrics import NullRecorder
     from broker.topics.routing import RoutingTable
 
 

@@ -89,7 +89,7 @@ from broker.core.unit_of_work import (
     decode_disconnects,
     decode_outcomes,
 )
-from broker.metrics import recorder
+from broker.operations.metrics import recorder
 from broker.topics.declared import seed_declared
 from broker.topics.routing import RoutingTable
 from worker.decide import Decider, log_refused
@@ -225,7 +225,7 @@ class Worker:
         self._flow_control = flow_control_arg(settings)
         #: the pure step of the round: entries in, units of work out (``worker.decide``)
         self.decide = Decider(settings, self.table)
-        #: Prometheus metrics (``broker.metrics``): a no-op unless ``metrics_port`` is set
+        #: Prometheus metrics (``broker.operations.metrics``): a no-op unless ``metrics_port`` is set
         self.metrics = recorder(settings)
 
     def setup(self) -> None:
@@ -722,7 +722,7 @@ class Worker:
         give_up: tuple[str, ...] = (),
         started_ms: int = 0,
     ) -> int:
-        """Record what ``commit.lua`` did: counts, turns given up or lost, metrics (``broker.metrics``,
+        """Record what ``commit.lua`` did: counts, turns given up or lost, metrics (``broker.operations.metrics``,
         from ``started_ms``, when the units were built); returns how many were committed."""
         entries = self._entries
         done = 0

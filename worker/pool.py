@@ -6,7 +6,7 @@
   gives up its turns and exits; children still running after the grace period
   are killed (their work is taken over later, as after a crash).
 
-- Metrics (``metrics_port`` set, ``broker.metrics``): the children run in prometheus_client's
+- Metrics (``metrics_port`` set, ``broker.operations.metrics``): the children run in prometheus_client's
   multiprocess mode, each writing its files in the pool's private directory
   (``PROMETHEUS_MULTIPROC_DIR``, made empty at start and removed at stop); the pool serves
   ``/metrics`` on ``metrics_host:metrics_port``, adding up the children's files (a dead
@@ -155,7 +155,7 @@ class Pool:
 
     def _start_metrics(self) -> None:
         from broker.core.connection import connect
-        from broker.metrics import MetricsServer, MultiprocessDir, pool_registry
+        from broker.operations.metrics import MetricsServer, MultiprocessDir, pool_registry
 
         directory = MultiprocessDir()
         directory.wipe()

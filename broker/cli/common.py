@@ -96,7 +96,7 @@ class State:
             self._client = None
 
 
-#: Added to an error Redis refused for the ACL user of the URL (``broker.acl``).
+#: Added to an error Redis refused for the ACL user of the URL (``broker.operations.acl``).
 NOPERM_HINT = (
     " (the Redis user of the URL may not do this: 'broker acl list' shows each role's rules, "
     "docs/security.md what each role may do)"

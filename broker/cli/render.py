@@ -18,21 +18,21 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from broker.acl import UserRow
 from broker.clients.consumer import Load
 from broker.clients.publish import PublishResult
 from broker.core.models import Message
-from broker.dead_letters import DeadLetter
-from broker.durables import Deletion
 from broker.network.network_admin import NetworkStatus, ProxyRow
-from broker.status import Snapshot, TopicNode, TopicStatus
+from broker.operations.acl import UserRow
+from broker.operations.dead_letters import DeadLetter
+from broker.operations.durables import Deletion
+from broker.operations.status import Snapshot, TopicNode, TopicStatus
 from broker.topics.declared import Declared
 from broker.topics.routing import Route
 from broker.topics.subscriptions import SubscriptionRecord
 from broker.topics.topic_objects import TopicObject
 
-if TYPE_CHECKING:  # broker.schedules imports croniter: only `broker jobs` needs it
-    from broker.schedules import Schedule
+if TYPE_CHECKING:  # broker.operations.schedules imports croniter: only `broker jobs` needs it
+    from broker.operations.schedules import Schedule
 
 
 def _print_problems(problems: Any) -> None:
@@ -198,7 +198,7 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
     """``broker status``: the summary, the subscriptions and the workers, then the problems.
 
     Args:
-        snapshot: ``broker.status.status``.
+        snapshot: ``broker.operations.status.status``.
         qm: the queue manager's name.
         url: its Redis URL, password redacted.
     """

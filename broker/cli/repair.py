@@ -6,7 +6,7 @@ import click
 
 from broker.cli.common import State
 from broker.core import keys
-from broker.repair import repair_stream
+from broker.operations.repair import repair_stream
 
 
 @click.group("repair", short_help="Repair the publish stream: move its work to a fresh stream.")

@@ -21,8 +21,8 @@ from broker.clients.consumer import Subscriber, browse, subscription_load
 from broker.core.errors import (
     NoSuchSubscription,
 )
-from broker.durables import delete_durables
-from broker.status import usage_list
+from broker.operations.durables import delete_durables
+from broker.operations.status import usage_list
 from broker.topics.subscriptions import read_subscriptions
 from broker.topics.subscriptions import subscribe as subscribe_to
 from broker.topics.subscriptions import unsubscribe as unsubscribe_from

@@ -21,7 +21,7 @@ from broker.cli.render import (
     _print_topic_status,
     _print_topic_tree,
 )
-from broker.status import topic_status, topic_tree
+from broker.operations.status import topic_status, topic_tree
 from broker.topics import declared, links, routing, topic_objects
 from broker.topics.subscriptions import read_subscriptions
 

@@ -695,7 +695,9 @@ class Subscriber:
             cutoff = int(time.time() * 1000) + 1 if now == "" else int(now) + 1
             try:
                 remove_subscription(self.client, self.qm, self.record.sub_id, abandoned_before_ms=cutoff)
-            except redis.exceptions.NoPermissionError:  # a subscriber ACL user (broker.acl) may not
+            except (
+                redis.exceptions.NoPermissionError
+            ):  # a subscriber ACL user (broker.operations.acl) may not
                 log.info(  # remove subscriptions: the workers' sweep removes it, as it has no consumer
                     "consumer %s: subscription %s is left to the workers' sweep to remove",
                     self.consumer_id,

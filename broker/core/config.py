@@ -274,7 +274,7 @@ class Settings(BaseSettings):
         channel_batch: most transmission entries a channel mover moves per call.
         channel_max_backoff_ms: the longest pause of a channel mover whose receiver cannot be
             reached; it doubles from 100 ms up to this, ms, and is reported in ``status --network``.
-        security: run with Redis ACL users (``broker.acl``): the embedded server starts with
+        security: run with Redis ACL users (``broker.operations.acl``): the embedded server starts with
             the default user off and an ACL file in its data directory holding one user, the
             one ``redis_url`` names (``redis://user:password@host:port/0``; it is allowed
             everything: give workers and others their own users with ``broker acl add``);
@@ -297,7 +297,7 @@ class Settings(BaseSettings):
             ``WARNING``, ``ERROR`` or ``CRITICAL`` (any case). ``broker --log-level``,
             ``BROKER_LOG_LEVEL``.
         metrics_port: TCP port on which the worker pool serves Prometheus metrics on
-            ``/metrics`` (``broker.metrics``: its workers' counters and histograms, and what it
+            ``/metrics`` (``broker.operations.metrics``: its workers' counters and histograms, and what it
             samples from Redis at scrape time); 0 (the default): no metrics, and the workers
             record nothing, at no cost. ``broker metrics`` serves the sampled ones alone.
         metrics_host: the address the metrics server binds to (default 127.0.0.1, this

@@ -490,7 +490,7 @@ class InvalidSchedule(BrokerError, ValueError):
     """A scheduled job cannot be made that way: an unknown job, a cron expression that is
     not five valid fields (or never fires), or a missing job parameter.
 
-    Raised by ``broker.schedules.add_schedule`` before anything is stored.
+    Raised by ``broker.operations.schedules.add_schedule`` before anything is stored.
     """
 
     exit_code = 2
@@ -503,7 +503,7 @@ class NoSuchSchedule(BrokerError, LookupError):
 
 
 class LoginRefused(BrokerError):
-    """A web console login (``broker.console.auth``) is refused: a wrong user name or password,
+    """A web console login (``broker.operations.console.auth``) is refused: a wrong user name or password,
     or a user whose role (in ``{qm}:acl``) is neither ``monitor`` nor ``admin``.
 
     The message never says which of these it was.
@@ -528,7 +528,7 @@ class DeadLetterNotFound(BrokerError, LookupError):
 
 
 class EmptySelection(BrokerError, ValueError):
-    """``broker dlq replay`` or ``purge`` (``broker.dead_letters``) was given no dead-letter ids, no
+    """``broker dlq replay`` or ``purge`` (``broker.operations.dead_letters``) was given no dead-letter ids, no
     filter and not ``--all``: nothing is replayed or deleted."""
 
     exit_code = 2
@@ -542,7 +542,7 @@ class MetricsUnavailable(BrokerError):
 
 
 class RepairRefused(BrokerError):
-    """``broker repair stream`` checked the publish stream and wrote nothing (``broker.repair``).
+    """``broker repair stream`` checked the publish stream and wrote nothing (``broker.operations.repair``).
 
     Raised for a foreign key (the stream, ``{qm}:publishers``), a missing consumer group
     (which entries were handled is unknown), more entries to move than ``max_entries``, or

@@ -80,7 +80,7 @@ key                                 type      contents                          
                                               subscription ids), enq_ms, dlv_ms, status
 ``{qm}:usage``                      stream    usage snapshots (field ``snapshot``: JSON)    rq job usage_snapshot    operators
 ``{qm}:last_active``                hash      sub id -> ms: when its last consumer closed,  recover.lua (on close    idle durable expiry
-                                              or the newest lease deadline of consumers     and when it forgets      (``broker.durables``),
+                                              or the newest lease deadline of consumers     and when it forgets      (``broker.operations.durables``),
                                               forgotten; the expiry job starts an unknown   dead consumers), the     ``broker durables``
                                               one at the time it first sees it (HSETNX)     expiry job
 ``{qm}:schedules``                  hash      schedule id -> JSON (job, cron, parameters,   ``broker jobs``, each    rq job run_schedule,
@@ -147,7 +147,7 @@ and sub-nodes' publications: ``broker.core.hierarchy``). ``direct_subscriber_sel
 empty queue manager. Declare a topic as a subscription is made:
 ``MULTI; HSET {qm}:declared <topic> '{"declared_ms":0,"source":"cli"}'; INCR {qm}:version; EXEC``.
 
-Publishing with security on (``broker.core.principals``, ``broker.acl``)
+Publishing with security on (``broker.core.principals``, ``broker.operations.acl``)
 --------------------------------------------------------------------
 A publisher's ACL user (its *principal*) may ``XADD`` to one key only, its ingress stream:
 ``XADD {qm}:in:<principal> * publisher <id> topic <topic> body <body> ...`` (the same fields as
@@ -294,7 +294,7 @@ than ``max_redeliveries`` failed deliveries; ``receive.lua``: expired, with ``ex
 ``reject.lua``: a malformed envelope, reason ``malformed envelope: ...``)
 has ``envelope``, ``dlq.reason``, ``dlq.entry_id`` and ``dlq.subscription`` instead.
 
-``broker dlq`` (``broker.dead_letters``) lists, shows, replays and purges dead letters (``XDEL``).
+``broker dlq`` (``broker.operations.dead_letters``) lists, shows, replays and purges dead letters (``XDEL``).
 Replay re-publishes a refused publication (``lua/replay.lua``: ``XADD`` and ``XDEL`` in one
 atomic call): its fields less ``dlq.*``, ``reply`` and ``principal``, with ``msgid`` set (to
 ``dlq.entry_id`` when it had none: its default msgid), so that a second copy is a duplicate
@@ -418,7 +418,7 @@ expiry job sees it).
 
 Schedules (``{qm}:schedules``)
 ------------------------------
-One hash field per scheduled admin job (``broker.schedules``): the schedule id
+One hash field per scheduled admin job (``broker.operations.schedules``): the schedule id
 mapped to ``{"job": "delete-durable", "cron": "0 3 * * *", "params":
 {"client_id": "sales", "durable_name": "%"}, "created_ms": n, "next_run_ms": n,
 "rq_job": "<id>"}`` and, once it ran, ``"last_run_ms"`` and ``"last_result"``.
@@ -705,7 +705,7 @@ def last_active(qm: str) -> str:
 
 
 def schedules(qm: str) -> str:
-    """Scheduled admin jobs, ``{qm}:schedules``: hash schedule id -> JSON (``broker.schedules``)."""
+    """Scheduled admin jobs, ``{qm}:schedules``: hash schedule id -> JSON (``broker.operations.schedules``)."""
     return f"{_tag(qm)}:schedules"
 
 
@@ -776,7 +776,7 @@ def network_agents(qm: str) -> str:
     return f"{_tag(qm)}:agents"
 
 
-# --- Security: authenticated ingress (``broker.core.principals``, ``broker.acl``) ---
+# --- Security: authenticated ingress (``broker.core.principals``, ``broker.operations.acl``) ---
 
 
 def ingress_prefix(qm: str) -> str:

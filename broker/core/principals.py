@@ -1,6 +1,6 @@
 """Principals: who may publish under which publisher ids (issue 14's unforgeable identity).
 
-A *principal* is a Redis ACL user allowed to publish (``broker.acl``'s ``publisher`` role).
+A *principal* is a Redis ACL user allowed to publish (``broker.operations.acl``'s ``publisher`` role).
 Its ACL lets it ``XADD`` to one key only, its ingress stream ``{qm}:in:<principal>``, so the
 stream an entry arrives in says who published it: Redis itself enforces the identity. The
 queue mutex (``dequeue.lua``) moves each ingress stream's entries, in order, into the publish

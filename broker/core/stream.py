@@ -158,7 +158,7 @@ def clock_problem(client: redis.Redis, qm: str) -> str | None:
     far in the future (more than ``FUTURE_MS`` ahead of the server's ``TIME``, or of this
     machine's clock for an ACL user that may not run ``TIME``: every later
     entry gets an id, and a default publish time ``ts``, after it). The way out is
-    ``broker repair stream`` (``broker.repair``).
+    ``broker repair stream`` (``broker.operations.repair``).
 
     Raises:
         ForeignKey: ``{qm}:publish`` holds another Redis type.

@@ -97,7 +97,7 @@ class UnitOfWork:
             applies to the publication (``SlowSubscriberCondition.applies``); the
             queues are then watched (``CommitBatch.watch``). None: no condition.
         policy: refused by a topic object's policy (PUB(DISABLED)), not for what the
-            publication is: ``broker.metrics`` counts it as skipped by policy. Not sent
+            publication is: ``broker.operations.metrics`` counts it as skipped by policy. Not sent
             to ``commit.lua``.
     """
 

@@ -71,7 +71,7 @@ from broker.core.stream import ensure_group, group_state
 from broker.demo.local_cluster import LocalCluster
 from broker.demo.oracle import Expectation, link_closure, link_targets, score
 from broker.demo.oracle import recipients as oracle_recipients
-from broker.maintenance import reset
+from broker.operations.maintenance import reset
 from broker.topics.links import link
 from broker.topics.subscriptions import SubscriptionRecord, subscribe
 from worker.pool import Pool

@@ -96,7 +96,7 @@ for i = 1, #bindings, 2 do
       else
         local why = 'publisher id ' .. string.format('%q', pub or '') .. ' is not bound to principal '
                     .. principal .. ' (ingress ' .. ingress .. ')'
-        -- dlq.principal: the ingress stream it came in by (broker.dead_letters replays it there)
+        -- dlq.principal: the ingress stream it came in by (broker.operations.dead_letters replays it there)
         dead_letter(KEYS[5], ARGV[12], tonumber(ARGV[13]), entry[1], fields, why, {'dlq.principal', principal})
       end
       done[#done + 1] = entry[1]

@@ -158,7 +158,7 @@ class Principals:
     @classmethod
     def make(cls, client: redis.Redis, qm: str, url: str, ids: Sequence[str]) -> Principals:
         """Make the users on ``client``'s server (``url``: its URL, without credentials)."""
-        from broker.acl import RoleSpec, add_user
+        from broker.operations.acl import RoleSpec, add_user
 
         password = uuid.uuid4().hex
 

@@ -1,4 +1,4 @@
-"""The dead-letter queue tools (``broker.dead_letters``, ``broker dlq``) on the real server, with
+"""The dead-letter queue tools (``broker.operations.dead_letters``, ``broker dlq``) on the real server, with
 real in-process workers: fix the cause, replay, delivered exactly once, in order."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.errors import DeadLetterNotFound, EmptySelection, ForeignKey
 from broker.core.principals import bind
-from broker.dead_letters import (
+from broker.operations.dead_letters import (
     DeadLetter,
     Selection,
     count_by_reason,

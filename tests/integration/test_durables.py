@@ -12,8 +12,8 @@ from broker import Publisher, Subscriber, subscribe
 from broker.clients.consumer import recover
 from broker.core import keys
 from broker.core.errors import InvalidSelector
-from broker.durables import delete_durables, expire_idle_durables
 from broker.jobs import ADMIN_QUEUE, periodic
+from broker.operations.durables import delete_durables, expire_idle_durables
 from broker.testing import drain, make_workers
 from broker.topics.subscriptions import Removal, list_subscriptions, remove_subscription
 

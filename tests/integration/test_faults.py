@@ -25,7 +25,7 @@ from broker.core.connection import connect
 from broker.core.models import publication_fields
 from broker.core.server import Server, free_port
 from broker.core.unit_of_work import CommitBatch
-from broker.status import status
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
 from scripts.rig.history import History, Publication, check_queues
 from scripts.rig.proxy import Proxy, evalsha

@@ -13,7 +13,7 @@ import pytest
 from broker import subscribe
 from broker.core import keys
 from broker.core.errors import ForeignKey
-from broker.status import status
+from broker.operations.status import status
 from broker.testing import make_workers
 from worker import loop
 from worker.loop import Worker

@@ -12,7 +12,7 @@ import pytest
 from broker import Publisher, link, subscribe
 from broker.core import keys
 from broker.core.errors import CorruptRecord, ForeignKey
-from broker.status import status
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.routing import RoutingTable, explain
 from broker.topics.subscriptions import read_subscriptions, unsubscribe

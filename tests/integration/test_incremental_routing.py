@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from broker import Publisher, subscribe
 from broker.core import keys
 from broker.core.config import ConsumerMode, Settings
-from broker.maintenance import reset
-from broker.status import status
+from broker.operations.maintenance import reset
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.links import link
 from broker.topics.routing import RoutingTable

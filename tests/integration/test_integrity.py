@@ -19,7 +19,7 @@ from broker import Publisher, subscribe
 from broker.core import keys
 from broker.core.errors import ForeignKey
 from broker.core.models import publication_fields
-from broker.maintenance import trim_acknowledged
+from broker.operations.maintenance import trim_acknowledged
 from broker.testing import drain, make_workers, queue_messages
 
 QM = "TEST"

@@ -24,7 +24,7 @@ from broker.jobs import (
     trim_stream,
     usage_snapshot,
 )
-from broker.schedules import next_run_ms
+from broker.operations.schedules import next_run_ms
 from broker.testing import drain, make_workers
 from broker.topics.subscriptions import list_subscriptions
 

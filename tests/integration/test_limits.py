@@ -19,7 +19,7 @@ from broker.core import keys
 from broker.core.connection import connect
 from broker.core.errors import InvalidTopicFilter, TooManyConsumers, TooManySubscriptions
 from broker.core.models import publication_fields
-from broker.status import topic_status
+from broker.operations.status import topic_status
 from broker.testing import drain, make_workers, queue_messages, work_while
 from broker.topics.subscriptions import subscribe, unsubscribe
 from broker.topics.topic_objects import BASE, Attributes, alter, define

@@ -31,7 +31,7 @@ from broker.core.connection import connect
 from broker.core.errors import ServerFull
 from broker.core.models import publication_fields
 from broker.core.server import EPHEMERAL, Server
-from broker.maintenance import trim_acknowledged
+from broker.operations.maintenance import trim_acknowledged
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.subscriptions import subscribe, unsubscribe
 from broker.topics.topic_objects import Attributes, define

@@ -7,7 +7,7 @@ import signal
 
 from broker import Publisher, subscribe
 from broker.core import keys
-from broker.status import status
+from broker.operations.status import status
 from broker.testing import queue_messages, wait_for
 from worker.pool import Pool
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from broker.core.connection import connect
 from broker.core.server import free_port
-from broker.status import status
+from broker.operations.status import status
 
 ROOT = Path(__file__).resolve().parents[2]
 

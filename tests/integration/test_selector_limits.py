@@ -16,7 +16,7 @@ import pytest
 from broker.core import keys
 from broker.core.errors import SelectorTooComplex
 from broker.core.models import publication_fields
-from broker.status import status
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.subscriptions import subscribe
 from tests.conftest import QM

@@ -17,7 +17,7 @@ import pytest
 from broker.core import keys
 from broker.core.config import SlowSubscriberCondition
 from broker.core.models import publication_fields
-from broker.status import status
+from broker.operations.status import status
 from broker.testing import drain, make_workers
 from broker.topics.subscriptions import remove_subscription, subscribe
 from broker.topics.topic_objects import Attributes, define

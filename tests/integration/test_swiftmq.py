@@ -14,7 +14,7 @@ from broker import Publisher, subscribe
 from broker.core import keys
 from broker.core.config import ConsumerMode, Settings
 from broker.core.errors import ConfigError, InvalidTopicFilter, NoSuchTopic, SubscriptionRefused
-from broker.status import status
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.declared import declare, list_declared, undeclare
 from broker.topics.links import link

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker import subscribe, watch
+from broker import subscribe
 from broker.core import keys
 from broker.core.models import publication_fields
+from broker.operations import watch
 
 QM = "TEST"
 

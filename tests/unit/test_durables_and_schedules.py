@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 
 from broker.core.errors import CorruptRecord, InvalidSchedule, InvalidSelector
-from broker.durables import last_use, matching
 from broker.jobs import RUNNERS
-from broker.schedules import JOBS, Schedule, check_params, new_schedule, next_run_ms
+from broker.operations.durables import last_use, matching
+from broker.operations.schedules import JOBS, Schedule, check_params, new_schedule, next_run_ms
 from broker.topics.subscriptions import SubscriptionRecord
 
 

@@ -14,7 +14,7 @@ from broker.core.errors import InvalidMessage
 from broker.core.models import parse_entry
 from broker.core.topics import limit_problem, validate_topic
 from broker.core.unit_of_work import Action, Outcome, UnitOfWork
-from broker.metrics import (
+from broker.operations.metrics import (
     DEAD_LETTER_REASONS,
     LATENCY_BUCKETS_MS,
     METRICS,

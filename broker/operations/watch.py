@@ -1,6 +1,6 @@
 """``broker status --watch``: a live view of a queue manager's rates and depths (rich ``Live``).
 
-Every refresh takes a ``Sample``: the operator's snapshot (``broker.status.status``:
+Every refresh takes a ``Sample``: the operator's snapshot (``broker.operations.status.status``:
 stream, subscriptions, dead letters, workers, problems) plus two counters that
 only grow, read without touching the hot path:
 
@@ -35,7 +35,7 @@ from rich.text import Text
 from broker.core import keys
 from broker.core.errors import BrokerError
 from broker.core.stream import group_state
-from broker.status import Snapshot, status
+from broker.operations.status import Snapshot, status
 
 #: Problems lines shown at most; the rest are counted on one more line.
 MAX_PROBLEM_LINES = 5
@@ -61,7 +61,7 @@ class Sample:
 
     Attributes:
         at_ms: when it was taken, ms on the monotonic clock (``monotonic_ms``).
-        snapshot: ``broker.status.status(client, qm, keyspace=False)`` (no ``SCAN`` per refresh).
+        snapshot: ``broker.operations.status.status(client, qm, keyspace=False)`` (no ``SCAN`` per refresh).
         entries_added: publications ever added to the publish stream, or None when unknown
             (no stream yet, a foreign key, a server before Redis 7.0).
         acknowledged: publications the workers committed, or None when unknown.

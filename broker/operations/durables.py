@@ -21,7 +21,7 @@ time the job first sees it, so that it is not deleted on information nobody
 wrote. The removal itself (``remove_subscription.lua``) checks idleness again,
 atomically, so a consumer that attaches meanwhile keeps its subscription.
 
-Every deletion is logged (logger ``broker.durables``) with the messages lost.
+Every deletion is logged (logger ``broker.operations.durables``) with the messages lost.
 """
 
 from __future__ import annotations

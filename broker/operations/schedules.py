@@ -10,7 +10,7 @@ Cron expressions are five fields (minute hour day-of-month month day-of-week,
 scheduler does. One that never fires (``0 0 30 2 *``) is refused.
 
 The jobs (``JOBS``): ``delete-durable`` with ``client_id`` and ``durable_name``,
-two SQL-LIKE predicates (``broker.durables.delete_durables``).
+two SQL-LIKE predicates (``broker.operations.durables.delete_durables``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from croniter import CroniterBadDateError, croniter
 from broker.core import keys
 from broker.core.connection import KEEP, change_field, read_hash, translate_errors
 from broker.core.errors import CorruptRecord, InvalidSchedule, NoSuchSchedule
-from broker.durables import check_predicate
+from broker.operations.durables import check_predicate
 
 #: The jobs that can be scheduled -> their parameters (all mandatory), and how each is checked.
 JOBS: dict[str, dict[str, str]] = {

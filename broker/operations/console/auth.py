@@ -2,7 +2,7 @@
 
 A login is checked by Redis itself: the console opens a connection AS the user
 (``AUTH user password``) and reads the user's role from the broker's registry
-``{qm}:acl`` (``broker.acl``) over that connection. Only ``monitor`` (sees) and
+``{qm}:acl`` (``broker.operations.acl``) over that connection. Only ``monitor`` (sees) and
 ``admin`` (acts) may log in. The session keeps that connection's client, so every
 figure a page shows is read with the user's own rights and Redis refuses a
 monitor's writes even if the console had a bug.
@@ -27,11 +27,11 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import redis
 from itsdangerous import BadSignature, URLSafeSerializer
 
-from broker.acl import RoleSpec
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.errors import ConnectionLost, LoginRefused
+from broker.operations.acl import RoleSpec
 
 ConsoleRole = Literal["monitor", "admin"]
 

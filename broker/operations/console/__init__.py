@@ -10,6 +10,6 @@ Modules: ``app`` (the app factory ``create_app``), ``auth`` (logins and sessions
 (``static/``: htmx, its licence, one stylesheet) and templates ship in the package.
 """
 
-from broker.console.app import create_app
+from broker.operations.console.app import create_app
 
 __all__ = ["create_app"]

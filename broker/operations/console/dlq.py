@@ -1,6 +1,6 @@
 """The console's dead-letter pages: listing, one entry, and planning and running replay and purge.
 
-All reading and writing goes through ``broker.dead_letters``; this module turns form
+All reading and writing goes through ``broker.operations.dead_letters``; this module turns form
 fields into a ``Selection`` and results into what the templates show.
 """
 
@@ -12,9 +12,9 @@ from urllib.parse import urlencode
 
 import redis
 
-from broker import dead_letters
-from broker.console.auth import Pending
-from broker.dead_letters import DeadLetter, Selection
+from broker.operations import dead_letters
+from broker.operations.console.auth import Pending
+from broker.operations.dead_letters import DeadLetter, Selection
 
 #: The filters the dead-letter page offers (form and query fields).
 FILTERS = ("reason", "publisher", "topic", "subscription")

@@ -9,7 +9,7 @@ shows what would be done and to how many entries, and only its answer,
 ``/dlq/replay`` or ``/dlq/purge`` with the confirmation's one-time token, runs it.
 
 Every figure is read with the logged-in user's own Redis client
-(``broker.console.auth``), so Redis refuses what the user's role may not do.
+(``broker.operations.console.auth``), so Redis refuses what the user's role may not do.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from broker.console import dlq as dlq_views
-from broker.console import figures
-from broker.console.auth import Pending, Session, SessionStore, describe
 from broker.core.config import Settings
 from broker.core.errors import BrokerError, ConnectionLost, LoginRefused
+from broker.operations.console import dlq as dlq_views
+from broker.operations.console import figures
+from broker.operations.console.auth import Pending, Session, SessionStore, describe
 
 #: The session cookie's name.
 COOKIE = "broker_console"
@@ -61,7 +61,7 @@ SECURITY_HEADERS = [
     (b"cache-control", b"no-store"),
 ]
 
-_HERE = Path(str(resources.files("broker.console")))
+_HERE = Path(str(resources.files("broker.operations.console")))
 
 
 class _SecurityHeaders:

@@ -1,4 +1,4 @@
-"""What the console's pages show, read with the broker's own readers (``broker.status`` and others).
+"""What the console's pages show, read with the broker's own readers (``broker.operations.status`` and others).
 
 Every function takes the session's Redis client (the logged-in user's rights) and
 returns plain dicts and lists for the templates. Rates come from two readings of
@@ -20,7 +20,7 @@ from broker.core import keys
 from broker.core.config import Settings
 from broker.core.stream import group_state
 from broker.network.network_admin import NetworkStatus, network_status
-from broker.status import TopicNode, status, topic_status, topic_tree
+from broker.operations.status import TopicNode, status, topic_status, topic_tree
 from broker.topics.subscriptions import read_subscriptions
 from broker.topics.topic_objects import BASE, read_tree
 
@@ -126,7 +126,7 @@ def overview(client: redis.Redis, qm: str, meter: RateMeter) -> dict[str, Any]:
     """The overview page: the status snapshot's totals, rates, workers and memory.
 
     Returns:
-        ``broker.status.status`` (``dataclasses.asdict``) plus ``"rates"`` (``RateMeter.add``), ``"memory"`` (``memory``),
+        ``broker.operations.status.status`` (``dataclasses.asdict``) plus ``"rates"`` (``RateMeter.add``), ``"memory"`` (``memory``),
         ``"totals"`` ``{"subscriptions", "depth", "inflight", "consumers"}`` (messages) and
         ``"workers_alive"``.
     """
@@ -212,7 +212,7 @@ def topics(client: redis.Redis, qm: str) -> dict[str, Any]:
 
 
 def topic(client: redis.Redis, settings: Settings, topic_string: str) -> dict[str, Any]:
-    """One topic string's status (``broker.status.topic_status``) as a dict.
+    """One topic string's status (``broker.operations.status.topic_status``) as a dict.
 
     Raises:
         InvalidTopic: the topic string is invalid.
