@@ -550,3 +550,13 @@ class RepairRefused(BrokerError):
     """
 
     exit_code = 3
+
+
+class ClusterError(RuntimeError):
+    """The local cluster (``broker.demo.local_cluster``: the federated demo, the tests, the chaos
+    harness) could not be created or did not become ready in time."""
+
+
+class InjectedFailure(RuntimeError):
+    """Raised on purpose by a partition (``fail_partition``) to exercise Spark's task retry
+    (``broker.pipeline.publish``)."""

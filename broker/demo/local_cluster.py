@@ -19,6 +19,7 @@ import time
 
 import redis
 
+from broker.core.errors import ClusterError
 from broker.core.server import EPHEMERAL, Server, cli_binary, free_port
 
 #: Directives that give a master an AOF, written every second (instead of ``EPHEMERAL``).
@@ -42,10 +43,6 @@ CLUSTER_ARGS = (
     "--cluster-node-timeout",
     "5000",
 )
-
-
-class ClusterError(RuntimeError):
-    """The local cluster could not be created or did not become ready in time."""
 
 
 class LocalCluster:

@@ -44,7 +44,7 @@ import redis
 
 from broker.core import keys
 from broker.core.connection import TLSOptions, connect, unreachable
-from broker.core.errors import ConnectionLost, ServerError
+from broker.core.errors import ConnectionLost, InjectedFailure, ServerError
 from broker.core.flow import FlowGate, parse_delay, wait_for_room
 from broker.core.models import publication_fields
 from broker.pipeline.session import task_attempts
@@ -57,10 +57,6 @@ if TYPE_CHECKING:
 DEFAULT_BATCH = 500
 #: How often the driver's progress thread reports, seconds.
 PROGRESS_INTERVAL_S = 0.5
-
-
-class InjectedFailure(RuntimeError):
-    """Raised on purpose by a partition (``fail_partition``) to exercise Spark's task retry."""
 
 
 @dataclass(frozen=True)
