@@ -118,8 +118,7 @@ def test_a_server_config_that_does_not_exist_is_a_clear_error_and_the_default_is
 def test_public_entry_points_raise_broker_errors_not_redis_py_errors():
     import redis
 
-    from broker import ConnectionLost, Subscriber, explain, link, list_subscriptions, subscribe
-    from broker.operations import status
+    from broker import ConnectionLost, Subscriber, explain, link, list_subscriptions, status, subscribe
     from broker.topics.subscriptions import SubscriptionRecord
 
     down = redis.Redis(port=1, socket_connect_timeout=0.2, retry_on_error=[], retry=None)
