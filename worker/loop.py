@@ -81,7 +81,15 @@ from broker.core.errors import (
     ServerFull,
 )
 from broker.core.schemes import record_manager
-from broker.core.scripts import Dequeued, Refusals, Scripts, checked, flow_control_arg, parse_dequeue
+from broker.core.scripts import (
+    Dequeued,
+    Refusals,
+    Scripts,
+    checked,
+    flow_control_arg,
+    parse_dequeue,
+    parse_take_over,
+)
 from broker.core.stream import ensure_group
 from broker.core.unit_of_work import (
     CommitBatch,
@@ -95,6 +103,8 @@ from broker.topics.routing import RoutingTable
 from worker.decide import Decider, log_refused
 from worker.housekeeping import Housekeeping
 from worker.suspects import Suspects, record_alone
+from worker.turns import missing_heads, ready_heads, turns_to_give_up
+from worker.turns import next_read as plan_next_read
 from worker.waiting import Waiting
 
 log = logging.getLogger("broker.worker")
@@ -148,12 +158,6 @@ def _script_error(exc: Exception) -> str:
     without the ``BROKER`` tag and the script's sha and line that redis-py appends."""
     text = str(exc).removeprefix("BROKER ")
     return text.split(" script: ", 1)[0]
-
-
-def _stream_id(entry_id: str) -> tuple[int, int]:
-    """A stream entry id ``"ms-seq"`` as numbers, to compare two ids."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 class Worker:
@@ -214,8 +218,13 @@ class Worker:
         self._wait_from = ""
         #: this round's commit ends every turn it holds: no dequeue rides with it (``_send``)
         self._no_prefetch = False
-        #: how long the last wait for work lasted, ms: a short one means entries keep coming
-        self._waited_ms = 0
+        #: this round's wake-up of another worker, naming publishers (``worker.waiting``); None: none
+        self._wake: tuple[str, ...] | None = None
+        #: heads taken over with the last commit, ``{entry_id: times delivered}`` (``_take_over``)
+        self._taken: dict[str, int] = {}
+        #: how long the last wait for work lasted, ms (0 after a round without a wait): a short one
+        #: means entries keep coming; a worker starts as after a quiet while
+        self._waited_ms = QUIET_WAIT_MS
         self._next_busy_sweep_ms = 0
         self._last_problem = ""
         #: the server was full (``maxmemory`` reached) in the last round: refused writes were retried
@@ -359,6 +368,7 @@ class Worker:
         forget what was read from the old one (the FIFOs and turns stay: their entries are handled
         from them)."""
         self._entries.clear()
+        self._taken.clear()
         self._prefetched = None
         self.housekeeping.entry_sweep_start = "-"
         self._wait_from = ""
@@ -399,17 +409,23 @@ class Worker:
             and next_read[1] is None
             and all(dequeued.backlog.get(p, 0) <= len(ids) for p, ids in dequeued.turns.items())
         )
+        if (
+            handed_over
+            or give_up
+            or (not self._no_prefetch and not self.stopping and self.waiting.holds(now))
+        ):
+            # work left for another worker (entries for turns it does not hold, turns it gave up),
+            # or this waiter stays busy (its next dequeue rides with the commit): wake an idle one,
+            # naming those publishers: its dequeue takes the turns nobody holds (a free turn is
+            # otherwise found only by a sweep). The wake-up rides with the commit (``_send``).
+            self._wake = (*give_up, *sorted(handed_over - set(give_up)))
         try:
             done = self._work(dequeued.turns, now, give_up, times, next_read)
         finally:
             self._no_prefetch = False
+            self._wake = None
         self._heartbeat(now)
         busy = bool(self.turns) or self._prefetched is not None
-        if handed_over or give_up or (busy and self.waiting.holds(now)):
-            # work left for another worker (entries for turns it does not hold, turns it gave up),
-            # or this waiter stays busy: wake an idle one, naming those publishers: its dequeue
-            # takes the turns nobody holds (a free turn is otherwise found only by a sweep)
-            self.waiting.hand_on(now, (*give_up, *sorted(handed_over - set(give_up))))
         if block and not busy:
             self._idle(now, wait_ms)
         return done
@@ -420,7 +436,9 @@ class Worker:
         settings = self.settings
         dequeued = self._prefetched
         self._prefetched = None
-        if dequeued is None:
+        if dequeued is not None:
+            self._waited_ms = 0  # no wait between two rounds: entries keep coming
+        else:
             # with the turns it holds, those another worker gave up and woke it for (worker.waiting)
             given_up = self.waiting.take_given_up()
             dequeued = self.scripts.dequeue(
@@ -486,6 +504,7 @@ class Worker:
     def _forget_entries(self) -> None:
         """Forget the entries read (a take-over reads them again, with their delivery counts)."""
         self._entries.clear()
+        self._taken.clear()
         self._suspects.clear()
 
     def _idle(self, now_ms: int, wait_ms: int) -> bool:
@@ -496,8 +515,11 @@ class Worker:
         Returns:
             True when woken, False after ``wait_ms``.
         """
-        woken = self.waiting.wait(now_ms, self._wait_from or "$", wait_ms, self.table.ingress)
-        self._waited_ms = self.clock_ms() - now_ms
+        # after a short wait (entries keep coming) wait on the stream directly (worker.waiting)
+        direct = self._waited_ms < QUIET_WAIT_MS
+        woken = self.waiting.wait(now_ms, self._wait_from or "$", wait_ms, self.table.ingress, direct)
+        # a wait that timed out lasted wait_ms (whatever the clock says: tests inject one)
+        self._waited_ms = self.clock_ms() - now_ms if woken else max(wait_ms, QUIET_WAIT_MS)
         return woken
 
     def _unless_full(self, step: Callable[[], object]) -> None:
@@ -520,63 +542,17 @@ class Worker:
         return self.housekeeping.sweep_subscriptions()
 
     def _turns_to_give_up(self, dequeued: Dequeued) -> tuple[str, ...]:
-        """Publishers beyond this worker's fair share of the work, to give up after this round.
-
-        The waiting entries split over the live workers give each its fair share
-        (``dequeued.fair``). The worker keeps its publishers, heaviest FIFO first
-        (then those whose entries it already holds), until their backlogs reach
-        that share, and gives up the others to the sweep: a worker serving one
-        busy publisher hands everyone else to the other workers, and a worker
-        that dequeued everything cannot keep the others idle.
-
-        A saturated publisher (a backlog of at least ``heads``: a whole round of
-        work on its own) counts as a full share while another live worker is spare
-        (``Dequeued.spare``: not holding a saturated publisher itself): its
-        order makes it the pool's bottleneck, so its worker keeps it alone and
-        never delays it with others' work (``dequeue.lua`` gives it no free turn
-        either).
-        """
-        held = dequeued.turns
-        if len(held) <= 1:
-            return ()
-        entries = self._entries
-        backlog = dequeued.backlog
-        fair = dequeued.fair
-        saturated = self.settings.heads if dequeued.spare > 0 else None
-
-        def weight(publisher: str) -> tuple[int, int]:
-            return backlog.get(publisher, 0), sum(1 for e in held[publisher] if e in entries)
-
-        kept_load = 0
-        given_up = []
-        for publisher in sorted(held, key=weight, reverse=True):
-            if kept_load >= fair:
-                given_up.append(publisher)
-            else:
-                load = backlog.get(publisher, 0)
-                kept_load += max(load, fair) if saturated is not None and load >= saturated else load
-        return tuple(given_up)
+        """Publishers beyond this worker's fair share of the work (``worker.turns.turns_to_give_up``)."""
+        return turns_to_give_up(dequeued, self._entries, self.settings.heads)
 
     def _next_read(self, dequeued: Dequeued, give_up: tuple[str, ...]) -> tuple[int, tuple[str, str] | None]:
-        """What the next dequeue (sent with this round's commits) reads: ``(count, ahead)``.
-
-        A worker keeping a saturated publisher (a backlog of at least ``heads``) while
-        another live worker is spare reads nothing: the other workers read the stream (and so
-        see, and take, every other publisher's turn), and its next heads, which they read,
-        come back taken over in the same call (``ahead``: the publisher, and the last entry
-        id this worker may have read itself). Once its backlog is under ``heads`` it reads
-        ``batch_size`` entries again, as every other worker.
-        """
+        """What the next dequeue reads (``worker.turns.next_read``); notes a saturated publisher kept."""
         settings = self.settings
-        if dequeued.spare > 0:
-            for publisher, ids in dequeued.turns.items():
-                if publisher in give_up or not ids:
-                    continue
-                if dequeued.backlog.get(publisher, 0) >= settings.heads:
-                    self._saturated = True
-                    after = max(ids[-1], self._last_read_id or "0-0", key=_stream_id)
-                    return 0, (publisher, after)
-        return settings.batch_size, None
+        count, ahead = plan_next_read(
+            dequeued, give_up, settings.heads, settings.batch_size, self._last_read_id
+        )
+        self._saturated = ahead is not None
+        return count, ahead
 
     def _work(
         self,
@@ -602,13 +578,19 @@ class Worker:
         started_ms = self.clock_ms() if self.metrics.enabled else 0
         if times:
             self.metrics.turns(len(self.turns), entries_taken_over=len(times))
-        times = {**(times or {}), **self._take_over(heads)}
+        times = {**(times or {}), **self._taken}
+        self._taken = {}
+        ready, later, waiting = ready_heads(heads, self._entries)
+        if waiting and (not ready or not waiting.isdisjoint(give_up)):
+            # nothing else to commit, or a turn to give up after this round: fetch them now
+            times.update(self._take_over(heads))
+            ready, later = heads, ([], [])
         suspects = self._suspects
         if times:
             suspects.note(times)
-        alone = suspects.choose(heads, self.settings.heads, self._entries) if suspects else None
+        alone = suspects.choose(ready, self.settings.heads, self._entries) if suspects else None
         if alone is None:
-            batches = self.decide.batches(heads, self._entries, times, now_ms)
+            batches = self.decide.batches(ready, self._entries, times, now_ms)
         else:  # one entry alone (worker.suspects): every other turn held, not worked, not given up
             publisher, entry_id, delivered = alone
             self._alone_recorded = True  # removed by _send, also when the reply to this is lost
@@ -616,9 +598,9 @@ class Worker:
             batches = self.decide.batches(
                 {publisher: [entry_id]}, self._entries, {entry_id: delivered}, now_ms
             )
-            give_up = ()
+            give_up, later = (), ([], [])
         self.hook("before_commit")
-        results = self._send(batches, heads, give_up, next_read or (self.settings.batch_size, None))
+        results = self._send(batches, heads, give_up, next_read or (self.settings.batch_size, None), later)
         self.hook("after_commit")
         applied = [(b, r) for b, r in zip(batches, results, strict=True) if not isinstance(r, Exception)]
         done = self._apply([b for b, _ in applied], [r for _, r in applied], give_up, started_ms)
@@ -628,27 +610,23 @@ class Worker:
         return done
 
     def _take_over(self, heads: dict[str, list[str]]) -> dict[str, int]:
-        """Fetch the head entries this worker has not read itself (``take_over.lua``).
+        """Fetch the heads this worker has not read itself (``take_over.lua``) in a round trip of their
+        own; ``{entry_id: times delivered}`` for the counted ones (``worker.turns.missing_heads``)."""
+        counted, uncounted = missing_heads(heads, self._entries)
+        if not counted and not uncounted:
+            return {}
+        return self._taken_over(self.scripts.take_over(self.name, counted, uncounted), len(counted))
 
-        Only each publisher's first head counts as a new delivery of its entry.
-
-        Returns:
-            ``{entry_id: times delivered}`` for the counted heads.
-        """
+    def _taken_over(self, taken: list[tuple[str, dict[bytes, bytes], int]], counted: int) -> dict[str, int]:
+        """Keep the entries taken over; ``{entry_id: times delivered}`` of the counted ones."""
         entries = self._entries
-        counted: list[str] = []
-        uncounted: list[str] = []
-        for ids in heads.values():
-            for i, entry_id in enumerate(ids):
-                if entry_id not in entries:
-                    (uncounted if i else counted).append(entry_id)
         times: dict[str, int] = {}
-        if counted or uncounted:
-            for entry_id, fields, delivered in self.scripts.take_over(self.name, counted, uncounted):
-                entries[entry_id] = (_publisher_of(fields), fields)
+        for entry_id, fields, delivered in taken:
+            entries[entry_id] = (_publisher_of(fields), fields)
+            if delivered:
                 times[entry_id] = delivered
-            if counted:
-                self.metrics.turns(len(self.turns), entries_taken_over=len(counted))
+        if counted:
+            self.metrics.turns(len(self.turns), entries_taken_over=counted)
         return times
 
     def _send(
@@ -657,20 +635,24 @@ class Worker:
         heads: dict[str, list[str]],
         give_up: tuple[str, ...],
         next_read: tuple[int, tuple[str, str] | None],
+        later: tuple[list[str], list[str]] = ([], []),
     ) -> list[Any]:
-        """Send every batch (one ``commit.lua`` call each) and, in the same round trip, the next dequeue
-        (``next_read``: how many entries it reads, and which heads it takes over, see ``_next_read``).
+        """Send every batch (one ``commit.lua`` call each) and, in the same round trip: the take-over of
+        the heads another worker read (``later``: counted, uncounted; see ``worker.turns.ready_heads``), the next dequeue
+        (``next_read``: how many entries it reads, and which heads it takes over, see ``_next_read``),
+        and this round's wake-up of another worker (``_wake``).
 
         Returns:
             One ``commit.lua`` reply per batch, or the error it answered (a full server); the
             prefetched dequeue is kept in ``_prefetched``, also when a commit failed (it read
-            after the commits, which wrote nothing).
+            after the commits, which wrote nothing); the heads taken over in ``_taken``.
         """
         settings = self.settings
         journal = settings.journal_max_len if settings.journal else 0
         prefetch = not self.stopping and not self._no_prefetch
-
         recorded = self._alone_recorded
+        wake, now = self._wake, self.clock_ms()
+        counts = {"take_over": 0, "wake": 0}
 
         def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
@@ -687,6 +669,7 @@ class Worker:
                 )
             if recorded:  # the entry handled alone is committed: this worker's death is no longer its
                 pipe.hdel(keys.alone(self.qm), self.name)
+            counts["take_over"] = self.scripts.take_over_in(pipe, self.name, *later) if later[0] else 0
             if prefetch:  # the next dequeue rides in the same round trip as this commit
                 kept = sorted(set(heads) - set(give_up))
                 self.scripts.dequeue(
@@ -699,6 +682,7 @@ class Worker:
                     liveness_ms=LIVENESS_MS,
                     ahead=next_read[1],
                 )
+            counts["wake"] = self.waiting.hand_on_in(pipe, now, wake) if wake is not None else 0
             return cast(list[Any], pipe.execute(raise_on_error=False))
 
         results = send()
@@ -707,13 +691,19 @@ class Worker:
             # again (each is fenced: one that was applied is refused the second time).
             self.scripts.load()
             results = send()
+        replies = iter(results[len(batches) :])
+        if recorded and not isinstance(next(replies), Exception):
+            self._alone_recorded = False
+        taken = [next(replies) for _ in range(counts["take_over"])]
         if prefetch:
-            dequeued = results.pop()
+            dequeued = next(replies)
             if not isinstance(dequeued, Exception):  # else the next round dequeues afresh (and reports it)
                 self._prefetched = parse_dequeue(dequeued)
-        if recorded and not isinstance(results.pop(), Exception):
-            self._alone_recorded = False
-        return results
+        self.waiting.handed_on(replies)
+        for i, reply in enumerate(taken):  # a refused take-over: those heads are taken over next round
+            if not isinstance(reply, Exception):
+                self._taken.update(self._taken_over(parse_take_over(reply), 0 if i else len(later[0])))
+        return results[: len(batches)]
 
     def _apply(
         self,

@@ -30,16 +30,12 @@ import redis
 from broker.core import keys
 from broker.core.errors import ForeignKey
 from broker.core.logs import publication_extra
+from worker.turns import stream_id
 
 log = logging.getLogger("broker.worker")
 
 #: A FIFO head delivered this many times (a normal hand-over makes 2) is a suspect.
 SUSPECT_DELIVERIES = 3
-
-
-def _stream_id(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 class Suspects:
@@ -101,7 +97,7 @@ class Suspects:
         counts, careful = self.counts, self.careful
         found = [(counts[ids[0]], ids[0], p) for p, ids in heads.items() if ids and ids[0] in counts]
         if found:
-            delivered, entry_id, publisher = min(found, key=lambda f: (-f[0], _stream_id(f[1])))
+            delivered, entry_id, publisher = min(found, key=lambda f: (-f[0], stream_id(f[1])))
             careful[publisher] = window - 1
             log.warning(
                 "entry %s delivered %d times (workers may have died on it): handling it alone",
@@ -117,7 +113,7 @@ class Suspects:
         if not waiting:
             careful.clear()
             return None
-        entry_id, publisher = min(waiting, key=lambda w: _stream_id(w[0]))
+        entry_id, publisher = min(waiting, key=lambda w: stream_id(w[0]))
         careful[publisher] -= 1
         return publisher, entry_id, 1
 

@@ -397,9 +397,24 @@ class Scripts:
                 raw = self._take_over_script(
                     keys=[stream, alone], args=[keys.WORKER_GROUP, token, len(head), *head, *rest]
                 )
-            for entry_id, flat, times in raw:
-                out.append((entry_id.decode(), entry_fields(flat), int(times)))
+            out.extend(parse_take_over(raw))
         return out
+
+    def take_over_in(self, pipe: Any, token: str, counted: list[str], uncounted: list[str]) -> int:
+        """``take_over``'s calls added to ``pipe`` (the worker's commit round trip), not sent.
+
+        Returns:
+            How many calls were added; each reply goes to ``parse_take_over`` (or ``checked``).
+        """
+        stream, alone = keys.publish_stream(self.qm), keys.alone(self.qm)
+        calls = 0
+        for start in range(0, max(len(counted), len(uncounted)), TAKE_OVER_CHUNK):
+            head = counted[start : start + TAKE_OVER_CHUNK]
+            rest = uncounted[start : start + TAKE_OVER_CHUNK]
+            args = [keys.WORKER_GROUP, token, len(head), *head, *rest]
+            self._call(self._take_over_script, [stream, alone], args, pipe, "take-over")
+            calls += 1
+        return calls
 
     def sweep_turns(self, token: str, lease_ms: int, cursor: str, count: int) -> tuple[str, list[str]]:
         """Take the turn of orphaned publishers (FIFO not empty, nobody holds the turn).
@@ -482,6 +497,11 @@ def entry_fields(flat: list[bytes]) -> dict[bytes, bytes]:
     for i in range(0, len(flat), 2):
         fields.setdefault(flat[i], flat[i + 1])
     return fields
+
+
+def parse_take_over(raw: list[Any]) -> list[tuple[str, dict[bytes, bytes], int]]:
+    """``take_over.lua``'s reply: ``[(entry_id, fields, times delivered)]`` (0: not counted)."""
+    return [(entry_id.decode(), entry_fields(flat), int(times)) for entry_id, flat, times in raw]
 
 
 def parse_dequeue(raw: list[Any]) -> Dequeued:

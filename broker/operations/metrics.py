@@ -24,6 +24,7 @@ Every metric name starts with ``broker_``; histograms of times end in ``_ms``, c
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import shutil
@@ -658,11 +659,28 @@ def sampled_registry(client: redis.Redis, settings: Settings) -> CollectorRegist
     return registry
 
 
+class _StartedFilesCollector(MultiProcessCollector):
+    """prometheus_client's multiprocess collector, leaving out the files a worker process is still
+    creating: a scrape at that moment read an empty file (``struct.error``) and answered 500."""
+
+    def collect(self) -> Any:
+        files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if _started(f)]
+        return self.merge(files, accumulate=True)
+
+
+def _started(path: str) -> bool:
+    """Whether a multiprocess file holds its header (8 bytes) yet; False when it is gone too."""
+    try:
+        return os.path.getsize(path) >= 8
+    except OSError:
+        return False
+
+
 def pool_registry(path: str, client: redis.Redis, settings: Settings) -> CollectorRegistry:
     """A registry adding up the worker processes' files in ``path`` (multiprocess mode), and the
     Redis-sampled metrics."""
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=path)
+    _StartedFilesCollector(registry, path=path)
     registry.register(RedisCollector(client, settings))
     return registry
 

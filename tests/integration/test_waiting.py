@@ -229,3 +229,43 @@ def test_after_a_short_wait_the_next_dequeue_rides_with_the_commit(real_redis, s
     assert worker.run_once(block=True) == 1
     # Then its next dequeue rode with the commit (one round trip), instead of a wait and a dequeue
     assert worker._prefetched is not None
+
+
+def test_at_a_high_rate_idle_workers_wait_on_the_stream_directly_and_the_wake_up_rides_with_the_commit(
+    real_redis, settings
+):
+    # Given w0 waiting on the stream (the waiter) and w1 on the wake-up list
+    settings = settings.model_copy(update={"block_ms": 10_000, "sweep_interval_ms": 60_000})
+    record = subscribe(real_redis, QM, "t/#", "app", "s")
+    clock = [NOW]
+    w0, w1 = _worker(real_redis, settings, "w0", clock), _worker(real_redis, settings, "w1", clock)
+    first = _round_in_thread(w0)
+    _until(lambda: _blocked(real_redis, "xread"), "w0 blocks on the stream")
+    second = _round_in_thread(w1)
+    _until(lambda: _blocked(real_redis, "blpop"), "w1 blocks on the wake-up list")
+    hand_ons: list[int] = []
+    hand_on = w0.waiting.hand_on
+    w0.waiting.hand_on = lambda *a, **k: (hand_ons.append(1), hand_on(*a, **k))[1]  # type: ignore[method-assign]
+    # When a publication comes at once (the clock does not move: entries keep coming)
+    Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
+    first.join(timeout=10)
+    assert not first.is_alive()
+    # Then the waiter, staying busy (its next dequeue rides with its commit), gives up the role and
+    # wakes w1 in its commit's round trip: no round trip of its own
+    w0.run_once(block=True)
+    second.join(timeout=10)
+    assert not second.is_alive() and hand_ons == []
+    assert real_redis.get(keys.waiter(QM)) is None
+    # When both go back to waiting after short waits
+    w0_again, w1_again = _round_in_thread(w0), _round_in_thread(w1)
+    # Then both wait on the stream directly, neither taking the waiter's role
+    _until(lambda: len(_blocked(real_redis, "xread")) == 2, "both block on the stream")
+    assert real_redis.get(keys.waiter(QM)) is None and not _blocked(real_redis, "blpop")
+    # ... and the next publication wakes both; it is delivered once
+    Publisher(real_redis, QM, "p1").publish("t/a", b"two", msgid="m2")
+    w0_again.join(timeout=10)
+    w1_again.join(timeout=10)
+    assert not w0_again.is_alive() and not w1_again.is_alive()
+    while w0.run_once() + w1.run_once():
+        pass
+    assert real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 2

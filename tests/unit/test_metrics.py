@@ -160,3 +160,29 @@ def test_the_recorder_counts_a_batch_by_outcome_with_policy_skips_apart():
     assert got[("broker_unit_of_work_latency_ms_sum", ())] == 50  # 10 ms each
     assert got[("broker_turns_given_up_total", (("why", "drained"),))] == 1
     assert got[("broker_turns_given_up_total", (("why", "fair_share"),))] == 1
+
+
+def test_a_scrape_while_a_worker_process_creates_its_file_leaves_that_file_out(tmp_path, monkeypatch):
+    # Given the pool's multiprocess directory with one worker's counted file and one just created (empty)
+    import fakeredis
+
+    from broker.core.config import Settings
+    from broker.operations.metrics import pool_registry
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    from prometheus_client import Counter as MultiCounter
+    from prometheus_client import values
+
+    single_process = values.ValueClass
+    values.ValueClass = values.MultiProcessValue(lambda: 1)
+    try:
+        counter = MultiCounter("probe_total", "a probe", registry=None)
+        counter.inc(3)
+    finally:
+        values.ValueClass = single_process
+    (tmp_path / "counter_2.db").write_bytes(b"")
+    registry = pool_registry(str(tmp_path), fakeredis.FakeRedis(), Settings(qm="T"))
+    # When it is scraped
+    text = generate_latest(registry).decode()
+    # Then the scrape answers, with the counted file's figures
+    assert "probe_total 3.0" in text
