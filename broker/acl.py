@@ -44,14 +44,13 @@ import hashlib
 import json
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import redis
 
-from broker import keys
+from broker import clock, keys
 from broker.connection import is_cluster, translate_errors
 from broker.errors import ConfigError, InvalidName
 from broker.principals import bind, check_principal, check_publisher_ids, unbind
@@ -270,7 +269,7 @@ def add_user(client: redis.Redis, qm: str, user: str, spec: RoleSpec, password: 
     check_principal(user)
     if user == "default":
         raise InvalidName("the default user is not a broker role; pick another name")
-    spec.created_ms = spec.created_ms or int(time.time() * 1000)
+    spec.created_ms = spec.created_ms or clock.now_ms()
     found = rules(qm, user, spec)
     found = _set_user(client, user, ["reset", "on", f">{password}"], found)
     client.hset(_registry(qm), user, spec.to_json())

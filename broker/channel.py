@@ -45,7 +45,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.exceptions import RedisClusterException
 
-from broker import keys
+from broker import clock, keys
 from broker.config import Settings
 from broker.connection import TLSOptions, connect, is_tls_url, wait_for_server
 from broker.errors import ConfigError, InvalidMessage
@@ -677,7 +677,7 @@ class ChannelProcess:
         self.settings = settings
         self.qm = settings.qm
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.clock_ms = clock_ms or clock.now_ms
         self.hook = hook or (lambda point: None)
         self.peers = Peers(settings.redis_url, client, settings.tls)
         self.agent = Agent(client, self.qm, self.peers, self.clock_ms)

@@ -54,7 +54,7 @@ from typing import Any
 
 import redis
 
-from broker import keys
+from broker import clock, keys
 from broker.config import Settings
 from broker.connection import as_bytes, block_slice_ms, translate_errors
 from broker.errors import ConsumerConflict, InvalidMessage, ServerError, TooManyConsumers
@@ -277,7 +277,7 @@ def sweep_subscriptions(
     Returns:
         ``(the last id looked at, or "" when the end was reached; subscription ids removed)``.
     """
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     if records is None:
         records = read_subscriptions(client, qm)[0]
     todo = sorted((r for r in records if r.sub_id > start), key=lambda r: r.sub_id)[:SWEEP_SUBSCRIPTIONS]
@@ -692,7 +692,7 @@ class Subscriber:
         now = self._now()
         self.recover_dead(closing=self.consumer_id)
         if not self.record.durable:
-            cutoff = int(time.time() * 1000) + 1 if now == "" else int(now) + 1
+            cutoff = clock.now_ms() + 1 if now == "" else int(now) + 1
             try:
                 remove_subscription(self.client, self.qm, self.record.sub_id, abandoned_before_ms=cutoff)
             except redis.exceptions.NoPermissionError:  # a subscriber ACL user (broker.acl) may not
@@ -733,7 +733,7 @@ def browse(
     Raises:
         InvalidMessage: an envelope is malformed.
     """
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     out: list[Message] = []
     for band in keys.sub_bands(qm, record.sub_id):
         start = 0
@@ -769,7 +769,7 @@ def subscription_load(client: redis.Redis, qm: str, sub_id: str, now_ms: int | N
 
     A key of another type counts as empty (``broker status`` names foreign keys).
     """
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     raw_members: Any = client.zrange(keys.sub_consumers(qm, sub_id), 0, -1)
     members = [as_bytes(c).decode() for c in raw_members]
     pipe = client.pipeline(transaction=False)
@@ -788,6 +788,6 @@ def consumers_of(
     client: redis.Redis, qm: str, sub_id: str, now_ms: int | None = None
 ) -> list[tuple[str, int]]:
     """The subscription's consumers with live leases: ``[(consumer id, lease deadline ms)]``."""
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     raw: Any = client.zrangebyscore(keys.sub_consumers(qm, sub_id), now, "+inf", withscores=True)
     return [(as_bytes(c).decode(), int(score)) for c, score in raw]

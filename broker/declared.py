@@ -12,14 +12,13 @@ next publication they route.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from broker import keys
+from broker import clock, keys
 from broker.connection import KEEP, can_name, change_field, read_hash, translate_errors
 from broker.errors import CorruptRecord, InvalidTopic, NoSuchTopic
 from broker.hierarchy import DeclaredTopics, validate_topic
@@ -64,7 +63,7 @@ def parse_declared(qm: str, raw: dict[Any, Any]) -> tuple[DeclaredTopics, list[C
 
 
 def _record(source: str) -> str:
-    return json.dumps({"declared_ms": int(time.time() * 1000), "source": source}, separators=(",", ":"))
+    return json.dumps({"declared_ms": clock.now_ms(), "source": source}, separators=(",", ":"))
 
 
 @translate_errors

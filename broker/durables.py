@@ -27,14 +27,13 @@ Every deletion is logged (logger ``broker.durables``) with the messages lost.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from broker import keys
+from broker import clock, keys
 from broker.connection import translate_errors
 from broker.consumer import subscription_load
 from broker.errors import BrokerError, ForeignKey, InvalidSelector
@@ -240,7 +239,7 @@ def expire_idle_durables(client: redis.Redis, qm: str, idle_ms: int, now_ms: int
     problems = [str(p) for p in corrupt]
     if idle_ms <= 0:
         return Deletion([], problems)
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     cutoff = now - idle_ms
     durable = [r for r in records if r.durable]
     deleted = []

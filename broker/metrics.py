@@ -29,7 +29,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from broker import keys
+from broker import clock, keys
 from broker.config import Settings
 from broker.unit_of_work import Outcome, UnitOfWork
 
@@ -454,7 +453,7 @@ class RedisCollector(Collector):
         self.client = client
         self.settings = settings
         self.qm = settings.qm
-        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.clock_ms = clock_ms or clock.now_ms
         self._lock = threading.Lock()
         self._dlq_last = "0-0"
         self._dead_letters = dict.fromkeys(DEAD_LETTER_REASONS, 0)

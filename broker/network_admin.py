@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from broker import keys
+from broker import clock, keys
 from broker.channel import UNREACHABLE, Agent, Peers, read_announced, read_network
 from broker.connection import TLSOptions, redact_url, translate_errors
 from broker.errors import ConfigError
@@ -75,17 +75,11 @@ def withdraw(client: redis.Redis, qm: str, url: str, tls: TLSOptions | None = No
     Raises:
         ConfigError: ``qm`` is in no network.
     """
-    agent = Agent(client, qm, Peers(url, client, tls), lambda: _now_ms())
+    agent = Agent(client, qm, Peers(url, client, tls), clock.now_ms)
     topology = agent.load()
     if topology is None:
         raise ConfigError(f"{qm} is in no network: run 'broker network apply' first")
     return agent.announce(topology, state="withdrawn")
-
-
-def _now_ms() -> int:
-    import time
-
-    return int(time.time() * 1000)
 
 
 @translate_errors
@@ -307,7 +301,7 @@ AGENT_SILENT_MS = 10_000
 
 def _live(agents: dict[Any, Any]) -> int:
     """How many channel process heartbeats are recent (each round writes one)."""
-    now, live = _now_ms(), 0
+    now, live = clock.now_ms(), 0
     for raw in agents.values():
         try:
             live += now - int(json.loads(raw)["seen_ms"]) < AGENT_SILENT_MS
@@ -318,7 +312,7 @@ def _live(agents: dict[Any, Any]) -> int:
 
 def _agent_problems(agents: dict[Any, Any]) -> list[str]:
     """What the channel processes whose heartbeat is recent report (``problems`` of the heartbeat)."""
-    now, found = _now_ms(), []
+    now, found = clock.now_ms(), []
     for name, raw in agents.items():
         try:
             beat = json.loads(raw)

@@ -9,13 +9,12 @@ rest of the snapshot is still given.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import redis
 
-from broker import hierarchy, keys
+from broker import clock, hierarchy, keys
 from broker.connection import read_hash, translate_errors
 from broker.consumer import subscription_load
 from broker.errors import BrokerError, ForeignKey, InvalidTopicFilter
@@ -272,7 +271,7 @@ def status(
     dead, active, version, beats, _ = values[-5:]
     problems += _foreign_keys(client, qm, subs, keyspace)
 
-    now_ms = int(time.time() * 1000)
+    now_ms = clock.now_ms()
     workers: list[WorkerRow] = []
     for name, raw in sorted((beats or {}).items()):
         try:
@@ -525,7 +524,7 @@ def usage_list(
     problems: list[str] = []
     records, corrupt = _read(problems, "subscriptions", lambda: read_subscriptions(client, qm), ([], []))
     problems += [str(p) for p in corrupt]
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     if which == "durables":
         return _usage_rows(client, qm, [r for r in records if r.durable], now, problems), problems
     return [row for row in _usage_rows(client, qm, records, now, problems) if row.consumers], problems

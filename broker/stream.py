@@ -14,14 +14,13 @@ last entry id is exhausted or far ahead of the server's clock (a client chose th
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from broker import keys
+from broker import clock, keys
 from broker.errors import ForeignKey
 
 
@@ -175,7 +174,7 @@ def clock_problem(client: redis.Redis, qm: str) -> str | None:
         seconds, micros = client.time()
         now_ms = int(seconds) * 1000 + int(micros) // 1000
     except redis.exceptions.NoPermissionError:  # a monitor's ACL user: this machine's clock will do
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
     ahead_ms = id_key(last)[0] - now_ms
     way_out = (
         "run `broker repair stream` to move the pending and unread entries to a fresh stream "

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from typing import Any
 
 import redis
 
-from broker import hierarchy, keys
+from broker import clock, hierarchy, keys
 from broker.config import (
     DEFAULT_MAX_SELECTOR_BYTES,
     DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
@@ -346,7 +345,7 @@ def subscribe(
     sub_id = f"{share or client_id}${name}"
     mode = "shared" if shared else _mode_of(sub_id, consumer_modes)
     record = SubscriptionRecord(
-        sub_id, inner, durable_name is not None, int(time.time() * 1000), selector, no_local, mode, share
+        sub_id, inner, durable_name is not None, clock.now_ms(), selector, no_local, mode, share
     )
     subs_key, topics_key = keys.subscriptions(qm), keys.topic_objects(qm)
     found: list[SubscriptionRecord] = []

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -63,7 +62,7 @@ from typing import Any, Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from broker import hierarchy, keys
+from broker import clock, hierarchy, keys
 from broker.config import read_toml
 from broker.connection import can_name, change_field, read_hash, translate_errors
 from broker.errors import ConfigError, CorruptRecord, InvalidName, NoSuchTopicObject, TopicObjectConflict
@@ -462,7 +461,7 @@ def define(
         topic_string=topic_string,
         attributes=attributes or Attributes(),
         description=description,
-        altered_ms=int(time.time() * 1000),
+        altered_ms=clock.now_ms(),
     )
     tree = read_tree(client, qm)
     other = tree.object_at(topic_string)
@@ -523,7 +522,7 @@ def alter(
             update={
                 "attributes": attributes,
                 "description": existing.description if description is None else description,
-                "altered_ms": int(time.time() * 1000),
+                "altered_ms": clock.now_ms(),
             }
         )
 

@@ -70,7 +70,7 @@ from typing import Any, cast
 import redis
 from redis.exceptions import RedisClusterException
 
-from broker import keys
+from broker import clock, keys
 from broker.config import Settings
 from broker.connection import block_slice_ms, wait_for_server
 from broker.declared import seed_declared
@@ -179,7 +179,7 @@ class Worker:
         self.settings = settings
         self.qm = settings.qm
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.clock_ms = clock_ms or clock.now_ms
         self.hook = hook or (lambda point: None)
         self.scripts = Scripts(
             client,
