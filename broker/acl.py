@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 import redis
 
-from broker import clock, keys
+from broker import clock, keys, wire
 from broker.connection import is_cluster, translate_errors
 from broker.errors import ConfigError, InvalidName
 from broker.principals import bind, check_principal, check_publisher_ids, unbind
@@ -311,7 +311,7 @@ def list_users(client: redis.Redis, qm: str) -> tuple[list[UserRow], list[str]]:
     """The users the broker made for ``qm``, with their rules as Redis holds them; and problems."""
     rows, problems = [], []
     for raw_user, raw in sorted(client.hgetall(_registry(qm)).items()):
-        user = raw_user.decode() if isinstance(raw_user, bytes) else raw_user
+        user = wire.text(raw_user)
         try:
             spec = RoleSpec.from_json(raw)
         except ValueError as exc:
@@ -348,7 +348,7 @@ def _getuser(found: Any) -> dict[str, Any]:
 
     def text(value: Any) -> Any:
         if isinstance(value, bytes):
-            return value.decode()
+            return wire.text(value)
         if isinstance(value, list):
             return [text(v) for v in value]
         return value
@@ -362,7 +362,7 @@ def acl_file(client: redis.Redis, qm: str) -> str:
     for an operator's own Redis (``aclfile``); passwords appear only as their SHA-256."""
     lines = []
     for raw_user, raw in sorted(client.hgetall(_registry(qm)).items()):
-        user = raw_user.decode() if isinstance(raw_user, bytes) else raw_user
+        user = wire.text(raw_user)
         try:
             spec = RoleSpec.from_json(raw)
         except ValueError:

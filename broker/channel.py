@@ -45,7 +45,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.exceptions import RedisClusterException
 
-from broker import clock, keys
+from broker import clock, keys, wire
 from broker.config import Settings
 from broker.connection import TLSOptions, connect, is_tls_url, wait_for_server
 from broker.errors import ConfigError, InvalidMessage
@@ -88,12 +88,6 @@ Clock = Callable[[], int]
 #: How long a process (re)started by its pool waits for the server, ms: a child restarted
 #: while its server (or the cluster node its URL names) is down waits instead of dying.
 START_WAIT_MS = 60_000
-
-
-def _text(raw: bytes | str | None) -> str:
-    if raw is None:
-        return ""
-    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
 
 
 def forwarded_fields(envelope: bytes, sender: str) -> list[bytes | str]:
@@ -153,9 +147,13 @@ def forwarded_fields(envelope: bytes, sender: str) -> list[bytes | str]:
         flat += [b"seq", str(header["seq"])]
     if header.get("expiration"):
         flat += [b"expiration", str(header["expiration"])]
-    for name, wire in (("correlation_id", b"correlation_id"), ("reply_to", b"reply_to"), ("type", b"type")):
+    for name, raw_name in (
+        ("correlation_id", b"correlation_id"),
+        ("reply_to", b"reply_to"),
+        ("type", b"type"),
+    ):
         if header.get(name) is not None:
-            flat += [wire, str(header[name])]
+            flat += [raw_name, str(header[name])]
     if header.get("props"):
         flat += [b"props", json.dumps(header["props"], separators=(",", ":"))]
     flat += [b"origin", str(origin), b"route", ",".join(route)]
@@ -361,8 +359,10 @@ class Agent:
         version when either changed. A queue manager that cannot be read keeps its entries."""
         qm, now, network = self.qm, self.clock_ms(), topology.network
         self.problems = []
-        current = {_text(f): _text(v) for f, v in self.client.hgetall(keys.proxies(qm)).items()}
-        seen = {_text(f) for f in self.client.hkeys(keys.network_seen(qm))}
+        current = {
+            wire.exact_text(f): wire.exact_text(v) for f, v in self.client.hgetall(keys.proxies(qm)).items()
+        }
+        seen = {wire.exact_text(f) for f in self.client.hkeys(keys.network_seen(qm))}
         newly_seen: list[str] = []
         desired: dict[str, ProxySubscription] = {}
         unreachable: set[str] = set()
@@ -403,7 +403,7 @@ class Agent:
             except (ValueError, TypeError):  # a corrupt record: replaced by what is wanted, or removed
                 continue
             if kept.source == "dynamic" and kept.qm in unreachable:
-                wanted[name] = _text(raw)
+                wanted[name] = wire.exact_text(raw)
             elif name in wanted:  # unchanged: keep its record (and its since_ms)
                 again = ProxySubscription.from_json(wanted[name])
                 if (again.qm, again.topic, again.source, again.at, again.keep) == (
@@ -413,9 +413,12 @@ class Agent:
                     kept.at,
                     kept.keep,
                 ):
-                    wanted[name] = _text(raw)
+                    wanted[name] = wire.exact_text(raw)
         copies = self._cluster_copies(topology)
-        old_copies = {_text(f): _text(v) for f, v in self.client.hgetall(keys.cluster_topics(qm)).items()}
+        old_copies = {
+            wire.exact_text(f): wire.exact_text(v)
+            for f, v in self.client.hgetall(keys.cluster_topics(qm)).items()
+        }
         if copies is None:
             copies = old_copies
         changed = wanted != current or copies != old_copies
@@ -449,7 +452,7 @@ class Agent:
                 return None
             for raw_name, value in raw.items():
                 try:
-                    obj = TopicObject.from_json(_text(raw_name), value, name)
+                    obj = TopicObject.from_json(wire.exact_text(raw_name), value, name)
                 except Exception:  # a corrupt record: broker status names it on its own queue manager
                     continue
                 cluster = obj.attributes.cluster
@@ -506,7 +509,7 @@ class Mover:
         key = keys.channel_mover(self.qm, self.to)
         if (
             self.client.set(key, self.name, nx=True, px=MOVER_LEASE_MS)
-            or _text(self.client.get(key)) == self.name
+            or wire.exact_text(self.client.get(key)) == self.name
         ):
             self.client.pexpire(key, MOVER_LEASE_MS)
             self._lease_until = now + MOVER_LEASE_MS
@@ -539,7 +542,7 @@ class Mover:
             if self._script is None or self._script.registered_client is not receiver:
                 self._script = receiver.register_script(script_source("channel_in"))
             if self.last is None:  # the receiver says what it has: the only source of truth
-                self.last = _text(receiver.hget(keys.received(self.to), self.qm)) or "0-0"
+                self.last = wire.exact_text(receiver.hget(keys.received(self.to), self.qm)) or "0-0"
             raw = self.client.xrange(self.stream, f"({self.last}", "+", count=self.batch)
             if not raw:
                 if self.backoff_ms:
@@ -550,7 +553,7 @@ class Mover:
             args: list[Any] = [self.qm, self.last]
             bad: list[tuple[str, dict[Any, Any], str]] = []
             for entry_id, fields in raw:
-                sequence = _text(entry_id)
+                sequence = wire.exact_text(entry_id)
                 try:
                     flat = forwarded_fields(cast(bytes, (fields or {}).get(b"e", b"")), self.qm)
                 except InvalidMessage as exc:
@@ -572,13 +575,13 @@ class Mover:
                         "from an older state?): sending again from there",
                         self.qm,
                         self.to,
-                        _text(last),
+                        wire.exact_text(last),
                         self.last,
                     )
                     self.client.hincrby(keys.channel_state(self.qm, self.to), "resent_from_behind", 1)
-                    self.last = _text(last)
+                    self.last = wire.exact_text(last)
                     return self.move_once(_again=False) if _again else 0
-                self.last = _text(last)
+                self.last = wire.exact_text(last)
             self.hook("after_channel_in")
             self.moved += int(filed)
             in_flight = 0
@@ -636,7 +639,9 @@ class Mover:
         transmission entry id), as every dead letter (``broker.keys``)."""
         pipe = self.client.pipeline(transaction=True)
         for sequence, fields, reason in bad:
-            record: dict[Any, Any] = {k: v for k, v in fields.items() if not _text(k).startswith("dlq.")}
+            record: dict[Any, Any] = {
+                k: v for k, v in fields.items() if not wire.exact_text(k).startswith("dlq.")
+            }
             record[b"dlq.reason"] = f"channel {self.qm} -> {self.to}: unreadable transmission entry: {reason}"
             record[b"dlq.entry_id"] = sequence
             pipe.xadd(keys.dead_letter(self.qm), record)

@@ -19,7 +19,7 @@ from redis.cluster import RedisCluster
 from redis.connection import Connection, ConnectionPool, parse_url
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
-from broker import keys
+from broker import keys, wire
 from broker.errors import ClusterUnsupported, ConfigError, ConnectionLost, ForeignKey, ServerError, ServerFull
 
 #: Oldest server the broker supports (XAUTOCLAIM, LMOVE, SET ... GET, Lua 5.1 + cjson).
@@ -104,7 +104,7 @@ def read_hash(client: redis.Redis, key: str) -> dict[Any, Any]:
     except redis.ResponseError as exc:
         if "WRONGTYPE" in str(exc):
             found = client.type(key)
-            raise ForeignKey(key, found.decode() if isinstance(found, bytes) else str(found), "hash") from exc
+            raise ForeignKey(key, wire.text(found), "hash") from exc
         raise
 
 

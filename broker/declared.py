@@ -18,14 +18,10 @@ from typing import Any
 
 import redis
 
-from broker import clock, keys
+from broker import clock, keys, wire
 from broker.connection import KEEP, can_name, change_field, read_hash, translate_errors
 from broker.errors import CorruptRecord, InvalidTopic, NoSuchTopic
 from broker.hierarchy import DeclaredTopics, validate_topic
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 @dataclass(frozen=True)
@@ -54,7 +50,7 @@ def parse_declared(qm: str, raw: dict[Any, Any]) -> tuple[DeclaredTopics, list[C
     problems: list[CorruptRecord] = []
     for field in raw:
         try:
-            declared.add(_text(field))
+            declared.add(wire.text(field))
         except (UnicodeDecodeError, InvalidTopic) as exc:
             problems.append(
                 CorruptRecord(keys.declared_topics(qm), repr(field), f"not a valid topic name: {exc}")
@@ -120,7 +116,7 @@ def list_declared(client: redis.Redis, qm: str) -> tuple[list[Declared], list[Co
     problems: list[CorruptRecord] = []
     for field, value in read_hash(client, key).items():
         try:
-            topic = _text(field)
+            topic = wire.text(field)
             validate_topic(topic)
             data = json.loads(value)
             found.append(Declared(topic, int(data.get("declared_ms", 0)), str(data.get("source", "cli"))))

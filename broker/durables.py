@@ -33,7 +33,7 @@ from typing import Any
 
 import redis
 
-from broker import clock, keys
+from broker import clock, keys, wire
 from broker.connection import translate_errors
 from broker.consumer import subscription_load
 from broker.errors import BrokerError, ForeignKey, InvalidSelector
@@ -202,7 +202,7 @@ def last_use(
 
 def _foreign(client: redis.Redis, key: str, expected: str) -> ForeignKey:
     found: Any = client.type(key)
-    return ForeignKey(key, found.decode() if isinstance(found, bytes) else str(found), expected)
+    return ForeignKey(key, wire.text(found), expected)
 
 
 def _probe(client: redis.Redis, qm: str, records: list[SubscriptionRecord]) -> list[tuple[Any, Any]]:

@@ -432,15 +432,11 @@ from __future__ import annotations
 
 PROTOCOL_VERSION = 5
 
-#: Most bytes of a publisher id (the ``publisher`` field); the one place the rule lives
-#: (``dequeue.lua`` is passed it, and files an entry with a longer id as malformed).
-MAX_PUBLISHER_BYTES = 256
-
 #: Consumer group of the workers on the publish stream.
 WORKER_GROUP = "workers"
 
 #: Publisher id the dequeue script files an entry under when it has no valid
-#: ``publisher`` field; such entries are dead-lettered in stream order.
+#: ``publisher`` field (the rule: ``broker.wire.publisher_fifo``); such entries are dead-lettered in stream order.
 MALFORMED_PUBLISHER = "?"
 
 

@@ -21,14 +21,10 @@ from typing import Any
 
 import redis
 
-from broker import keys
+from broker import keys, wire
 from broker.connection import change_field, read_hash, translate_errors
 from broker.errors import CorruptRecord, ForeignKey, InvalidLink, InvalidTopic, LinkCycle, NoSuchLink, shown
 from broker.topics import LinkGraph, validate_topic
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode("utf-8") if isinstance(raw, bytes) else raw
 
 
 def parse_links(qm: str, raw: dict[Any, Any]) -> tuple[LinkGraph, list[CorruptRecord]]:
@@ -48,7 +44,7 @@ def parse_links(qm: str, raw: dict[Any, Any]) -> tuple[LinkGraph, list[CorruptRe
     pairs: list[tuple[str, str, bool]] = []
     for raw_source, raw_targets in raw.items():
         try:
-            source = _text(raw_source)
+            source = wire.text(raw_source)
         except UnicodeDecodeError:
             problems.append(CorruptRecord(key, repr(raw_source), "the source topic is not UTF-8"))
             continue
@@ -106,7 +102,7 @@ def _change_links(
 
     def decide(pipe: Any) -> str | None:
         if pipe.type(links_key) not in (b"none", b"hash", "none", "hash"):
-            raise ForeignKey(links_key, _text(pipe.type(links_key)), "hash")
+            raise ForeignKey(links_key, wire.text(pipe.type(links_key)), "hash")
         graph, problems = parse_links(qm, pipe.hgetall(links_key))
         if target is None:  # remove the whole record of source, readable or not
             if not pipe.hexists(links_key, source):

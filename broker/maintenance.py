@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import redis
 
-from broker import keys
+from broker import keys, wire
 from broker.connection import translate_errors
 from broker.stream import group_state
 
@@ -52,6 +52,6 @@ def trim_acknowledged(client: redis.Redis, qm: str) -> int:
     floor = _next_id(last)
     summary = client.xpending(stream, keys.WORKER_GROUP)
     if summary["pending"]:
-        oldest = summary["min"].decode() if isinstance(summary["min"], bytes) else str(summary["min"])
+        oldest = wire.text(summary["min"])
         floor = min(floor, oldest, key=lambda i: tuple(int(x) for x in i.split("-")))
     return int(client.xtrim(stream, minid=floor, approximate=False))

@@ -40,7 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from broker import clock, keys
+from broker import clock, keys, wire
 from broker.config import Settings
 from broker.unit_of_work import Outcome, UnitOfWork
 
@@ -417,10 +417,6 @@ def recorder(settings: Settings) -> NullRecorder:
 # --- sampled from Redis at scrape time ------------------------------------------------------------
 
 
-def _text(raw: Any) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-
-
 def _int(raw: Any) -> int:
     try:
         return int(raw or 0)
@@ -499,7 +495,7 @@ class RedisCollector(Collector):
     def _subscriptions(self) -> Iterator[Any]:
         """Every subscription's depth (every band), live consumers, in flight and redelivered, pipelined."""
         qm = self.qm
-        ids = sorted(_text(k) for k in self.client.hkeys(keys.subscriptions(qm)))
+        ids = sorted(wire.lenient_text(k) for k in self.client.hkeys(keys.subscriptions(qm)))
         now = self.clock_ms()
         samples: list[_SubscriptionSample] = []
         bands = len(keys.PRIORITIES)
@@ -527,7 +523,7 @@ class RedisCollector(Collector):
                 )
                 samples.append(sample)
                 for member in members if isinstance(members, list) else ():
-                    inflight.llen(keys.consumer_inflight(qm, sub_id, _text(member)))
+                    inflight.llen(keys.consumer_inflight(qm, sub_id, wire.lenient_text(member)))
                     owners.append(sample)
             if owners:
                 for sample, n in zip(owners, inflight.execute(raise_on_error=False), strict=True):
@@ -608,13 +604,13 @@ class RedisCollector(Collector):
                 break
             for entry_id, raw_fields in batch:
                 fields = raw_fields or {}
-                reason = _text(fields.get(b"dlq.reason", b""))
+                reason = wire.lenient_text(fields.get(b"dlq.reason", b""))
                 topic_raw = fields.get(b"topic")
-                topic = None if topic_raw is None else _text(topic_raw)
+                topic = None if topic_raw is None else wire.lenient_text(topic_raw)
                 if valid is None and topic is not None:
                     valid = self._topic_check()
                 self._dead_letters[dead_letter_reason(reason, topic, valid)] += 1
-                self._dlq_last = _text(entry_id)
+                self._dlq_last = wire.lenient_text(entry_id)
             read += len(batch)
         family = CounterMetricFamily(
             _family("broker_dead_letters_total"), METRICS["broker_dead_letters_total"][1], labels=["reason"]
@@ -636,7 +632,10 @@ class RedisCollector(Collector):
         peers = sorted(Topology(network).neighbours.get(self.qm, ()))
         family = GaugeMetricFamily("broker_channel_lag", METRICS["broker_channel_lag"][1], labels=["peer"])
         for to in peers:
-            state = {_text(k): v for k, v in self.client.hgetall(keys.channel_state(self.qm, to)).items()}
+            state = {
+                wire.lenient_text(k): v
+                for k, v in self.client.hgetall(keys.channel_state(self.qm, to)).items()
+            }
             try:
                 info: dict[Any, Any] = self.client.xinfo_stream(keys.transmission(self.qm, to))
                 added = _int(info.get("entries-added", info.get(b"entries-added", 0)))

@@ -16,11 +16,10 @@ the old entries is fenced in ``commit.lua`` (its turn is gone), so nothing is de
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
-from broker import keys
+from broker import keys, wire
 from broker.connection import translate_errors
 from broker.errors import RepairRefused
 from broker.scripts import script_source
@@ -60,10 +59,6 @@ class RepairReport:
     dry_run: bool
 
 
-def _text(raw: Any) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
 @translate_errors
 def repair_stream(
     client: redis.Redis, qm: str, max_entries: int = MAX_ENTRIES, dry_run: bool = False
@@ -97,5 +92,5 @@ def repair_stream(
             raise RepairRefused(text.removeprefix("BROKER ").split(" script: ", 1)[0]) from exc
         raise
     moved, pending, unread, gone, dropped, publishers = (int(x) for x in raw[:6])
-    first, last, old_last = (_text(x) for x in raw[6:9])
+    first, last, old_last = (wire.text(x) for x in raw[6:9])
     return RepairReport(moved, pending, unread, gone, dropped, publishers, first, last, old_last, dry_run)

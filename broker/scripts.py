@@ -28,15 +28,10 @@ from typing import Any
 
 import redis
 
-from broker import keys
+from broker import keys, wire
 from broker.config import Settings
 from broker.errors import ForeignKey, ServerFull
 from broker.unit_of_work import CommitBatch
-
-
-def _b(text: str) -> bytes:
-    """Encode a publisher id back to the bytes Redis holds (ids that were not UTF-8 round-trip)."""
-    return text.encode("utf-8", "surrogateescape")
 
 
 def flow_control_arg(settings: Settings) -> str:
@@ -279,15 +274,15 @@ class Scripts:
                 heads,
                 keys.MALFORMED_PUBLISHER,
                 liveness_ms,
-                keys.MAX_PUBLISHER_BYTES,
+                wire.MAX_PUBLISHER_BYTES,
                 self._reply_prefix,
                 refusals.reply_ttl_ms,
                 refusals.dead_letter_max_len,
                 refusals.max_body_bytes,
                 keys.ingress_prefix(qm),
-                _b(ahead[0]) if ahead else b"",
+                wire.publisher_bytes(ahead[0]) if ahead else b"",
                 ahead[1] if ahead else "",
-                *map(_b, turns),
+                *map(wire.publisher_bytes, turns),
             ],
             pipe,
             "dequeue",
@@ -363,7 +358,7 @@ class Scripts:
                 batch.encoded_limits(),
                 flow_control,
                 len(give_up),
-                *map(_b, give_up),
+                *map(wire.publisher_bytes, give_up),
                 *batch.args,
             ],
             pipe,
@@ -452,7 +447,7 @@ class Scripts:
                     start,
                     self._prefix,
                     keys.MALFORMED_PUBLISHER,
-                    keys.MAX_PUBLISHER_BYTES,
+                    wire.MAX_PUBLISHER_BYTES,
                     self._reply_prefix,
                     refusals.reply_ttl_ms,
                     refusals.dead_letter_max_len,
@@ -469,7 +464,7 @@ class Scripts:
         """
         if not publishers:
             return 0
-        turns = [_b(keys.turn_key(self.qm, p)) for p in publishers]
+        turns = [wire.publisher_bytes(keys.turn_key(self.qm, p)) for p in publishers]
         with _translated("giving up turns"):
             return int(self._give_up(keys=turns, args=[token]))
 

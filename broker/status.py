@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import redis
 
-from broker import clock, hierarchy, keys
+from broker import clock, hierarchy, keys, wire
 from broker.connection import read_hash, translate_errors
 from broker.consumer import subscription_load
 from broker.errors import BrokerError, ForeignKey, InvalidTopicFilter
@@ -28,10 +28,6 @@ from broker.topics import validate_topic
 
 #: A worker whose last heartbeat is older than this is shown as "silent", ms.
 SILENT_AFTER_MS = 5_000
-
-
-def _text(raw: Any) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def _read(problems: list[str], what: str, call: Any, default: Any) -> Any:
@@ -156,7 +152,7 @@ def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], 
     ``{qm}:pub:*`` key, found by ``SCAN``), one line each (``ForeignKey``'s text)."""
     wanted: list[tuple[Any, str]] = []
     for raw in client.scan_iter(match=keys.pub_pattern(qm), count=1000) if keyspace else ():
-        name = _text(raw)
+        name = wire.lenient_text(raw)
         for suffix, kind in keys.PUB_KEY_TYPES.items():
             if name.endswith(suffix):
                 wanted.append((raw, kind))
@@ -165,9 +161,9 @@ def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], 
     pipe = client.pipeline(transaction=False)
     for key, _kind in wanted:
         pipe.type(key)
-    found = [_text(t) for t in pipe.execute()]
+    found = [wire.lenient_text(t) for t in pipe.execute()]
     return [
-        str(ForeignKey(_text(key), kind_found, kind))
+        str(ForeignKey(wire.lenient_text(key), kind_found, kind))
         for (key, kind), kind_found in zip(wanted, found, strict=True)
         if kind_found not in ("none", kind)
     ]
@@ -179,7 +175,11 @@ def _stream_problems(client: redis.Redis, qm: str, state: GroupState | None) -> 
     clock = _read(problems, "publish stream", lambda: clock_problem(client, qm), None)
     if clock:
         problems.append(clock)
-    if state is not None and not state.exists and _text(client.type(keys.publish_stream(qm))) == "stream":
+    if (
+        state is not None
+        and not state.exists
+        and wire.lenient_text(client.type(keys.publish_stream(qm))) == "stream"
+    ):
         problems.append(
             f"publish stream {keys.publish_stream(qm)} has no consumer group {keys.WORKER_GROUP!r} "
             f"({state.length} entries): the workers create it when they start, and again when it "
@@ -264,7 +264,7 @@ def status(
     values: list[Any] = []
     for (key, expected), reply in zip(flat_keys, replies, strict=True):
         if isinstance(reply, redis.ResponseError):
-            problems.append(str(ForeignKey(key, _text(client.type(key)), expected)))
+            problems.append(str(ForeignKey(key, wire.lenient_text(client.type(key)), expected)))
             values.append(None)
         else:
             values.append(reply)
@@ -278,12 +278,14 @@ def status(
             beat = json.loads(raw)
             heartbeat_ms = int(beat.get("heartbeat_ms", 0))
         except (ValueError, TypeError, AttributeError):
-            problems.append(f"corrupt record {_text(name)!r} in {keys.workers(qm)}: not a JSON heartbeat")
+            problems.append(
+                f"corrupt record {wire.lenient_text(name)!r} in {keys.workers(qm)}: not a JSON heartbeat"
+            )
             continue
         age = now_ms - heartbeat_ms
         workers.append(
             WorkerRow(
-                name=_text(name),
+                name=wire.lenient_text(name),
                 pid=beat.get("pid"),
                 processed=beat.get("processed"),
                 heartbeat_age_ms=age,
@@ -296,7 +298,9 @@ def status(
         lag=(state.lag or 0) if state else 0,
         dead_lettered=int(dead or 0),
         active_publishers=int(active or 0),
-        version=int(version) if version is not None and _text(version).isdigit() else _text(version or 0),
+        version=int(version)
+        if version is not None and wire.lenient_text(version).isdigit()
+        else wire.lenient_text(version or 0),
         subscriptions=[_subscription_row(client, qm, r, values[2 * i] is None) for i, r in enumerate(subs)],
         links=len(graph.links()) if graph is not None else 0,
         topic_scheme=scheme,
@@ -362,9 +366,9 @@ def topic_status(
     for entry_id, fields in entries:
         if fields.get(b"topic") != topic.encode("utf-8", "surrogateescape"):
             continue
-        who = _text(fields.get(b"publisher", b"?"))
+        who = wire.lenient_text(fields.get(b"publisher", b"?"))
         publishers[who] = publishers.get(who, 0) + 1
-        ms = int(_text(entry_id).split("-", 1)[0])
+        ms = int(wire.lenient_text(entry_id).split("-", 1)[0])
         last = ms if last is None else max(last, ms)
     delivered = list(table.resolve(topic).sub_ids)
     blocked = sorted({s for matched in via.values() for s in matched} - set(delivered))
@@ -470,7 +474,7 @@ def _usage_rows(
         total: int | None = 0
         for (key, expected), reply in (next(replies) for _ in range(n)):
             if isinstance(reply, redis.ResponseError):
-                problems.append(str(ForeignKey(key, _text(client.type(key)), expected)))
+                problems.append(str(ForeignKey(key, wire.lenient_text(client.type(key)), expected)))
                 total = None
             elif total is not None:
                 total += int(reply)

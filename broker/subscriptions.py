@@ -30,7 +30,7 @@ from typing import Any
 
 import redis
 
-from broker import clock, hierarchy, keys
+from broker import clock, hierarchy, keys, wire
 from broker.config import (
     DEFAULT_MAX_SELECTOR_BYTES,
     DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
@@ -214,7 +214,7 @@ def parse_subscriptions(
     problems: list[CorruptRecord] = []
     for raw_id, value in raw.items():
         try:
-            sub_id = raw_id.decode("utf-8") if isinstance(raw_id, bytes) else raw_id
+            sub_id = wire.text(raw_id)
         except UnicodeDecodeError:
             problems.append(CorruptRecord(keys.subscriptions(qm), repr(raw_id), "the id is not UTF-8"))
             continue

@@ -62,7 +62,7 @@ from typing import Any, Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from broker import clock, hierarchy, keys
+from broker import clock, hierarchy, keys, wire
 from broker.config import read_toml
 from broker.connection import can_name, change_field, read_hash, translate_errors
 from broker.errors import ConfigError, CorruptRecord, InvalidName, NoSuchTopicObject, TopicObjectConflict
@@ -310,7 +310,7 @@ class TopicTree:
         """
         tree = cls(separator=separator)
         for raw_name, value in raw.items():
-            name = raw_name.decode("utf-8", "replace") if isinstance(raw_name, bytes) else raw_name
+            name = wire.lenient_text(raw_name)
             try:
                 obj = TopicObject.from_json(name, value, qm)
                 if name != BASE:

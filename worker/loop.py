@@ -92,6 +92,7 @@ from broker.unit_of_work import (
     decode_disconnects,
     decode_outcomes,
 )
+from broker.wire import publisher_fifo
 from worker.decide import Decider, log_refused
 from worker.housekeeping import Housekeeping
 from worker.suspects import Suspects, record_alone
@@ -133,14 +134,6 @@ START_WAIT_MS = 60_000
 def _out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` says the server is full (``maxmemory`` reached), before anything was written."""
     return isinstance(exc, (redis.exceptions.OutOfMemoryError, ServerFull))
-
-
-def _publisher_of(fields: dict[bytes, bytes]) -> str:
-    """The FIFO an entry was filed under, exactly as ``dequeue.lua`` decides it."""
-    raw = fields.get(b"publisher")
-    if raw is None or not 0 < len(raw) <= keys.MAX_PUBLISHER_BYTES:
-        return keys.MALFORMED_PUBLISHER
-    return raw.decode("utf-8", "surrogateescape")
 
 
 def _script_error(exc: Exception) -> str:
@@ -449,7 +442,7 @@ class Worker:
         held = dequeued.turns
         handed_over: set[str] = set()
         for entry_id, fields in dequeued.entries:
-            publisher = _publisher_of(fields)
+            publisher = publisher_fifo(fields.get(b"publisher"))
             self._entries[entry_id] = (publisher, fields)
             if publisher not in held:
                 handed_over.add(publisher)
@@ -458,7 +451,7 @@ class Worker:
         self._wait_from = dequeued.last_delivered_id or self._last_read_id or self._wait_from
         times: dict[str, int] = {}
         for entry_id, fields, delivered in dequeued.taken_over:
-            self._entries[entry_id] = (_publisher_of(fields), fields)
+            self._entries[entry_id] = (publisher_fifo(fields.get(b"publisher")), fields)
             if delivered:
                 times[entry_id] = delivered
         if handed_over:
@@ -645,7 +638,7 @@ class Worker:
         times: dict[str, int] = {}
         if counted or uncounted:
             for entry_id, fields, delivered in self.scripts.take_over(self.name, counted, uncounted):
-                entries[entry_id] = (_publisher_of(fields), fields)
+                entries[entry_id] = (publisher_fifo(fields.get(b"publisher")), fields)
                 times[entry_id] = delivered
             if counted:
                 self.metrics.turns(len(self.turns), entries_taken_over=len(counted))

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import redis
 
-from broker import keys
+from broker import keys, wire
 from broker.errors import ForeignKey
 from broker.logs import publication_extra
 
@@ -149,4 +149,4 @@ def record_alone(client: redis.Redis, qm: str, worker: str, entry_id: str) -> No
         if "WRONGTYPE" not in str(exc):
             raise
         found = client.type(key)
-        raise ForeignKey(key, found.decode() if isinstance(found, bytes) else str(found), "hash") from exc
+        raise ForeignKey(key, wire.text(found), "hash") from exc

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 import redis
 
-from broker import keys
+from broker import keys, wire
 
 log = logging.getLogger("broker.worker")
 
@@ -176,7 +176,7 @@ class Waiting:
 
     def _type(self, key: str) -> str:
         found = self.client.type(key)
-        return found.decode() if isinstance(found, bytes) else str(found)
+        return wire.text(found)
 
     def _foreign(self, key: str) -> None:
         """Note a foreign ``{qm}:wake`` or ``{qm}:waiter``: logged once, then idle workers wait on the stream."""
