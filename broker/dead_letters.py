@@ -71,9 +71,6 @@ REPLAY_CHUNK = 200
 #: Dead letters deleted per XDEL.
 PURGE_CHUNK = 1_000
 
-#: A worker whose last heartbeat is older than this is not counted as running, ms.
-LIVE_WORKER_MS = 5_000
-
 #: Fields of a dead letter that are not the publication's: never re-published.
 _NOT_PUBLISHED = (b"reply", b"principal")
 
@@ -243,7 +240,7 @@ class ReplayReport:
         skipped: ``(dead-letter id, why)`` of those left in the dead-letter queue.
         kept: True when the replayed dead letters were kept in the dead-letter queue.
         dry_run: True when nothing was written.
-        live_workers: workers with a heartbeat in the last ``LIVE_WORKER_MS``: replay only
+        live_workers: workers with a heartbeat in the last ``keys.LIVENESS_MS``: replay only
             re-publishes, a worker delivers.
     """
 
@@ -648,7 +645,7 @@ def _run(
 
 def _live_workers(client: redis.Redis, qm: str, now_ms: int) -> int:
     try:
-        return int(client.zcount(keys.alive(qm), now_ms - LIVE_WORKER_MS, "+inf"))
+        return int(client.zcount(keys.alive(qm), now_ms - keys.LIVENESS_MS, "+inf"))
     except redis.ResponseError:  # a foreign {qm}:alive: unknown
         return 0
 

@@ -666,6 +666,13 @@ def alive(qm: str) -> str:
     return f"{_tag(qm)}:alive"
 
 
+#: A worker whose last heartbeat (its score in ``alive``) is older than this is not live, ms:
+#: ``dequeue.lua`` does not count it in the fair share (ARGV[8]), a replay of dead letters does
+#: not count it as running, and ``broker status`` shows it "silent". A worker beats about once
+#: a second (``worker.housekeeping.HEARTBEAT_MS``).
+LIVENESS_MS = 5_000
+
+
 def saturated(qm: str) -> str:
     """Workers holding a saturated publisher (``dequeue.lua``): ``{qm}:saturated``, hash worker
     name -> ms of the last dequeue that found it so."""

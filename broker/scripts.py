@@ -223,7 +223,7 @@ class Scripts:
         heads: int,
         turns: list[str],
         pipe: Any = None,
-        liveness_ms: int = 10_000,
+        liveness_ms: int = keys.LIVENESS_MS,
         ahead: tuple[str, str] | None = None,
     ) -> Dequeued | None:
         """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
@@ -236,7 +236,7 @@ class Scripts:
             turns: publishers whose turn the worker believes it holds.
             pipe: queue the call on this pipeline instead (returns None; parse
                 its reply with ``parse_dequeue``).
-            liveness_ms: workers whose last heartbeat is older are not counted live, ms.
+            liveness_ms: workers whose last heartbeat is older are not counted live, ms (``keys.LIVENESS_MS``).
             ahead: ``(publisher, entry_id)``: take over, in the same call, the heads of that
                 publisher (if the worker holds its turn) after ``entry_id`` ("ms-seq"), which
                 the worker has not read (``Dequeued.taken_over``; the FIFO head counts as a

@@ -26,9 +26,6 @@ from broker.subscriptions import SubscriptionRecord, read_subscriptions
 from broker.topic_objects import BASE, read_tree
 from broker.topics import validate_topic
 
-#: A worker whose last heartbeat is older than this is shown as "silent", ms.
-SILENT_AFTER_MS = 5_000
-
 
 def _read(problems: list[str], what: str, call: Any, default: Any) -> Any:
     """``call()``, or ``default`` with a line in ``problems`` when the server refuses it."""
@@ -80,7 +77,7 @@ class WorkerRow:
         pid: its process id, as it wrote it.
         processed: publications it processed, as it wrote it.
         heartbeat_age_ms: time since its last heartbeat, ms.
-        state: "alive", or "silent" (no heartbeat for ``SILENT_AFTER_MS``).
+        state: "alive", or "silent" (no heartbeat for ``keys.LIVENESS_MS``).
     """
 
     name: str
@@ -289,7 +286,7 @@ def status(
                 pid=beat.get("pid"),
                 processed=beat.get("processed"),
                 heartbeat_age_ms=age,
-                state="alive" if age <= SILENT_AFTER_MS else "silent",
+                state="alive" if age <= keys.LIVENESS_MS else "silent",
             )
         )
     return Snapshot(

@@ -108,8 +108,6 @@ log = logging.getLogger("broker.worker")
 #: (the release is part of the unit of work, so there is no later point).
 CRASH_POINTS = ("after_dequeue", "waiting_for_turn", "holding_turn", "before_commit", "after_commit")
 
-#: A worker whose last heartbeat is older than this is not counted live (fair share), ms.
-LIVENESS_MS = 5_000
 
 #: A round after a wait for work at least this long is at a low rate: when it read one entry at
 #: most, no dequeue rides with its commit (it would most likely find nothing). After a shorter wait
@@ -422,7 +420,7 @@ class Worker:
                 settings.lease_ms,
                 settings.heads,
                 sorted(self.turns.union(given_up)),
-                liveness_ms=LIVENESS_MS,
+                liveness_ms=keys.LIVENESS_MS,
             )
             assert dequeued is not None
         self.metrics.dequeued(len(dequeued.entries))
@@ -689,7 +687,7 @@ class Worker:
                     settings.heads,
                     kept,
                     pipe=pipe,
-                    liveness_ms=LIVENESS_MS,
+                    liveness_ms=keys.LIVENESS_MS,
                     ahead=next_read[1],
                 )
             return cast(list[Any], pipe.execute(raise_on_error=False))
