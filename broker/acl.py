@@ -104,15 +104,6 @@ OPERATOR = (
 )
 
 
-def glob_escape(text: str) -> str:
-    """``text`` as a literal in an ACL key pattern (``*``, ``?``, ``[``, ``]`` and ``\\`` escaped)."""
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
-
-
-def _tag(qm: str) -> str:
-    return "{" + qm + "}"
-
-
 @dataclass
 class RoleSpec:
     """A broker user's role and bindings (stored in ``{qm}:acl``, no password).
@@ -157,17 +148,12 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
     Raises:
         InvalidName: a binding the role needs is missing or invalid.
     """
-    tag = _tag(qm)
     out = ["resetkeys", "resetchannels", "-@all", *CONNECTION]
     if spec.role == "publisher":
         check_publisher_ids(spec.publisher_ids)
-        out += ["+xadd", "+blpop", "+get", f"%W~{glob_escape(keys.ingress(qm, user))}"]
+        out += ["+xadd", "+blpop", "+get", f"%W~{keys.glob_escape(keys.ingress(qm, user))}"]
         for pid in spec.publisher_ids:
-            n = len(pid.encode())
-            out += [
-                f"~{tag}:reply:{n}:{glob_escape(pid)}:*",
-                f"%R~{glob_escape(keys.flow_key(qm, pid))}",
-            ]
+            out += [f"~{keys.reply_pattern(qm, pid)}", f"%R~{keys.glob_escape(keys.flow_key(qm, pid))}"]
     elif spec.role == "subscriber":
         if not _CLIENT_ID.match(spec.client_id):
             raise InvalidName(
@@ -175,30 +161,36 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
             )
         out += [c for c in OPERATOR if c not in ("+xgroup|create", "+xgroup|createconsumer", "+info")]
         out += [
-            f"~{tag}:sub:{spec.client_id}$*",
-            f"%R~{tag}:subs",
-            f"%R~{tag}:version",
-            f"%R~{tag}:manager",
-            f"%R~{tag}:topics",
-            f"~{tag}:expired",
-            f"~{tag}:last_active",
-            f"~{tag}:dlq",
+            f"~{keys.client_subscriptions_pattern(qm, spec.client_id)}",
+            f"%R~{keys.subscriptions(qm)}",
+            f"%R~{keys.version(qm)}",
+            f"%R~{keys.manager(qm)}",
+            f"%R~{keys.topic_objects(qm)}",
+            f"~{keys.expired(qm)}",
+            f"~{keys.last_active(qm)}",
+            f"~{keys.dead_letter(qm)}",
         ]
     elif spec.role in ("worker", "admin", "channel"):
-        out += [*OPERATOR, f"~{tag}:*"]
+        out += [*OPERATOR, f"~{keys.all_keys_pattern(qm)}"]
         if spec.role == "admin":  # rq's queues and jobs, and its worker's command channel
             out += ["~rq:*", "+subscribe", "+unsubscribe", "&rq:pubsub:*"]
         for peer in spec.peers:
-            ptag = _tag(peer)
             out += [
-                f"~{ptag}:publish",
-                f"~{ptag}:received",
-                f"%R~{ptag}:announced",
-                f"%R~{ptag}:topics",
-                f"%R~{ptag}:network",
+                f"~{keys.publish_stream(peer)}",
+                f"~{keys.received(peer)}",
+                f"%R~{keys.announced(peer)}",
+                f"%R~{keys.topic_objects(peer)}",
+                f"%R~{keys.network(peer)}",
             ]
     elif spec.role == "monitor":
-        out += ["+@read", "+@transaction", "-@dangerous", "-@admin", "+info", f"%R~{tag}:*"]
+        out += [
+            "+@read",
+            "+@transaction",
+            "-@dangerous",
+            "-@admin",
+            "+info",
+            f"%R~{keys.all_keys_pattern(qm)}",
+        ]
     else:  # pragma: no cover - Literal
         raise InvalidName(f"unknown role {spec.role!r}; roles: {', '.join(ROLES)}")
     return out

@@ -430,6 +430,8 @@ the field cancels the schedule.
 
 from __future__ import annotations
 
+import re
+
 PROTOCOL_VERSION = 5
 
 #: Consumer group of the workers on the publish stream.
@@ -806,8 +808,24 @@ def acl_users(qm: str) -> str:
 
 
 def all_keys_pattern(qm: str) -> str:
-    """A SCAN pattern matching every key of the queue manager."""
+    """A SCAN pattern matching every key of the queue manager (and an ACL key pattern: ``broker.acl``)."""
     return f"{_tag(qm)}:*"
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal in a key pattern (SCAN, ACL): ``*``, ``?``, ``[``, ``]`` and ``\\`` escaped."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def reply_pattern(qm: str, publisher: str) -> str:
+    """A pattern matching every reply list of ``publisher``: ``{qm}:reply:<n>:<publisher>:*`` (``reply``)."""
+    return reply_prefix(qm) + glob_escape(_id_part(publisher, "")) + "*"
+
+
+def client_subscriptions_pattern(qm: str, client_id: str) -> str:
+    """A pattern matching every key of the subscriptions of ``client_id`` (ids ``<client id>$<name>``:
+    their queues, bands and consumer state): ``{qm}:sub:<client id>$*``."""
+    return sub_prefix(qm) + glob_escape(client_id) + "$*"
 
 
 def pub_pattern(qm: str) -> str:
