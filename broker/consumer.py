@@ -49,7 +49,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -752,36 +751,6 @@ def browse(
         if len(out) >= n:
             break
     return out
-
-
-@dataclass(frozen=True)
-class Load:
-    """How busy a subscription is: live consumers, messages waiting, messages in flight."""
-
-    consumers: int
-    depth: int
-    in_flight: int
-
-
-@translate_errors
-def subscription_load(client: redis.Redis, qm: str, sub_id: str, now_ms: int | None = None) -> Load:
-    """Live consumers, waiting messages (every band) and in-flight messages (every consumer) of a subscription.
-
-    A key of another type counts as empty (``broker status`` names foreign keys).
-    """
-    now = clock.now_ms() if now_ms is None else now_ms
-    raw_members: Any = client.zrange(keys.sub_consumers(qm, sub_id), 0, -1)
-    members = [as_bytes(c).decode() for c in raw_members]
-    pipe = client.pipeline(transaction=False)
-    pipe.zcount(keys.sub_consumers(qm, sub_id), now, "+inf")
-    for band in keys.sub_bands(qm, sub_id):
-        pipe.llen(band)
-    for member in members:
-        pipe.llen(keys.consumer_inflight(qm, sub_id, member))
-    replies = pipe.execute(raise_on_error=False)
-    counts = [r if isinstance(r, int) else 0 for r in replies]
-    bands = len(keys.PRIORITIES)
-    return Load(counts[0], sum(counts[1 : 1 + bands]), sum(counts[1 + bands :]))
 
 
 def consumers_of(

@@ -35,8 +35,8 @@ import redis
 
 from broker import clock, keys, wire
 from broker.connection import translate_errors
-from broker.consumer import subscription_load
 from broker.errors import BrokerError, ForeignKey, InvalidSelector
+from broker.loads import subscription_load
 from broker.selectors import like
 from broker.subscriptions import SubscriptionRecord, read_subscriptions, remove_subscription
 

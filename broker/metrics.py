@@ -42,6 +42,7 @@ from prometheus_client.registry import Collector
 
 from broker import clock, keys, wire
 from broker.config import Settings
+from broker.loads import read_loads
 from broker.unit_of_work import Outcome, UnitOfWork
 
 log = logging.getLogger("broker.metrics")
@@ -498,37 +499,18 @@ class RedisCollector(Collector):
         ids = sorted(wire.lenient_text(k) for k in self.client.hkeys(keys.subscriptions(qm)))
         now = self.clock_ms()
         samples: list[_SubscriptionSample] = []
-        bands = len(keys.PRIORITIES)
         for start in range(0, len(ids), _SUBSCRIPTION_CHUNK):
             chunk = ids[start : start + _SUBSCRIPTION_CHUNK]
-            pipe = self.client.pipeline(transaction=False)
-            for sub_id in chunk:
-                for band in keys.sub_bands(qm, sub_id):
-                    pipe.llen(band)
-                pipe.zrangebyscore(keys.sub_consumers(qm, sub_id), now, "+inf")
-                pipe.zrange(keys.sub_consumers(qm, sub_id), 0, -1)
-                pipe.hlen(keys.sub_redelivered(qm, sub_id))
-            replies = pipe.execute(raise_on_error=False)
-            step = bands + 3
-            inflight = self.client.pipeline(transaction=False)
-            owners: list[_SubscriptionSample] = []
-            for i, sub_id in enumerate(chunk):
-                got = replies[i * step : (i + 1) * step]
-                live, members, redelivered = got[bands], got[bands + 1], got[bands + 2]
-                sample = _SubscriptionSample(
-                    sub_id,
-                    depth=sum(r for r in got[:bands] if isinstance(r, int)),
-                    consumers=len(live) if isinstance(live, list) else 0,
-                    redelivered=redelivered if isinstance(redelivered, int) else 0,
+            for reading in read_loads(self.client, qm, chunk, now, redelivered=True):  # a foreign key: 0
+                samples.append(
+                    _SubscriptionSample(
+                        reading.sub_id,
+                        depth=reading.depth or 0,
+                        in_flight=reading.in_flight or 0,
+                        consumers=reading.consumers or 0,
+                        redelivered=reading.redelivered or 0,
+                    )
                 )
-                samples.append(sample)
-                for member in members if isinstance(members, list) else ():
-                    inflight.llen(keys.consumer_inflight(qm, sub_id, wire.lenient_text(member)))
-                    owners.append(sample)
-            if owners:
-                for sample, n in zip(owners, inflight.execute(raise_on_error=False), strict=True):
-                    if isinstance(n, int):
-                        sample.in_flight += n
         yield self._gauge("broker_subscriptions", len(samples))
         yield self._gauge("broker_subscriptions_depth", sum(s.depth for s in samples))
         yield self._gauge("broker_subscriptions_in_flight", sum(s.in_flight for s in samples))

@@ -16,9 +16,9 @@ import redis
 
 from broker import clock, hierarchy, keys, wire
 from broker.connection import read_hash, translate_errors
-from broker.consumer import subscription_load
 from broker.errors import BrokerError, ForeignKey, InvalidTopicFilter
 from broker.links import read_links
+from broker.loads import read_loads, subscription_load
 from broker.routing import RoutingTable, network_problems
 from broker.schemes import scheme_of
 from broker.stream import GroupState, clock_problem, group_state
@@ -456,31 +456,12 @@ def _usage_rows(
     client: redis.Redis, qm: str, records: list[SubscriptionRecord], now_ms: int, problems: list[str]
 ) -> list[SubscriberUsage]:
     """Live consumers and depth of each subscription, in one round trip; foreign keys go to ``problems``."""
-    pipe = client.pipeline(transaction=False)
-    asked: list[tuple[str, str]] = []
-    for record in records:
-        consumers = keys.sub_consumers(qm, record.sub_id)
-        pipe.zcount(consumers, now_ms, "+inf")
-        asked.append((consumers, "zset"))
-        for band in keys.sub_bands(qm, record.sub_id):
-            pipe.llen(band)
-            asked.append((band, "list"))
-    replies = iter(zip(asked, pipe.execute(raise_on_error=False), strict=True))
-
-    def count(n: int) -> int | None:
-        total: int | None = 0
-        for (key, expected), reply in (next(replies) for _ in range(n)):
-            if isinstance(reply, redis.ResponseError):
-                problems.append(str(ForeignKey(key, wire.lenient_text(client.type(key)), expected)))
-                total = None
-            elif total is not None:
-                total += int(reply)
-        return total
-
+    readings = read_loads(client, qm, [r.sub_id for r in records], now_ms, in_flight=False)
     rows = []
-    for record in records:
-        live = count(1)
-        depth = count(len(keys.PRIORITIES))
+    for record, reading in zip(records, readings, strict=True):
+        for key, expected in reading.foreign:
+            problems.append(str(ForeignKey(key, wire.lenient_text(client.type(key)), expected)))
+        live, depth = reading.consumers, reading.depth
         client_id, _, name = record.sub_id.partition("$")
         rows.append(
             SubscriberUsage(

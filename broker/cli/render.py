@@ -19,10 +19,10 @@ from rich.text import Text
 from rich.tree import Tree
 
 from broker.acl import UserRow
-from broker.consumer import Load
 from broker.dead_letters import DeadLetter
 from broker.declared import Declared
 from broker.durables import Deletion
+from broker.loads import Load
 from broker.models import Message
 from broker.network_admin import NetworkStatus, ProxyRow
 from broker.publish import PublishResult

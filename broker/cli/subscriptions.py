@@ -17,11 +17,12 @@ from broker.cli.render import (
     _print_subscriptions,
     _print_usage,
 )
-from broker.consumer import Subscriber, browse, subscription_load
+from broker.consumer import Subscriber, browse
 from broker.durables import delete_durables
 from broker.errors import (
     NoSuchSubscription,
 )
+from broker.loads import subscription_load
 from broker.status import usage_list
 from broker.subscriptions import read_subscriptions
 from broker.subscriptions import subscribe as subscribe_to

@@ -15,7 +15,8 @@ import pytest
 
 from broker import ConsumerConflict, Publisher, keys, list_subscriptions, subscribe, unsubscribe
 from broker.config import ConsumerMode, Settings
-from broker.consumer import Subscriber, subscription_load, sweep_subscriptions
+from broker.consumer import Subscriber, sweep_subscriptions
+from broker.loads import subscription_load
 from broker.testing import drain, make_workers
 from scripts.rig.consumers import run_consumer
 
