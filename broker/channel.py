@@ -60,7 +60,7 @@ from broker.network import (
 )
 from broker.routing import RoutingTable
 from broker.schemes import separator
-from broker.scripts import script_source
+from broker.scripts import register
 from broker.topic_objects import TopicObject, fixed_prefix
 
 log = logging.getLogger("broker.channel")
@@ -540,7 +540,7 @@ class Mover:
                 return 0
             receiver = self.peers.client(self.to)
             if self._script is None or self._script.registered_client is not receiver:
-                self._script = receiver.register_script(script_source("channel_in"))
+                self._script = register(receiver, "channel_in")
             if self.last is None:  # the receiver says what it has: the only source of truth
                 self.last = wire.exact_text(receiver.hget(keys.received(self.to), self.qm)) or "0-0"
             raw = self.client.xrange(self.stream, f"({self.last}", "+", count=self.batch)

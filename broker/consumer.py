@@ -58,7 +58,7 @@ from broker.config import Settings
 from broker.connection import as_bytes, block_slice_ms, translate_errors
 from broker.errors import ConsumerConflict, InvalidMessage, ServerError, TooManyConsumers
 from broker.models import Message, decode_header, message_of, usual_values
-from broker.scripts import script_source
+from broker.scripts import register
 from broker.subscriptions import (
     SubscriptionRecord,
     check_name,
@@ -177,10 +177,10 @@ class _Scripts:
     """``receive.lua``, ``ack.lua``, ``reject.lua`` and ``recover.lua`` bound to one client."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self.receive = client.register_script(script_source("receive"))
-        self.ack = client.register_script(script_source("ack"))
-        self.reject = client.register_script(script_source("reject"))
-        self.recover = client.register_script(script_source("recover"))
+        self.receive = register(client, "receive")
+        self.ack = register(client, "ack")
+        self.reject = register(client, "reject")
+        self.recover = register(client, "recover")
 
 
 def _scripts(client: redis.Redis) -> _Scripts:

@@ -57,7 +57,7 @@ from broker import keys, wire
 from broker.connection import is_cluster, translate_errors
 from broker.errors import DeadLetterNotFound, EmptySelection, ForeignKey, InvalidMessage
 from broker.models import decode_envelope, parse_entry
-from broker.scripts import script_source
+from broker.scripts import register
 
 #: A dead-letter id: a stream entry id, ``<ms>-<n>``.
 DLQ_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
@@ -597,8 +597,8 @@ def _run(
 ) -> None:
     """Send the replays, ``REPLAY_CHUNK`` per round trip (one by one on a Redis Cluster, where
     redis-py pipelines no scripts), each its own atomic script call."""
-    publish = client.register_script(script_source("replay"))
-    requeue = client.register_script(script_source("requeue"))
+    publish = register(client, "replay")
+    requeue = register(client, "requeue")
     dlq = keys.dead_letter(qm)
 
     def call(letter: DeadLetter, plan: _Publish | _Requeue, on: Any) -> Any:

@@ -22,7 +22,7 @@ import redis
 from broker import keys, wire
 from broker.connection import translate_errors
 from broker.errors import RepairRefused
-from broker.scripts import script_source
+from broker.scripts import register
 from broker.stream import FUTURE_MS
 
 #: The most entries one repair moves by default: the call holds the server meanwhile (1.8 s for
@@ -80,7 +80,7 @@ def repair_stream(
         ServerFull: the server is out of memory (nothing written).
         ConnectionLost, ServerError: as ``translate_errors`` says.
     """
-    script = client.register_script(script_source("repair_stream"))
+    script = register(client, "repair_stream")
     try:
         raw = script(
             keys=[keys.publish_stream(qm), keys.active_publishers(qm), keys.publish_repair(qm)],

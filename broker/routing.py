@@ -46,7 +46,7 @@ from broker.network import (
     parse_network,
 )
 from broker.schemes import scheme_of, separator
-from broker.scripts import script_source
+from broker.scripts import register
 from broker.selectors import Selector, compile_selector
 from broker.subscriptions import SubscriptionRecord, parse_subscriptions
 from broker.topic_objects import Effective, TopicTree, fixed_prefix
@@ -375,7 +375,7 @@ class RoutingTable:
         except ValueError:
             return "!the version is not an integer"
         if self._script is None or self._script[0] is not client:
-            self._script = (client, client.register_script(script_source("sub_changes")))
+            self._script = (client, register(client, "sub_changes"))
         reply = self._script[1](
             keys=[keys.version(qm), keys.sub_changes(qm), keys.subscriptions(qm)],
             args=[since, keys.SUB_CHANGES_MAX_LEN],

@@ -1,7 +1,9 @@
 """The broker's Lua scripts, loaded from ``broker/lua/*.lua``, one typed wrapper each.
 
-Each script is registered once per client with redis-py's ``register_script``,
-whose ``Script`` object reloads the script on NOSCRIPT. Inside a pipeline,
+Every script is registered here and only here: ``register(client, name)`` (``SCRIPTS``
+names them), once per client, with redis-py's ``register_script``, whose ``Script``
+object reloads the script on NOSCRIPT. The consumer, removal, replay, repair, channel and
+change-log modules get their scripts from ``register`` and wrap them themselves. Inside a pipeline,
 though, redis-py's ``Script`` sends a ``SCRIPT EXISTS`` round trip before every
 ``execute``; the hot path (commit + the next dequeue, pipelined) therefore
 sends plain ``EVALSHA`` and, on NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted
@@ -19,6 +21,7 @@ Callers never read an error's text.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -97,10 +100,48 @@ def _translated(what: str) -> Iterator[None]:
         raise error from exc
 
 
+#: Every script in ``broker/lua/`` (but ``lib.lua``, which starts each): the registry.
+SCRIPTS = frozenset(
+    {
+        "ack",
+        "channel_in",
+        "commit",
+        "dequeue",
+        "give_up",
+        "receive",
+        "recover",
+        "reject",
+        "remove_subscription",
+        "repair_stream",
+        "replay",
+        "requeue",
+        "sub_changes",
+        "sweep_entries",
+        "sweep_turns",
+        "take_over",
+    }
+)
+
+
 def _read(name: str) -> str:
     return resources.files("broker").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
+def register(client: Any, name: str) -> Any:
+    """Script ``name`` registered on ``client``: the one place the broker registers a script.
+
+    Returns redis-py's ``Script`` (loaded into the server on its first call, and again on
+    NOSCRIPT; usable in a pipeline). Registering computes its SHA1 only: no round trip.
+
+    Raises:
+        KeyError: ``name`` is not one of ``SCRIPTS``.
+    """
+    if name not in SCRIPTS:
+        raise KeyError(f"no script {name!r} in broker/lua (scripts: {', '.join(sorted(SCRIPTS))})")
+    return client.register_script(script_source(name))
+
+
+@functools.cache
 def script_source(name: str) -> str:
     """A script's source: ``lua/lib.lua`` (the shared helpers) followed by ``lua/<name>.lua``.
 
@@ -184,12 +225,12 @@ class Scripts:
         self.client = client
         self.qm = qm
         self.refusals = refusals or Refusals()
-        self._dequeue = client.register_script(script_source("dequeue"))
-        self._commit = client.register_script(script_source("commit"))
-        self._take_over_script = client.register_script(script_source("take_over"))
-        self._sweep_turns_script = client.register_script(script_source("sweep_turns"))
-        self._give_up = client.register_script(script_source("give_up"))
-        self._sweep_entries_script = client.register_script(script_source("sweep_entries"))
+        self._dequeue = register(client, "dequeue")
+        self._commit = register(client, "commit")
+        self._take_over_script = register(client, "take_over")
+        self._sweep_turns_script = register(client, "sweep_turns")
+        self._give_up = register(client, "give_up")
+        self._sweep_entries_script = register(client, "sweep_entries")
         self._prefix = keys.pub_prefix(qm)
         self._fixed = (keys.publish_stream(qm), keys.active_publishers(qm), keys.dead_letter(qm))
         self._dedup_prefix = keys.dedup_prefix(qm)

@@ -50,7 +50,7 @@ from broker.errors import (
     TooManySubscriptions,
 )
 from broker.schemes import recorded_scheme, separator
-from broker.scripts import script_source
+from broker.scripts import register
 from broker.selectors import check_size, compile_selector, like
 from broker.topic_objects import TopicTree, fixed_prefix, topic_of
 from broker.topics import limit_problem, split_shared, validate_filter
@@ -542,7 +542,7 @@ def remove_subscription(
             version, the consumers zset or ``{qm}:last_active`` holds another type
             (nothing is removed).
     """
-    script = client.register_script(script_source("remove_subscription"))
+    script = register(client, "remove_subscription")
     removed, messages = script(
         keys=[
             keys.subscriptions(qm),
