@@ -51,8 +51,8 @@ from typing import Any, Literal
 import redis
 
 from broker import clock, keys, wire
-from broker.connection import is_cluster, translate_errors
-from broker.errors import ConfigError, InvalidName
+from broker.connection import is_cluster
+from broker.errors import ConfigError, InvalidName, translate_errors
 from broker.principals import bind, check_principal, check_publisher_ids, unbind
 
 Role = Literal["publisher", "subscriber", "worker", "channel", "admin", "monitor"]

@@ -55,8 +55,8 @@ import redis
 
 from broker import clock, keys
 from broker.config import Settings
-from broker.connection import as_bytes, block_slice_ms, translate_errors
-from broker.errors import ConsumerConflict, InvalidMessage, ServerError, TooManyConsumers
+from broker.connection import as_bytes, block_slice_ms
+from broker.errors import ConsumerConflict, InvalidMessage, ServerError, TooManyConsumers, translate_errors
 from broker.models import Message, decode_header, message_of, usual_values
 from broker.scripts import register
 from broker.subscriptions import (

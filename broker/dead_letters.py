@@ -54,8 +54,8 @@ import orjson
 import redis
 
 from broker import keys, wire
-from broker.connection import is_cluster, translate_errors
-from broker.errors import DeadLetterNotFound, EmptySelection, ForeignKey, InvalidMessage
+from broker.connection import is_cluster
+from broker.errors import DeadLetterNotFound, EmptySelection, ForeignKey, InvalidMessage, translate_errors
 from broker.models import decode_envelope, parse_entry
 from broker.scripts import register
 

@@ -19,8 +19,8 @@ from typing import Any
 import redis
 
 from broker import clock, keys, wire
-from broker.connection import KEEP, can_name, change_field, read_hash, translate_errors
-from broker.errors import CorruptRecord, InvalidTopic, NoSuchTopic
+from broker.connection import KEEP, can_name, change_field, read_hash
+from broker.errors import CorruptRecord, InvalidTopic, NoSuchTopic, translate_errors
 from broker.hierarchy import DeclaredTopics, validate_topic
 
 

@@ -34,8 +34,7 @@ from typing import Any
 import redis
 
 from broker import clock, keys, wire
-from broker.connection import translate_errors
-from broker.errors import BrokerError, ForeignKey, InvalidSelector
+from broker.errors import BrokerError, ForeignKey, InvalidSelector, translate_errors
 from broker.loads import subscription_load
 from broker.selectors import like
 from broker.subscriptions import SubscriptionRecord, read_subscriptions, remove_subscription

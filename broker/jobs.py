@@ -34,9 +34,9 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
 from broker import clock, keys, schedules
-from broker.connection import TLSOptions, connect, redact_url, require_single_server, translate_errors
+from broker.connection import TLSOptions, connect, redact_url, require_single_server
 from broker.durables import Deletion, delete_durables, expire_idle_durables
-from broker.errors import BrokerError, CorruptRecord
+from broker.errors import BrokerError, CorruptRecord, translate_errors
 from broker.maintenance import trim_acknowledged
 from broker.schedules import Schedule
 from broker.status import status

@@ -22,8 +22,17 @@ from typing import Any
 import redis
 
 from broker import keys, wire
-from broker.connection import change_field, read_hash, translate_errors
-from broker.errors import CorruptRecord, ForeignKey, InvalidLink, InvalidTopic, LinkCycle, NoSuchLink, shown
+from broker.connection import change_field, read_hash
+from broker.errors import (
+    CorruptRecord,
+    ForeignKey,
+    InvalidLink,
+    InvalidTopic,
+    LinkCycle,
+    NoSuchLink,
+    shown,
+    translate_errors,
+)
 from broker.topics import LinkGraph, validate_topic
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from broker import clock, keys, wire
-from broker.connection import translate_errors
+from broker.errors import translate_errors
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import redis
 
 from broker import keys, wire
-from broker.connection import translate_errors
+from broker.errors import translate_errors
 from broker.stream import group_state
 
 

@@ -13,8 +13,8 @@ import redis
 
 from broker import clock, keys, wire
 from broker.channel import UNREACHABLE, Agent, Peers, read_announced, read_network
-from broker.connection import TLSOptions, redact_url, translate_errors
-from broker.errors import ConfigError
+from broker.connection import TLSOptions, redact_url
+from broker.errors import ConfigError, translate_errors
 from broker.network import Network, ProxySubscription, Topology, proxy_field
 
 

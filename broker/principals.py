@@ -21,8 +21,7 @@ import re
 import redis
 
 from broker import keys, wire
-from broker.connection import translate_errors
-from broker.errors import InvalidName
+from broker.errors import InvalidName, translate_errors
 
 #: Principal names: ACL user names the broker accepts (they are part of a key name).
 PRINCIPAL = re.compile(r"^[A-Za-z0-9_.@\-]{1,64}$")

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import redis
 
 from broker import keys, wire
-from broker.connection import translate_errors
-from broker.errors import RepairRefused
+from broker.errors import RepairRefused, translate_errors
 from broker.scripts import register
 from broker.stream import FUTURE_MS
 

@@ -28,9 +28,9 @@ from typing import Any
 import redis
 
 from broker import hierarchy, keys, wire
-from broker.connection import as_bytes, translate_errors
+from broker.connection import as_bytes
 from broker.declared import parse_declared
-from broker.errors import ConfigError, CorruptRecord, ForeignKey, InvalidTopicFilter
+from broker.errors import ConfigError, CorruptRecord, ForeignKey, InvalidTopicFilter, translate_errors
 from broker.hierarchy import DeclaredTopics, HierarchyIndex
 from broker.keys import DEFAULT_PRIORITY
 from broker.links import parse_links

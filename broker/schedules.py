@@ -26,9 +26,9 @@ import redis
 from croniter import CroniterBadDateError, croniter
 
 from broker import keys, wire
-from broker.connection import KEEP, change_field, read_hash, translate_errors
+from broker.connection import KEEP, change_field, read_hash
 from broker.durables import check_predicate
-from broker.errors import CorruptRecord, InvalidSchedule, NoSuchSchedule
+from broker.errors import CorruptRecord, InvalidSchedule, NoSuchSchedule, translate_errors
 
 #: The jobs that can be scheduled -> their parameters (all mandatory), and how each is checked.
 JOBS: dict[str, dict[str, str]] = {

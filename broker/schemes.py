@@ -23,8 +23,8 @@ from typing import Any, Literal, Protocol, cast
 import redis
 
 from broker import keys, wire
-from broker.connection import as_bytes, translate_errors
-from broker.errors import ConfigError, ForeignKey
+from broker.connection import as_bytes
+from broker.errors import ConfigError, ForeignKey, translate_errors
 
 SchemeName = Literal["mqtt", "swiftmq"]
 

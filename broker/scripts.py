@@ -22,7 +22,6 @@ Callers never read an error's text.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ import redis
 
 from broker import keys, wire
 from broker.config import Settings
-from broker.errors import ForeignKey, ServerFull
+from broker.errors import script_error
 from broker.unit_of_work import CommitBatch
 
 
@@ -46,33 +45,6 @@ def flow_control_arg(settings: Settings) -> str:
         f"{settings.flow_control_start_depth}:{settings.flow_control_full_depth}:"
         f"{settings.flow_control_max_delay_ms}"
     )
-
-
-#: A script's foreign-key error reply (``require_types`` in ``lua/lib.lua``); the server may
-#: append " script: <sha>, on @user_script:<line>." to it.
-_FOREIGN_KEY = re.compile(
-    r"^BROKER foreign key: (?P<key>.*) holds a (?P<found>\w+), not a (?P<expected>\w+)(?: script: .*)?$", re.S
-)
-
-
-def script_error(exc: BaseException, what: str) -> BaseException:
-    """The broker error a script's error reply stands for, or ``exc`` itself.
-
-    Args:
-        exc: what redis-py raised, or left in a pipeline's results, for one script call.
-        what: what was refused, a few words (``ServerFull.what``), e.g. "unit of work".
-
-    Returns:
-        ``ForeignKey`` (a queue-manager-wide key holds another Redis type; nothing was
-        written), ``ServerFull`` (``maxmemory`` reached; nothing was written) or ``exc``.
-    """
-    if isinstance(exc, redis.exceptions.OutOfMemoryError):
-        return ServerFull(what, str(exc))
-    if isinstance(exc, redis.ResponseError):
-        found = _FOREIGN_KEY.match(str(exc))
-        if found:
-            return ForeignKey(found["key"], found["found"], found["expected"])
-    return exc
 
 
 def checked(reply: Any, what: str) -> Any:

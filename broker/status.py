@@ -15,8 +15,8 @@ from typing import Any, Literal
 import redis
 
 from broker import clock, hierarchy, keys, wire
-from broker.connection import read_hash, translate_errors
-from broker.errors import BrokerError, ForeignKey, InvalidTopicFilter
+from broker.connection import read_hash
+from broker.errors import BrokerError, ForeignKey, InvalidTopicFilter, translate_errors
 from broker.links import read_links
 from broker.loads import read_loads, subscription_load
 from broker.routing import RoutingTable, network_problems

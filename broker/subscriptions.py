@@ -38,7 +38,7 @@ from broker.config import (
     DEFAULT_MAX_TOPIC_LEVELS,
     ConsumerMode,
 )
-from broker.connection import KEEP, can_name, change_field, read_hash, translate_errors
+from broker.connection import KEEP, can_name, change_field, read_hash
 from broker.errors import (
     CorruptRecord,
     InvalidName,
@@ -48,6 +48,7 @@ from broker.errors import (
     SubscriptionConflict,
     SubscriptionRefused,
     TooManySubscriptions,
+    translate_errors,
 )
 from broker.schemes import recorded_scheme, separator
 from broker.scripts import register

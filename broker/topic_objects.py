@@ -64,8 +64,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker import clock, hierarchy, keys, wire
 from broker.config import read_toml
-from broker.connection import can_name, change_field, read_hash, translate_errors
-from broker.errors import ConfigError, CorruptRecord, InvalidName, NoSuchTopicObject, TopicObjectConflict
+from broker.connection import can_name, change_field, read_hash
+from broker.errors import (
+    ConfigError,
+    CorruptRecord,
+    InvalidName,
+    NoSuchTopicObject,
+    TopicObjectConflict,
+    translate_errors,
+)
 from broker.schemes import recorded_scheme, separator
 from broker.topics import LEVEL_SEPARATOR, split_shared, validate_topic
 

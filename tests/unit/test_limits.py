@@ -13,7 +13,6 @@ import redis
 
 from broker import keys
 from broker.config import Settings, load_settings
-from broker.connection import translate_errors
 from broker.errors import (
     ConfigError,
     InvalidMessage,
@@ -22,6 +21,7 @@ from broker.errors import (
     ServerFull,
     TooManyConsumers,
     TooManySubscriptions,
+    translate_errors,
 )
 from broker.models import parse_entry, publication_fields
 from broker.publish import Publisher
