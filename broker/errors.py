@@ -9,7 +9,7 @@ lost or unreachable server, 5 for a full server (out of memory: nothing was
 written, retry once memory is freed).
 
 Errors from redis-py are translated at the boundary, here and only here (``redis_error``,
-``translated``, the ``translate_errors`` decorator; ``script_error`` for a script's own
+the ``translate_errors`` decorator; ``script_error`` for a script's own
 replies), so that callers never need to import redis-py's exception types.
 """
 
@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 import redis
@@ -613,16 +612,6 @@ def redis_error(exc: BaseException, what: str) -> BaseException:
     if isinstance(exc, (redis.RedisError, RedisClusterException)):
         return ServerError(f"Redis answered with an error: {exc}")
     return exc
-
-
-@contextmanager
-def translated(what: str) -> Iterator[None]:
-    """Raise what redis-py raises inside as the broker error it stands for (``redis_error``),
-    ``from`` the original."""
-    try:
-        yield
-    except (redis.RedisError, RedisClusterException) as exc:
-        raise redis_error(exc, what) from exc
 
 
 def translate_errors(func: Callable[_P, _R]) -> Callable[_P, _R]:
