@@ -165,7 +165,7 @@ def parse_dead_letter(dlq_id: str, raw: dict[Any, Any]) -> tuple[DeadLetter, str
         DeadLetter(
             id=dlq_id,
             time_ms=int(dlq_id.split("-", 1)[0]),
-            reason=(fields.get("dlq.reason") or b"").decode("utf-8", "replace"),
+            reason=wire.lenient_text(fields.get("dlq.reason") or b""),
             entry_id=wire.utf8_or_none(fields.get("dlq.entry_id")),
             publisher=publisher,
             msgid=msgid,
@@ -366,7 +366,7 @@ def count_by_reason(client: redis.Redis, qm: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     if _check_dlq(client, qm):
         for _, raw in _scan(client, qm):
-            reason = (raw.get(b"dlq.reason") or b"").decode("utf-8", "replace")
+            reason = wire.lenient_text(raw.get(b"dlq.reason") or b"")
             counts[reason] = counts.get(reason, 0) + 1
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 

@@ -419,8 +419,8 @@ def parse_entry(
         try:
             msgid = shown_msgid = given.decode("utf-8")
         except UnicodeDecodeError:  # the keys take its bytes as sent; JSON text cannot
-            msgid = given.decode("utf-8", "surrogateescape")
-            shown_msgid = given.decode("utf-8", "replace")
+            msgid = wire.exact_text(given)
+            shown_msgid = wire.lenient_text(given)
             msgid_hex = given.hex()
     ts = _int(fields, b"ts", None)
     received_ms = int(entry_id.split("-", 1)[0])

@@ -430,7 +430,7 @@ class Scripts:
                 keys=[keys.active_publishers(self.qm)],
                 args=[self._prefix, token, lease_ms, cursor, count],
             )
-        return nxt.decode(), [p.decode("utf-8", "surrogateescape") for p in taken]
+        return nxt.decode(), [wire.exact_text(p) for p in taken]
 
     def sweep_entries(self, min_idle_ms: int, start: str = "-", count: int = 100) -> tuple[str, list[str]]:
         """Refuse pending entries that are in no publisher's FIFO any more (see ``lua/sweep_entries.lua``).
@@ -501,7 +501,7 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
     turns_map = {}
     backlog = {}
     for i in range(0, len(turns), 3):
-        publisher = turns[i].decode("utf-8", "surrogateescape")
+        publisher = wire.exact_text(turns[i])
         turns_map[publisher] = [x.decode() for x in turns[i + 1]]
         backlog[publisher] = int(turns[i + 2])
     return Dequeued(

@@ -93,7 +93,7 @@ def known_reads(client: redis.Redis, qm: str) -> list[str]:
     for start in range(0, len(publishers), 1000):
         pipe = client.pipeline(transaction=False)
         for pub in publishers[start : start + 1000]:
-            pipe.lindex(keys.fifo_key(qm, pub.decode("utf-8", "surrogateescape")), -1)
+            pipe.lindex(keys.fifo_key(qm, wire.exact_text(pub)), -1)
         found += [wire.text(t) for t in pipe.execute(raise_on_error=False) if isinstance(t, bytes)]
     return found
 
