@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 import redis
 
-from broker import keys, wire
+from broker.core import keys, wire
 
 log = logging.getLogger("broker.worker")
 

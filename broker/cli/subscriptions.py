@@ -17,16 +17,16 @@ from broker.cli.render import (
     _print_subscriptions,
     _print_usage,
 )
-from broker.consumer import Subscriber, browse
-from broker.durables import delete_durables
-from broker.errors import (
+from broker.clients.consumer import Subscriber, browse
+from broker.clients.loads import subscription_load
+from broker.core.errors import (
     NoSuchSubscription,
 )
-from broker.loads import subscription_load
-from broker.status import usage_list
-from broker.subscriptions import read_subscriptions
-from broker.subscriptions import subscribe as subscribe_to
-from broker.subscriptions import unsubscribe as unsubscribe_from
+from broker.operations.durables import delete_durables
+from broker.operations.status import usage_list
+from broker.topics.subscriptions import read_subscriptions
+from broker.topics.subscriptions import subscribe as subscribe_to
+from broker.topics.subscriptions import unsubscribe as unsubscribe_from
 
 #: How long one blocking receive waits when ``subscribe`` has no ``--timeout-ms``, ms.
 POLL_MS = 1_000

@@ -1,4 +1,4 @@
--- Helpers shared by the broker's scripts: broker/scripts.py puts this file in
+-- Helpers shared by the broker's scripts: broker/core/scripts.py puts this file in
 -- front of every other script before loading it. Nothing here runs on its own.
 --
 -- The rule every script keeps (DESIGN.md: Redis does not roll back a script
@@ -60,7 +60,7 @@ end
 
 -- The FIFO an entry is filed under: its publisher field, or `malformed` when
 -- that is missing, empty or longer than max_bytes. The twin of the Python owner of
--- the rule, broker/wire.py: publisher_fifo (tests/unit/test_wire.py checks both agree).
+-- the rule, broker/core/wire.py: publisher_fifo (tests/unit/test_wire.py checks both agree).
 local function publisher_of(fields, malformed, max_bytes)
   local pub = field_of(fields, 'publisher')
   if pub == nil or #pub == 0 or #pub > max_bytes then return malformed end

@@ -6,7 +6,7 @@ import pytest
 import redis
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
-from broker.errors import (
+from broker.core.errors import (
     ConnectionLost,
     ForeignKey,
     InvalidMessage,

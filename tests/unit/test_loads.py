@@ -1,9 +1,9 @@
-"""``broker.loads``: the one reader of a subscription's load, on a real server."""
+"""``broker.clients.loads``: the one reader of a subscription's load, on a real server."""
 
 from __future__ import annotations
 
-from broker import keys
-from broker.loads import Load, read_loads, subscription_load
+from broker.clients.loads import Load, read_loads, subscription_load
+from broker.core import keys
 
 QM = "LOADS"
 

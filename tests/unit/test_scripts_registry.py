@@ -9,7 +9,7 @@ from pathlib import Path
 import fakeredis
 import pytest
 
-from broker import scripts
+from broker.core import scripts
 
 
 def test_the_registry_names_every_script_in_broker_lua_but_lib() -> None:

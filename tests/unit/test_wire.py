@@ -1,4 +1,4 @@
-"""``broker.wire``: the one owner of the text, publisher-id, priority and reply rules."""
+"""``broker.core.wire``: the one owner of the text, publisher-id, priority and reply rules."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from importlib import resources
 import pytest
 import redis
 
-from broker import keys, wire
-from broker.errors import InvalidMessage, InvalidName
-from broker.models import parse_entry
-from broker.principals import check_publisher_ids
-from broker.publish import Publisher
+from broker.clients.publish import Publisher
+from broker.core import keys, wire
+from broker.core.errors import InvalidMessage, InvalidName
+from broker.core.models import parse_entry
+from broker.core.principals import check_publisher_ids
 
 #: Publisher fields as an entry carries them (bytes) -> the FIFO the entry is filed under.
 PUBLISHER_FIELDS: list[tuple[bytes | None, str]] = [
