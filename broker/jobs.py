@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,9 +33,9 @@ from rq import Queue, Worker
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from broker.core import keys
-from broker.core.connection import TLSOptions, connect, redact_url, require_single_server, translate_errors
-from broker.core.errors import BrokerError, CorruptRecord
+from broker.core import clock, keys
+from broker.core.connection import TLSOptions, connect, redact_url, require_single_server
+from broker.core.errors import BrokerError, CorruptRecord, translate_errors
 from broker.operations import schedules
 from broker.operations.durables import Deletion, delete_durables, expire_idle_durables
 from broker.operations.maintenance import trim_acknowledged
@@ -85,7 +84,7 @@ def usage_snapshot(redis_url: str, qm: str, tls: TLSArgument = None) -> dict[str
     client = _connect(redis_url, tls)
     snap = status(client, qm, keyspace=False)  # figures only: no SCAN of the whole database
     figures = {
-        "ts_ms": int(time.time() * 1000),
+        "ts_ms": clock.now_ms(),
         "stream_length": snap.stream_length,
         "pending": snap.pending,
         "dead_lettered": snap.dead_lettered,
@@ -362,7 +361,7 @@ def add_schedule(
         InvalidSelector: a predicate parameter is invalid.
         ClusterUnsupported: ``client`` is a Redis Cluster client (rq needs one server).
     """
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     made = schedules.new_schedule(job, cron, params, now)
     _enqueue_run(client, redis_url, qm, made.schedule_id, made.rq_job, made.next_run_ms, _stored(tls))
     if not schedules.store(client, qm, made):  # an id taken (8 random hex digits): try once more
@@ -436,7 +435,7 @@ def run_schedule(
         What happened, one line (also logged): the job's result, "cancelled", "stale" or "corrupt".
     """
     client = _connect(redis_url, tls)
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     try:
         record = schedules.get_schedule(client, qm, schedule_id)
     except BrokerError as exc:  # a corrupt record, a foreign {qm}:schedules

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from broker.core import keys
+from broker.core import keys, wire
 from broker.core.config import Settings
 from broker.core.errors import InvalidMessage, InvalidTopic
 from broker.core.logs import publication_extra
@@ -39,7 +39,7 @@ def msgid_of(fields: dict[bytes, bytes], entry_id: str) -> str:
     """The message id of an entry, its bytes as sent (``surrogateescape``: a msgid that is not
     UTF-8 round-trips, so its reply and dedup keys are those the publisher built), or the entry id."""
     raw = fields.get(b"msgid")
-    return raw.decode("utf-8", "surrogateescape") if raw else entry_id
+    return wire.exact_text(raw) if raw else entry_id
 
 
 def log_refused(unit: UnitOfWork) -> None:

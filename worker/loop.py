@@ -70,7 +70,7 @@ from typing import Any, cast
 import redis
 from redis.exceptions import RedisClusterException
 
-from broker.core import keys
+from broker.core import clock, keys
 from broker.core.config import Settings
 from broker.core.connection import block_slice_ms, wait_for_server
 from broker.core.errors import (
@@ -97,6 +97,7 @@ from broker.core.unit_of_work import (
     decode_disconnects,
     decode_outcomes,
 )
+from broker.core.wire import publisher_fifo
 from broker.operations.metrics import recorder
 from broker.topics.declared import seed_declared
 from broker.topics.routing import RoutingTable
@@ -117,8 +118,6 @@ log = logging.getLogger("broker.worker")
 #: (the release is part of the unit of work, so there is no later point).
 CRASH_POINTS = ("after_dequeue", "waiting_for_turn", "holding_turn", "before_commit", "after_commit")
 
-#: A worker whose last heartbeat is older than this is not counted live (fair share), ms.
-LIVENESS_MS = 5_000
 
 #: A round after a wait for work at least this long is at a low rate: when it read one entry at
 #: most, no dequeue rides with its commit (it would most likely find nothing). After a shorter wait
@@ -143,14 +142,6 @@ START_WAIT_MS = 60_000
 def _out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` says the server is full (``maxmemory`` reached), before anything was written."""
     return isinstance(exc, (redis.exceptions.OutOfMemoryError, ServerFull))
-
-
-def _publisher_of(fields: dict[bytes, bytes]) -> str:
-    """The FIFO an entry was filed under, exactly as ``dequeue.lua`` decides it."""
-    raw = fields.get(b"publisher")
-    if raw is None or not 0 < len(raw) <= keys.MAX_PUBLISHER_BYTES:
-        return keys.MALFORMED_PUBLISHER
-    return raw.decode("utf-8", "surrogateescape")
 
 
 def _script_error(exc: Exception) -> str:
@@ -183,7 +174,7 @@ class Worker:
         self.settings = settings
         self.qm = settings.qm
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.clock_ms = clock_ms or clock.now_ms
         self.hook = hook or (lambda point: None)
         self.scripts = Scripts(
             client,
@@ -447,7 +438,7 @@ class Worker:
                 settings.lease_ms,
                 settings.heads,
                 sorted(self.turns.union(given_up)),
-                liveness_ms=LIVENESS_MS,
+                liveness_ms=keys.LIVENESS_MS,
             )
             assert dequeued is not None
         self.metrics.dequeued(len(dequeued.entries))
@@ -467,7 +458,7 @@ class Worker:
         held = dequeued.turns
         handed_over: set[str] = set()
         for entry_id, fields in dequeued.entries:
-            publisher = _publisher_of(fields)
+            publisher = publisher_fifo(fields.get(b"publisher"))
             self._entries[entry_id] = (publisher, fields)
             if publisher not in held:
                 handed_over.add(publisher)
@@ -476,7 +467,7 @@ class Worker:
         self._wait_from = dequeued.last_delivered_id or self._last_read_id or self._wait_from
         times: dict[str, int] = {}
         for entry_id, fields, delivered in dequeued.taken_over:
-            self._entries[entry_id] = (_publisher_of(fields), fields)
+            self._entries[entry_id] = (publisher_fifo(fields.get(b"publisher")), fields)
             if delivered:
                 times[entry_id] = delivered
         if handed_over:
@@ -622,7 +613,7 @@ class Worker:
         entries = self._entries
         times: dict[str, int] = {}
         for entry_id, fields, delivered in taken:
-            entries[entry_id] = (_publisher_of(fields), fields)
+            entries[entry_id] = (publisher_fifo(fields.get(b"publisher")), fields)
             if delivered:
                 times[entry_id] = delivered
         if counted:
@@ -679,7 +670,7 @@ class Worker:
                     settings.heads,
                     kept,
                     pipe=pipe,
-                    liveness_ms=LIVENESS_MS,
+                    liveness_ms=keys.LIVENESS_MS,
                     ahead=next_read[1],
                 )
             counts["wake"] = self.waiting.hand_on_in(pipe, now, wake) if wake is not None else 0

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import redis
 
-from broker.core import keys
+from broker.core import keys, wire
 from broker.core.errors import ForeignKey
 from broker.core.logs import publication_extra
 from worker.turns import stream_id
@@ -145,4 +145,4 @@ def record_alone(client: redis.Redis, qm: str, worker: str, entry_id: str) -> No
         if "WRONGTYPE" not in str(exc):
             raise
         found = client.type(key)
-        raise ForeignKey(key, found.decode() if isinstance(found, bytes) else str(found), "hash") from exc
+        raise ForeignKey(key, wire.text(found), "hash") from exc

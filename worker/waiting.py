@@ -36,7 +36,7 @@ from collections.abc import Iterable
 
 import redis
 
-from broker.core import keys
+from broker.core import keys, wire
 
 log = logging.getLogger("broker.worker")
 
@@ -211,7 +211,7 @@ class Waiting:
 
     def _type(self, key: str) -> str:
         found = self.client.type(key)
-        return found.decode() if isinstance(found, bytes) else str(found)
+        return wire.text(found)
 
     def _foreign(self, key: str) -> None:
         """Note a foreign ``{qm}:wake`` or ``{qm}:waiter``: logged once, then idle workers wait on the stream."""

@@ -17,7 +17,7 @@ from broker.core.errors import (
     BrokerError,
     ConnectionLost,
     ServerError,
-    ServerFull,
+    redis_error,
 )
 from broker.core.logs import configure_logging
 
@@ -116,27 +116,25 @@ class BrokerGroup(click.Group):
         try:
             return super().invoke(ctx)
         except BrokerError as exc:
-            message = str(exc)
-            if isinstance(exc, ConnectionLost) and "cannot reach Redis at" not in message:
-                cause = exc.__cause__ or message
-                message = f"cannot reach Redis at {self._url(ctx)}: {cause}{self._hint(ctx, cause)}"
-            if isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
-                message += NOPERM_HINT
-            _fail(message, exc.exit_code)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            _fail(
-                f"cannot reach Redis at {self._url(ctx)}: {exc}{self._hint(ctx, exc)}",
-                ConnectionLost.exit_code,
-            )
-        except redis.exceptions.OutOfMemoryError as exc:
-            _fail(
-                str(ServerFull(f"{ctx.invoked_subcommand or 'the command'}", str(exc))), ServerFull.exit_code
-            )
-        except redis.RedisError as exc:
-            hint = NOPERM_HINT if isinstance(exc, redis.exceptions.NoPermissionError) else ""
-            _fail(f"Redis at {self._url(ctx)} answered with an error: {exc}{hint}", ServerError.exit_code)
+            self._report(ctx, exc, exc.__cause__)
+        except redis.RedisError as exc:  # a command that called redis-py itself: translated here
+            error = redis_error(exc, ctx.invoked_subcommand or "the command")
+            if isinstance(error, ServerError):  # named with the server it came from
+                error = ServerError(f"Redis at {self._url(ctx)} answered with an error: {exc}")
+            assert isinstance(error, BrokerError)
+            self._report(ctx, error, exc)
         except ValueError as exc:
             _fail(str(exc), BAD_INPUT)
+
+    def _report(self, ctx: click.Context, exc: BrokerError, cause: BaseException | None) -> NoReturn:
+        """``exc`` as one line (a lost connection names the server, and a hint) and its exit code."""
+        message = str(exc)
+        if isinstance(exc, ConnectionLost) and "cannot reach Redis at" not in message:
+            shown_cause = cause or message
+            message = f"cannot reach Redis at {self._url(ctx)}: {shown_cause}{self._hint(ctx, shown_cause)}"
+        if isinstance(cause, redis.exceptions.NoPermissionError):
+            message += NOPERM_HINT
+        _fail(message, exc.exit_code)
 
     @staticmethod
     def _url(ctx: click.Context) -> str:

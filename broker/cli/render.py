@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from broker.clients.consumer import Load
+from broker.clients.loads import Load
 from broker.clients.publish import PublishResult
 from broker.core.models import Message
 from broker.network.network_admin import NetworkStatus, ProxyRow

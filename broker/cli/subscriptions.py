@@ -17,7 +17,8 @@ from broker.cli.render import (
     _print_subscriptions,
     _print_usage,
 )
-from broker.clients.consumer import Subscriber, browse, subscription_load
+from broker.clients.consumer import Subscriber, browse
+from broker.clients.loads import subscription_load
 from broker.core.errors import (
     NoSuchSubscription,
 )

@@ -2,7 +2,8 @@
 
 Owns the ``Publisher`` (one ``XADD`` per publication, waiting for its result), the
 ``Subscriber`` (receive, acknowledge, heartbeat, browse; recovery of dead consumers; the
-subscription sweep) and the ``Requestor``/``Responder`` pair. Modules here import
+subscription sweep), a subscription's load (``loads``: its one reader) and the
+``Requestor``/``Responder`` pair. Modules here import
 ``broker.core``, ``broker.topics`` and each other (without a circle); never
 ``broker.network``, ``broker.operations``, the application layer or ``worker``.
 """

@@ -49,17 +49,22 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from broker.core import keys
+from broker.core import clock, keys
 from broker.core.config import Settings
-from broker.core.connection import as_bytes, block_slice_ms, translate_errors
-from broker.core.errors import ConsumerConflict, InvalidMessage, ServerError, TooManyConsumers
+from broker.core.connection import as_bytes, block_slice_ms
+from broker.core.errors import (
+    ConsumerConflict,
+    InvalidMessage,
+    ServerError,
+    TooManyConsumers,
+    translate_errors,
+)
 from broker.core.models import Message, decode_header, message_of, usual_values
-from broker.core.scripts import script_source
+from broker.core.scripts import register
 from broker.topics.subscriptions import (
     SubscriptionRecord,
     check_name,
@@ -178,10 +183,10 @@ class _Scripts:
     """``receive.lua``, ``ack.lua``, ``reject.lua`` and ``recover.lua`` bound to one client."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self.receive = client.register_script(script_source("receive"))
-        self.ack = client.register_script(script_source("ack"))
-        self.reject = client.register_script(script_source("reject"))
-        self.recover = client.register_script(script_source("recover"))
+        self.receive = register(client, "receive")
+        self.ack = register(client, "ack")
+        self.reject = register(client, "reject")
+        self.recover = register(client, "recover")
 
 
 def _scripts(client: redis.Redis) -> _Scripts:
@@ -277,7 +282,7 @@ def sweep_subscriptions(
     Returns:
         ``(the last id looked at, or "" when the end was reached; subscription ids removed)``.
     """
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     if records is None:
         records = read_subscriptions(client, qm)[0]
     todo = sorted((r for r in records if r.sub_id > start), key=lambda r: r.sub_id)[:SWEEP_SUBSCRIPTIONS]
@@ -692,7 +697,7 @@ class Subscriber:
         now = self._now()
         self.recover_dead(closing=self.consumer_id)
         if not self.record.durable:
-            cutoff = int(time.time() * 1000) + 1 if now == "" else int(now) + 1
+            cutoff = clock.now_ms() + 1 if now == "" else int(now) + 1
             try:
                 remove_subscription(self.client, self.qm, self.record.sub_id, abandoned_before_ms=cutoff)
             except (
@@ -735,7 +740,7 @@ def browse(
     Raises:
         InvalidMessage: an envelope is malformed.
     """
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     out: list[Message] = []
     for band in keys.sub_bands(qm, record.sub_id):
         start = 0
@@ -756,40 +761,10 @@ def browse(
     return out
 
 
-@dataclass(frozen=True)
-class Load:
-    """How busy a subscription is: live consumers, messages waiting, messages in flight."""
-
-    consumers: int
-    depth: int
-    in_flight: int
-
-
-@translate_errors
-def subscription_load(client: redis.Redis, qm: str, sub_id: str, now_ms: int | None = None) -> Load:
-    """Live consumers, waiting messages (every band) and in-flight messages (every consumer) of a subscription.
-
-    A key of another type counts as empty (``broker status`` names foreign keys).
-    """
-    now = int(time.time() * 1000) if now_ms is None else now_ms
-    raw_members: Any = client.zrange(keys.sub_consumers(qm, sub_id), 0, -1)
-    members = [as_bytes(c).decode() for c in raw_members]
-    pipe = client.pipeline(transaction=False)
-    pipe.zcount(keys.sub_consumers(qm, sub_id), now, "+inf")
-    for band in keys.sub_bands(qm, sub_id):
-        pipe.llen(band)
-    for member in members:
-        pipe.llen(keys.consumer_inflight(qm, sub_id, member))
-    replies = pipe.execute(raise_on_error=False)
-    counts = [r if isinstance(r, int) else 0 for r in replies]
-    bands = len(keys.PRIORITIES)
-    return Load(counts[0], sum(counts[1 : 1 + bands]), sum(counts[1 + bands :]))
-
-
 def consumers_of(
     client: redis.Redis, qm: str, sub_id: str, now_ms: int | None = None
 ) -> list[tuple[str, int]]:
     """The subscription's consumers with live leases: ``[(consumer id, lease deadline ms)]``."""
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     raw: Any = client.zrangebyscore(keys.sub_consumers(qm, sub_id), now, "+inf", withscores=True)
     return [(as_bytes(c).decode(), int(score)) for c, score in raw]

@@ -19,7 +19,6 @@ and waits that long before its next publication, unless made with
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -28,7 +27,7 @@ from typing import Any
 
 import redis
 
-from broker.core import hierarchy, keys
+from broker.core import hierarchy, keys, wire
 from broker.core.connection import as_bytes, block_slice_ms
 from broker.core.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError, ServerFull
 from broker.core.flow import FlowGate, parse_delay
@@ -125,7 +124,7 @@ class Publisher:
     Args:
         client: a redis-py client.
         qm: the queue manager.
-        publisher_id: 1-256 bytes (``keys.MAX_PUBLISHER_BYTES``); every publication of this id is delivered in
+        publisher_id: 1-256 bytes (``wire.MAX_PUBLISHER_BYTES``); every publication of this id is delivered in
             the order it was published.
         validate: check topics here and raise at once (default); with False the
             broker checks them and refuses invalid ones (visible with ``wait``).
@@ -159,8 +158,8 @@ class Publisher:
         sleep_ms: Callable[[float], None] | None = None,
         principal: str | None = None,
     ) -> None:
-        if not publisher_id or len(publisher_id.encode("utf-8", "surrogatepass")) > keys.MAX_PUBLISHER_BYTES:
-            raise InvalidMessage(f"publisher_id must be 1-{keys.MAX_PUBLISHER_BYTES} bytes")
+        if not wire.is_publisher_id(publisher_id):
+            raise InvalidMessage(f"publisher_id must be 1-{wire.MAX_PUBLISHER_BYTES} bytes")
         self.client = client
         self.qm = qm
         self.publisher_id = publisher_id
@@ -324,19 +323,19 @@ class Publisher:
             raise ServerError(f"publish refused by the server: {exc}") from exc
         if got is None:
             raise ReplyTimeout(f"no result for message {msgid} within {timeout_ms} ms (is a worker running?)")
-        data = json.loads(got[1])
-        delay = parse_delay(data.get("flow_control_delay_ms"))
+        reply = wire.parse_reply(got[1])
+        delay = parse_delay(reply.flow_control_delay_ms)
         self.flow.learn(delay)
         return PublishResult(
-            status=data["status"],
-            entry_id=data.get("entry_id", entry_id),
+            status=reply.status,
+            entry_id=entry_id if reply.entry_id is None else reply.entry_id,
             msgid=msgid,
             seq=seq,
-            subscriptions=int(data.get("subscriptions", 0)),
-            reason=data.get("reason"),
-            suggestion=data.get("suggestion"),
+            subscriptions=reply.subscriptions,
+            reason=reply.reason,
+            suggestion=reply.suggestion,
             flow_control_delay_ms=delay,
-            forwarded=int(data.get("forwarded", 0)),
+            forwarded=reply.forwarded,
         )
 
     def publish_many(

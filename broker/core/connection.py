@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import re
 import ssl
@@ -11,22 +10,21 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
 from redis.connection import Connection, ConnectionPool, parse_url
-from redis.exceptions import RedisClusterException, SlotNotCoveredError
+from redis.exceptions import RedisClusterException
 
-from broker.core import keys
+from broker.core import keys, wire
 from broker.core.errors import (
     ClusterUnsupported,
     ConfigError,
     ConnectionLost,
     ForeignKey,
     ServerError,
-    ServerFull,
 )
 
 #: Oldest server the broker supports (XAUTOCLAIM, LMOVE, SET ... GET, Lua 5.1 + cjson).
@@ -48,36 +46,6 @@ def block_slice_ms(client: Any) -> int:
     if not timeout:
         return BLOCK_SLICE_MS
     return max(10, min(BLOCK_SLICE_MS, int(float(timeout) * 500)))
-
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def translate_errors(func: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Decorate a public entry point so that callers never see redis-py's exceptions.
-
-    ``redis.ConnectionError`` and ``redis.TimeoutError`` become ``ConnectionLost``;
-    an out-of-memory reply (the server's ``maxmemory`` is reached) becomes
-    ``ServerFull``; any other ``redis.RedisError`` (an error reply: a wrong type)
-    becomes ``ServerError``. On a cluster client, a slot no master serves (a
-    cluster partly down: redis-py's ``SlotNotCoveredError``) becomes
-    ``ConnectionLost``, any other of redis-py's cluster errors (keys of several
-    slots in one transaction) ``ServerError``. The broker's own errors pass through.
-    """
-
-    @functools.wraps(func)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return func(*args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError, SlotNotCoveredError) as exc:
-            raise ConnectionLost(f"cannot reach Redis: {exc}") from exc
-        except redis.exceptions.OutOfMemoryError as exc:
-            raise ServerFull(func.__name__.replace("_", " "), str(exc)) from exc
-        except (redis.RedisError, RedisClusterException) as exc:
-            raise ServerError(f"Redis answered with an error: {exc}") from exc
-
-    return wrapper
 
 
 def as_bytes(reply: bytes | str) -> bytes:
@@ -111,7 +79,7 @@ def read_hash(client: redis.Redis, key: str) -> dict[Any, Any]:
     except redis.ResponseError as exc:
         if "WRONGTYPE" in str(exc):
             found = client.type(key)
-            raise ForeignKey(key, found.decode() if isinstance(found, bytes) else str(found), "hash") from exc
+            raise ForeignKey(key, wire.text(found), "hash") from exc
         raise
 
 

@@ -8,13 +8,20 @@ input, 3 for a broker-side refusal (a limit against abuse among them), 4 for a
 lost or unreachable server, 5 for a full server (out of memory: nothing was
 written, retry once memory is freed).
 
-Errors from redis-py are translated at the boundary (``raise ConnectionLost(...)
-from exc``) so that callers never need to import redis-py's exception types.
+Errors from redis-py are translated at the boundary, here and only here (``redis_error``,
+the ``translate_errors`` decorator; ``script_error`` for a script's own
+replies), so that callers never need to import redis-py's exception types.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import re
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+import redis
+from redis.exceptions import RedisClusterException, SlotNotCoveredError
 
 #: Most characters of user input (a topic, a filter) echoed in an error message.
 ECHO_CHARS = 80
@@ -550,6 +557,76 @@ class RepairRefused(BrokerError):
     """
 
     exit_code = 3
+
+
+# --- translating redis-py's errors: the one place ---------------------------------------------
+
+#: A script's foreign-key error reply (``require_types`` in ``lua/lib.lua``); the server may
+#: append " script: <sha>, on @user_script:<line>." to it.
+_FOREIGN_KEY = re.compile(
+    r"^BROKER foreign key: (?P<key>.*) holds a (?P<found>\w+), not a (?P<expected>\w+)(?: script: .*)?$", re.S
+)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def script_error(exc: BaseException, what: str) -> BaseException:
+    """The broker error a script's error reply stands for, or ``exc`` itself.
+
+    Args:
+        exc: what redis-py raised, or left in a pipeline's results, for one script call.
+        what: what was refused, a few words (``ServerFull.what``), e.g. "unit of work".
+
+    Returns:
+        ``ForeignKey`` (a queue-manager-wide key holds another Redis type; nothing was
+        written), ``ServerFull`` (``maxmemory`` reached; nothing was written) or ``exc``.
+    """
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return ServerFull(what, str(exc))
+    if isinstance(exc, redis.ResponseError):
+        found = _FOREIGN_KEY.match(str(exc))
+        if found:
+            return ForeignKey(found["key"], found["found"], found["expected"])
+    return exc
+
+
+def redis_error(exc: BaseException, what: str) -> BaseException:
+    """The broker error a redis-py exception stands for at the library's boundary, or ``exc``.
+
+    ``redis.ConnectionError`` and ``redis.TimeoutError`` become ``ConnectionLost``; an
+    out-of-memory reply (the server's ``maxmemory`` is reached) ``ServerFull``; any other
+    ``redis.RedisError`` (an error reply: a wrong type) ``ServerError``. On a cluster client, a
+    slot no master serves (a cluster partly down: redis-py's ``SlotNotCoveredError``) becomes
+    ``ConnectionLost``, any other of redis-py's cluster errors (keys of several slots in one
+    transaction) ``ServerError``. The broker's own errors, and anything else, are ``exc``.
+
+    Args:
+        exc: what redis-py raised.
+        what: what was refused, a few words (``ServerFull.what``).
+    """
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, SlotNotCoveredError)):
+        return ConnectionLost(f"cannot reach Redis: {exc}")
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return ServerFull(what, str(exc))
+    if isinstance(exc, (redis.RedisError, RedisClusterException)):
+        return ServerError(f"Redis answered with an error: {exc}")
+    return exc
+
+
+def translate_errors(func: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Decorate a public entry point so that callers never see redis-py's exceptions
+    (``redis_error``; ``what`` is the function's name in words)."""
+    what = func.__name__.replace("_", " ")
+
+    @functools.wraps(func)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return func(*args, **kwargs)
+        except (redis.RedisError, RedisClusterException) as exc:
+            raise redis_error(exc, what) from exc
+
+    return wrapper
 
 
 class ClusterError(RuntimeError):

@@ -339,17 +339,15 @@ the field cancels the schedule.
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 5
+import re
 
-#: Most bytes of a publisher id (the ``publisher`` field); the one place the rule lives
-#: (``dequeue.lua`` is passed it, and files an entry with a longer id as malformed).
-MAX_PUBLISHER_BYTES = 256
+PROTOCOL_VERSION = 5
 
 #: Consumer group of the workers on the publish stream.
 WORKER_GROUP = "workers"
 
 #: Publisher id the dequeue script files an entry under when it has no valid
-#: ``publisher`` field; such entries are dead-lettered in stream order.
+#: ``publisher`` field (the rule: ``broker.core.wire.publisher_fifo``); such entries are dead-lettered in stream order.
 MALFORMED_PUBLISHER = "?"
 
 
@@ -579,6 +577,13 @@ def alive(qm: str) -> str:
     return f"{_tag(qm)}:alive"
 
 
+#: A worker whose last heartbeat (its score in ``alive``) is older than this is not live, ms:
+#: ``dequeue.lua`` does not count it in the fair share (ARGV[8]), a replay of dead letters does
+#: not count it as running, and ``broker status`` shows it "silent". A worker beats about once
+#: a second (``worker.housekeeping.HEARTBEAT_MS``).
+LIVENESS_MS = 5_000
+
+
 def saturated(qm: str) -> str:
     """Workers holding a saturated publisher (``dequeue.lua``): ``{qm}:saturated``, hash worker
     name -> ms of the last dequeue that found it so."""
@@ -712,8 +717,24 @@ def acl_users(qm: str) -> str:
 
 
 def all_keys_pattern(qm: str) -> str:
-    """A SCAN pattern matching every key of the queue manager."""
+    """A SCAN pattern matching every key of the queue manager (and an ACL key pattern: ``broker.acl``)."""
     return f"{_tag(qm)}:*"
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal in a key pattern (SCAN, ACL): ``*``, ``?``, ``[``, ``]`` and ``\\`` escaped."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def reply_pattern(qm: str, publisher: str) -> str:
+    """A pattern matching every reply list of ``publisher``: ``{qm}:reply:<n>:<publisher>:*`` (``reply``)."""
+    return reply_prefix(qm) + glob_escape(_id_part(publisher, "")) + "*"
+
+
+def client_subscriptions_pattern(qm: str, client_id: str) -> str:
+    """A pattern matching every key of the subscriptions of ``client_id`` (ids ``<client id>$<name>``:
+    their queues, bands and consumer state): ``{qm}:sub:<client id>$*``."""
+    return sub_prefix(qm) + glob_escape(client_id) + "$*"
 
 
 def pub_pattern(qm: str) -> str:

@@ -39,6 +39,8 @@ from typing import IO, Any, Literal
 
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
+from broker.core import wire
+
 #: ``--log-format``: human-readable lines, or one JSON object per line for log shippers.
 LogFormat = Literal["text", "json"]
 
@@ -66,7 +68,7 @@ _OURS = "_broker_logs"
 def _bounded(value: object) -> str | None:
     if value is None:
         return None
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    text = wire.lenient_text(value)
     return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 3] + "..."
 
 

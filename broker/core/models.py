@@ -17,15 +17,14 @@ from typing import Any, NoReturn
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from broker.core import keys
+from broker.core import keys, wire
 from broker.core.errors import InvalidMessage, shown
+from broker.core.wire import field_text
 
 #: User property values: JSON scalars (Jakarta Messaging §3.5 property types, minus byte).
 PropertyValue = str | int | float | bool | None
 
-DEFAULT_PRIORITY = 4
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-MAX_PUBLISHER_BYTES = keys.MAX_PUBLISHER_BYTES
 #: Queue manager names in ``origin`` / ``route`` (as ``Settings.qm``).
 _QM_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -67,7 +66,7 @@ class Message(BaseModel):
     topic: str
     timestamp_ms: int
     persistent: bool = True
-    priority: int = Field(default=DEFAULT_PRIORITY, ge=0, le=9)
+    priority: int = Field(default=keys.DEFAULT_PRIORITY, ge=wire.MIN_PRIORITY, le=wire.MAX_PRIORITY)
     expiration_ms: int = Field(default=0, ge=0)
     correlation_id: str | None = None
     reply_to: str | None = None
@@ -133,7 +132,7 @@ class Message(BaseModel):
             topic=header["topic"],
             timestamp_ms=header["ts"] if "ts" in header else header_timestamp_ms(header),
             persistent=header.get("persistent", True),
-            priority=header.get("priority", DEFAULT_PRIORITY),
+            priority=header.get("priority", keys.DEFAULT_PRIORITY),
             expiration_ms=header.get("expiration", 0),
             correlation_id=header.get("correlation_id"),
             reply_to=header.get("reply_to"),
@@ -237,7 +236,7 @@ def usual_values(header: dict[str, Any]) -> dict[str, Any] | None:
         values["persistent"] = header["persistent"]
     if "priority" in header:
         priority = header["priority"]
-        if type(priority) is not int or not 0 <= priority <= 9:
+        if type(priority) is not int or not wire.is_priority(priority):
             return None
         values["priority"] = priority
     if "expiration" in header:
@@ -315,7 +314,7 @@ class Entry:
         header = self.header
         found: dict[str, object] = dict(header.get("props") or {})
         found["JMSDeliveryMode"] = "PERSISTENT" if header.get("persistent", True) else "NON_PERSISTENT"
-        found["JMSPriority"] = header.get("priority", DEFAULT_PRIORITY)
+        found["JMSPriority"] = header.get("priority", keys.DEFAULT_PRIORITY)
         found["JMSMessageID"] = self.header["msgid"]  # as the subscriber sees it
         found["JMSTimestamp"] = self.timestamp_ms
         if "correlation_id" in header:
@@ -325,20 +324,8 @@ class Entry:
         return found
 
 
-def _text(fields: dict[bytes, bytes], name: bytes, required: bool = False) -> str | None:
-    raw = fields.get(name)
-    if raw is None:
-        if required:
-            raise InvalidMessage(f"missing field {name.decode()!r}")
-        return None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidMessage(f"field {name.decode()!r} is not valid UTF-8") from exc
-
-
 def _int(fields: dict[bytes, bytes], name: bytes, default: int | None) -> int | None:
-    text = _text(fields, name)
+    text = field_text(fields, name)
     if text is None or text == "":
         return default
     try:
@@ -413,11 +400,11 @@ def parse_entry(
             bytes), of the wrong type or out of range, or the body or the properties are
             larger than their limit.
     """
-    publisher = _text(fields, b"publisher", required=True)
+    publisher = field_text(fields, b"publisher", required=True)
     assert publisher is not None
-    if not publisher or len(publisher.encode()) > MAX_PUBLISHER_BYTES:
-        raise InvalidMessage(f"field 'publisher' must be 1-{MAX_PUBLISHER_BYTES} bytes")
-    topic = _text(fields, b"topic", required=True)
+    if not wire.is_publisher_id(publisher):
+        raise InvalidMessage(f"field 'publisher' must be 1-{wire.MAX_PUBLISHER_BYTES} bytes")
+    topic = field_text(fields, b"topic", required=True)
     assert topic is not None
     body = fields.get(b"body", b"")
     if len(body) > max_body_bytes:
@@ -432,19 +419,19 @@ def parse_entry(
         try:
             msgid = shown_msgid = given.decode("utf-8")
         except UnicodeDecodeError:  # the keys take its bytes as sent; JSON text cannot
-            msgid = given.decode("utf-8", "surrogateescape")
-            shown_msgid = given.decode("utf-8", "replace")
+            msgid = wire.exact_text(given)
+            shown_msgid = wire.lenient_text(given)
             msgid_hex = given.hex()
     ts = _int(fields, b"ts", None)
     received_ms = int(entry_id.split("-", 1)[0])
     if ts is None:
         ts = received_ms
-    persistent = _text(fields, b"persistent")
+    persistent = field_text(fields, b"persistent")
     if persistent not in (None, "", "0", "1"):
         raise InvalidMessage(f"field 'persistent' must be 0 or 1, not {shown(persistent)}")
-    priority = _int(fields, b"priority", DEFAULT_PRIORITY)
+    priority = _int(fields, b"priority", keys.DEFAULT_PRIORITY)
     assert priority is not None
-    if not 0 <= priority <= 9:
+    if not wire.is_priority(priority):
         raise InvalidMessage(f"field 'priority' must be 0-9, not {priority}")
     expiration = _int(fields, b"expiration", 0)
     assert expiration is not None
@@ -455,7 +442,7 @@ def parse_entry(
     seq = _int(fields, b"seq", None)
     if seq is not None and seq < 0:
         raise InvalidMessage(f"field 'seq' must be >= 0, not {seq}")
-    reply = _text(fields, b"reply")
+    reply = field_text(fields, b"reply")
     if reply not in (None, "", "0", "1"):
         raise InvalidMessage(f"field 'reply' must be 0 or 1, not {reply[:20]!r}")
     raw_props = fields.get(b"props")
@@ -464,7 +451,7 @@ def parse_entry(
             f"properties of {len(raw_props)} bytes (the 'props' field) are larger than the limit "
             f"of {max_properties_bytes} bytes (max_properties_bytes)"
         )
-    props_text = _text(fields, b"props")
+    props_text = field_text(fields, b"props")
     props = _properties(props_text) if props_text else {}
     header: dict[str, Any] = {
         "v": keys.PROTOCOL_VERSION,
@@ -479,25 +466,25 @@ def parse_entry(
         header["ts"] = ts
     if persistent == "0":
         header["persistent"] = False
-    if priority != DEFAULT_PRIORITY:
+    if priority != keys.DEFAULT_PRIORITY:
         header["priority"] = priority
     if expiration:
         header["expiration"] = expiration
-    correlation_id = _text(fields, b"correlation_id")
+    correlation_id = field_text(fields, b"correlation_id")
     if correlation_id is not None:
         header["correlation_id"] = correlation_id
-    reply_to = _text(fields, b"reply_to")
+    reply_to = field_text(fields, b"reply_to")
     if reply_to is not None:
         header["reply_to"] = reply_to
-    message_type = _text(fields, b"type")
+    message_type = field_text(fields, b"type")
     if message_type is not None:
         header["type"] = message_type
-    principal = _text(fields, b"principal")
+    principal = field_text(fields, b"principal")
     if principal is not None:  # set by the queue mutex for an entry that came through an ingress stream
         header["principal"] = principal
-    origin = _text(fields, b"origin")
+    origin = field_text(fields, b"origin")
     if origin is not None:
-        route = (_text(fields, b"route") or "").split(",")
+        route = (field_text(fields, b"route") or "").split(",")
         if not all(_QM_NAME.match(name) for name in (origin, *route)) or route[0] != origin:
             raise InvalidMessage(
                 "fields 'origin' and 'route' must be queue manager names, the route "
@@ -519,7 +506,7 @@ def parse_entry(
         reply=reply == "1",
         expiration_ms=expiration,
         header=header,
-        client_id=_text(fields, b"client_id"),
+        client_id=field_text(fields, b"client_id"),
         timestamp_ms=ts,
     )
 
@@ -529,7 +516,7 @@ def set_header(header: dict[str, Any], name: str, value: Any) -> None:
     a value at its default (persistent true, priority 4, expiration 0) is left out."""
     props = header.pop("props", None)
     header.pop(name, None)
-    if (name, value) not in (("persistent", True), ("priority", DEFAULT_PRIORITY), ("expiration", 0)):
+    if (name, value) not in (("persistent", True), ("priority", keys.DEFAULT_PRIORITY), ("expiration", 0)):
         header[name] = value
     if props is not None:
         header["props"] = props
@@ -626,7 +613,7 @@ def publication_fields(
             64-bit range, text that is not UTF-8 (a lone surrogate), or a property value that is
             not a scalar or not a finite number (what the workers would refuse).
     """
-    if priority is not None and not 0 <= priority <= 9:
+    if priority is not None and not wire.is_priority(priority):
         raise InvalidMessage(f"priority must be 0-9, not {priority}")
     if expiration_ms < 0:
         raise InvalidMessage("expiration_ms must be >= 0")

@@ -20,9 +20,8 @@ import re
 
 import redis
 
-from broker.core import keys
-from broker.core.connection import translate_errors
-from broker.core.errors import InvalidName
+from broker.core import keys, wire
+from broker.core.errors import InvalidName, translate_errors
 
 #: Principal names: ACL user names the broker accepts (they are part of a key name).
 PRINCIPAL = re.compile(r"^[A-Za-z0-9_.@\-]{1,64}$")
@@ -36,13 +35,14 @@ def check_principal(name: str) -> str:
 
 
 def check_publisher_ids(ids: list[str]) -> list[str]:
-    """Raises: InvalidName: an id is empty, longer than ``MAX_PUBLISHER_BYTES`` or holds a newline."""
+    """Raises: InvalidName: an id is empty, longer than ``wire.MAX_PUBLISHER_BYTES`` or holds a newline."""
     if not ids:
         raise InvalidName("bind at least one publisher id")
     for pid in ids:
-        if not pid or len(pid.encode()) > keys.MAX_PUBLISHER_BYTES or "\n" in pid:
+        # strict UTF-8 (a lone surrogate raises): the principals hash holds the ids as text
+        if not wire.is_publisher_id(pid.encode()) or "\n" in pid:
             raise InvalidName(
-                f"publisher id {pid!r} must be 1-{keys.MAX_PUBLISHER_BYTES} bytes without a newline"
+                f"publisher id {pid!r} must be 1-{wire.MAX_PUBLISHER_BYTES} bytes without a newline"
             )
     return ids
 
@@ -80,7 +80,4 @@ def unbind(client: redis.Redis, qm: str, principal: str) -> bool:
 def bindings(client: redis.Redis, qm: str) -> dict[str, list[str]]:
     """principal -> its publisher ids."""
     found = client.hgetall(keys.principals(qm))
-    return {
-        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v).split("\n")
-        for k, v in found.items()
-    }
+    return {wire.text(k): wire.text(v).split("\n") for k, v in found.items()}

@@ -22,9 +22,9 @@ from typing import Any, Literal, Protocol, cast
 
 import redis
 
-from broker.core import keys
-from broker.core.connection import as_bytes, translate_errors
-from broker.core.errors import ConfigError, ForeignKey
+from broker.core import keys, wire
+from broker.core.connection import as_bytes
+from broker.core.errors import ConfigError, ForeignKey, translate_errors
 
 SchemeName = Literal["mqtt", "swiftmq"]
 
@@ -68,11 +68,6 @@ def root_topic(topic: str, scheme: str) -> str:
     return topic.partition(separator(scheme))[0]
 
 
-def _text(raw: bytes | str) -> str:
-    # a record written by hand may hold any bytes: it is compared and named, never stored again
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-
-
 def scheme_of(qm: str, manager: dict[Any, Any]) -> SchemeName:
     """The scheme recorded in the ``{qm}:manager`` hash as read (``mqtt`` when none is).
 
@@ -80,7 +75,7 @@ def scheme_of(qm: str, manager: dict[Any, Any]) -> SchemeName:
         ConfigError: the record holds an unknown scheme.
     """
     raw = manager.get(b"topic_scheme", manager.get("topic_scheme"))
-    found = _text(raw) if raw is not None else DEFAULT_SCHEME
+    found = wire.lenient_text(raw) if raw is not None else DEFAULT_SCHEME
     if found not in SEPARATORS:
         raise ConfigError(
             f"{keys.manager(qm)} records an unknown topic scheme {found!r}; known: {', '.join(SEPARATORS)}"
@@ -106,7 +101,7 @@ def record_manager(client: redis.Redis, settings: ManagerSettings) -> None:
     if raw is None:  # read first: a worker starting on a full server writes nothing once recorded
         client.hsetnx(key, "direct_subscriber_selection", wanted)
         raw = client.hget(key, "direct_subscriber_selection")
-    found = _text(raw or b"true")
+    found = wire.lenient_text(raw or b"true")
     if found != wanted:
         raise ConfigError(
             f"queue manager {qm} uses direct_subscriber_selection = {found} (recorded in {key}); this "

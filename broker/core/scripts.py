@@ -1,7 +1,9 @@
 """The broker's Lua scripts, loaded from ``broker/lua/*.lua``, one typed wrapper each.
 
-Each script is registered once per client with redis-py's ``register_script``,
-whose ``Script`` object reloads the script on NOSCRIPT. Inside a pipeline,
+Every script is registered here and only here: ``register(client, name)`` (``SCRIPTS``
+names them), once per client, with redis-py's ``register_script``, whose ``Script``
+object reloads the script on NOSCRIPT. The consumer, removal, replay, repair, channel and
+change-log modules get their scripts from ``register`` and wrap them themselves. Inside a pipeline,
 though, redis-py's ``Script`` sends a ``SCRIPT EXISTS`` round trip before every
 ``execute``; the hot path (commit + the next dequeue, pipelined) therefore
 sends plain ``EVALSHA`` and, on NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted
@@ -19,7 +21,7 @@ Callers never read an error's text.
 
 from __future__ import annotations
 
-import re
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,15 +30,10 @@ from typing import Any
 
 import redis
 
-from broker.core import keys
+from broker.core import keys, wire
 from broker.core.config import Settings
-from broker.core.errors import ForeignKey, ServerFull
+from broker.core.errors import script_error
 from broker.core.unit_of_work import CommitBatch
-
-
-def _b(text: str) -> bytes:
-    """Encode a publisher id back to the bytes Redis holds (ids that were not UTF-8 round-trip)."""
-    return text.encode("utf-8", "surrogateescape")
 
 
 def flow_control_arg(settings: Settings) -> str:
@@ -48,33 +45,6 @@ def flow_control_arg(settings: Settings) -> str:
         f"{settings.flow_control_start_depth}:{settings.flow_control_full_depth}:"
         f"{settings.flow_control_max_delay_ms}"
     )
-
-
-#: A script's foreign-key error reply (``require_types`` in ``lua/lib.lua``); the server may
-#: append " script: <sha>, on @user_script:<line>." to it.
-_FOREIGN_KEY = re.compile(
-    r"^BROKER foreign key: (?P<key>.*) holds a (?P<found>\w+), not a (?P<expected>\w+)(?: script: .*)?$", re.S
-)
-
-
-def script_error(exc: BaseException, what: str) -> BaseException:
-    """The broker error a script's error reply stands for, or ``exc`` itself.
-
-    Args:
-        exc: what redis-py raised, or left in a pipeline's results, for one script call.
-        what: what was refused, a few words (``ServerFull.what``), e.g. "unit of work".
-
-    Returns:
-        ``ForeignKey`` (a queue-manager-wide key holds another Redis type; nothing was
-        written), ``ServerFull`` (``maxmemory`` reached; nothing was written) or ``exc``.
-    """
-    if isinstance(exc, redis.exceptions.OutOfMemoryError):
-        return ServerFull(what, str(exc))
-    if isinstance(exc, redis.ResponseError):
-        found = _FOREIGN_KEY.match(str(exc))
-        if found:
-            return ForeignKey(found["key"], found["found"], found["expected"])
-    return exc
 
 
 def checked(reply: Any, what: str) -> Any:
@@ -102,10 +72,48 @@ def _translated(what: str) -> Iterator[None]:
         raise error from exc
 
 
+#: Every script in ``broker/lua/`` (but ``lib.lua``, which starts each): the registry.
+SCRIPTS = frozenset(
+    {
+        "ack",
+        "channel_in",
+        "commit",
+        "dequeue",
+        "give_up",
+        "receive",
+        "recover",
+        "reject",
+        "remove_subscription",
+        "repair_stream",
+        "replay",
+        "requeue",
+        "sub_changes",
+        "sweep_entries",
+        "sweep_turns",
+        "take_over",
+    }
+)
+
+
 def _read(name: str) -> str:
     return resources.files("broker").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
+def register(client: Any, name: str) -> Any:
+    """Script ``name`` registered on ``client``: the one place the broker registers a script.
+
+    Returns redis-py's ``Script`` (loaded into the server on its first call, and again on
+    NOSCRIPT; usable in a pipeline). Registering computes its SHA1 only: no round trip.
+
+    Raises:
+        KeyError: ``name`` is not one of ``SCRIPTS``.
+    """
+    if name not in SCRIPTS:
+        raise KeyError(f"no script {name!r} in broker/lua (scripts: {', '.join(sorted(SCRIPTS))})")
+    return client.register_script(script_source(name))
+
+
+@functools.cache
 def script_source(name: str) -> str:
     """A script's source: ``lua/lib.lua`` (the shared helpers) followed by ``lua/<name>.lua``.
 
@@ -189,12 +197,12 @@ class Scripts:
         self.client = client
         self.qm = qm
         self.refusals = refusals or Refusals()
-        self._dequeue = client.register_script(script_source("dequeue"))
-        self._commit = client.register_script(script_source("commit"))
-        self._take_over_script = client.register_script(script_source("take_over"))
-        self._sweep_turns_script = client.register_script(script_source("sweep_turns"))
-        self._give_up = client.register_script(script_source("give_up"))
-        self._sweep_entries_script = client.register_script(script_source("sweep_entries"))
+        self._dequeue = register(client, "dequeue")
+        self._commit = register(client, "commit")
+        self._take_over_script = register(client, "take_over")
+        self._sweep_turns_script = register(client, "sweep_turns")
+        self._give_up = register(client, "give_up")
+        self._sweep_entries_script = register(client, "sweep_entries")
         self._prefix = keys.pub_prefix(qm)
         self._fixed = (keys.publish_stream(qm), keys.active_publishers(qm), keys.dead_letter(qm))
         self._dedup_prefix = keys.dedup_prefix(qm)
@@ -228,7 +236,7 @@ class Scripts:
         heads: int,
         turns: list[str],
         pipe: Any = None,
-        liveness_ms: int = 10_000,
+        liveness_ms: int = keys.LIVENESS_MS,
         ahead: tuple[str, str] | None = None,
     ) -> Dequeued | None:
         """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
@@ -241,7 +249,7 @@ class Scripts:
             turns: publishers whose turn the worker believes it holds.
             pipe: queue the call on this pipeline instead (returns None; parse
                 its reply with ``parse_dequeue``).
-            liveness_ms: workers whose last heartbeat is older are not counted live, ms.
+            liveness_ms: workers whose last heartbeat is older are not counted live, ms (``keys.LIVENESS_MS``).
             ahead: ``(publisher, entry_id)``: take over, in the same call, the heads of that
                 publisher (if the worker holds its turn) after ``entry_id`` ("ms-seq"), which
                 the worker has not read (``Dequeued.taken_over``; the FIFO head counts as a
@@ -279,15 +287,15 @@ class Scripts:
                 heads,
                 keys.MALFORMED_PUBLISHER,
                 liveness_ms,
-                keys.MAX_PUBLISHER_BYTES,
+                wire.MAX_PUBLISHER_BYTES,
                 self._reply_prefix,
                 refusals.reply_ttl_ms,
                 refusals.dead_letter_max_len,
                 refusals.max_body_bytes,
                 keys.ingress_prefix(qm),
-                _b(ahead[0]) if ahead else b"",
+                wire.publisher_bytes(ahead[0]) if ahead else b"",
                 ahead[1] if ahead else "",
-                *map(_b, turns),
+                *map(wire.publisher_bytes, turns),
             ],
             pipe,
             "dequeue",
@@ -363,7 +371,7 @@ class Scripts:
                 batch.encoded_limits(),
                 flow_control,
                 len(give_up),
-                *map(_b, give_up),
+                *map(wire.publisher_bytes, give_up),
                 *batch.args,
             ],
             pipe,
@@ -437,7 +445,7 @@ class Scripts:
                 keys=[keys.active_publishers(self.qm)],
                 args=[self._prefix, token, lease_ms, cursor, count],
             )
-        return nxt.decode(), [p.decode("utf-8", "surrogateescape") for p in taken]
+        return nxt.decode(), [wire.exact_text(p) for p in taken]
 
     def sweep_entries(self, min_idle_ms: int, start: str = "-", count: int = 100) -> tuple[str, list[str]]:
         """Refuse pending entries that are in no publisher's FIFO any more (see ``lua/sweep_entries.lua``).
@@ -467,7 +475,7 @@ class Scripts:
                     start,
                     self._prefix,
                     keys.MALFORMED_PUBLISHER,
-                    keys.MAX_PUBLISHER_BYTES,
+                    wire.MAX_PUBLISHER_BYTES,
                     self._reply_prefix,
                     refusals.reply_ttl_ms,
                     refusals.dead_letter_max_len,
@@ -484,7 +492,7 @@ class Scripts:
         """
         if not publishers:
             return 0
-        turns = [_b(keys.turn_key(self.qm, p)) for p in publishers]
+        turns = [wire.publisher_bytes(keys.turn_key(self.qm, p)) for p in publishers]
         with _translated("giving up turns"):
             return int(self._give_up(keys=turns, args=[token]))
 
@@ -513,7 +521,7 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
     turns_map = {}
     backlog = {}
     for i in range(0, len(turns), 3):
-        publisher = turns[i].decode("utf-8", "surrogateescape")
+        publisher = wire.exact_text(turns[i])
         turns_map[publisher] = [x.decode() for x in turns[i + 1]]
         backlog[publisher] = int(turns[i + 2])
     return Dequeued(

@@ -14,14 +14,12 @@ last entry id is exhausted or far ahead of the server's clock (a client chose th
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
-from broker.core import keys
+from broker.core import clock, keys, wire
 from broker.core.errors import ForeignKey
 
 
@@ -64,10 +62,6 @@ MAX_ID = "18446744073709551615-18446744073709551615"
 FUTURE_MS = 86_400_000
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def id_key(entry_id: str) -> tuple[int, int]:
     """A stream entry id ``"ms-seq"`` as numbers, to compare two ids exactly (64-bit parts)."""
     ms, _, seq = entry_id.partition("-")
@@ -99,8 +93,8 @@ def known_reads(client: redis.Redis, qm: str) -> list[str]:
     for start in range(0, len(publishers), 1000):
         pipe = client.pipeline(transaction=False)
         for pub in publishers[start : start + 1000]:
-            pipe.lindex(keys.fifo_key(qm, pub.decode("utf-8", "surrogateescape")), -1)
-        found += [_text(t) for t in pipe.execute(raise_on_error=False) if isinstance(t, bytes)]
+            pipe.lindex(keys.fifo_key(qm, wire.exact_text(pub)), -1)
+        found += [wire.text(t) for t in pipe.execute(raise_on_error=False) if isinstance(t, bytes)]
     return found
 
 
@@ -134,8 +128,8 @@ def ensure_group(client: redis.Redis, qm: str, read_up_to: Iterable[str] = ()) -
     if group_state(client, qm).exists:  # read first: a worker starting on a full server writes nothing
         return None
     start = "0"
-    if _text(client.type(stream)) == "stream":
-        last = id_key(_text(client.xinfo_stream(stream)["last-generated-id"]))
+    if wire.text(client.type(stream)) == "stream":
+        last = id_key(wire.text(client.xinfo_stream(stream)["last-generated-id"]))
         held = [c for c in (*read_up_to, *known_reads(client, qm)) if c and id_key(c) <= last]
         if held:
             start = max(held, key=id_key)
@@ -145,7 +139,7 @@ def ensure_group(client: redis.Redis, qm: str, read_up_to: Iterable[str] = ()) -
         if "BUSYGROUP" in str(exc):
             return None
         if "WRONGTYPE" in str(exc):
-            raise ForeignKey(stream, _text(client.type(stream)), "stream") from exc
+            raise ForeignKey(stream, wire.text(client.type(stream)), "stream") from exc
         raise
     return start
 
@@ -165,17 +159,17 @@ def clock_problem(client: redis.Redis, qm: str) -> str | None:
         redis.RedisError: as redis-py raises it.
     """
     stream = keys.publish_stream(qm)
-    kind = _text(client.type(stream))
+    kind = wire.text(client.type(stream))
     if kind == "none":
         return None
     if kind != "stream":
         raise ForeignKey(stream, kind, "stream")
-    last = _text(client.xinfo_stream(stream)["last-generated-id"])
+    last = wire.text(client.xinfo_stream(stream)["last-generated-id"])
     try:
         seconds, micros = client.time()
         now_ms = int(seconds) * 1000 + int(micros) // 1000
     except redis.exceptions.NoPermissionError:  # a monitor's ACL user: this machine's clock will do
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
     ahead_ms = id_key(last)[0] - now_ms
     way_out = (
         "run `broker repair stream` to move the pending and unread entries to a fresh stream "
@@ -205,7 +199,7 @@ def group_state(client: redis.Redis, qm: str) -> GroupState:
         redis.RedisError: as redis-py raises it (a connection error).
     """
     stream = keys.publish_stream(qm)
-    kind = _text(client.type(stream))
+    kind = wire.text(client.type(stream))
     if kind == "none":
         return GroupState(exists=False)
     if kind != "stream":
@@ -215,7 +209,7 @@ def group_state(client: redis.Redis, qm: str) -> GroupState:
     pipe.xinfo_groups(stream)
     length, groups = pipe.execute()
     for group in groups:
-        if _text(group["name"]) != keys.WORKER_GROUP:
+        if wire.text(group["name"]) != keys.WORKER_GROUP:
             continue
         lag = group.get("lag")
         read = group.get("entries-read")
@@ -224,7 +218,7 @@ def group_state(client: redis.Redis, qm: str) -> GroupState:
             length=int(length),
             pending=int(group["pending"]),
             lag=None if lag is None else int(lag),
-            last_delivered_id=_text(group["last-delivered-id"]),
+            last_delivered_id=wire.text(group["last-delivered-id"]),
             entries_read=None if read is None else int(read),
         )
     return GroupState(exists=False, length=int(length))

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from broker.core import wire
 from broker.core.config import SlowSubscriberCondition
 
 #: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..8] are fixed keys).
@@ -256,5 +257,5 @@ def decode_disconnects(batch: CommitBatch, reply: list[int | bytes]) -> list[tup
     out = []
     for i in range(0, len(rest) - 1, 2):
         sub_id, most = rest[i], rest[i + 1]
-        out.append((sub_id.decode() if isinstance(sub_id, bytes) else str(sub_id), int(most)))
+        out.append((wire.text(sub_id), int(most)))
     return out

@@ -34,7 +34,7 @@ import redis
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from broker.core import keys
+from broker.core import keys, wire
 from broker.core.config import Settings
 from broker.core.connection import connect, redact_url
 from broker.core.errors import DemoError
@@ -228,17 +228,13 @@ def describe(net: Network, url: str, embedded: bool) -> list[str]:
     return lines
 
 
-def _text(raw: bytes | str | None) -> str:
-    return raw.decode() if isinstance(raw, bytes) else (raw or "")
-
-
 def unconverged(client: redis.Redis, qms: Sequence[str], topics: Iterable[str]) -> list[str]:
     """What is still missing before publishing: a queue manager that has not announced, a proxy
     subscription not yet held, a cluster topic copy not yet made (empty: ready)."""
     missing: list[str] = []
     announced = {qm: read_announced(client, qm) for qm in qms}
     for qm in qms:
-        held = {_text(f) for f in client.hkeys(keys.proxies(qm))}
+        held = {wire.text(f) for f in client.hkeys(keys.proxies(qm))}
         for other in qms:
             if other == qm:
                 continue
@@ -251,7 +247,7 @@ def unconverged(client: redis.Redis, qms: Sequence[str], topics: Iterable[str]) 
                 for key in record.get("keys", {})
                 if proxy_field(other, key) not in held
             ]
-        copies = {_text(f) for f in client.hkeys(keys.cluster_topics(qm))}
+        copies = {wire.text(f) for f in client.hkeys(keys.cluster_topics(qm))}
         missing += [f"{qm} lacks the copy of cluster topic {t!r}" for t in topics if t not in copies]
     return missing
 
@@ -427,8 +423,8 @@ class Watch:
             filed[f"{sender}->{to}"] = int(count or 0)
             if isinstance(info, Exception):  # no transmission stream: nothing sent yet
                 continue
-            written = _text(info.get("last-generated-id", info.get(b"last-generated-id")))
-            if written != _text(last):
+            written = wire.text(info.get("last-generated-id", info.get(b"last-generated-id")))
+            if written != wire.text(last):
                 caught_up = False
         return caught_up, filed
 

@@ -59,7 +59,8 @@ local function field_of(fields, name)
 end
 
 -- The FIFO an entry is filed under: its publisher field, or `malformed` when
--- that is missing, empty or longer than max_bytes (keys.py: publisher_of).
+-- that is missing, empty or longer than max_bytes. The twin of the Python owner of
+-- the rule, broker/core/wire.py: publisher_fifo (tests/unit/test_wire.py checks both agree).
 local function publisher_of(fields, malformed, max_bytes)
   local pub = field_of(fields, 'publisher')
   if pub == nil or #pub == 0 or #pub > max_bytes then return malformed end

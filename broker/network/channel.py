@@ -43,7 +43,7 @@ from typing import Any
 
 import redis
 
-from broker.core import keys
+from broker.core import clock, keys, wire
 from broker.core.config import Settings
 from broker.core.connection import wait_for_server
 from broker.core.errors import ConfigError
@@ -68,12 +68,6 @@ AGENT_GONE_AFTER_MS = 60_000
 #: How long a process (re)started by its pool waits for the server, ms: a child restarted
 #: while its server (or the cluster node its URL names) is down waits instead of dying.
 START_WAIT_MS = 60_000
-
-
-def _text(raw: bytes | str | None) -> str:
-    if raw is None:
-        return ""
-    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
 
 
 def _sync_hash(pipe: Any, key: str, old: dict[str, str], new: dict[str, str]) -> None:
@@ -224,8 +218,10 @@ class Agent:
         version when either changed. A queue manager that cannot be read keeps its entries."""
         qm, now, network = self.qm, self.clock_ms(), topology.network
         self.problems = []
-        current = {_text(f): _text(v) for f, v in self.client.hgetall(keys.proxies(qm)).items()}
-        seen = {_text(f) for f in self.client.hkeys(keys.network_seen(qm))}
+        current = {
+            wire.exact_text(f): wire.exact_text(v) for f, v in self.client.hgetall(keys.proxies(qm)).items()
+        }
+        seen = {wire.exact_text(f) for f in self.client.hkeys(keys.network_seen(qm))}
         newly_seen: list[str] = []
         desired: dict[str, ProxySubscription] = {}
         unreachable: set[str] = set()
@@ -266,7 +262,7 @@ class Agent:
             except (ValueError, TypeError):  # a corrupt record: replaced by what is wanted, or removed
                 continue
             if kept.source == "dynamic" and kept.qm in unreachable:
-                wanted[name] = _text(raw)
+                wanted[name] = wire.exact_text(raw)
             elif name in wanted:  # unchanged: keep its record (and its since_ms)
                 again = ProxySubscription.from_json(wanted[name])
                 if (again.qm, again.topic, again.source, again.at, again.keep) == (
@@ -276,9 +272,12 @@ class Agent:
                     kept.at,
                     kept.keep,
                 ):
-                    wanted[name] = _text(raw)
+                    wanted[name] = wire.exact_text(raw)
         copies = self._cluster_copies(topology)
-        old_copies = {_text(f): _text(v) for f, v in self.client.hgetall(keys.cluster_topics(qm)).items()}
+        old_copies = {
+            wire.exact_text(f): wire.exact_text(v)
+            for f, v in self.client.hgetall(keys.cluster_topics(qm)).items()
+        }
         if copies is None:
             copies = old_copies
         changed = wanted != current or copies != old_copies
@@ -312,7 +311,7 @@ class Agent:
                 return None
             for raw_name, value in raw.items():
                 try:
-                    obj = TopicObject.from_json(_text(raw_name), value, name)
+                    obj = TopicObject.from_json(wire.exact_text(raw_name), value, name)
                 except Exception:  # a corrupt record: broker status names it on its own queue manager
                     continue
                 cluster = obj.attributes.cluster
@@ -348,7 +347,7 @@ class ChannelProcess:
         self.settings = settings
         self.qm = settings.qm
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.clock_ms = clock_ms or clock.now_ms
         self.hook = hook or (lambda point: None)
         self.peers = Peers(settings.redis_url, client, settings.tls)
         self.agent = Agent(client, self.qm, self.peers, self.clock_ms)

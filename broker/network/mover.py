@@ -15,11 +15,11 @@ from typing import Any, cast
 
 import redis
 
-from broker.core import keys
+from broker.core import keys, wire
 from broker.core.errors import InvalidMessage
 from broker.core.logs import publication_extra
 from broker.core.models import decode_envelope, header_timestamp_ms
-from broker.core.scripts import script_source
+from broker.core.scripts import register
 from broker.network.peers import UNREACHABLE, Clock, Peers
 
 log = logging.getLogger("broker.channel")
@@ -35,12 +35,6 @@ _RELEASE_LEASE = (
 
 #: The first pause after a failed move, ms; it doubles up to ``channel_max_backoff_ms``.
 FIRST_BACKOFF_MS = 100
-
-
-def _text(raw: bytes | str | None) -> str:
-    if raw is None:
-        return ""
-    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
 
 
 def forwarded_fields(envelope: bytes, sender: str) -> list[bytes | str]:
@@ -100,9 +94,13 @@ def forwarded_fields(envelope: bytes, sender: str) -> list[bytes | str]:
         flat += [b"seq", str(header["seq"])]
     if header.get("expiration"):
         flat += [b"expiration", str(header["expiration"])]
-    for name, wire in (("correlation_id", b"correlation_id"), ("reply_to", b"reply_to"), ("type", b"type")):
+    for name, raw_name in (
+        ("correlation_id", b"correlation_id"),
+        ("reply_to", b"reply_to"),
+        ("type", b"type"),
+    ):
         if header.get(name) is not None:
-            flat += [wire, str(header[name])]
+            flat += [raw_name, str(header[name])]
     if header.get("props"):
         flat += [b"props", json.dumps(header["props"], separators=(",", ":"))]
     flat += [b"origin", str(origin), b"route", ",".join(route)]
@@ -153,7 +151,7 @@ class Mover:
         key = keys.channel_mover(self.qm, self.to)
         if (
             self.client.set(key, self.name, nx=True, px=MOVER_LEASE_MS)
-            or _text(self.client.get(key)) == self.name
+            or wire.exact_text(self.client.get(key)) == self.name
         ):
             self.client.pexpire(key, MOVER_LEASE_MS)
             self._lease_until = now + MOVER_LEASE_MS
@@ -184,9 +182,9 @@ class Mover:
                 return 0
             receiver = self.peers.client(self.to)
             if self._script is None or self._script.registered_client is not receiver:
-                self._script = receiver.register_script(script_source("channel_in"))
+                self._script = register(receiver, "channel_in")
             if self.last is None:  # the receiver says what it has: the only source of truth
-                self.last = _text(receiver.hget(keys.received(self.to), self.qm)) or "0-0"
+                self.last = wire.exact_text(receiver.hget(keys.received(self.to), self.qm)) or "0-0"
             raw = self.client.xrange(self.stream, f"({self.last}", "+", count=self.batch)
             if not raw:
                 if self.backoff_ms:
@@ -197,7 +195,7 @@ class Mover:
             args: list[Any] = [self.qm, self.last]
             bad: list[tuple[str, dict[Any, Any], str]] = []
             for entry_id, fields in raw:
-                sequence = _text(entry_id)
+                sequence = wire.exact_text(entry_id)
                 try:
                     flat = forwarded_fields(cast(bytes, (fields or {}).get(b"e", b"")), self.qm)
                 except InvalidMessage as exc:
@@ -219,13 +217,13 @@ class Mover:
                         "from an older state?): sending again from there",
                         self.qm,
                         self.to,
-                        _text(last),
+                        wire.exact_text(last),
                         self.last,
                     )
                     self.client.hincrby(keys.channel_state(self.qm, self.to), "resent_from_behind", 1)
-                    self.last = _text(last)
+                    self.last = wire.exact_text(last)
                     return self.move_once(_again=False) if _again else 0
-                self.last = _text(last)
+                self.last = wire.exact_text(last)
             self.hook("after_channel_in")
             self.moved += int(filed)
             in_flight = 0
@@ -283,7 +281,9 @@ class Mover:
         transmission entry id), as every dead letter (``broker.core.keys``)."""
         pipe = self.client.pipeline(transaction=True)
         for sequence, fields, reason in bad:
-            record: dict[Any, Any] = {k: v for k, v in fields.items() if not _text(k).startswith("dlq.")}
+            record: dict[Any, Any] = {
+                k: v for k, v in fields.items() if not wire.exact_text(k).startswith("dlq.")
+            }
             record[b"dlq.reason"] = f"channel {self.qm} -> {self.to}: unreadable transmission entry: {reason}"
             record[b"dlq.entry_id"] = sequence
             pipe.xadd(keys.dead_letter(self.qm), record)

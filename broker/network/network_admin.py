@@ -11,18 +11,12 @@ from typing import Any
 
 import redis
 
-from broker.core import keys
-from broker.core.connection import TLSOptions, redact_url, translate_errors
-from broker.core.errors import ConfigError
+from broker.core import clock, keys, wire
+from broker.core.connection import TLSOptions, redact_url
+from broker.core.errors import ConfigError, translate_errors
 from broker.network.channel import Agent, read_announced, read_network
 from broker.network.peers import UNREACHABLE, Peers
 from broker.topics.topology import Network, ProxySubscription, Topology, proxy_field
-
-
-def _text(raw: bytes | str | None) -> str:
-    if raw is None:
-        return ""
-    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
 
 
 @dataclass
@@ -52,7 +46,7 @@ def apply_network(
     for qm in network.queue_managers:
         try:
             client = peers.client(qm)
-            if _text(client.get(keys.network(qm))) == text:
+            if wire.exact_text(client.get(keys.network(qm))) == text:
                 done.results[qm] = "unchanged"
                 continue
             pipe = client.pipeline(transaction=True)
@@ -76,17 +70,11 @@ def withdraw(client: redis.Redis, qm: str, url: str, tls: TLSOptions | None = No
     Raises:
         ConfigError: ``qm`` is in no network.
     """
-    agent = Agent(client, qm, Peers(url, client, tls), lambda: _now_ms())
+    agent = Agent(client, qm, Peers(url, client, tls), clock.now_ms)
     topology = agent.load()
     if topology is None:
         raise ConfigError(f"{qm} is in no network: run 'broker network apply' first")
     return agent.announce(topology, state="withdrawn")
-
-
-def _now_ms() -> int:
-    import time
-
-    return int(time.time() * 1000)
 
 
 @translate_errors
@@ -98,7 +86,7 @@ def remove_proxies(client: redis.Redis, qm: str, remote_qm: str) -> int:
     ``remote_qm`` announces again. Static ones come from the network file and stay.
     """
     prefix = proxy_field(remote_qm, "", "dynamic")
-    fields = [f for f in client.hkeys(keys.proxies(qm)) if _text(f).startswith(prefix)]
+    fields = [f for f in client.hkeys(keys.proxies(qm)) if wire.exact_text(f).startswith(prefix)]
     if not fields:
         return 0
     pipe = client.pipeline(transaction=True)
@@ -132,7 +120,7 @@ def list_proxies(client: redis.Redis, qm: str) -> tuple[list[ProxyRow], dict[str
         try:
             proxy = ProxySubscription.from_json(raw)
         except (ValueError, TypeError) as exc:
-            problems.append(f"{keys.proxies(qm)} field {_text(raw_field)!r}: {exc}")
+            problems.append(f"{keys.proxies(qm)} field {wire.exact_text(raw_field)!r}: {exc}")
             continue
         rows.append(ProxyRow(proxy.qm, proxy.topic, proxy.source, proxy.at, proxy.keep, proxy.since_ms))
     try:
@@ -286,7 +274,7 @@ def network_status(client: redis.Redis, qm: str, url: str, tls: TLSOptions | Non
             row.announced = sorted(announced.get("keys", {}))
             row.proxies, row.workers = proxies, workers
             row.channel_processes = _live(agents)
-            row.same_network = _text(stored) == network.to_json()
+            row.same_network = wire.exact_text(stored) == network.to_json()
             row.reachable = True
             reach[name] = peer
         except (*UNREACHABLE, ValueError) as exc:
@@ -308,7 +296,7 @@ AGENT_SILENT_MS = 10_000
 
 def _live(agents: dict[Any, Any]) -> int:
     """How many channel process heartbeats are recent (each round writes one)."""
-    now, live = _now_ms(), 0
+    now, live = clock.now_ms(), 0
     for raw in agents.values():
         try:
             live += now - int(json.loads(raw)["seen_ms"]) < AGENT_SILENT_MS
@@ -319,12 +307,12 @@ def _live(agents: dict[Any, Any]) -> int:
 
 def _agent_problems(agents: dict[Any, Any]) -> list[str]:
     """What the channel processes whose heartbeat is recent report (``problems`` of the heartbeat)."""
-    now, found = _now_ms(), []
+    now, found = clock.now_ms(), []
     for name, raw in agents.items():
         try:
             beat = json.loads(raw)
             if now - int(beat["seen_ms"]) < AGENT_SILENT_MS:
-                found += [f"channel process {_text(name)}: {p}" for p in beat.get("problems") or ()]
+                found += [f"channel process {wire.exact_text(name)}: {p}" for p in beat.get("problems") or ()]
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return found
@@ -335,7 +323,10 @@ def _channel_row(sender: str, to: str, source: redis.Redis | None, target: redis
     written = filed = None
     if source is not None:
         try:
-            state = {_text(k): _text(v) for k, v in source.hgetall(keys.channel_state(sender, to)).items()}
+            state = {
+                wire.exact_text(k): wire.exact_text(v)
+                for k, v in source.hgetall(keys.channel_state(sender, to)).items()
+            }
             row.state = state.get("state", "idle")
             row.moved = int(state.get("moved", 0) or 0)
             row.in_flight = int(state.get("in_flight", 0) or 0)

@@ -44,16 +44,15 @@ import hashlib
 import json
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import redis
 
-from broker.core import keys
-from broker.core.connection import is_cluster, translate_errors
-from broker.core.errors import ConfigError, InvalidName
+from broker.core import clock, keys, wire
+from broker.core.connection import is_cluster
+from broker.core.errors import ConfigError, InvalidName, translate_errors
 from broker.core.principals import bind, check_principal, check_publisher_ids, unbind
 
 Role = Literal["publisher", "subscriber", "worker", "channel", "admin", "monitor"]
@@ -105,15 +104,6 @@ OPERATOR = (
 )
 
 
-def glob_escape(text: str) -> str:
-    """``text`` as a literal in an ACL key pattern (``*``, ``?``, ``[``, ``]`` and ``\\`` escaped)."""
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
-
-
-def _tag(qm: str) -> str:
-    return "{" + qm + "}"
-
-
 @dataclass
 class RoleSpec:
     """A broker user's role and bindings (stored in ``{qm}:acl``, no password).
@@ -158,17 +148,12 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
     Raises:
         InvalidName: a binding the role needs is missing or invalid.
     """
-    tag = _tag(qm)
     out = ["resetkeys", "resetchannels", "-@all", *CONNECTION]
     if spec.role == "publisher":
         check_publisher_ids(spec.publisher_ids)
-        out += ["+xadd", "+blpop", "+get", f"%W~{glob_escape(keys.ingress(qm, user))}"]
+        out += ["+xadd", "+blpop", "+get", f"%W~{keys.glob_escape(keys.ingress(qm, user))}"]
         for pid in spec.publisher_ids:
-            n = len(pid.encode())
-            out += [
-                f"~{tag}:reply:{n}:{glob_escape(pid)}:*",
-                f"%R~{glob_escape(keys.flow_key(qm, pid))}",
-            ]
+            out += [f"~{keys.reply_pattern(qm, pid)}", f"%R~{keys.glob_escape(keys.flow_key(qm, pid))}"]
     elif spec.role == "subscriber":
         if not _CLIENT_ID.match(spec.client_id):
             raise InvalidName(
@@ -176,30 +161,36 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
             )
         out += [c for c in OPERATOR if c not in ("+xgroup|create", "+xgroup|createconsumer", "+info")]
         out += [
-            f"~{tag}:sub:{spec.client_id}$*",
-            f"%R~{tag}:subs",
-            f"%R~{tag}:version",
-            f"%R~{tag}:manager",
-            f"%R~{tag}:topics",
-            f"~{tag}:expired",
-            f"~{tag}:last_active",
-            f"~{tag}:dlq",
+            f"~{keys.client_subscriptions_pattern(qm, spec.client_id)}",
+            f"%R~{keys.subscriptions(qm)}",
+            f"%R~{keys.version(qm)}",
+            f"%R~{keys.manager(qm)}",
+            f"%R~{keys.topic_objects(qm)}",
+            f"~{keys.expired(qm)}",
+            f"~{keys.last_active(qm)}",
+            f"~{keys.dead_letter(qm)}",
         ]
     elif spec.role in ("worker", "admin", "channel"):
-        out += [*OPERATOR, f"~{tag}:*"]
+        out += [*OPERATOR, f"~{keys.all_keys_pattern(qm)}"]
         if spec.role == "admin":  # rq's queues and jobs, and its worker's command channel
             out += ["~rq:*", "+subscribe", "+unsubscribe", "&rq:pubsub:*"]
         for peer in spec.peers:
-            ptag = _tag(peer)
             out += [
-                f"~{ptag}:publish",
-                f"~{ptag}:received",
-                f"%R~{ptag}:announced",
-                f"%R~{ptag}:topics",
-                f"%R~{ptag}:network",
+                f"~{keys.publish_stream(peer)}",
+                f"~{keys.received(peer)}",
+                f"%R~{keys.announced(peer)}",
+                f"%R~{keys.topic_objects(peer)}",
+                f"%R~{keys.network(peer)}",
             ]
     elif spec.role == "monitor":
-        out += ["+@read", "+@transaction", "-@dangerous", "-@admin", "+info", f"%R~{tag}:*"]
+        out += [
+            "+@read",
+            "+@transaction",
+            "-@dangerous",
+            "-@admin",
+            "+info",
+            f"%R~{keys.all_keys_pattern(qm)}",
+        ]
     else:  # pragma: no cover - Literal
         raise InvalidName(f"unknown role {spec.role!r}; roles: {', '.join(ROLES)}")
     return out
@@ -270,7 +261,7 @@ def add_user(client: redis.Redis, qm: str, user: str, spec: RoleSpec, password: 
     check_principal(user)
     if user == "default":
         raise InvalidName("the default user is not a broker role; pick another name")
-    spec.created_ms = spec.created_ms or int(time.time() * 1000)
+    spec.created_ms = spec.created_ms or clock.now_ms()
     found = rules(qm, user, spec)
     found = _set_user(client, user, ["reset", "on", f">{password}"], found)
     client.hset(_registry(qm), user, spec.to_json())
@@ -312,7 +303,7 @@ def list_users(client: redis.Redis, qm: str) -> tuple[list[UserRow], list[str]]:
     """The users the broker made for ``qm``, with their rules as Redis holds them; and problems."""
     rows, problems = [], []
     for raw_user, raw in sorted(client.hgetall(_registry(qm)).items()):
-        user = raw_user.decode() if isinstance(raw_user, bytes) else raw_user
+        user = wire.text(raw_user)
         try:
             spec = RoleSpec.from_json(raw)
         except ValueError as exc:
@@ -349,7 +340,7 @@ def _getuser(found: Any) -> dict[str, Any]:
 
     def text(value: Any) -> Any:
         if isinstance(value, bytes):
-            return value.decode()
+            return wire.text(value)
         if isinstance(value, list):
             return [text(v) for v in value]
         return value
@@ -363,7 +354,7 @@ def acl_file(client: redis.Redis, qm: str) -> str:
     for an operator's own Redis (``aclfile``); passwords appear only as their SHA-256."""
     lines = []
     for raw_user, raw in sorted(client.hgetall(_registry(qm)).items()):
-        user = raw_user.decode() if isinstance(raw_user, bytes) else raw_user
+        user = wire.text(raw_user)
         try:
             spec = RoleSpec.from_json(raw)
         except ValueError:

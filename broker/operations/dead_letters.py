@@ -53,11 +53,17 @@ from typing import Any, cast
 import orjson
 import redis
 
-from broker.core import keys
-from broker.core.connection import is_cluster, translate_errors
-from broker.core.errors import DeadLetterNotFound, EmptySelection, ForeignKey, InvalidMessage
+from broker.core import keys, wire
+from broker.core.connection import is_cluster
+from broker.core.errors import (
+    DeadLetterNotFound,
+    EmptySelection,
+    ForeignKey,
+    InvalidMessage,
+    translate_errors,
+)
 from broker.core.models import decode_envelope, parse_entry
-from broker.core.scripts import script_source
+from broker.core.scripts import register
 
 #: A dead-letter id: a stream entry id, ``<ms>-<n>``.
 DLQ_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
@@ -71,30 +77,13 @@ REPLAY_CHUNK = 200
 #: Dead letters deleted per XDEL.
 PURGE_CHUNK = 1_000
 
-#: A worker whose last heartbeat is older than this is not counted as running, ms.
-LIVE_WORKER_MS = 5_000
-
 #: Fields of a dead letter that are not the publication's: never re-published.
 _NOT_PUBLISHED = (b"reply", b"principal")
 
 
-def _text(raw: bytes | None) -> str | None:
-    """``raw`` as UTF-8 text, or None when absent or not UTF-8."""
-    if raw is None:
-        return None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def _name(raw: bytes | str) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-
-
 def json_value(raw: bytes) -> Any:
     """A field value, JSON-safe: its text when it is UTF-8, else ``{"hex": ..., "bytes": n}``."""
-    text = _text(raw)
+    text = wire.utf8_or_none(raw)
     if text is not None:
         return text
     return {"hex": raw.hex(), "bytes": len(raw)}
@@ -158,9 +147,9 @@ def parse_dead_letter(dlq_id: str, raw: dict[Any, Any]) -> tuple[DeadLetter, str
         ``(dead letter, problem)``: the problem is one line naming what cannot be read (an
         envelope that is not one), or None.
     """
-    fields = {_name(k): (v if isinstance(v, bytes) else str(v).encode()) for k, v in raw.items()}
+    fields = {wire.lenient_text(k): (v if isinstance(v, bytes) else str(v).encode()) for k, v in raw.items()}
     problem = None
-    publisher, msgid, topic = (_text(fields.get(n)) for n in ("publisher", "msgid", "topic"))
+    publisher, msgid, topic = (wire.utf8_or_none(fields.get(n)) for n in ("publisher", "msgid", "topic"))
     body_size: int | None = None
     if "envelope" in fields:
         try:
@@ -182,12 +171,12 @@ def parse_dead_letter(dlq_id: str, raw: dict[Any, Any]) -> tuple[DeadLetter, str
         DeadLetter(
             id=dlq_id,
             time_ms=int(dlq_id.split("-", 1)[0]),
-            reason=(fields.get("dlq.reason") or b"").decode("utf-8", "replace"),
-            entry_id=_text(fields.get("dlq.entry_id")),
+            reason=wire.lenient_text(fields.get("dlq.reason") or b""),
+            entry_id=wire.utf8_or_none(fields.get("dlq.entry_id")),
             publisher=publisher,
             msgid=msgid,
             topic=topic,
-            subscription=_text(fields.get("dlq.subscription")),
+            subscription=wire.utf8_or_none(fields.get("dlq.subscription")),
             body_size=body_size,
             fields=fields,
         ),
@@ -257,7 +246,7 @@ class ReplayReport:
         skipped: ``(dead-letter id, why)`` of those left in the dead-letter queue.
         kept: True when the replayed dead letters were kept in the dead-letter queue.
         dry_run: True when nothing was written.
-        live_workers: workers with a heartbeat in the last ``LIVE_WORKER_MS``: replay only
+        live_workers: workers with a heartbeat in the last ``keys.LIVENESS_MS``: replay only
             re-publishes, a worker delivers.
     """
 
@@ -282,7 +271,7 @@ class ReplayReport:
 
 def _check_dlq(client: redis.Redis, qm: str) -> bool:
     """Whether the dead-letter stream exists. Raises ForeignKey when it holds another type."""
-    found = _name(client.type(keys.dead_letter(qm)))
+    found = wire.lenient_text(client.type(keys.dead_letter(qm)))
     if found not in ("none", "stream"):
         raise ForeignKey(keys.dead_letter(qm), found, "stream")
     return found == "stream"
@@ -300,10 +289,10 @@ def _scan(client: redis.Redis, qm: str) -> Iterator[tuple[str, dict[Any, Any]]]:
     while True:
         chunk = cast(list[Any], client.xrange(keys.dead_letter(qm), start, "+", count=SCAN_CHUNK))
         for entry_id, raw in chunk:
-            yield _name(entry_id), raw
+            yield wire.lenient_text(entry_id), raw
         if len(chunk) < SCAN_CHUNK:
             return
-        start = "(" + _name(chunk[-1][0])
+        start = "(" + wire.lenient_text(chunk[-1][0])
 
 
 def _by_id(
@@ -383,7 +372,7 @@ def count_by_reason(client: redis.Redis, qm: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     if _check_dlq(client, qm):
         for _, raw in _scan(client, qm):
-            reason = (raw.get(b"dlq.reason") or b"").decode("utf-8", "replace")
+            reason = wire.lenient_text(raw.get(b"dlq.reason") or b"")
             counts[reason] = counts.get(reason, 0) + 1
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
@@ -438,7 +427,7 @@ def _plan_requeue(qm: str, letter: DeadLetter, keep: bool, now_ms: int) -> _Requ
     except InvalidMessage as exc:
         return f"corrupt: {exc}"
     priority = header.get("priority", keys.DEFAULT_PRIORITY)
-    if not isinstance(priority, int) or not 0 <= priority <= 9:
+    if not isinstance(priority, int) or not wire.is_priority(priority):
         return f"corrupt: envelope priority {priority!r}"
     expiration = header.get("expiration", 0)
     if isinstance(expiration, int) and (why := _expired(expiration, now_ms)):
@@ -453,10 +442,10 @@ def _plan_publish(
     """How to re-publish a refused publication, or ``(why not, holds later ones back)``."""
     fields = letter.fields
     if "dlq.fields" in fields:
-        return f"only the first 1,000 of its {_name(fields['dlq.fields'])} fields were kept", True
+        return f"only the first 1,000 of its {wire.lenient_text(fields['dlq.fields'])} fields were kept", True
     left_out = sorted(n[4:-6] for n in fields if n.startswith("dlq.") and n.endswith("_bytes"))
     if left_out:
-        sizes = ", ".join(f"{n} ({_name(fields[f'dlq.{n}_bytes'])} bytes)" for n in left_out)
+        sizes = ", ".join(f"{n} ({wire.lenient_text(fields[f'dlq.{n}_bytes'])} bytes)" for n in left_out)
         return f"not copied into the dead letter (over max_body_bytes): {sizes}", True
     entry_id = letter.entry_id
     if not entry_id or not DLQ_ID.match(entry_id):
@@ -468,7 +457,7 @@ def _plan_publish(
         return f"it would be refused again: {exc}", True
     if why := _expired(entry.expiration_ms, now_ms):
         return why, False
-    principal = _text(fields.get("dlq.principal")) or _text(fields.get("principal"))
+    principal = wire.utf8_or_none(fields.get("dlq.principal")) or wire.utf8_or_none(fields.get("principal"))
     if principal is not None:
         if entry.publisher not in owners.get(principal, ()):
             return (
@@ -501,10 +490,12 @@ def _server_ms(client: redis.Redis) -> int:
 
 def _owners(client: redis.Redis, qm: str) -> dict[str, list[str]]:
     key = keys.principals(qm)
-    found = _name(client.type(key))
+    found = wire.lenient_text(client.type(key))
     if found not in ("none", "hash"):
         raise ForeignKey(key, found, "hash")
-    return {_name(p): _name(ids).split("\n") for p, ids in client.hgetall(key).items()}
+    return {
+        wire.lenient_text(p): wire.lenient_text(ids).split("\n") for p, ids in client.hgetall(key).items()
+    }
 
 
 @translate_errors
@@ -540,17 +531,17 @@ def replay(
     letters, _, missing = _select(client, qm, selection)
     report = ReplayReport([], [(i, "no such dead letter") for i in missing], kept=keep, dry_run=dry_run)
     for key, want in ((keys.publish_stream(qm), "stream"), (keys.subscriptions(qm), "hash")):
-        found = _name(client.type(key))
+        found = wire.lenient_text(client.type(key))
         if found not in ("none", want):
             raise ForeignKey(key, found, want)
     owners = _owners(client, qm)
     now_ms = _server_ms(client)
-    subs = {_name(s) for s in client.hkeys(keys.subscriptions(qm))}
+    subs = {wire.lenient_text(s) for s in client.hkeys(keys.subscriptions(qm))}
     stream_ok: dict[str, str | None] = {}
 
     def target_problem(key: str, want: str) -> str | None:
         if key not in stream_ok:
-            found = _name(client.type(key))
+            found = wire.lenient_text(client.type(key))
             stream_ok[key] = None if found in ("none", want) else str(ForeignKey(key, found, want))
         return stream_ok[key]
 
@@ -612,8 +603,8 @@ def _run(
 ) -> None:
     """Send the replays, ``REPLAY_CHUNK`` per round trip (one by one on a Redis Cluster, where
     redis-py pipelines no scripts), each its own atomic script call."""
-    publish = client.register_script(script_source("replay"))
-    requeue = client.register_script(script_source("requeue"))
+    publish = register(client, "replay")
+    requeue = register(client, "requeue")
     dlq = keys.dead_letter(qm)
 
     def call(letter: DeadLetter, plan: _Publish | _Requeue, on: Any) -> Any:
@@ -660,7 +651,7 @@ def _run(
 
 def _live_workers(client: redis.Redis, qm: str, now_ms: int) -> int:
     try:
-        return int(client.zcount(keys.alive(qm), now_ms - LIVE_WORKER_MS, "+inf"))
+        return int(client.zcount(keys.alive(qm), now_ms - keys.LIVENESS_MS, "+inf"))
     except redis.ResponseError:  # a foreign {qm}:alive: unknown
         return 0
 

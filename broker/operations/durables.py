@@ -27,17 +27,15 @@ Every deletion is logged (logger ``broker.operations.durables``) with the messag
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from broker.clients.consumer import subscription_load
-from broker.core import keys
-from broker.core.connection import translate_errors
-from broker.core.errors import BrokerError, ForeignKey, InvalidSelector
+from broker.clients.loads import subscription_load
+from broker.core import clock, keys, wire
+from broker.core.errors import BrokerError, ForeignKey, InvalidSelector, translate_errors
 from broker.core.selectors import like
 from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions, remove_subscription
 
@@ -203,7 +201,7 @@ def last_use(
 
 def _foreign(client: redis.Redis, key: str, expected: str) -> ForeignKey:
     found: Any = client.type(key)
-    return ForeignKey(key, found.decode() if isinstance(found, bytes) else str(found), expected)
+    return ForeignKey(key, wire.text(found), expected)
 
 
 def _probe(client: redis.Redis, qm: str, records: list[SubscriptionRecord]) -> list[tuple[Any, Any]]:
@@ -240,7 +238,7 @@ def expire_idle_durables(client: redis.Redis, qm: str, idle_ms: int, now_ms: int
     problems = [str(p) for p in corrupt]
     if idle_ms <= 0:
         return Deletion([], problems)
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     cutoff = now - idle_ms
     durable = [r for r in records if r.durable]
     deleted = []

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import redis
 
-from broker.core import keys
-from broker.core.connection import translate_errors
+from broker.core import keys, wire
+from broker.core.errors import translate_errors
 from broker.core.stream import group_state
 
 
@@ -52,6 +52,6 @@ def trim_acknowledged(client: redis.Redis, qm: str) -> int:
     floor = _next_id(last)
     summary = client.xpending(stream, keys.WORKER_GROUP)
     if summary["pending"]:
-        oldest = summary["min"].decode() if isinstance(summary["min"], bytes) else str(summary["min"])
+        oldest = wire.text(summary["min"])
         floor = min(floor, oldest, key=lambda i: tuple(int(x) for x in i.split("-")))
     return int(client.xtrim(stream, minid=floor, approximate=False))

@@ -30,7 +30,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,7 +41,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from broker.core import keys
+from broker.clients.loads import read_loads
+from broker.core import clock, keys, wire
 from broker.core.config import Settings
 from broker.core.unit_of_work import Outcome, UnitOfWork
 
@@ -419,10 +419,6 @@ def recorder(settings: Settings) -> NullRecorder:
 # --- sampled from Redis at scrape time ------------------------------------------------------------
 
 
-def _text(raw: Any) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-
-
 def _int(raw: Any) -> int:
     try:
         return int(raw or 0)
@@ -455,7 +451,7 @@ class RedisCollector(Collector):
         self.client = client
         self.settings = settings
         self.qm = settings.qm
-        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.clock_ms = clock_ms or clock.now_ms
         self._lock = threading.Lock()
         self._dlq_last = "0-0"
         self._dead_letters = dict.fromkeys(DEAD_LETTER_REASONS, 0)
@@ -501,40 +497,21 @@ class RedisCollector(Collector):
     def _subscriptions(self) -> Iterator[Any]:
         """Every subscription's depth (every band), live consumers, in flight and redelivered, pipelined."""
         qm = self.qm
-        ids = sorted(_text(k) for k in self.client.hkeys(keys.subscriptions(qm)))
+        ids = sorted(wire.lenient_text(k) for k in self.client.hkeys(keys.subscriptions(qm)))
         now = self.clock_ms()
         samples: list[_SubscriptionSample] = []
-        bands = len(keys.PRIORITIES)
         for start in range(0, len(ids), _SUBSCRIPTION_CHUNK):
             chunk = ids[start : start + _SUBSCRIPTION_CHUNK]
-            pipe = self.client.pipeline(transaction=False)
-            for sub_id in chunk:
-                for band in keys.sub_bands(qm, sub_id):
-                    pipe.llen(band)
-                pipe.zrangebyscore(keys.sub_consumers(qm, sub_id), now, "+inf")
-                pipe.zrange(keys.sub_consumers(qm, sub_id), 0, -1)
-                pipe.hlen(keys.sub_redelivered(qm, sub_id))
-            replies = pipe.execute(raise_on_error=False)
-            step = bands + 3
-            inflight = self.client.pipeline(transaction=False)
-            owners: list[_SubscriptionSample] = []
-            for i, sub_id in enumerate(chunk):
-                got = replies[i * step : (i + 1) * step]
-                live, members, redelivered = got[bands], got[bands + 1], got[bands + 2]
-                sample = _SubscriptionSample(
-                    sub_id,
-                    depth=sum(r for r in got[:bands] if isinstance(r, int)),
-                    consumers=len(live) if isinstance(live, list) else 0,
-                    redelivered=redelivered if isinstance(redelivered, int) else 0,
+            for reading in read_loads(self.client, qm, chunk, now, redelivered=True):  # a foreign key: 0
+                samples.append(
+                    _SubscriptionSample(
+                        reading.sub_id,
+                        depth=reading.depth or 0,
+                        in_flight=reading.in_flight or 0,
+                        consumers=reading.consumers or 0,
+                        redelivered=reading.redelivered or 0,
+                    )
                 )
-                samples.append(sample)
-                for member in members if isinstance(members, list) else ():
-                    inflight.llen(keys.consumer_inflight(qm, sub_id, _text(member)))
-                    owners.append(sample)
-            if owners:
-                for sample, n in zip(owners, inflight.execute(raise_on_error=False), strict=True):
-                    if isinstance(n, int):
-                        sample.in_flight += n
         yield self._gauge("broker_subscriptions", len(samples))
         yield self._gauge("broker_subscriptions_depth", sum(s.depth for s in samples))
         yield self._gauge("broker_subscriptions_in_flight", sum(s.in_flight for s in samples))
@@ -610,13 +587,13 @@ class RedisCollector(Collector):
                 break
             for entry_id, raw_fields in batch:
                 fields = raw_fields or {}
-                reason = _text(fields.get(b"dlq.reason", b""))
+                reason = wire.lenient_text(fields.get(b"dlq.reason", b""))
                 topic_raw = fields.get(b"topic")
-                topic = None if topic_raw is None else _text(topic_raw)
+                topic = None if topic_raw is None else wire.lenient_text(topic_raw)
                 if valid is None and topic is not None:
                     valid = self._topic_check()
                 self._dead_letters[dead_letter_reason(reason, topic, valid)] += 1
-                self._dlq_last = _text(entry_id)
+                self._dlq_last = wire.lenient_text(entry_id)
             read += len(batch)
         family = CounterMetricFamily(
             _family("broker_dead_letters_total"), METRICS["broker_dead_letters_total"][1], labels=["reason"]
@@ -638,7 +615,10 @@ class RedisCollector(Collector):
         peers = sorted(Topology(network).neighbours.get(self.qm, ()))
         family = GaugeMetricFamily("broker_channel_lag", METRICS["broker_channel_lag"][1], labels=["peer"])
         for to in peers:
-            state = {_text(k): v for k, v in self.client.hgetall(keys.channel_state(self.qm, to)).items()}
+            state = {
+                wire.lenient_text(k): v
+                for k, v in self.client.hgetall(keys.channel_state(self.qm, to)).items()
+            }
             try:
                 info: dict[Any, Any] = self.client.xinfo_stream(keys.transmission(self.qm, to))
                 added = _int(info.get("entries-added", info.get(b"entries-added", 0)))

@@ -16,14 +16,12 @@ the old entries is fenced in ``commit.lua`` (its turn is gone), so nothing is de
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
-from broker.core import keys
-from broker.core.connection import translate_errors
-from broker.core.errors import RepairRefused
-from broker.core.scripts import script_source
+from broker.core import keys, wire
+from broker.core.errors import RepairRefused, translate_errors
+from broker.core.scripts import register
 from broker.core.stream import FUTURE_MS
 
 #: The most entries one repair moves by default: the call holds the server meanwhile (1.8 s for
@@ -60,10 +58,6 @@ class RepairReport:
     dry_run: bool
 
 
-def _text(raw: Any) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
 @translate_errors
 def repair_stream(
     client: redis.Redis, qm: str, max_entries: int = MAX_ENTRIES, dry_run: bool = False
@@ -85,7 +79,7 @@ def repair_stream(
         ServerFull: the server is out of memory (nothing written).
         ConnectionLost, ServerError: as ``translate_errors`` says.
     """
-    script = client.register_script(script_source("repair_stream"))
+    script = register(client, "repair_stream")
     try:
         raw = script(
             keys=[keys.publish_stream(qm), keys.active_publishers(qm), keys.publish_repair(qm)],
@@ -97,5 +91,5 @@ def repair_stream(
             raise RepairRefused(text.removeprefix("BROKER ").split(" script: ", 1)[0]) from exc
         raise
     moved, pending, unread, gone, dropped, publishers = (int(x) for x in raw[:6])
-    first, last, old_last = (_text(x) for x in raw[6:9])
+    first, last, old_last = (wire.text(x) for x in raw[6:9])
     return RepairReport(moved, pending, unread, gone, dropped, publishers, first, last, old_last, dry_run)

@@ -25,9 +25,9 @@ from typing import Any
 import redis
 from croniter import CroniterBadDateError, croniter
 
-from broker.core import keys
-from broker.core.connection import KEEP, change_field, read_hash, translate_errors
-from broker.core.errors import CorruptRecord, InvalidSchedule, NoSuchSchedule
+from broker.core import keys, wire
+from broker.core.connection import KEEP, change_field, read_hash
+from broker.core.errors import CorruptRecord, InvalidSchedule, NoSuchSchedule, translate_errors
 from broker.operations.durables import check_predicate
 
 #: The jobs that can be scheduled -> their parameters (all mandatory), and how each is checked.
@@ -181,10 +181,6 @@ def run_token(schedule_id: str) -> str:
     return f"{schedule_id}-{uuid.uuid4().hex[:12]}"
 
 
-def _decode(raw: Any) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-
-
 @translate_errors
 def read_schedules(client: redis.Redis, qm: str) -> tuple[list[Schedule], list[CorruptRecord]]:
     """Every schedule that can be read (sorted by next run), and the records that cannot.
@@ -196,7 +192,7 @@ def read_schedules(client: redis.Redis, qm: str) -> tuple[list[Schedule], list[C
     problems: list[CorruptRecord] = []
     for raw_id, raw in read_hash(client, keys.schedules(qm)).items():
         try:
-            found.append(Schedule.from_json(qm, _decode(raw_id), raw))
+            found.append(Schedule.from_json(qm, wire.lenient_text(raw_id), raw))
         except CorruptRecord as exc:
             problems.append(exc)
     found.sort(key=lambda s: (s.next_run_ms, s.schedule_id))

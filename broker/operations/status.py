@@ -9,16 +9,15 @@ rest of the snapshot is still given.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import redis
 
-from broker.clients.consumer import subscription_load
-from broker.core import hierarchy, keys
-from broker.core.connection import read_hash, translate_errors
-from broker.core.errors import BrokerError, ForeignKey, InvalidTopicFilter
+from broker.clients.loads import read_loads, subscription_load
+from broker.core import clock, hierarchy, keys, wire
+from broker.core.connection import read_hash
+from broker.core.errors import BrokerError, ForeignKey, InvalidTopicFilter, translate_errors
 from broker.core.schemes import scheme_of
 from broker.core.stream import GroupState, clock_problem, group_state
 from broker.core.topics import validate_topic
@@ -26,13 +25,6 @@ from broker.topics.links import read_links
 from broker.topics.routing import RoutingTable, network_problems
 from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions
 from broker.topics.topic_objects import BASE, read_tree
-
-#: A worker whose last heartbeat is older than this is shown as "silent", ms.
-SILENT_AFTER_MS = 5_000
-
-
-def _text(raw: Any) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def _read(problems: list[str], what: str, call: Any, default: Any) -> Any:
@@ -85,7 +77,7 @@ class WorkerRow:
         pid: its process id, as it wrote it.
         processed: publications it processed, as it wrote it.
         heartbeat_age_ms: time since its last heartbeat, ms.
-        state: "alive", or "silent" (no heartbeat for ``SILENT_AFTER_MS``).
+        state: "alive", or "silent" (no heartbeat for ``keys.LIVENESS_MS``).
     """
 
     name: str
@@ -157,7 +149,7 @@ def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], 
     ``{qm}:pub:*`` key, found by ``SCAN``), one line each (``ForeignKey``'s text)."""
     wanted: list[tuple[Any, str]] = []
     for raw in client.scan_iter(match=keys.pub_pattern(qm), count=1000) if keyspace else ():
-        name = _text(raw)
+        name = wire.lenient_text(raw)
         for suffix, kind in keys.PUB_KEY_TYPES.items():
             if name.endswith(suffix):
                 wanted.append((raw, kind))
@@ -166,9 +158,9 @@ def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], 
     pipe = client.pipeline(transaction=False)
     for key, _kind in wanted:
         pipe.type(key)
-    found = [_text(t) for t in pipe.execute()]
+    found = [wire.lenient_text(t) for t in pipe.execute()]
     return [
-        str(ForeignKey(_text(key), kind_found, kind))
+        str(ForeignKey(wire.lenient_text(key), kind_found, kind))
         for (key, kind), kind_found in zip(wanted, found, strict=True)
         if kind_found not in ("none", kind)
     ]
@@ -180,7 +172,11 @@ def _stream_problems(client: redis.Redis, qm: str, state: GroupState | None) -> 
     clock = _read(problems, "publish stream", lambda: clock_problem(client, qm), None)
     if clock:
         problems.append(clock)
-    if state is not None and not state.exists and _text(client.type(keys.publish_stream(qm))) == "stream":
+    if (
+        state is not None
+        and not state.exists
+        and wire.lenient_text(client.type(keys.publish_stream(qm))) == "stream"
+    ):
         problems.append(
             f"publish stream {keys.publish_stream(qm)} has no consumer group {keys.WORKER_GROUP!r} "
             f"({state.length} entries): the workers create it when they start, and again when it "
@@ -265,30 +261,32 @@ def status(
     values: list[Any] = []
     for (key, expected), reply in zip(flat_keys, replies, strict=True):
         if isinstance(reply, redis.ResponseError):
-            problems.append(str(ForeignKey(key, _text(client.type(key)), expected)))
+            problems.append(str(ForeignKey(key, wire.lenient_text(client.type(key)), expected)))
             values.append(None)
         else:
             values.append(reply)
     dead, active, version, beats, _ = values[-5:]
     problems += _foreign_keys(client, qm, subs, keyspace)
 
-    now_ms = int(time.time() * 1000)
+    now_ms = clock.now_ms()
     workers: list[WorkerRow] = []
     for name, raw in sorted((beats or {}).items()):
         try:
             beat = json.loads(raw)
             heartbeat_ms = int(beat.get("heartbeat_ms", 0))
         except (ValueError, TypeError, AttributeError):
-            problems.append(f"corrupt record {_text(name)!r} in {keys.workers(qm)}: not a JSON heartbeat")
+            problems.append(
+                f"corrupt record {wire.lenient_text(name)!r} in {keys.workers(qm)}: not a JSON heartbeat"
+            )
             continue
         age = now_ms - heartbeat_ms
         workers.append(
             WorkerRow(
-                name=_text(name),
+                name=wire.lenient_text(name),
                 pid=beat.get("pid"),
                 processed=beat.get("processed"),
                 heartbeat_age_ms=age,
-                state="alive" if age <= SILENT_AFTER_MS else "silent",
+                state="alive" if age <= keys.LIVENESS_MS else "silent",
             )
         )
     return Snapshot(
@@ -297,7 +295,9 @@ def status(
         lag=(state.lag or 0) if state else 0,
         dead_lettered=int(dead or 0),
         active_publishers=int(active or 0),
-        version=int(version) if version is not None and _text(version).isdigit() else _text(version or 0),
+        version=int(version)
+        if version is not None and wire.lenient_text(version).isdigit()
+        else wire.lenient_text(version or 0),
         subscriptions=[_subscription_row(client, qm, r, values[2 * i] is None) for i, r in enumerate(subs)],
         links=len(graph.links()) if graph is not None else 0,
         topic_scheme=scheme,
@@ -363,9 +363,9 @@ def topic_status(
     for entry_id, fields in entries:
         if fields.get(b"topic") != topic.encode("utf-8", "surrogateescape"):
             continue
-        who = _text(fields.get(b"publisher", b"?"))
+        who = wire.lenient_text(fields.get(b"publisher", b"?"))
         publishers[who] = publishers.get(who, 0) + 1
-        ms = int(_text(entry_id).split("-", 1)[0])
+        ms = int(wire.lenient_text(entry_id).split("-", 1)[0])
         last = ms if last is None else max(last, ms)
     delivered = list(table.resolve(topic).sub_ids)
     blocked = sorted({s for matched in via.values() for s in matched} - set(delivered))
@@ -456,31 +456,12 @@ def _usage_rows(
     client: redis.Redis, qm: str, records: list[SubscriptionRecord], now_ms: int, problems: list[str]
 ) -> list[SubscriberUsage]:
     """Live consumers and depth of each subscription, in one round trip; foreign keys go to ``problems``."""
-    pipe = client.pipeline(transaction=False)
-    asked: list[tuple[str, str]] = []
-    for record in records:
-        consumers = keys.sub_consumers(qm, record.sub_id)
-        pipe.zcount(consumers, now_ms, "+inf")
-        asked.append((consumers, "zset"))
-        for band in keys.sub_bands(qm, record.sub_id):
-            pipe.llen(band)
-            asked.append((band, "list"))
-    replies = iter(zip(asked, pipe.execute(raise_on_error=False), strict=True))
-
-    def count(n: int) -> int | None:
-        total: int | None = 0
-        for (key, expected), reply in (next(replies) for _ in range(n)):
-            if isinstance(reply, redis.ResponseError):
-                problems.append(str(ForeignKey(key, _text(client.type(key)), expected)))
-                total = None
-            elif total is not None:
-                total += int(reply)
-        return total
-
+    readings = read_loads(client, qm, [r.sub_id for r in records], now_ms, in_flight=False)
     rows = []
-    for record in records:
-        live = count(1)
-        depth = count(len(keys.PRIORITIES))
+    for record, reading in zip(records, readings, strict=True):
+        for key, expected in reading.foreign:
+            problems.append(str(ForeignKey(key, wire.lenient_text(client.type(key)), expected)))
+        live, depth = reading.consumers, reading.depth
         client_id, _, name = record.sub_id.partition("$")
         rows.append(
             SubscriberUsage(
@@ -525,7 +506,7 @@ def usage_list(
     problems: list[str] = []
     records, corrupt = _read(problems, "subscriptions", lambda: read_subscriptions(client, qm), ([], []))
     problems += [str(p) for p in corrupt]
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock.now_ms() if now_ms is None else now_ms
     if which == "durables":
         return _usage_rows(client, qm, [r for r in records if r.durable], now, problems), problems
     return [row for row in _usage_rows(client, qm, records, now, problems) if row.consumers], problems

@@ -32,7 +32,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from broker.core import keys
+from broker.core import keys, wire
 from broker.core.errors import BrokerError
 from broker.core.stream import group_state
 from broker.operations.status import Snapshot, status
@@ -97,7 +97,7 @@ def _entries_added(client: redis.Redis, qm: str) -> int | None:
     except redis.ResponseError:  # no stream yet, or a foreign key (the snapshot names it)
         return None
     for name, value in info.items():
-        if (name.decode() if isinstance(name, bytes) else name) == "entries-added":
+        if wire.text(name) == "entries-added":
             return int(value)
     return None  # a server before Redis 7.0
 

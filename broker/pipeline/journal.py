@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
-from broker.core import keys
+from broker.core import keys, wire
 from broker.core.errors import ConnectionLost
 
 if TYPE_CHECKING:
@@ -117,7 +117,8 @@ def _next_id(stream_id: str) -> str:
 
 
 def _text(raw: bytes | None) -> str | None:
-    return None if raw is None else raw.decode("utf-8", "replace")
+    """A journal field as a column: ``wire.lenient_text``, but an absent field stays None (null)."""
+    return None if raw is None else wire.lenient_text(raw)
 
 
 def _int(raw: bytes | None) -> int | None:

@@ -12,21 +12,16 @@ next publication they route.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from broker.core import keys
-from broker.core.connection import KEEP, can_name, change_field, read_hash, translate_errors
-from broker.core.errors import CorruptRecord, InvalidTopic, NoSuchTopic
+from broker.core import clock, keys, wire
+from broker.core.connection import KEEP, can_name, change_field, read_hash
+from broker.core.errors import CorruptRecord, InvalidTopic, NoSuchTopic, translate_errors
 from broker.core.hierarchy import DeclaredTopics, validate_topic
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 @dataclass(frozen=True)
@@ -55,7 +50,7 @@ def parse_declared(qm: str, raw: dict[Any, Any]) -> tuple[DeclaredTopics, list[C
     problems: list[CorruptRecord] = []
     for field in raw:
         try:
-            declared.add(_text(field))
+            declared.add(wire.text(field))
         except (UnicodeDecodeError, InvalidTopic) as exc:
             problems.append(
                 CorruptRecord(keys.declared_topics(qm), repr(field), f"not a valid topic name: {exc}")
@@ -64,7 +59,7 @@ def parse_declared(qm: str, raw: dict[Any, Any]) -> tuple[DeclaredTopics, list[C
 
 
 def _record(source: str) -> str:
-    return json.dumps({"declared_ms": int(time.time() * 1000), "source": source}, separators=(",", ":"))
+    return json.dumps({"declared_ms": clock.now_ms(), "source": source}, separators=(",", ":"))
 
 
 @translate_errors
@@ -121,7 +116,7 @@ def list_declared(client: redis.Redis, qm: str) -> tuple[list[Declared], list[Co
     problems: list[CorruptRecord] = []
     for field, value in read_hash(client, key).items():
         try:
-            topic = _text(field)
+            topic = wire.text(field)
             validate_topic(topic)
             data = json.loads(value)
             found.append(Declared(topic, int(data.get("declared_ms", 0)), str(data.get("source", "cli"))))

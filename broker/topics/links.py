@@ -21,8 +21,8 @@ from typing import Any
 
 import redis
 
-from broker.core import keys
-from broker.core.connection import change_field, read_hash, translate_errors
+from broker.core import keys, wire
+from broker.core.connection import change_field, read_hash
 from broker.core.errors import (
     CorruptRecord,
     ForeignKey,
@@ -31,12 +31,9 @@ from broker.core.errors import (
     LinkCycle,
     NoSuchLink,
     shown,
+    translate_errors,
 )
 from broker.core.topics import LinkGraph, validate_topic
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode("utf-8") if isinstance(raw, bytes) else raw
 
 
 def parse_links(qm: str, raw: dict[Any, Any]) -> tuple[LinkGraph, list[CorruptRecord]]:
@@ -56,7 +53,7 @@ def parse_links(qm: str, raw: dict[Any, Any]) -> tuple[LinkGraph, list[CorruptRe
     pairs: list[tuple[str, str, bool]] = []
     for raw_source, raw_targets in raw.items():
         try:
-            source = _text(raw_source)
+            source = wire.text(raw_source)
         except UnicodeDecodeError:
             problems.append(CorruptRecord(key, repr(raw_source), "the source topic is not UTF-8"))
             continue
@@ -114,7 +111,7 @@ def _change_links(
 
     def decide(pipe: Any) -> str | None:
         if pipe.type(links_key) not in (b"none", b"hash", "none", "hash"):
-            raise ForeignKey(links_key, _text(pipe.type(links_key)), "hash")
+            raise ForeignKey(links_key, wire.text(pipe.type(links_key)), "hash")
         graph, problems = parse_links(qm, pipe.hgetall(links_key))
         if target is None:  # remove the whole record of source, readable or not
             if not pipe.hexists(links_key, source):

@@ -27,14 +27,15 @@ from typing import Any
 
 import redis
 
-from broker.core import hierarchy, keys
-from broker.core.connection import as_bytes, translate_errors
-from broker.core.errors import ConfigError, CorruptRecord, ForeignKey, InvalidTopicFilter
+from broker.core import hierarchy, keys, wire
+from broker.core.connection import as_bytes
+from broker.core.errors import ConfigError, CorruptRecord, ForeignKey, InvalidTopicFilter, translate_errors
 from broker.core.hierarchy import DeclaredTopics, HierarchyIndex
+from broker.core.keys import DEFAULT_PRIORITY
 from broker.core.logs import publication_extra
-from broker.core.models import DEFAULT_PRIORITY, Entry
+from broker.core.models import Entry
 from broker.core.schemes import scheme_of, separator
-from broker.core.scripts import script_source
+from broker.core.scripts import register
 from broker.core.selectors import Selector, compile_selector
 from broker.core.topics import LinkGraph, TopicIndex, validate_topic
 from broker.core.topics import matches as mqtt_matches
@@ -73,15 +74,6 @@ _TYPES = {
 }
 
 
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
-def _exact(raw: bytes | str) -> str:
-    """A name read from Redis that a key is built from: its bytes round-trip (``surrogateescape``)."""
-    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
-
-
 def _epoch(first: list[tuple[Any, Any]]) -> bytes | None:
     """The change log's epoch (``"epoch <id>"`` scored 0) from its first entry (member, score), or None."""
     if not first:
@@ -93,11 +85,6 @@ def _epoch(first: list[tuple[Any, Any]]) -> bytes | None:
     except (TypeError, ValueError):
         pass
     return None
-
-
-def _shown(raw: bytes | str) -> str:
-    """A record's field name as a problem names it, whatever its bytes."""
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
 
 
 @dataclass(slots=True)
@@ -220,7 +207,7 @@ class RoutingTable:
         replies = pipe.execute(raise_on_error=False)
         first = replies.pop()  # an error when the log is foreign: no epoch, never applied alone
         for (what, key), found in zip(names.items(), replies[: len(names)], strict=True):
-            kind = _text(found)
+            kind = wire.text(found)
             if kind not in ("none", _TYPES[what]):
                 raise ForeignKey(key, kind, _TYPES[what])
         for reply in replies[len(names) :]:
@@ -234,7 +221,7 @@ class RoutingTable:
         # each key as bytes, byte for byte the principal's name as Redis holds it: a client's
         # hiredis packer encodes a str strictly, whatever its encoding_errors
         self.ingress = tuple(
-            keys.ingress(qm, _exact(p)).encode("utf-8", "surrogateescape") for p in principals
+            keys.ingress(qm, wire.exact_text(p)).encode("utf-8", "surrogateescape") for p in principals
         )
         self.scheme = scheme_of(qm, manager)
         self.direct = manager.get(b"direct_subscriber_selection", b"true") != b"false"
@@ -388,7 +375,7 @@ class RoutingTable:
         except ValueError:
             return "!the version is not an integer"
         if self._script is None or self._script[0] is not client:
-            self._script = (client, client.register_script(script_source("sub_changes")))
+            self._script = (client, register(client, "sub_changes"))
         reply = self._script[1](
             keys=[keys.version(qm), keys.sub_changes(qm), keys.subscriptions(qm)],
             args=[since, keys.SUB_CHANGES_MAX_LEN],
@@ -438,7 +425,7 @@ class RoutingTable:
                     raise ValueError("not in order")
                 sub_id = raw_id.decode("utf-8")
             except ValueError:  # UnicodeDecodeError too
-                return f"!change log entry {_shown(member)!r} is not {expected} <subscription id>"
+                return f"!change log entry {wire.lenient_text(member)!r} is not {expected} <subscription id>"
             if sub_id in unreadable:
                 return f"subscription {sub_id} could not be read before"
             raw = records[i]
@@ -480,7 +467,7 @@ class RoutingTable:
                 if topic_keys and proxy.topic != EVERYTHING:
                     valid_filter(proxy.topic)  # a key is matched as a filter: InvalidTopicFilter here
             except (ValueError, TypeError) as exc:
-                problems.append(CorruptRecord(keys.proxies(qm), _shown(raw_field), str(exc)))
+                problems.append(CorruptRecord(keys.proxies(qm), wire.lenient_text(raw_field), str(exc)))
                 continue
             self.proxies.setdefault(proxy.topic, []).append(proxy)
         for raw_field, raw in clustered.items():
@@ -489,13 +476,15 @@ class RoutingTable:
                 hosts = data.get("hosts", []) if isinstance(data, dict) else None
                 if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
                     raise ValueError("not a cluster topic copy: hosts must be a list of queue manager names")
-                self.cluster_topics[_text(raw_field)] = (
+                self.cluster_topics[wire.text(raw_field)] = (
                     str(data["cluster"]),
                     str(data.get("clroute", "DIRECT")),
                     tuple(hosts),
                 )
             except (ValueError, TypeError, KeyError, RecursionError) as exc:  # UnicodeDecodeError too
-                problems.append(CorruptRecord(keys.cluster_topics(qm), _shown(raw_field), repr(exc)))
+                problems.append(
+                    CorruptRecord(keys.cluster_topics(qm), wire.lenient_text(raw_field), repr(exc))
+                )
         return problems
 
     def route_class(self, topic: str) -> RouteClass:

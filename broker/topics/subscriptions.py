@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from typing import Any
 
 import redis
 
-from broker.core import hierarchy, keys
+from broker.core import clock, hierarchy, keys, wire
 from broker.core.config import (
     DEFAULT_MAX_SELECTOR_BYTES,
     DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
@@ -39,7 +38,7 @@ from broker.core.config import (
     DEFAULT_MAX_TOPIC_LEVELS,
     ConsumerMode,
 )
-from broker.core.connection import KEEP, can_name, change_field, read_hash, translate_errors
+from broker.core.connection import KEEP, can_name, change_field, read_hash
 from broker.core.errors import (
     CorruptRecord,
     InvalidName,
@@ -49,9 +48,10 @@ from broker.core.errors import (
     SubscriptionConflict,
     SubscriptionRefused,
     TooManySubscriptions,
+    translate_errors,
 )
 from broker.core.schemes import recorded_scheme, separator
-from broker.core.scripts import script_source
+from broker.core.scripts import register
 from broker.core.selectors import check_size, compile_selector, like
 from broker.core.topics import limit_problem, split_shared, validate_filter
 from broker.topics.topic_objects import TopicTree, fixed_prefix, topic_of
@@ -215,7 +215,7 @@ def parse_subscriptions(
     problems: list[CorruptRecord] = []
     for raw_id, value in raw.items():
         try:
-            sub_id = raw_id.decode("utf-8") if isinstance(raw_id, bytes) else raw_id
+            sub_id = wire.text(raw_id)
         except UnicodeDecodeError:
             problems.append(CorruptRecord(keys.subscriptions(qm), repr(raw_id), "the id is not UTF-8"))
             continue
@@ -346,7 +346,7 @@ def subscribe(
     sub_id = f"{share or client_id}${name}"
     mode = "shared" if shared else _mode_of(sub_id, consumer_modes)
     record = SubscriptionRecord(
-        sub_id, inner, durable_name is not None, int(time.time() * 1000), selector, no_local, mode, share
+        sub_id, inner, durable_name is not None, clock.now_ms(), selector, no_local, mode, share
     )
     subs_key, topics_key = keys.subscriptions(qm), keys.topic_objects(qm)
     found: list[SubscriptionRecord] = []
@@ -543,7 +543,7 @@ def remove_subscription(
             version, the consumers zset or ``{qm}:last_active`` holds another type
             (nothing is removed).
     """
-    script = client.register_script(script_source("remove_subscription"))
+    script = register(client, "remove_subscription")
     removed, messages = script(
         keys=[
             keys.subscriptions(qm),

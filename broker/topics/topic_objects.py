@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -63,10 +62,17 @@ from typing import Any, Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from broker.core import hierarchy, keys
+from broker.core import clock, hierarchy, keys, wire
 from broker.core.config import read_toml
-from broker.core.connection import can_name, change_field, read_hash, translate_errors
-from broker.core.errors import ConfigError, CorruptRecord, InvalidName, NoSuchTopicObject, TopicObjectConflict
+from broker.core.connection import can_name, change_field, read_hash
+from broker.core.errors import (
+    ConfigError,
+    CorruptRecord,
+    InvalidName,
+    NoSuchTopicObject,
+    TopicObjectConflict,
+    translate_errors,
+)
 from broker.core.schemes import recorded_scheme, separator
 from broker.core.topics import LEVEL_SEPARATOR, split_shared, validate_topic
 
@@ -311,7 +317,7 @@ class TopicTree:
         """
         tree = cls(separator=separator)
         for raw_name, value in raw.items():
-            name = raw_name.decode("utf-8", "replace") if isinstance(raw_name, bytes) else raw_name
+            name = wire.lenient_text(raw_name)
             try:
                 obj = TopicObject.from_json(name, value, qm)
                 if name != BASE:
@@ -462,7 +468,7 @@ def define(
         topic_string=topic_string,
         attributes=attributes or Attributes(),
         description=description,
-        altered_ms=int(time.time() * 1000),
+        altered_ms=clock.now_ms(),
     )
     tree = read_tree(client, qm)
     other = tree.object_at(topic_string)
@@ -523,7 +529,7 @@ def alter(
             update={
                 "attributes": attributes,
                 "description": existing.description if description is None else description,
-                "altered_ms": int(time.time() * 1000),
+                "altered_ms": clock.now_ms(),
             }
         )
 

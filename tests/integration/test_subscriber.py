@@ -14,7 +14,8 @@ import time
 import pytest
 
 from broker import ConsumerConflict, Publisher, list_subscriptions, subscribe, unsubscribe
-from broker.clients.consumer import Subscriber, subscription_load, sweep_subscriptions
+from broker.clients.consumer import Subscriber, sweep_subscriptions
+from broker.clients.loads import subscription_load
 from broker.core import keys
 from broker.core.config import ConsumerMode, Settings
 from broker.testing import drain, make_workers

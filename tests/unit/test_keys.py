@@ -129,3 +129,27 @@ def test_commit_batch_watches_queues_without_loosening_a_bound():
     assert batch.args[-1].split("|")[5] == "7:0:1"  # the options field's slow condition (no journal)
     batch.add(UnitOfWork("p", "2-0", Action.DELIVER, "m2", queues=queues))
     assert batch.args[-1].split("|")[5] == ""
+
+
+def test_key_patterns_match_exactly_the_keys_they_name_on_a_real_server(real_redis) -> None:
+    # Given keys of two publishers whose ids differ only where one holds a glob character,
+    # and of two clients whose ids share a prefix
+    named = {
+        keys.reply("QM1", "a*b", "m1"): "reply a*b",
+        keys.reply("QM1", "aXb", "m1"): "reply aXb",
+        keys.sub_queue("QM1", "c1$n"): "sub c1",
+        keys.sub_consumers("QM1", "c1$n"): "sub c1",
+        keys.sub_queue("QM1", "c10$n"): "sub c10",
+        keys.publish_stream("QM2"): "other qm",
+    }
+    for key in named:
+        real_redis.set(key, "x")
+
+    def matched(pattern: str) -> set[str]:
+        return {named[k.decode()] for k in real_redis.scan_iter(match=pattern)}
+
+    # Then each pattern (the ACL key patterns of broker.acl) names only its own keys
+    assert matched(keys.reply_pattern("QM1", "a*b")) == {"reply a*b"}
+    assert matched(keys.client_subscriptions_pattern("QM1", "c1")) == {"sub c1"}
+    assert matched(keys.all_keys_pattern("QM1")) == {"reply a*b", "reply aXb", "sub c1", "sub c10"}
+    assert keys.glob_escape("a*b?[c]\\") == "a\\*b\\?\\[c\\]\\\\"

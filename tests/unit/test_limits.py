@@ -14,7 +14,6 @@ import redis
 from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings, load_settings
-from broker.core.connection import translate_errors
 from broker.core.errors import (
     ConfigError,
     InvalidMessage,
@@ -23,6 +22,7 @@ from broker.core.errors import (
     ServerFull,
     TooManyConsumers,
     TooManySubscriptions,
+    translate_errors,
 )
 from broker.core.models import parse_entry, publication_fields
 from broker.core.topics import limit_problem
