@@ -103,9 +103,11 @@ def users(real_server: Server, real_redis: redis.Redis) -> Iterator[Users]:
 
 
 def snapshot(admin: redis.Redis) -> dict[str, Any]:
-    """What a command could change: every key's DUMP, the ACL users, the configuration."""
+    """What a command could change: every key's DUMP, the ACL users, the configuration. Keys with a
+    time to live (a worker's waiter lease, a reply) are left out: they may expire between two looks."""
+    keys_ = sorted(admin.scan_iter(count=1000))
     return {
-        "keys": {key: admin.dump(key) for key in sorted(admin.scan_iter(count=1000))},
+        "keys": {key: admin.dump(key) for key in keys_ if admin.pttl(key) == -1},
         "acl": sorted(admin.acl_list()),
         "config": admin.config_get("*"),
     }
