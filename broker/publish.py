@@ -280,15 +280,8 @@ class Publisher:
                 added, flow = _xadd_direct(
                     self._pool, self._stream, fields, self._flow_key if read_flow else None
                 )
-            elif read_flow:
-                pipe = self.client.pipeline(transaction=False)
-                pipe.xadd(self._stream, fields)
-                pipe.get(self._flow_key)
-                added, flow = pipe.execute(raise_on_error=False)
-                if isinstance(added, Exception):
-                    raise added
             else:
-                added, flow = self.client.xadd(self._stream, fields), None
+                added, flow = self._xadd_commands(fields, read_flow)
             if read_flow:
                 delay = parse_delay(flow)
             entry_id = as_bytes(added).decode()
@@ -307,6 +300,51 @@ class Publisher:
         if not wait:
             self.flow.learn(delay)
             return PublishResult("sent", entry_id, msgid, seq, flow_control_delay_ms=delay)
+        data = self._result(msgid, timeout_ms)
+        delay = parse_delay(data.get("flow_control_delay_ms"))
+        self.flow.learn(delay)
+        return PublishResult(
+            status=data["status"],
+            entry_id=data.get("entry_id", entry_id),
+            msgid=msgid,
+            seq=seq,
+            subscriptions=int(data.get("subscriptions", 0)),
+            reason=data.get("reason"),
+            suggestion=data.get("suggestion"),
+            flow_control_delay_ms=delay,
+            forwarded=int(data.get("forwarded", 0)),
+        )
+
+    def _xadd_commands(self, fields: dict[Any, Any], read_flow: bool) -> tuple[Any, Any]:
+        """``XADD`` (and ``GET`` of the flow key when ``read_flow``) through redis-py's commands, for
+        a client ``publish`` does not write to directly (a cluster, fakeredis): one round trip.
+
+        Returns:
+            ``(entry id, the flow key's value or None)``.
+
+        Raises:
+            redis.RedisError: as redis-py raises it (the XADD's own error when it failed).
+        """
+        if not read_flow:
+            return self.client.xadd(self._stream, fields), None
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(self._stream, fields)
+        pipe.get(self._flow_key)
+        added, flow = pipe.execute(raise_on_error=False)
+        if isinstance(added, Exception):
+            raise added
+        return added, flow
+
+    def _result(self, msgid: str, timeout_ms: int) -> dict[str, Any]:
+        """Wait for the result a worker posts for ``msgid`` on its reply list (``keys.reply``).
+
+        Returns:
+            The result's JSON object (``status``, and ``subscriptions``, ``reason``... as the worker gives).
+
+        Raises:
+            ReplyTimeout: no result within ``timeout_ms``.
+            ConnectionLost, ServerError: as ``publish``.
+        """
         try:
             got = None
             deadline = time.monotonic() + timeout_ms / 1000
@@ -324,20 +362,8 @@ class Publisher:
             raise ServerError(f"publish refused by the server: {exc}") from exc
         if got is None:
             raise ReplyTimeout(f"no result for message {msgid} within {timeout_ms} ms (is a worker running?)")
-        data = json.loads(got[1])
-        delay = parse_delay(data.get("flow_control_delay_ms"))
-        self.flow.learn(delay)
-        return PublishResult(
-            status=data["status"],
-            entry_id=data.get("entry_id", entry_id),
-            msgid=msgid,
-            seq=seq,
-            subscriptions=int(data.get("subscriptions", 0)),
-            reason=data.get("reason"),
-            suggestion=data.get("suggestion"),
-            flow_control_delay_ms=delay,
-            forwarded=int(data.get("forwarded", 0)),
-        )
+        data: dict[str, Any] = json.loads(got[1])
+        return data
 
     def publish_many(
         self, items: Iterable[tuple[str, bytes | str]], batch: int = 500, **options: Any
