@@ -43,7 +43,9 @@ def long_functions(source: str, path: str, max_lines: int = MAX_LINES) -> dict[s
 
 def _function(name: str, lines: int, indent: str = "") -> str:
     """Source of a function ``name`` of ``lines`` lines."""
-    return f"{indent}def {name}(self=None):\n" + "".join(f"{indent}    x{i} = {i}\n" for i in range(lines - 1))
+    return f"{indent}def {name}(self=None):\n" + "".join(
+        f"{indent}    x{i} = {i}\n" for i in range(lines - 1)
+    )
 
 
 def test_a_function_over_the_limit_is_found_with_its_qualified_name_and_lines():
