@@ -3,13 +3,14 @@
 Publishers ``XADD`` publications to ``{qm}:publish``; a pool of workers fans
 each one out, in per-publisher order and in one atomic unit of work, to every
 subscriber queue whose filter matches its topic or a topic linked from it.
-The wire protocol is documented in ``broker.keys``.
+The wire protocol is documented in ``broker.core.keys``.
 """
 
-from broker.config import Settings, load_settings
-from broker.connection import connect
-from broker.consumer import Delivery, Subscriber
-from broker.errors import (
+from broker.clients.consumer import Delivery, Subscriber
+from broker.clients.publish import Publisher, PublishResult
+from broker.core.config import Settings, load_settings
+from broker.core.connection import connect
+from broker.core.errors import (
     BrokerError,
     ClusterUnsupported,
     ConfigError,
@@ -36,15 +37,14 @@ from broker.errors import (
     TooManyConsumers,
     TooManySubscriptions,
 )
-from broker.keys import PROTOCOL_VERSION
-from broker.links import link, list_links, unlink, unlink_all
-from broker.models import Message
-from broker.publish import Publisher, PublishResult
-from broker.routing import explain
-from broker.selectors import like, select
-from broker.status import status
-from broker.subscriptions import list_subscriptions, subscribe, unsubscribe
-from broker.topics import matches, validate_filter, validate_topic
+from broker.core.keys import PROTOCOL_VERSION
+from broker.core.models import Message
+from broker.core.selectors import like, select
+from broker.core.topics import matches, validate_filter, validate_topic
+from broker.operations.status import status
+from broker.topics.links import link, list_links, unlink, unlink_all
+from broker.topics.routing import explain
+from broker.topics.subscriptions import list_subscriptions, subscribe, unsubscribe
 
 __all__ = [
     "PROTOCOL_VERSION",

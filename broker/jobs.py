@@ -9,7 +9,7 @@ must not move, and they take primitive arguments only: the TLS settings of a
   each re-enqueues itself with ``enqueue_in`` after it runs; ``schedule``
   makes sure each runs in exactly one chain per queue manager.
 - scheduled jobs (``broker jobs schedule``; SwiftMQ's Scheduler Swiftlet jobs):
-  a record in ``{qm}:schedules`` (``broker.schedules``) and an rq job enqueued
+  a record in ``{qm}:schedules`` (``broker.operations.schedules``) and an rq job enqueued
   at its next cron time (``enqueue_at``). ``run_schedule`` runs the job only
   while the record exists and names that rq job, then enqueues the next run
   and records its id, only if the record still exists: a cancelled schedule
@@ -34,13 +34,14 @@ from rq import Queue, Worker
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from broker import keys, schedules
-from broker.connection import TLSOptions, connect, redact_url, require_single_server, translate_errors
-from broker.durables import Deletion, delete_durables, expire_idle_durables
-from broker.errors import BrokerError, CorruptRecord
-from broker.maintenance import trim_acknowledged
-from broker.schedules import Schedule
-from broker.status import status
+from broker.core import keys
+from broker.core.connection import TLSOptions, connect, redact_url, require_single_server, translate_errors
+from broker.core.errors import BrokerError, CorruptRecord
+from broker.operations import schedules
+from broker.operations.durables import Deletion, delete_durables, expire_idle_durables
+from broker.operations.maintenance import trim_acknowledged
+from broker.operations.schedules import Schedule
+from broker.operations.status import status
 
 log = logging.getLogger("broker.jobs")
 
@@ -99,7 +100,7 @@ def usage_snapshot(redis_url: str, qm: str, tls: TLSArgument = None) -> dict[str
 def expire_idle(redis_url: str, qm: str, idle_ms: int, tls: TLSArgument = None) -> list[str]:
     """Delete the durable subscriptions no consumer has used for ``idle_ms`` ms (``durable_idle_expiry_ms``).
 
-    Each deletion is logged with the messages lost (``broker.durables``); problems are logged too.
+    Each deletion is logged with the messages lost (``broker.operations.durables``); problems are logged too.
 
     Returns:
         The subscription ids deleted.
@@ -289,7 +290,7 @@ def _run_delete_durable(client: redis.Redis, qm: str, params: Mapping[str, str])
     return done.summary() + (f": {ids}" if ids else "")
 
 
-#: How each job of ``broker.schedules.JOBS`` runs: (client, qm, params) -> one line of result.
+#: How each job of ``broker.operations.schedules.JOBS`` runs: (client, qm, params) -> one line of result.
 RUNNERS: dict[str, Callable[[redis.Redis, str, Mapping[str, str]], str]] = {
     "delete-durable": _run_delete_durable,
 }
@@ -346,7 +347,7 @@ def add_schedule(
         client: a redis-py client.
         redis_url: the broker's Redis, as the scheduler reaches it (the rq job's argument).
         qm: the queue manager.
-        job: a name of ``broker.schedules.JOBS`` (``delete-durable``).
+        job: a name of ``broker.operations.schedules.JOBS`` (``delete-durable``).
         cron: the cron expression.
         params: the job's parameters (``client_id`` and ``durable_name`` for ``delete-durable``).
         now_ms: the time, ms since the epoch; None for this machine's clock.

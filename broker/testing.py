@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
-from broker import keys
-from broker.config import Settings
-from broker.connection import connect
-from broker.consumer import Delivery, Subscriber
-from broker.models import Message
-from broker.server import Server
-from broker.subscriptions import subscribe
+from broker.clients.consumer import Delivery, Subscriber
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.models import Message
+from broker.core.server import Server
+from broker.topics.subscriptions import subscribe
 
 if TYPE_CHECKING:  # the workers are imported when made: ``broker`` does not import ``worker`` at import
     from worker.loop import Worker

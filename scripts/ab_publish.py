@@ -40,8 +40,8 @@ def _timed(call: Any, n: int) -> tuple[float, float]:
 
 def measure(client: Any, n: int) -> dict[str, float]:
     """Time ``n`` publish() calls with flow control on and off, and ``n`` bare XADDs (see the module text)."""
-    from broker import keys
-    from broker.publish import Publisher
+    from broker.clients.publish import Publisher
+    from broker.core import keys
 
     out: dict[str, float] = {"n": n}
     # a commit before flow control (no flow_control argument) publishes as "flow_off" does
@@ -59,7 +59,7 @@ def measure(client: Any, n: int) -> dict[str, float]:
 
 
 def main() -> int:
-    from broker.connection import connect
+    from broker.core.connection import connect
 
     url, n = sys.argv[1], int(sys.argv[2])
     print(json.dumps(measure(connect(url), n)))

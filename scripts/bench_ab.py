@@ -142,7 +142,7 @@ def publish_round(side: Side, url: str, n: int) -> None:
 
 def instructions(sides: list[Side], n: int) -> None:
     """Each side's server instructions per publication (``scripts/ab_instructions.py``)."""
-    from broker.server import Server, server_binary
+    from broker.core.server import Server, server_binary
 
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r + 1}/{args.rounds} done ({time.monotonic() - started:.0f} s)", flush=True)
     failed = []
     if "publish" in rows:
-        from broker.server import Server
+        from broker.core.server import Server
 
         server = Server().start()
         try:

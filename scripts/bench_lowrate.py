@@ -43,13 +43,13 @@ def run(
     url: str, qm: str, rate: float, duration_s: float, publishers: int, concurrency: int
 ) -> dict[str, Any]:
     """Measure one run (see the module text); returns the figures printed."""
-    from broker import keys
-    from broker.config import Settings
-    from broker.connection import connect
-    from broker.maintenance import reset
-    from broker.models import decode_header
-    from broker.publish import Publisher
-    from broker.subscriptions import subscribe
+    from broker.clients.publish import Publisher
+    from broker.core import keys
+    from broker.core.config import Settings
+    from broker.core.connection import connect
+    from broker.core.models import decode_header
+    from broker.operations.maintenance import reset
+    from broker.topics.subscriptions import subscribe
     from worker.pool import Pool
 
     client = connect(url)

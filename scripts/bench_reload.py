@@ -37,11 +37,11 @@ from typing import Any
 import redis
 
 from broker import Publisher, subscribe
-from broker.config import Settings
-from broker.connection import connect
-from broker.routing import RoutingTable
-from broker.server import Server
-from broker.subscriptions import unsubscribe
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.server import Server
+from broker.topics.routing import RoutingTable
+from broker.topics.subscriptions import unsubscribe
 from worker.loop import Worker
 
 QM = "BENCH"

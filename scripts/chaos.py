@@ -84,7 +84,7 @@ Federation (``--federation``)
 
     python -m scripts.chaos --federation --seconds 20 [--seed 1] [--workers 2] [--rate 100]
 
-Three queue managers in one network (``broker.network``) over a local 3-master
+Three queue managers in one network (``broker.topics.topology``) over a local 3-master
 Redis Cluster (``broker.demo.local_cluster.LocalCluster(aof=True,
 full_coverage=False)``, ``appendfsync always``), each queue manager's keys on a
 master of its own: ``ROOT``, the hierarchy's root, and its children ``EAST`` and
@@ -93,7 +93,7 @@ are also the publish/subscribe cluster ``FEDCL`` with the cluster topic object
 ``clu`` (defined at EAST, ``CLROUTE(DIRECT)``). Topics under ``hier/`` go from
 EAST to WEST through ROOT; topics under ``clu/`` straight. Every queue manager
 has a worker pool (``--workers`` processes) and a channel process
-(``broker.channel.main`` with a ``CrashHook``), both supervised by
+(``broker.network.channel.main`` with a ``CrashHook``), both supervised by
 ``worker.pool.Pool``, four subscriptions (``#``, ``hier/#``, ``+/b/x``,
 ``clu/a``) consumed by subscriber threads, and two publishers (one on
 ``hier/`` topics, one on ``clu/`` topics: each publisher's publications take one
@@ -151,22 +151,22 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from broker import keys
-from broker.config import Settings
-from broker.connection import connect
-from broker.consumer import Subscriber
-from broker.errors import BrokerError, ConnectionLost, ConsumerConflict, ServerError, ServerNotFound
-from broker.links import link
-from broker.maintenance import trim_acknowledged
-from broker.models import publication_fields
-from broker.network import ProxySubscription, announce_key, parse_network
-from broker.network_admin import apply_network
-from broker.publish import Publisher
-from broker.server import Server, free_port, server_binary
-from broker.status import status
-from broker.stream import group_state
-from broker.subscriptions import subscribe
-from broker.topic_objects import Attributes, define
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.errors import BrokerError, ConnectionLost, ConsumerConflict, ServerError, ServerNotFound
+from broker.core.models import publication_fields
+from broker.core.server import Server, free_port, server_binary
+from broker.core.stream import group_state
+from broker.network.network_admin import apply_network
+from broker.operations.maintenance import trim_acknowledged
+from broker.operations.status import status
+from broker.topics.links import link
+from broker.topics.subscriptions import subscribe
+from broker.topics.topic_objects import Attributes, define
+from broker.topics.topology import ProxySubscription, announce_key, parse_network
 from scripts.rig.cluster import LocalCluster, spread_names
 from scripts.rig.history import History, Poison, Publication, network_recipients, recipients
 from scripts.rig.hook import KILLER_FIELD, run_channel, run_worker
@@ -263,7 +263,7 @@ FED_TOPICS = {"hier": ("hier/a/x", "hier/b/x", "hier/c"), "clu": ("clu/a", "clu/
 #: ``--federation``: the subscriptions of every queue manager (name -> filter).
 FED_FILTERS = {"all": "#", "hier": "hier/#", "plus": "+/b/x", "clu": "clu/a"}
 
-#: Crash points of a channel mover (``broker.channel.Mover.move_once``).
+#: Crash points of a channel mover (``broker.network.mover.Mover.move_once``).
 CHANNEL_POINTS = ("before_channel_in", "after_channel_in")
 
 #: ``--federation``: fault kinds and their weights. ``proxy_cut``, ``drop_reply:channel_in`` and
@@ -1764,7 +1764,7 @@ def _code_version() -> str:
 
 
 def _subscriptions(client: redis.Redis, qm: str = QM) -> list[Any]:
-    from broker.subscriptions import list_subscriptions
+    from broker.topics.subscriptions import list_subscriptions
 
     return list_subscriptions(client, qm)
 

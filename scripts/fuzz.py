@@ -2,7 +2,7 @@
 
     python -m scripts.fuzz --inputs 10000 --seed 7
 
-Starts its own server (``broker.server.Server``; ``--redis-url`` to use another), and three queue
+Starts its own server (``broker.core.server.Server``; ``--redis-url`` to use another), and three queue
 managers, ``FZM`` (``mqtt`` scheme), ``FZS`` (``swiftmq``) and ``FZI`` (``swiftmq`` with indirect
 subscriber selection), each with in-process workers (``broker.testing.make_workers``)
 driven round by round after every chunk of inputs. Three well-behaved publishers per queue
@@ -50,12 +50,12 @@ from typing import Any
 
 import redis
 
-from broker import hierarchy, keys, topics
-from broker.config import Settings, load_settings
-from broker.connection import connect
-from broker.consumer import Subscriber
-from broker.demo.oracle import Expectation, score
-from broker.errors import (
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
+from broker.core import hierarchy, keys, topics
+from broker.core.config import Settings, load_settings
+from broker.core.connection import connect
+from broker.core.errors import (
     ConfigError,
     InvalidMessage,
     InvalidSelector,
@@ -63,15 +63,15 @@ from broker.errors import (
     InvalidTopicFilter,
     NoSuchSubscription,
 )
-from broker.hierarchy import HierarchyIndex
-from broker.network import load_network
-from broker.publish import Publisher
-from broker.selectors import compile_selector, like
-from broker.server import Server
-from broker.subscriptions import SubscriptionRecord, subscribe, unsubscribe
+from broker.core.hierarchy import HierarchyIndex
+from broker.core.selectors import compile_selector, like
+from broker.core.server import Server
+from broker.core.topics import TopicIndex, split_shared
+from broker.demo.oracle import Expectation, score
 from broker.testing import make_workers
-from broker.topic_objects import load_file
-from broker.topics import TopicIndex, split_shared
+from broker.topics.subscriptions import SubscriptionRecord, subscribe, unsubscribe
+from broker.topics.topic_objects import load_file
+from broker.topics.topology import load_network
 from scripts.rig import fuzzing as fz
 from worker.loop import Worker
 

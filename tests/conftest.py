@@ -12,9 +12,9 @@ import redis
 from click.testing import CliRunner, Result
 
 from broker import cli
-from broker.config import Settings
-from broker.connection import connect
-from broker.server import Server
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.server import Server
 from broker.testing import start_server
 from scripts.rig.cluster import LocalCluster
 

@@ -7,7 +7,7 @@ reason, dead-lettered unless USEDLQ(NO)) or skip (gone from the stream), and gro
 the ``commit.lua`` calls of the round (``CommitBatch``, at most ``COMMIT_CHUNK`` publishers each).
 
 Nothing here reads or writes Redis: the routing table was loaded by the worker
-(``broker.routing.RoutingTable``), the entries were read by the dequeue, and the time is given, so
+(``broker.topics.routing.RoutingTable``), the entries were read by the dequeue, and the time is given, so
 every rule can be tested without a server (``tests/unit/test_decide.py``). Nothing here raises
 either: an entry that cannot be handled is refused with the reason (bad input never stops a worker).
 """
@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import logging
 
-from broker import keys
-from broker.config import Settings
-from broker.errors import InvalidMessage, InvalidTopic
-from broker.logs import publication_extra
-from broker.models import apply_topic_defaults, encode_envelope, parse_entry
-from broker.routing import RoutingTable
-from broker.schemes import root_topic, separator
-from broker.topics import limit_problem
-from broker.unit_of_work import Action, CommitBatch, UnitOfWork
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.errors import InvalidMessage, InvalidTopic
+from broker.core.logs import publication_extra
+from broker.core.models import apply_topic_defaults, encode_envelope, parse_entry
+from broker.core.schemes import root_topic, separator
+from broker.core.topics import limit_problem
+from broker.core.unit_of_work import Action, CommitBatch, UnitOfWork
+from broker.topics.routing import RoutingTable
 
 log = logging.getLogger("broker.worker")
 
@@ -199,7 +199,7 @@ class Decider:
                 raise InvalidTopic(entry.topic, over)
             recipients = table.resolve(entry.topic)
             attributes = recipients.attributes
-            if attributes is not None:  # a topic object at or above the topic (broker.topic_objects)
+            if attributes is not None:  # a topic object at or above the topic (broker.topics.topic_objects)
                 dead_letter = attributes["usedlq"] == "YES"
                 if attributes["pub"] == "DISABLED":
                     reason = (

@@ -7,7 +7,7 @@ and the disconnect of slow subscriptions.
   about ``lease_ms + sweep_interval_ms``.
 - **Entry sweep** (``sweep_entries.lua``, every ``ENTRY_SWEEP_INTERVAL_MS``): refuse entries pending in
   no FIFO.
-- **Subscription sweep** (``broker.consumer.sweep_subscriptions``, every ``sweep_interval_ms``, at
+- **Subscription sweep** (``broker.clients.consumer.sweep_subscriptions``, every ``sweep_interval_ms``, at
   least ``SUBSCRIPTION_SWEEP_MS``): dead consumers' in-flight messages back, abandoned subscriptions removed.
 - **Heartbeat** (at most once a second): ``{qm}:workers`` and ``{qm}:alive``; workers silent for
   ``GONE_AFTER_MS`` are forgotten.
@@ -28,17 +28,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
-from broker import keys
-from broker.consumer import sweep_subscriptions
-from broker.errors import BrokerError
-from broker.logs import publication_extra
-from broker.subscriptions import remove_subscription
+from broker.clients.consumer import sweep_subscriptions
+from broker.core import keys
+from broker.core.errors import BrokerError
+from broker.core.logs import publication_extra
+from broker.topics.subscriptions import remove_subscription
 
 if TYPE_CHECKING:
-    from broker.config import Settings
-    from broker.metrics import NullRecorder
-    from broker.routing import RoutingTable
-    from broker.scripts import Scripts
+    from broker.core.config import Settings
+    from broker.core.scripts import Scripts
+    from broker.operations.metrics import NullRecorder
+    from broker.topics.routing import RoutingTable
 
 
 class Worker(Protocol):
@@ -170,7 +170,7 @@ class Housekeeping:
     def sweep_subscriptions(self) -> list[str]:
         """Give back dead consumers' in-flight messages and remove abandoned non-durable subscriptions.
 
-        Looks at up to ``broker.consumer.SWEEP_SUBSCRIPTIONS`` subscriptions per call,
+        Looks at up to ``broker.clients.consumer.SWEEP_SUBSCRIPTIONS`` subscriptions per call,
         going on from where the last call stopped. A foreign key in one subscription is
         logged at WARNING (the sweep starts over next time), never raised.
 

@@ -70,28 +70,28 @@ from typing import Any, cast
 import redis
 from redis.exceptions import RedisClusterException
 
-from broker import keys
-from broker.config import Settings
-from broker.connection import block_slice_ms, wait_for_server
-from broker.declared import seed_declared
-from broker.errors import (
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import block_slice_ms, wait_for_server
+from broker.core.errors import (
     BrokerError,
     ConnectionLost,
     ForeignKey,
     ServerError,
     ServerFull,
 )
-from broker.metrics import recorder
-from broker.routing import RoutingTable
-from broker.schemes import record_manager
-from broker.scripts import Dequeued, Refusals, Scripts, checked, flow_control_arg, parse_dequeue
-from broker.stream import ensure_group
-from broker.unit_of_work import (
+from broker.core.schemes import record_manager
+from broker.core.scripts import Dequeued, Refusals, Scripts, checked, flow_control_arg, parse_dequeue
+from broker.core.stream import ensure_group
+from broker.core.unit_of_work import (
     CommitBatch,
     Outcome,
     decode_disconnects,
     decode_outcomes,
 )
+from broker.operations.metrics import recorder
+from broker.topics.declared import seed_declared
+from broker.topics.routing import RoutingTable
 from worker.decide import Decider, log_refused
 from worker.housekeeping import Housekeeping
 from worker.suspects import Suspects, record_alone
@@ -225,7 +225,7 @@ class Worker:
         self._flow_control = flow_control_arg(settings)
         #: the pure step of the round: entries in, units of work out (``worker.decide``)
         self.decide = Decider(settings, self.table)
-        #: Prometheus metrics (``broker.metrics``): a no-op unless ``metrics_port`` is set
+        #: Prometheus metrics (``broker.operations.metrics``): a no-op unless ``metrics_port`` is set
         self.metrics = recorder(settings)
 
     def setup(self) -> None:
@@ -234,7 +234,7 @@ class Worker:
 
         Raises:
             ConfigError: the settings' topic scheme or subscriber selection differs from
-                the queue manager's (``broker.schemes.record_manager``), or a declared topic is invalid.
+                the queue manager's (``broker.core.schemes.record_manager``), or a declared topic is invalid.
         """
         record_manager(self.client, self.settings)
         if self.settings.topics:
@@ -355,7 +355,7 @@ class Worker:
         return self._round(block)
 
     def _regroup(self) -> None:
-        """Create the consumer group again after it was lost (``broker.stream.ensure_group``), and
+        """Create the consumer group again after it was lost (``broker.core.stream.ensure_group``), and
         forget what was read from the old one (the FIFOs and turns stay: their entries are handled
         from them)."""
         self._entries.clear()
@@ -722,7 +722,7 @@ class Worker:
         give_up: tuple[str, ...] = (),
         started_ms: int = 0,
     ) -> int:
-        """Record what ``commit.lua`` did: counts, turns given up or lost, metrics (``broker.metrics``,
+        """Record what ``commit.lua`` did: counts, turns given up or lost, metrics (``broker.operations.metrics``,
         from ``started_ms``, when the units were built); returns how many were committed."""
         entries = self._entries
         done = 0

@@ -6,7 +6,7 @@
   gives up its turns and exits; children still running after the grace period
   are killed (their work is taken over later, as after a crash).
 
-- Metrics (``metrics_port`` set, ``broker.metrics``): the children run in prometheus_client's
+- Metrics (``metrics_port`` set, ``broker.operations.metrics``): the children run in prometheus_client's
   multiprocess mode, each writing its files in the pool's private directory
   (``PROMETHEUS_MULTIPROC_DIR``, made empty at start and removed at stop); the pool serves
   ``/metrics`` on ``metrics_host:metrics_port``, adding up the children's files (a dead
@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from broker.config import Settings
-from broker.errors import WorkerPoolFailed
-from broker.logs import configure_logging
+from broker.core.config import Settings
+from broker.core.errors import WorkerPoolFailed
+from broker.core.logs import configure_logging
 
 log = logging.getLogger("broker.pool")
 
@@ -52,7 +52,7 @@ def run_worker(settings_json: str) -> None:
 
     Args:
         settings_json: ``Settings.model_dump_json()`` of the pool's settings; its
-            ``log_format`` and ``log_level`` configure the child's logging (``broker.logs``).
+            ``log_format`` and ``log_level`` configure the child's logging (``broker.core.logs``).
     """
     from worker.loop import main
 
@@ -62,12 +62,12 @@ def run_worker(settings_json: str) -> None:
 
 
 def run_channel(settings_json: str) -> None:
-    """The entry point of a supervised channel process (``broker channel``): ``broker.channel.main``.
+    """The entry point of a supervised channel process (``broker channel``): ``broker.network.channel.main``.
 
     Args:
         settings_json: ``Settings.model_dump_json()`` of the pool's settings (logging as ``run_worker``).
     """
-    from broker.channel import main
+    from broker.network.channel import main
 
     settings = Settings.model_validate_json(settings_json)
     configure_logging(settings.log_format, settings.log_level)
@@ -154,8 +154,8 @@ class Pool:
             self._spawn(slot)
 
     def _start_metrics(self) -> None:
-        from broker.connection import connect
-        from broker.metrics import MetricsServer, MultiprocessDir, pool_registry
+        from broker.core.connection import connect
+        from broker.operations.metrics import MetricsServer, MultiprocessDir, pool_registry
 
         directory = MultiprocessDir()
         directory.wipe()

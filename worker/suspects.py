@@ -1,6 +1,6 @@
 """Delivery counting (``max_deliveries``): which suspect a round handles alone, and its record.
 
-An entry's delivery count is its pending entry's ``times_delivered`` (``broker.keys``,
+An entry's delivery count is its pending entry's ``times_delivered`` (``broker.core.keys``,
 "Delivery counting"): a worker that takes a FIFO head over from another worker, which may
 have died on it, counts one (``take_over`` in ``broker/lua/lib.lua``). A worker that dies
 holding several publishers' heads cannot tell which one killed it, so every head it held is
@@ -27,9 +27,9 @@ from collections.abc import Mapping
 
 import redis
 
-from broker import keys
-from broker.errors import ForeignKey
-from broker.logs import publication_extra
+from broker.core import keys
+from broker.core.errors import ForeignKey
+from broker.core.logs import publication_extra
 
 log = logging.getLogger("broker.worker")
 

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 import redis
 
-from broker import keys
+from broker.core import keys
 
 log = logging.getLogger("broker.worker")
 

@@ -9,18 +9,18 @@ from typing import Any
 import click
 import redis
 
-from broker.acl import RoleSpec, acl_file, add_user, delete_user, list_users, read_password, rotate
-from broker.channel import read_network
 from broker.cli.common import State
 from broker.cli.render import (
     _print_problems,
     _print_users,
 )
+from broker.network.channel import read_network
+from broker.operations.acl import RoleSpec, acl_file, add_user, delete_user, list_users, read_password, rotate
 
 
 @click.group("acl", short_help="Broker roles as Redis ACL users: add, list, rotate, delete, file.")
 def acl_group() -> None:
-    """Roles as Redis ACL users (broker.acl): publisher, subscriber, worker, channel, admin, monitor.
+    """Roles as Redis ACL users (broker.operations.acl): publisher, subscriber, worker, channel, admin, monitor.
 
     Passwords come from --password-env VAR or --password-file FILE and are never printed."""
 

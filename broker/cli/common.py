@@ -11,15 +11,15 @@ from typing import Any, NoReturn
 import click
 import redis
 
-from broker.config import Settings, load_settings
-from broker.connection import connect, redact_url, tls_hint
-from broker.errors import (
+from broker.core.config import Settings, load_settings
+from broker.core.connection import connect, redact_url, tls_hint
+from broker.core.errors import (
     BrokerError,
     ConnectionLost,
     ServerError,
     ServerFull,
 )
-from broker.logs import configure_logging
+from broker.core.logs import configure_logging
 
 #: Exit code for bad input (``ValueError`` from a bad name), as ``BrokerError`` subclasses use.
 BAD_INPUT = 2
@@ -96,7 +96,7 @@ class State:
             self._client = None
 
 
-#: Added to an error Redis refused for the ACL user of the URL (``broker.acl``).
+#: Added to an error Redis refused for the ACL user of the URL (``broker.operations.acl``).
 NOPERM_HINT = (
     " (the Redis user of the URL may not do this: 'broker acl list' shows each role's rules, "
     "docs/security.md what each role may do)"
@@ -148,7 +148,7 @@ class BrokerGroup(click.Group):
 
 
 def _start_logging(settings: Settings, notice: str) -> None:
-    """Configure this process's logging (``broker.logs``) and say what it runs: on stderr, or as a
+    """Configure this process's logging (``broker.core.logs``) and say what it runs: on stderr, or as a
     log record with ``--log-format json`` (a log shipper reads only JSON lines there)."""
     configure_logging(settings.log_format, settings.log_level)
     if settings.log_format == "json":

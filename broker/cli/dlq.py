@@ -12,7 +12,7 @@ from broker.cli.render import (
     _print_dead_letters,
     _print_problems,
 )
-from broker.dead_letters import Selection, dumps, list_dead_letters, purge, replay, show
+from broker.operations.dead_letters import Selection, dumps, list_dead_letters, purge, replay, show
 
 
 def _selection_options(func: Any) -> Any:

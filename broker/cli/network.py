@@ -7,11 +7,17 @@ from dataclasses import asdict
 
 import click
 
-from broker.channel import read_network
 from broker.cli.common import State, _fail
 from broker.cli.render import _console, _print_problems, _print_proxy_rows
-from broker.network import load_network
-from broker.network_admin import apply_network, describe_network, list_proxies, remove_proxies, withdraw
+from broker.network.channel import read_network
+from broker.network.network_admin import (
+    apply_network,
+    describe_network,
+    list_proxies,
+    remove_proxies,
+    withdraw,
+)
+from broker.topics.topology import load_network
 
 
 @click.group("network", short_help="The network of queue managers: apply, show, withdraw.")

@@ -22,7 +22,7 @@ import click
 
 from broker.cli.common import State, _fail
 from broker.cli.render import _progress_bars
-from broker.connection import connect
+from broker.core.connection import connect
 from broker.pipeline.audit import run_audit, write_figure
 from broker.pipeline.journal import export_journal
 from broker.pipeline.publish import Progress, publish_dataset

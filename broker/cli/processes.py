@@ -15,12 +15,12 @@ from pathlib import Path
 
 import click
 
-from broker.acl import admin_acl_file
-from broker.channel import ChannelProcess
 from broker.cli.common import State, _fail, _start_logging, _wait_ms_option
-from broker.connection import redact_url, wait_for_server
-from broker.server import Server
-from broker.server import cli_command as cli_argv
+from broker.core.connection import redact_url, wait_for_server
+from broker.core.server import Server
+from broker.core.server import cli_command as cli_argv
+from broker.network.channel import ChannelProcess
+from broker.operations.acl import admin_acl_file
 
 
 @click.command("worker", short_help="Run the worker pool (fan-out) in the foreground.")
@@ -228,7 +228,7 @@ def metrics_command(state: State, port: int | None, once: bool, wait_ms: int) ->
     workers' own counters and latencies are served by `broker worker` with metrics_port set.
     Names and meanings: docs/operations.md, section Metrics."""
     # lazy: prometheus_client only when the metrics are served
-    from broker.metrics import MetricsServer, exposition, sampled_registry
+    from broker.operations.metrics import MetricsServer, exposition, sampled_registry
 
     settings = state.settings
     if once:
@@ -275,7 +275,7 @@ def console_command(state: State, host: str | None, port: int | None) -> None:
     # lazy: uvicorn and the console's Starlette app only when the console runs
     import uvicorn
 
-    from broker.console import create_app
+    from broker.operations.console import create_app
 
     settings = state.settings
     host = host or settings.console_host

@@ -10,12 +10,12 @@ import redis
 
 from broker.cli.common import State
 from broker.cli.render import _describe_result
-from broker.errors import (
+from broker.clients.publish import Publisher, PublishResult
+from broker.core.errors import (
     PublicationRefused,
     ServerError,
 )
-from broker.models import PropertyValue
-from broker.publish import Publisher, PublishResult
+from broker.core.models import PropertyValue
 
 
 def _parse_properties(

@@ -18,21 +18,21 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from broker.acl import UserRow
-from broker.consumer import Load
-from broker.dead_letters import DeadLetter
-from broker.declared import Declared
-from broker.durables import Deletion
-from broker.models import Message
-from broker.network_admin import NetworkStatus, ProxyRow
-from broker.publish import PublishResult
-from broker.routing import Route
-from broker.status import Snapshot, TopicNode, TopicStatus
-from broker.subscriptions import SubscriptionRecord
-from broker.topic_objects import TopicObject
+from broker.clients.consumer import Load
+from broker.clients.publish import PublishResult
+from broker.core.models import Message
+from broker.network.network_admin import NetworkStatus, ProxyRow
+from broker.operations.acl import UserRow
+from broker.operations.dead_letters import DeadLetter
+from broker.operations.durables import Deletion
+from broker.operations.status import Snapshot, TopicNode, TopicStatus
+from broker.topics.declared import Declared
+from broker.topics.routing import Route
+from broker.topics.subscriptions import SubscriptionRecord
+from broker.topics.topic_objects import TopicObject
 
-if TYPE_CHECKING:  # broker.schedules imports croniter: only `broker jobs` needs it
-    from broker.schedules import Schedule
+if TYPE_CHECKING:  # broker.operations.schedules imports croniter: only `broker jobs` needs it
+    from broker.operations.schedules import Schedule
 
 
 def _print_problems(problems: Any) -> None:
@@ -198,7 +198,7 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
     """``broker status``: the summary, the subscriptions and the workers, then the problems.
 
     Args:
-        snapshot: ``broker.status.status``.
+        snapshot: ``broker.operations.status.status``.
         qm: the queue manager's name.
         url: its Redis URL, password redacted.
     """
@@ -267,7 +267,7 @@ def _print_network(found: NetworkStatus, qm: str) -> None:
     """``broker status --network``: queue managers, channels, proxy subscriptions, problems.
 
     Args:
-        found: ``broker.network_admin.network_status`` of a queue manager in a network.
+        found: ``broker.network.network_admin.network_status`` of a queue manager in a network.
         qm: the queue manager it was seen from.
     """
     console = _console()

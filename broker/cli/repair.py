@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from broker import keys
 from broker.cli.common import State
-from broker.repair import repair_stream
+from broker.core import keys
+from broker.operations.repair import repair_stream
 
 
 @click.group("repair", short_help="Repair the publish stream: move its work to a fresh stream.")

@@ -9,10 +9,10 @@ import click
 
 from broker.cli.common import State
 from broker.cli.render import _console, _print_network, _print_snapshot
-from broker.connection import redact_url
-from broker.network_admin import network_status
-from broker.status import status as status_of
-from broker.watch import take_sample, watch
+from broker.core.connection import redact_url
+from broker.network.network_admin import network_status
+from broker.operations.status import status as status_of
+from broker.operations.watch import take_sample, watch
 
 
 @click.command("status", short_help="Show stream, queues, dead letters and workers.")

@@ -17,15 +17,15 @@ from broker.cli.render import (
     _print_subscriptions,
     _print_usage,
 )
-from broker.consumer import Subscriber, browse, subscription_load
-from broker.durables import delete_durables
-from broker.errors import (
+from broker.clients.consumer import Subscriber, browse, subscription_load
+from broker.core.errors import (
     NoSuchSubscription,
 )
-from broker.status import usage_list
-from broker.subscriptions import read_subscriptions
-from broker.subscriptions import subscribe as subscribe_to
-from broker.subscriptions import unsubscribe as unsubscribe_from
+from broker.operations.durables import delete_durables
+from broker.operations.status import usage_list
+from broker.topics.subscriptions import read_subscriptions
+from broker.topics.subscriptions import subscribe as subscribe_to
+from broker.topics.subscriptions import unsubscribe as unsubscribe_from
 
 #: How long one blocking receive waits when ``subscribe`` has no ``--timeout-ms``, ms.
 POLL_MS = 1_000

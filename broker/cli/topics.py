@@ -10,7 +10,6 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from broker import declared, links, routing, topic_objects
 from broker.cli.common import State
 from broker.cli.render import (
     _print_declared,
@@ -22,8 +21,9 @@ from broker.cli.render import (
     _print_topic_status,
     _print_topic_tree,
 )
-from broker.status import topic_status, topic_tree
-from broker.subscriptions import read_subscriptions
+from broker.operations.status import topic_status, topic_tree
+from broker.topics import declared, links, routing, topic_objects
+from broker.topics.subscriptions import read_subscriptions
 
 
 @click.command("link", short_help="Link a source topic to a target topic.")

@@ -5,7 +5,7 @@ LGA and EWR (a hierarchy), and all three are members of the publish/subscribe cl
 ``NYC``. JFK defines the cluster topic objects ``NYC.FLIGHTS`` (``/FLIGHTS``) and
 ``NYC.WEATHER`` (``/WEATHER``), ``CLUSTER(NYC) CLROUTE(DIRECT)``; the channel processes copy
 them to LGA and EWR. Every topic published is under one of them, so every publication is in
-the same route class (``broker.network``): it takes one path to each queue manager, and each
+the same route class (``broker.topics.topology``): it takes one path to each queue manager, and each
 publisher's publications arrive everywhere in its order (publications of one publisher in
 two route classes could take different paths: their relative order is not promised).
 
@@ -34,10 +34,11 @@ import redis
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from broker import keys
-from broker.channel import read_announced
-from broker.config import Settings
-from broker.connection import connect, redact_url
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect, redact_url
+from broker.core.errors import DemoError
+from broker.core.stream import GroupState, group_state
 from broker.demo.oracle import Node, label, network_recipients
 from broker.demo.replay import (
     LINKS as SINGLE_LINKS,
@@ -60,11 +61,10 @@ from broker.demo.replay import (
     score_queues,
     settings_for,
 )
-from broker.errors import DemoError
-from broker.network import Network, Topology, parse_network, proxy_field
-from broker.network_admin import apply_network
-from broker.stream import GroupState, group_state
-from broker.topic_objects import Attributes, define
+from broker.network.channel import read_announced
+from broker.network.network_admin import apply_network
+from broker.topics.topic_objects import Attributes, define
+from broker.topics.topology import Network, Topology, parse_network, proxy_field
 from worker.pool import Pool
 
 #: The publish/subscribe cluster of all three queue managers.
@@ -130,11 +130,11 @@ CONVERGE_TIMEOUT_S = 60.0
 
 
 def run_channel(settings_json: str) -> None:
-    """A pool child that runs a channel process (``broker.channel.main``) instead of a worker;
+    """A pool child that runs a channel process (``broker.network.channel.main``) instead of a worker;
     it logs warnings and errors only (the demo's console shows progress bars)."""
     import logging
 
-    from broker.channel import main
+    from broker.network.channel import main
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     main(Settings.model_validate_json(settings_json))

@@ -1,6 +1,6 @@
 """A local Redis Cluster from the embedded server binaries: three masters, no replicas.
 
-Each master is a ``broker.server.Server`` (the embedded ``valkey-server``, or
+Each master is a ``broker.core.server.Server`` (the embedded ``valkey-server``, or
 ``$BROKER_REDIS_SERVER_BIN``) started with ``cluster-enabled yes`` on a free
 port in a temporary directory of its own; the shipped ``valkey-cli`` (or
 ``redis-cli``) joins them with ``--cluster create``. ``start`` returns once
@@ -19,7 +19,8 @@ import time
 
 import redis
 
-from broker.server import EPHEMERAL, Server, cli_binary, free_port
+from broker.core.errors import ClusterError
+from broker.core.server import EPHEMERAL, Server, cli_binary, free_port
 
 #: Directives that give a master an AOF, written every second (instead of ``EPHEMERAL``).
 DURABLE = (
@@ -44,10 +45,6 @@ CLUSTER_ARGS = (
 )
 
 
-class ClusterError(RuntimeError):
-    """The local cluster could not be created or did not become ready in time."""
-
-
 class LocalCluster:
     """``masters`` valkey-server processes joined into one cluster on 127.0.0.1.
 
@@ -70,7 +67,7 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        """``redis+cluster://127.0.0.1:<port of the first master>`` (``broker.connection.connect``)."""
+        """``redis+cluster://127.0.0.1:<port of the first master>`` (``broker.core.connection.connect``)."""
         return f"redis+cluster://127.0.0.1:{self.servers[0].port}"
 
     @property

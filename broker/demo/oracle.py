@@ -2,13 +2,13 @@
 
 The demo, the chaos harness and the Spark audit all check the broker's
 deliveries against an answer computed independently of the worker's index
-(``broker.routing``: exact-match hash + wildcard trie + ``LinkGraph``): links
+(``broker.topics.routing``: exact-match hash + wildcard trie + ``LinkGraph``): links
 are followed with a plain breadth-first search, and every subscription filter
 is tested against every reached topic. ``score`` is the one checker of a
 subscription's receipts (lost, duplicated, out of order, unexpected) that the
 demo and the chaos harness share; the Spark audit recomputes on its own, on purpose.
 
-Across a network of queue managers (``broker.network``; ``broker demo --federation``),
+Across a network of queue managers (``broker.topics.topology``; ``broker demo --federation``),
 ``network_recipients`` gives the subscriptions of every queue manager a publication must
 reach, again without the broker's own code (no ``Topology``): a plain breadth-first search
 over the hierarchy's parent-child edges, plus the full mesh of a cluster's members for a
@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from broker.core.topics import matches
 from broker.pipeline.routes import link_closure
-from broker.topics import matches
 
 
 def link_targets(links: Iterable[tuple[str, str]]) -> dict[str, list[str]]:

@@ -26,7 +26,7 @@ stream entry.
 It then checks the result by brute force, independently of the broker's own
 routing code (no ``TopicIndex``, ``LinkGraph`` or ``RoutingTable``): the expected
 recipients of each publication are computed by a breadth-first walk over the
-demo's own link list and ``broker.topics.matches`` against every filter; every
+demo's own link list and ``broker.core.topics.matches`` against every filter; every
 subscriber queue is read back and each subscription is scored for lost,
 duplicated and out-of-order messages (see ``verify``).
 
@@ -59,21 +59,21 @@ import redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from broker import keys
-from broker.config import Settings
-from broker.connection import as_bytes, connect, is_tls_url, redact_url
-from broker.consumer import Subscriber
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import as_bytes, connect, is_tls_url, redact_url
+from broker.core.errors import DemoError
+from broker.core.models import decode_envelope
+from broker.core.server import Server
+from broker.core.stream import ensure_group, group_state
 from broker.demo.local_cluster import LocalCluster
 from broker.demo.oracle import Expectation, link_closure, link_targets, score
 from broker.demo.oracle import recipients as oracle_recipients
-from broker.errors import DemoError
-from broker.links import link
-from broker.maintenance import reset
-from broker.models import decode_envelope
-from broker.publish import Publisher
-from broker.server import Server
-from broker.stream import ensure_group, group_state
-from broker.subscriptions import SubscriptionRecord, subscribe
+from broker.operations.maintenance import reset
+from broker.topics.links import link
+from broker.topics.subscriptions import SubscriptionRecord, subscribe
 from worker.pool import Pool
 
 #: The demo's subscriptions: ``(filter, client id, durable name or None)``.
@@ -381,7 +381,7 @@ def verify(
     """Score every subscription queue against brute-force expectations (``broker.demo.oracle``).
 
     The expected recipients of a publication are the subscriptions whose filter
-    ``broker.topics.matches`` its topic or any topic linked from it
+    ``broker.core.topics.matches`` its topic or any topic linked from it
     (``expected_topics``), each subscription once; they are computed once per
     distinct topic. Each queue is scored by ``broker.demo.oracle.score``, the checker
     the chaos harness uses too.

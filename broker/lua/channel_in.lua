@@ -1,4 +1,4 @@
--- The receiving end of a channel (broker.channel): file the entries a mover brought
+-- The receiving end of a channel (broker.network.channel): file the entries a mover brought
 -- from another queue manager's transmission stream into this queue manager's publish
 -- stream, each once and in order, in one atomic call.
 --

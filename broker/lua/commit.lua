@@ -68,7 +68,7 @@
 -- ARGV[7] journal: approximate max length of the journal stream; 0 = no journal
 -- ARGV[8] the subscriber queue prefix "{qm}:sub:" (subscription ids and bells are read from
 --   the queue keys); a recipient key outside it is a transmission stream "{qm}:xmit:<to qm>"
---   (a proxy subscription's queue, broker.network): it gets one XADD * e <envelope> per
+--   (a proxy subscription's queue, broker.topics.topology): it gets one XADD * e <envelope> per
 --   publication, is never gone, watched or counted for flow control, and holds a stream
 -- ARGV[9] approximate cap of the dead-letter stream, records
 -- ARGV[10] max_body_bytes: a dead letter keeps a field (the body) only up to this size
@@ -84,7 +84,7 @@
 --   even if their FIFO is not empty (fair share: another worker takes them)
 -- ARGV[15 .. 14+Y] those publishers
 -- then one unit of work per publication, its fields in this order (UNIT_FIELDS
--- in broker/unit_of_work.py; a test checks the two lists match). Few fields, because
+-- in broker/core/unit_of_work.py; a test checks the two lists match). Few fields, because
 -- each ARGV costs Redis a string object and Lua an interned string: what most units
 -- of a batch share (options, recipient sets) is parsed once per distinct value.
 -- unit field 0 publisher
@@ -112,7 +112,7 @@
 --   its id and the condition's max_messages (the worker removes it only if still that deep)
 -- errors "BROKER foreign key: ..." before any write when a queue-manager-wide key is foreign,
 --   and "OOM ..." when the server is full (its first write refused: nothing written);
---   broker/scripts.py raises them as ForeignKey and ServerFull
+--   broker/core/scripts.py raises them as ForeignKey and ServerFull
 
 
 -- KEYS, ARGV and redis.pcall as locals: a global is a table lookup on every use, and the plan
@@ -137,7 +137,7 @@ local skipped_key, slow_key = KEYS[7], KEYS[8]
 local watching = limits_arg ~= ''
 local nunits = (#ARGV - first + 1) / UNIT
 
--- Outcomes, as the reply codes them (broker.unit_of_work.OUTCOMES) and the result names them.
+-- Outcomes, as the reply codes them (broker.core.unit_of_work.OUTCOMES) and the result names them.
 local DELIVERED, DUPLICATE, EXPIRED, REFUSED, SKIPPED = 1, 2, 3, 4, 5
 local STATUS_NAME = {'delivered', 'duplicate', 'expired', 'refused', 'skipped'}
 

@@ -64,7 +64,7 @@ local FIRST_OWNED = 17
 require_types({{stream, 'stream'}, {KEYS[2], 'string'}, {KEYS[3], 'set'}, {KEYS[4], 'zset'}, {KEYS[5], 'stream'},
                {KEYS[6], 'hash'}, {KEYS[7], 'hash'}})
 
--- Authenticated ingress (broker.principals): each principal (an ACL user) may XADD only to its
+-- Authenticated ingress (broker.core.principals): each principal (an ACL user) may XADD only to its
 -- own ingress stream, so the stream says who published. Its entries are moved here, in order,
 -- into the publish stream, each with the field "principal" set to it; one whose publisher id
 -- is not bound to the principal is dead-lettered with the reason (no result is posted: the
@@ -96,7 +96,7 @@ for i = 1, #bindings, 2 do
       else
         local why = 'publisher id ' .. string.format('%q', pub or '') .. ' is not bound to principal '
                     .. principal .. ' (ingress ' .. ingress .. ')'
-        -- dlq.principal: the ingress stream it came in by (broker.dead_letters replays it there)
+        -- dlq.principal: the ingress stream it came in by (broker.operations.dead_letters replays it there)
         dead_letter(KEYS[5], ARGV[12], tonumber(ARGV[13]), entry[1], fields, why, {'dlq.principal', principal})
       end
       done[#done + 1] = entry[1]

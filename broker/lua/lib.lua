@@ -1,4 +1,4 @@
--- Helpers shared by the broker's scripts: broker/scripts.py puts this file in
+-- Helpers shared by the broker's scripts: broker/core/scripts.py puts this file in
 -- front of every other script before loading it. Nothing here runs on its own.
 --
 -- The rule every script keeps (DESIGN.md: Redis does not roll back a script

@@ -27,7 +27,7 @@
 --   (it also gives up the holder key if it holds it, and leaves the consumers zset)
 -- ARGV[8] the subscription hash "{qm}:subs" (nothing is given back to a removed subscription),
 --   only read: passed by name, not in KEYS, so that a subscriber's ACL user needs read access
---   to it only (broker.acl; same slot as the keys)
+--   to it only (broker.operations.acl; same slot as the keys)
 -- returns {consumers recovered, messages given back, messages dead-lettered}
 -- errors "BROKER foreign key: ..." before any write when a key is foreign
 
@@ -81,7 +81,7 @@ for _, key in ipairs(lists) do
 end
 if given > 0 then ring(bell) end
 -- the subscription's last use, kept when its consumers leave the zset (a durable
--- subscription idle for durable_idle_expiry_ms is removed: broker.durables)
+-- subscription idle for durable_idle_expiry_ms is removed: broker.operations.durables)
 local last_active = KEYS[16]
 local function used_at(ms)
   if not exists then return end

@@ -1,4 +1,4 @@
--- Replay one dead letter as a publication (broker.dead_letters): XADD its fields to the publish
+-- Replay one dead letter as a publication (broker.operations.dead_letters): XADD its fields to the publish
 -- stream, or to the ingress stream of the principal that published it, and, unless it is kept,
 -- remove it from the dead-letter stream in the same atomic step, so that it is never both
 -- gone from the dead-letter queue and not re-published, nor re-published twice by two replays.

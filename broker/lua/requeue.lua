@@ -1,5 +1,5 @@
 -- Give a poison message back to the one subscription it was dead-lettered from
--- (broker.dead_letters): recover.lua (more than max_redeliveries failed deliveries) and
+-- (broker.operations.dead_letters): recover.lua (more than max_redeliveries failed deliveries) and
 -- receive.lua (expired) write dead letters with "envelope" and "dlq.subscription". The envelope
 -- goes to the head of its priority band (received next, as recover.lua gives messages back),
 -- the subscription's bell rings, and the dead letter is removed, in one atomic step: a

@@ -1,7 +1,7 @@
 #!lua flags=no-writes
 -- Read the subscription changes after a worker's routing-table version, with the records they
 -- changed, in one atomic call (read only): what the worker applies to its table alone
--- (``broker.routing.RoutingTable.refresh``) instead of reloading every subscription.
+-- (``broker.topics.routing.RoutingTable.refresh``) instead of reloading every subscription.
 --
 -- KEYS[1] the index version              "{qm}:version"
 -- KEYS[2] the subscription change log    "{qm}:sub_changes" zset "<version> <sub id>" -> version

@@ -1,7 +1,7 @@
 """Exporting the delivery journal (``{qm}:journal``) to Parquet, and draining what was exported.
 
 With the ``journal`` setting on, every unit of work a worker commits adds one
-record to the capped stream ``{qm}:journal`` (see ``broker.keys``). The export
+record to the capped stream ``{qm}:journal`` (see ``broker.core.keys``). The export
 reads it oldest first with ``XRANGE ... COUNT chunk`` up to the last record
 present when it started, writes the records as Parquet, and, once a file is
 complete on disk (written, fsynced, renamed into place), removes exactly the
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
-from broker import keys
-from broker.errors import ConnectionLost
+from broker.core import keys
+from broker.core.errors import ConnectionLost
 
 if TYPE_CHECKING:
     import pyarrow as pa

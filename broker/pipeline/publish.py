@@ -8,11 +8,11 @@ Plan (``publish_dataset``):
    partition, and ``sortWithinPartitions(publisher, seq)`` puts them in order.
 3. Each partition (one Spark task) opens its own Redis client and XADDs its
    rows in that order, ``batch`` per pipelined round trip, waiting for room
-   first when ``max_backlog`` is set (``broker.flow.wait_for_room``). So each
+   first when ``max_backlog`` is set (``broker.core.flow.wait_for_room``). So each
    publisher's entries reach the stream in seq order, from one writer. With
    flow control (the default), each round trip also reads the flow keys of the
    batch's publishers, and the next round trip waits the largest delay they
-   held (``broker.flow.FlowGate``): the partition slows to its slowest
+   held (``broker.core.flow.FlowGate``): the partition slows to its slowest
    subscriber's pace.
 
 Re-running the job, or Spark re-running a failed task, sends the same entries
@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
-from broker import keys
-from broker.connection import TLSOptions, connect, unreachable
-from broker.errors import ConnectionLost, ServerError
-from broker.flow import FlowGate, parse_delay, wait_for_room
-from broker.models import publication_fields
+from broker.core import keys
+from broker.core.connection import TLSOptions, connect, unreachable
+from broker.core.errors import ConnectionLost, InjectedFailure, ServerError
+from broker.core.flow import FlowGate, parse_delay, wait_for_room
+from broker.core.models import publication_fields
 from broker.pipeline.session import task_attempts
 from broker.pipeline.source import SourceSpec, prepare, read_source
 
@@ -57,10 +57,6 @@ if TYPE_CHECKING:
 DEFAULT_BATCH = 500
 #: How often the driver's progress thread reports, seconds.
 PROGRESS_INTERVAL_S = 0.5
-
-
-class InjectedFailure(RuntimeError):
-    """Raised on purpose by a partition (``fail_partition``) to exercise Spark's task retry."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ Usage::
     .venv/bin/python -m scripts.bench --json bench.json  # full run (N=100k, 3 repeats), about 5 minutes
     .venv/bin/python -m scripts.bench --quick --profile /tmp/prof   # + py-spy of the workers
 
-The script starts one server (``broker.server.Server()``: the embedded Valkey,
+The script starts one server (``broker.core.server.Server()``: the embedded Valkey,
 or ``$BROKER_REDIS_SERVER_BIN``) on 127.0.0.1 and runs every measurement
 against it in the same run, because the machine is shared and noisy: the
 *ratios* between side-by-side figures are what to read (see
@@ -20,13 +20,13 @@ Every child process and the server are stopped at the end, whatever happens.
 Workload (measurements 2-4)
 ---------------------------
 1,000 topics ``bench/<r>/<c>/<j>``, 1,450 subscriptions and 1,100 links, made
-with the broker's own admin API (``broker.subscribe``, ``broker.links.link``)
+with the broker's own admin API (``broker.subscribe``, ``broker.topics.links.link``)
 once, DUMPed and RESTOREd after each flush. Every topic reaches exactly F=10
 subscriber queues: one exact subscription, six through ``+``/``#`` filters
 (one of which, ``+/<r>/#``, matches the topic and both of its linked topics
 and must be delivered once), and two that only links reach
 (``bench/r/c/j -> audit/r/c -> audit/r``). F is checked with
-``broker.routing.explain`` on a sample of topics before, and as
+``broker.topics.routing.explain`` on a sample of topics before, and as
 deliveries / N after every run. Publications have a 200-byte body and come
 from 50 publishers (``p00``..``p49``) through ``broker.Publisher``, which
 always sets a msgid (so every unit of work writes a dedup record); the pool
@@ -98,7 +98,7 @@ Measurements
    1,000 property dicts as a worker builds them (``Entry.selector_properties``):
    median of 7 rounds, us (selector_eval_us; the bare loop's cost is shown).
 8. **One consumer** (in the bench process, its own connection; a
-   ``broker.consumer.Subscriber`` of one durable subscription): N envelopes
+   ``broker.clients.consumer.Subscriber`` of one durable subscription): N envelopes
    (as a worker writes them, 200-byte bodies) are LPUSHed straight into the
    subscriber queue (untimed), then drained with ``receive_many(100)`` +
    ``ack_many``; N others with ``receive_many(1000)`` + ``ack_many``; N others with
@@ -109,7 +109,7 @@ Measurements
    shown for each.
 9. **Topic objects**: as 2 with 2 workers, twice side by side (in alternating
    order when repeated), same topology and publications: in one run 200
-   administrative topic objects (``broker.topic_objects.define``, after the
+   administrative topic objects (``broker.topics.topic_objects.define``, after the
    restore, untimed) are bound to prefixes of the benchmark's topics --
    ``bench/r``, ``audit/r`` and ``bench/r/c`` of regions 0-8 and 92 leaf topics
    (``workload.topic_object_plan``) -- so 90% of the publications fall under an

@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-from broker.config import Settings
+from broker.core.config import Settings
 from scripts.bench.base import Ctx, Figures, Measurement, Row, broker_row, ratios, run_notes
 from scripts.bench.pool import run_broker
 from scripts.bench.topology import Topology

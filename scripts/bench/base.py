@@ -19,8 +19,8 @@ from typing import Any
 import redis
 from rich.console import Console
 
-from broker.config import Settings
-from broker.server import Server
+from broker.core.config import Settings
+from broker.core.server import Server
 from scripts.bench.pool import run_broker, wait_idle
 from scripts.bench.workload import BenchError
 

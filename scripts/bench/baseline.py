@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker.config import Settings
+from broker.core.config import Settings
 
 #: The commit before the features of issues 13-15 (federation, security, operations).
 DEFAULT_BASELINE = "4890748"
@@ -34,7 +34,7 @@ DEFAULT_BASELINE = "4890748"
 #: What the subprocess runs: the checkout's own pool, stopped warm on SIGTERM.
 RUNNER = (
     "import sys; sys.path.insert(0, sys.argv[1]);"
-    "from broker.config import Settings; from worker.pool import Pool;"
+    "from broker.core.config import Settings; from worker.pool import Pool;"
     "Pool(Settings()).run()"
 )
 

@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 import scripts.bench
-from broker.config import Settings
-from broker.connection import connect
-from broker.server import Server
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.server import Server
 from scripts.bench import instructions, rabbit
 from scripts.bench.base import QM, Ctx, median_run
 from scripts.bench.baseline import DEFAULT_BASELINE

@@ -8,9 +8,9 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.config import Settings
-from broker.subscriptions import subscribe
+from broker.core import keys
+from broker.core.config import Settings
+from broker.topics.subscriptions import subscribe
 from scripts.bench.base import QM, Ctx, Figures, Measurement, Row, cpu3, fmt
 from scripts.bench.cpu import CpuMeter, commandstats, redis_pid
 from scripts.bench.preload import preload_queue
@@ -70,7 +70,7 @@ def run_consume(
     decoded: ``Delivery.message``), + ``ack_many``; then ``single_n`` with ``receive`` + ``ack``.
 
     Each run has its own durable subscription (``CONSUME_FILTER``), whose queue is filled
-    directly with ``preload_queue`` (untimed), and a ``broker.consumer.Subscriber`` with its
+    directly with ``preload_queue`` (untimed), and a ``broker.clients.consumer.Subscriber`` with its
     default heartbeat thread. Afterwards the queue and the in-flight list must be empty.
     Keys: ``msgs_per_s`` (batch), ``large_msgs_per_s``, ``read_msgs_per_s``,
     ``single_msgs_per_s``, each with its CPU and Redis commands under the same prefix.
@@ -78,8 +78,8 @@ def run_consume(
     Raises:
         BenchError: a message was not received or not acknowledged.
     """
-    from broker.connection import connect
-    from broker.consumer import Subscriber
+    from broker.clients.consumer import Subscriber
+    from broker.core.connection import connect
 
     client.flushdb()
     conn = connect(settings.redis_url)

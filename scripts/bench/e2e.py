@@ -7,8 +7,8 @@ from typing import Any
 
 import redis
 
-from broker.config import Settings
-from broker.publish import Publisher
+from broker.clients.publish import Publisher
+from broker.core.config import Settings
 from scripts.bench.base import Ctx, Figures, Measurement, Row, cpu3, fmt, percentiles
 from scripts.bench.cpu import CpuMeter, redis_pid
 from scripts.bench.latency import _paced, _percentile
@@ -24,7 +24,7 @@ E2E_RATE_PER_PUBLISHER = 6_000.0
 def e2e_publisher(url: str, qm: str, rate: float, count: int, pids: list[str], conn: Any) -> None:
     """Child process of 16.: ``latency_publisher``'s schedule, on its own publisher ids ``pids``
     (each id's sequence belongs to one process). Sends the same summary on ``conn``."""
-    from broker.connection import connect
+    from broker.core.connection import connect
 
     client = connect(url)
     pubs = [Publisher(client, qm, pid, flow_control=False) for pid in pids]
@@ -42,10 +42,10 @@ def e2e_consumer(
     ``{"sent_ns": [...], "latency_ns": [...], "calls": n, "cpu_s": s}`` on ``conn``."""
     from array import array
 
-    from broker.config import Settings
-    from broker.connection import connect
-    from broker.consumer import Subscriber
-    from broker.subscriptions import SubscriptionRecord
+    from broker.clients.consumer import Subscriber
+    from broker.core.config import Settings
+    from broker.core.connection import connect
+    from broker.topics.subscriptions import SubscriptionRecord
 
     client = connect(url)
     record = SubscriptionRecord.from_json(sub_id, record_json, qm)
@@ -110,7 +110,7 @@ def run_e2e(
     import multiprocessing
     from array import array
 
-    from broker.subscriptions import read_subscriptions
+    from broker.topics.subscriptions import read_subscriptions
 
     qm = topo.qm
     topo.restore(client)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.config import SlowSubscriberCondition
-from broker.server import free_port
+from broker.core.config import SlowSubscriberCondition
+from broker.core.server import free_port
 from scripts.bench.base import (
     QM,
     Ctx,

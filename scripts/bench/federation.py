@@ -12,9 +12,9 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.config import Settings
-from broker.stream import group_state
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.stream import group_state
 from scripts.bench.base import Ctx, Figures, Measurement, Row, cpu3, fmt, percentiles, ratios
 from scripts.bench.cpu import CpuMeter
 from scripts.bench.latency import measure_latency
@@ -51,7 +51,7 @@ class Federation:
     def start(cls, topology: Topology | None = None) -> Federation:
         """Start the cluster and give every queue manager the benchmark's topology: ``topology``'s
         (built on another server), or one built here on the first queue manager's master."""
-        from broker.connection import connect
+        from broker.core.connection import connect
         from scripts.rig.cluster import LocalCluster, spread_names
 
         cluster = LocalCluster().start()
@@ -136,8 +136,8 @@ def federated(
     Raises:
         BenchError: the proxy subscriptions were not in place within ``timeout_s``.
     """
-    from broker.network import announce_key, parse_network
-    from broker.network_admin import apply_network
+    from broker.network.network_admin import apply_network
+    from broker.topics.topology import announce_key, parse_network
     from worker.pool import Pool, run_channel
 
     qms = fed.qms[:k]

@@ -33,9 +33,9 @@ from typing import Any
 
 import redis
 
-from broker.config import Settings
-from broker.connection import connect
-from broker.server import Server, server_binary
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.server import Server, server_binary
 from scripts.bench.base import Ctx, Figures, Measurement, Row
 from scripts.bench.ceiling import run_ceiling
 from scripts.bench.preload import preload

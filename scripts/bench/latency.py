@@ -10,9 +10,9 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.config import Settings
-from broker.publish import Publisher
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.config import Settings
 from scripts.bench.base import Ctx, Figures, Measurement, Row, cpu3, fmt, percentiles
 from scripts.bench.cpu import CpuMeter, commandstats, redis_pid
 from scripts.bench.pool import _pool, _worker_pids, wait_registered
@@ -29,7 +29,7 @@ def latency_publisher(url: str, qm: str, rate: float, count: int, conn: Any) -> 
     just before the publish call) travels as the property ``sent_ns``.
     Sends ``{"sent", "elapsed_s", "max_behind_ms", "late"}`` on ``conn`` at the end.
     """
-    from broker.connection import connect
+    from broker.core.connection import connect
 
     client = connect(url)
     # No flow control: the schedule is open loop, and only the queue of bench/0/# is drained

@@ -11,9 +11,9 @@ import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from broker.errors import LinkCycle
-from broker.hierarchy import HierarchyIndex
-from broker.topics import LinkGraph, TopicIndex
+from broker.core.errors import LinkCycle
+from broker.core.hierarchy import HierarchyIndex
+from broker.core.topics import LinkGraph, TopicIndex
 from scripts.bench.base import Ctx, Figures, Measurement, Row, fmt
 
 _METRICS = ("temp", "rh", "wind", "rain", "power", "door", "alarm", "cpu", "disk", "net")

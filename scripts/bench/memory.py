@@ -8,8 +8,8 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.config import Settings
+from broker.core import keys
+from broker.core.config import Settings
 from scripts.bench.base import Ctx, Figures, Measurement, Row
 from scripts.bench.pool import run_broker
 from scripts.bench.preload import preload_queue

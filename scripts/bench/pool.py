@@ -15,11 +15,11 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.config import Settings
-from broker.models import Message
-from broker.stream import group_state
-from broker.topic_objects import TopicObject
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.models import Message
+from broker.core.stream import group_state
+from broker.topics.topic_objects import TopicObject
 from scripts.bench.cpu import CpuMeter, commandstats, redis_pid
 from scripts.bench.preload import preload, publisher_ids
 from scripts.bench.topology import Principals, Topology
@@ -35,7 +35,7 @@ from scripts.bench.workload import (
 
 
 def group_progress(client: redis.Redis, qm: str) -> tuple[bool, int, int]:
-    """``(group exists, pending, lag)`` of the workers' group (``broker.stream.group_state``)."""
+    """``(group exists, pending, lag)`` of the workers' group (``broker.core.stream.group_state``)."""
     state = group_state(client, qm)
     lag = state.lag
     if lag is None:  # unknown (deleted entries): compare ids instead

@@ -11,10 +11,10 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.models import encode_envelope, publication_fields
-from broker.publish import Publisher
-from broker.routing import RoutingTable
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.models import encode_envelope, publication_fields
+from broker.topics.routing import RoutingTable
 from scripts.bench.topology import Principals
 from scripts.bench.workload import PUBLISHERS, TOPICS, BenchError, bodies, selector_props
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker.server import free_port
+from broker.core.server import free_port
 from scripts.bench.workload import (
     BenchError,
 )

@@ -9,8 +9,8 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from broker.models import parse_entry, publication_fields
-from broker.selectors import compile_selector
+from broker.core.models import parse_entry, publication_fields
+from broker.core.selectors import compile_selector
 from scripts.bench.base import (
     QM,
     Ctx,

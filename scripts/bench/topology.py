@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import redis
 
-from broker import keys
-from broker.links import link
-from broker.routing import RoutingTable, explain
-from broker.subscriptions import subscribe
+from broker.core import keys
+from broker.topics.links import link
+from broker.topics.routing import RoutingTable, explain
+from broker.topics.subscriptions import subscribe
 from scripts.bench.workload import (
     FANOUT,
     SWIFT_TOPICS,
@@ -158,7 +158,7 @@ class Principals:
     @classmethod
     def make(cls, client: redis.Redis, qm: str, url: str, ids: Sequence[str]) -> Principals:
         """Make the users on ``client``'s server (``url``: its URL, without credentials)."""
-        from broker.acl import RoleSpec, add_user
+        from broker.operations.acl import RoleSpec, add_user
 
         password = uuid.uuid4().hex
 

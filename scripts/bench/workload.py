@@ -12,9 +12,9 @@ from typing import Any
 
 import redis
 
-from broker import keys
-from broker.topic_objects import Attributes, TopicObject
-from broker.topic_objects import define as define_topic
+from broker.core import keys
+from broker.topics.topic_objects import Attributes, TopicObject
+from broker.topics.topic_objects import define as define_topic
 
 #: Fan-out of every publication: subscriber queues it reaches.
 FANOUT = 10
@@ -204,7 +204,7 @@ def topic_object_coverage(objects: Sequence[TopicObject]) -> float:
 
 
 def define_topic_objects(client: redis.Redis, qm: str, objects: Sequence[TopicObject]) -> float:
-    """Define ``objects`` (``broker.topic_objects.define``, one version bump each) on a queue manager
+    """Define ``objects`` (``broker.topics.topic_objects.define``, one version bump each) on a queue manager
     that must have none; returns the seconds taken.
 
     Raises:

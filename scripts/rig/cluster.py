@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from broker import keys
-from broker.demo.local_cluster import ClusterError, LocalCluster
+from broker.core import keys
+from broker.core.errors import ClusterError
+from broker.demo.local_cluster import LocalCluster
 
 __all__ = ["ClusterError", "LocalCluster", "spread_names"]
 

@@ -5,17 +5,17 @@ the Redis list ``<log>`` as ``"<consumer>|<msgid>|<delivery count>"`` before
 acknowledging it. A *holding* consumer instead takes one batch, records its
 msgids in ``<log>:held`` and ``<consumer>`` in ``<log>:holding``, and waits to
 be killed without acknowledging anything. ``run_crashing_consumer`` consumes the
-same way and SIGKILLs itself at a named crash point (``broker.consumer.CRASH_POINTS``).
+same way and SIGKILLs itself at a named crash point (``broker.clients.consumer.CRASH_POINTS``).
 """
 
 from __future__ import annotations
 
 import threading
 
-from broker.config import Settings
-from broker.connection import connect
-from broker.consumer import Subscriber
-from broker.subscriptions import SubscriptionRecord
+from broker.clients.consumer import Subscriber
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.topics.subscriptions import SubscriptionRecord
 
 
 def run_consumer(
@@ -63,7 +63,7 @@ def run_crashing_consumer(
 
     It consumes as ``run_consumer`` does (batches of 10, each recorded in ``<log>`` before it is
     acknowledged), with a ``scripts.rig.hook.CrashHook`` armed with ``plan_json``
-    (``{"point": one of broker.consumer.CRASH_POINTS, "after": n}``) as its hook.
+    (``{"point": one of broker.clients.consumer.CRASH_POINTS, "after": n}``) as its hook.
     """
     import json
 

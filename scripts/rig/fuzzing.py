@@ -5,7 +5,7 @@ Every generator takes a ``random.Random`` (the fuzz script's, seeded; or hypothe
 ``st.randoms()``, which shrinks), so one seed gives the same inputs again:
 
 - ``bad_entry``: the raw fields of one ``XADD {qm}:publish`` (the protocol document in
-  ``broker.keys``), a valid publication with one to three mutations: a field left out, given
+  ``broker.core.keys``), a valid publication with one to three mutations: a field left out, given
   twice, of the wrong type, huge, not UTF-8, out of range; a binary or oversized body; bad
   priorities, expirations, props JSON, origin and route; thousands of fields;
 - ``garbage_envelope``: what a consumer may find in a subscriber queue written by another
@@ -15,7 +15,7 @@ Every generator takes a ``random.Random`` (the fuzz script's, seeded; or hypothe
   that they meet;
 - ``garbage_selector``, ``valid_selector``, ``random_properties``: Jakarta Messaging selectors
   and what they are evaluated on; ``like_reference``: SQL LIKE by dynamic programming, the
-  reference of ``broker.selectors.like``;
+  reference of ``broker.core.selectors.like``;
 - ``settings_toml``, ``topics_toml``, ``network_toml``: configuration files (``toml_document``
   writes TOML), and ``junk_document``: bytes that may not be TOML at all;
 - ``admin_request`` / ``run_admin``: subscribe, unsubscribe, link, topic define/alter/delete/apply,
@@ -42,20 +42,20 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from broker import keys
-from broker.config import Settings
-from broker.declared import declare, undeclare
-from broker.errors import BrokerError
-from broker.links import link, unlink, unlink_all
-from broker.subscriptions import subscribe, unsubscribe
-from broker.topic_objects import BASE, Attributes, TopicObject, alter, apply, define, delete
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.errors import BrokerError
+from broker.topics.declared import declare, undeclare
+from broker.topics.links import link, unlink, unlink_all
+from broker.topics.subscriptions import subscribe, unsubscribe
+from broker.topics.topic_objects import BASE, Attributes, TopicObject, alter, apply, define, delete
 
 R = random.Random
 
 #: The root topic of the fuzz run's good traffic: bad input never names it.
 GOOD = "good"
 
-#: The publication entry's fields (``broker.keys``).
+#: The publication entry's fields (``broker.core.keys``).
 ENTRY_FIELDS = (
     "publisher",
     "topic",
@@ -610,7 +610,7 @@ def random_properties(r: R) -> dict[str, object]:
 @lru_cache(maxsize=4096)
 def like_reference(pattern: str, value: str, escape: str | None = None) -> bool:
     """SQL LIKE by dynamic programming over the pattern's tokens: the reference
-    ``broker.selectors.like`` must agree with. The pattern's escapes must be valid."""
+    ``broker.core.selectors.like`` must agree with. The pattern's escapes must be valid."""
     tokens: list[tuple[str, str]] = []
     i = 0
     while i < len(pattern):
@@ -731,7 +731,7 @@ def settings_toml(r: R) -> dict[str, Any]:
 
 _ATTRIBUTES = tuple(Attributes.model_fields)
 
-#: Values each attribute takes (``broker.topic_objects.Attributes``), USEDLQ(NO) left out.
+#: Values each attribute takes (``broker.topics.topic_objects.Attributes``), USEDLQ(NO) left out.
 _VALID_ATTRIBUTES: dict[str, tuple[Any, ...]] = {
     "pub": ("ENABLED", "DISABLED", "ASPARENT"),
     "sub": ("ENABLED", "DISABLED", "ASPARENT"),
@@ -799,7 +799,7 @@ def object_name(r: R) -> str:
 
 
 def topics_toml(r: R) -> dict[str, Any]:
-    """A topic-object file's content (``broker.topic_objects.load_file``)."""
+    """A topic-object file's content (``broker.topics.topic_objects.load_file``)."""
     if r.random() < 0.1:
         return {r.choice(("topic", "topics", text(r, 6))): random_value(r)}
     items = []
@@ -817,7 +817,7 @@ def topics_toml(r: R) -> dict[str, Any]:
 
 
 def network_toml(r: R, qm: str = "QM1") -> dict[str, Any]:
-    """A network file's content (``broker.network.load_network``); ``qm`` is often in it."""
+    """A network file's content (``broker.topics.topology.load_network``); ``qm`` is often in it."""
     names = [qm, qm, "QM2", "QM3", "Q M", "", "x" * 65, "é"]
     qms: dict[str, Any] = {}
     for _ in range(r.randint(0, 3)):
@@ -1148,7 +1148,7 @@ def network_set(r: R, scheme: str, qm: str) -> list[tuple[str, bytes | None, byt
     """Records that put ``qm`` in a network and make it forward: the network (``qm`` with a parent
     and cluster peers), proxy subscriptions held for the others, cluster topic copies (their
     hosts sometimes not names) and a cluster topic object; each in the shape ``corrupt_record``
-    returns. Publications then take ``broker.routing``'s forwarding path, with junk along it."""
+    returns. Publications then take ``broker.topics.routing``'s forwarding path, with junk along it."""
     sep = "/" if scheme == "mqtt" else "."
     network = {
         "announce": r.choice(("root", "topic")),

@@ -69,8 +69,8 @@ def network_recipients(
     topic: str, origin: str, filters: Mapping[str, tuple[str, str]], edges: Iterable[tuple[str, str]]
 ) -> frozenset[str]:
     """The subscription ids a publication on ``topic`` made at queue manager ``origin`` must reach
-    in a network of queue managers, computed independently of ``broker.network`` and
-    ``broker.routing``: every subscription whose filter matches ``topic`` at a queue manager
+    in a network of queue managers, computed independently of ``broker.topics.topology`` and
+    ``broker.topics.routing``: every subscription whose filter matches ``topic`` at a queue manager
     that ``origin`` reaches over ``edges``.
 
     Args:

@@ -120,7 +120,7 @@ def run_worker(
         log_file: the worker's log (warnings and errors), appended to.
         plan: a plan to start with (tests), instead of waiting for SIGUSR1.
     """
-    from broker.config import Settings
+    from broker.core.config import Settings
     from worker.loop import main
 
     hook = _armed(control_dir, log_file, plan)
@@ -135,7 +135,7 @@ def run_channel(
     name: str | None = None,
     plan: dict[str, Any] | None = None,
 ) -> None:
-    """Entry point of a chaos channel process: ``broker.channel.main`` with a ``CrashHook`` (crash
+    """Entry point of a chaos channel process: ``broker.network.channel.main`` with a ``CrashHook`` (crash
     points ``before_channel_in``, ``after_channel_in`` of its movers).
 
     Args:
@@ -146,8 +146,8 @@ def run_channel(
             takes its channels over at once instead of after the dead one's lease.
         plan: a plan to start with (tests), instead of waiting for SIGUSR1.
     """
-    from broker.channel import main
-    from broker.config import Settings
+    from broker.core.config import Settings
+    from broker.network.channel import main
 
     hook = _armed(control_dir, log_file, plan)
     main(Settings.model_validate_json(settings_json), name=name, hook=hook)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from broker.scripts import script_source
+from broker.core.scripts import script_source
 
 #: How long to keep reading (and discarding) the server's answer once it has
 #: started, before cutting the connection, ms: lets the rest of a pipeline apply.

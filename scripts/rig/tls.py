@@ -22,10 +22,10 @@ from pathlib import Path
 
 import trustme
 
-from broker.connection import TLSOptions
+from broker.core.connection import TLSOptions
+from broker.core.errors import ServerNotFound
+from broker.core.server import EPHEMERAL, Server, free_port, server_binary
 from broker.demo.local_cluster import LocalCluster
-from broker.errors import ServerNotFound
-from broker.server import EPHEMERAL, Server, free_port, server_binary
 
 
 @dataclass(frozen=True)

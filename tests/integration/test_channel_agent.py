@@ -1,14 +1,14 @@
-"""The channel agent (``broker.channel.Agent``): a round that finds nothing new changes nothing, so
+"""The channel agent (``broker.network.channel.Agent``): a round that finds nothing new changes nothing, so
 the workers keep their routing tables (every change of ``{qm}:proxies`` bumps ``{qm}:version``)."""
 
 from __future__ import annotations
 
-from broker import keys
-from broker.channel import ChannelProcess
-from broker.config import Settings
-from broker.network import parse_network
-from broker.network_admin import apply_network
-from broker.subscriptions import subscribe
+from broker.core import keys
+from broker.core.config import Settings
+from broker.network.channel import ChannelProcess
+from broker.network.network_admin import apply_network
+from broker.topics.subscriptions import subscribe
+from broker.topics.topology import parse_network
 
 
 def test_an_agent_round_with_nothing_new_keeps_the_proxy_subscriptions_and_the_version(

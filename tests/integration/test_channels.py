@@ -1,4 +1,4 @@
-"""The channel's guarantees (``broker.channel``), on real servers: every publication forwarded
+"""The channel's guarantees (``broker.network.channel``), on real servers: every publication forwarded
 from queue manager A reaches the subscriber queue at B exactly once and in order, whatever
 dies, loses a reply, restarts or holds a foreign key on the way.
 
@@ -32,18 +32,20 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from broker import cli, keys, subscribe
-from broker.channel import FIRST_BACKOFF_MS, MOVER_LEASE_MS, ChannelProcess, Mover
-from broker.config import Settings
-from broker.connection import connect
-from broker.errors import ConfigError
-from broker.models import publication_fields
-from broker.network import parse_network
-from broker.network_admin import apply_network, list_proxies, network_status
-from broker.routing import RoutingTable
-from broker.server import Server
-from broker.stream import ensure_group
+from broker import cli, subscribe
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.errors import ConfigError
+from broker.core.models import publication_fields
+from broker.core.server import Server
+from broker.core.stream import ensure_group
+from broker.network.channel import ChannelProcess
+from broker.network.mover import FIRST_BACKOFF_MS, MOVER_LEASE_MS, Mover
+from broker.network.network_admin import apply_network, list_proxies, network_status
 from broker.testing import drain, make_workers, queue_messages, wait_for
+from broker.topics.routing import RoutingTable
+from broker.topics.topology import parse_network
 from scripts.rig.proxy import Proxy, evalsha
 from worker.loop import Worker
 

@@ -8,7 +8,8 @@ import os
 import pytest
 from click.testing import CliRunner, Result
 
-from broker import cli, keys
+from broker import cli
+from broker.core import keys
 from broker.testing import drain, make_workers
 
 QM = "TEST"
@@ -203,7 +204,7 @@ def test_broker_server_started_outside_the_repo_runs_with_the_packaged_config(tm
 
     import redis
 
-    from broker.server import free_port
+    from broker.core.server import free_port
 
     monkeypatch.chdir(tmp_path)
     port = free_port()
@@ -334,7 +335,7 @@ def test_broker_cli_runs_the_shipped_valkey_cli_against_the_configured_server(re
 
 
 def test_cli_command_line_takes_host_port_db_user_and_password_from_the_url():
-    from broker.server import cli_command
+    from broker.core.server import cli_command
 
     argv, env = cli_command("redis://app:p%40ss@10.0.0.5:6380/2", ("PING",))
     assert argv[1:] == ["-h", "10.0.0.5", "-p", "6380", "-n", "2", "--user", "app", "PING"]
@@ -513,7 +514,7 @@ def test_a_durable_made_by_hand_with_valkey_cli_is_listed_by_durables(run, real_
     # Given a durable subscription a non-Python service made with plain commands
     import subprocess
 
-    from broker.server import cli_binary
+    from broker.core.server import cli_binary
 
     record = '{"filter":"/ORDERS/+","durable":true,"created_ms":0,"selector":"amount > 5"}'
     for args in (("HSET", keys.subscriptions(QM), "svc$orders", record), ("INCR", keys.version(QM))):

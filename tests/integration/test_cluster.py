@@ -13,12 +13,13 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from broker import Publisher, PublishResult, Subscriber, keys, link, subscribe
-from broker.config import Settings
-from broker.connection import connect, is_cluster
-from broker.errors import ClusterUnsupported, ConfigError
+from broker import Publisher, PublishResult, Subscriber, link, subscribe
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect, is_cluster
+from broker.core.errors import ClusterUnsupported, ConfigError
+from broker.core.server import cli_command
 from broker.jobs import schedule
-from broker.server import cli_command
 from broker.testing import drain, make_workers, queue_messages, work_while
 from scripts.rig.cluster import LocalCluster
 from worker.loop import Worker

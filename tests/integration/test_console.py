@@ -22,16 +22,17 @@ import pytest
 import redis
 import uvicorn
 
-from broker import keys, testing
-from broker.acl import RoleSpec, add_user
-from broker.config import Settings
-from broker.console import create_app
-from broker.publish import Publisher
-from broker.server import Server, free_port
-from broker.status import status
-from broker.subscriptions import subscribe
+from broker import testing
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.server import Server, free_port
+from broker.operations.acl import RoleSpec, add_user
+from broker.operations.console import create_app
+from broker.operations.status import status
 from broker.testing import queue_messages
-from broker.topic_objects import Attributes, alter, define
+from broker.topics.subscriptions import subscribe
+from broker.topics.topic_objects import Attributes, alter, define
 from worker.pool import Pool
 
 QM = "TEST"

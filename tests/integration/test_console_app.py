@@ -1,6 +1,6 @@
-"""The web console's rules, through Starlette's TestClient against the real server (``broker.console``).
+"""The web console's rules, through Starlette's TestClient against the real server (``broker.operations.console``).
 
-Logins are real Redis ACL users made with ``broker.acl.add_user``: Redis checks the
+Logins are real Redis ACL users made with ``broker.operations.acl.add_user``: Redis checks the
 password, and the role comes from ``{qm}:acl``. The browser test (pages, replay from the
 page, screenshots) is ``test_console.py``.
 """
@@ -15,17 +15,17 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from broker import keys
-from broker.acl import RoleSpec, add_user, admin_acl_file
-from broker.config import Settings
-from broker.connection import connect
-from broker.console import create_app
-from broker.console.app import COOKIE
-from broker.console.auth import REFUSED, url_as
-from broker.console.figures import Counters, RateMeter
-from broker.publish import Publisher
-from broker.server import EPHEMERAL, Server
-from broker.subscriptions import subscribe
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.server import EPHEMERAL, Server
+from broker.operations.acl import RoleSpec, add_user, admin_acl_file
+from broker.operations.console import create_app
+from broker.operations.console.app import COOKIE
+from broker.operations.console.auth import REFUSED, url_as
+from broker.operations.console.figures import Counters, RateMeter
+from broker.topics.subscriptions import subscribe
 
 with warnings.catch_warnings():  # Starlette >= 1.x suggests httpx2; httpx is what the test extra installs
     warnings.simplefilter("ignore")

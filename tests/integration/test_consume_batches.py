@@ -3,7 +3,7 @@
 Envelopes are written straight into the subscriber queues as a worker writes them
 (``encode_envelope``, LPUSH), so that batches of any size are cheap to set up. Leases
 are driven by an injected clock; the crash-point tests run real consumer processes that
-SIGKILL themselves at a named point (``broker.consumer.CRASH_POINTS``) and are joined.
+SIGKILL themselves at a named point (``broker.clients.consumer.CRASH_POINTS``) and are joined.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import time
 
 import pytest
 
-from broker import keys, subscribe
-from broker.config import Settings
-from broker.consumer import CRASH_POINTS, Delivery, Subscriber
-from broker.errors import InvalidMessage, ServerError
-from broker.models import encode_envelope
+from broker import subscribe
+from broker.clients.consumer import CRASH_POINTS, Delivery, Subscriber
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.errors import InvalidMessage, ServerError
+from broker.core.models import encode_envelope
 from scripts.rig.consumers import run_crashing_consumer
 
 QM = "TEST"

@@ -20,7 +20,8 @@ import signal
 
 import pytest
 
-from broker import Publisher, keys, link, subscribe
+from broker import Publisher, link, subscribe
+from broker.core import keys
 from broker.testing import drain, make_workers
 from scripts.rig.history import check_queues
 from scripts.rig.hook import run_worker

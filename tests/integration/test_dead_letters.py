@@ -1,4 +1,4 @@
-"""The dead-letter queue tools (``broker.dead_letters``, ``broker dlq``) on the real server, with
+"""The dead-letter queue tools (``broker.operations.dead_letters``, ``broker dlq``) on the real server, with
 real in-process workers: fix the cause, replay, delivered exactly once, in order."""
 
 from __future__ import annotations
@@ -8,11 +8,14 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from broker import Publisher, cli, keys, subscribe, unsubscribe
-from broker.config import Settings
-from broker.connection import connect
-from broker.consumer import Subscriber
-from broker.dead_letters import (
+from broker import Publisher, cli, subscribe, unsubscribe
+from broker.clients.consumer import Subscriber
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.errors import DeadLetterNotFound, EmptySelection, ForeignKey
+from broker.core.principals import bind
+from broker.operations.dead_letters import (
     DeadLetter,
     Selection,
     count_by_reason,
@@ -21,10 +24,8 @@ from broker.dead_letters import (
     replay,
     show,
 )
-from broker.errors import DeadLetterNotFound, EmptySelection, ForeignKey
-from broker.principals import bind
 from broker.testing import drain, make_workers, queue_messages
-from broker.topic_objects import Attributes, alter, define
+from broker.topics.topic_objects import Attributes, alter, define
 
 QM = "TEST"
 DISABLED = Selection(reason="pub(disabled)")
@@ -258,7 +259,7 @@ def test_show_of_an_unknown_or_malformed_id_is_dead_letter_not_found(real_redis)
 
 
 def test_the_replay_script_writes_nothing_for_a_dead_letter_already_gone(real_redis):
-    from broker.scripts import script_source
+    from broker.core.scripts import script_source
 
     real_redis.script_flush()
     script = real_redis.register_script(script_source("replay"))

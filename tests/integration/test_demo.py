@@ -29,8 +29,9 @@ def test_demo_on_a_given_server_refuses_to_delete_a_queue_manager_that_has_keys(
 ):
     import pytest
 
-    from broker import keys, subscribe
-    from broker.errors import DemoError
+    from broker import subscribe
+    from broker.core import keys
+    from broker.core.errors import DemoError
 
     # Given a queue manager in use on the server the demo is pointed at
     subscribe(real_redis, settings.qm, "/app/#", "prod", "orders")

@@ -8,13 +8,14 @@ import time
 import pytest
 from rq import Queue, SimpleWorker
 
-from broker import Publisher, Subscriber, keys, subscribe
-from broker.consumer import recover
-from broker.durables import delete_durables, expire_idle_durables
-from broker.errors import InvalidSelector
+from broker import Publisher, Subscriber, subscribe
+from broker.clients.consumer import recover
+from broker.core import keys
+from broker.core.errors import InvalidSelector
 from broker.jobs import ADMIN_QUEUE, periodic
-from broker.subscriptions import Removal, list_subscriptions, remove_subscription
+from broker.operations.durables import delete_durables, expire_idle_durables
 from broker.testing import drain, make_workers
+from broker.topics.subscriptions import Removal, list_subscriptions, remove_subscription
 
 QM = "TEST"
 

@@ -18,14 +18,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import worker.decide as worker_decide
-from broker import ConnectionLost, Publisher, keys, link, subscribe
-from broker.config import Settings
-from broker.connection import connect
-from broker.models import publication_fields
-from broker.server import Server, free_port
-from broker.status import status
+from broker import ConnectionLost, Publisher, link, subscribe
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.models import publication_fields
+from broker.core.server import Server, free_port
+from broker.core.unit_of_work import CommitBatch
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
-from broker.unit_of_work import CommitBatch
 from scripts.rig.history import History, Publication, check_queues
 from scripts.rig.proxy import Proxy, evalsha
 from worker.loop import Worker

@@ -1,4 +1,4 @@
-"""Many queue managers, one topic space, against real servers (``broker.network``, ``broker.channel``).
+"""Many queue managers, one topic space, against real servers (``broker.topics.topology``, ``broker.network.channel``).
 
 The main topologies run on the session's 3-master Redis Cluster (``local_cluster``): each queue
 manager lives in its own ``{qm}`` slot, so channels cross masters. Every test names its queue
@@ -20,19 +20,20 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from broker import cli, keys
-from broker.channel import ChannelProcess
-from broker.config import Settings
-from broker.connection import connect
-from broker.links import link
-from broker.models import Message
-from broker.network import Topology, parse_network
-from broker.network_admin import apply_network, list_proxies, network_status, remove_proxies, withdraw
-from broker.publish import Publisher
-from broker.server import Server, free_port
-from broker.subscriptions import subscribe, unsubscribe
+from broker import cli
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.models import Message
+from broker.core.server import Server, free_port
+from broker.network.channel import ChannelProcess
+from broker.network.network_admin import apply_network, list_proxies, network_status, remove_proxies, withdraw
 from broker.testing import drain, make_workers, queue_messages
-from broker.topic_objects import Attributes, define, delete
+from broker.topics.links import link
+from broker.topics.subscriptions import subscribe, unsubscribe
+from broker.topics.topic_objects import Attributes, define, delete
+from broker.topics.topology import Topology, parse_network
 from scripts.rig.cluster import LocalCluster
 
 _tags = itertools.count()

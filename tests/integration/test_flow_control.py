@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker import keys
-from broker.models import publication_fields
-from broker.publish import Publisher
-from broker.subscriptions import subscribe
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.models import publication_fields
 from broker.testing import FakeTime, drain, make_workers, work_while
+from broker.topics.subscriptions import subscribe
 from tests.conftest import QM
 
 

@@ -10,9 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker import keys, subscribe
-from broker.errors import ForeignKey
-from broker.status import status
+from broker import subscribe
+from broker.core import keys
+from broker.core.errors import ForeignKey
+from broker.operations.status import status
 from broker.testing import make_workers
 from worker import loop
 from worker.loop import Worker

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from broker import Publisher, keys, link, subscribe
-from broker.errors import CorruptRecord, ForeignKey
-from broker.routing import RoutingTable, explain
-from broker.status import status
-from broker.subscriptions import read_subscriptions, unsubscribe
+from broker import Publisher, link, subscribe
+from broker.core import keys
+from broker.core.errors import CorruptRecord, ForeignKey
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
+from broker.topics.routing import RoutingTable, explain
+from broker.topics.subscriptions import read_subscriptions, unsubscribe
 
 QM = "TEST"
 

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker import keys
-from broker.config import Settings
-from broker.consumer import Subscriber
-from broker.subscriptions import subscribe
+from broker.clients.consumer import Subscriber
+from broker.core import keys
+from broker.core.config import Settings
 from broker.testing import drain, make_workers, queue_messages
+from broker.topics.subscriptions import subscribe
 from scripts.fuzz import Fuzz
 from scripts.rig import fuzzing as fz
 

@@ -6,9 +6,10 @@ import random
 
 import pytest
 
-from broker import Publisher, keys, link, subscribe, unlink
-from broker.models import publication_fields
-from broker.status import status
+from broker import Publisher, link, subscribe, unlink
+from broker.core import keys
+from broker.core.models import publication_fields
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages, work_while
 from worker.loop import Worker
 

@@ -19,15 +19,16 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from broker import Publisher, keys, subscribe
-from broker.config import ConsumerMode, Settings
-from broker.links import link
-from broker.maintenance import reset
-from broker.routing import RoutingTable
-from broker.status import status
-from broker.subscriptions import unsubscribe
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.core.config import ConsumerMode, Settings
+from broker.operations.maintenance import reset
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
-from broker.topic_objects import Attributes, define
+from broker.topics.links import link
+from broker.topics.routing import RoutingTable
+from broker.topics.subscriptions import unsubscribe
+from broker.topics.topic_objects import Attributes, define
 from worker.loop import Worker
 
 QM = "TEST"

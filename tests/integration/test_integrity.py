@@ -15,10 +15,11 @@ import json
 import pytest
 import redis
 
-from broker import Publisher, keys, subscribe
-from broker.errors import ForeignKey
-from broker.maintenance import trim_acknowledged
-from broker.models import publication_fields
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.core.errors import ForeignKey
+from broker.core.models import publication_fields
+from broker.operations.maintenance import trim_acknowledged
 from broker.testing import drain, make_workers, queue_messages
 
 QM = "TEST"

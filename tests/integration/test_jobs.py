@@ -10,8 +10,9 @@ import pytest
 from rq import Queue, SimpleWorker
 from rq.job import Job
 
-from broker import Publisher, keys, subscribe
-from broker.errors import InvalidSchedule, InvalidSelector, NoSuchSchedule
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.core.errors import InvalidSchedule, InvalidSelector, NoSuchSchedule
 from broker.jobs import (
     ADMIN_QUEUE,
     RUNNERS,
@@ -23,9 +24,9 @@ from broker.jobs import (
     trim_stream,
     usage_snapshot,
 )
-from broker.schedules import next_run_ms
-from broker.subscriptions import list_subscriptions
+from broker.operations.schedules import next_run_ms
 from broker.testing import drain, make_workers
+from broker.topics.subscriptions import list_subscriptions
 
 QM = "TEST"
 

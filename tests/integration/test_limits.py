@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from broker import keys
-from broker.connection import connect
-from broker.consumer import Subscriber
-from broker.errors import InvalidTopicFilter, TooManyConsumers, TooManySubscriptions
-from broker.models import publication_fields
-from broker.publish import Publisher
-from broker.status import topic_status
-from broker.subscriptions import subscribe, unsubscribe
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.connection import connect
+from broker.core.errors import InvalidTopicFilter, TooManyConsumers, TooManySubscriptions
+from broker.core.models import publication_fields
+from broker.operations.status import topic_status
 from broker.testing import drain, make_workers, queue_messages, work_while
-from broker.topic_objects import BASE, Attributes, alter, define
+from broker.topics.subscriptions import subscribe, unsubscribe
+from broker.topics.topic_objects import BASE, Attributes, alter, define
 from tests.conftest import QM
 
 

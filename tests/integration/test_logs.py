@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from broker import keys
-from broker.logs import configure_logging
-from broker.models import publication_fields
+from broker.core import keys
+from broker.core.logs import configure_logging
+from broker.core.models import publication_fields
 from broker.testing import drain, make_workers
 
 QM = "TEST"

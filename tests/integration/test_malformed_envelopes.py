@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from broker import keys, subscribe
-from broker.config import Settings
-from broker.consumer import Subscriber
-from broker.models import encode_envelope
+from broker import subscribe
+from broker.clients.consumer import Subscriber
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.models import encode_envelope
 
 QM = "TEST"
 

@@ -22,18 +22,19 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from broker import cli, keys
-from broker.config import Settings
-from broker.connection import connect
-from broker.consumer import Subscriber
-from broker.errors import ServerFull
-from broker.maintenance import trim_acknowledged
-from broker.models import publication_fields
-from broker.publish import Publisher
-from broker.server import EPHEMERAL, Server
-from broker.subscriptions import subscribe, unsubscribe
+from broker import cli
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.errors import ServerFull
+from broker.core.models import publication_fields
+from broker.core.server import EPHEMERAL, Server
+from broker.operations.maintenance import trim_acknowledged
 from broker.testing import drain, make_workers, queue_messages
-from broker.topic_objects import Attributes, define
+from broker.topics.subscriptions import subscribe, unsubscribe
+from broker.topics.topic_objects import Attributes, define
 from worker.loop import RETRY_PAUSE_MS, Worker
 
 QM = "MEM"

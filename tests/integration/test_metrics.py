@@ -7,11 +7,12 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker import Publisher, keys, subscribe
-from broker.metrics import METRICS, NULL_RECORDER, Recorder
-from broker.server import free_port
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.core.server import free_port
+from broker.operations.metrics import METRICS, NULL_RECORDER, Recorder
 from broker.testing import drain, make_workers, wait_for
-from broker.topic_objects import Attributes, define
+from broker.topics.topic_objects import Attributes, define
 from worker.pool import Pool
 
 QM = "TEST"
@@ -102,7 +103,7 @@ def test_a_known_workload_gives_the_exact_counts_on_the_pools_metrics_endpoint(r
     assert _value(got, "broker_stream_pending") == 0
     assert _value(got, "broker_stream_lag") == 0
     assert _value(got, "broker_sample_errors_total") == 0
-    # and every name served is documented in broker.metrics
+    # and every name served is documented in broker.operations.metrics
     served = {name for name, _ in got}
     known = set(METRICS) | {f"{n}_{s}" for n in METRICS for s in ("bucket", "count", "sum")}
     known |= {f"{n[: -len('_total')]}_created" for n in METRICS if n.endswith("_total")}

@@ -25,20 +25,21 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
 
-from broker import keys, link, subscribe, topics
+from broker import link, subscribe
 from broker.cli.common import State
 from broker.cli.pipeline import journal, pipeline
-from broker.config import Settings
-from broker.connection import connect
+from broker.core import keys, topics
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.flow import backlog
+from broker.core.server import Server
 from broker.demo.replay import LINKS, SUBSCRIPTIONS, data_dir
-from broker.flow import backlog
 from broker.pipeline.audit import AuditReport, run_audit
 from broker.pipeline.journal import export_journal, journal_schema
 from broker.pipeline.publish import publish_dataset
 from broker.pipeline.routes import Subscriptions, filter_pattern, link_closure
 from broker.pipeline.session import build_session, task_attempts, with_retries
 from broker.pipeline.source import SourceSpec
-from broker.server import Server
 from broker.testing import drain, make_workers, queue_messages
 
 QM = "TEST"

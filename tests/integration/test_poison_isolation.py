@@ -23,9 +23,10 @@ import redis
 
 import worker.decide as worker_decide
 import worker.loop as worker_loop
-from broker import Publisher, keys, subscribe
-from broker.config import Settings
-from broker.errors import ForeignKey
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.errors import ForeignKey
 from broker.testing import drain
 from scripts.rig.history import History, Poison, Publication, check_queues
 from worker.loop import Worker

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import signal
 
-from broker import Publisher, keys, subscribe
-from broker.status import status
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.operations.status import status
 from broker.testing import queue_messages, wait_for
 from worker.pool import Pool
 

@@ -11,9 +11,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from broker.connection import connect
-from broker.server import free_port
-from broker.status import status
+from broker.core.connection import connect
+from broker.core.server import free_port
+from broker.operations.status import status
 
 ROOT = Path(__file__).resolve().parents[2]
 

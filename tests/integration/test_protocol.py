@@ -8,8 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from broker import Subscriber, keys, list_subscriptions
-from broker.server import cli_binary
+from broker import Subscriber, list_subscriptions
+from broker.core import keys
+from broker.core.server import cli_binary
 from broker.testing import drain, make_workers
 
 QM = "TEST"

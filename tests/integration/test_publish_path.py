@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker import keys
-from broker.errors import ServerError
-from broker.publish import Publisher
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.errors import ServerError
 
 QM = "TEST"
 

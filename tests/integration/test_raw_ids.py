@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 
-from broker import keys
-from broker.channel import forwarded_fields
-from broker.models import encode_envelope, parse_entry
-from broker.routing import RoutingTable
-from broker.subscriptions import subscribe
+from broker.core import keys
+from broker.core.models import encode_envelope, parse_entry
+from broker.network.mover import forwarded_fields
 from broker.testing import drain, make_workers, queue_messages
+from broker.topics.routing import RoutingTable
+from broker.topics.subscriptions import subscribe
 from tests.conftest import QM
 
 RAW_MSGID = b"u\xff"

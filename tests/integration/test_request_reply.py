@@ -6,9 +6,10 @@ import threading
 
 import pytest
 
-from broker import ReplyTimeout, keys, list_subscriptions, subscribe
-from broker.consumer import sweep_subscriptions
-from broker.request_reply import ERROR_PROPERTY, Requestor, Responder
+from broker import ReplyTimeout, list_subscriptions, subscribe
+from broker.clients.consumer import sweep_subscriptions
+from broker.clients.request_reply import ERROR_PROPERTY, Requestor, Responder
+from broker.core import keys
 from broker.testing import make_workers
 
 QM = "TEST"

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker import Publisher, keys, subscribe
+from broker import Publisher, subscribe
+from broker.core import keys
 from broker.testing import drain, make_workers, queue_messages
 from worker.loop import Worker
 

@@ -1,4 +1,4 @@
-"""The script wrappers of ``broker.scripts`` raise ``ForeignKey`` and ``ServerFull`` themselves (issue 25):
+"""The script wrappers of ``broker.core.scripts`` raise ``ForeignKey`` and ``ServerFull`` themselves (issue 25):
 a caller never reads an error's text to tell a foreign key or a full server from another error."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from broker import keys
-from broker.errors import ForeignKey, ServerFull
-from broker.scripts import Scripts, checked
-from broker.unit_of_work import Action, CommitBatch, UnitOfWork
+from broker.core import keys
+from broker.core.errors import ForeignKey, ServerFull
+from broker.core.scripts import Scripts, checked
+from broker.core.unit_of_work import Action, CommitBatch, UnitOfWork
 
 QM = "TEST"
 

@@ -1,6 +1,6 @@
-"""The broker's roles as Redis ACL users, against the real server (``broker.acl``, docs/security.md).
+"""The broker's roles as Redis ACL users, against the real server (``broker.operations.acl``, docs/security.md).
 
-One test per role, each run as real ACL users made with ``broker.acl.add_user``: a table of
+One test per role, each run as real ACL users made with ``broker.operations.acl.add_user``: a table of
 what the role must not do (every command refused with NOPERM, and nothing on the server
 changed: every key's DUMP, the ACL users and the configuration are compared before and after
 each one) and the work the role exists for (which must work). Then the raw protocol through
@@ -35,26 +35,27 @@ from click.testing import CliRunner, Result
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from broker import cli, keys
-from broker.acl import RoleSpec, add_user
-from broker.channel import ChannelProcess
-from broker.config import Settings
-from broker.connection import connect
-from broker.consumer import Subscriber
-from broker.errors import ServerError
-from broker.links import link, unlink
-from broker.models import Message
-from broker.network import parse_network
-from broker.network_admin import apply_network
-from broker.principals import bind, bindings
-from broker.publish import Publisher
-from broker.scripts import script_source
-from broker.server import Server, cli_binary, free_port
-from broker.status import status
-from broker.subscriptions import SubscriptionRecord, subscribe, unsubscribe
+from broker import cli
+from broker.clients.consumer import Subscriber
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import connect
+from broker.core.errors import ServerError
+from broker.core.models import Message
+from broker.core.principals import bind, bindings
+from broker.core.scripts import script_source
+from broker.core.server import Server, cli_binary, free_port
+from broker.network.channel import ChannelProcess
+from broker.network.network_admin import apply_network
+from broker.operations.acl import RoleSpec, add_user
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages, work_while
-from broker.topic_objects import Attributes, define
-from broker.topic_objects import delete as delete_object
+from broker.topics.links import link, unlink
+from broker.topics.subscriptions import SubscriptionRecord, subscribe, unsubscribe
+from broker.topics.topic_objects import Attributes, define
+from broker.topics.topic_objects import delete as delete_object
+from broker.topics.topology import parse_network
 from worker.loop import Worker
 
 QM = "TEST"
@@ -66,7 +67,7 @@ OTHER = "TESTX"
 
 
 class Users:
-    """ACL users of one test, made with ``broker.acl.add_user`` (random passwords) and deleted after it."""
+    """ACL users of one test, made with ``broker.operations.acl.add_user`` (random passwords) and deleted after it."""
 
     def __init__(self, server: Server, admin: redis.Redis) -> None:
         self.server, self.admin = server, admin

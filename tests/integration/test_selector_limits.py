@@ -13,12 +13,12 @@ import json
 
 import pytest
 
-from broker import keys
-from broker.errors import SelectorTooComplex
-from broker.models import publication_fields
-from broker.status import status
-from broker.subscriptions import subscribe
+from broker.core import keys
+from broker.core.errors import SelectorTooComplex
+from broker.core.models import publication_fields
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
+from broker.topics.subscriptions import subscribe
 from tests.conftest import QM
 
 #: The issue's selector: 60,000 ORed comparisons, 768 KB.

@@ -14,13 +14,13 @@ import logging
 
 import pytest
 
-from broker import keys
-from broker.config import SlowSubscriberCondition
-from broker.models import publication_fields
-from broker.status import status
-from broker.subscriptions import remove_subscription, subscribe
+from broker.core import keys
+from broker.core.config import SlowSubscriberCondition
+from broker.core.models import publication_fields
+from broker.operations.status import status
 from broker.testing import drain, make_workers
-from broker.topic_objects import Attributes, define
+from broker.topics.subscriptions import remove_subscription, subscribe
+from broker.topics.topic_objects import Attributes, define
 from tests.conftest import QM
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from broker import Publisher, keys, link, subscribe
+from broker import Publisher, link, subscribe
+from broker.core import keys
 from broker.testing import drain, make_workers, queue_messages
 
 QM = "TEST"

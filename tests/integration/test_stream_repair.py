@@ -15,10 +15,11 @@ import time
 
 import pytest
 
-from broker import Publisher, keys, subscribe
-from broker.repair import repair_stream
-from broker.status import status
-from broker.stream import MAX_ID, group_state
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.core.stream import MAX_ID, group_state
+from broker.operations.repair import repair_stream
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
 from worker.loop import Worker
 

@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from broker import ConsumerConflict, Publisher, keys, list_subscriptions, subscribe, unsubscribe
-from broker.config import ConsumerMode, Settings
-from broker.consumer import Subscriber, subscription_load, sweep_subscriptions
+from broker import ConsumerConflict, Publisher, list_subscriptions, subscribe, unsubscribe
+from broker.clients.consumer import Subscriber, subscription_load, sweep_subscriptions
+from broker.core import keys
+from broker.core.config import ConsumerMode, Settings
 from broker.testing import drain, make_workers
 from scripts.rig.consumers import run_consumer
 

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from broker import Publisher, keys, subscribe
-from broker.config import ConsumerMode, Settings
-from broker.declared import declare, list_declared, undeclare
-from broker.errors import ConfigError, InvalidTopicFilter, NoSuchTopic, SubscriptionRefused
-from broker.links import link
-from broker.status import status
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.core.config import ConsumerMode, Settings
+from broker.core.errors import ConfigError, InvalidTopicFilter, NoSuchTopic, SubscriptionRefused
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
-from broker.topic_objects import Attributes, define, topic_of
+from broker.topics.declared import declare, list_declared, undeclare
+from broker.topics.links import link
+from broker.topics.topic_objects import Attributes, define, topic_of
 
 QM = "TEST"
 

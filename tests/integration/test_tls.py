@@ -21,16 +21,17 @@ import redis
 from click.testing import CliRunner, Result
 from rq import Queue, SimpleWorker
 
-from broker import Publisher, Subscriber, cli, keys, subscribe
-from broker.channel import ChannelProcess
-from broker.config import Settings
-from broker.connection import TLSOptions, connect, wait_for_server
-from broker.errors import ConfigError, ConnectionLost, ServerNotFound
+from broker import Publisher, Subscriber, cli, subscribe
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.connection import TLSOptions, connect, wait_for_server
+from broker.core.errors import ConfigError, ConnectionLost, ServerNotFound
+from broker.core.server import cli_binary, cli_command
 from broker.jobs import ADMIN_QUEUE, schedule
-from broker.network import parse_network
-from broker.network_admin import apply_network, list_proxies
-from broker.server import cli_binary, cli_command
+from broker.network.channel import ChannelProcess
+from broker.network.network_admin import apply_network, list_proxies
 from broker.testing import drain, make_workers, queue_messages, wait_for
+from broker.topics.topology import parse_network
 from scripts.rig.tls import Certificates, TLSCluster, TLSServer, make_certificates, tls_binary
 from worker.pool import Pool
 

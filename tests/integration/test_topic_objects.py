@@ -6,10 +6,21 @@ import time
 
 import pytest
 
-from broker import Publisher, keys, subscribe
-from broker.errors import SubscriptionRefused, TopicObjectConflict
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.core.errors import SubscriptionRefused, TopicObjectConflict
 from broker.testing import drain, make_workers, queue_messages
-from broker.topic_objects import BASE, Attributes, alter, apply, define, delete, display, load_file, read_tree
+from broker.topics.topic_objects import (
+    BASE,
+    Attributes,
+    alter,
+    apply,
+    define,
+    delete,
+    display,
+    load_file,
+    read_tree,
+)
 
 QM = "TEST"
 

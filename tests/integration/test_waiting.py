@@ -14,8 +14,9 @@ import threading
 
 import pytest
 
-from broker import Publisher, keys, subscribe
-from broker.status import status
+from broker import Publisher, subscribe
+from broker.core import keys
+from broker.operations.status import status
 from broker.testing import make_workers
 from worker.loop import BUSY_POLL_MS, QUIET_WAIT_MS, Worker
 from worker.waiting import waiter_lease_ms

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker import keys, subscribe, watch
-from broker.models import publication_fields
+from broker import subscribe
+from broker.core import keys
+from broker.core.models import publication_fields
+from broker.operations import watch
 
 QM = "TEST"
 

@@ -3,7 +3,7 @@ selector, and that the publications' properties make it select about half of the
 
 from __future__ import annotations
 
-from broker.selectors import compile_selector
+from broker.core.selectors import compile_selector
 from scripts.bench.selectors import selector_sample
 from scripts.bench.workload import (
     HUGE_DEPTH,
@@ -36,8 +36,8 @@ def test_the_selector_selects_about_half_of_the_publications() -> None:
 
 
 def test_the_topic_objects_cover_most_topics_and_change_nothing() -> None:
-    from broker.topic_objects import BASE_DEFAULTS, TopicTree, check_name
-    from broker.topics import validate_topic
+    from broker.core.topics import validate_topic
+    from broker.topics.topic_objects import BASE_DEFAULTS, TopicTree, check_name
 
     objects = topic_object_plan()
     assert len(objects) == TOPIC_OBJECTS == 200
@@ -58,7 +58,7 @@ def test_the_topic_objects_cover_most_topics_and_change_nothing() -> None:
 
 
 def test_the_baseline_pool_gets_the_changed_settings_as_broker_variables():
-    from broker.config import Settings
+    from broker.core.config import Settings
     from scripts.bench.baseline import settings_env
 
     # Given settings with a URL, a queue manager, a flag and a list changed from their defaults

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from broker import cli
-from broker.publish import Publisher, PublishResult
+from broker.clients.publish import Publisher, PublishResult
 
 COMMANDS = [
     "worker",
@@ -208,7 +208,7 @@ def test_a_redis_url_with_an_unknown_query_option_is_one_config_error_line_exit_
 
 
 def test_known_redis_url_query_options_are_accepted():
-    from broker.connection import connect
+    from broker.core.connection import connect
 
     client = connect(CLOSED + "?socket_timeout=3&client_name=me&health_check_interval=10")
     assert client.connection_pool.connection_kwargs["client_name"] == "me"
@@ -220,7 +220,7 @@ def test_known_redis_url_query_options_are_accepted():
 )
 def test_subscriber_prints_one_line_per_message_whatever_the_body(body, line):
     from broker.cli.render import _format_message
-    from broker.models import Message
+    from broker.core.models import Message
 
     text = _format_message(Message(msgid="m", publisher="p", topic="/t", timestamp_ms=0, body=body))
     assert "\n" not in text and text.endswith(line)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.config import load_settings
-from broker.errors import ConfigError
+from broker.core.config import load_settings
+from broker.core.errors import ConfigError
 
 
 def test_file_values_are_overridden_by_environment_and_keywords(tmp_path, monkeypatch):
@@ -98,7 +98,7 @@ def test_shipped_config_file_is_valid():
     ],
 )
 def test_redact_url_hides_only_the_password(url, shown):
-    from broker.connection import redact_url
+    from broker.core.connection import redact_url
 
     assert redact_url(url) == shown
 
@@ -106,8 +106,8 @@ def test_redact_url_hides_only_the_password(url, shown):
 def test_a_server_config_that_does_not_exist_is_a_clear_error_and_the_default_is_packaged():
     from pathlib import Path
 
-    from broker.config import Settings, load_settings
-    from broker.errors import ConfigError
+    from broker.core.config import Settings, load_settings
+    from broker.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="server_config: .*no such file"):
         load_settings(None, server_config="/nonexistent/redis.conf")
@@ -119,7 +119,7 @@ def test_public_entry_points_raise_broker_errors_not_redis_py_errors():
     import redis
 
     from broker import ConnectionLost, Subscriber, explain, link, list_subscriptions, status, subscribe
-    from broker.subscriptions import SubscriptionRecord
+    from broker.topics.subscriptions import SubscriptionRecord
 
     down = redis.Redis(port=1, socket_connect_timeout=0.2, retry_on_error=[], retry=None)
     record = SubscriptionRecord("app$x", "/a", True, 0)
@@ -205,7 +205,7 @@ def test_slow_subscriber_conditions_from_the_environment(tmp_path, monkeypatch):
 def test_a_condition_applies_by_delivery_mode_and_never_to_remote_subscriptions(
     mode, kind, persistent, applies
 ):
-    from broker.config import SlowSubscriberCondition
+    from broker.core.config import SlowSubscriberCondition
 
     condition = SlowSubscriberCondition(name="feed", persistence_mode=mode, subscription_type=kind)
     assert condition.applies(persistent) is applies

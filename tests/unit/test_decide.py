@@ -7,11 +7,11 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from broker import keys
-from broker.config import Settings
-from broker.routing import RoutingTable
-from broker.subscriptions import subscribe
-from broker.unit_of_work import Action
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.unit_of_work import Action
+from broker.topics.routing import RoutingTable
+from broker.topics.subscriptions import subscribe
 from worker.decide import COMMIT_CHUNK, Decider
 
 QM = "TEST"

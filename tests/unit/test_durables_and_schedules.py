@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from broker.durables import last_use, matching
-from broker.errors import CorruptRecord, InvalidSchedule, InvalidSelector
+from broker.core.errors import CorruptRecord, InvalidSchedule, InvalidSelector
 from broker.jobs import RUNNERS
-from broker.schedules import JOBS, Schedule, check_params, new_schedule, next_run_ms
-from broker.subscriptions import SubscriptionRecord
+from broker.operations.durables import last_use, matching
+from broker.operations.schedules import JOBS, Schedule, check_params, new_schedule, next_run_ms
+from broker.topics.subscriptions import SubscriptionRecord
 
 
 def durable(sub_id: str) -> SubscriptionRecord:

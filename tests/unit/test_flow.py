@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker import keys
-from broker.errors import BacklogTimeout
-from broker.flow import backlog, wait_for_room
+from broker.core import keys
+from broker.core.errors import BacklogTimeout
+from broker.core.flow import backlog, wait_for_room
 from broker.testing import FakeTime
 
 QM = "TEST"
@@ -106,9 +106,9 @@ def test_wait_for_room_refuses_a_bound_below_one(fake_redis):
 def test_group_state_reads_pending_lag_and_acknowledged_and_names_a_foreign_stream(real_redis):
     import pytest
 
-    from broker import keys
-    from broker.errors import ForeignKey
-    from broker.stream import ensure_group, group_state
+    from broker.core import keys
+    from broker.core.errors import ForeignKey
+    from broker.core.stream import ensure_group, group_state
 
     # Given no stream yet
     assert group_state(real_redis, "GS").exists is False
@@ -138,13 +138,13 @@ def test_group_state_reads_pending_lag_and_acknowledged_and_names_a_foreign_stre
     ("raw", "delay"), [(None, 0), (b"250", 250), ("7", 7), (b"-3", 0), (b"soon", 0), (ValueError("x"), 0)]
 )
 def test_parse_delay_reads_a_flow_key_value_or_gives_zero(raw, delay):
-    from broker.flow import parse_delay
+    from broker.core.flow import parse_delay
 
     assert parse_delay(raw) == delay
 
 
 def test_flow_gate_waits_what_is_left_of_the_largest_delay_once():
-    from broker.flow import FlowGate
+    from broker.core.flow import FlowGate
 
     t = FakeTime(1_000.0)
     gate = FlowGate(clock_ms=t.clock, sleep_ms=t.sleep)
@@ -160,7 +160,7 @@ def test_flow_gate_waits_what_is_left_of_the_largest_delay_once():
 
 
 def test_a_disabled_flow_gate_never_waits():
-    from broker.flow import FlowGate
+    from broker.core.flow import FlowGate
 
     t = FakeTime()
     gate = FlowGate(enabled=False, clock_ms=t.clock, sleep_ms=t.sleep)
@@ -169,7 +169,7 @@ def test_a_disabled_flow_gate_never_waits():
 
 
 def test_publisher_reads_its_flow_key_with_the_xadd_and_waits_before_the_next(fake_redis):
-    from broker.publish import Publisher
+    from broker.clients.publish import Publisher
 
     # Given the broker asked publisher p to wait 250 ms
     t = FakeTime()
@@ -190,7 +190,7 @@ def test_publisher_reads_its_flow_key_with_the_xadd_and_waits_before_the_next(fa
 
 
 def test_publisher_without_flow_control_neither_reads_the_key_nor_waits(fake_redis, monkeypatch):
-    from broker.publish import Publisher
+    from broker.clients.publish import Publisher
 
     t = FakeTime()
     fake_redis.set(keys.flow_key(QM, "p"), "250")
@@ -205,7 +205,7 @@ def test_publisher_without_flow_control_neither_reads_the_key_nor_waits(fake_red
 
 
 def test_publish_many_reads_the_flow_key_once_per_batch_and_waits_before_the_next_batch(fake_redis):
-    from broker.publish import Publisher
+    from broker.clients.publish import Publisher
 
     t = FakeTime()
     pub = Publisher(fake_redis, QM, "p", clock_ms=t.clock, sleep_ms=t.sleep)
@@ -234,7 +234,7 @@ def test_publish_many_reads_the_flow_key_once_per_batch_and_waits_before_the_nex
 
 
 def test_a_foreign_flow_key_does_not_fail_the_publication(fake_redis):
-    from broker.publish import Publisher
+    from broker.clients.publish import Publisher
 
     fake_redis.rpush(keys.flow_key(QM, "p"), "not a delay")
     pub = Publisher(fake_redis, QM, "p")

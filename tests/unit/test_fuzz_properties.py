@@ -25,11 +25,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from broker import hierarchy, keys, topics
-from broker.config import load_settings
-from broker.connection import can_name
-from broker.declared import parse_declared, undeclare
-from broker.errors import (
+from broker.clients.publish import Publisher
+from broker.core import hierarchy, keys, topics
+from broker.core.config import load_settings
+from broker.core.connection import can_name
+from broker.core.errors import (
     ConfigError,
     CorruptRecord,
     InvalidMessage,
@@ -42,9 +42,8 @@ from broker.errors import (
     TopicObjectConflict,
     shown,
 )
-from broker.hierarchy import HierarchyIndex
-from broker.links import parse_links
-from broker.models import (
+from broker.core.hierarchy import HierarchyIndex
+from broker.core.models import (
     Message,
     apply_topic_defaults,
     decode_envelope,
@@ -52,13 +51,14 @@ from broker.models import (
     parse_entry,
     publication_fields,
 )
-from broker.network import ProxySubscription, load_network, parse_network
-from broker.publish import Publisher
-from broker.routing import RoutingTable
-from broker.scripts import entry_fields
-from broker.selectors import compile_selector, like
-from broker.subscriptions import parse_subscriptions, subscribe, unsubscribe
-from broker.topic_objects import (
+from broker.core.scripts import entry_fields
+from broker.core.selectors import compile_selector, like
+from broker.core.topics import TopicIndex
+from broker.topics.declared import parse_declared, undeclare
+from broker.topics.links import parse_links
+from broker.topics.routing import RoutingTable
+from broker.topics.subscriptions import parse_subscriptions, subscribe, unsubscribe
+from broker.topics.topic_objects import (
     Attributes,
     TopicObject,
     TopicTree,
@@ -69,7 +69,7 @@ from broker.topic_objects import (
     load_file,
     topic_of,
 )
-from broker.topics import TopicIndex
+from broker.topics.topology import ProxySubscription, load_network, parse_network
 from scripts.rig import fuzzing as fz
 
 QM = "FZ"
@@ -166,7 +166,7 @@ scalars = st.none() | st.booleans() | st.integers() | st.floats() | texts
 def test_a_publisher_sends_or_refuses_with_invalid_topic_or_invalid_message(
     publisher_id: str, topic: str, options: dict[str, Any], body: str | bytes, validate: bool
 ) -> None:
-    client = fakeredis.FakeRedis(encoding_errors="surrogateescape")  # as broker.connection.connect
+    client = fakeredis.FakeRedis(encoding_errors="surrogateescape")  # as broker.core.connection.connect
     try:
         Publisher(client, QM, publisher_id, validate, flow_control=False).publish(topic, body, **options)
     except (InvalidTopic, InvalidMessage):

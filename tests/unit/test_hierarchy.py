@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from broker.errors import InvalidTopic, InvalidTopicFilter
-from broker.hierarchy import (
+from broker.core.errors import InvalidTopic, InvalidTopicFilter
+from broker.core.hierarchy import (
     DeclaredTopics,
     HierarchyIndex,
     is_predicate,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker import keys, subscribe, unsubscribe
-from broker.errors import NoSuchSubscription, SubscriptionConflict
-from broker.subscriptions import list_subscriptions
+from broker import subscribe, unsubscribe
+from broker.core import keys
+from broker.core.errors import NoSuchSubscription, SubscriptionConflict
+from broker.topics.subscriptions import list_subscriptions
 
 QM = "TEST"
 
@@ -69,7 +70,7 @@ def test_publisher_retry_after_an_unknown_outcome_reuses_seq_and_default_msgid(
     import redis
 
     from broker import Publisher
-    from broker.errors import ConnectionLost
+    from broker.core.errors import ConnectionLost
 
     pub = Publisher(fake_redis, QM, "p", flow_control=flow_control)
     # with flow control the XADD goes in a pipeline with the GET of the flow key
@@ -97,7 +98,7 @@ def test_commit_lua_names_the_unit_fields_in_the_order_python_encodes_them():
     import re
     from importlib import resources
 
-    from broker.unit_of_work import UNIT_FIELDS
+    from broker.core.unit_of_work import UNIT_FIELDS
 
     source = resources.files("broker").joinpath("lua", "commit.lua").read_text()
     named = re.findall(r"^-- unit field (\d+) (\w+)", source, flags=re.MULTILINE)
@@ -114,8 +115,8 @@ def test_flow_key_is_prefix_plus_publisher_plus_flow_and_band_sub_id_inverts_sub
 
 
 def test_commit_batch_watches_queues_without_loosening_a_bound():
-    from broker.config import SlowSubscriberCondition
-    from broker.unit_of_work import Action, CommitBatch, UnitOfWork
+    from broker.core.config import SlowSubscriberCondition
+    from broker.core.unit_of_work import Action, CommitBatch, UnitOfWork
 
     batch = CommitBatch()
     queues = (keys.sub_queue(QM, "a$b"), keys.sub_queue(QM, "a$c"))

@@ -11,10 +11,11 @@ import json
 import pytest
 import redis
 
-from broker import keys
-from broker.config import Settings, load_settings
-from broker.connection import translate_errors
-from broker.errors import (
+from broker.clients.publish import Publisher
+from broker.core import keys
+from broker.core.config import Settings, load_settings
+from broker.core.connection import translate_errors
+from broker.core.errors import (
     ConfigError,
     InvalidMessage,
     InvalidTopicFilter,
@@ -23,12 +24,11 @@ from broker.errors import (
     TooManyConsumers,
     TooManySubscriptions,
 )
-from broker.models import parse_entry, publication_fields
-from broker.publish import Publisher
-from broker.subscriptions import subscribe, unsubscribe
-from broker.topic_objects import BASE, Attributes, TopicObject, TopicTree
-from broker.topics import limit_problem
-from broker.unit_of_work import Action
+from broker.core.models import parse_entry, publication_fields
+from broker.core.topics import limit_problem
+from broker.core.unit_of_work import Action
+from broker.topics.subscriptions import subscribe, unsubscribe
+from broker.topics.topic_objects import BASE, Attributes, TopicObject, TopicTree
 from worker.loop import Worker
 
 QM = "UNIT"

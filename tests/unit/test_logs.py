@@ -1,4 +1,4 @@
-"""broker.logs: the text and JSON formats, the publication keys, hostile values, configuration."""
+"""broker.core.logs: the text and JSON formats, the publication keys, hostile values, configuration."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from broker.config import load_settings
-from broker.errors import ConfigError
-from broker.logs import (
+from broker.core.config import load_settings
+from broker.core.errors import ConfigError
+from broker.core.logs import (
     MAX_VALUE_CHARS,
     JsonFormatter,
     TextFormatter,

@@ -10,8 +10,11 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.errors import InvalidMessage
-from broker.metrics import (
+from broker.core.errors import InvalidMessage
+from broker.core.models import parse_entry
+from broker.core.topics import limit_problem, validate_topic
+from broker.core.unit_of_work import Action, Outcome, UnitOfWork
+from broker.operations.metrics import (
     DEAD_LETTER_REASONS,
     LATENCY_BUCKETS_MS,
     METRICS,
@@ -20,9 +23,6 @@ from broker.metrics import (
     _Batched,
     dead_letter_reason,
 )
-from broker.models import parse_entry
-from broker.topics import limit_problem, validate_topic
-from broker.unit_of_work import Action, Outcome, UnitOfWork
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import keys
-from broker.errors import InvalidMessage
-from broker.models import (
+from broker.core import keys
+from broker.core.errors import InvalidMessage
+from broker.core.models import (
     Message,
     _from_usual_header,
     decode_envelope,

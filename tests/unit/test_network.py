@@ -8,10 +8,11 @@ import random
 
 import pytest
 
-from broker.channel import forwarded_fields
-from broker.errors import ConfigError
-from broker.models import Message, encode_envelope, parse_entry, publication_fields
-from broker.network import (
+from broker.core.errors import ConfigError
+from broker.core.models import Message, encode_envelope, parse_entry, publication_fields
+from broker.core.topics import matches as mqtt_matches
+from broker.network.mover import forwarded_fields
+from broker.topics.topology import (
     EVERYTHING,
     LOCAL,
     ProxySubscription,
@@ -22,7 +23,6 @@ from broker.network import (
     parse_network,
     proxy_field,
 )
-from broker.topics import matches as mqtt_matches
 
 
 def _net(qms: dict[str, dict], **rest) -> Topology:

@@ -2,7 +2,7 @@
 
 A selector is evaluated for every publication its subscription's filter matches: a 768 KB one
 (60,000 ORed comparisons) added 23 ms to each. ``max_selector_bytes`` bounds its size, and
-``broker.selectors`` bounds its terms, tokens and nesting, so that a small but pathological one
+``broker.core.selectors`` bounds its terms, tokens and nesting, so that a small but pathological one
 is refused too; each refusal is a ``SelectorTooComplex`` naming the limit and what the
 selector has, never a RecursionError.
 """
@@ -14,11 +14,11 @@ import sys
 
 import pytest
 
-from broker import keys
-from broker.config import Settings
-from broker.errors import ConfigError, CorruptRecord, InvalidSelector, SelectorTooComplex
-from broker.selectors import MAX_PARENS, MAX_TERMS, MAX_TOKENS, check_size, compile_selector
-from broker.subscriptions import SubscriptionRecord, parse_subscriptions, subscribe
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.errors import ConfigError, CorruptRecord, InvalidSelector, SelectorTooComplex
+from broker.core.selectors import MAX_PARENS, MAX_TERMS, MAX_TOKENS, check_size, compile_selector
+from broker.topics.subscriptions import SubscriptionRecord, parse_subscriptions, subscribe
 
 QM = "QMU"
 #: The selector of the issue: 60,000 ORed comparisons, 768 KB.

@@ -1,4 +1,4 @@
-"""Tests of broker.selectors: Jakarta Messaging 3.1 §3.8.1.1 message selectors."""
+"""Tests of broker.core.selectors: Jakarta Messaging 3.1 §3.8.1.1 message selectors."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from broker.errors import BrokerError, InvalidSelector
-from broker.selectors import Selector, compile_selector, like, select
+from broker.core.errors import BrokerError, InvalidSelector
+from broker.core.selectors import Selector, compile_selector, like, select
 
 # --------------------------------------------------------------------------
 # Literals

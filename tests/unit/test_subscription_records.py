@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.config import ConsumerMode, Settings, load_settings
-from broker.errors import ConfigError, CorruptRecord
-from broker.subscriptions import SubscriptionRecord
+from broker.core.config import ConsumerMode, Settings, load_settings
+from broker.core.errors import ConfigError, CorruptRecord
+from broker.topics.subscriptions import SubscriptionRecord
 
 
 def test_record_round_trips_and_leaves_defaults_out():

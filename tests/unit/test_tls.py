@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import load_settings
-from broker.connection import TLSOptions, is_tls_url, tls_hint, unreachable
-from broker.errors import ConfigError
+from broker.core.config import load_settings
+from broker.core.connection import TLSOptions, is_tls_url, tls_hint, unreachable
+from broker.core.errors import ConfigError
 from broker.jobs import _carry, _stored
 from scripts.rig.tls import make_certificates
 

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from broker.errors import ConfigError, CorruptRecord
-from broker.topic_objects import BASE, Attributes, TopicObject, TopicTree, fixed_prefix, load_file, parent_of
+from broker.core.errors import ConfigError, CorruptRecord
+from broker.topics.topic_objects import (
+    BASE,
+    Attributes,
+    TopicObject,
+    TopicTree,
+    fixed_prefix,
+    load_file,
+    parent_of,
+)
 
 
 def _tree(*objects: TopicObject) -> TopicTree:

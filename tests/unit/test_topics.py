@@ -1,4 +1,4 @@
-"""Tests of broker.topics: MQTT 5 §4.7 topic rules, the index, and topic links."""
+"""Tests of broker.core.topics: MQTT 5 §4.7 topic rules, the index, and topic links."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import random
 
 import pytest
 
-from broker.errors import (
+from broker.core.errors import (
     InvalidLink,
     InvalidTopic,
     InvalidTopicFilter,
     LinkCycle,
     NoSuchLink,
 )
-from broker.topics import (
+from broker.core.topics import (
     LEVEL_SEPARATOR,
     MAX_TOPIC_BYTES,
     LinkGraph,

@@ -1,10 +1,10 @@
-"""The encoding of a batch of units of work for ``commit.lua`` (``broker.unit_of_work.CommitBatch``)."""
+"""The encoding of a batch of units of work for ``commit.lua`` (``broker.core.unit_of_work.CommitBatch``)."""
 
 from __future__ import annotations
 
-from broker import keys
-from broker.config import SlowSubscriberCondition
-from broker.unit_of_work import (
+from broker.core import keys
+from broker.core.config import SlowSubscriberCondition
+from broker.core.unit_of_work import (
     FIRST_QUEUE_KEY,
     UNIT_FIELDS,
     Action,

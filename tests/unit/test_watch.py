@@ -1,4 +1,4 @@
-"""broker.watch: rates from two samples, the frame (sorted, capped, problems), the refresh loop."""
+"""broker.operations.watch: rates from two samples, the frame (sorted, capped, problems), the refresh loop."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from rich.console import Console
 
-from broker.status import Snapshot, SubscriptionRow, WorkerRow
-from broker.watch import Sample, rates, render, watch
+from broker.operations.status import Snapshot, SubscriptionRow, WorkerRow
+from broker.operations.watch import Sample, rates, render, watch
 
 
 def _snapshot(depths: dict[str, int | None], problems: list[str] | None = None, **top: Any) -> Snapshot:

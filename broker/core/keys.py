@@ -1,0 +1,725 @@
+"""Every Redis key the broker uses, and the wire protocol around them.
+
+This docstring is the protocol document. A service in any language can publish
+with one ``XADD`` and consume with ``BLMOVE``/``LMOVE`` by following it.
+
+PROTOCOL_VERSION = 5 (5: smaller envelopes: the header no longer carries ``size`` (the body
+is what follows the first newline), and ``ts`` only when it differs from the entry id's
+milliseconds (absent: that time). 4: authenticated ingress: a publisher whose ACL user is a principal
+XADDs to its own ingress stream ``{qm}:in:<principal>``; the queue mutex moves the entries into
+the publish stream with the field ``principal``, which envelopes carry; forwarded publications
+may carry ``origin`` and ``route``. 3: consumers: a list per priority band, a bell, one in-flight
+list per consumer with a lease in a consumers zset, a holder key for exclusive and
+active-standby subscriptions, redelivery counts; subscription records may carry a
+selector, no-local, a consumer mode and an MQTT ShareName; publications may carry
+``client_id`` and ``type``. 2: dedup and reply keys carry the publisher id's byte
+length, so that ids containing ``:`` cannot collide; dead letters of oversized
+bodies keep no copy)
+
+All keys of one queue manager ``<qm>`` start with the hash tag ``{<qm>}`` so that
+every MULTI/EXEC and every Lua call touches one Redis Cluster slot.
+
+Keys
+----
+==================================  ========  ============================================  =======================  ==========================
+key                                 type      contents                                      written by               read by
+==================================  ========  ============================================  =======================  ==========================
+``{qm}:publish``                    stream    publication requests (fields below)           publishers (XADD)        workers, group ``workers``
+``{qm}:publish:repair``             stream    the fresh stream ``broker repair stream``     repair_stream.lua        (renamed to
+                                              builds, within its one atomic call                                     ``{qm}:publish``)
+``{qm}:version``                    string    integer, +1 on every subscription/link change admin, subscriptions     workers (in dequeue.lua)
+``{qm}:subs``                       hash      sub id -> subscription JSON                   subscriptions            workers, admin
+``{qm}:sub_changes``                zset      ``"<version> <sub id>"`` scored by the        subscriptions (with the  workers (incremental
+                                              version its change bumped to; the newest      version bump)            routing-table refresh)
+                                              ``SUB_CHANGES_MAX_LEN``, after the log's
+                                              epoch ``"epoch <id>"`` scored 0
+``{qm}:links``                      hash      source topic -> JSON ``{target: backward}``   admin                    workers, admin
+``{qm}:sub:<sub id>``               list      envelopes of priority 4 (the default); LPUSH  workers (commit.lua)     consumers (receive.lua)
+                                              by workers, taken from the RIGHT (oldest)
+``{qm}:sub:<sub id>:p<N>``          list      envelopes of priority N (0-3, 5-9), the same  workers (commit.lua)     consumers (receive.lua)
+``{qm}:sub:<sub id>:bell``          list      one element while messages may wait            workers, receive.lua     blocked consumers (BLMOVE)
+``{qm}:sub:<sub id>:consumers``     zset      consumer id -> lease deadline, ms              consumers (receive.lua)  recover.lua, sweeps
+``{qm}:sub:<sub id>:inflight:<c>``  list      envelopes consumer <c> took, not acknowledged  receive.lua (LMOVE)      consumer <c> (LREM), recover.lua
+``{qm}:sub:<sub id>:active``        string    consumer holding an exclusive or               receive.lua              receive.lua, recover.lua
+                                              active-standby subscription
+``{qm}:sub:<sub id>:redelivered``   hash      entry id -> deliveries that failed             recover.lua              receive.lua (delivery count)
+``{qm}:expired``                    hash      sub id -> messages that expired while waiting  receive.lua              operators
+``{qm}:topics``                     hash      topic object name -> JSON (topic string,       ``broker topic``         workers, subscribe
+                                              attributes; ``broker.topics.topic_objects``)
+``{qm}:manager``                    hash      ``topic_scheme`` -> ``mqtt`` or ``swiftmq``   first worker/subscribe   workers, subscribe
+``{qm}:declared``                   hash      declared topic -> JSON ``{"declared_ms": n}`` ``broker topic declare`` workers (indirect
+                                                                                                                 selection), operators
+``{qm}:skipped``                    hash      sub id -> deliveries skipped: queue full       commit.lua               ``broker status``
+                                              (MAXDEPTH) or slow subscriber
+``{qm}:slow``                       hash      sub id -> deliveries withheld by a slow-       commit.lua               ``broker status``
+                                              subscriber condition (also in ``skipped``)
+``{qm}:pub:<publisher>:fifo``       list      stream entry ids of one publisher, in order   dequeue.lua (RPUSH)      commit.lua (LPOP head)
+``{qm}:pub:<publisher>:turn``      string    token of the worker holding the turn, PX lease dequeue.lua (SET NX)    commit.lua (fencing)
+``{qm}:pub:<publisher>:flow``       string    flow-control delay asked of the publisher,    commit.lua (only when    publishers (GET with
+                                              ms; PX the same delay (absent: no delay)      the delay is > 0)        their XADD)
+``{qm}:publishers``                 set       publisher ids whose FIFO is not empty         dequeue.lua (SADD)       sweep_turns.lua (orphan sweep)
+``{qm}:dedup:<n>:<publisher>:<msgid>`` string stream entry id that delivered it, PX window commit.lua             commit.lua
+``{qm}:reply:<n>:<publisher>:<msgid>`` list   one result JSON, PX reply TTL                 commit.lua, dequeue.lua  the waiting publisher
+``{qm}:dlq``                        stream    dead-lettered entries (below), capped at      workers (Lua)            operators (``broker dlq``:
+                                              about ``dead_letter_max_len`` records                                  list, replay, purge)
+``{qm}:workers``                    hash      worker name -> JSON heartbeat                 workers                  ``broker status``
+``{qm}:alive``                      zset      worker name, score = last heartbeat (ms)      workers                  dequeue.lua (fair share)
+``{qm}:saturated``                  hash      worker name -> ms of its last dequeue that     workers (dequeue.lua)    dequeue.lua (spare
+                                              found it holding a saturated publisher                                 workers)
+``{qm}:alone``                      hash      worker name -> the entry id it handles alone  workers (only in rounds  take_over (lib.lua: a
+                                              this round (a suspect, see "Delivery          that handle a suspect    death is charged to that
+                                              counting" below)                              alone); HDEL after them  entry only)
+``{qm}:waiter``                     string    the worker waiting on the publish stream      idle workers (SET NX PX  idle workers (one waits
+                                              (XREAD), PX its lease (``worker.waiting``)    lease), DEL on hand-on   on the stream at a time)
+``{qm}:wake``                       list      at most one element: publishers given up,     workers (LPUSH + LTRIM)  idle workers not waiting
+                                              a JSON list of publisher ids: wake one                                   on the stream (BLPOP)
+                                              idle worker to dequeue
+``{qm}:journal``                    stream    one record per publication handled (when the  commit.lua (capped)      ``broker journal export``
+                                              ``journal`` setting is on): entry_id, msgid,
+                                              publisher, seq, topic, subs (JSON list of
+                                              subscription ids), enq_ms, dlv_ms, status
+``{qm}:usage``                      stream    usage snapshots (field ``snapshot``: JSON)    rq job usage_snapshot    operators
+``{qm}:last_active``                hash      sub id -> ms: when its last consumer closed,  recover.lua (on close    idle durable expiry
+                                              or the newest lease deadline of consumers     and when it forgets      (``broker.operations.durables``),
+                                              forgotten; the expiry job starts an unknown   dead consumers), the     ``broker durables``
+                                              one at the time it first sees it (HSETNX)     expiry job
+``{qm}:schedules``                  hash      schedule id -> JSON (job, cron, parameters,   ``broker jobs``, each    rq job run_schedule,
+                                              next run, the rq job id that runs it)         run of the schedule      ``broker jobs list``
+``{qm}:network``                    string    the network's topology, JSON (``broker.       ``broker network apply`` workers (routing table),
+                                              network.Network``)                                                     channel process
+``{qm}:announced``                  string    what this queue manager announces, JSON       channel process (agent)  the other queue managers'
+                                              ``{"state", "keys": {key: since ms}}``                                 channel processes
+``{qm}:proxies``                    hash      ``<qm> <dynamic|static> <key>`` -> JSON: the  channel process (agent)  workers (``forwards``),
+                                              proxy subscriptions held here for <qm>                                 ``broker proxies``
+``{qm}:cluster_topics``             hash      topic string -> JSON ``{cluster, clroute,     channel process (agent)  workers (route class)
+                                              hosts}``: the network's cluster topic objects
+``{qm}:network_seen``               hash      qm -> ms it first announced                   channel process (agent)  channel process (statics)
+``{qm}:xmit:<to qm>``               stream    transmission stream of the channel to <to>:   commit.lua (XADD, in     channel mover
+                                              field ``e`` = the envelope; id = channel seq  the unit of work)
+``{qm}:channel:<to qm>``            hash      the channel's state: moved, last, state,      channel mover            ``status --network``
+                                              in_flight, backoff_ms, last_error
+``{qm}:channel:<to qm>:mover``      string    the mover's lease token, PX 3 s               channel mover            channel mover
+``{qm}:received``                   hash      ``<from qm>`` -> last channel seq filed,      channel_in.lua           channel mover, status
+                                              ``<from qm>:count`` -> entries filed
+``{qm}:agents``                     hash      channel process name -> JSON heartbeat        channel process          ``status --network``
+``{qm}:in:<principal>``             stream    a principal's publication requests (the       its publisher (XADD;     dequeue.lua (moves them
+                                              publish stream's fields)                      its ACL allows no other) into the publish stream)
+``{qm}:principals``                 hash      principal -> publisher ids bound to it, one   ``broker acl add``       dequeue.lua, workers
+                                              per line
+``{qm}:acl``                        hash      user -> JSON role and bindings (no password)  ``broker acl``           ``broker acl list/file``
+==================================  ========  ============================================  =======================  ==========================
+
+Keys whose names are built inside Lua from data the script reads are built
+from a prefix passed in ARGV, never from a prefix written in Lua:
+
+- the per-publisher keys: ``pub_prefix(qm)`` = ``{qm}:pub:``, followed by
+  ``<publisher>:fifo``, ``<publisher>:turn`` or ``<publisher>:flow`` (Python
+  twins: ``fifo_key``, ``turn_key``, ``flow_key``). These are injective: the
+  suffix is fixed.
+- the message-id keys: ``dedup_prefix(qm)`` = ``{qm}:dedup:`` and
+  ``reply_prefix(qm)`` = ``{qm}:reply:``, followed by ``<n>:<publisher>:<msgid>``
+  where ``<n>`` is the publisher id's length in bytes, in decimal (``id_key``
+  in ``lua/lib.lua``; Python twins: ``dedup``, ``reply``). The length makes the
+  name injective: publisher ``a`` with msgid ``b:c`` is ``{qm}:reply:1:a:b:c``,
+  publisher ``a:b`` with msgid ``c`` is ``{qm}:reply:3:a:b:c``.
+
+- the priority bands of a watched queue (``commit.lua``: MAXDEPTH, slow-subscriber
+  conditions): ``sub_prefix(qm)`` followed by ``<sub id>`` and, for priorities other
+  than 4, ``:p<N>``; and a subscription's bell: ``<sub id>:bell``. The subscription id
+  of a queue key is the key without the prefix and without a ``:p<N>`` suffix
+  (Python twin: ``band_sub_id``).
+
+- the ingress streams (``dequeue.lua``): ``ingress_prefix(qm)`` = ``{qm}:in:`` followed by
+  a principal name from ``{qm}:principals`` (Python twin: ``ingress``); principal names
+  hold no ``:`` (``broker.core.principals``).
+
+Tests check that the Lua and Python builders give the same strings.
+
+Topic schemes and declared topics (``{qm}:manager``, ``{qm}:declared``)
+-----------------------------------------------------------------------
+``HGET {qm}:manager topic_scheme`` says how every topic string and subscription
+filter of the queue manager is read: ``mqtt`` (absent means ``mqtt``: ``/`` levels,
+``+``/``#``) or ``swiftmq`` (``.`` nodes, SQL-LIKE ``%``/``_`` predicate nodes after
+the root with ``\\`` as escape; a subscription to a node also receives its parents'
+and sub-nodes' publications: ``broker.core.hierarchy``). ``direct_subscriber_selection``
+``false`` makes a swiftmq publication's topic a predicate over the fields of
+``{qm}:declared``. The first worker writes both (HSETNX); change them only on an
+empty queue manager. Declare a topic as a subscription is made:
+``MULTI; HSET {qm}:declared <topic> '{"declared_ms":0,"source":"cli"}'; INCR {qm}:version; EXEC``.
+
+Publishing with security on (``broker.core.principals``, ``broker.operations.acl``)
+--------------------------------------------------------------------
+A publisher's ACL user (its *principal*) may ``XADD`` to one key only, its ingress stream:
+``XADD {qm}:in:<principal> * publisher <id> topic <topic> body <body> ...`` (the same fields as
+the publish stream). The queue mutex (``dequeue.lua``) moves each ingress stream's entries,
+in order, into ``{qm}:publish`` with the field ``principal`` set to the stream's principal,
+and deletes them from the ingress stream; an entry whose ``publisher`` is not one of the ids
+bound to its principal (``HGET {qm}:principals <principal>``: ids, one per line) is
+dead-lettered with the reason instead. Results are read as before
+(``BLPOP {qm}:reply:<n>:<id>:<msgid>``), and envelopes carry ``principal``.
+
+Many queue managers (``broker.topics.topology``, ``broker.network.channel``)
+------------------------------------------------------------
+A publication that must reach another queue manager is written, in its unit of work, to the
+transmission stream ``{qm}:xmit:<to qm>`` of the channel to the next queue manager on its
+way (one entry per channel, field ``e`` = the envelope). The channel mover files it in the
+receiver's publish stream with ``channel_in.lua`` as an ordinary publication entry whose
+fields are rebuilt from the envelope (``publisher``, ``msgid``, ``topic``, ``body``, ``ts``,
+``seq``, ``persistent``, ``priority``, ``expiration``, ``correlation_id``, ``reply_to``,
+``type``, ``props``) plus two optional fields a publisher never sets: ``origin`` (the queue
+manager it was published at) and ``route`` (comma-separated queue managers it passed,
+origin first). Both reach subscribers in the envelope header (``origin``, ``route``). The
+receiver drops an entry whose channel sequence (its transmission entry id) is not above
+``HGET {qm}:received <from qm>``, and a second copy of a message id by its dedup record.
+
+Topic objects (``{qm}:topics``), for a service that is not written in Python
+---------------------------------------------------------------------------
+One hash field per object: the name (1-48 characters of ``A-Za-z0-9._/%``)
+mapped to ``{"topic_string": "/PAYMENTS", "attributes": {"pub": "DISABLED",
+"maxdepth": 1000}, "description": "", "altered_ms": 0}`` (attributes left out
+are ``ASPARENT``). Change it and ``INCR {qm}:version`` in one ``MULTI``, as for
+subscriptions; ``broker topic apply`` does this from a TOML file.
+``SYSTEM.BASE.TOPIC`` (topic string "") holds the defaults; a record that cannot
+be read is skipped and named by ``broker status``.
+
+Key types are the broker's: a key of another type where the broker keeps one
+of the above (a *foreign key*) is never written over. A publication that would
+have to write to one is refused as a whole, with the key named in the reason;
+a foreign queue-manager-wide key (the stream, the dead-letter stream, the
+subscription hash, ...) stops the workers, with nothing half-done, until it is
+removed. ``broker status`` names foreign keys and corrupt records.
+
+Publication entry (fields of one ``XADD {qm}:publish * ...``)
+-------------------------------------------------------------
+The entry id is ``*`` (the server's clock); a publisher never chooses one. A stream's last
+id never goes back, so an id of the client's own either exhausts the stream
+(``18446744073709551615-18446744073709551615``: every later ``XADD`` fails) or puts every later
+entry's id, and its default ``ts``, after it (``9999999999999-0``: the year 2286). Redis cannot
+refuse such an id to one client: ``broker status`` names a stream whose last id is exhausted or
+more than a day ahead of the server's clock, and ``broker repair stream`` (``lua/repair_stream.lua``)
+moves the pending and unread entries to a fresh stream in order, each with ``msgid`` (its old
+id, when it had none) and ``ts`` (its old id's ms, when it had none and that was not in the
+future) added. The workers deliver such an entry as any other: every entry after it has a
+far-future id as well, so an id is no sign of the client that chose it.
+
+Field names and text values are UTF-8; ``body`` is raw bytes.
+
+=================  ========  ==========================================================
+field              required  meaning
+=================  ========  ==========================================================
+``publisher``      yes       publisher id, 1-256 bytes; order is kept per publisher. An
+                             entry without a valid one is dead-lettered in stream order
+``topic``          yes       topic string (MQTT 5 §4.7 rules, no wildcards)
+``body``           no        message body, bytes (default empty)
+``msgid``          no        message id; a second entry of the same publisher with the
+                             same msgid inside the dedup window is not delivered again.
+                             Default: ``<stream entry id>`` (no dedup across retries).
+                             Any bytes: the dedup record and the reply key use them as
+                             sent; the envelope header carries a msgid that is not UTF-8
+                             with each such byte as U+FFFD
+``seq``            no        per-publisher sequence number (decimal, 0 to 2**63-1)
+``ts``             no        publish time, ms since the epoch (default: the entry id's ms)
+``persistent``     no        ``1`` or ``0`` (default ``1``)
+``priority``       no        0-9 (Jakarta Messaging §3.4.10; default 4); higher is received first
+``expiration``     no        absolute expiry, ms since the epoch; ``0`` = never (default)
+``correlation_id`` no        carried to subscribers
+``reply_to``       no        carried to subscribers
+``props``          no        JSON object of user properties (string keys, scalar values)
+``reply``          no        ``1``: post the result to ``{qm}:reply:<n>:<publisher>:<msgid>``;
+                             ``0`` or absent: no result. Anything else is refused
+``client_id``      no        the publishing client's id; a subscription made with
+                             no-local by the same client id does not receive it
+``type``           no        JMSType, carried to subscribers (selectors test ``JMSType``)
+=================  ========  ==========================================================
+
+Any other value out of its range (``persistent 2``, ``priority 10``, ``seq -1``,
+a ``topic`` with a wildcard or a control character, a body over
+``max_body_bytes``, a ``props`` over ``max_properties_bytes``, a ``topic`` over
+``max_topic_bytes`` or ``max_topic_levels``) refuses the publication: it is
+dead-lettered with the reason and, with ``reply 1``, the result says ``refused``.
+
+Envelope (one element of a subscriber queue)
+--------------------------------------------
+An envelope is **bytes**, not text: the body is copied as it was published and
+need not be UTF-8. Read queue elements as binary strings (in Node.js, pass
+``returnBuffers``/use a Buffer reply; in Go, ``[]byte``), and acknowledge with
+the exact bytes you received: ``LREM`` compares byte for byte, so an envelope
+decoded to text and re-encoded is not found and stays in flight.
+
+``<header JSON, UTF-8, one line>`` ``\\n`` ``<body bytes>``: split at the first
+newline byte. The header is a JSON object with ``v`` (protocol version),
+``msgid``, ``publisher``, ``seq`` (int or null), ``topic`` (the topic it was
+published on) and ``entry_id`` (stream id), and, only when they differ from their
+defaults, ``ts`` (publish time, ms; absent: the entry id's milliseconds, the time
+the publish stream received it), ``persistent``
+(default true), ``priority`` (4), ``expiration`` (0), ``correlation_id``,
+``reply_to``, ``type`` (absent = null), ``msgid_hex`` (the msgid's bytes in hex,
+only when they are not UTF-8: ``msgid`` then has U+FFFD for each such byte) and
+``props`` (absent = ``{}``), which is always the last field (the scripts read header fields before it).
+
+Reply (``{qm}:reply:<n>:<publisher>:<msgid>``, when ``reply=1``)
+----------------------------------------------------------------
+Exactly one JSON object per publication, posted in the same unit of work as
+its final outcome: ``status`` one of ``delivered``, ``duplicate``, ``expired``,
+``refused``; ``subscriptions`` (how many queues got it); ``entry_id``;
+``publisher``; ``msgid``; for ``refused``: ``reason`` and ``suggestion`` (a
+corrected topic, absent when there is none); when the workers run with flow
+control on (``flowcontrol_enabled``), ``flow_control_delay_ms``: how long the
+publisher should wait before its next publication, ms (0: no wait). ``<n>`` is
+the publisher id's length in bytes: publisher ``svc-7`` with msgid ``o-1`` waits
+with ``BLPOP '{QM1}:reply:5:svc-7:o-1' 10``.
+
+Flow control (``{qm}:pub:<publisher>:flow``), for a publisher that does not wait for results
+------------------------------------------------------------------------------------------
+The delay of a publication is that of its slowest subscriber queue (SwiftMQ's
+delay-based flow control, seed 003): 0 while every queue it went to holds fewer
+than ``flow_control_start_depth`` messages, growing linearly to
+``flow_control_max_delay_ms`` at ``flow_control_full_depth``. When it is above 0,
+the unit of work also sets ``{qm}:pub:<publisher>:flow`` to the delay (decimal
+ms, ``PX`` the delay). A publisher reads it in the same round trip as its
+``XADD`` (``GET``) and waits that long before its next publication; an absent
+key means no wait. The broker never writes over a flow key of another type.
+
+Dead letter (one entry of ``{qm}:dlq``)
+---------------------------------------
+The publication's own fields, then ``dlq.reason`` (one line of text) and
+``dlq.entry_id`` (the publish stream entry it was, a reference that lasts until
+the stream is trimmed). A field larger than ``max_body_bytes`` (the body, or a
+``props`` or ``topic`` far over its own limit) is not copied: ``dlq.<field>_bytes``
+(``dlq.body_bytes``, ``dlq.props_bytes``) gives its size instead. Only the first 1,000
+fields of an entry are copied: ``dlq.fields`` then gives how many it had. An entry of an
+ingress stream refused because its ``publisher`` is not bound to the principal also has
+``dlq.principal`` (that principal). A poison message of one subscription (``recover.lua``: more
+than ``max_redeliveries`` failed deliveries; ``receive.lua``: expired, with ``expired_to_dlq``;
+``reject.lua``: a malformed envelope, reason ``malformed envelope: ...``)
+has ``envelope``, ``dlq.reason``, ``dlq.entry_id`` and ``dlq.subscription`` instead.
+
+``broker dlq`` (``broker.operations.dead_letters``) lists, shows, replays and purges dead letters (``XDEL``).
+Replay re-publishes a refused publication (``lua/replay.lua``: ``XADD`` and ``XDEL`` in one
+atomic call): its fields less ``dlq.*``, ``reply`` and ``principal``, with ``msgid`` set (to
+``dlq.entry_id`` when it had none: its default msgid), so that a second copy is a duplicate
+within ``dedup_window_ms``; to ``{qm}:in:<principal>`` when it carries ``principal`` or
+``dlq.principal`` (the queue mutex checks the binding again), else to ``{qm}:publish``. It
+re-queues a poison message to the head of its band of that one subscription
+(``lua/requeue.lua``, with the ``XDEL``). No other key or field is written.
+
+Delivery counting (``max_deliveries``, ``{qm}:alone``)
+------------------------------------------------------
+An entry's delivery count is its pending entry's ``times_delivered`` in group ``workers``:
+1 when it is read, +1 each time a worker takes it over as its publisher's FIFO head
+(``take_over`` in ``lua/lib.lua``: XCLAIM) from another worker, which may have died on it.
+A head taken over from a worker that recorded in ``{qm}:alone`` another entry it was
+handling alone is claimed without a count (XCLAIM ``JUSTID``): that worker's death is charged
+to the entry it handled alone. A head a worker takes back from its own pending entries (it
+lost track of them after an error, and did not die) is not counted either. The entries
+behind the heads are claimed with ``JUSTID`` too. A worker handles a head delivered 3 times
+or more (a suspect) alone: one entry in the round, its record written before, removed
+(``HDEL``) with the round's commit; then, one a round, the next entries of that publisher a
+dead worker's batch may have held (``heads``). The record of a worker that died is removed
+once none of its entries is pending. A head taken over more than
+``max_deliveries`` times is dead-lettered with the reason "taken over N times without being
+handled: its workers died".
+
+Subscriptions and consumers, for a service that is not written in Python
+------------------------------------------------------------------------
+How to create, log and remove a subscription record, and how a consumer receives,
+acknowledges, renews its lease and closes with plain commands: ``broker.core.protocol``.
+
+Schedules (``{qm}:schedules``)
+------------------------------
+One hash field per scheduled admin job (``broker.operations.schedules``): the schedule id
+mapped to ``{"job": "delete-durable", "cron": "0 3 * * *", "params":
+{"client_id": "sales", "durable_name": "%"}, "created_ms": n, "next_run_ms": n,
+"rq_job": "<id>"}`` and, once it ran, ``"last_run_ms"`` and ``"last_result"``.
+``cron`` is five fields (minute hour day-of-month month day-of-week), in UTC.
+The rq job ``broker.jobs.run_schedule`` runs it only while the record exists
+and names that rq job, then enqueues the next run and records its id; removing
+the field cancels the schedule.
+"""
+
+from __future__ import annotations
+
+PROTOCOL_VERSION = 5
+
+#: Most bytes of a publisher id (the ``publisher`` field); the one place the rule lives
+#: (``dequeue.lua`` is passed it, and files an entry with a longer id as malformed).
+MAX_PUBLISHER_BYTES = 256
+
+#: Consumer group of the workers on the publish stream.
+WORKER_GROUP = "workers"
+
+#: Publisher id the dequeue script files an entry under when it has no valid
+#: ``publisher`` field; such entries are dead-lettered in stream order.
+MALFORMED_PUBLISHER = "?"
+
+
+def _tag(qm: str) -> str:
+    return "{" + qm + "}"
+
+
+def publish_stream(qm: str) -> str:
+    """The stream publishers XADD to: ``{qm}:publish``."""
+    return f"{_tag(qm)}:publish"
+
+
+def publish_repair(qm: str) -> str:
+    """The fresh stream ``broker repair stream`` builds and renames to ``{qm}:publish`` in one
+    atomic call (``lua/repair_stream.lua``): ``{qm}:publish:repair``; it never outlives the call."""
+    return f"{_tag(qm)}:publish:repair"
+
+
+def version(qm: str) -> str:
+    """The index version counter: ``{qm}:version``."""
+    return f"{_tag(qm)}:version"
+
+
+def subscriptions(qm: str) -> str:
+    """The hash of subscriptions: ``{qm}:subs``."""
+    return f"{_tag(qm)}:subs"
+
+
+def sub_changes(qm: str) -> str:
+    """The subscription change log (a zset ``"<version> <sub id>"`` -> version): ``{qm}:sub_changes``."""
+    return f"{_tag(qm)}:sub_changes"
+
+
+#: Most entries kept in ``{qm}:sub_changes``; a worker further behind reloads its whole routing table.
+SUB_CHANGES_MAX_LEN = 1000
+
+
+def links(qm: str) -> str:
+    """The hash of topic links: ``{qm}:links``."""
+    return f"{_tag(qm)}:links"
+
+
+def sub_prefix(qm: str) -> str:
+    """Prefix of the subscriber queues: ``{qm}:sub:`` (``commit.lua`` is passed its length to journal ids)."""
+    return f"{_tag(qm)}:sub:"
+
+
+def sub_queue(qm: str, sub_id: str) -> str:
+    """A subscriber queue: ``{qm}:sub:<sub_id>``."""
+    return f"{sub_prefix(qm)}{sub_id}"
+
+
+def sub_inflight(qm: str, sub_id: str) -> str:
+    """Protocol 2's one in-flight list of a subscription, ``{qm}:sub:<sub_id>:inflight``; removed with it."""
+    return f"{_tag(qm)}:sub:{sub_id}:inflight"
+
+
+#: The default priority (Jakarta Messaging §3.4.10): its band is the subscriber queue itself.
+DEFAULT_PRIORITY = 4
+
+#: Priorities, highest first: the order a consumer takes the bands in.
+PRIORITIES = tuple(range(9, -1, -1))
+
+
+def sub_band(qm: str, sub_id: str, priority: int) -> str:
+    """The list of a subscription's messages of one priority (0-9).
+
+    ``{qm}:sub:<sub_id>`` for the default priority 4, ``{qm}:sub:<sub_id>:p<N>`` for the others.
+    """
+    queue = sub_queue(qm, sub_id)
+    return queue if priority == DEFAULT_PRIORITY else f"{queue}:p{priority}"
+
+
+def sub_bands(qm: str, sub_id: str) -> list[str]:
+    """Every priority band of a subscription, highest priority first (p9 .. p0)."""
+    return [sub_band(qm, sub_id, p) for p in PRIORITIES]
+
+
+def sub_bell(qm: str, sub_id: str) -> str:
+    """A subscription's bell, ``{qm}:sub:<sub_id>:bell``: a list of one element while messages may wait."""
+    return f"{sub_queue(qm, sub_id)}:bell"
+
+
+def sub_consumers(qm: str, sub_id: str) -> str:
+    """A subscription's consumers, ``{qm}:sub:<sub_id>:consumers``: zset consumer id -> lease deadline, ms."""
+    return f"{sub_queue(qm, sub_id)}:consumers"
+
+
+def inflight_prefix(qm: str, sub_id: str) -> str:
+    """Prefix of a subscription's per-consumer in-flight lists, passed to Lua: ``{qm}:sub:<sub_id>:inflight:``."""
+    return f"{sub_queue(qm, sub_id)}:inflight:"
+
+
+def consumer_inflight(qm: str, sub_id: str, consumer: str) -> str:
+    """One consumer's in-flight list: ``{qm}:sub:<sub_id>:inflight:<consumer>``."""
+    return inflight_prefix(qm, sub_id) + consumer
+
+
+def sub_holder(qm: str, sub_id: str) -> str:
+    """The consumer holding an exclusive or active-standby subscription: ``{qm}:sub:<sub_id>:active``."""
+    return f"{sub_queue(qm, sub_id)}:active"
+
+
+def sub_redelivered(qm: str, sub_id: str) -> str:
+    """Failed deliveries per message: ``{qm}:sub:<sub_id>:redelivered``, hash entry id -> count."""
+    return f"{sub_queue(qm, sub_id)}:redelivered"
+
+
+def topic_objects(qm: str) -> str:
+    """The hash of administrative topic objects: ``{qm}:topics``, name -> JSON (``broker.topics.topic_objects``)."""
+    return f"{_tag(qm)}:topics"
+
+
+def manager(qm: str) -> str:
+    """The queue manager's own record, ``{qm}:manager``: hash ``topic_scheme`` -> ``mqtt`` | ``swiftmq``
+    (written once, by the first worker or subscribe; ``broker.core.schemes.recorded_scheme``)."""
+    return f"{_tag(qm)}:manager"
+
+
+def declared_topics(qm: str) -> str:
+    """Topics declared administratively (SwiftMQ's ``<topics>``), ``{qm}:declared``: hash topic -> JSON."""
+    return f"{_tag(qm)}:declared"
+
+
+def skipped(qm: str) -> str:
+    """Deliveries skipped because a subscriber queue was full (MAXDEPTH) or its subscriber slow,
+    ``{qm}:skipped``: hash sub id -> count."""
+    return f"{_tag(qm)}:skipped"
+
+
+def slow(qm: str) -> str:
+    """Deliveries withheld by a slow-subscriber condition, ``{qm}:slow``: hash sub id -> count
+    (each is also counted in ``{qm}:skipped``)."""
+    return f"{_tag(qm)}:slow"
+
+
+def expired(qm: str) -> str:
+    """Messages that expired while waiting, ``{qm}:expired``: hash sub id -> count."""
+    return f"{_tag(qm)}:expired"
+
+
+def pub_prefix(qm: str) -> str:
+    """Prefix of the per-publisher keys, passed to Lua in ARGV: ``{qm}:pub:``."""
+    return f"{_tag(qm)}:pub:"
+
+
+def fifo_key(qm: str, publisher: str) -> str:
+    """A publisher's FIFO of entry ids: ``{qm}:pub:<publisher>:fifo`` (Lua: prefix .. pub .. ':fifo')."""
+    return f"{pub_prefix(qm)}{publisher}:fifo"
+
+
+def turn_key(qm: str, publisher: str) -> str:
+    """A publisher's turn, the worker token holding it: ``{qm}:pub:<publisher>:turn``."""
+    return f"{pub_prefix(qm)}{publisher}:turn"
+
+
+def flow_key(qm: str, publisher: str) -> str:
+    """The flow-control delay asked of a publisher, ms: ``{qm}:pub:<publisher>:flow`` (Lua: prefix ..
+    pub .. ':flow'); a string, PX the delay, written only when the delay is above 0."""
+    return f"{pub_prefix(qm)}{publisher}:flow"
+
+
+def band_sub_id(qm: str, queue: str) -> str:
+    """The subscription id of a queue key (any priority band): ``sub_id_of`` in ``commit.lua``.
+
+    ``band_sub_id(qm, sub_band(qm, s, p)) == s`` for every priority ``p``.
+    """
+    rest = queue[len(sub_prefix(qm)) :]
+    head, sep, band = rest.rpartition(":p")
+    return head if sep and len(band) == 1 and band.isdigit() else rest
+
+
+def active_publishers(qm: str) -> str:
+    """The set of publishers with a non-empty FIFO: ``{qm}:publishers``."""
+    return f"{_tag(qm)}:publishers"
+
+
+def _id_part(publisher: str, msgid: str) -> str:
+    # Lua's twin: id_key in lua/lib.lua (#pub is the length in bytes).
+    return f"{len(publisher.encode('utf-8', 'surrogateescape'))}:{publisher}:{msgid}"
+
+
+def dedup_prefix(qm: str) -> str:
+    """Prefix of the dedup records, passed to Lua in ARGV: ``{qm}:dedup:``."""
+    return f"{_tag(qm)}:dedup:"
+
+
+def reply_prefix(qm: str) -> str:
+    """Prefix of the reply lists, passed to Lua in ARGV: ``{qm}:reply:``."""
+    return f"{_tag(qm)}:reply:"
+
+
+def dedup(qm: str, publisher: str, msgid: str) -> str:
+    """The record of a delivered message id: ``{qm}:dedup:<n>:<publisher>:<msgid>``.
+
+    ``<n>`` is the publisher id's length in bytes, so that ids containing ``:``
+    cannot collide (publisher ``a``, msgid ``b:c`` vs publisher ``a:b``, msgid ``c``).
+    """
+    return dedup_prefix(qm) + _id_part(publisher, msgid)
+
+
+def reply(qm: str, publisher: str, msgid: str) -> str:
+    """Where the result of a publication is posted: ``{qm}:reply:<n>:<publisher>:<msgid>``.
+
+    ``<n>`` is the publisher id's length in bytes (see ``dedup``).
+    """
+    return reply_prefix(qm) + _id_part(publisher, msgid)
+
+
+def dead_letter(qm: str) -> str:
+    """The dead-letter stream: ``{qm}:dlq``."""
+    return f"{_tag(qm)}:dlq"
+
+
+def workers(qm: str) -> str:
+    """The hash of worker heartbeats: ``{qm}:workers``."""
+    return f"{_tag(qm)}:workers"
+
+
+def journal(qm: str) -> str:
+    """The delivery journal stream: ``{qm}:journal``."""
+    return f"{_tag(qm)}:journal"
+
+
+def alive(qm: str) -> str:
+    """Live workers, scored by their last heartbeat in ms: ``{qm}:alive``."""
+    return f"{_tag(qm)}:alive"
+
+
+def saturated(qm: str) -> str:
+    """Workers holding a saturated publisher (``dequeue.lua``): ``{qm}:saturated``, hash worker
+    name -> ms of the last dequeue that found it so."""
+    return f"{_tag(qm)}:saturated"
+
+
+def alone(qm: str) -> str:
+    """The entries workers handle alone (``worker.loop``: a suspect of ``max_deliveries``): ``{qm}:alone``,
+    hash worker name -> entry id, read by ``take_over`` in ``lua/lib.lua``."""
+    return f"{_tag(qm)}:alone"
+
+
+def waiter(qm: str) -> str:
+    """The one idle worker waiting on the publish stream (``worker.waiting``): ``{qm}:waiter``, a string
+    holding its name, PX its lease in ms."""
+    return f"{_tag(qm)}:waiter"
+
+
+def wake(qm: str) -> str:
+    """Wakes one idle worker that is not the waiter (``worker.waiting``): ``{qm}:wake``, a list of at most
+    one element, the publishers given up (a JSON list of str, any bytes of an id surrogate-escaped)."""
+    return f"{_tag(qm)}:wake"
+
+
+def usage(qm: str) -> str:
+    """The stream of usage snapshots: ``{qm}:usage``."""
+    return f"{_tag(qm)}:usage"
+
+
+def last_active(qm: str) -> str:
+    """When each subscription was last used by a consumer, ``{qm}:last_active``: hash sub id -> ms."""
+    return f"{_tag(qm)}:last_active"
+
+
+def schedules(qm: str) -> str:
+    """Scheduled admin jobs, ``{qm}:schedules``: hash schedule id -> JSON (``broker.operations.schedules``)."""
+    return f"{_tag(qm)}:schedules"
+
+
+# --- Many queue managers, one topic space (``broker.topics.topology``, ``broker.network.channel``) ---
+
+
+def network(qm: str) -> str:
+    """The network's topology as this queue manager knows it, ``{qm}:network``: a string of JSON
+    (``broker.topics.topology.Network``, with its digest), written by ``broker network apply``."""
+    return f"{_tag(qm)}:network"
+
+
+def announced(qm: str) -> str:
+    """What this queue manager announces to the others (SwiftMQ's "some/none"), ``{qm}:announced``:
+    a string of JSON ``{"state": "up" | "withdrawn", "keys": {topic key: since ms}, "at_ms": n}``
+    (a topic key is a root topic, or a subscription's filter), written by its channel process."""
+    return f"{_tag(qm)}:announced"
+
+
+def proxies(qm: str) -> str:
+    """The proxy subscriptions held here for other queue managers, ``{qm}:proxies``: hash
+    ``<remote qm> <dynamic|static> <topic key>`` -> JSON (``broker.topics.topology.ProxySubscription``)."""
+    return f"{_tag(qm)}:proxies"
+
+
+def cluster_topics(qm: str) -> str:
+    """Copies of the cluster topic objects of every publish/subscribe cluster in the network,
+    ``{qm}:cluster_topics``: hash topic string -> JSON ``{"cluster", "clroute", "hosts"}``."""
+    return f"{_tag(qm)}:cluster_topics"
+
+
+def network_seen(qm: str) -> str:
+    """Remote queue managers seen announcing at least once, ``{qm}:network_seen``: hash qm -> ms
+    (a static remote subscription without keep_on_unsubscribe ends then)."""
+    return f"{_tag(qm)}:network_seen"
+
+
+def xmit_prefix(qm: str) -> str:
+    """Prefix of the transmission streams: ``{qm}:xmit:`` (``commit.lua`` tells them from subscriber queues)."""
+    return f"{_tag(qm)}:xmit:"
+
+
+def transmission(qm: str, to_qm: str) -> str:
+    """The transmission stream of the channel from ``qm`` to ``to_qm``: ``{qm}:xmit:<to_qm>``; each
+    entry is one envelope (field ``e``), its entry id the channel sequence."""
+    return f"{xmit_prefix(qm)}{to_qm}"
+
+
+def channel_state(qm: str, to_qm: str) -> str:
+    """The sending side's state of a channel, ``{qm}:channel:<to_qm>``: hash (moved, last id, lag,
+    last error, backoff), written by its mover."""
+    return f"{_tag(qm)}:channel:{to_qm}"
+
+
+def channel_mover(qm: str, to_qm: str) -> str:
+    """The lease of a channel's mover, ``{qm}:channel:<to_qm>:mover``: one mover per channel."""
+    return f"{_tag(qm)}:channel:{to_qm}:mover"
+
+
+def received(qm: str) -> str:
+    """The receiving side of every channel into ``qm``, ``{qm}:received``: hash ``<from qm>`` ->
+    the last channel sequence (transmission entry id) filed, ``<from qm>:count`` -> how many."""
+    return f"{_tag(qm)}:received"
+
+
+def network_agents(qm: str) -> str:
+    """Heartbeats of this queue manager's channel processes, ``{qm}:agents``: hash name -> JSON."""
+    return f"{_tag(qm)}:agents"
+
+
+# --- Security: authenticated ingress (``broker.core.principals``, ``broker.operations.acl``) ---
+
+
+def ingress_prefix(qm: str) -> str:
+    """Prefix of the principals' ingress streams: ``{qm}:in:`` (``dequeue.lua`` builds them from it)."""
+    return f"{_tag(qm)}:in:"
+
+
+def ingress(qm: str, principal: str) -> str:
+    """The ingress stream of one principal (an ACL user), ``{qm}:in:<principal>``: the only stream
+    its user may XADD to; the queue mutex moves its entries into the publish stream."""
+    return f"{ingress_prefix(qm)}{principal}"
+
+
+def principals(qm: str) -> str:
+    """The principals allowed to publish through ingress streams, ``{qm}:principals``: hash
+    principal -> newline-separated publisher ids bound to it."""
+    return f"{_tag(qm)}:principals"
+
+
+def acl_users(qm: str) -> str:
+    """The ACL users ``broker acl`` made for this queue manager, ``{qm}:acl``: hash user -> JSON
+    (role, publisher ids, client id, peers; never a password)."""
+    return f"{_tag(qm)}:acl"
+
+
+def all_keys_pattern(qm: str) -> str:
+    """A SCAN pattern matching every key of the queue manager."""
+    return f"{_tag(qm)}:*"
+
+
+def pub_pattern(qm: str) -> str:
+    """A SCAN pattern matching every per-publisher key (FIFO, turn, flow): ``{qm}:pub:*``."""
+    return f"{pub_prefix(qm)}*"
+
+
+#: The Redis type of each per-publisher key, by the suffix after the publisher id.
+PUB_KEY_TYPES = {":fifo": "list", ":turn": "string", ":flow": "string"}

@@ -1,0 +1,510 @@
+"""The broker's Lua scripts, loaded from ``broker/lua/*.lua``, one typed wrapper each.
+
+Each script is registered once per client with redis-py's ``register_script``,
+whose ``Script`` object reloads the script on NOSCRIPT. Inside a pipeline,
+though, redis-py's ``Script`` sends a ``SCRIPT EXISTS`` round trip before every
+``execute``; the hot path (commit + the next dequeue, pipelined) therefore
+sends plain ``EVALSHA`` and, on NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted
+server), calls ``load`` and sends the pipeline again, which is safe because
+every unit of work is fenced. The wrappers take and return plain Python
+values; the key layout they assume is documented in ``broker.core.keys``.
+
+Errors: a wrapper raises ``ForeignKey`` when its script stopped on a foreign
+queue-manager-wide key (the script's error reply ``BROKER foreign key: <key> holds a
+<type>, not a <type>``, before any write) and ``ServerFull`` when the server is out of
+memory (its first write refused: nothing written). A pipelined call (``pipe``) leaves its
+reply, error or not, in the pipeline's results: pass it to ``checked``, which raises the same.
+Callers never read an error's text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import redis
+
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.errors import ForeignKey, ServerFull
+from broker.core.unit_of_work import CommitBatch
+
+
+def _b(text: str) -> bytes:
+    """Encode a publisher id back to the bytes Redis holds (ids that were not UTF-8 round-trip)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def flow_control_arg(settings: Settings) -> str:
+    """The flow-control curve as ``commit.lua`` takes it: ``"<start depth>:<full depth>:<max delay ms>"``,
+    or "" when ``flowcontrol_enabled`` is off."""
+    if not settings.flowcontrol_enabled:
+        return ""
+    return (
+        f"{settings.flow_control_start_depth}:{settings.flow_control_full_depth}:"
+        f"{settings.flow_control_max_delay_ms}"
+    )
+
+
+#: A script's foreign-key error reply (``require_types`` in ``lua/lib.lua``); the server may
+#: append " script: <sha>, on @user_script:<line>." to it.
+_FOREIGN_KEY = re.compile(
+    r"^BROKER foreign key: (?P<key>.*) holds a (?P<found>\w+), not a (?P<expected>\w+)(?: script: .*)?$", re.S
+)
+
+
+def script_error(exc: BaseException, what: str) -> BaseException:
+    """The broker error a script's error reply stands for, or ``exc`` itself.
+
+    Args:
+        exc: what redis-py raised, or left in a pipeline's results, for one script call.
+        what: what was refused, a few words (``ServerFull.what``), e.g. "unit of work".
+
+    Returns:
+        ``ForeignKey`` (a queue-manager-wide key holds another Redis type; nothing was
+        written), ``ServerFull`` (``maxmemory`` reached; nothing was written) or ``exc``.
+    """
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return ServerFull(what, str(exc))
+    if isinstance(exc, redis.ResponseError):
+        found = _FOREIGN_KEY.match(str(exc))
+        if found:
+            return ForeignKey(found["key"], found["found"], found["expected"])
+    return exc
+
+
+def checked(reply: Any, what: str) -> Any:
+    """A pipelined script call's reply, or raise the broker error it stands for (``script_error``).
+
+    Raises:
+        ForeignKey: the script stopped on a foreign queue-manager-wide key, before any write.
+        ServerFull: the server is out of memory; nothing was written.
+        redis.RedisError: any other error reply, as redis-py gave it.
+    """
+    if isinstance(reply, BaseException):
+        raise script_error(reply, what) from reply
+    return reply
+
+
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """Raise a script's foreign-key and out-of-memory replies as ``ForeignKey`` and ``ServerFull``."""
+    try:
+        yield
+    except redis.ResponseError as exc:
+        error = script_error(exc, what)
+        if error is exc:
+            raise
+        raise error from exc
+
+
+def _read(name: str) -> str:
+    return resources.files("broker").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+def script_source(name: str) -> str:
+    """A script's source: ``lua/lib.lua`` (the shared helpers) followed by ``lua/<name>.lua``.
+
+    A script whose first line is a shebang (``#!lua flags=allow-oom``: the consumer scripts,
+    which must run on a full server, since consuming is what frees memory) keeps it first.
+    """
+    body = _read(name)
+    shebang = ""
+    if body.startswith("#!"):
+        shebang, _, body = body.partition("\n")
+        shebang += "\n"
+    return shebang + _read("lib") + "\n" + body
+
+
+@dataclass(frozen=True)
+class Dequeued:
+    """What one call of ``dequeue.lua`` returned.
+
+    Attributes:
+        version: the index version counter, read in the same atomic call (bytes,
+            opaque: compared with ``RoutingTable.version``, never parsed).
+        last_delivered_id: the group's last delivered entry id when nothing was
+            read (to block on with XREAD), else "".
+        entries: ``[(entry_id, {field: value})]`` with bytes keys and values.
+        turns: ``{publisher: [fifo head entry ids]}`` for every publisher whose
+            turn this worker holds.
+        active: publishers with entries waiting (in any worker's hands).
+        live: workers that sent a heartbeat within the liveness window.
+        backlog: ``{publisher: entries in its FIFO}`` for the publishers whose turn it holds.
+        fair: entries waiting per live worker: a worker's fair share of the work.
+        taken_over: ``[(entry_id, fields, times_delivered)]``: the next heads of a saturated
+            publisher that other workers read, taken over in the same call (``ahead``);
+            ``times_delivered`` is 0 for those not counted as a delivery.
+        spare: other live workers not known to hold a saturated publisher: a worker keeps a
+            saturated publisher alone only while one is spare (else no publisher would be
+            served but by the sweeps).
+    """
+
+    version: bytes
+    last_delivered_id: str
+    entries: list[tuple[str, dict[bytes, bytes]]]
+    turns: dict[str, list[str]]
+    active: int = 0
+    live: int = 1
+    backlog: dict[str, int] = field(default_factory=dict)
+    fair: int = 0
+    taken_over: list[tuple[str, dict[bytes, bytes], int]] = field(default_factory=list)
+    spare: int = 0
+
+
+#: Most entry ids per ``take_over.lua`` call (Lua's unpack() takes a few thousand values at most).
+TAKE_OVER_CHUNK = 1_000
+
+
+@dataclass(frozen=True)
+class Refusals:
+    """How scripts refuse a publication they cannot hand to a worker (see ``lua/lib.lua``).
+
+    Attributes:
+        reply_ttl_ms: how long a posted result is kept, ms.
+        dead_letter_max_len: approximate cap of the dead-letter stream, records.
+        max_body_bytes: a dead letter keeps a field (the body, a huge props) only up to this size, bytes.
+    """
+
+    reply_ttl_ms: int = 60_000
+    dead_letter_max_len: int = 100_000
+    max_body_bytes: int = 1_048_576
+
+
+class Scripts:
+    """The broker's scripts bound to one client and one queue manager.
+
+    Args:
+        client: a redis-py client (``decode_responses=False``).
+        qm: the queue manager name.
+        refusals: how publications are refused inside a script (dead-letter cap,
+            reply TTL, largest body kept).
+    """
+
+    def __init__(self, client: redis.Redis, qm: str, refusals: Refusals | None = None) -> None:
+        self.client = client
+        self.qm = qm
+        self.refusals = refusals or Refusals()
+        self._dequeue = client.register_script(script_source("dequeue"))
+        self._commit = client.register_script(script_source("commit"))
+        self._take_over_script = client.register_script(script_source("take_over"))
+        self._sweep_turns_script = client.register_script(script_source("sweep_turns"))
+        self._give_up = client.register_script(script_source("give_up"))
+        self._sweep_entries_script = client.register_script(script_source("sweep_entries"))
+        self._prefix = keys.pub_prefix(qm)
+        self._fixed = (keys.publish_stream(qm), keys.active_publishers(qm), keys.dead_letter(qm))
+        self._dedup_prefix = keys.dedup_prefix(qm)
+        self._reply_prefix = keys.reply_prefix(qm)
+        self._sub_prefix = keys.sub_prefix(qm)
+
+    def load(self) -> None:
+        """Load every script into the server's script cache (SCRIPT LOAD); needed before pipelined calls."""
+        for script in (
+            self._dequeue,
+            self._commit,
+            self._take_over_script,
+            self._sweep_turns_script,
+            self._give_up,
+            self._sweep_entries_script,
+        ):
+            self.client.script_load(script.script)
+
+    def _call(self, script: Any, keys_: list[Any], args: list[Any], pipe: Any, what: str) -> Any:
+        if pipe is None:
+            with _translated(what):
+                return script(keys=keys_, args=args)
+        pipe.execute_command("EVALSHA", script.sha, len(keys_), *keys_, *args)
+        return None
+
+    def dequeue(
+        self,
+        token: str,
+        count: int,
+        lease_ms: int,
+        heads: int,
+        turns: list[str],
+        pipe: Any = None,
+        liveness_ms: int = 10_000,
+        ahead: tuple[str, str] | None = None,
+    ) -> Dequeued | None:
+        """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
+
+        Args:
+            token: the worker's consumer name and fencing token.
+            count: the most entries to read; 0 reads nothing.
+            lease_ms: lease of a publisher's turn, in milliseconds.
+            heads: the most FIFO entry ids returned per publisher whose turn the worker holds.
+            turns: publishers whose turn the worker believes it holds.
+            pipe: queue the call on this pipeline instead (returns None; parse
+                its reply with ``parse_dequeue``).
+            liveness_ms: workers whose last heartbeat is older are not counted live, ms.
+            ahead: ``(publisher, entry_id)``: take over, in the same call, the heads of that
+                publisher (if the worker holds its turn) after ``entry_id`` ("ms-seq"), which
+                the worker has not read (``Dequeued.taken_over``; the FIFO head counts as a
+                delivery when it is one of them, as in ``take_over``).
+
+        Returns:
+            A ``Dequeued``, or None with ``pipe``.
+
+        Raises:
+            ForeignKey: a queue-manager-wide key holds another Redis type; nothing was written.
+            ServerFull: the server is out of memory; nothing was written.
+            redis.RedisError: any other error, as redis-py raises it.
+            (With ``pipe`` nothing is raised: pass the reply to ``checked``.)
+        """
+        qm = self.qm
+        refusals = self.refusals
+        raw = self._call(
+            self._dequeue,
+            [
+                keys.publish_stream(qm),
+                keys.version(qm),
+                keys.active_publishers(qm),
+                keys.alive(qm),
+                keys.dead_letter(qm),
+                keys.principals(qm),
+                keys.saturated(qm),
+                keys.alone(qm),
+            ],
+            [
+                keys.WORKER_GROUP,
+                token,
+                count,
+                self._prefix,
+                lease_ms,
+                heads,
+                keys.MALFORMED_PUBLISHER,
+                liveness_ms,
+                keys.MAX_PUBLISHER_BYTES,
+                self._reply_prefix,
+                refusals.reply_ttl_ms,
+                refusals.dead_letter_max_len,
+                refusals.max_body_bytes,
+                keys.ingress_prefix(qm),
+                _b(ahead[0]) if ahead else b"",
+                ahead[1] if ahead else "",
+                *map(_b, turns),
+            ],
+            pipe,
+            "dequeue",
+        )
+        return None if pipe is not None else parse_dequeue(raw)
+
+    def commit(
+        self,
+        pipe: Any,
+        token: str,
+        lease_ms: int,
+        batch: CommitBatch,
+        journal_max_len: int = 0,
+        give_up: tuple[str, ...] = (),
+        version: bytes | str = b"",
+        flow_control: str = "",
+    ) -> None:
+        """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication,
+        then the subscriptions a slow-subscriber condition asks to disconnect.
+
+        Decode the reply (after ``checked(reply, "unit of work")``, which raises ``ForeignKey``
+        for a foreign queue-manager-wide key and ``ServerFull`` for a full server, nothing
+        written either way) with ``broker.core.unit_of_work.decode_outcomes`` and
+        ``decode_disconnects``; see ``broker/lua/commit.lua``.
+
+        Args:
+            pipe: a redis-py pipeline (its ``execute`` returns the replies) or client.
+            token: the worker's fencing token.
+            lease_ms: lease of the publishers' turns, renewed by the commit, ms.
+            batch: the units of work, in FIFO order per publisher.
+            journal_max_len: approximate cap of the delivery journal; 0 = no journal.
+            give_up: publishers whose turn to give up after this call even if
+                their FIFO is not empty (fair share between workers).
+            version: the index version the recipients were resolved at
+                (``RoutingTable.version``); when the server's differs, the script
+                checks that each recipient subscription still exists.
+            flow_control: the delay curve, ``"<start depth>:<full depth>:<max delay ms>"``
+                (``flow_control_arg``); "" when flow control is off (nothing is read for it).
+
+        Raises:
+            ValueError: ``batch`` was built with the journal (``CommitBatch(journal=True)``) and
+                ``journal_max_len`` is 0, or the other way round: its units' fields would be misread.
+        """
+        if batch.journal != (journal_max_len > 0):
+            raise ValueError(
+                f"a batch built with journal={batch.journal} needs journal_max_len "
+                f"{'> 0' if batch.journal else '0'}, not {journal_max_len}"
+            )
+        qm = self.qm
+        self._call(
+            self._commit,
+            [
+                *self._fixed,
+                keys.journal(qm),
+                keys.subscriptions(qm),
+                keys.version(qm),
+                keys.skipped(qm),
+                keys.slow(qm),
+                *batch.queue_keys,
+            ],
+            [
+                keys.WORKER_GROUP,
+                token,
+                lease_ms,
+                self._prefix,
+                self._dedup_prefix,
+                self._reply_prefix,
+                journal_max_len,
+                self._sub_prefix,
+                self.refusals.dead_letter_max_len,
+                self.refusals.max_body_bytes,
+                version,
+                batch.encoded_limits(),
+                flow_control,
+                len(give_up),
+                *map(_b, give_up),
+                *batch.args,
+            ],
+            pipe,
+            "unit of work",
+        )
+
+    def take_over(
+        self, token: str, counted: list[str], uncounted: list[str]
+    ) -> list[tuple[str, dict[bytes, bytes], int]]:
+        """Take over entries (XCLAIM); only ``counted`` ones may count as a new delivery.
+
+        A counted head is not counted when it is taken back from ``token``'s own pending
+        entries, or from a worker that recorded in ``{qm}:alone`` another entry it was handling
+        alone (``take_over`` in ``lua/lib.lua``).
+
+        Args:
+            token: the worker's consumer name.
+            counted: entry ids whose delivery count may go up (each publisher's FIFO head).
+            uncounted: entry ids claimed without changing their delivery count.
+
+        Returns:
+            ``[(entry_id, fields, times_delivered)]`` for entries that still exist;
+            ``times_delivered`` is 0 for uncounted entries.
+        """
+        out = []
+        stream, alone = keys.publish_stream(self.qm), keys.alone(self.qm)
+        for start in range(0, max(len(counted), len(uncounted)), TAKE_OVER_CHUNK):
+            head = counted[start : start + TAKE_OVER_CHUNK]
+            rest = uncounted[start : start + TAKE_OVER_CHUNK]
+            with _translated("take-over"):
+                raw = self._take_over_script(
+                    keys=[stream, alone], args=[keys.WORKER_GROUP, token, len(head), *head, *rest]
+                )
+            for entry_id, flat, times in raw:
+                out.append((entry_id.decode(), entry_fields(flat), int(times)))
+        return out
+
+    def sweep_turns(self, token: str, lease_ms: int, cursor: str, count: int) -> tuple[str, list[str]]:
+        """Take the turn of orphaned publishers (FIFO not empty, nobody holds the turn).
+
+        Args:
+            token: the worker's fencing token.
+            lease_ms: lease of a publisher's turn, ms.
+            cursor: the SSCAN cursor, "0" to start.
+            count: SSCAN count hint.
+
+        Returns:
+            ``(next cursor, publishers taken)``.
+
+        Raises:
+            ForeignKey: ``{qm}:publishers`` holds another Redis type; nothing was written.
+            redis.RedisError: any other error, as redis-py raises it.
+        """
+        with _translated("turn sweep"):
+            nxt, taken = self._sweep_turns_script(
+                keys=[keys.active_publishers(self.qm)],
+                args=[self._prefix, token, lease_ms, cursor, count],
+            )
+        return nxt.decode(), [p.decode("utf-8", "surrogateescape") for p in taken]
+
+    def sweep_entries(self, min_idle_ms: int, start: str = "-", count: int = 100) -> tuple[str, list[str]]:
+        """Refuse pending entries that are in no publisher's FIFO any more (see ``lua/sweep_entries.lua``).
+
+        Args:
+            min_idle_ms: only entries pending at least this long are looked at, ms.
+            start: the smallest entry id to look at, "-" for the oldest.
+            count: the most pending entries looked at in this call.
+
+        Returns:
+            ``(next start id, or "" when the pending list was read to its end; refused entry ids)``.
+
+        Raises:
+            ForeignKey: the stream or the dead-letter stream holds another Redis type; nothing
+                was written.
+            ServerFull: the server is out of memory; nothing was written.
+            redis.RedisError: any other error, as redis-py raises it.
+        """
+        refusals = self.refusals
+        with _translated("entry sweep"):
+            nxt, refused = self._sweep_entries_script(
+                keys=[keys.publish_stream(self.qm), keys.dead_letter(self.qm)],
+                args=[
+                    keys.WORKER_GROUP,
+                    min_idle_ms,
+                    count,
+                    start,
+                    self._prefix,
+                    keys.MALFORMED_PUBLISHER,
+                    keys.MAX_PUBLISHER_BYTES,
+                    self._reply_prefix,
+                    refusals.reply_ttl_ms,
+                    refusals.dead_letter_max_len,
+                    refusals.max_body_bytes,
+                ],
+            )
+        return nxt.decode(), [r.decode() for r in refused]
+
+    def give_up(self, token: str, publishers: list[str]) -> int:
+        """Give up the turns this worker holds on ``publishers``; returns how many.
+
+        The turn keys are passed as KEYS (all in the ``{qm}`` slot), so that a
+        cluster client sends the call to the master that holds them.
+        """
+        if not publishers:
+            return 0
+        turns = [_b(keys.turn_key(self.qm, p)) for p in publishers]
+        with _translated("giving up turns"):
+            return int(self._give_up(keys=turns, args=[token]))
+
+
+def entry_fields(flat: list[bytes]) -> dict[bytes, bytes]:
+    """A stream entry's ``[field, value, ...]`` as a dict; a field given twice keeps its first value,
+    as the scripts read it (``field_of`` in ``lua/lib.lua``), so that the publisher an entry is
+    ordered under is the one its envelope names."""
+    fields: dict[bytes, bytes] = {}
+    for i in range(0, len(flat), 2):
+        fields.setdefault(flat[i], flat[i + 1])
+    return fields
+
+
+def parse_dequeue(raw: list[Any]) -> Dequeued:
+    """Turn the reply of ``dequeue.lua`` into a ``Dequeued``."""
+    version, last_id, entries, turns, active, live, fair, taken, spare = raw
+    parsed = []
+    for entry_id, flat in entries:
+        parsed.append((entry_id.decode(), entry_fields(flat)))
+    turns_map = {}
+    backlog = {}
+    for i in range(0, len(turns), 3):
+        publisher = turns[i].decode("utf-8", "surrogateescape")
+        turns_map[publisher] = [x.decode() for x in turns[i + 1]]
+        backlog[publisher] = int(turns[i + 2])
+    return Dequeued(
+        bytes(version),
+        last_id.decode(),
+        parsed,
+        turns_map,
+        int(active),
+        max(1, int(live)),
+        backlog,
+        int(fair),
+        [(entry_id.decode(), entry_fields(flat), int(times)) for entry_id, flat, times in taken],
+        int(spare),
+    )

@@ -1,0 +1,260 @@
+"""The unit of work of one publication, and its encoding for ``lua/commit.lua``.
+
+A worker decides, for each publication at the head of a FIFO whose turn it
+holds, one ``UnitOfWork``: deliver it (to these subscriber queues, with this
+envelope), expire it, refuse it (with this reason), or skip it (its entry is
+gone from the stream). ``CommitBatch`` encodes a batch of them into one
+``commit.lua`` call; the script applies each all or nothing and answers one
+``Outcome`` per unit.
+
+The ARGV layout of a unit is named in ``UNIT_FIELDS`` and written out in the
+header of ``commit.lua`` (``-- unit field <n> <name>``); a test checks that both
+list the same fields in the same order. The last field, ``journal``, is sent only
+when the journal is on: every field costs Redis and Lua per unit, whether empty or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from broker.core.config import SlowSubscriberCondition
+
+#: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..8] are fixed keys).
+FIRST_QUEUE_KEY = 9
+
+#: The ARGV fields of one unit of work in ``commit.lua``, in order. Few, because every
+#: argument costs Redis (a string object, then a Lua string): what most units of a batch
+#: share is packed into ``options`` and ``recipients``, which the script parses once per
+#: distinct value (``encode_options``, ``CommitBatch``). The last one, ``journal``, only
+#: when the journal is on (``CommitBatch(journal=True)``); without, a unit has the others.
+UNIT_FIELDS = (
+    "publisher",
+    "entry_id",
+    "payload",
+    "msgid",
+    "recipients",
+    "options",
+    "journal",
+)
+
+#: Most KEYS indexes a recipient set can name: each is packed in 3 bytes.
+MAX_KEY_INDEX = 2**24 - 1
+
+
+#: IBM MQ's PMSGDLV / NPMSGDLV: what a publication does when a recipient queue is full.
+DELIVERY_POLICIES = ("ALL", "ALLDUR", "ALLAVAIL")
+
+
+class Action(StrEnum):
+    """What a unit of work does with its publication."""
+
+    DELIVER = "deliver"
+    EXPIRE = "expire"
+    REFUSE = "refuse"
+    SKIP = "skip"
+
+
+class Outcome(StrEnum):
+    """What ``commit.lua`` did with a unit of work (its reply code is the position, 0-5)."""
+
+    FENCED = "fenced"
+    DELIVERED = "delivered"
+    DUPLICATE = "duplicate"
+    EXPIRED = "expired"
+    REFUSED = "refused"
+    SKIPPED = "skipped"
+
+
+#: ``commit.lua`` reply codes, by position.
+OUTCOMES = tuple(Outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitOfWork:
+    """One publication's unit of work.
+
+    Attributes:
+        publisher: the publisher id (its FIFO and turn).
+        entry_id: the publish stream entry id.
+        action: deliver, expire, refuse or skip.
+        msgid: the message id (dedup record and reply key): its bytes as sent, decoded with
+            ``surrogateescape`` (``CommitBatch`` encodes it back byte for byte).
+        envelope: what every subscriber queue gets (deliver), bytes.
+        queues: the de-duplicated subscriber queue keys (deliver).
+        reason: why it is refused (refuse): one line of text.
+        suggestion: a corrected topic when the topic was refused, or "".
+        dedup_window_ms: how long the msgid is remembered, ms; 0 for no record.
+        reply_ttl_ms: how long the result is kept for the publisher, ms; 0 when
+            no result was asked for.
+        seq: the publisher's sequence number, or None (journal).
+        topic: the topic string (journal).
+        enqueued_ms: the publication's time, ms since the epoch (journal).
+        delivery: ``ALL``, ``ALLDUR`` or ``ALLAVAIL``: what to do when a recipient queue
+            is at its MAXDEPTH (``broker.topics.topic_objects``).
+        dead_letter: a refused publication goes to the dead-letter stream (USEDLQ).
+        slow: the slow-subscriber condition of the publication's root topic, when it
+            applies to the publication (``SlowSubscriberCondition.applies``); the
+            queues are then watched (``CommitBatch.watch``). None: no condition.
+        policy: refused by a topic object's policy (PUB(DISABLED)), not for what the
+            publication is: ``broker.operations.metrics`` counts it as skipped by policy. Not sent
+            to ``commit.lua``.
+    """
+
+    publisher: str
+    entry_id: str
+    action: Action
+    msgid: str
+    envelope: bytes = b""
+    queues: tuple[str, ...] = ()
+    reason: str = ""
+    suggestion: str = ""
+    dedup_window_ms: int = 0
+    reply_ttl_ms: int = 0
+    seq: int | None = None
+    topic: str = ""
+    enqueued_ms: int = 0
+    delivery: str = "ALLAVAIL"
+    dead_letter: bool = True
+    slow: SlowSubscriberCondition | None = None
+    policy: bool = False
+
+
+def _b(text: str) -> bytes:
+    """A publisher id or message id back as the bytes Redis holds (ids that were not UTF-8
+    round-trip: they were decoded with ``surrogateescape``)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+class CommitBatch:
+    """The arguments of one ``commit.lua`` call: a batch of units of work, in FIFO order per publisher.
+
+    Queue keys are interned: each is one KEYS entry of the call, and a unit names its
+    recipient queues by their KEYS indexes, packed 3 bytes each (``recipients``).
+
+    Args:
+        journal: send each unit's journal field (seq, enqueued_ms, topic); without, a
+            unit has no ``journal`` field (``unit_size`` fields) and the call writes no journal.
+    """
+
+    __slots__ = ("queue_keys", "_key_index", "_set_index", "args", "units", "limits", "journal")
+
+    def __init__(self, journal: bool = False) -> None:
+        #: KEYS index -> (MAXDEPTH, durable) of the bounded queues in this batch
+        self.limits: dict[int, tuple[int, bool]] = {}
+        self.queue_keys: list[str] = []
+        self._key_index: dict[str, int] = {}
+        self._set_index: dict[tuple[str, ...], bytes] = {}
+        self.args: list[bytes | str | int] = []
+        self.units: list[UnitOfWork] = []
+        self.journal = journal
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    @property
+    def unit_size(self) -> int:
+        """How many ARGV fields each unit has: ``UNIT_FIELDS``, without ``journal`` when it is off."""
+        return len(UNIT_FIELDS) if self.journal else len(UNIT_FIELDS) - 1
+
+    def _recipients(self, queues: tuple[str, ...]) -> bytes:
+        """The recipient set ``queues`` as ``commit.lua`` takes it: KEYS indexes, 3 bytes each, big-endian.
+
+        Raises:
+            ValueError: the batch names more than ``MAX_KEY_INDEX`` keys.
+        """
+        found = self._set_index.get(queues)
+        if found is not None:
+            return found
+        packed = bytearray()
+        for queue in queues:
+            pos = self._key_index.get(queue)
+            if pos is None:
+                pos = self._key_index[queue] = len(self.queue_keys) + FIRST_QUEUE_KEY
+                if pos > MAX_KEY_INDEX:
+                    raise ValueError(f"a commit batch names at most {MAX_KEY_INDEX} keys")
+                self.queue_keys.append(queue)
+            packed += pos.to_bytes(3, "big")
+        found = self._set_index[queues] = bytes(packed)
+        return found
+
+    def limit(self, queue: str, maxdepth: int, durable: bool) -> None:
+        """Bound ``queue`` (already added by ``add``) at ``maxdepth`` messages for this batch."""
+        self.limits[self._key_index[queue]] = (maxdepth, durable)
+
+    def watch(self, queue: str, durable: bool) -> None:
+        """Have ``commit.lua`` count the messages waiting in ``queue``'s subscription (every band),
+        for a slow-subscriber condition; ``queue`` was added by ``add``. A bounded queue keeps its bound."""
+        self.limits.setdefault(self._key_index[queue], (0, durable))
+
+    def encoded_limits(self) -> str:
+        """The watched queues for ``commit.lua``: ``"<KEYS index>:<maxdepth, 0 = none>:<1 durable|0> ..."``."""
+        return " ".join(f"{k}:{depth}:{int(durable)}" for k, (depth, durable) in self.limits.items())
+
+    def add(self, unit: UnitOfWork) -> None:
+        """Encode one unit of work (``UNIT_FIELDS`` order) at the end of the batch."""
+        payload: bytes | str = unit.envelope if unit.action is Action.DELIVER else unit.reason
+        recipients = self._recipients(unit.queues) if unit.queues else b""
+        self.args += (
+            _b(unit.publisher),
+            unit.entry_id,
+            payload,
+            _b(unit.msgid),
+            recipients,
+            encode_options(unit),
+        )
+        if self.journal:
+            self.args.append(f"{'' if unit.seq is None else unit.seq}|{unit.enqueued_ms}|{unit.topic}")
+        self.units.append(unit)
+
+
+def encode_options(unit: UnitOfWork) -> str:
+    """A unit's ``options`` field: ``"<action>|<dedup_window_ms>|<reply_ttl_ms>|<delivery>|<dead_letter 1|0>|
+    <slow>|<suggestion>"`` (the suggestion is the rest of the string)."""
+    return (
+        f"{unit.action.value}|{unit.dedup_window_ms}|{unit.reply_ttl_ms}|{unit.delivery}|"
+        f"{1 if unit.dead_letter else 0}|{_encoded_condition(unit.slow)}|{unit.suggestion}"
+    )
+
+
+def _encoded_condition(condition: SlowSubscriberCondition | None) -> str:
+    """A unit's ``slow`` field: ``"<max_messages>:<disconnect non-durable 1|0>:<disconnect durable 1|0>"``, or ""."""
+    if condition is None:
+        return ""
+    return (
+        f"{condition.max_messages}:{int(condition.disconnect_non_durable_subscriber)}:"
+        f"{int(condition.disconnect_delete_durable_subscriber)}"
+    )
+
+
+def decode_outcomes(
+    batch: CommitBatch, reply: list[int | bytes]
+) -> list[tuple[UnitOfWork, Outcome, int, bool]]:
+    """Pair each unit of ``batch`` with what ``commit.lua`` answered for it.
+
+    Args:
+        batch: the batch sent.
+        reply: the script's reply, 3 integers per unit (code, subscriptions, released),
+            then what ``decode_disconnects`` reads.
+
+    Returns:
+        ``[(unit, outcome, subscriptions, turn_given_up)]`` in batch order.
+    """
+    return [
+        (unit, OUTCOMES[int(reply[3 * i])], int(reply[3 * i + 1]), bool(reply[3 * i + 2]))
+        for i, unit in enumerate(batch.units)
+    ]
+
+
+def decode_disconnects(batch: CommitBatch, reply: list[int | bytes]) -> list[tuple[str, int]]:
+    """The subscriptions a slow-subscriber condition asked to disconnect, after the units' integers.
+
+    Returns:
+        ``[(sub id, max_messages of the condition)]``, each subscription once.
+    """
+    rest = reply[3 * len(batch.units) :]
+    out = []
+    for i in range(0, len(rest) - 1, 2):
+        sub_id, most = rest[i], rest[i + 1]
+        out.append((sub_id.decode() if isinstance(sub_id, bytes) else str(sub_id), int(most)))
+    return out

@@ -1,0 +1,390 @@
+"""The broker's roles as Redis ACL users (``broker acl``).
+
+Redis's own security model is ACL users with command and key-pattern rules; each role
+below is one set of rules, as narrow as the role's work allows. Every key of a queue
+manager starts with ``{qm}:``, so a pattern names a role's keys exactly.
+
+=========== ============================================= =============================================
+role        commands                                      keys
+=========== ============================================= =============================================
+publisher   XADD; BLPOP (its results); GET (its flow key) ``{qm}:in:<user>`` (write), ``{qm}:reply:<n>:<id>:*``
+                                                          and ``{qm}:pub:<id>:flow`` (read) per bound id
+subscriber  read, write, list, hash, zset, scripting      ``{qm}:sub:<client id>$*`` (its subscriptions' queues
+            (the consumer scripts), no dangerous ones     and consumer state); ``{qm}:subs``, ``{qm}:version``,
+                                                          ``{qm}:manager``, ``{qm}:topics`` (read);
+                                                          ``{qm}:expired``, ``{qm}:last_active``,
+                                                          ``{qm}:dlq`` (counters; expired, malformed dead letters)
+worker      read, write, stream, list, hash, set, zset,   ``{qm}:*``
+            string, keyspace, scripting, transactions;
+            no dangerous or admin ones but INFO
+channel     as worker                                     ``{qm}:*``; on each peer (default: every other queue
+                                                          manager of the network): its publish stream and
+                                                          received record, its announcement, topic objects
+                                                          and network record (read)
+admin       as worker; SUBSCRIBE (rq's worker channel)    ``{qm}:*`` and ``rq:*`` (the admin jobs' queue);
+                                                          channels ``rq:pubsub:*``
+monitor     read, transactions, INFO; nothing that writes ``{qm}:*`` (read)
+=========== ============================================= =============================================
+
+Every role also gets the connection commands a client library sends (PING, HELLO, AUTH,
+CLIENT SETNAME / SETINFO / ID, and the CLUSTER SLOTS / SHARDS / NODES a cluster client
+reads). No role gets FLUSHALL, FLUSHDB, KEYS, CONFIG, DEBUG, ACL, SHUTDOWN, MONITOR,
+SCRIPT FLUSH / KILL or FUNCTION: those stay with the operator's own user.
+
+A publisher's identity is enforced by Redis: it may ``XADD`` to its own ingress stream only,
+and the queue mutex files what arrives there under the principal it came from
+(``broker.core.principals``). The users the broker made are recorded in ``{qm}:acl`` (no
+password): name -> role and bindings. Passwords come from an environment variable or a
+secret file, are sent to Redis only (``ACL SETUSER ... >password``) and never printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import redis
+
+from broker.core import keys
+from broker.core.connection import is_cluster, translate_errors
+from broker.core.errors import ConfigError, InvalidName
+from broker.core.principals import bind, check_principal, check_publisher_ids, unbind
+
+Role = Literal["publisher", "subscriber", "worker", "channel", "admin", "monitor"]
+ROLES: tuple[Role, ...] = ("publisher", "subscriber", "worker", "channel", "admin", "monitor")
+
+#: Client ids as subscriptions require them.
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+
+#: What a client library sends on connecting (redis-py: HELLO, CLIENT SETINFO; a cluster
+#: client: CLUSTER SLOTS / SHARDS / NODES).
+CONNECTION = (
+    "+ping",
+    "+hello",
+    "+auth",
+    "+client|setname",
+    "+client|setinfo",
+    "+client|id",
+    "+cluster|slots",
+    "+cluster|shards",
+    "+cluster|nodes",
+    "+readonly",
+)
+
+#: The commands of the roles that run the broker's scripts on their queue manager's keys.
+OPERATOR = (
+    "+@read",
+    "+@write",
+    "+@stream",
+    "+@list",
+    "+@hash",
+    "+@set",
+    "+@sortedset",
+    "+@string",
+    "+@keyspace",
+    "+@scripting",
+    "+@transaction",
+    "-@dangerous",
+    "-@admin",
+    "-script|flush",
+    "-script|kill",
+    "-function",
+    "-select",
+    "-move",
+    "-swapdb",
+    "+info",
+    "+time",
+    "+xgroup|create",
+    "+xgroup|createconsumer",
+)
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal in an ACL key pattern (``*``, ``?``, ``[``, ``]`` and ``\\`` escaped)."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def _tag(qm: str) -> str:
+    return "{" + qm + "}"
+
+
+@dataclass
+class RoleSpec:
+    """A broker user's role and bindings (stored in ``{qm}:acl``, no password).
+
+    Attributes:
+        role: one of ``ROLES``.
+        publisher_ids: publisher: the ids it may publish under.
+        client_id: subscriber: the client id whose subscriptions it may consume.
+        peers: channel: the other queue managers it moves to (their publish streams) and reads
+            (announcements, topic objects): every one of the network, as each channel process reads
+            every queue manager's announcement, not only its neighbours'.
+        created_ms: when it was made, ms since the epoch.
+    """
+
+    role: Role
+    publisher_ids: list[str] = field(default_factory=list)
+    client_id: str = ""
+    peers: list[str] = field(default_factory=list)
+    created_ms: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> RoleSpec:
+        """Raises: ValueError: not a role record."""
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("role") not in ROLES:
+            raise ValueError("not a broker ACL user record")
+        return cls(
+            data["role"],
+            list(data.get("publisher_ids", [])),
+            str(data.get("client_id", "")),
+            list(data.get("peers", [])),
+            int(data.get("created_ms", 0)),
+        )
+
+
+def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
+    """The ACL rules of ``user`` in ``spec.role`` on queue manager ``qm`` (after ``reset``; no password).
+
+    Raises:
+        InvalidName: a binding the role needs is missing or invalid.
+    """
+    tag = _tag(qm)
+    out = ["resetkeys", "resetchannels", "-@all", *CONNECTION]
+    if spec.role == "publisher":
+        check_publisher_ids(spec.publisher_ids)
+        out += ["+xadd", "+blpop", "+get", f"%W~{glob_escape(keys.ingress(qm, user))}"]
+        for pid in spec.publisher_ids:
+            n = len(pid.encode())
+            out += [
+                f"~{tag}:reply:{n}:{glob_escape(pid)}:*",
+                f"%R~{glob_escape(keys.flow_key(qm, pid))}",
+            ]
+    elif spec.role == "subscriber":
+        if not _CLIENT_ID.match(spec.client_id):
+            raise InvalidName(
+                f"a subscriber needs --client-id (1-128 of A-Z a-z 0-9 _ . -), not {spec.client_id!r}"
+            )
+        out += [c for c in OPERATOR if c not in ("+xgroup|create", "+xgroup|createconsumer", "+info")]
+        out += [
+            f"~{tag}:sub:{spec.client_id}$*",
+            f"%R~{tag}:subs",
+            f"%R~{tag}:version",
+            f"%R~{tag}:manager",
+            f"%R~{tag}:topics",
+            f"~{tag}:expired",
+            f"~{tag}:last_active",
+            f"~{tag}:dlq",
+        ]
+    elif spec.role in ("worker", "admin", "channel"):
+        out += [*OPERATOR, f"~{tag}:*"]
+        if spec.role == "admin":  # rq's queues and jobs, and its worker's command channel
+            out += ["~rq:*", "+subscribe", "+unsubscribe", "&rq:pubsub:*"]
+        for peer in spec.peers:
+            ptag = _tag(peer)
+            out += [
+                f"~{ptag}:publish",
+                f"~{ptag}:received",
+                f"%R~{ptag}:announced",
+                f"%R~{ptag}:topics",
+                f"%R~{ptag}:network",
+            ]
+    elif spec.role == "monitor":
+        out += ["+@read", "+@transaction", "-@dangerous", "-@admin", "+info", f"%R~{tag}:*"]
+    else:  # pragma: no cover - Literal
+        raise InvalidName(f"unknown role {spec.role!r}; roles: {', '.join(ROLES)}")
+    return out
+
+
+def read_password(env: str | None = None, file: str | None = None) -> str:
+    """The password from the environment variable ``env`` or the first line of ``file``.
+
+    Raises:
+        ConfigError: neither given, the variable is unset or empty, or the file is missing or empty.
+    """
+    if file:
+        try:
+            text = Path(file).read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"secret file {file}: {exc.strerror}") from exc
+        if not text or not text[0].strip():
+            raise ConfigError(f"secret file {file} is empty")
+        return text[0].strip()
+    if env:
+        value = os.environ.get(env, "")
+        if not value:
+            raise ConfigError(f"environment variable {env} is not set (it holds the password)")
+        return value
+    raise ConfigError("give the password with --password-env VAR or --password-file FILE")
+
+
+def _nodes(client: redis.Redis) -> list[Any]:
+    """The clients to run an ACL command on: the server, or every master of a cluster (ACLs are per node)."""
+    if is_cluster(client):
+        return [node.redis_connection for node in client.get_primaries()]  # type: ignore[attr-defined]
+    return [client]
+
+
+def _set_user(client: redis.Redis, user: str, head: list[str], found: list[str]) -> list[str]:
+    """ACL SETUSER ``user`` with ``head`` then ``found``; a rule naming a command this server does
+    not know (``+client|setinfo`` before Redis 7.2: its clients never send it) is left out.
+
+    Returns:
+        The rules applied.
+    """
+    found = list(found)
+    while True:
+        try:
+            _acl(client, "SETUSER", user, *head, *found)
+            return found
+        except redis.ResponseError as exc:
+            unknown = re.search(r"modifier '([^']+)': Unknown command", str(exc))
+            if unknown is None or unknown.group(1) not in found or unknown.group(1) not in CONNECTION:
+                raise
+            found.remove(unknown.group(1))
+
+
+def _acl(client: redis.Redis, *args: Any) -> list[Any]:
+    return [node.execute_command("ACL", *args) for node in _nodes(client)]
+
+
+@translate_errors
+def add_user(client: redis.Redis, qm: str, user: str, spec: RoleSpec, password: str) -> list[str]:
+    """Create or replace ACL user ``user`` with ``spec``'s role on ``qm``; returns its rules.
+
+    A publisher is also bound to its publisher ids (``broker.core.principals``). The password is
+    sent with ``>``, never stored by the broker.
+
+    Raises:
+        InvalidName: a bad user name or binding.
+    """
+    check_principal(user)
+    if user == "default":
+        raise InvalidName("the default user is not a broker role; pick another name")
+    spec.created_ms = spec.created_ms or int(time.time() * 1000)
+    found = rules(qm, user, spec)
+    found = _set_user(client, user, ["reset", "on", f">{password}"], found)
+    client.hset(_registry(qm), user, spec.to_json())
+    if spec.role == "publisher":
+        bind(client, qm, user, spec.publisher_ids)
+    return found
+
+
+@translate_errors
+def rotate(client: redis.Redis, user: str, password: str, keep_old: bool = True) -> None:
+    """Give ``user`` a new password; with ``keep_old`` the old ones stay valid until a second
+    rotation with ``keep_old=False`` (clients move over without a moment refused)."""
+    args = [f">{password}"] if keep_old else ["resetpass", f">{password}"]
+    _acl(client, "SETUSER", user, *args)
+
+
+@translate_errors
+def delete_user(client: redis.Redis, qm: str, user: str) -> bool:
+    """Delete ACL user ``user`` (and its principal binding); returns whether it existed."""
+    done = _acl(client, "DELUSER", user)
+    client.hdel(_registry(qm), user)
+    unbind(client, qm, user)
+    return any(int(n) for n in done)
+
+
+@dataclass
+class UserRow:
+    """A broker ACL user for ``broker acl list`` (never its password)."""
+
+    user: str
+    role: str
+    bindings: str
+    enabled: bool
+    rules: str
+
+
+@translate_errors
+def list_users(client: redis.Redis, qm: str) -> tuple[list[UserRow], list[str]]:
+    """The users the broker made for ``qm``, with their rules as Redis holds them; and problems."""
+    rows, problems = [], []
+    for raw_user, raw in sorted(client.hgetall(_registry(qm)).items()):
+        user = raw_user.decode() if isinstance(raw_user, bytes) else raw_user
+        try:
+            spec = RoleSpec.from_json(raw)
+        except ValueError as exc:
+            problems.append(f"{_registry(qm)} field {user!r}: {exc}")
+            continue
+        found = _nodes(client)[0].execute_command("ACL", "GETUSER", user)
+        if found is None:
+            problems.append(f"user {user!r} is recorded but not in the server's ACL")
+            continue
+        info = _getuser(found)
+        bindings = (
+            ", ".join(spec.publisher_ids)
+            if spec.role == "publisher"
+            else spec.client_id or ", ".join(spec.peers)
+        )
+        rows.append(
+            UserRow(
+                user,
+                spec.role,
+                bindings,
+                "on" in info.get("flags", []),
+                f"{info.get('commands', '')} {info.get('keys', '')}".strip(),
+            )
+        )
+    return rows, problems
+
+
+def _getuser(found: Any) -> dict[str, Any]:
+    """ACL GETUSER's reply as a dict of text (RESP2 flat list or RESP3 map)."""
+    if isinstance(found, dict):
+        items = list(found.items())
+    else:
+        items = [(found[i], found[i + 1]) for i in range(0, len(found), 2)]
+
+    def text(value: Any) -> Any:
+        if isinstance(value, bytes):
+            return value.decode()
+        if isinstance(value, list):
+            return [text(v) for v in value]
+        return value
+
+    return {text(k): text(v) for k, v in items}
+
+
+@translate_errors
+def acl_file(client: redis.Redis, qm: str) -> str:
+    """ACL file lines (``user <name> on #<sha256> <rules>``) for every broker user of ``qm``,
+    for an operator's own Redis (``aclfile``); passwords appear only as their SHA-256."""
+    lines = []
+    for raw_user, raw in sorted(client.hgetall(_registry(qm)).items()):
+        user = raw_user.decode() if isinstance(raw_user, bytes) else raw_user
+        try:
+            spec = RoleSpec.from_json(raw)
+        except ValueError:
+            continue
+        found = _nodes(client)[0].execute_command("ACL", "GETUSER", user)
+        if found is None:
+            continue
+        info = _getuser(found)
+        hashes = " ".join(f"#{h}" for h in info.get("passwords", []))
+        state = "on" if "on" in info.get("flags", []) else "off"
+        lines.append(f"user {user} {state} {hashes} {' '.join(rules(qm, user, spec))}".replace("  ", " "))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def admin_acl_file(user: str, password: str) -> str:
+    """The ACL file of an embedded server run with ``security = true``: the default user off,
+    and ``user`` (from the URL's credentials) allowed everything."""
+    check_principal(user)
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    return f"user default off\nuser {user} on #{digest} ~* &* +@all\n"
+
+
+def _registry(qm: str) -> str:
+    return keys.acl_users(qm)

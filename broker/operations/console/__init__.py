@@ -1,0 +1,15 @@
+"""The web console, ``broker console``: a Starlette app with server-rendered pages (Jinja2) and htmx.
+
+Pages: overview (rates, lag, workers, memory), subscriptions and their queues, the topic
+tree, the dead-letter queue (browse, replay, purge: each confirmed), workers and channels;
+live refresh every few seconds. Logins are the Redis ACL users of ``broker acl add NAME
+--role monitor|admin``: ``monitor`` sees, ``admin`` acts. See docs/operations.md.
+
+Modules: ``app`` (the app factory ``create_app``), ``auth`` (logins and sessions),
+``figures`` (what the pages show), ``dlq`` (the dead-letter pages). Static files
+(``static/``: htmx, its licence, one stylesheet) and templates ship in the package.
+"""
+
+from broker.operations.console.app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,703 @@
+"""The dead-letter queue ``{qm}:dlq``: list, show, replay and purge dead letters (``broker dlq``).
+
+A dead letter is one entry of the dead-letter stream (``broker.core.keys``, "Dead letter"). Two kinds:
+
+- a **refused publication** (``dequeue.lua``, ``commit.lua``): the publication's own fields, then
+  ``dlq.reason`` and ``dlq.entry_id`` (the publish-stream entry it was); ``dlq.principal`` when
+  ``dequeue.lua`` refused it as published under a publisher id not bound to the principal of the
+  ingress stream it came by. Replay **re-publishes** it: its fields are added again as a new
+  publication, with its message id (``msgid``; when it had none, its default, the original
+  ``dlq.entry_id``), so that the dedup record of the first replay that is delivered makes any
+  later copy a duplicate (within ``dedup_window_ms``). A refused publication left no dedup record
+  (``commit.lua`` removes the one it made when it refuses), so the first replay is delivered.
+- a **poison message** of one subscription (``recover.lua``: delivered more than
+  ``max_redeliveries`` times; ``receive.lua``: expired while waiting; ``reject.lua``: a
+  malformed envelope a consumer took, reason ``malformed envelope: ...``): ``envelope``,
+  ``dlq.reason``, ``dlq.entry_id``, ``dlq.subscription``. Replay **re-queues** the envelope to
+  that subscription only (never to the others, which had their copy), at the head of its
+  priority band.
+
+Where a publication is re-published: a publication that came through a principal's ingress
+stream (field ``principal``, or ``dlq.principal``) goes back into that ingress stream
+``{qm}:in:<principal>``, so that the queue mutex checks the binding again and stamps
+``principal``: a replay is never refused as impersonation while the publisher id is bound to
+its principal, and a publication refused as impersonation is delivered only once an operator
+has bound the id. Any other goes to the publish stream ``{qm}:publish``, which only the broker's
+own users (worker, channel, admin) may write: a dead letter whose publisher id is bound to a
+principal but which names none (so it cannot have come through an ingress stream and was not
+forwarded by a channel: no ``origin``) is skipped as unverifiable.
+
+Each replay is one Lua call (``lua/replay.lua``, ``lua/requeue.lua``): the XADD (or RPUSH) and
+the XDEL of the dead letter are one atomic step (the dead-letter stream and its targets share the
+``{qm}`` hash slot), checked before the first write: key types, the dead letter still there.
+A MULTI/EXEC would run the XDEL even when its XADD failed on a key of another type.
+
+What is never replayed (skipped, with the reason, and left in the dead-letter queue): a dead
+letter missing a field (a body, props or topic over ``max_body_bytes``: ``dlq.<field>_bytes``;
+more than 1,000 fields: ``dlq.fields``), with no valid publisher id, whose fields would be
+refused again (``broker.core.models.parse_entry``), that has expired, of a principal no longer bound
+to its publisher id, or of a subscription that no longer exists; a poison message with
+``keep`` (the subscriber queue has no dedup record: each replay would deliver it again).
+Order: dead letters are replayed in the dead-letter stream's order; once one publication of a
+publisher is skipped, the later ones of that publisher are skipped too, so that none passes it
+(an expired one, which can never be delivered, holds nothing back).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import orjson
+import redis
+
+from broker.core import keys
+from broker.core.connection import is_cluster, translate_errors
+from broker.core.errors import DeadLetterNotFound, EmptySelection, ForeignKey, InvalidMessage
+from broker.core.models import decode_envelope, parse_entry
+from broker.core.scripts import script_source
+
+#: A dead-letter id: a stream entry id, ``<ms>-<n>``.
+DLQ_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+#: Dead letters read per XRANGE while scanning, records.
+SCAN_CHUNK = 500
+
+#: Replays sent per pipeline round trip (each is its own atomic script call).
+REPLAY_CHUNK = 200
+
+#: Dead letters deleted per XDEL.
+PURGE_CHUNK = 1_000
+
+#: A worker whose last heartbeat is older than this is not counted as running, ms.
+LIVE_WORKER_MS = 5_000
+
+#: Fields of a dead letter that are not the publication's: never re-published.
+_NOT_PUBLISHED = (b"reply", b"principal")
+
+
+def _text(raw: bytes | None) -> str | None:
+    """``raw`` as UTF-8 text, or None when absent or not UTF-8."""
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _name(raw: bytes | str) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+
+
+def json_value(raw: bytes) -> Any:
+    """A field value, JSON-safe: its text when it is UTF-8, else ``{"hex": ..., "bytes": n}``."""
+    text = _text(raw)
+    if text is not None:
+        return text
+    return {"hex": raw.hex(), "bytes": len(raw)}
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One entry of the dead-letter stream ``{qm}:dlq``.
+
+    Attributes:
+        id: the dead-letter stream entry id (``<ms>-<n>``).
+        time_ms: when it was dead-lettered, ms since the epoch (from the id).
+        reason: ``dlq.reason``, one line ("" when missing).
+        entry_id: ``dlq.entry_id``: the publish-stream entry it was, or None.
+        publisher: the publisher id (the field, or the envelope header's), or None.
+        msgid: the message id given (the field, or the envelope header's), or None.
+        topic: the topic string (the field, or the envelope header's), or None.
+        subscription: the subscription a poison message was dead-lettered from (``recover.lua``,
+            ``receive.lua``), or None for a refused publication.
+        body_size: the body's size, bytes (from the body, the envelope or ``dlq.body_bytes``), or
+            None when unknown.
+        fields: every raw field, bytes to bytes, in the entry's order.
+    """
+
+    id: str
+    time_ms: int
+    reason: str
+    entry_id: str | None
+    publisher: str | None
+    msgid: str | None
+    topic: str | None
+    subscription: str | None
+    body_size: int | None
+    fields: dict[str, bytes]
+
+    @property
+    def poison(self) -> bool:
+        """True for a poison message of one subscription (an ``envelope`` to re-queue to it)."""
+        return self.subscription is not None and "envelope" in self.fields
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-safe: every attribute, ``fields`` mapped through ``json_value`` (text, or hex and size)."""
+        return {
+            "id": self.id,
+            "time_ms": self.time_ms,
+            "reason": self.reason,
+            "entry_id": self.entry_id,
+            "publisher": self.publisher,
+            "msgid": self.msgid,
+            "topic": self.topic,
+            "subscription": self.subscription,
+            "body_size": self.body_size,
+            "fields": {name: json_value(value) for name, value in self.fields.items()},
+        }
+
+
+def parse_dead_letter(dlq_id: str, raw: dict[Any, Any]) -> tuple[DeadLetter, str | None]:
+    """Read one dead-letter entry (fields as XRANGE returns them).
+
+    Returns:
+        ``(dead letter, problem)``: the problem is one line naming what cannot be read (an
+        envelope that is not one), or None.
+    """
+    fields = {_name(k): (v if isinstance(v, bytes) else str(v).encode()) for k, v in raw.items()}
+    problem = None
+    publisher, msgid, topic = (_text(fields.get(n)) for n in ("publisher", "msgid", "topic"))
+    body_size: int | None = None
+    if "envelope" in fields:
+        try:
+            header, env_body = decode_envelope(fields["envelope"])
+        except InvalidMessage as exc:
+            problem = f"dead letter {dlq_id} in the dead-letter queue: {exc}"
+        else:
+            publisher = _str_or_none(header.get("publisher"))
+            msgid = _str_or_none(header.get("msgid"))
+            topic = _str_or_none(header.get("topic"))
+            body_size = len(env_body)
+    elif "body" in fields:
+        body_size = len(fields["body"])
+    elif "dlq.body_bytes" in fields:
+        body_size = _int_or_none(fields["dlq.body_bytes"])
+    elif "dlq.fields" not in fields:
+        body_size = 0  # no body field: the body was empty
+    return (
+        DeadLetter(
+            id=dlq_id,
+            time_ms=int(dlq_id.split("-", 1)[0]),
+            reason=(fields.get("dlq.reason") or b"").decode("utf-8", "replace"),
+            entry_id=_text(fields.get("dlq.entry_id")),
+            publisher=publisher,
+            msgid=msgid,
+            topic=topic,
+            subscription=_text(fields.get("dlq.subscription")),
+            body_size=body_size,
+            fields=fields,
+        ),
+        problem,
+    )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int_or_none(raw: bytes) -> int | None:
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which dead letters a command applies to. Every criterion given must hold (they narrow).
+
+    Attributes:
+        ids: dead-letter ids (``<ms>-<n>``); empty: any.
+        reason: a substring of ``dlq.reason``, case-insensitive.
+        publisher: the publisher id, exactly.
+        topic: the topic string, exactly.
+        subscription: the subscription a poison message came from, exactly.
+        everything: select every dead letter (needed by replay and purge when nothing else is given).
+    """
+
+    ids: tuple[str, ...] = ()
+    reason: str | None = None
+    publisher: str | None = None
+    topic: str | None = None
+    subscription: str | None = None
+    everything: bool = False
+
+    def is_empty(self) -> bool:
+        """True when nothing is selected: no id, no filter, and not ``everything``."""
+        return not (
+            self.ids
+            or self.reason is not None
+            or self.publisher is not None
+            or self.topic is not None
+            or self.subscription is not None
+            or self.everything
+        )
+
+    def matches(self, letter: DeadLetter) -> bool:
+        """Whether ``letter`` meets every criterion given."""
+        return (
+            (not self.ids or letter.id in self.ids)
+            and (self.reason is None or self.reason.casefold() in letter.reason.casefold())
+            and (self.publisher is None or letter.publisher == self.publisher)
+            and (self.topic is None or letter.topic == self.topic)
+            and (self.subscription is None or letter.subscription == self.subscription)
+        )
+
+
+@dataclass
+class ReplayReport:
+    """What ``replay`` did (or, with ``dry_run``, would do).
+
+    Attributes:
+        replayed: dead-letter ids re-published or re-queued, in order.
+        skipped: ``(dead-letter id, why)`` of those left in the dead-letter queue.
+        kept: True when the replayed dead letters were kept in the dead-letter queue.
+        dry_run: True when nothing was written.
+        live_workers: workers with a heartbeat in the last ``LIVE_WORKER_MS``: replay only
+            re-publishes, a worker delivers.
+    """
+
+    replayed: list[str]
+    skipped: list[tuple[str, str]]
+    kept: bool
+    dry_run: bool = False
+    live_workers: int = 0
+    requeued: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line: ``replayed N (M re-queued to their subscription), skipped K``."""
+        verb = "would replay" if self.dry_run else "replayed"
+        text = f"{verb} {len(self.replayed)}"
+        if self.requeued:
+            text += f" ({len(self.requeued)} re-queued to their subscription)"
+        text += f", skipped {len(self.skipped)}"
+        if self.kept and self.replayed:
+            text += " (kept in the dead-letter queue)"
+        return text
+
+
+def _check_dlq(client: redis.Redis, qm: str) -> bool:
+    """Whether the dead-letter stream exists. Raises ForeignKey when it holds another type."""
+    found = _name(client.type(keys.dead_letter(qm)))
+    if found not in ("none", "stream"):
+        raise ForeignKey(keys.dead_letter(qm), found, "stream")
+    return found == "stream"
+
+
+def _check_id(dlq_id: str) -> str:
+    if not DLQ_ID.match(dlq_id):
+        raise DeadLetterNotFound(dlq_id, "not a dead-letter id (<ms>-<n>, as 'broker dlq list' shows)")
+    return dlq_id
+
+
+def _scan(client: redis.Redis, qm: str) -> Iterator[tuple[str, dict[Any, Any]]]:
+    """Every dead-letter entry, oldest first, read ``SCAN_CHUNK`` at a time."""
+    start = "-"
+    while True:
+        chunk = cast(list[Any], client.xrange(keys.dead_letter(qm), start, "+", count=SCAN_CHUNK))
+        for entry_id, raw in chunk:
+            yield _name(entry_id), raw
+        if len(chunk) < SCAN_CHUNK:
+            return
+        start = "(" + _name(chunk[-1][0])
+
+
+def _by_id(
+    client: redis.Redis, qm: str, ids: tuple[str, ...]
+) -> tuple[list[tuple[str, dict[Any, Any]]], list[str]]:
+    """The named entries in stream order, and the ids not found."""
+    wanted = sorted(
+        dict.fromkeys(_check_id(i) for i in ids), key=lambda i: tuple(int(p) for p in i.split("-"))
+    )
+    pipe = client.pipeline(transaction=False)
+    for dlq_id in wanted:
+        pipe.xrange(keys.dead_letter(qm), dlq_id, dlq_id)
+    found, missing = [], []
+    for dlq_id, reply in zip(wanted, pipe.execute(), strict=True):
+        if reply:
+            found.append((dlq_id, reply[0][1]))
+        else:
+            missing.append(dlq_id)
+    return found, missing
+
+
+def _select(
+    client: redis.Redis, qm: str, selection: Selection, count: int | None = None
+) -> tuple[list[DeadLetter], list[str], list[str]]:
+    """(selected dead letters oldest first, problems, ids named but not found)."""
+    if not _check_dlq(client, qm):
+        return [], [], list(selection.ids)
+    rows: list[DeadLetter] = []
+    problems: list[str] = []
+    missing: list[str] = []
+    if selection.ids:
+        entries, missing = _by_id(client, qm, selection.ids)
+        source: Any = iter(entries)
+    else:
+        source = _scan(client, qm)
+    for dlq_id, raw in source:
+        letter, problem = parse_dead_letter(dlq_id, raw)
+        if not selection.matches(letter):
+            continue
+        if problem:
+            problems.append(problem)
+        rows.append(letter)
+        if count is not None and len(rows) >= count:
+            break
+    return rows, problems, missing
+
+
+@translate_errors
+def list_dead_letters(
+    client: redis.Redis, qm: str, selection: Selection = Selection(), count: int = 100
+) -> tuple[list[DeadLetter], list[str]]:
+    """The dead letters ``selection`` selects (every one when it is empty), oldest first.
+
+    Args:
+        count: the most dead letters to return (the oldest that match).
+
+    Returns:
+        ``(dead letters, problems)``: problems are one line each: a dead letter whose envelope
+        cannot be read (listed all the same), an id named that is not in the dead-letter queue.
+
+    Raises:
+        ForeignKey: ``{qm}:dlq`` holds another Redis type.
+        DeadLetterNotFound: an id in ``selection.ids`` is not of the form ``<ms>-<n>``.
+    """
+    rows, problems, missing = _select(client, qm, selection, count)
+    problems += [f"no dead letter {i} in {keys.dead_letter(qm)}" for i in missing]
+    return rows, problems
+
+
+@translate_errors
+def count_by_reason(client: redis.Redis, qm: str) -> dict[str, int]:
+    """How many dead letters carry each ``dlq.reason`` (the exact text), most frequent first.
+
+    Raises:
+        ForeignKey: ``{qm}:dlq`` holds another Redis type.
+    """
+    counts: dict[str, int] = {}
+    if _check_dlq(client, qm):
+        for _, raw in _scan(client, qm):
+            reason = (raw.get(b"dlq.reason") or b"").decode("utf-8", "replace")
+            counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+@translate_errors
+def show(client: redis.Redis, qm: str, dlq_id: str) -> DeadLetter:
+    """One dead letter, every field.
+
+    Raises:
+        DeadLetterNotFound: no such entry in ``{qm}:dlq``, or ``dlq_id`` is not ``<ms>-<n>``.
+        ForeignKey: ``{qm}:dlq`` holds another Redis type.
+    """
+    _check_id(dlq_id)
+    if not _check_dlq(client, qm):
+        raise DeadLetterNotFound(dlq_id, f"no dead letter in {keys.dead_letter(qm)}")
+    found = cast(list[Any], client.xrange(keys.dead_letter(qm), dlq_id, dlq_id))
+    if not found:
+        raise DeadLetterNotFound(dlq_id, f"no dead letter in {keys.dead_letter(qm)}")
+    return parse_dead_letter(dlq_id, found[0][1])[0]
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Publish:
+    target: str  # the stream: publish or a principal's ingress
+    fields: list[bytes]
+
+
+@dataclass(frozen=True)
+class _Requeue:
+    sub_id: str
+    band: str
+
+
+def _expired(expiration_ms: int, now_ms: int) -> str | None:
+    if expiration_ms and expiration_ms <= now_ms:
+        return f"expired at {expiration_ms} ms (it could never be delivered; purge it)"
+    return None
+
+
+def _plan_requeue(qm: str, letter: DeadLetter, keep: bool, now_ms: int) -> _Requeue | str:
+    """How to re-queue a poison message, or why not."""
+    if keep:
+        return (
+            "a poison message is re-queued to its subscription, where no dedup record guards it: "
+            "kept, every replay would deliver it again (replay it without --keep)"
+        )
+    try:
+        header, _ = decode_envelope(letter.fields["envelope"])
+    except InvalidMessage as exc:
+        return f"corrupt: {exc}"
+    priority = header.get("priority", keys.DEFAULT_PRIORITY)
+    if not isinstance(priority, int) or not 0 <= priority <= 9:
+        return f"corrupt: envelope priority {priority!r}"
+    expiration = header.get("expiration", 0)
+    if isinstance(expiration, int) and (why := _expired(expiration, now_ms)):
+        return why
+    assert letter.subscription is not None
+    return _Requeue(letter.subscription, keys.sub_band(qm, letter.subscription, priority))
+
+
+def _plan_publish(
+    qm: str, letter: DeadLetter, owners: dict[str, list[str]], now_ms: int
+) -> _Publish | tuple[str, bool]:
+    """How to re-publish a refused publication, or ``(why not, holds later ones back)``."""
+    fields = letter.fields
+    if "dlq.fields" in fields:
+        return f"only the first 1,000 of its {_name(fields['dlq.fields'])} fields were kept", True
+    left_out = sorted(n[4:-6] for n in fields if n.startswith("dlq.") and n.endswith("_bytes"))
+    if left_out:
+        sizes = ", ".join(f"{n} ({_name(fields[f'dlq.{n}_bytes'])} bytes)" for n in left_out)
+        return f"not copied into the dead letter (over max_body_bytes): {sizes}", True
+    entry_id = letter.entry_id
+    if not entry_id or not DLQ_ID.match(entry_id):
+        return "corrupt: no dlq.entry_id (the message id it was published with is unknown)", True
+    raw = {k.encode(): v for k, v in fields.items() if not k.startswith("dlq.")}
+    try:
+        entry = parse_entry(entry_id, raw, max_body_bytes=2**62)
+    except InvalidMessage as exc:
+        return f"it would be refused again: {exc}", True
+    if why := _expired(entry.expiration_ms, now_ms):
+        return why, False
+    principal = _text(fields.get("dlq.principal")) or _text(fields.get("principal"))
+    if principal is not None:
+        if entry.publisher not in owners.get(principal, ()):
+            return (
+                f"publisher id {entry.publisher!r} is not bound to principal {principal!r}, whose "
+                "ingress stream it came by: bind it ('broker acl') and replay again, or purge it",
+                True,
+            )
+        target = keys.ingress(qm, principal)
+    else:
+        owned_by = sorted(p for p, ids in owners.items() if entry.publisher in ids)
+        if owned_by and "origin" not in fields:
+            return (
+                f"publisher id {entry.publisher!r} is bound to principal {', '.join(owned_by)} but the "
+                "dead letter names no principal: it cannot be told from a forged publication",
+                True,
+            )
+        target = keys.publish_stream(qm)
+    out: list[bytes] = []
+    for name, value in raw.items():
+        if name not in _NOT_PUBLISHED and name != b"msgid":
+            out += [name, value]
+    out += [b"msgid", entry.msgid.encode("utf-8", "surrogateescape")]
+    return _Publish(target, out)
+
+
+def _server_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _owners(client: redis.Redis, qm: str) -> dict[str, list[str]]:
+    key = keys.principals(qm)
+    found = _name(client.type(key))
+    if found not in ("none", "hash"):
+        raise ForeignKey(key, found, "hash")
+    return {_name(p): _name(ids).split("\n") for p, ids in client.hgetall(key).items()}
+
+
+@translate_errors
+def replay(
+    client: redis.Redis, qm: str, selection: Selection, *, keep: bool = False, dry_run: bool = False
+) -> ReplayReport:
+    """Replay the selected dead letters, in the dead-letter stream's order (see the module docstring).
+
+    A refused publication is re-published (to the publish stream, or to the ingress stream of
+    its principal) with its message id; a poison message is re-queued to its subscription.
+    Each dead letter replayed is removed from the dead-letter queue in the same atomic step,
+    unless ``keep``. Replay only re-publishes: running workers deliver.
+
+    Args:
+        selection: which dead letters; an empty one is refused.
+        keep: leave re-published dead letters in the dead-letter queue (a second replay is then
+            a duplicate by message id, within ``dedup_window_ms``); poison messages are skipped.
+        dry_run: decide, write nothing.
+
+    Returns:
+        The ``ReplayReport``: ids replayed, ids skipped with the reason (left in the queue).
+
+    Raises:
+        EmptySelection: ``selection.is_empty()``.
+        ForeignKey: ``{qm}:dlq``, ``{qm}:publish``, ``{qm}:subs`` or ``{qm}:principals`` holds
+            another Redis type (nothing is written).
+        DeadLetterNotFound: an id in ``selection.ids`` is not of the form ``<ms>-<n>``.
+    """
+    if selection.is_empty():
+        raise EmptySelection(
+            "select dead letters to replay: ids, --reason, --publisher, --topic, --subscription or --all"
+        )
+    letters, _, missing = _select(client, qm, selection)
+    report = ReplayReport([], [(i, "no such dead letter") for i in missing], kept=keep, dry_run=dry_run)
+    for key, want in ((keys.publish_stream(qm), "stream"), (keys.subscriptions(qm), "hash")):
+        found = _name(client.type(key))
+        if found not in ("none", want):
+            raise ForeignKey(key, found, want)
+    owners = _owners(client, qm)
+    now_ms = _server_ms(client)
+    subs = {_name(s) for s in client.hkeys(keys.subscriptions(qm))}
+    stream_ok: dict[str, str | None] = {}
+
+    def target_problem(key: str, want: str) -> str | None:
+        if key not in stream_ok:
+            found = _name(client.type(key))
+            stream_ok[key] = None if found in ("none", want) else str(ForeignKey(key, found, want))
+        return stream_ok[key]
+
+    held_back: dict[str, str] = {}  # publisher -> the dead letter skipped before
+    plans: list[tuple[DeadLetter, _Publish | _Requeue]] = []
+    for letter in letters:
+        if letter.poison:
+            plan = _plan_requeue(qm, letter, keep, now_ms)
+            if isinstance(plan, _Requeue):
+                if plan.sub_id not in subs:
+                    plan = f"subscription {plan.sub_id} no longer exists"
+                else:
+                    plan = (
+                        target_problem(plan.band, "list")
+                        or target_problem(keys.sub_bell(qm, plan.sub_id), "list")
+                        or plan
+                    )
+            if isinstance(plan, str):
+                report.skipped.append((letter.id, plan))
+            else:
+                plans.append((letter, plan))
+            continue
+        if letter.publisher is not None and letter.publisher in held_back:
+            report.skipped.append(
+                (
+                    letter.id,
+                    f"held back: an earlier dead letter of publisher {letter.publisher!r} "
+                    f"({held_back[letter.publisher]}) was skipped, and order is kept per publisher",
+                )
+            )
+            continue
+        planned = _plan_publish(qm, letter, owners, now_ms)
+        if isinstance(planned, _Publish) and (why := target_problem(planned.target, "stream")):
+            planned = (why, True)
+        if isinstance(planned, tuple):
+            why, holds = planned
+            report.skipped.append((letter.id, why))
+            if holds and letter.publisher is not None:
+                held_back[letter.publisher] = letter.id
+            continue
+        plans.append((letter, planned))
+    if dry_run:
+        for letter, step in plans:
+            report.replayed.append(letter.id)
+            if isinstance(step, _Requeue):
+                report.requeued.append(letter.id)
+    else:
+        _run(client, qm, plans, keep, report)
+    report.live_workers = _live_workers(client, qm, now_ms)
+    return report
+
+
+def _run(
+    client: redis.Redis,
+    qm: str,
+    plans: list[tuple[DeadLetter, _Publish | _Requeue]],
+    keep: bool,
+    report: ReplayReport,
+) -> None:
+    """Send the replays, ``REPLAY_CHUNK`` per round trip (one by one on a Redis Cluster, where
+    redis-py pipelines no scripts), each its own atomic script call."""
+    publish = client.register_script(script_source("replay"))
+    requeue = client.register_script(script_source("requeue"))
+    dlq = keys.dead_letter(qm)
+
+    def call(letter: DeadLetter, plan: _Publish | _Requeue, on: Any) -> Any:
+        if isinstance(plan, _Publish):
+            return publish(
+                keys=[dlq, plan.target], args=[letter.id, "1" if keep else "0", *plan.fields], client=on
+            )
+        return requeue(
+            keys=[dlq, keys.subscriptions(qm), plan.band, keys.sub_bell(qm, plan.sub_id)],
+            args=[letter.id, plan.sub_id],
+            client=on,
+        )
+
+    for start in range(0, len(plans), REPLAY_CHUNK):
+        chunk = plans[start : start + REPLAY_CHUNK]
+        results: list[Any] = []
+        if is_cluster(client):
+            for letter, plan in chunk:
+                try:
+                    results.append(call(letter, plan, client))
+                except redis.ResponseError as exc:
+                    results.append(exc)
+        else:
+            pipe = client.pipeline(transaction=False)
+            for letter, plan in chunk:
+                call(letter, plan, pipe)
+            results = pipe.execute(raise_on_error=False)
+        for (letter, plan), done in zip(chunk, results, strict=True):
+            if done == 1:
+                report.replayed.append(letter.id)
+                if isinstance(plan, _Requeue):
+                    report.requeued.append(letter.id)
+            elif isinstance(done, Exception):
+                report.skipped.append((letter.id, str(done).removeprefix("BROKER ")))
+            elif done == 0:
+                report.skipped.append(
+                    (letter.id, "no longer in the dead-letter queue (replayed or purged meanwhile)")
+                )
+            elif done == -1:
+                report.skipped.append((letter.id, f"subscription {letter.subscription} no longer exists"))
+            else:
+                report.skipped.append((letter.id, "the dead letter holds no envelope"))
+
+
+def _live_workers(client: redis.Redis, qm: str, now_ms: int) -> int:
+    try:
+        return int(client.zcount(keys.alive(qm), now_ms - LIVE_WORKER_MS, "+inf"))
+    except redis.ResponseError:  # a foreign {qm}:alive: unknown
+        return 0
+
+
+# --- purge -------------------------------------------------------------------------------------
+
+
+@translate_errors
+def purge(client: redis.Redis, qm: str, selection: Selection, *, dry_run: bool = False) -> int:
+    """Delete the selected dead letters (only those found when it runs: one that arrives while it
+    runs is kept, even with ``everything``).
+
+    Args:
+        dry_run: count them, delete nothing.
+
+    Returns:
+        How many were deleted (with ``dry_run``: would be).
+
+    Raises:
+        EmptySelection: ``selection.is_empty()``.
+        ForeignKey: ``{qm}:dlq`` holds another Redis type (nothing is deleted).
+        DeadLetterNotFound: an id in ``selection.ids`` is not of the form ``<ms>-<n>``.
+    """
+    if selection.is_empty():
+        raise EmptySelection(
+            "select dead letters to purge: ids, --reason, --publisher, --topic, --subscription or --all"
+        )
+    letters, _, _ = _select(client, qm, selection)
+    deleted = 0
+    ids = [letter.id for letter in letters]
+    if dry_run:
+        return len(ids)
+    for start in range(0, len(ids), PURGE_CHUNK):
+        deleted += int(client.xdel(keys.dead_letter(qm), *ids[start : start + PURGE_CHUNK]))
+    return deleted
+
+
+def dumps(value: Any) -> str:
+    """``value`` as indented JSON text (the CLI's ``--json``)."""
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()

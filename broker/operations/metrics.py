@@ -1,0 +1,748 @@
+"""Prometheus metrics: what the workers record, what is sampled from Redis at scrape time, serving ``/metrics``.
+
+Two sources, one exposition:
+
+- **Recorded by the workers** (``Recorder``): publications by outcome, deliveries, the
+  unit-of-work and end-to-end latency histograms (ms), dequeue batch sizes, turns held,
+  taken over and given up. Counted per batch (one ``inc(n)`` per commit call, histograms
+  bucketed locally and added once per batch), and only when ``metrics_port`` is set:
+  otherwise a worker holds ``NULL_RECORDER``, whose methods do nothing. The pool
+  (``worker.pool``) runs its children in prometheus_client's multiprocess mode
+  (``PROMETHEUS_MULTIPROC_DIR``, a private directory per pool) and adds up their files
+  when scraped (``pool_registry``).
+- **Sampled from Redis at scrape time** (``RedisCollector``): the publish stream's
+  length, pending and lag (``broker.core.stream.group_state``), the subscriptions' depth, in
+  flight, consumers and redelivered messages (totals over all, series for the
+  ``metrics_max_subscriptions`` deepest), deliveries withheld (``{qm}:skipped``,
+  ``{qm}:slow``), dead letters by reason code (``{qm}:dlq``, read on from where the last
+  scrape stopped: free-text reasons mapped to ``DEAD_LETTER_REASONS``), live workers, and
+  each channel's lag (``{qm}:xmit:<to>``). ``broker metrics`` serves these alone.
+
+Every metric name starts with ``broker_``; histograms of times end in ``_ms``, counters in
+``_total`` (``METRICS`` lists them all; ``docs/operations.md`` documents them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from broker.core import keys
+from broker.core.config import Settings
+from broker.core.unit_of_work import Outcome, UnitOfWork
+
+log = logging.getLogger("broker.metrics")
+
+#: Bucket upper bounds of the latency histograms, ms.
+LATENCY_BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000)
+
+#: Bucket upper bounds of the dequeue batch size histogram, entries.
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000)
+
+#: ``outcome`` label values of ``broker_publications_total``: commit.lua's outcomes
+#: (``skipped``: the entry was gone from the stream) and ``skipped_by_policy`` (a topic
+#: object's PUB(DISABLED) refused it).
+OUTCOMES = ("delivered", "duplicate", "expired", "refused", "skipped", "skipped_by_policy")
+
+#: ``why`` label values of ``broker_turns_given_up_total``: the publisher's FIFO was drained,
+#: the worker gave it up to keep to its fair share, or the worker stopped.
+GIVE_UP_REASONS = ("drained", "fair_share", "stop")
+
+#: ``reason`` label values of ``broker_dead_letters_total`` (``dead_letter_reason``).
+DEAD_LETTER_REASONS = (
+    "invalid_topic",
+    "invalid_message",
+    "over_limit",
+    "pub_disabled",
+    "queue_full",
+    "foreign_key",
+    "max_deliveries",
+    "max_redeliveries",
+    "expired",
+    "not_authorized",
+    "orphaned_entry",
+    "channel",
+    "internal_error",
+    "other",
+)
+
+#: Free-text reasons -> code: the first rule whose text occurs in the reason wins. The texts
+#: are those the worker (``worker.loop``), the Lua scripts and the channel movers write.
+_REASON_RULES = (
+    ("has PUB(DISABLED)", "pub_disabled"),
+    ("(MAXDEPTH ", "queue_full"),
+    ("foreign key", "foreign_key"),
+    ("(max_deliveries ", "max_deliveries"),
+    ("consumers that died without acknowledging", "max_redeliveries"),
+    ("expired while waiting in subscription", "expired"),
+    ("malformed envelope: ", "invalid_message"),
+    ("is not bound to principal", "not_authorized"),
+    ("not in its publisher's FIFO", "orphaned_entry"),
+    ("unreadable transmission entry", "channel"),
+    ("internal error", "internal_error"),
+    ("(max_body_bytes)", "over_limit"),
+    ("(max_properties_bytes)", "over_limit"),
+    ("(max_topic_bytes ", "over_limit"),
+    ("(max_topic_levels ", "over_limit"),
+)
+
+#: Reasons starting with these are a publication entry's field out of its range (``broker.core.models``).
+_MESSAGE_PREFIXES = ("field ", "missing field", "envelope", "priority ", "expiration", "property ")
+
+#: Most dead letters one scrape reads (the rest are read by the next ones).
+DEAD_LETTERS_PER_SCRAPE = 10_000
+
+#: Subscriptions read per pipeline at a scrape.
+_SUBSCRIPTION_CHUNK = 500
+
+#: Every metric family: name -> (type, help). Counters are exposed with ``_total``,
+#: histograms with ``_bucket``, ``_count`` and ``_sum``.
+METRICS: dict[str, tuple[str, str]] = {
+    # recorded by the workers
+    "broker_publications_total": ("counter", "Publications handled by a unit of work, by outcome."),
+    "broker_deliveries_total": (
+        "counter",
+        "Copies put on subscriber queues (a publication to 3 subscriptions: 3).",
+    ),
+    "broker_unit_of_work_latency_ms": (
+        "histogram",
+        "Per publication: from the worker building its unit of work to the commit applied, ms.",
+    ),
+    "broker_end_to_end_latency_ms": (
+        "histogram",
+        "Per publication: from its arrival in the publish stream (entry id) to its unit of work committed, ms.",
+    ),
+    "broker_dequeue_batch_entries": ("histogram", "Entries read by one dequeue that read any."),
+    "broker_turns_held": ("gauge", "Publishers' turns the workers hold."),
+    "broker_turns_taken_over_total": (
+        "counter",
+        "Turns taken by the orphan sweep (given up or lost by another worker).",
+    ),
+    "broker_entries_taken_over_total": (
+        "counter",
+        "FIFO heads claimed from another worker's pending entries (XCLAIM).",
+    ),
+    "broker_turns_given_up_total": ("counter", "Turns given up, by why: drained, fair_share, stop."),
+    "broker_subscriptions_disconnected_total": (
+        "counter",
+        "Subscriptions removed by a slow-subscriber condition.",
+    ),
+    # sampled from Redis at scrape time
+    "broker_stream_length": ("gauge", "Entries in the publish stream."),
+    "broker_stream_pending": ("gauge", "Entries read by a worker and not yet acknowledged."),
+    "broker_stream_lag": ("gauge", "Entries not yet read by any worker."),
+    "broker_subscriptions": ("gauge", "Subscriptions."),
+    "broker_subscription_depth": (
+        "gauge",
+        "Messages waiting in a subscription (every band); the deepest ones.",
+    ),
+    "broker_subscription_in_flight": (
+        "gauge",
+        "Messages taken by consumers, not acknowledged; the deepest ones.",
+    ),
+    "broker_subscription_consumers": ("gauge", "Consumers with a live lease; the deepest subscriptions."),
+    "broker_subscription_redelivered": (
+        "gauge",
+        "Messages given back at least once, not yet acknowledged; the deepest ones.",
+    ),
+    "broker_subscriptions_depth": ("gauge", "Messages waiting in every subscription."),
+    "broker_subscriptions_in_flight": ("gauge", "Messages in flight in every subscription."),
+    "broker_subscriptions_consumers": ("gauge", "Consumers with a live lease, every subscription."),
+    "broker_redelivered_messages": (
+        "gauge",
+        "Messages given back at least once, not yet acknowledged, every subscription.",
+    ),
+    "broker_deliveries_withheld_total": (
+        "counter",
+        "Deliveries left out, by reason: maxdepth (queue full), slow_subscriber.",
+    ),
+    "broker_dead_letters_total": (
+        "counter",
+        "Dead letters seen in the dead-letter stream since this process started, by reason.",
+    ),
+    "broker_dead_letter_stream_length": ("gauge", "Entries in the dead-letter stream (capped)."),
+    "broker_workers": ("gauge", "Workers with a heartbeat."),
+    "broker_channel_lag": (
+        "gauge",
+        "Entries in a channel's transmission stream not yet moved to the receiver, by peer.",
+    ),
+    "broker_sample_errors_total": ("counter", "Scrapes whose Redis sampling failed (logged)."),
+}
+
+
+def _family(name: str) -> str:
+    """The name prometheus_client is given: a counter's without ``_total``."""
+    return name[: -len("_total")] if METRICS[name][0] == "counter" else name
+
+
+def dead_letter_reason(reason: str, topic: str | None = None, topic_valid: Any = None) -> str:
+    """The code (one of ``DEAD_LETTER_REASONS``) of a dead letter's free-text ``dlq.reason``.
+
+    Args:
+        reason: the ``dlq.reason`` field.
+        topic: the dead letter's ``topic`` field, if any.
+        topic_valid: ``topic_valid(topic)`` says whether a topic is valid under the queue
+            manager's scheme (a reason the rules do not know, on an invalid topic, is
+            ``invalid_topic``).
+    """
+    for text, code in _REASON_RULES:
+        if text in reason:
+            return code
+    if reason.startswith(_MESSAGE_PREFIXES) or reason.startswith("body of"):
+        return "invalid_message"
+    if topic is not None and topic_valid is not None and not topic_valid(topic):
+        return "invalid_topic"
+    return "other"
+
+
+class _Batched:
+    """A histogram observed many times at once: bucket locally, then one ``inc`` per bucket used.
+
+    ``Histogram.observe`` walks the buckets and writes the sum for every value; this walks
+    them once per batch. It writes the histogram's own values (``_buckets``, ``_sum``), so the
+    exposition (and multiprocess mode) are prometheus_client's own.
+    """
+
+    __slots__ = ("_bounds", "_buckets", "_sum")
+
+    def __init__(self, histogram: Histogram, bounds: Sequence[float]) -> None:
+        self._bounds = [float(b) for b in bounds]
+        self._buckets = histogram._buckets  # one value per bound, then +Inf
+        self._sum = histogram._sum
+
+    def add(self, counts: list[int], total: float) -> None:
+        """Add ``counts[i]`` observations to bucket ``i`` and ``total`` to the sum."""
+        for i, n in enumerate(counts):
+            if n:
+                self._buckets[i].inc(n)
+        self._sum.inc(total)
+
+    def slot(self, value: float) -> int:
+        """The bucket index of ``value``."""
+        return bisect_left(self._bounds, value)
+
+    def observe(self, value: float, times: int = 1) -> None:
+        """``value`` observed ``times`` times."""
+        self._buckets[bisect_left(self._bounds, value)].inc(times)
+        self._sum.inc(value * times)
+
+
+class NullRecorder:
+    """The recorder of a worker without metrics: every method does nothing."""
+
+    enabled = False
+
+    def dequeued(self, entries: int) -> None:
+        """A dequeue read ``entries`` entries."""
+
+    def committed(
+        self,
+        decoded: Iterable[tuple[UnitOfWork, Outcome, int, bool]],
+        give_up: tuple[str, ...],
+        started_ms: int,
+        committed_ms: int,
+    ) -> None:
+        """A batch of units of work was committed (``decode_outcomes`` of its reply)."""
+
+    def turns(self, held: int, taken_over: int = 0, entries_taken_over: int = 0) -> None:
+        """The worker holds ``held`` turns; it took ``taken_over`` by the sweep and claimed
+        ``entries_taken_over`` FIFO heads since the last call."""
+
+    def stopped(self, given_up: int) -> None:
+        """The worker stopped, giving up ``given_up`` turns."""
+
+    def disconnected(self) -> None:
+        """A slow-subscriber condition removed a subscription."""
+
+
+NULL_RECORDER = NullRecorder()
+
+
+class Recorder(NullRecorder):
+    """What one worker process records (in multiprocess mode: in its own files).
+
+    Args:
+        registry: where its metrics are registered (a fresh one by default: in a pool the
+            supervisor reads the children's files instead).
+    """
+
+    enabled = True
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+
+        def doc(name: str) -> str:
+            return METRICS[name][1]
+
+        publications = Counter(
+            _family("broker_publications_total"), doc("broker_publications_total"), ["outcome"], registry=r
+        )
+        self._outcome = {o: publications.labels(o) for o in OUTCOMES}
+        self._deliveries = Counter(
+            _family("broker_deliveries_total"), doc("broker_deliveries_total"), registry=r
+        )
+        uow = Histogram(
+            "broker_unit_of_work_latency_ms",
+            doc("broker_unit_of_work_latency_ms"),
+            buckets=LATENCY_BUCKETS_MS,
+            registry=r,
+        )
+        e2e = Histogram(
+            "broker_end_to_end_latency_ms",
+            doc("broker_end_to_end_latency_ms"),
+            buckets=LATENCY_BUCKETS_MS,
+            registry=r,
+        )
+        batch = Histogram(
+            "broker_dequeue_batch_entries",
+            doc("broker_dequeue_batch_entries"),
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self._uow = _Batched(uow, LATENCY_BUCKETS_MS)
+        self._e2e = _Batched(e2e, LATENCY_BUCKETS_MS)
+        self._batch = _Batched(batch, BATCH_BUCKETS)
+        self._held = Gauge(
+            "broker_turns_held", doc("broker_turns_held"), registry=r, multiprocess_mode="livesum"
+        )
+        self._taken = Counter(
+            _family("broker_turns_taken_over_total"), doc("broker_turns_taken_over_total"), registry=r
+        )
+        self._claimed = Counter(
+            _family("broker_entries_taken_over_total"), doc("broker_entries_taken_over_total"), registry=r
+        )
+        given_up = Counter(
+            _family("broker_turns_given_up_total"), doc("broker_turns_given_up_total"), ["why"], registry=r
+        )
+        self._given_up = {w: given_up.labels(w) for w in GIVE_UP_REASONS}
+        self._disconnected = Counter(
+            _family("broker_subscriptions_disconnected_total"),
+            doc("broker_subscriptions_disconnected_total"),
+            registry=r,
+        )
+        self._last_held = -1
+
+    def dequeued(self, entries: int) -> None:
+        if entries > 0:
+            self._batch.observe(entries)
+
+    def committed(
+        self,
+        decoded: Iterable[tuple[UnitOfWork, Outcome, int, bool]],
+        give_up: tuple[str, ...],
+        started_ms: int,
+        committed_ms: int,
+    ) -> None:
+        counts: dict[Outcome, int] = {}
+        policy = 0
+        e2e = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+        e2e_total = 0
+        deliveries = drained = fair = 0
+        bounds = self._e2e._bounds
+        fenced = Outcome.FENCED
+        for unit, outcome, subscriptions, released in decoded:
+            if outcome is fenced:
+                continue
+            if unit.policy:
+                policy += 1
+            else:
+                counts[outcome] = counts.get(outcome, 0) + 1
+            deliveries += subscriptions
+            # the entry id's ms: when the publication entered the publish stream (the server's clock)
+            waited = committed_ms - int(unit.entry_id.partition("-")[0] or committed_ms)
+            if waited < 0:
+                waited = 0
+            e2e[bisect_left(bounds, waited)] += 1
+            e2e_total += waited
+            if released:
+                if unit.publisher in give_up:
+                    fair += 1
+                else:
+                    drained += 1
+        done = policy
+        if policy:
+            self._outcome["skipped_by_policy"].inc(policy)
+        for outcome, n in counts.items():
+            self._outcome[outcome.value].inc(n)
+            done += n
+        if not done:
+            return
+        if deliveries:
+            self._deliveries.inc(deliveries)
+        self._e2e.add(e2e, e2e_total)
+        self._uow.observe(max(committed_ms - started_ms, 0), done)
+        if drained:
+            self._given_up["drained"].inc(drained)
+        if fair:
+            self._given_up["fair_share"].inc(fair)
+
+    def turns(self, held: int, taken_over: int = 0, entries_taken_over: int = 0) -> None:
+        if held != self._last_held:
+            self._held.set(held)
+            self._last_held = held
+        if taken_over:
+            self._taken.inc(taken_over)
+        if entries_taken_over:
+            self._claimed.inc(entries_taken_over)
+
+    def stopped(self, given_up: int) -> None:
+        if given_up:
+            self._given_up["stop"].inc(given_up)
+        self._held.set(0)
+        self._last_held = 0
+
+    def disconnected(self) -> None:
+        self._disconnected.inc()
+
+
+def recorder(settings: Settings) -> NullRecorder:
+    """A ``Recorder`` when ``settings.metrics_port`` is set, else ``NULL_RECORDER`` (no cost)."""
+    return Recorder() if settings.metrics_port else NULL_RECORDER
+
+
+# --- sampled from Redis at scrape time ------------------------------------------------------------
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _int(raw: Any) -> int:
+    try:
+        return int(raw or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+@dataclass
+class _SubscriptionSample:
+    sub_id: str
+    depth: int = 0
+    in_flight: int = 0
+    consumers: int = 0
+    redelivered: int = 0
+
+
+class RedisCollector(Collector):
+    """Samples a queue manager's state in Redis at each scrape (a prometheus_client collector).
+
+    A failed sample (Redis down, a foreign key) is logged and counted in
+    ``broker_sample_errors_total``; the metrics it could read are still given.
+
+    Args:
+        client: a redis-py client of the queue manager's server.
+        settings: ``qm``, ``metrics_max_subscriptions``, ``redis_url`` and ``tls`` (channel peers).
+        clock_ms: ms since the epoch (consumers' leases), injectable.
+    """
+
+    def __init__(self, client: redis.Redis, settings: Settings, clock_ms: Any = None) -> None:
+        self.client = client
+        self.settings = settings
+        self.qm = settings.qm
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self._lock = threading.Lock()
+        self._dlq_last = "0-0"
+        self._dead_letters = dict.fromkeys(DEAD_LETTER_REASONS, 0)
+        self._errors = 0
+
+    def describe(self) -> list[Any]:
+        return []  # sampled: nothing to check at registration
+
+    def collect(self) -> Iterator[Any]:
+        with self._lock:  # two scrapes at once would read the dead letters twice
+            yield from self._collect()
+
+    def _collect(self) -> Iterator[Any]:
+        steps = (self._stream, self._subscriptions, self._withheld, self._dead_letter_stream, self._channels)
+        for step in steps:
+            try:
+                yield from step()
+            except Exception as exc:  # a scrape reports what it can; the cause is logged
+                self._errors += 1
+                log.warning(
+                    "metrics: sampling %s failed: %s: %s", step.__name__.strip("_"), type(exc).__name__, exc
+                )
+        yield CounterMetricFamily(
+            _family("broker_sample_errors_total"),
+            METRICS["broker_sample_errors_total"][1],
+            value=self._errors,
+        )
+
+    @staticmethod
+    def _gauge(name: str, value: float) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, METRICS[name][1], value=value)
+
+    def _stream(self) -> Iterator[Any]:
+        from broker.core.stream import group_state
+
+        state = group_state(self.client, self.qm)
+        yield self._gauge("broker_stream_length", state.length)
+        yield self._gauge("broker_stream_pending", state.pending)
+        if state.lag is not None:
+            yield self._gauge("broker_stream_lag", state.lag)
+        yield self._gauge("broker_workers", int(self.client.hlen(keys.workers(self.qm))))
+
+    def _subscriptions(self) -> Iterator[Any]:
+        """Every subscription's depth (every band), live consumers, in flight and redelivered, pipelined."""
+        qm = self.qm
+        ids = sorted(_text(k) for k in self.client.hkeys(keys.subscriptions(qm)))
+        now = self.clock_ms()
+        samples: list[_SubscriptionSample] = []
+        bands = len(keys.PRIORITIES)
+        for start in range(0, len(ids), _SUBSCRIPTION_CHUNK):
+            chunk = ids[start : start + _SUBSCRIPTION_CHUNK]
+            pipe = self.client.pipeline(transaction=False)
+            for sub_id in chunk:
+                for band in keys.sub_bands(qm, sub_id):
+                    pipe.llen(band)
+                pipe.zrangebyscore(keys.sub_consumers(qm, sub_id), now, "+inf")
+                pipe.zrange(keys.sub_consumers(qm, sub_id), 0, -1)
+                pipe.hlen(keys.sub_redelivered(qm, sub_id))
+            replies = pipe.execute(raise_on_error=False)
+            step = bands + 3
+            inflight = self.client.pipeline(transaction=False)
+            owners: list[_SubscriptionSample] = []
+            for i, sub_id in enumerate(chunk):
+                got = replies[i * step : (i + 1) * step]
+                live, members, redelivered = got[bands], got[bands + 1], got[bands + 2]
+                sample = _SubscriptionSample(
+                    sub_id,
+                    depth=sum(r for r in got[:bands] if isinstance(r, int)),
+                    consumers=len(live) if isinstance(live, list) else 0,
+                    redelivered=redelivered if isinstance(redelivered, int) else 0,
+                )
+                samples.append(sample)
+                for member in members if isinstance(members, list) else ():
+                    inflight.llen(keys.consumer_inflight(qm, sub_id, _text(member)))
+                    owners.append(sample)
+            if owners:
+                for sample, n in zip(owners, inflight.execute(raise_on_error=False), strict=True):
+                    if isinstance(n, int):
+                        sample.in_flight += n
+        yield self._gauge("broker_subscriptions", len(samples))
+        yield self._gauge("broker_subscriptions_depth", sum(s.depth for s in samples))
+        yield self._gauge("broker_subscriptions_in_flight", sum(s.in_flight for s in samples))
+        yield self._gauge("broker_subscriptions_consumers", sum(s.consumers for s in samples))
+        yield self._gauge("broker_redelivered_messages", sum(s.redelivered for s in samples))
+        deepest = sorted(samples, key=lambda s: (-s.depth, s.sub_id))[
+            : self.settings.metrics_max_subscriptions
+        ]
+        families = {
+            name: GaugeMetricFamily(name, METRICS[name][1], labels=["subscription"])
+            for name in (
+                "broker_subscription_depth",
+                "broker_subscription_in_flight",
+                "broker_subscription_consumers",
+                "broker_subscription_redelivered",
+            )
+        }
+        for s in deepest:
+            families["broker_subscription_depth"].add_metric([s.sub_id], s.depth)
+            families["broker_subscription_in_flight"].add_metric([s.sub_id], s.in_flight)
+            families["broker_subscription_consumers"].add_metric([s.sub_id], s.consumers)
+            families["broker_subscription_redelivered"].add_metric([s.sub_id], s.redelivered)
+        yield from families.values()
+
+    def _withheld(self) -> Iterator[Any]:
+        """``{qm}:skipped`` counts both reasons, ``{qm}:slow`` the slow-subscriber ones."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hvals(keys.skipped(self.qm))
+        pipe.hvals(keys.slow(self.qm))
+        skipped, slow = pipe.execute()
+        total, by_slow = sum(_int(v) for v in skipped), sum(_int(v) for v in slow)
+        family = CounterMetricFamily(
+            _family("broker_deliveries_withheld_total"),
+            METRICS["broker_deliveries_withheld_total"][1],
+            labels=["reason"],
+        )
+        family.add_metric(["maxdepth"], max(total - by_slow, 0))
+        family.add_metric(["slow_subscriber"], by_slow)
+        yield family
+
+    def _topic_check(self) -> Any:
+        """``valid(topic)`` under the queue manager's topic scheme."""
+        from broker.core import hierarchy
+        from broker.core.connection import read_hash
+        from broker.core.errors import BrokerError
+        from broker.core.schemes import scheme_of
+        from broker.core.topics import validate_topic
+
+        try:
+            scheme = scheme_of(self.qm, read_hash(self.client, keys.manager(self.qm)))
+        except BrokerError:
+            scheme = "mqtt"
+        check = hierarchy.validate_topic if scheme == "swiftmq" else validate_topic
+
+        def valid(topic: str) -> bool:
+            try:
+                check(topic)
+            except ValueError:
+                return False
+            return True
+
+        return valid
+
+    def _dead_letter_stream(self) -> Iterator[Any]:
+        """Dead letters by reason: the stream read on from the last scrape's last entry."""
+        dlq = keys.dead_letter(self.qm)
+        length = int(self.client.xlen(dlq))
+        valid = None
+        read = 0
+        while read < DEAD_LETTERS_PER_SCRAPE:
+            batch = self.client.xrange(dlq, f"({self._dlq_last}", "+", count=1_000)
+            if not batch:
+                break
+            for entry_id, raw_fields in batch:
+                fields = raw_fields or {}
+                reason = _text(fields.get(b"dlq.reason", b""))
+                topic_raw = fields.get(b"topic")
+                topic = None if topic_raw is None else _text(topic_raw)
+                if valid is None and topic is not None:
+                    valid = self._topic_check()
+                self._dead_letters[dead_letter_reason(reason, topic, valid)] += 1
+                self._dlq_last = _text(entry_id)
+            read += len(batch)
+        family = CounterMetricFamily(
+            _family("broker_dead_letters_total"), METRICS["broker_dead_letters_total"][1], labels=["reason"]
+        )
+        for code, n in self._dead_letters.items():
+            family.add_metric([code], n)
+        yield family
+        yield self._gauge("broker_dead_letter_stream_length", length)
+
+    def _channels(self) -> Iterator[Any]:
+        """Each channel's lag, as its sender sees it: entries added to the transmission stream
+        minus those filed, dropped as already filed or dead-lettered (``broker.network.mover.Mover``)."""
+        from broker.network.channel import read_network
+        from broker.topics.topology import Topology
+
+        network = read_network(self.client, self.qm)
+        if network is None:
+            return
+        peers = sorted(Topology(network).neighbours.get(self.qm, ()))
+        family = GaugeMetricFamily("broker_channel_lag", METRICS["broker_channel_lag"][1], labels=["peer"])
+        for to in peers:
+            state = {_text(k): v for k, v in self.client.hgetall(keys.channel_state(self.qm, to)).items()}
+            try:
+                info: dict[Any, Any] = self.client.xinfo_stream(keys.transmission(self.qm, to))
+                added = _int(info.get("entries-added", info.get(b"entries-added", 0)))
+            except redis.ResponseError:
+                added = 0  # no transmission stream yet
+            done = sum(_int(state.get(k)) for k in ("moved", "dropped_as_filed", "dead_lettered"))
+            family.add_metric([to], max(added - done, 0))
+        yield family
+
+
+# --- serving ----------------------------------------------------------------------------------------
+
+
+def sampled_registry(client: redis.Redis, settings: Settings) -> CollectorRegistry:
+    """A registry holding the Redis-sampled metrics alone (``broker metrics``)."""
+    registry = CollectorRegistry()
+    registry.register(RedisCollector(client, settings))
+    return registry
+
+
+def pool_registry(path: str, client: redis.Redis, settings: Settings) -> CollectorRegistry:
+    """A registry adding up the worker processes' files in ``path`` (multiprocess mode), and the
+    Redis-sampled metrics."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=path)
+    registry.register(RedisCollector(client, settings))
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> str:
+    """The registry's metrics in the Prometheus text format."""
+    return generate_latest(registry).decode()
+
+
+class MetricsServer:
+    """``/metrics`` over HTTP, on a daemon thread (prometheus_client's own WSGI server).
+
+    Args:
+        registry: what to serve.
+        port: TCP port.
+        host: address to bind to.
+
+    Raises:
+        MetricsUnavailable: the port is taken (or the address cannot be bound).
+    """
+
+    def __init__(self, registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> None:
+        from prometheus_client import start_http_server
+
+        from broker.core.errors import MetricsUnavailable
+
+        self.port = port
+        self.host = host
+        try:
+            self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            raise MetricsUnavailable(f"cannot serve metrics on {host}:{port}: {exc}") from exc
+
+    def close(self) -> None:
+        """Stop serving and free the port."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+class MultiprocessDir:
+    """A pool's private ``PROMETHEUS_MULTIPROC_DIR``: made empty, exported to the children it
+    spawns, cleaned after dead children, removed at the end."""
+
+    ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+    def __init__(self) -> None:
+        self.path = tempfile.mkdtemp(prefix="broker-metrics-")
+
+    def wipe(self) -> None:
+        """Remove every file in it (a new pool counts from zero)."""
+        for name in os.listdir(self.path):
+            os.remove(os.path.join(self.path, name))
+
+    def exported(self) -> _Exported:
+        """A context in which ``os.environ`` names this directory (spawned children inherit it)."""
+        return _Exported(self.ENV, self.path)
+
+    def process_dead(self, pid: int | None) -> None:
+        """A child died: drop its live gauges (``turns_held``), keep its counters."""
+        from prometheus_client import multiprocess
+
+        if pid is not None:
+            multiprocess.mark_process_dead(pid, self.path)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class _Exported:
+    def __init__(self, name: str, value: str) -> None:
+        self.name, self.value = name, value
+        self._old: str | None = None
+
+    def __enter__(self) -> None:
+        self._old = os.environ.get(self.name)
+        os.environ[self.name] = self.value
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is None:
+            os.environ.pop(self.name, None)
+        else:
+            os.environ[self.name] = self._old

@@ -1,0 +1,531 @@
+"""A snapshot of a queue manager for operators: stream, queues, dead letters, workers, problems.
+
+``status`` never fails because of what it finds: a key of the wrong Redis type
+where the broker keeps one (a foreign key), a record that cannot be read, a
+worker heartbeat that is not JSON: each is reported in ``problems`` and the
+rest of the snapshot is still given.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import redis
+
+from broker.clients.consumer import subscription_load
+from broker.core import hierarchy, keys
+from broker.core.connection import read_hash, translate_errors
+from broker.core.errors import BrokerError, ForeignKey, InvalidTopicFilter
+from broker.core.schemes import scheme_of
+from broker.core.stream import GroupState, clock_problem, group_state
+from broker.core.topics import validate_topic
+from broker.topics.links import read_links
+from broker.topics.routing import RoutingTable, network_problems
+from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions
+from broker.topics.topic_objects import BASE, read_tree
+
+#: A worker whose last heartbeat is older than this is shown as "silent", ms.
+SILENT_AFTER_MS = 5_000
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _read(problems: list[str], what: str, call: Any, default: Any) -> Any:
+    """``call()``, or ``default`` with a line in ``problems`` when the server refuses it."""
+    try:
+        return call()
+    except BrokerError as exc:
+        problems.append(str(exc))
+    except redis.ResponseError as exc:
+        problems.append(f"{what}: {exc}")
+    return default
+
+
+@dataclass
+class SubscriptionRow:
+    """One subscription in the snapshot.
+
+    Attributes:
+        id: the subscription id (``client$name``).
+        filter: its topic filter as shown (``SubscriptionRecord.shown_filter``).
+        durable: True for a durable subscription.
+        mode: its consumer mode.
+        consumers: live consumers, or None for a queue key of another Redis type.
+        depth: messages waiting, every priority band; None for a queue key of another Redis type.
+        inflight: messages in flight, every consumer; None as ``depth``.
+        skipped: deliveries left out (a full MAXDEPTH queue or a slow subscriber); None when the
+            counter hash is foreign or corrupt.
+        slow: those of ``skipped`` a slow-subscriber condition withheld; None as ``skipped``.
+        expired: messages that expired before delivery; None as ``skipped``.
+    """
+
+    id: str
+    filter: str
+    durable: bool
+    mode: str
+    consumers: int | None
+    depth: int | None
+    inflight: int | None
+    skipped: int | None
+    slow: int | None
+    expired: int | None
+
+
+@dataclass
+class WorkerRow:
+    """One worker heartbeat in the snapshot.
+
+    Attributes:
+        name: the worker's name.
+        pid: its process id, as it wrote it.
+        processed: publications it processed, as it wrote it.
+        heartbeat_age_ms: time since its last heartbeat, ms.
+        state: "alive", or "silent" (no heartbeat for ``SILENT_AFTER_MS``).
+    """
+
+    name: str
+    pid: Any
+    processed: Any
+    heartbeat_age_ms: int
+    state: str
+
+
+@dataclass
+class Snapshot:
+    """The operator's snapshot of a queue manager (``status``); ``dataclasses.asdict`` gives the
+    JSON object of ``broker status --json``.
+
+    Attributes:
+        stream_length: entries in the publish stream.
+        pending: entries read by the workers and not yet committed.
+        lag: entries not yet read.
+        dead_lettered: entries in the dead-letter queue.
+        active_publishers: publishers with a FIFO now.
+        version: the routing index version (an int; the raw text when it is not a number).
+        subscriptions: one row per subscription.
+        links: how many topic links.
+        topic_scheme: the queue manager's topic scheme ("?" when it cannot be read).
+        workers: one row per worker heartbeat, by name.
+        problems: foreign keys, records that cannot be read, a broken publish stream, one line each.
+    """
+
+    stream_length: int
+    pending: int
+    lag: int
+    dead_lettered: int
+    active_publishers: int
+    version: int | str
+    subscriptions: list[SubscriptionRow]
+    links: int
+    topic_scheme: str
+    workers: list[WorkerRow]
+    problems: list[str]
+
+
+def _subscription_row(
+    client: redis.Redis, qm: str, record: SubscriptionRecord, foreign: bool
+) -> SubscriptionRow:
+    """One subscription's row: depth over every priority band, in flight over every consumer."""
+    load = None if foreign else subscription_load(client, qm, record.sub_id)
+    try:
+        skipped: int | None = int(client.hget(keys.skipped(qm), record.sub_id) or 0)
+        slow: int | None = int(client.hget(keys.slow(qm), record.sub_id) or 0)
+        expired: int | None = int(client.hget(keys.expired(qm), record.sub_id) or 0)
+    except (redis.ResponseError, ValueError):  # a foreign or corrupt counter hash: unknown
+        skipped = slow = expired = None
+    return SubscriptionRow(
+        id=record.sub_id,
+        filter=record.shown_filter,
+        durable=record.durable,
+        mode=record.mode,
+        consumers=load.consumers if load else None,
+        depth=load.depth if load else None,
+        inflight=load.in_flight if load else None,
+        skipped=skipped,
+        slow=slow,
+        expired=expired,
+    )
+
+
+def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], keyspace: bool) -> list[str]:
+    """Foreign subscription bells, the idle workers' ``{qm}:waiter`` and ``{qm}:wake``, and, with ``keyspace``, per-publisher keys (FIFO, turn, flow: every
+    ``{qm}:pub:*`` key, found by ``SCAN``), one line each (``ForeignKey``'s text)."""
+    wanted: list[tuple[Any, str]] = []
+    for raw in client.scan_iter(match=keys.pub_pattern(qm), count=1000) if keyspace else ():
+        name = _text(raw)
+        for suffix, kind in keys.PUB_KEY_TYPES.items():
+            if name.endswith(suffix):
+                wanted.append((raw, kind))
+    wanted += [(keys.sub_bell(qm, record.sub_id), "list") for record in subs]
+    wanted += [(keys.waiter(qm), "string"), (keys.wake(qm), "list")]  # worker.waiting
+    pipe = client.pipeline(transaction=False)
+    for key, _kind in wanted:
+        pipe.type(key)
+    found = [_text(t) for t in pipe.execute()]
+    return [
+        str(ForeignKey(_text(key), kind_found, kind))
+        for (key, kind), kind_found in zip(wanted, found, strict=True)
+        if kind_found not in ("none", kind)
+    ]
+
+
+def _stream_problems(client: redis.Redis, qm: str, state: GroupState | None) -> list[str]:
+    """A publish stream whose last id is exhausted or far in the future, or without the workers' group."""
+    problems: list[str] = []
+    clock = _read(problems, "publish stream", lambda: clock_problem(client, qm), None)
+    if clock:
+        problems.append(clock)
+    if state is not None and not state.exists and _text(client.type(keys.publish_stream(qm))) == "stream":
+        problems.append(
+            f"publish stream {keys.publish_stream(qm)} has no consumer group {keys.WORKER_GROUP!r} "
+            f"({state.length} entries): the workers create it when they start, and again when it "
+            "was destroyed; start them"
+        )
+    return problems
+
+
+def _scheme_text(client: redis.Redis, qm: str) -> str:
+    """``mqtt``, ``swiftmq (direct selection)`` or ``swiftmq (indirect, N declared topics)``."""
+    manager = read_hash(client, keys.manager(qm))
+    scheme = scheme_of(qm, manager)
+    if scheme != "swiftmq":
+        return scheme
+    if manager.get(b"direct_subscriber_selection", b"true") != b"false":
+        return "swiftmq (direct selection)"
+    declared = len(read_hash(client, keys.declared_topics(qm)))
+    return f"swiftmq (indirect selection, {declared} declared topics)"
+
+
+@translate_errors
+def status(
+    client: redis.Redis, qm: str, max_selector_bytes: int | None = None, keyspace: bool = True
+) -> Snapshot:
+    """A snapshot of the queue manager.
+
+    ``max_selector_bytes``: ``Settings.max_selector_bytes``, as the workers have it: a
+    subscription whose selector is longer is named in ``problems`` (the workers skip it),
+    as one over the fixed bounds of ``broker.core.selectors`` always is; None: any size.
+
+    ``problems`` names foreign keys: the queue-manager-wide ones, subscriber queues, bells and,
+    with ``keyspace``, the per-publisher keys (FIFO, turn, flow), found with a ``SCAN`` of the
+    server's keys (a cost that grows with the whole database: ``status --watch``, the console's
+    live pages and the usage snapshot job leave it out);
+    a publish stream whose last entry id is exhausted or far in the future
+    (``broker.core.stream.clock_problem``), or that has no consumer group.
+
+    Returns:
+        A ``Snapshot`` (its fields say the units: depths are messages, ages ms).
+
+    Raises:
+        ConnectionLost, redis.ConnectionError: the server cannot be reached.
+    """
+    problems: list[str] = []
+    state = _read(problems, "publish stream", lambda: group_state(client, qm), None)
+    problems += _stream_problems(client, qm, state)
+    subs, bad_subs = _read(
+        problems, "subscriptions", lambda: read_subscriptions(client, qm, max_selector_bytes), ([], [])
+    )
+    graph, bad_links = _read(problems, "links", lambda: read_links(client, qm), (None, []))
+    tree = _read(problems, "topic objects", lambda: read_tree(client, qm), None)
+    problems += [str(p) for p in (*bad_subs, *bad_links, *(tree.problems if tree else []))]
+    problems += [str(p) for p in _read(problems, "network records", lambda: network_problems(client, qm), [])]
+    scheme = _read(problems, "topic scheme", lambda: _scheme_text(client, qm), "?")
+    if scheme.startswith("swiftmq"):  # the workers skip a filter the scheme refuses (it matches nothing)
+        for record in subs:
+            try:
+                hierarchy.validate_filter(record.topic_filter)
+            except InvalidTopicFilter as exc:
+                problems.append(
+                    f"subscription {record.sub_id!r} matches nothing under the swiftmq scheme: {exc}"
+                )
+
+    pipe = client.pipeline(transaction=False)
+    for record in subs:
+        pipe.llen(keys.sub_queue(qm, record.sub_id))
+        pipe.llen(keys.sub_inflight(qm, record.sub_id))
+    pipe.xlen(keys.dead_letter(qm))
+    pipe.scard(keys.active_publishers(qm))
+    pipe.get(keys.version(qm))
+    pipe.hgetall(keys.workers(qm))
+    pipe.zcard(keys.sub_changes(qm))  # foreign: workers reload their whole table on every change
+    replies = pipe.execute(raise_on_error=False)
+    checked = [(keys.sub_queue(qm, r.sub_id), keys.sub_inflight(qm, r.sub_id)) for r in subs]
+    flat_keys = [(k, "list") for pair in checked for k in pair] + [
+        (keys.dead_letter(qm), "stream"),
+        (keys.active_publishers(qm), "set"),
+        (keys.version(qm), "string"),
+        (keys.workers(qm), "hash"),
+        (keys.sub_changes(qm), "zset"),
+    ]
+    values: list[Any] = []
+    for (key, expected), reply in zip(flat_keys, replies, strict=True):
+        if isinstance(reply, redis.ResponseError):
+            problems.append(str(ForeignKey(key, _text(client.type(key)), expected)))
+            values.append(None)
+        else:
+            values.append(reply)
+    dead, active, version, beats, _ = values[-5:]
+    problems += _foreign_keys(client, qm, subs, keyspace)
+
+    now_ms = int(time.time() * 1000)
+    workers: list[WorkerRow] = []
+    for name, raw in sorted((beats or {}).items()):
+        try:
+            beat = json.loads(raw)
+            heartbeat_ms = int(beat.get("heartbeat_ms", 0))
+        except (ValueError, TypeError, AttributeError):
+            problems.append(f"corrupt record {_text(name)!r} in {keys.workers(qm)}: not a JSON heartbeat")
+            continue
+        age = now_ms - heartbeat_ms
+        workers.append(
+            WorkerRow(
+                name=_text(name),
+                pid=beat.get("pid"),
+                processed=beat.get("processed"),
+                heartbeat_age_ms=age,
+                state="alive" if age <= SILENT_AFTER_MS else "silent",
+            )
+        )
+    return Snapshot(
+        stream_length=state.length if state else 0,
+        pending=state.pending if state else 0,
+        lag=(state.lag or 0) if state else 0,
+        dead_lettered=int(dead or 0),
+        active_publishers=int(active or 0),
+        version=int(version) if version is not None and _text(version).isdigit() else _text(version or 0),
+        subscriptions=[_subscription_row(client, qm, r, values[2 * i] is None) for i, r in enumerate(subs)],
+        links=len(graph.links()) if graph is not None else 0,
+        topic_scheme=scheme,
+        workers=workers,
+        problems=problems,
+    )
+
+
+@dataclass
+class TopicStatus:
+    """One topic string's status (IBM MQ's ``DISPLAY TPSTATUS``).
+
+    Attributes:
+        topic: the topic string.
+        attributes: ``[(attribute, effective value, topic object it comes from)]``.
+        via: topic reached (the topic, then linked ones) -> subscription ids matched there.
+        subscriptions: the subscriptions a publication on it reaches, once each (after WILDCARD(BLOCK)).
+        publishers: publisher id -> publications on this topic among the stream entries scanned.
+        last_publication_ms: the newest of those, ms since the epoch, or None.
+        scanned: how many of the newest stream entries were looked at (trimmed ones are gone).
+        blocked: subscriptions matched in ``via`` that get nothing here: wildcard ones above a
+            ``WILDCARD(BLOCK)`` topic object (named in ``blocked_by``).
+        blocked_by: that topic object, "" when none.
+    """
+
+    topic: str
+    attributes: list[tuple[str, Any, str]]
+    via: dict[str, list[str]]
+    subscriptions: list[str]
+    publishers: dict[str, int]
+    last_publication_ms: int | None
+    scanned: int
+    blocked: list[str] = field(default_factory=list)
+    blocked_by: str = ""
+
+
+@translate_errors
+def topic_status(
+    client: redis.Redis, qm: str, topic: str, scan: int = 10_000, default_maxdepth: int = 0
+) -> TopicStatus:
+    """Effective attributes (with their object), matching subscriptions (and through which link),
+    publishers seen and the last publication time of ``topic``.
+
+    Publishers and the last publication come from the newest ``scan`` entries of the
+    publish stream (no per-publication bookkeeping on the hot path). ``default_maxdepth``:
+    ``Settings.default_maxdepth``, the base's MAXDEPTH when it says NOLIMIT (as the workers see it).
+
+    Raises:
+        InvalidTopic: the topic is invalid.
+        ForeignKey: a record hash holds another Redis type.
+    """
+    validate_topic(topic)
+    table = RoutingTable(qm, default_maxdepth)
+    table.load(client)
+    effective = table.tree.effective(topic)
+    attributes = [(name, effective.values[name], effective.source[name]) for name in sorted(effective.values)]
+    via: dict[str, list[str]] = {}
+    for linked in table.links.closure(topic):
+        via[linked] = sorted(table.index.match(linked))
+    publishers: dict[str, int] = {}
+    last: int | None = None
+    entries: Any = client.xrevrange(keys.publish_stream(qm), count=scan)
+    for entry_id, fields in entries:
+        if fields.get(b"topic") != topic.encode("utf-8", "surrogateescape"):
+            continue
+        who = _text(fields.get(b"publisher", b"?"))
+        publishers[who] = publishers.get(who, 0) + 1
+        ms = int(_text(entry_id).split("-", 1)[0])
+        last = ms if last is None else max(last, ms)
+    delivered = list(table.resolve(topic).sub_ids)
+    blocked = sorted({s for matched in via.values() for s in matched} - set(delivered))
+    return TopicStatus(
+        topic,
+        attributes,
+        via,
+        delivered,
+        publishers,
+        last,
+        len(entries),
+        blocked,
+        effective.blocked_by,
+    )
+
+
+@dataclass
+class TopicNode:
+    """One node of the topic tree: a level of the topic strings that objects, subscriptions and links name."""
+
+    topic_object: str = ""
+    subscriptions: int = 0
+    links_to: list[str] = field(default_factory=list)
+    children: dict[str, TopicNode] = field(default_factory=dict)
+
+
+@translate_errors
+def topic_tree(client: redis.Redis, qm: str) -> TopicNode:
+    """The topic tree administration knows: topic objects, subscription filters and links, by level.
+
+    The root is ``SYSTEM.BASE.TOPIC`` (topic string ""). A node's ``subscriptions``
+    counts the subscriptions whose filter is exactly that string.
+    """
+    table = RoutingTable(qm)
+    table.load(client)
+    root = TopicNode(topic_object=BASE)
+
+    def node(topic_string: str) -> TopicNode:
+        at = root
+        if topic_string == "":
+            return at
+        for level in topic_string.split(table.tree.separator):  # "/" levels, or swiftmq's "." nodes
+            at = at.children.setdefault(level, TopicNode())
+        return at
+
+    for obj in table.tree.objects.values():
+        if obj.name != BASE:
+            node(obj.topic_string).topic_object = obj.name
+    for record in table.subscriptions.values():
+        node(record.topic_filter).subscriptions += 1
+    for source, target, _backward in table.links.links():
+        node(source).links_to.append(target)
+        node(target)
+    return root
+
+
+@dataclass(frozen=True)
+class SubscriberUsage:
+    """One row of SwiftMQ's Topic Manager usage lists ``durables`` and ``subscriber`` (seed 003).
+
+    Attributes:
+        name: the subscription id, ``<client id>$<durable name>``.
+        client_id: the part before ``$`` (an MQTT shared subscription's ShareName).
+        durable_name: the part after ``$`` (a generated name for a non-durable subscription).
+        topic: the topic filter as the subscriber wrote it.
+        selector: the message selector, "" for none.
+        no_local: it does not receive its own client id's publications.
+        bound_to: the subscriber queue it is bound to, ``{qm}:sub:<id>`` (the default priority
+            band; the other bands are ``:p<N>`` beside it).
+        durable: a durable subscription.
+        consumers: consumers with a live lease; None when the consumers key is foreign.
+        depth: messages waiting, every priority band; None when a band key is foreign.
+    """
+
+    name: str
+    client_id: str
+    durable_name: str
+    topic: str
+    selector: str
+    no_local: bool
+    bound_to: str
+    durable: bool
+    consumers: int | None
+    depth: int | None
+
+
+def _usage_rows(
+    client: redis.Redis, qm: str, records: list[SubscriptionRecord], now_ms: int, problems: list[str]
+) -> list[SubscriberUsage]:
+    """Live consumers and depth of each subscription, in one round trip; foreign keys go to ``problems``."""
+    pipe = client.pipeline(transaction=False)
+    asked: list[tuple[str, str]] = []
+    for record in records:
+        consumers = keys.sub_consumers(qm, record.sub_id)
+        pipe.zcount(consumers, now_ms, "+inf")
+        asked.append((consumers, "zset"))
+        for band in keys.sub_bands(qm, record.sub_id):
+            pipe.llen(band)
+            asked.append((band, "list"))
+    replies = iter(zip(asked, pipe.execute(raise_on_error=False), strict=True))
+
+    def count(n: int) -> int | None:
+        total: int | None = 0
+        for (key, expected), reply in (next(replies) for _ in range(n)):
+            if isinstance(reply, redis.ResponseError):
+                problems.append(str(ForeignKey(key, _text(client.type(key)), expected)))
+                total = None
+            elif total is not None:
+                total += int(reply)
+        return total
+
+    rows = []
+    for record in records:
+        live = count(1)
+        depth = count(len(keys.PRIORITIES))
+        client_id, _, name = record.sub_id.partition("$")
+        rows.append(
+            SubscriberUsage(
+                record.sub_id,
+                client_id,
+                name,
+                record.shown_filter,
+                record.selector,
+                record.no_local,
+                keys.sub_queue(qm, record.sub_id),
+                record.durable,
+                live,
+                depth,
+            )
+        )
+    return rows
+
+
+#: SwiftMQ's usage lists: ``durables`` (every durable subscription) and ``subscriber``
+#: (subscriptions, durable or not, with at least one live consumer).
+UsageList = Literal["durables", "subscribers"]
+
+
+@translate_errors
+def usage_list(
+    client: redis.Redis, qm: str, which: UsageList, now_ms: int | None = None
+) -> tuple[list[SubscriberUsage], list[str]]:
+    """One of the Topic Manager's usage lists (seed 003): ``durables`` or ``subscribers``.
+
+    Never fails because of what it finds: a corrupt record or a foreign key is a line of problems.
+
+    Args:
+        client: a redis-py client.
+        qm: the queue manager.
+        which: ``durables``: every durable subscription, with its queue and depth;
+            ``subscribers``: the active ones, durable or not, with at least one live consumer.
+        now_ms: the time for live leases, ms since the epoch; None for this machine's clock.
+
+    Returns:
+        ``(rows sorted by name, problems)``.
+    """
+    problems: list[str] = []
+    records, corrupt = _read(problems, "subscriptions", lambda: read_subscriptions(client, qm), ([], []))
+    problems += [str(p) for p in corrupt]
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    if which == "durables":
+        return _usage_rows(client, qm, [r for r in records if r.durable], now, problems), problems
+    return [row for row in _usage_rows(client, qm, records, now, problems) if row.consumers], problems
