@@ -279,15 +279,8 @@ class Publisher:
                 added, flow = _xadd_direct(
                     self._pool, self._stream, fields, self._flow_key if read_flow else None
                 )
-            elif read_flow:
-                pipe = self.client.pipeline(transaction=False)
-                pipe.xadd(self._stream, fields)
-                pipe.get(self._flow_key)
-                added, flow = pipe.execute(raise_on_error=False)
-                if isinstance(added, Exception):
-                    raise added
             else:
-                added, flow = self.client.xadd(self._stream, fields), None
+                added, flow = self._xadd_commands(fields, read_flow)
             if read_flow:
                 delay = parse_delay(flow)
             entry_id = as_bytes(added).decode()
@@ -306,6 +299,51 @@ class Publisher:
         if not wait:
             self.flow.learn(delay)
             return PublishResult("sent", entry_id, msgid, seq, flow_control_delay_ms=delay)
+        reply = self._result(msgid, timeout_ms)
+        delay = parse_delay(reply.flow_control_delay_ms)
+        self.flow.learn(delay)
+        return PublishResult(
+            status=reply.status,
+            entry_id=entry_id if reply.entry_id is None else reply.entry_id,
+            msgid=msgid,
+            seq=seq,
+            subscriptions=reply.subscriptions,
+            reason=reply.reason,
+            suggestion=reply.suggestion,
+            flow_control_delay_ms=delay,
+            forwarded=reply.forwarded,
+        )
+
+    def _xadd_commands(self, fields: dict[Any, Any], read_flow: bool) -> tuple[Any, Any]:
+        """``XADD`` (and ``GET`` of the flow key when ``read_flow``) through redis-py's commands, for
+        a client ``publish`` does not write to directly (a cluster, fakeredis): one round trip.
+
+        Returns:
+            ``(entry id, the flow key's value or None)``.
+
+        Raises:
+            redis.RedisError: as redis-py raises it (the XADD's own error when it failed).
+        """
+        if not read_flow:
+            return self.client.xadd(self._stream, fields), None
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(self._stream, fields)
+        pipe.get(self._flow_key)
+        added, flow = pipe.execute(raise_on_error=False)
+        if isinstance(added, Exception):
+            raise added
+        return added, flow
+
+    def _result(self, msgid: str, timeout_ms: int) -> wire.Reply:
+        """Wait for the result a worker posts for ``msgid`` on its reply list (``keys.reply``).
+
+        Returns:
+            The result (``wire.parse_reply``: status, subscriptions, reason... as the worker gives).
+
+        Raises:
+            ReplyTimeout: no result within ``timeout_ms``.
+            ConnectionLost, ServerError: as ``publish``.
+        """
         try:
             got = None
             deadline = time.monotonic() + timeout_ms / 1000
@@ -323,20 +361,7 @@ class Publisher:
             raise ServerError(f"publish refused by the server: {exc}") from exc
         if got is None:
             raise ReplyTimeout(f"no result for message {msgid} within {timeout_ms} ms (is a worker running?)")
-        reply = wire.parse_reply(got[1])
-        delay = parse_delay(reply.flow_control_delay_ms)
-        self.flow.learn(delay)
-        return PublishResult(
-            status=reply.status,
-            entry_id=entry_id if reply.entry_id is None else reply.entry_id,
-            msgid=msgid,
-            seq=seq,
-            subscriptions=reply.subscriptions,
-            reason=reply.reason,
-            suggestion=reply.suggestion,
-            flow_control_delay_ms=delay,
-            forwarded=reply.forwarded,
-        )
+        return wire.parse_reply(got[1])
 
     def publish_many(
         self, items: Iterable[tuple[str, bytes | str]], batch: int = 500, **options: Any

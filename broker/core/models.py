@@ -378,6 +378,44 @@ def _properties(text: str) -> dict[str, Any]:
     return props
 
 
+def _undecodable_msgid(given: bytes) -> tuple[str, str, str]:
+    """``(msgid, shown msgid, msgid_hex)`` of a msgid that is not UTF-8: the keys take its bytes as
+    sent (surrogateescape); JSON text cannot, so it is shown with U+FFFD and its hex is kept."""
+    return wire.exact_text(given), wire.lenient_text(given), given.hex()
+
+
+def _props_field(fields: dict[bytes, bytes], raw: bytes, max_bytes: int | None) -> dict[str, Any]:
+    """The ``props`` field ``raw`` (not empty), parsed by ``_properties`` after its size is checked
+    against ``max_bytes`` (bytes; None: no limit).
+
+    Raises:
+        InvalidMessage: larger than ``max_bytes``, not UTF-8, or as ``_properties``.
+    """
+    if max_bytes is not None and len(raw) > max_bytes:
+        raise InvalidMessage(
+            f"properties of {len(raw)} bytes (the 'props' field) are larger than the limit "
+            f"of {max_bytes} bytes (max_properties_bytes)"
+        )
+    text = field_text(fields, b"props")
+    assert text is not None
+    return _properties(text)
+
+
+def _route(fields: dict[bytes, bytes], origin: str) -> list[str]:
+    """The ``route`` field of an entry forwarded from ``origin``: queue manager names, origin first.
+
+    Raises:
+        InvalidMessage: a name is not a queue manager name, or the route does not start with the origin.
+    """
+    route = (field_text(fields, b"route") or "").split(",")
+    if not all(_QM_NAME.match(name) for name in (origin, *route)) or route[0] != origin:
+        raise InvalidMessage(
+            "fields 'origin' and 'route' must be queue manager names, the route "
+            "comma-separated and starting with the origin"
+        )
+    return route
+
+
 def parse_entry(
     entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int, max_properties_bytes: int | None = None
 ) -> Entry:
@@ -418,10 +456,8 @@ def parse_entry(
     else:
         try:
             msgid = shown_msgid = given.decode("utf-8")
-        except UnicodeDecodeError:  # the keys take its bytes as sent; JSON text cannot
-            msgid = wire.exact_text(given)
-            shown_msgid = wire.lenient_text(given)
-            msgid_hex = given.hex()
+        except UnicodeDecodeError:
+            msgid, shown_msgid, msgid_hex = _undecodable_msgid(given)
     ts = _int(fields, b"ts", None)
     received_ms = int(entry_id.split("-", 1)[0])
     if ts is None:
@@ -446,13 +482,7 @@ def parse_entry(
     if reply not in (None, "", "0", "1"):
         raise InvalidMessage(f"field 'reply' must be 0 or 1, not {reply[:20]!r}")
     raw_props = fields.get(b"props")
-    if max_properties_bytes is not None and raw_props is not None and len(raw_props) > max_properties_bytes:
-        raise InvalidMessage(
-            f"properties of {len(raw_props)} bytes (the 'props' field) are larger than the limit "
-            f"of {max_properties_bytes} bytes (max_properties_bytes)"
-        )
-    props_text = field_text(fields, b"props")
-    props = _properties(props_text) if props_text else {}
+    props = _props_field(fields, raw_props, max_properties_bytes) if raw_props else {}
     header: dict[str, Any] = {
         "v": keys.PROTOCOL_VERSION,
         "msgid": shown_msgid,
@@ -484,14 +514,8 @@ def parse_entry(
         header["principal"] = principal
     origin = field_text(fields, b"origin")
     if origin is not None:
-        route = (field_text(fields, b"route") or "").split(",")
-        if not all(_QM_NAME.match(name) for name in (origin, *route)) or route[0] != origin:
-            raise InvalidMessage(
-                "fields 'origin' and 'route' must be queue manager names, the route "
-                "comma-separated and starting with the origin"
-            )
         header["origin"] = origin
-        header["route"] = route
+        header["route"] = _route(fields, origin)
     if msgid_hex is not None:  # not UTF-8: its bytes, for a channel and any subscriber
         header["msgid_hex"] = msgid_hex
     if props:

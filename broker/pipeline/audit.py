@@ -202,7 +202,6 @@ def run_audit(
     Raises:
         ValueError: a path does not exist, a column is missing, or a filter is invalid.
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     started = time.perf_counter()
@@ -224,64 +223,10 @@ def run_audit(
         report.repeated_records = int(raw.count()) - report.audited
 
         delivered = journal_df.filter(F.col("status") == "delivered")
-        pairs = (
-            delivered.select(
-                "publisher",
-                "msgid",
-                "seq",
-                "topic",
-                "journal_id",
-                "_jms",
-                "_jn",
-                F.explode("subs").alias("sub"),
-            )
-            .withColumn("_occ", F.row_number().over(Window.partitionBy(*_PAIR).orderBy("_jms", "_jn")))
-            .persist()
-        )
-        cached.append(pairs)
+        pairs = _copies(delivered, cached)
         firsts = pairs.filter(F.col("_occ") == 1)
-
-        per_sub: dict[str, dict[str, int]] = {}
-        for row in (
-            pairs.groupBy("sub")
-            .agg(
-                F.count(F.lit(1)).alias("deliveries"),
-                F.sum((F.col("_occ") > 1).cast("int")).alias("duplicates"),
-                F.sum(((F.col("_occ") == 1) & F.col("seq").isNull()).cast("int")).alias("no_seq"),
-            )
-            .collect()
-        ):
-            per_sub[row["sub"]] = {
-                "deliveries": int(row["deliveries"]),
-                "duplicates": int(row["duplicates"]),
-                "order_violations": 0,
-            }
-            report.deliveries += int(row["deliveries"])
-            report.duplicates += int(row["duplicates"])
-            report.no_seq += int(row["no_seq"])
-
-        checked = (
-            firsts.filter(F.col("seq").isNotNull())
-            .withColumn(
-                "prev_seq", F.lag("seq").over(Window.partitionBy("sub", "publisher").orderBy("_jms", "_jn"))
-            )
-            .filter(F.col("prev_seq").isNotNull() & (F.col("seq") <= F.col("prev_seq")))
-            .persist()
-        )
-        cached.append(checked)
-        for row in checked.groupBy("sub", "publisher").count().collect():
-            n = int(row["count"])
-            report.order_violations += n
-            entry = per_sub.setdefault(row["sub"], {})
-            entry["order_violations"] = entry.get("order_violations", 0) + n
-            report.order_violations_by_publisher.setdefault(row["sub"], {})[row["publisher"]] = n
-        if report.order_violations:
-            report.examples["order_violations"] = _rows(
-                checked.orderBy("_jms", "_jn").select(
-                    "sub", "publisher", "msgid", "seq", "prev_seq", "journal_id"
-                ),
-                examples,
-            )
+        per_sub = _count_copies(pairs, report)
+        _check_order(firsts, per_sub, report, examples, cached)
         if report.duplicates:
             report.examples["duplicates"] = _rows(
                 pairs.filter(F.col("_occ") > 1)
@@ -296,66 +241,11 @@ def run_audit(
         scope = delivered_pubs
         unjournaled_count = 0
         if source is not None:
-            report.checked.append("source")
-            src = (
-                prepare(read_source(spark, source), source)
-                .select("publisher", "msgid", "seq", "topic")
-                .persist()
+            scope, unjournaled_count = _check_source(
+                spark, source, journal_df, delivered, delivered_pubs, report, examples, cached
             )
-            cached.append(src)
-            journaled = journal_df.select(*_PUB).distinct()
-            unjournaled = src.join(journaled, _PUB, "left_anti").persist()
-            cached.append(unjournaled)
-            unjournaled_count = int(unjournaled.count())
-            delivered_seq = delivered.select(*_PUB, F.col("seq").alias("_jseq")).dropDuplicates(_PUB)
-            mismatched = src.join(delivered_seq, _PUB).filter(~F.col("seq").eqNullSafe(F.col("_jseq")))
-            report.seq_mismatches = int(mismatched.count())
-            if report.seq_mismatches:
-                report.examples["seq_mismatches"] = _rows(
-                    mismatched.select("publisher", "msgid", "seq", F.col("_jseq").alias("journal_seq")),
-                    examples,
-                )
-            report.source = {
-                "rows": int(src.count()),
-                "unjournaled": unjournaled_count,
-                "duplicate_only": int(
-                    src.join(delivered_pubs.select(*_PUB), _PUB, "left_anti")
-                    .join(journaled, _PUB, "left_semi")
-                    .count()
-                ),
-                "not_in_source": int(delivered_pubs.join(src.select(*_PUB), _PUB, "left_anti").count()),
-            }
-            scope = delivered_pubs.unionByName(unjournaled.select("publisher", "msgid", "topic"))
-            if unjournaled_count:
-                report.examples["unjournaled"] = _rows(
-                    unjournaled.select("publisher", "msgid", "seq", "topic"), examples
-                )
-
         if subscriptions is not None:
-            report.checked.append("subscriptions")
-            topics = [
-                r["topic"] for r in scope.select("topic").distinct().collect() if r["topic"] is not None
-            ]
-            recipients = subscriptions.recipients(topics)
-            routes = spark.createDataFrame(
-                [(t, s) for t, subs in recipients.items() for s in subs], "topic string, sub string"
-            )
-            expected = scope.join(F.broadcast(routes), "topic").select(*_PAIR, "topic").persist()
-            cached.append(expected)
-            got = firsts.select(*_PAIR, "topic")
-            missing = expected.join(got.select(*_PAIR), _PAIR, "left_anti").persist()
-            unexpected = got.join(expected.select(*_PAIR), _PAIR, "left_anti").persist()
-            cached += [missing, unexpected]
-            count = F.count(F.lit(1)).alias("n")
-            _per_sub(expected.groupBy("sub").agg(count).collect(), "expected", per_sub)
-            report.missing = _per_sub(missing.groupBy("sub").agg(count).collect(), "missing", per_sub)
-            report.unexpected = _per_sub(
-                unexpected.groupBy("sub").agg(count).collect(), "unexpected", per_sub
-            )
-            if report.missing:
-                report.examples["missing"] = _rows(missing, examples)
-            if report.unexpected:
-                report.examples["unexpected"] = _rows(unexpected, examples)
+            _check_routes(spark, subscriptions, scope, firsts, per_sub, report, examples, cached)
         elif source is not None:
             report.missing = unjournaled_count
         for counts in per_sub.values():
@@ -370,6 +260,182 @@ def run_audit(
             df.unpersist()
     report.elapsed_s = round(time.perf_counter() - started, 3)
     return report
+
+
+def _copies(delivered: DataFrame, cached: list[DataFrame]) -> DataFrame:
+    """One row per (subscription, publication) delivery of the ``delivered`` records (their ``subs``
+    exploded), numbered ``_occ`` in journal order within each (subscription, publisher, msgid): 1 is
+    the first delivery, more a duplicate. Persisted, and added to ``cached``."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    pairs = (
+        delivered.select(
+            "publisher",
+            "msgid",
+            "seq",
+            "topic",
+            "journal_id",
+            "_jms",
+            "_jn",
+            F.explode("subs").alias("sub"),
+        )
+        .withColumn("_occ", F.row_number().over(Window.partitionBy(*_PAIR).orderBy("_jms", "_jn")))
+        .persist()
+    )
+    cached.append(pairs)
+    return pairs
+
+
+def _count_copies(pairs: DataFrame, report: AuditReport) -> dict[str, dict[str, int]]:
+    """Count the deliveries, duplicates and first deliveries without a seq into ``report``.
+
+    Returns:
+        sub id -> ``deliveries, duplicates, order_violations`` (0: ``_check_order`` counts them).
+    """
+    from pyspark.sql import functions as F
+
+    per_sub: dict[str, dict[str, int]] = {}
+    for row in (
+        pairs.groupBy("sub")
+        .agg(
+            F.count(F.lit(1)).alias("deliveries"),
+            F.sum((F.col("_occ") > 1).cast("int")).alias("duplicates"),
+            F.sum(((F.col("_occ") == 1) & F.col("seq").isNull()).cast("int")).alias("no_seq"),
+        )
+        .collect()
+    ):
+        per_sub[row["sub"]] = {
+            "deliveries": int(row["deliveries"]),
+            "duplicates": int(row["duplicates"]),
+            "order_violations": 0,
+        }
+        report.deliveries += int(row["deliveries"])
+        report.duplicates += int(row["duplicates"])
+        report.no_seq += int(row["no_seq"])
+    return per_sub
+
+
+def _check_order(
+    firsts: DataFrame,
+    per_sub: dict[str, dict[str, int]],
+    report: AuditReport,
+    examples: int,
+    cached: list[DataFrame],
+) -> None:
+    """The order check (module docstring) on the first deliveries ``firsts``: counts into ``report``
+    (and ``per_sub``), with ``examples`` rows of violations."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    checked = (
+        firsts.filter(F.col("seq").isNotNull())
+        .withColumn(
+            "prev_seq", F.lag("seq").over(Window.partitionBy("sub", "publisher").orderBy("_jms", "_jn"))
+        )
+        .filter(F.col("prev_seq").isNotNull() & (F.col("seq") <= F.col("prev_seq")))
+        .persist()
+    )
+    cached.append(checked)
+    for row in checked.groupBy("sub", "publisher").count().collect():
+        n = int(row["count"])
+        report.order_violations += n
+        entry = per_sub.setdefault(row["sub"], {})
+        entry["order_violations"] = entry.get("order_violations", 0) + n
+        report.order_violations_by_publisher.setdefault(row["sub"], {})[row["publisher"]] = n
+    if report.order_violations:
+        report.examples["order_violations"] = _rows(
+            checked.orderBy("_jms", "_jn").select(
+                "sub", "publisher", "msgid", "seq", "prev_seq", "journal_id"
+            ),
+            examples,
+        )
+
+
+def _check_source(
+    spark: SparkSession,
+    source: SourceSpec,
+    journal_df: DataFrame,
+    delivered: DataFrame,
+    delivered_pubs: DataFrame,
+    report: AuditReport,
+    examples: int,
+    cached: list[DataFrame],
+) -> tuple[DataFrame, int]:
+    """The source checks (module docstring): seq mismatches and ``report.source``, with examples.
+
+    Returns:
+        ``(scope, unjournaled)``: the publications the routes check covers (the delivered ones and
+        the source rows never journaled: publisher, msgid, topic) and how many were never journaled.
+    """
+    from pyspark.sql import functions as F
+
+    report.checked.append("source")
+    src = prepare(read_source(spark, source), source).select("publisher", "msgid", "seq", "topic").persist()
+    cached.append(src)
+    journaled = journal_df.select(*_PUB).distinct()
+    unjournaled = src.join(journaled, _PUB, "left_anti").persist()
+    cached.append(unjournaled)
+    unjournaled_count = int(unjournaled.count())
+    delivered_seq = delivered.select(*_PUB, F.col("seq").alias("_jseq")).dropDuplicates(_PUB)
+    mismatched = src.join(delivered_seq, _PUB).filter(~F.col("seq").eqNullSafe(F.col("_jseq")))
+    report.seq_mismatches = int(mismatched.count())
+    if report.seq_mismatches:
+        report.examples["seq_mismatches"] = _rows(
+            mismatched.select("publisher", "msgid", "seq", F.col("_jseq").alias("journal_seq")),
+            examples,
+        )
+    report.source = {
+        "rows": int(src.count()),
+        "unjournaled": unjournaled_count,
+        "duplicate_only": int(
+            src.join(delivered_pubs.select(*_PUB), _PUB, "left_anti")
+            .join(journaled, _PUB, "left_semi")
+            .count()
+        ),
+        "not_in_source": int(delivered_pubs.join(src.select(*_PUB), _PUB, "left_anti").count()),
+    }
+    if unjournaled_count:
+        report.examples["unjournaled"] = _rows(
+            unjournaled.select("publisher", "msgid", "seq", "topic"), examples
+        )
+    return delivered_pubs.unionByName(unjournaled.select("publisher", "msgid", "topic")), unjournaled_count
+
+
+def _check_routes(
+    spark: SparkSession,
+    subscriptions: Subscriptions,
+    scope: DataFrame,
+    firsts: DataFrame,
+    per_sub: dict[str, dict[str, int]],
+    report: AuditReport,
+    examples: int,
+    cached: list[DataFrame],
+) -> None:
+    """The missing and unexpected checks (module docstring) of the publications in ``scope`` against
+    the first deliveries ``firsts``: counts into ``report`` and ``per_sub``, with examples."""
+    from pyspark.sql import functions as F
+
+    report.checked.append("subscriptions")
+    topics = [r["topic"] for r in scope.select("topic").distinct().collect() if r["topic"] is not None]
+    recipients = subscriptions.recipients(topics)
+    routes = spark.createDataFrame(
+        [(t, s) for t, subs in recipients.items() for s in subs], "topic string, sub string"
+    )
+    expected = scope.join(F.broadcast(routes), "topic").select(*_PAIR, "topic").persist()
+    cached.append(expected)
+    got = firsts.select(*_PAIR, "topic")
+    missing = expected.join(got.select(*_PAIR), _PAIR, "left_anti").persist()
+    unexpected = got.join(expected.select(*_PAIR), _PAIR, "left_anti").persist()
+    cached += [missing, unexpected]
+    count = F.count(F.lit(1)).alias("n")
+    _per_sub(expected.groupBy("sub").agg(count).collect(), "expected", per_sub)
+    report.missing = _per_sub(missing.groupBy("sub").agg(count).collect(), "missing", per_sub)
+    report.unexpected = _per_sub(unexpected.groupBy("sub").agg(count).collect(), "unexpected", per_sub)
+    if report.missing:
+        report.examples["missing"] = _rows(missing, examples)
+    if report.unexpected:
+        report.examples["unexpected"] = _rows(unexpected, examples)
 
 
 def _latency(delivered: DataFrame, bins: int) -> dict[str, Any]:

@@ -211,6 +211,56 @@ def _publish_partition(
     yield from counts.items()
 
 
+def _check_options(
+    master: str, batch: int, partitions: int | None, max_backlog: int | None, fail_partition: int | None
+) -> None:
+    """Refuse ``publish_dataset``'s bad options before anything is read or sent.
+
+    Raises:
+        ValueError: ``batch``, ``partitions`` or ``max_backlog`` below 1, or ``fail_partition``
+            with a Spark ``master`` that runs each task once.
+    """
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    if partitions is not None and partitions < 1:
+        raise ValueError("partitions must be at least 1")
+    if max_backlog is not None and max_backlog < 1:
+        raise ValueError("max_backlog must be at least 1")
+    if fail_partition is not None:
+        attempts = task_attempts(master)
+        if attempts is not None and attempts < 2:
+            raise ValueError(
+                f"fail_partition needs task retries but master {master!r} runs each task once; "
+                "use a master like local[2,3]"
+            )
+
+
+def _run_tasks(
+    rows: Any, task: Callable[..., Any], report_progress: Callable[[], None], interval_s: float
+) -> list[tuple[str, int]]:
+    """Run ``task`` on every partition of ``rows`` (a DataFrame), calling ``report_progress`` from a
+    driver thread every ``interval_s`` seconds meanwhile (its Redis errors ignored: best effort).
+
+    Returns:
+        The tasks' ``(publisher, rows)`` pairs.
+    """
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(interval_s):
+            with contextlib.suppress(redis.RedisError):  # best effort; the job reports errors
+                report_progress()
+
+    poller = threading.Thread(target=poll, name="publish-progress", daemon=True)
+    poller.start()
+    try:
+        results: list[tuple[str, int]] = rows.rdd.mapPartitionsWithIndex(task).collect()
+    finally:
+        stop.set()
+        poller.join()
+    return results
+
+
 def publish_dataset(
     spark: SparkSession,
     source: SourceSpec,
@@ -265,20 +315,8 @@ def publish_dataset(
         pyspark.errors.PySparkException / Py4JJavaError: a task failed more times
             than Spark retries it (its Redis error is in the message).
     """
-    if batch < 1:
-        raise ValueError("batch must be at least 1")
-    if partitions is not None and partitions < 1:
-        raise ValueError("partitions must be at least 1")
-    if max_backlog is not None and max_backlog < 1:
-        raise ValueError("max_backlog must be at least 1")
     sc = spark.sparkContext
-    if fail_partition is not None:
-        attempts = task_attempts(str(sc.master))
-        if attempts is not None and attempts < 2:
-            raise ValueError(
-                f"fail_partition needs task retries but master {sc.master!r} runs each task once; "
-                "use a master like local[2,3]"
-            )
+    _check_options(str(sc.master), batch, partitions, max_backlog, fail_partition)
     started = time.perf_counter()
     client = connect(redis_url, check=True, tls=tls)
     try:
@@ -313,20 +351,7 @@ def publish_dataset(
                     sent = _entries_added(client, qm) - added_before
                     on_progress(Progress(total=total, sent=sent, rows_done=int(counter.value)))
 
-            stop = threading.Event()
-
-            def poll() -> None:
-                while not stop.wait(progress_interval_s):
-                    with contextlib.suppress(redis.RedisError):  # best effort; the job reports errors
-                        report_progress()
-
-            poller = threading.Thread(target=poll, name="publish-progress", daemon=True)
-            poller.start()
-            try:
-                results = rows.rdd.mapPartitionsWithIndex(task).collect()
-            finally:
-                stop.set()
-                poller.join()
+            results = _run_tasks(rows, task, report_progress, progress_interval_s)
             elapsed = time.perf_counter() - started
             report_progress()
         finally:

@@ -336,10 +336,7 @@ def subscribe(
     if share:
         check_name("ShareName", share)
         shared = True
-    if shared:
-        name = durable_name if durable_name is not None else _derived_name(inner, selector)
-    else:
-        name = durable_name if durable_name is not None else "nd-" + uuid.uuid4().hex[:12]
+    name = durable_name if durable_name is not None else _generated_name(shared, inner, selector)
     check_name("subscription name", name)
     if scheme is not None:
         recorded_scheme(client, qm, scheme)  # records it, or refuses a process configured otherwise
@@ -348,36 +345,11 @@ def subscribe(
     record = SubscriptionRecord(
         sub_id, inner, durable_name is not None, clock.now_ms(), selector, no_local, mode, share
     )
-    subs_key, topics_key = keys.subscriptions(qm), keys.topic_objects(qm)
+    subs_key = keys.subscriptions(qm)
     found: list[SubscriptionRecord] = []
 
     def decide(pipe: Any) -> Any:
-        existing = pipe.hget(subs_key, sub_id)
-        if existing is None:
-            tree = TopicTree.parse(qm, read_hash(pipe, topics_key), separator(scheme_name))
-            _check_topic_tree(qm, tree, record)
-            owner = sub_id.partition("$")[0]
-            if max_subscriptions_per_client and _count_of(
-                pipe, subs_key, owner, max_subscriptions_per_client
-            ):
-                raise TooManySubscriptions(owner, max_subscriptions_per_client)
-            return record.to_json()
-        try:
-            old = SubscriptionRecord.from_json(sub_id, existing, qm)
-        except CorruptRecord as exc:
-            raise CorruptRecord(exc.key, sub_id, f"{exc.reason}; unsubscribe it first") from exc
-        for what, was, now in (
-            ("filter", old.shown_filter, record.shown_filter),
-            ("selector", old.selector, record.selector),
-            ("no-local", old.no_local, record.no_local),
-            ("shared", old.mode == "shared", record.mode == "shared"),
-        ):
-            if was != now:
-                raise SubscriptionConflict(
-                    f"subscription {sub_id!r} exists with {what} {was!r}, not {now!r}; unsubscribe it first"
-                )
-        found.append(old)
-        return KEEP  # attach to it: nothing to write
+        return _new_or_same(pipe, qm, record, scheme_name, max_subscriptions_per_client, found)
 
     change_field(
         client,
@@ -385,10 +357,64 @@ def subscribe(
         sub_id,
         decide,
         keys.version(qm),
-        watch=(topics_key,),
+        watch=(keys.topic_objects(qm),),
         change_log=keys.sub_changes(qm),
     )
     return found[-1] if found else record
+
+
+def _generated_name(shared: bool, topic_filter: str, selector: str) -> str:
+    """The name of a subscription made without one: for a shared one, derived from its filter and
+    selector (``_derived_name``); else ``nd-`` and 12 random hex digits (a non-durable subscription)."""
+    return _derived_name(topic_filter, selector) if shared else "nd-" + uuid.uuid4().hex[:12]
+
+
+def _new_or_same(
+    pipe: Any, qm: str, record: SubscriptionRecord, scheme: str, max_per_client: int, found: list[Any]
+) -> Any:
+    """``subscribe``'s decision in its transaction (``change_field``): write ``record`` when its id
+    is new, or attach to the stored subscription (appended to ``found``) when it has the same
+    filter, selector, no-local and sharing.
+
+    Args:
+        pipe: the pipeline, ``{qm}:subs`` and ``{qm}:topics`` watched; reads execute at once.
+        qm: the queue manager.
+        record: the subscription asked for.
+        scheme: the queue manager's topic scheme (for the topic objects' tree).
+        max_per_client: ``subscribe``'s ``max_subscriptions_per_client`` (0: no limit).
+        found: the stored record is appended to it when attaching.
+
+    Returns:
+        ``record`` as JSON to write, or ``KEEP`` to write nothing (attaching).
+
+    Raises:
+        SubscriptionRefused, TooManySubscriptions, SubscriptionConflict, CorruptRecord: as ``subscribe``.
+    """
+    subs_key, sub_id = keys.subscriptions(qm), record.sub_id
+    existing = pipe.hget(subs_key, sub_id)
+    if existing is None:
+        tree = TopicTree.parse(qm, read_hash(pipe, keys.topic_objects(qm)), separator(scheme))
+        _check_topic_tree(qm, tree, record)
+        owner = sub_id.partition("$")[0]
+        if max_per_client and _count_of(pipe, subs_key, owner, max_per_client):
+            raise TooManySubscriptions(owner, max_per_client)
+        return record.to_json()
+    try:
+        old = SubscriptionRecord.from_json(sub_id, existing, qm)
+    except CorruptRecord as exc:
+        raise CorruptRecord(exc.key, sub_id, f"{exc.reason}; unsubscribe it first") from exc
+    for what, was, now in (
+        ("filter", old.shown_filter, record.shown_filter),
+        ("selector", old.selector, record.selector),
+        ("no-local", old.no_local, record.no_local),
+        ("shared", old.mode == "shared", record.mode == "shared"),
+    ):
+        if was != now:
+            raise SubscriptionConflict(
+                f"subscription {sub_id!r} exists with {what} {was!r}, not {now!r}; unsubscribe it first"
+            )
+    found.append(old)
+    return KEEP  # attach to it: nothing to write
 
 
 #: Hash fields looked at per HSCAN call when counting a client id's subscriptions.

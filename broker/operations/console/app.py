@@ -118,6 +118,12 @@ def _templates() -> Jinja2Templates:
     return Jinja2Templates(env=env)
 
 
+#: A page's handler: the request and its session in, the response out.
+_Page = Callable[[Request, Session], Awaitable[Response]]
+#: A Starlette endpoint.
+_Endpoint = Callable[[Request], Awaitable[Response]]
+
+
 def create_app(
     settings: Settings,
     *,
@@ -136,27 +142,89 @@ def create_app(
         its ``SessionStore``, ``app.state.meter`` its ``figures.RateMeter``.
     """
     store = sessions or (SessionStore(settings, clock_ms) if clock_ms else SessionStore(settings))
-    meter = figures.RateMeter(clock_ms)
-    templates = _templates()
-    qm = settings.qm
+    console = _Console(settings, store, figures.RateMeter(clock_ms))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        store.close()
+
+    app = Starlette(routes=_routes(console), exception_handlers={404: _not_found}, lifespan=lifespan)
+    app.add_middleware(_SecurityHeaders)
+    app.state.sessions = store
+    app.state.meter = console.meter
+    app.state.settings = settings
+    return app
+
+
+def _routes(console: _Console) -> list[Route | Mount]:
+    """The console's routes: the login, the pages (a session needed), the confirmed actions
+    (an admin session and its CSRF token), the static files."""
+    static = StaticFiles(directory=str(_HERE / "static"))
+    page, action = console.page, console.action
+    return [
+        Route("/login", console.login_form, methods=["GET"]),
+        Route("/login", console.login, methods=["POST"]),
+        Route("/logout", console.logout, methods=["POST"]),
+        Route("/", page(console.overview)),
+        Route("/subscriptions", page(console.subscriptions)),
+        Route("/topics", page(console.topics)),
+        Route("/workers", page(console.workers)),
+        Route("/dlq", page(console.dlq)),
+        Route("/dlq/entry/{dlq_id:path}", page(console.dlq_entry)),
+        Route("/dlq/confirm", action(console.dlq_confirm), methods=["POST"]),
+        Route("/dlq/replay", action(console.run_confirmed("replay")), methods=["POST"]),
+        Route("/dlq/purge", action(console.run_confirmed("purge")), methods=["POST"]),
+        Mount("/static", app=static, name="static"),
+    ]
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return HTMLResponse(f"<p>{html.escape(request.url.path)}: no such page</p>", status_code=404)
+
+
+class _Console:
+    """The console's handlers for one queue manager: its sessions, rate meter and templates
+    (``create_app`` routes to them)."""
+
+    def __init__(self, settings: Settings, store: SessionStore, meter: figures.RateMeter) -> None:
+        self.settings = settings
+        self.qm = settings.qm
+        self.store = store
+        self.meter = meter
+        self.templates = _templates()
+
+    # --- answers ----------------------------------------------------------------------------
 
     def render(
-        request: Request, name: str, context: dict[str, Any], session: Session | None, status_code: int = 200
+        self,
+        request: Request,
+        name: str,
+        context: dict[str, Any],
+        session: Session | None,
+        status_code: int = 200,
     ) -> Response:
-        page = {"qm": qm, "session": describe(session) if session else None, **context}
+        page = {"qm": self.qm, "session": describe(session) if session else None, **context}
         if session is not None and session.flash and name != "_flash.html":
             page["flash"], session.flash = session.flash, ""
-        return templates.TemplateResponse(request, name, page, status_code=status_code)
+        return self.templates.TemplateResponse(request, name, page, status_code=status_code)
 
-    def error(request: Request, session: Session | None, status_code: int, message: str) -> Response:
-        return render(
+    def error(self, request: Request, session: Session | None, status_code: int, message: str) -> Response:
+        return self.render(
             request, "error.html", {"status_code": status_code, "message": message}, session, status_code
         )
 
-    def current(request: Request) -> Session | None:
-        return store.find(request.cookies.get(COOKIE))
+    def fragment_or_page(
+        self, request: Request, name: str, context: dict[str, Any], session: Session
+    ) -> Response:
+        if request.headers.get("hx-request"):
+            return self.render(request, f"_{name}.html", context, session)
+        return self.render(request, f"{name}.html", context, session)
 
-    def to_login(request: Request) -> Response:
+    def current(self, request: Request) -> Session | None:
+        return self.store.find(request.cookies.get(COOKIE))
+
+    def to_login(self, request: Request) -> Response:
         if request.headers.get("hx-request"):
             return Response(status_code=200, headers={"HX-Redirect": "/login"})
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -164,226 +232,190 @@ def create_app(
         response.delete_cookie(COOKIE)
         return response
 
-    Page = Callable[[Request, Session], Awaitable[Response]]
+    # --- guards -----------------------------------------------------------------------------
 
-    def page(handler: Page) -> Callable[[Request], Awaitable[Response]]:
+    def page(self, handler: _Page) -> _Endpoint:
         """A page that needs a session; Redis refusals and lost connections become error pages."""
 
         async def endpoint(request: Request) -> Response:
-            session = current(request)
+            session = self.current(request)
             if session is None:
-                return to_login(request)
+                return self.to_login(request)
             try:
                 return await handler(request, session)
             except (redis.RedisError, BrokerError) as exc:
-                # the broker's readers translate redis-py's errors: look at the cause
-                cause = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
-                if isinstance(
-                    cause, redis.AuthenticationError
-                ):  # the user was deleted, or its password changed
-                    store.logout(session)
-                    return to_login(request)
-                if isinstance(cause, redis.exceptions.NoPermissionError):
-                    return error(
-                        request, session, 403, f"Redis refused this to user {session.user!r}: {cause}"
-                    )
-                if isinstance(exc, ConnectionLost) or isinstance(
-                    cause, (redis.ConnectionError, redis.TimeoutError)
-                ):
-                    return error(request, session, 503, f"Cannot reach Redis: {cause}")
-                return error(request, session, 500, str(exc))
+                return self.refused(request, session, exc)
 
         return endpoint
 
-    def action(handler: Page) -> Callable[[Request], Awaitable[Response]]:
+    def refused(self, request: Request, session: Session, exc: redis.RedisError | BrokerError) -> Response:
+        """The answer to a page whose reading failed: the login page when the user's credentials
+        no longer hold, else an error page (403 refused by Redis, 503 unreachable, 500 otherwise)."""
+        # the broker's readers translate redis-py's errors: look at the cause
+        cause = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
+        if isinstance(cause, redis.AuthenticationError):  # the user was deleted, or its password changed
+            self.store.logout(session)
+            return self.to_login(request)
+        if isinstance(cause, redis.exceptions.NoPermissionError):
+            return self.error(request, session, 403, f"Redis refused this to user {session.user!r}: {cause}")
+        if isinstance(exc, ConnectionLost) or isinstance(cause, (redis.ConnectionError, redis.TimeoutError)):
+            return self.error(request, session, 503, f"Cannot reach Redis: {cause}")
+        return self.error(request, session, 500, str(exc))
+
+    def action(self, handler: _Page) -> _Endpoint:
         """A destructive POST: an admin session and its CSRF token, or 403 and nothing done."""
 
         async def guarded(request: Request, session: Session) -> Response:
             form = await request.form()
             if not session.may_act:
-                return error(request, session, 403, f"User {session.user!r} (monitor) may not do this.")
+                return self.error(request, session, 403, f"User {session.user!r} (monitor) may not do this.")
             token = form.get("csrf")
             if not session.csrf_ok(token if isinstance(token, str) else None):
-                return error(
+                return self.error(
                     request, session, 403, "This form is stale or forged (bad CSRF token); nothing was done."
                 )
             return await handler(request, session)
 
-        wrapped = page(guarded)
+        wrapped = self.page(guarded)
 
         async def endpoint(request: Request) -> Response:
-            if current(request) is None:  # a POST never redirects to the login page: refused
-                return error(request, None, 403, "Not logged in; nothing was done.")
+            if self.current(request) is None:  # a POST never redirects to the login page: refused
+                return self.error(request, None, 403, "Not logged in; nothing was done.")
             return await wrapped(request)
 
         return endpoint
 
-    def fragment_or_page(request: Request, name: str, context: dict[str, Any], session: Session) -> Response:
-        if request.headers.get("hx-request"):
-            return render(request, f"_{name}.html", context, session)
-        return render(request, f"{name}.html", context, session)
-
     # --- login ------------------------------------------------------------------------------
 
-    async def login_form(request: Request) -> Response:
-        if current(request) is not None:
+    async def login_form(self, request: Request) -> Response:
+        if self.current(request) is not None:
             return RedirectResponse("/", status_code=303)
-        return render(request, "login.html", {"next": _safe_next(request.query_params.get("next"))}, None)
+        return self.render(
+            request, "login.html", {"next": _safe_next(request.query_params.get("next"))}, None
+        )
 
-    async def login(request: Request) -> Response:
+    async def login(self, request: Request) -> Response:
         form = await request.form()
         user, password = str(form.get("user", "")).strip(), str(form.get("password", ""))
         target = _safe_next(str(form.get("next", "/")))
         try:
-            session = await run_in_threadpool(store.login, user, password)
+            session = await run_in_threadpool(self.store.login, user, password)
         except LoginRefused as exc:
-            return render(request, "login.html", {"error": str(exc), "user": user, "next": target}, None, 401)
+            context = {"error": str(exc), "user": user, "next": target}
+            return self.render(request, "login.html", context, None, 401)
         except (ConnectionLost, redis.ConnectionError, redis.TimeoutError) as exc:
-            return render(
-                request, "login.html", {"error": f"Cannot reach Redis: {exc}", "next": target}, None, 503
-            )
+            context = {"error": f"Cannot reach Redis: {exc}", "next": target}
+            return self.render(request, "login.html", context, None, 503)
         response = RedirectResponse(target, status_code=303)
-        response.set_cookie(COOKIE, store.cookie_value(session), httponly=True, samesite="strict", path="/")
+        response.set_cookie(
+            COOKIE, self.store.cookie_value(session), httponly=True, samesite="strict", path="/"
+        )
         return response
 
-    async def logout(request: Request, session: Session) -> Response:
-        store.logout(session)
-        response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(COOKIE, path="/")
-        return response
-
-    async def logout_endpoint(request: Request) -> Response:
-        session = current(request)
+    async def logout(self, request: Request) -> Response:
+        session = self.current(request)
         if session is None:
             return RedirectResponse("/login", status_code=303)
         form = await request.form()
         token = form.get("csrf")
         if not session.csrf_ok(token if isinstance(token, str) else None):
-            return error(request, session, 403, "This form is stale or forged (bad CSRF token).")
-        return await logout(request, session)
+            return self.error(request, session, 403, "This form is stale or forged (bad CSRF token).")
+        self.store.logout(session)
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
 
     # --- pages ------------------------------------------------------------------------------
 
-    async def overview(request: Request, session: Session) -> Response:
-        data = await run_in_threadpool(figures.overview, session.client, qm, meter)
-        return fragment_or_page(request, "overview", {"page": "overview", "s": data}, session)
+    async def overview(self, request: Request, session: Session) -> Response:
+        data = await run_in_threadpool(figures.overview, session.client, self.qm, self.meter)
+        return self.fragment_or_page(request, "overview", {"page": "overview", "s": data}, session)
 
-    async def subscriptions(request: Request, session: Session) -> Response:
+    async def subscriptions(self, request: Request, session: Session) -> Response:
         search = request.query_params.get("q", "")
-        data = await run_in_threadpool(figures.subscriptions, session.client, qm, search)
-        return fragment_or_page(
+        data = await run_in_threadpool(figures.subscriptions, session.client, self.qm, search)
+        return self.fragment_or_page(
             request, "subscriptions", {"page": "subscriptions", "s": data, "q": search}, session
         )
 
-    async def topics(request: Request, session: Session) -> Response:
-        data = await run_in_threadpool(figures.topics, session.client, qm)
+    async def topics(self, request: Request, session: Session) -> Response:
+        data = await run_in_threadpool(figures.topics, session.client, self.qm)
         wanted = request.query_params.get("topic", "")
         found: dict[str, Any] | None = None
         problem = ""
         if wanted:
             try:
-                found = await run_in_threadpool(figures.topic, session.client, settings, wanted)
+                found = await run_in_threadpool(figures.topic, session.client, self.settings, wanted)
             except ValueError as exc:  # InvalidTopic
                 problem = str(exc)
         context = {"page": "topics", "s": data, "topic": wanted, "found": found, "problem": problem}
-        return fragment_or_page(request, "topics", context, session)
+        return self.fragment_or_page(request, "topics", context, session)
 
-    async def workers(request: Request, session: Session) -> Response:
-        data = await run_in_threadpool(figures.workers_and_channels, session.client, settings, session.url)
-        return fragment_or_page(request, "workers", {"page": "workers", "s": data}, session)
+    async def workers(self, request: Request, session: Session) -> Response:
+        data = await run_in_threadpool(
+            figures.workers_and_channels, session.client, self.settings, session.url
+        )
+        return self.fragment_or_page(request, "workers", {"page": "workers", "s": data}, session)
 
     # --- dead letters -----------------------------------------------------------------------
 
-    async def dlq(request: Request, session: Session) -> Response:
+    async def dlq(self, request: Request, session: Session) -> Response:
         filters = dlq_views.filters_of(request.query_params)
         if request.headers.get("hx-request"):
-            counts = await run_in_threadpool(dlq_views.counts, session.client, qm)
-            return render(
-                request, "_dlq.html", {"page": "dlq", "counts": counts, "filters": filters}, session
-            )
-        data = await run_in_threadpool(dlq_views.listing, session.client, qm, filters, PAGE_SIZE)
-        return render(request, "dlq.html", {"page": "dlq", "filters": filters, **data}, session)
+            counts = await run_in_threadpool(dlq_views.counts, session.client, self.qm)
+            context = {"page": "dlq", "counts": counts, "filters": filters}
+            return self.render(request, "_dlq.html", context, session)
+        data = await run_in_threadpool(dlq_views.listing, session.client, self.qm, filters, PAGE_SIZE)
+        return self.render(request, "dlq.html", {"page": "dlq", "filters": filters, **data}, session)
 
-    async def dlq_entry(request: Request, session: Session) -> Response:
+    async def dlq_entry(self, request: Request, session: Session) -> Response:
         dlq_id = request.path_params["dlq_id"]
         try:
-            entry = await run_in_threadpool(dlq_views.entry, session.client, qm, dlq_id)
+            entry = await run_in_threadpool(dlq_views.entry, session.client, self.qm, dlq_id)
         except LookupError:
-            return error(request, session, 404, f"No dead letter {dlq_id!r}.")
-        return render(request, "dlq_entry.html", {"page": "dlq", "e": entry}, session)
+            return self.error(request, session, 404, f"No dead letter {dlq_id!r}.")
+        return self.render(request, "dlq_entry.html", {"page": "dlq", "e": entry}, session)
 
-    async def dlq_confirm(request: Request, session: Session) -> Response:
+    async def dlq_confirm(self, request: Request, session: Session) -> Response:
         form = await request.form()
         what = str(form.get("action", ""))
         if what not in ("replay", "purge"):
-            return error(request, session, 400, f"Unknown action {what!r}; nothing was done.")
+            return self.error(request, session, 400, f"Unknown action {what!r}; nothing was done.")
         filters = dlq_views.filters_of(form)
         scope = str(form.get("scope", "selected"))
         ids = [str(v) for v in form.getlist("id")] if scope == "selected" else None
         keep = form.get("keep") == "1"
         plan = await run_in_threadpool(
-            dlq_views.plan, session.client, qm, what, filters, ids, keep, CONFIRM_LIMIT
+            dlq_views.plan, session.client, self.qm, what, filters, ids, keep, CONFIRM_LIMIT
         )
         if not plan["ids"]:
             session.flash = "Nothing selected: no dead letter matches; nothing was done."
             return RedirectResponse("/dlq?" + dlq_views.query_of(filters), status_code=303)
-        token = session.add_pending(Pending(what, tuple(plan["ids"]), keep, store.clock_ms()))
+        token = session.add_pending(Pending(what, tuple(plan["ids"]), keep, self.store.clock_ms()))
         context = {"page": "dlq", "action": what, "token": token, "filters": filters, "keep": keep, **plan}
-        return render(request, "confirm.html", context, session)
+        return self.render(request, "confirm.html", context, session)
 
-    def run_confirmed(what: str) -> Page:
+    def run_confirmed(self, what: str) -> _Page:
+        """The answer to a confirmation of ``what`` (``replay`` or ``purge``): run it, once."""
+
         async def run(request: Request, session: Session) -> Response:
             form = await request.form()
             token = form.get("token")
-            pending = session.take_pending(token if isinstance(token, str) else None, store.clock_ms())
+            pending = session.take_pending(token if isinstance(token, str) else None, self.store.clock_ms())
             if pending is None or pending.action != what:
-                return error(
+                return self.error(
                     request,
                     session,
                     400,
                     "This confirmation has expired or was already answered; nothing was done.",
                 )
-            session.flash = await run_in_threadpool(dlq_views.execute, session.client, qm, pending)
+            session.flash = await run_in_threadpool(dlq_views.execute, session.client, self.qm, pending)
             back = str(form.get("back", ""))
             return RedirectResponse(
                 "/dlq" + (f"?{back}" if back and back.isprintable() else ""), status_code=303
             )
 
         return run
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return HTMLResponse(f"<p>{html.escape(request.url.path)}: no such page</p>", status_code=404)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        store.close()
-
-    static = StaticFiles(directory=str(_HERE / "static"))
-    app = Starlette(
-        routes=[
-            Route("/login", login_form, methods=["GET"]),
-            Route("/login", login, methods=["POST"]),
-            Route("/logout", logout_endpoint, methods=["POST"]),
-            Route("/", page(overview)),
-            Route("/subscriptions", page(subscriptions)),
-            Route("/topics", page(topics)),
-            Route("/workers", page(workers)),
-            Route("/dlq", page(dlq)),
-            Route("/dlq/entry/{dlq_id:path}", page(dlq_entry)),
-            Route("/dlq/confirm", action(dlq_confirm), methods=["POST"]),
-            Route("/dlq/replay", action(run_confirmed("replay")), methods=["POST"]),
-            Route("/dlq/purge", action(run_confirmed("purge")), methods=["POST"]),
-            Mount("/static", app=static, name="static"),
-        ],
-        exception_handlers={404: not_found},
-        lifespan=lifespan,
-    )
-    app.add_middleware(_SecurityHeaders)
-    app.state.sessions = store
-    app.state.meter = meter
-    app.state.settings = settings
-    return app
 
 
 def _quote(text: str) -> str:
