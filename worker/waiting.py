@@ -20,7 +20,8 @@ them can read: at low rates most script calls are wasted.
   however busy the waiter is (one worker serving alone queues the publications behind its
   rounds: p99 at 2,000/s was about 2x). Each wake-up then costs a dequeue, but at that rate
   nearly every dequeue finds work. The wake-up a busy worker rings rides in its commit's round
-  trip (``hand_on_in``).
+  trip (``hand_on_in``); one nobody waited for is taken by the next dequeue of any worker
+  (``dequeue.lua`` LPOPs it), which takes the turns it names.
 - **Crash safety**: a waiter killed with SIGKILL keeps the role until its lease runs out
   (``waiter_lease_ms``: its wait, plus ``LEASE_MARGIN_MS``); every idle worker also
   dequeues once after each wait that timed out, so nothing read late waits longer than one wait.

@@ -72,8 +72,9 @@ key                                 type      contents                          
 ``{qm}:waiter``                     string    the worker waiting on the publish stream      idle workers (SET NX PX  idle workers (one waits
                                               (XREAD), PX its lease (``worker.waiting``)    lease), DEL on hand-on   on the stream at a time)
 ``{qm}:wake``                       list      at most one element: publishers given up,     workers (LPUSH + LTRIM)  idle workers not waiting
-                                              a JSON list of publisher ids: wake one                                   on the stream (BLPOP)
-                                              idle worker to dequeue
+                                              a JSON list of publisher ids: wake one                                   on the stream (BLPOP);
+                                              idle worker to dequeue                                                   dequeue.lua (LPOP) when
+                                                                                                                       nobody waited
 ``{qm}:journal``                    stream    one record per publication handled (when the  commit.lua (capped)      ``broker journal export``
                                               ``journal`` setting is on): entry_id, msgid,
                                               publisher, seq, topic, subs (JSON list of

@@ -277,6 +277,7 @@ class Scripts:
                 keys.principals(qm),
                 keys.saturated(qm),
                 keys.alone(qm),
+                keys.wake(qm),
             ],
             [
                 keys.WORKER_GROUP,

@@ -27,6 +27,10 @@
 --                                   it holding a saturated publisher; written here)
 -- KEYS[8] entries handled alone     "{qm}:alone" (take_over in lib.lua; not type-checked here:
 --                                   read and written with pcall, only when heads are taken over)
+-- KEYS[9] wake-up list              "{qm}:wake" (worker.waiting; LPOP with pcall: a foreign key is skipped):
+--                                   a wake-up nobody waited for (every idle worker on the stream, at a
+--                                   high rate) is taken here, the publishers it names (a JSON list:
+--                                   turns given up) considered as those of ARGV[17..] are
 -- ARGV[1] consumer group
 -- ARGV[2] consumer name, also the worker's fencing token
 -- ARGV[3] count: the most entries to read (0: read nothing, move nothing from ingress streams)
@@ -120,6 +124,17 @@ local function consider(pub)
   end
 end
 for i = FIRST_OWNED, #ARGV do consider(ARGV[i]) end
+if KEYS[9] then
+  local named = redis.pcall('LPOP', KEYS[9])
+  if type(named) == 'string' then
+    local ok, list = pcall(cjson.decode, named)
+    if ok and type(list) == 'table' then
+      for _, pub in ipairs(list) do
+        if type(pub) == 'string' and pub ~= '' and #pub <= max_pub then consider(pub) end
+      end
+    end
+  end
+end
 
 -- Check each publisher's FIFO and turn keys before writing anything.
 local filed, filed_order, refused = {}, {}, {}

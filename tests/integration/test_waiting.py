@@ -269,3 +269,35 @@ def test_at_a_high_rate_idle_workers_wait_on_the_stream_directly_and_the_wake_up
     while w0.run_once() + w1.run_once():
         pass
     assert real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 2
+
+
+def test_a_wake_up_nobody_waited_for_is_taken_by_the_next_dequeue_with_the_turns_it_names(
+    real_redis, settings
+):
+    # Given p1's entry in its FIFO with a free turn (its worker gave it up), and a wake-up naming p1
+    # that nobody waited for (every idle worker was on the stream)
+    record = subscribe(real_redis, QM, "t/#", "app", "s")
+    clock = [NOW]
+    w0, w1 = _worker(real_redis, settings, "w0", clock), _worker(real_redis, settings, "w1", clock)
+    Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
+    held = w0.scripts.dequeue(w0.name, 50, settings.lease_ms, settings.heads, [])
+    assert held is not None and list(held.turns) == ["p1"]
+    real_redis.delete(keys.turn_key(QM, "p1"))
+    real_redis.lpush(keys.wake(QM), '["p1"]')
+    # When another worker runs a round (reading nothing new from the stream)
+    done = w1.run_once()
+    # Then its dequeue took the wake-up and p1's turn, and handled p1's entry
+    assert done == 1
+    assert real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 1
+    assert real_redis.llen(keys.wake(QM)) == 0
+
+
+def test_a_foreign_wake_up_list_does_not_stop_the_dequeue(real_redis, settings):
+    # Given a wake-up list of another type
+    record = subscribe(real_redis, QM, "t/#", "app", "s")
+    real_redis.set(keys.wake(QM), "planted")
+    (w0,) = (_worker(real_redis, settings, "w0", [NOW]),)
+    Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
+    # When a worker runs a round, Then the publication is delivered
+    assert w0.run_once() == 1
+    assert real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 1
