@@ -37,7 +37,7 @@ def _control(pid: str, *args: str) -> None:
 
 
 def _preload(client: object, count: int, salt: str) -> None:
-    from broker.clients.publish import Publisher
+    from broker import Publisher
 
     publishers = [Publisher(client, QM, p) for p in PUBLISHERS]  # type: ignore[arg-type]
     sent, k = 0, 0
@@ -64,8 +64,7 @@ def _drain(worker: object, count: int) -> tuple[int, int]:
 def main() -> int:
     import redis
 
-    from broker.core.config import Settings
-    from broker.topics.subscriptions import subscribe
+    from broker import Settings, subscribe
     from worker.loop import Worker
 
     url, pid, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
