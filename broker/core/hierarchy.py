@@ -291,7 +291,7 @@ class _Node:
 class _Trie:
     """Subscriptions by their nodes: ``add``/``remove``/``match`` for one of the two indexes."""
 
-    __slots__ = ("root", "count")
+    __slots__ = ("count", "root")
 
     def __init__(self) -> None:
         self.root = _Node()

@@ -512,7 +512,7 @@ def unsubscribe(client: redis.Redis, qm: str, sub_id: str) -> None:
         def decide(pipe: Any) -> None:
             if not pipe.hexists(subs_key, sub_id):
                 raise missing
-            return None
+            return
 
         if ":" in sub_id:
             change_field(client, subs_key, sub_id, decide, keys.version(qm), change_log=keys.sub_changes(qm))

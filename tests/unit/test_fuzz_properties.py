@@ -185,8 +185,25 @@ json_values = st.recursive(
     max_leaves=8,
 )
 header_names = st.sampled_from(
-    ["v", "msgid", "publisher", "seq", "topic", "ts", "entry_id", "size", "persistent", "priority"]
-    + ["expiration", "correlation_id", "reply_to", "type", "props", "origin", "route"]
+    [
+        "v",
+        "msgid",
+        "publisher",
+        "seq",
+        "topic",
+        "ts",
+        "entry_id",
+        "size",
+        "persistent",
+        "priority",
+        "expiration",
+        "correlation_id",
+        "reply_to",
+        "type",
+        "props",
+        "origin",
+        "route",
+    ]
 )
 
 

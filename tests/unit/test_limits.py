@@ -250,7 +250,7 @@ def test_translate_errors_turns_an_out_of_memory_reply_into_server_full():
     def link_topics() -> None:
         raise redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
 
-    with pytest.raises(ServerFull, match="^link topics refused: the Redis server is full"):
+    with pytest.raises(ServerFull, match=r"^link topics refused: the Redis server is full"):
         link_topics()
 
 
