@@ -558,7 +558,7 @@ class RedisCollector(Collector):
         from broker.core.connection import read_hash
         from broker.core.errors import BrokerError
         from broker.core.schemes import scheme_of
-        from broker.core.topics import validate_topic
+        from broker.core.topic_rules import validate_topic
 
         try:
             scheme = scheme_of(self.qm, read_hash(self.client, keys.manager(self.qm)))

@@ -25,7 +25,7 @@ from broker.core.errors import (
     translate_errors,
 )
 from broker.core.models import parse_entry, publication_fields
-from broker.core.topics import limit_problem
+from broker.core.topic_rules import limit_problem
 from broker.core.unit_of_work import Action
 from broker.topics.subscriptions import subscribe, unsubscribe
 from broker.topics.topic_objects import BASE, Attributes, TopicObject, TopicTree
