@@ -40,7 +40,7 @@ from broker.core.errors import (
 from broker.core.keys import PROTOCOL_VERSION
 from broker.core.models import Message
 from broker.core.selectors import like, select
-from broker.core.topics import matches, validate_filter, validate_topic
+from broker.core.topic_rules import matches, validate_filter, validate_topic
 from broker.operations.status import status
 from broker.topics.links import link, list_links, unlink, unlink_all
 from broker.topics.routing import explain

@@ -400,12 +400,12 @@ def list_schedules(client: redis.Redis, qm: str) -> tuple[list[Schedule], list[s
     """
     found, corrupt = schedules.read_schedules(client, qm)
     problems = [str(p) for p in corrupt]
-    for item in found:
-        if not Job.exists(item.rq_job, connection=client):
-            problems.append(
-                f"schedule {item.schedule_id}: its rq job {item.rq_job} is gone, so it will not run; "
-                "cancel it and schedule it again"
-            )
+    problems.extend(
+        f"schedule {item.schedule_id}: its rq job {item.rq_job} is gone, so it will not run; "
+        "cancel it and schedule it again"
+        for item in found
+        if not Job.exists(item.rq_job, connection=client)
+    )
     return found, problems
 
 

@@ -1142,10 +1142,13 @@ class Harness:
     def _traffic(self) -> list[threading.Thread]:
         """The publisher and subscriber threads (not started)."""
         threads = [self._thread(self._publisher, i, name=f"pub-{i}") for i in range(self.args.publishers)]
-        for i, name in enumerate(VICTIM_PUBLISHERS):
-            threads.append(self._thread(self._victim_publisher, i, name=f"pub-{name}"))
-        for sub_id in self.sub_ids.values():
-            threads.append(self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}"))
+        threads.extend(
+            self._thread(self._victim_publisher, i, name=f"pub-{name}")
+            for i, name in enumerate(VICTIM_PUBLISHERS)
+        )
+        threads.extend(
+            self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}") for sub_id in self.sub_ids.values()
+        )
         return threads
 
     def _maintenance_threads(self) -> list[threading.Thread]:

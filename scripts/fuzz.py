@@ -52,7 +52,7 @@ import redis
 
 from broker.clients.consumer import Subscriber
 from broker.clients.publish import Publisher
-from broker.core import hierarchy, keys, topics
+from broker.core import hierarchy, keys, topic_rules
 from broker.core.config import Settings, load_settings
 from broker.core.connection import connect
 from broker.core.errors import (
@@ -66,7 +66,7 @@ from broker.core.errors import (
 from broker.core.hierarchy import HierarchyIndex
 from broker.core.selectors import compile_selector, like
 from broker.core.server import Server
-from broker.core.topics import TopicIndex, split_shared
+from broker.core.topic_rules import TopicIndex, split_shared
 from broker.demo.oracle import Expectation, score
 from broker.testing import make_workers
 from broker.topics.subscriptions import SubscriptionRecord, subscribe, unsubscribe
@@ -587,7 +587,7 @@ class Fuzz:
     def topic(self, r: random.Random) -> None:
         report = self.report
         scheme = r.choice(("mqtt", "swiftmq"))
-        rules: Any = topics if scheme == "mqtt" else hierarchy
+        rules: Any = topic_rules if scheme == "mqtt" else hierarchy
         topic, topic_filter = fz.random_topic(r, scheme), fz.random_filter(r, scheme)
         try:
             rules.validate_topic(topic)

@@ -22,7 +22,7 @@ from broker.core.errors import InvalidMessage, InvalidTopic
 from broker.core.logs import publication_extra
 from broker.core.models import apply_topic_defaults, encode_envelope, parse_entry
 from broker.core.schemes import root_topic, separator
-from broker.core.topics import limit_problem
+from broker.core.topic_rules import limit_problem
 from broker.core.unit_of_work import Action, CommitBatch, UnitOfWork
 from broker.topics.routing import RoutingTable
 

@@ -65,7 +65,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -674,7 +674,7 @@ class Worker:
                     ahead=next_read[1],
                 )
             counts["wake"] = self.waiting.hand_on_in(pipe, now, wake) if wake is not None else 0
-            return cast(list[Any], pipe.execute(raise_on_error=False))
+            return pipe.execute(raise_on_error=False)
 
         results = send()
         if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):

@@ -52,7 +52,7 @@ class Suspects:
         careful: publisher -> how many of its next entries are still handled alone.
     """
 
-    __slots__ = ("counts", "careful")
+    __slots__ = ("careful", "counts")
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}

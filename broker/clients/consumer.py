@@ -108,7 +108,7 @@ class Delivery:
             when taken and reads without error.
     """
 
-    __slots__ = ("_message", "_queue", "_raw", "_count", "_header", "_owner")
+    __slots__ = ("_count", "_header", "_message", "_owner", "_queue", "_raw")
 
     def __init__(
         self,

@@ -32,7 +32,7 @@ from broker.core.connection import as_bytes, block_slice_ms
 from broker.core.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError, ServerFull
 from broker.core.flow import FlowGate, parse_delay
 from broker.core.models import PropertyValue, publication_fields
-from broker.core.topics import validate_topic
+from broker.core.topic_rules import validate_topic
 from broker.topics.topic_objects import topic_of
 
 

@@ -29,7 +29,7 @@ from broker.core.config import Settings
 from broker.core.errors import BrokerError, InvalidTopic, ReplyTimeout
 from broker.core.logs import publication_extra
 from broker.core.models import Message, PropertyValue
-from broker.core.topics import validate_topic
+from broker.core.topic_rules import validate_topic
 from broker.topics.subscriptions import SubscriptionRecord, subscribe
 
 log = logging.getLogger("broker.request_reply")

@@ -6,7 +6,7 @@ opening a client, the wire (``wire``: text read from Redis, publisher ids, prior
 reply JSON; ``models``: publication entries and envelopes), logging, the Lua script registry and its typed wrappers (``scripts``), the
 publish stream's consumer group (``stream``), flow control, units of work, the embedded
 server, principals, and the pure rules the settings themselves are checked with: topic
-rules (``topics`` for MQTT, ``hierarchy`` for SwiftMQ), the topic scheme (``schemes``)
+rules (``topic_rules`` for MQTT, ``hierarchy`` for SwiftMQ), the topic scheme (``schemes``)
 and message selectors with SQL ``LIKE`` (``selectors``). Modules here import only each
 other (without a circle), never ``broker.topics``, ``broker.clients``, ``broker.network``,
 ``broker.operations``, the application layer or ``worker``.

@@ -521,7 +521,7 @@ def read_toml(path: str | Path, where: str) -> dict[str, Any]:
             too deeply.
     """
     try:
-        with open(path, "rb") as handle:
+        with Path(path).open("rb") as handle:
             return tomllib.load(handle)
     except FileNotFoundError as exc:
         raise ConfigError(f"{where} does not exist") from exc

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator
 
 from broker.core.errors import InvalidSelector, InvalidTopic, InvalidTopicFilter
 from broker.core.selectors import like_regex
-from broker.core.topics import MAX_TOPIC_BYTES, common_problem, strip_invalid_characters
+from broker.core.topic_rules import MAX_TOPIC_BYTES, common_problem, strip_invalid_characters
 
 __all__ = [
     "ESCAPE",
@@ -70,7 +70,7 @@ _WILD = frozenset("%_")
 def _string_problem(text: str) -> str | None:
     """The rules a swiftmq topic name and a swiftmq filter share; None when ``text`` keeps them.
 
-    Those of the mqtt scheme (``broker.core.topics.common_problem``), and no empty node.
+    Those of the mqtt scheme (``broker.core.topic_rules.common_problem``), and no empty node.
     """
     problem = common_problem(text)
     if problem is not None:
@@ -291,7 +291,7 @@ class _Node:
 class _Trie:
     """Subscriptions by their nodes: ``add``/``remove``/``match`` for one of the two indexes."""
 
-    __slots__ = ("root", "count")
+    __slots__ = ("count", "root")
 
     def __init__(self) -> None:
         self.root = _Node()
@@ -389,7 +389,7 @@ class HierarchyIndex:
 
     Plain subscriptions and predicate subscriptions live in two tries, so that
     a plain topic's match does not grow with the number of predicates. Same
-    interface as ``broker.core.topics.TopicIndex``.
+    interface as ``broker.core.topic_rules.TopicIndex``.
     """
 
     __slots__ = ("_plain", "_predicates")

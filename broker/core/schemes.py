@@ -7,7 +7,7 @@ setting differs from the recorded one is refused with ``ConfigError`` rather tha
 matching differently from the others.
 
 * ``mqtt``: ``/``-separated levels, ``+``/``#`` wildcards (MQTT 5 §4.7,
-  ``broker.core.topics``).
+  ``broker.core.topic_rules``).
 * ``swiftmq``: ``.``-separated nodes, SQL-LIKE predicate nodes after the root,
   publish/subscribe reaching parents and sub-nodes (SwiftMQ's Topic Manager,
   seed 003, ``broker.core.hierarchy``).

@@ -220,7 +220,7 @@ def _arithmetic(symbol: str, left: Evaluator, right: Evaluator) -> Evaluator:
         a, b = left(properties), right(properties)
         if (type(a) is int or type(a) is float) and (type(b) is int or type(b) is float):
             try:
-                return op(a, b)  # type: ignore[arg-type]  # both are numbers, checked above
+                return op(a, b)
             except (ArithmeticError, ValueError):  # an int too large for a float
                 return None
         return None
@@ -232,7 +232,7 @@ def _sign(negate: bool, inner: Evaluator) -> Evaluator:
     def evaluate(properties: Mapping[str, object]) -> object:
         value = inner(properties)
         if type(value) is int or type(value) is float:
-            return -value if negate else value  # type: ignore[operator]  # a number, checked above
+            return -value if negate else value
         return None
 
     return evaluate

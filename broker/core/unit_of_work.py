@@ -138,7 +138,7 @@ class CommitBatch:
             unit has no ``journal`` field (``unit_size`` fields) and the call writes no journal.
     """
 
-    __slots__ = ("queue_keys", "_key_index", "_set_index", "args", "units", "limits", "journal")
+    __slots__ = ("_key_index", "_set_index", "args", "journal", "limits", "queue_keys", "units")
 
     def __init__(self, journal: bool = False) -> None:
         #: KEYS index -> (MAXDEPTH, durable) of the bounded queues in this batch

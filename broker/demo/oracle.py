@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from broker.core.topics import matches
+from broker.core.topic_rules import matches
 from broker.pipeline.routes import link_closure
 
 

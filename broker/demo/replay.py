@@ -26,7 +26,7 @@ stream entry.
 It then checks the result by brute force, independently of the broker's own
 routing code (no ``TopicIndex``, ``LinkGraph`` or ``RoutingTable``): the expected
 recipients of each publication are computed by a breadth-first walk over the
-demo's own link list and ``broker.core.topics.matches`` against every filter; every
+demo's own link list and ``broker.core.topic_rules.matches`` against every filter; every
 subscriber queue is read back and each subscription is scored for lost,
 duplicated and out-of-order messages (see ``verify``).
 
@@ -381,7 +381,7 @@ def verify(
     """Score every subscription queue against brute-force expectations (``broker.demo.oracle``).
 
     The expected recipients of a publication are the subscriptions whose filter
-    ``broker.core.topics.matches`` its topic or any topic linked from it
+    ``broker.core.topic_rules.matches`` its topic or any topic linked from it
     (``expected_topics``), each subscription once; they are computed once per
     distinct topic. Each queue is scored by ``broker.demo.oracle.score``, the checker
     the chaos harness uses too.

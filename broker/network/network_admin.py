@@ -282,10 +282,11 @@ def network_status(client: redis.Redis, qm: str, url: str, tls: TLSOptions | Non
             row.error = f"{type(exc).__name__}: {exc}"
             reach[name] = None
         qms.append(row)
-    channels = []
-    for sender, neighbours in sorted(topology.neighbours.items()):
-        for to in neighbours:
-            channels.append(_channel_row(sender, to, reach.get(sender), reach.get(to)))
+    channels = [
+        _channel_row(sender, to, reach.get(sender), reach.get(to))
+        for sender, neighbours in sorted(topology.neighbours.items())
+        for to in neighbours
+    ]
     rows, _, bad_proxies = list_proxies(client, qm)
     return NetworkStatus(network.digest, qms, channels, rows, bad_proxies + problems)
 

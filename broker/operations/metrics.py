@@ -24,7 +24,6 @@ Every metric name starts with ``broker_``; histograms of times end in ``_ms``, c
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import shutil
@@ -33,6 +32,7 @@ import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -502,16 +502,16 @@ class RedisCollector(Collector):
         samples: list[_SubscriptionSample] = []
         for start in range(0, len(ids), _SUBSCRIPTION_CHUNK):
             chunk = ids[start : start + _SUBSCRIPTION_CHUNK]
-            for reading in read_loads(self.client, qm, chunk, now, redelivered=True):  # a foreign key: 0
-                samples.append(
-                    _SubscriptionSample(
-                        reading.sub_id,
-                        depth=reading.depth or 0,
-                        in_flight=reading.in_flight or 0,
-                        consumers=reading.consumers or 0,
-                        redelivered=reading.redelivered or 0,
-                    )
+            samples.extend(
+                _SubscriptionSample(
+                    reading.sub_id,
+                    depth=reading.depth or 0,
+                    in_flight=reading.in_flight or 0,
+                    consumers=reading.consumers or 0,
+                    redelivered=reading.redelivered or 0,
                 )
+                for reading in read_loads(self.client, qm, chunk, now, redelivered=True)  # a foreign key: 0
+            )
         yield self._gauge("broker_subscriptions", len(samples))
         yield self._gauge("broker_subscriptions_depth", sum(s.depth for s in samples))
         yield self._gauge("broker_subscriptions_in_flight", sum(s.in_flight for s in samples))
@@ -558,7 +558,7 @@ class RedisCollector(Collector):
         from broker.core.connection import read_hash
         from broker.core.errors import BrokerError
         from broker.core.schemes import scheme_of
-        from broker.core.topics import validate_topic
+        from broker.core.topic_rules import validate_topic
 
         try:
             scheme = scheme_of(self.qm, read_hash(self.client, keys.manager(self.qm)))
@@ -644,14 +644,14 @@ class _StartedFilesCollector(MultiProcessCollector):
     creating: a scrape at that moment read an empty file (``struct.error``) and answered 500."""
 
     def collect(self) -> Any:
-        files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if _started(f)]
+        files = [str(f) for f in Path(self._path).glob("*.db") if _started(f)]
         return self.merge(files, accumulate=True)
 
 
-def _started(path: str) -> bool:
+def _started(path: Path) -> bool:
     """Whether a multiprocess file holds its header (8 bytes) yet; False when it is gone too."""
     try:
-        return os.path.getsize(path) >= 8
+        return path.stat().st_size >= 8
     except OSError:
         return False
 
@@ -712,8 +712,8 @@ class MultiprocessDir:
 
     def wipe(self) -> None:
         """Remove every file in it (a new pool counts from zero)."""
-        for name in os.listdir(self.path):
-            os.remove(os.path.join(self.path, name))
+        for entry in Path(self.path).iterdir():
+            entry.unlink()
 
     def exported(self) -> _Exported:
         """A context in which ``os.environ`` names this directory (spawned children inherit it)."""

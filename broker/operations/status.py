@@ -20,7 +20,7 @@ from broker.core.connection import read_hash
 from broker.core.errors import BrokerError, ForeignKey, InvalidTopicFilter, translate_errors
 from broker.core.schemes import scheme_of
 from broker.core.stream import GroupState, clock_problem, group_state
-from broker.core.topics import validate_topic
+from broker.core.topic_rules import validate_topic
 from broker.topics.links import read_links
 from broker.topics.routing import RoutingTable, network_problems
 from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions

@@ -195,8 +195,7 @@ def render(sample: Sample, found: Rates | None, title: str, height: int) -> Rend
         )
     )
     problems = snap.problems
-    for problem in problems[:MAX_PROBLEM_LINES]:
-        parts.append(Text(f"problem: {problem}", style="red"))
+    parts.extend(Text(f"problem: {problem}", style="red") for problem in problems[:MAX_PROBLEM_LINES])
     if len(problems) > MAX_PROBLEM_LINES:
         parts.append(Text(f"... and {len(problems) - MAX_PROBLEM_LINES} more problem(s)", style="red"))
     subs = sorted(snap.subscriptions, key=lambda s: (-(s.depth if s.depth is not None else -1), s.id))

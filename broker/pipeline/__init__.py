@@ -11,6 +11,6 @@ without them (they come with the ``spark`` extra).
 - ``publish``: the bulk publish job (one partition owns whole publishers).
 - ``journal``: exporting (and draining) the ``{qm}:journal`` stream to Parquet.
 - ``routes``: MQTT 5 §4.7 matching and link closure, written independently of
-  ``broker.core.topics``, for the audit's expectations.
+  ``broker.core.topic_rules``, for the audit's expectations.
 - ``audit``: the audit job over the exported journal, its JSON report and figure.
 """

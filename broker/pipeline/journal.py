@@ -188,7 +188,7 @@ class _PartFile:
         self.handle.close()
         assert self.first_id is not None and self.last_id is not None
         final = self.final or self.directory / f"part-{self.first_id}_{self.last_id}.parquet"
-        os.replace(self.tmp, final)
+        self.tmp.replace(final)
         return final
 
     def abort(self) -> None:

@@ -2,7 +2,7 @@
 
 This is a second, independent implementation of the broker's routing rules,
 so the audit does not trust the code it checks: it matches and follows links without
-``broker.core.topics`` or the routing table's index (``broker.topics.routing`` only reads the
+``broker.core.topic_rules`` or the routing table's index (``broker.topics.routing`` only reads the
 subscription and link records, as the workers read them, in ``Subscriptions.from_broker``);
 the link closure is a plain breadth-first search (``link_closure``, which the demo's
 oracle, ``broker.demo.oracle``, uses too). Each filter is compiled to a regular

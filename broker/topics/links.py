@@ -33,7 +33,7 @@ from broker.core.errors import (
     shown,
     translate_errors,
 )
-from broker.core.topics import LinkGraph, validate_topic
+from broker.core.topic_rules import LinkGraph, validate_topic
 
 
 def parse_links(qm: str, raw: dict[Any, Any]) -> tuple[LinkGraph, list[CorruptRecord]]:

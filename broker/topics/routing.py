@@ -37,9 +37,9 @@ from broker.core.models import Entry
 from broker.core.schemes import scheme_of, separator
 from broker.core.scripts import register
 from broker.core.selectors import Selector, compile_selector
-from broker.core.topics import LinkGraph, TopicIndex, validate_topic
-from broker.core.topics import matches as mqtt_matches
-from broker.core.topics import validate_filter as mqtt_validate_filter
+from broker.core.topic_rules import LinkGraph, TopicIndex, validate_topic
+from broker.core.topic_rules import matches as mqtt_matches
+from broker.core.topic_rules import validate_filter as mqtt_validate_filter
 from broker.topics.declared import parse_declared
 from broker.topics.links import parse_links
 from broker.topics.subscriptions import SubscriptionRecord, parse_subscriptions

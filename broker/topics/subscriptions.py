@@ -53,7 +53,7 @@ from broker.core.errors import (
 from broker.core.schemes import recorded_scheme, separator
 from broker.core.scripts import register
 from broker.core.selectors import check_size, compile_selector, like
-from broker.core.topics import limit_problem, split_shared, validate_filter
+from broker.core.topic_rules import limit_problem, split_shared, validate_filter
 from broker.topics.topic_objects import TopicTree, fixed_prefix, topic_of
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -512,7 +512,7 @@ def unsubscribe(client: redis.Redis, qm: str, sub_id: str) -> None:
         def decide(pipe: Any) -> None:
             if not pipe.hexists(subs_key, sub_id):
                 raise missing
-            return None
+            return
 
         if ":" in sub_id:
             change_field(client, subs_key, sub_id, decide, keys.version(qm), change_log=keys.sub_changes(qm))

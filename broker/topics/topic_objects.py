@@ -74,7 +74,7 @@ from broker.core.errors import (
     translate_errors,
 )
 from broker.core.schemes import recorded_scheme, separator
-from broker.core.topics import LEVEL_SEPARATOR, split_shared, validate_topic
+from broker.core.topic_rules import LEVEL_SEPARATOR, split_shared, validate_topic
 
 #: The root topic object: topic string "", holds the defaults, cannot be deleted.
 BASE = "SYSTEM.BASE.TOPIC"

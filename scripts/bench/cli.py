@@ -202,7 +202,7 @@ def _topology(ctx: Ctx) -> None:
 def _profile(ctx: Ctx) -> None:
     """``--profile``: one more 2-worker run under py-spy."""
     a = ctx.args
-    os.makedirs(a.profile, exist_ok=True)
+    Path(a.profile).mkdir(parents=True, exist_ok=True)
     ctx.log(f"profile: 2 workers under py-spy (100 Hz, --idle), N={a.n:,}; stacks in {a.profile}")
     got = ctx.attempt(
         "profile",

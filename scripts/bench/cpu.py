@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import redis
 
@@ -12,7 +13,7 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 def _proc_ticks(pid: int) -> int:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
+        with Path(f"/proc/{pid}/stat").open("rb") as handle:
             fields = handle.read().rsplit(b")", 1)[1].split()
         return int(fields[11]) + int(fields[12])  # utime + stime (fields 14 and 15)
     except (OSError, IndexError, ValueError):
@@ -20,7 +21,7 @@ def _proc_ticks(pid: int) -> int:
 
 
 def _box_ticks() -> tuple[int, int]:
-    with open("/proc/stat", "rb") as handle:
+    with Path("/proc/stat").open("rb") as handle:
         values = [int(v) for v in handle.readline().split()[1:]]
     idle = values[3] + values[4]
     return sum(values[:8]) - idle, sum(values[:8])

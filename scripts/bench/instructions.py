@@ -22,7 +22,6 @@ The functions of the server that cost the most per publication (self cost, from
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import stat
@@ -194,7 +193,7 @@ def run_instructions(topo: Topology, n: int = DEFAULT_N, chunk: int = 20) -> dic
                 "valgrind": subprocess.run(
                     ["valgrind", "--version"], capture_output=True, text=True
                 ).stdout.strip(),
-                "server": os.path.basename(server_binary()),
+                "server": Path(server_binary()).name,
             }
         finally:
             cg.stop()

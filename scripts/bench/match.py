@@ -13,7 +13,7 @@ from typing import Any
 
 from broker.core.errors import LinkCycle
 from broker.core.hierarchy import HierarchyIndex
-from broker.core.topics import LinkGraph, TopicIndex
+from broker.core.topic_rules import LinkGraph, TopicIndex
 from scripts.bench.base import Ctx, Figures, Measurement, Row, fmt
 
 _METRICS = ("temp", "rh", "wind", "rain", "power", "door", "alarm", "cpu", "disk", "net")

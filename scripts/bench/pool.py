@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -114,9 +115,9 @@ class Profiler:
 
     def __init__(self, pids: list[int], out_dir: str, label: str, rate: int = 100) -> None:
         self.procs: list[tuple[int, str, subprocess.Popen[bytes]]] = []
-        exe = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        exe = str(Path(sys.executable).parent / "py-spy")
         for pid in pids:
-            path = os.path.join(out_dir, f"{label}-{pid}.txt")
+            path = str(Path(out_dir) / f"{label}-{pid}.txt")
             cmd = [
                 exe,
                 "record",
@@ -150,7 +151,7 @@ class Profiler:
         for pid, path, _ in self.procs:
             stacks: Counter[str] = Counter()
             try:
-                with open(path) as handle:
+                with Path(path).open() as handle:
                     for line in handle:
                         stack, _, count = line.rstrip("\n").rpartition(" ")
                         if stack and count.isdigit():
@@ -166,7 +167,7 @@ def _frame_name(frame: str) -> str:
     name, _, where = frame.partition(" (")
     where = where.rstrip(")")
     path = where.rsplit(":", 1)[0]
-    return f"{name} ({os.path.basename(path)})" if path else name
+    return f"{name} ({Path(path).name})" if path else name
 
 
 def summarise_stacks(stacks: Counter[str], top: int = 25) -> dict[str, Any]:

@@ -55,7 +55,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from broker.core.topics import LinkGraph, TopicIndex
+from broker.core.topic_rules import LinkGraph, TopicIndex
 from scripts.bench.base import Ctx, Figures, Measurement, Row, fmt, median_run, server_cpu_us
 from scripts.bench.cpu import CpuMeter
 from scripts.bench.preload import publisher_ids

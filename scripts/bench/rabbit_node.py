@@ -151,7 +151,7 @@ class RabbitNode:
                 start_new_session=True,
             )
             _wait_port(self.epmd_port, self.epmd, 10)
-            with open(d / "startup.log", "wb") as out:
+            with (d / "startup.log").open("wb") as out:
                 self.process = subprocess.Popen(
                     [self.server],
                     env=env,

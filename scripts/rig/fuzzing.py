@@ -923,8 +923,20 @@ def admin_request(
     """
     made = made or []
     op = r.choice(
-        ("subscribe", "subscribe", "unsubscribe", "link", "unlink", "unlink_all", "define", "alter", "delete")
-        + ("apply", "declare", "undeclare")
+        (
+            "subscribe",
+            "subscribe",
+            "unsubscribe",
+            "link",
+            "unlink",
+            "unlink_all",
+            "define",
+            "alter",
+            "delete",
+            "apply",
+            "declare",
+            "undeclare",
+        )
     )
     if op == "subscribe":
         args: dict[str, Any] = {

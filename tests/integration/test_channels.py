@@ -783,7 +783,7 @@ def test_a_corrupt_network_record_stops_neither_the_worker_nor_the_mover(one_ser
     assert [p.key for p in table.problems] == [keys.network(A)]
     beat = json.loads(client.hget(keys.network_agents(A), "ch-A-1"))
     assert any(keys.network(A) in p for p in beat["problems"]), beat
-    with pytest.raises(ConfigError, match="not valid|Invalid JSON|invalid"):
+    with pytest.raises(ConfigError, match=r"not valid|Invalid JSON|invalid"):
         network_status(client, A, fed.settings[A].redis_url).as_dict()
 
 

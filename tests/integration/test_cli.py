@@ -257,8 +257,20 @@ def test_broker_subscribe_closes_orderly_on_sigterm_and_exits_0(real_server, rea
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
     durable_args = ["--durable", "keep"] if durable else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--redis-url", real_server.url, "--qm", QM, "subscribe", "/t"]
-        + ["--client-id", "app", *durable_args],
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "--redis-url",
+            real_server.url,
+            "--qm",
+            QM,
+            "subscribe",
+            "/t",
+            "--client-id",
+            "app",
+            *durable_args,
+        ],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.DEVNULL,

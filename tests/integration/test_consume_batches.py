@@ -104,7 +104,7 @@ def test_a_batch_spans_priority_bands_highest_first_and_expired_ones_are_replace
     # Given messages of priority 2, 4 and 7, some of priority 4 expired while waiting
     record = subscribe(real_redis, QM, "/batch", "b", "bands")
     clock = Clock()
-    _fill(real_redis, record.sub_id, range(0, 3), priority=2)
+    _fill(real_redis, record.sub_id, range(3), priority=2)
     _fill(real_redis, record.sub_id, range(10, 13))
     _fill(real_redis, record.sub_id, range(13, 15), expiration_ms=clock.now - 1)
     _fill(real_redis, record.sub_id, range(15, 17))

@@ -148,10 +148,8 @@ class Loop:
             self.rounds += 1
             assert self.worker is not None
             if (
-                (self.injected >= self.times or self.fault is None)
-                and _drained(self.observer)
-                or self.rounds >= self.max_rounds
-            ):
+                (self.injected >= self.times or self.fault is None) and _drained(self.observer)
+            ) or self.rounds >= self.max_rounds:
                 self.worker.stopping = True
 
 

@@ -77,7 +77,7 @@ def _bodies(client: redis.Redis, sub_id: str) -> list[str]:
 
 def _mqtt_variety(client: redis.Redis, prefix: str) -> list[str]:
     """Subscriptions of every kind: durable, non-durable, selector, no-local, shared, consumer mode."""
-    made = [
+    return [
         subscribe(client, QM, "/a/+", "c", f"{prefix}d").sub_id,
         subscribe(client, QM, "/a/#", "c").sub_id,
         subscribe(client, QM, "/a/b", "c", f"{prefix}sel", selector="x > 1").sub_id,
@@ -87,7 +87,6 @@ def _mqtt_variety(client: redis.Redis, prefix: str) -> list[str]:
         subscribe(client, QM, "/w/+/2", "m1", f"{prefix}mode", consumer_modes=MODES).sub_id,
         subscribe(client, QM, "#", "c", f"{prefix}all").sub_id,
     ]
-    return made
 
 
 def test_subscription_changes_are_applied_alone_and_equal_a_full_load(real_redis, settings, loads):

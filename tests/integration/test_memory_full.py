@@ -141,7 +141,7 @@ def test_a_publisher_is_refused_at_once_with_server_full_and_nothing_is_written(
 def test_subscribe_is_refused_on_a_full_server_and_unsubscribe_frees_memory(client):
     record = subscribe(client, QM, "t/#", "app", "a")
     with full(client):
-        with pytest.raises(ServerFull, match="^subscribe refused: the Redis server is full"):
+        with pytest.raises(ServerFull, match=r"^subscribe refused: the Redis server is full"):
             subscribe(client, QM, "u/#", "app", "b")
         assert subscribe(client, QM, "t/#", "app", "a") == record  # attaching writes nothing
         unsubscribe(client, QM, record.sub_id)  # deleting is always allowed

@@ -28,7 +28,7 @@ from click.testing import CliRunner, Result
 from broker import link, subscribe
 from broker.cli.common import State
 from broker.cli.pipeline import journal, pipeline
-from broker.core import keys, topics
+from broker.core import keys, topic_rules
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.flow import backlog
@@ -605,7 +605,10 @@ TOPIC_NAMES = [
 def test_independent_matching_agrees_with_mqtt_rules(topic_filter):
     pattern = filter_pattern(topic_filter)
     for topic in TOPIC_NAMES:
-        assert bool(pattern.fullmatch(topic)) == topics.matches(topic_filter, topic), (topic_filter, topic)
+        assert bool(pattern.fullmatch(topic)) == topic_rules.matches(topic_filter, topic), (
+            topic_filter,
+            topic,
+        )
 
 
 @pytest.mark.parametrize("bad", ["", "a#", "a/#/b", "sp+rt"])

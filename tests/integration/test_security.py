@@ -117,10 +117,8 @@ def refused_by_acl(exc: redis.RedisError) -> bool:
     """NOPERM, or the same refusal of a command run inside a script ("ACL failure in script"; Redis
     7.0 says "The user executing the script can't access ...")."""
     text = str(exc)
-    return (
-        isinstance(exc, redis.exceptions.NoPermissionError)
-        or text.startswith("ACL failure in script")
-        or text.startswith("The user executing the script can't")
+    return isinstance(exc, redis.exceptions.NoPermissionError) or text.startswith(
+        ("ACL failure in script", "The user executing the script can't")
     )
 
 

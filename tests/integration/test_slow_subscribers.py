@@ -204,7 +204,7 @@ def test_a_condition_on_another_root_topic_costs_nothing(real_redis, settings):
             real_redis, base.model_copy(update={"slow_subscriber_conditions": conditions}), 1
         )
         drain(workers)
-        workers[0].sweep_subscriptions = lambda: []  # its time-driven reads are not the unit of work's
+        workers[0].sweep_subscriptions = list  # its time-driven reads are not the unit of work's
         _publish(real_redis, "quotes/x", msgid, persistent=False)
         real_redis.config_resetstat()
         drain(workers)

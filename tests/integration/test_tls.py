@@ -249,7 +249,7 @@ def test_a_redis_cluster_over_tls_delivers_and_names_a_wrong_ca(pki, binary):
         client.close()
         # And a wrong CA is named as for one server
         with pytest.raises(
-            ConnectionLost, match="cannot reach the Redis Cluster at rediss.cluster://"
+            ConnectionLost, match=r"cannot reach the Redis Cluster at rediss.cluster://"
         ) as caught:
             connect(cluster.tls_url, check=True, tls=TLSOptions(ca_file=pki.other_ca))
         assert "set tls_ca_file" in str(caught.value)

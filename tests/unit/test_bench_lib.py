@@ -36,7 +36,7 @@ def test_the_selector_selects_about_half_of_the_publications() -> None:
 
 
 def test_the_topic_objects_cover_most_topics_and_change_nothing() -> None:
-    from broker.core.topics import validate_topic
+    from broker.core.topic_rules import validate_topic
     from broker.topics.topic_objects import BASE_DEFAULTS, TopicTree, check_name
 
     objects = topic_object_plan()

@@ -109,7 +109,7 @@ def test_a_server_config_that_does_not_exist_is_a_clear_error_and_the_default_is
     from broker.core.config import Settings, load_settings
     from broker.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="server_config: .*no such file"):
+    with pytest.raises(ConfigError, match=r"server_config: .*no such file"):
         load_settings(None, server_config="/nonexistent/redis.conf")
     packaged = Path(Settings().server_config_file())
     assert packaged.is_file() and "appendonly yes" in packaged.read_text()

@@ -26,7 +26,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker.clients.publish import Publisher
-from broker.core import hierarchy, keys, topics
+from broker.core import hierarchy, keys, topic_rules
 from broker.core.config import load_settings
 from broker.core.connection import can_name
 from broker.core.errors import (
@@ -53,7 +53,7 @@ from broker.core.models import (
 )
 from broker.core.scripts import entry_fields
 from broker.core.selectors import compile_selector, like
-from broker.core.topics import TopicIndex
+from broker.core.topic_rules import TopicIndex
 from broker.topics.declared import parse_declared, undeclare
 from broker.topics.links import parse_links
 from broker.topics.routing import RoutingTable
@@ -185,8 +185,25 @@ json_values = st.recursive(
     max_leaves=8,
 )
 header_names = st.sampled_from(
-    ["v", "msgid", "publisher", "seq", "topic", "ts", "entry_id", "size", "persistent", "priority"]
-    + ["expiration", "correlation_id", "reply_to", "type", "props", "origin", "route"]
+    [
+        "v",
+        "msgid",
+        "publisher",
+        "seq",
+        "topic",
+        "ts",
+        "entry_id",
+        "size",
+        "persistent",
+        "priority",
+        "expiration",
+        "correlation_id",
+        "reply_to",
+        "type",
+        "props",
+        "origin",
+        "route",
+    ]
 )
 
 
@@ -223,7 +240,7 @@ def test_from_envelope_on_garbage_is_a_message_or_invalid_message(r: random.Rand
 # --------------------------------------------------------------------------
 # Topic strings and filters, both schemes
 
-SCHEMES = {"mqtt": topics, "swiftmq": hierarchy}
+SCHEMES = {"mqtt": topic_rules, "swiftmq": hierarchy}
 
 
 @FAST

@@ -25,7 +25,7 @@ from broker.core.errors import (
     translate_errors,
 )
 from broker.core.models import parse_entry, publication_fields
-from broker.core.topics import limit_problem
+from broker.core.topic_rules import limit_problem
 from broker.core.unit_of_work import Action
 from broker.topics.subscriptions import subscribe, unsubscribe
 from broker.topics.topic_objects import BASE, Attributes, TopicObject, TopicTree
@@ -250,7 +250,7 @@ def test_translate_errors_turns_an_out_of_memory_reply_into_server_full():
     def link_topics() -> None:
         raise redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
 
-    with pytest.raises(ServerFull, match="^link topics refused: the Redis server is full"):
+    with pytest.raises(ServerFull, match=r"^link topics refused: the Redis server is full"):
         link_topics()
 
 

@@ -75,7 +75,7 @@ def test_json_line_about_a_publication_has_its_three_keys_and_the_standard_ones(
     assert data["message"] == "entry 5-0 refused"
     assert data["process"] == "MainProcess"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", data["ts"])
-    assert list(data)[0] == "ts"
+    assert next(iter(data)) == "ts"
 
 
 def test_json_line_with_a_hostile_publisher_is_still_one_line_with_the_exact_value():

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.core.errors import InvalidMessage
 from broker.core.models import parse_entry
-from broker.core.topics import limit_problem, validate_topic
+from broker.core.topic_rules import limit_problem, validate_topic
 from broker.core.unit_of_work import Action, Outcome, UnitOfWork
 from broker.operations.metrics import (
     DEAD_LETTER_REASONS,

@@ -10,7 +10,7 @@ import pytest
 
 from broker.core.errors import ConfigError
 from broker.core.models import Message, encode_envelope, parse_entry, publication_fields
-from broker.core.topics import matches as mqtt_matches
+from broker.core.topic_rules import matches as mqtt_matches
 from broker.network.mover import forwarded_fields
 from broker.topics.topology import (
     EVERYTHING,

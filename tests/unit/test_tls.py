@@ -114,7 +114,7 @@ def test_the_settings_come_from_the_environment_and_are_checked_at_load(pki, tmp
         load_settings()
     monkeypatch.setenv("BROKER_REDIS_URL", URL)
     monkeypatch.setenv("BROKER_TLS_KEY_FILE", str(tmp_path / "gone.key"))
-    with pytest.raises(ConfigError, match="tls_key_file .*gone.key': no such file"):
+    with pytest.raises(ConfigError, match=r"tls_key_file .*gone.key': no such file"):
         load_settings()
 
 

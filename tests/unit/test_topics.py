@@ -1,4 +1,4 @@
-"""Tests of broker.core.topics: MQTT 5 §4.7 topic rules, the index, and topic links."""
+"""Tests of broker.core.topic_rules: MQTT 5 §4.7 topic rules, the index, and topic links."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from broker.core.errors import (
     LinkCycle,
     NoSuchLink,
 )
-from broker.core.topics import (
+from broker.core.topic_rules import (
     LEVEL_SEPARATOR,
     MAX_TOPIC_BYTES,
     LinkGraph,
