@@ -21,8 +21,10 @@ from broker.core.principals import bindings
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
+from broker.core.errors import ForeignKey
 from broker.core.server import Server
 from broker.operations.acl import RoleSpec, add_user
+from broker.operations.status import WORKERS_WAIT, status
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.subscriptions import subscribe
 from tests.integration.test_security import broker_as
@@ -160,3 +162,61 @@ def test_acl_add_refuses_a_publisher_id_bound_to_another_user_unless_moved(
     assert bindings(real_redis, QM) == {"sec-p4": ["svc-7", "svc-1"]}
     listed = broker_as(url, "acl", "list", "--json")
     assert {u["user"]: u["bindings"] for u in json.loads(listed.stdout)["users"]}["sec-p1"] == ""
+
+
+# --- 6. status says what the workers do about a foreign key -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (keys.dead_letter, "stream"),
+        (keys.principals, "hash"),
+        (keys.alive, "zset"),
+        (keys.saturated, "hash"),
+        (keys.active_publishers, "set"),
+    ],
+)
+def test_status_says_every_worker_waits_on_a_foreign_queue_manager_wide_key(
+    real_redis: redis.Redis, settings: Settings, key, expected: str
+) -> None:
+    # Given a subscription, a worker, and a string planted where a queue-manager-wide key belongs
+    sub = subscribe(real_redis, QM, "t/#", "c1", "d")
+    workers = make_workers(real_redis, settings, 1)
+    real_redis.delete(key(QM))
+    real_redis.set(key(QM), "planted")
+    Publisher(real_redis, QM, "p1").publish("t/a", b"x")
+    # When the worker runs
+    with pytest.raises(ForeignKey):
+        workers[0].run_once(block=False)
+    # Then nothing was delivered: the worker waits, and status says so (not that it goes on)
+    assert queue_messages(real_redis, QM, sub.sub_id) == []
+    (line,) = [p for p in status(real_redis, QM).problems if key(QM) in p]
+    assert line == f"foreign key: {key(QM)} holds a string, not a {expected}: {WORKERS_WAIT}"
+    assert "go on" not in line and "skip" not in line
+    # ... and once the key is removed, the publication is delivered
+    real_redis.delete(key(QM))
+    drain(workers)
+    assert len(queue_messages(real_redis, QM, sub.sub_id)) == 1
+
+
+def test_status_says_what_happens_for_each_other_foreign_key_kind(
+    real_redis: redis.Redis, settings: Settings
+) -> None:
+    # Given foreign keys of one subscription (its bell, its in-flight list), one publisher and the waiters
+    sub = subscribe(real_redis, QM, "t/#", "c1", "d")
+    planted = {
+        keys.sub_bell(QM, sub.sub_id): "publication this subscription matches is refused",
+        keys.sub_inflight(QM, sub.sub_id): "consumers cannot receive or acknowledge",
+        keys.fifo_key(QM, "p9"): "this publisher's publications are refused",
+        keys.wake(QM): "idle workers wait on the publish stream instead",
+    }
+    for key in planted:
+        real_redis.set(key, "planted")
+    # When status looks
+    problems = status(real_redis, QM).problems
+    # Then each line says what happens to that kind, and none claims every worker goes on
+    for key, effect in planted.items():
+        (line,) = [p for p in problems if f"{key} holds" in p]
+        assert effect in line, line
+    assert not any("skip these records" in p for p in problems)
