@@ -197,6 +197,59 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
     return out
 
 
+#: What each role may do, in a few words, for a refusal's message (``refusal_for``); docs/security.md
+#: has the whole table.
+ROLE_MAY = {
+    "publisher": "publish under the publisher ids bound to it (XADD to its ingress stream) and wait for their results",
+    "subscriber": "consume the subscriptions of its own client id",
+    "worker": "run the workers of its queue manager",
+    "channel": "move publications between queue managers",
+    "admin": "administer its queue manager (subscriptions, links, topic objects, dead letters, jobs)",
+    "monitor": "read (status, listings, the console's pages): it writes nothing",
+}
+
+#: How Redis refuses a command a user's rules do not allow at all (as against a key it may not touch).
+_NO_COMMAND = re.compile(r"has no permissions to run the '[^']*' command", re.IGNORECASE)
+
+
+def role_of(client: redis.Redis, qm: str, user: str | None) -> Role | None:
+    """The broker role of ACL user ``user`` on ``qm``, to word a refusal for it (an error path only).
+
+    Read from the user's record in ``{qm}:acl`` when the user may read it (monitor, worker,
+    channel and admin users may). Publisher and subscriber users may not, and Redis's refusal
+    of that read tells them apart: a publisher's rules allow no read command at all (``HGET``
+    refused as a command), a subscriber's allow read commands on its own keys only (refused
+    for the key).
+
+    Returns:
+        One of ``ROLES``, or None: no user (the default user), no record (a user the broker did
+        not make), or the server did not answer.
+    """
+    if not user or user == "default":
+        return None
+    try:
+        raw = client.hget(_registry(qm), user)
+    except redis.exceptions.NoPermissionError as exc:
+        return "publisher" if _NO_COMMAND.search(str(exc)) else "subscriber"
+    except redis.RedisError:
+        return None
+    if raw is None:
+        return None
+    try:
+        return RoleSpec.from_json(raw).role
+    except ValueError:
+        return None
+
+
+def refusal_for(user: str | None, role: str | None) -> str:
+    """What to add to an error Redis refused (NOPERM) for ``user`` of ``role`` (``role_of``): the role
+    and what it may do when known, and where each role's rules are listed."""
+    where = "'broker acl list' shows each role's rules, docs/security.md what each role may do"
+    if role in ROLE_MAY:
+        return f" (user {user}, role {role}, may not do this: a {role} may only {ROLE_MAY[role]}; {where})"
+    return f" (the Redis user of the URL may not do this: {where})"
+
+
 def read_password(env: str | None = None, file: str | None = None) -> str:
     """The password from the environment variable ``env`` or the first line of ``file``.
 

@@ -23,7 +23,7 @@ from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.errors import ForeignKey
 from broker.core.server import Server
-from broker.operations.acl import RoleSpec, add_user
+from broker.operations.acl import RoleSpec, add_user, role_of
 from broker.operations.status import WORKERS_WAIT, status
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.subscriptions import subscribe
@@ -220,3 +220,53 @@ def test_status_says_what_happens_for_each_other_foreign_key_kind(
         (line,) = [p for p in problems if f"{key} holds" in p]
         assert effect in line, line
     assert not any("skip these records" in p for p in problems)
+
+
+# --- 5. each role's refusals name the role ------------------------------------------------------
+
+
+def test_role_of_tells_every_role_even_those_that_may_not_read_the_registry(
+    real_redis: redis.Redis, users: Users
+) -> None:
+    # Given one user per role
+    specs = {
+        "sec-r-pub": RoleSpec("publisher", ["svc-r"]),
+        "sec-r-sub": RoleSpec("subscriber", client_id="c1"),
+        "sec-r-wk": RoleSpec("worker"),
+        "sec-r-ch": RoleSpec("channel"),
+        "sec-r-adm": RoleSpec("admin"),
+        "sec-r-mon": RoleSpec("monitor"),
+    }
+    clients = {user: users.add(user, spec) for user, spec in specs.items()}
+    # When each asks for its own role; Then it is told, and no role is made up for the default user
+    assert {user: role_of(clients[user], QM, user) for user in specs} == {u: s.role for u, s in specs.items()}
+    assert role_of(real_redis, QM, None) is None and role_of(real_redis, QM, "nobody") is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "told"),
+    [
+        (RoleSpec("monitor"), "has role monitor, which may not publish at all"),
+        (RoleSpec("subscriber", client_id="c1"), "has role subscriber, which may not publish at all"),
+        (RoleSpec("publisher", ["svc-q"]), "may publish only under the publisher ids bound to it"),
+    ],
+)
+def test_broker_publish_refused_by_the_acl_is_worded_for_the_users_role(
+    users: Users, spec: RoleSpec, told: str
+) -> None:
+    # Given a user of the role; When it runs broker publish (security on, the default publisher id "cli")
+    users.add("sec-q", spec)
+    refused = broker_as(users.url("sec-q"), "publish", "t/a", "x", env={"BROKER_SECURITY": "true"})
+    # Then the refusal names what its role may do, and no password
+    assert refused.exit_code == 4, refused.output
+    assert f"user sec-q {told}" in refused.stderr, refused.stderr
+    assert users.passwords["sec-q"] not in refused.output
+
+
+def test_any_command_refused_by_the_acl_names_the_users_role(users: Users) -> None:
+    # Given a monitor user; When it links two topics
+    users.add("sec-m", RoleSpec("monitor"))
+    refused = broker_as(users.url("sec-m"), "link", "t/x", "t/y")
+    # Then it is told its role only reads
+    assert refused.exit_code == 4, refused.output
+    assert "user sec-m, role monitor, may not do this: a monitor may only read" in refused.stderr
