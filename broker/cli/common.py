@@ -96,8 +96,6 @@ class State:
             self._client = None
 
 
-
-
 def _fail(message: str, exit_code: int) -> NoReturn:
     text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
     click.echo(f"error: {text}", err=True)

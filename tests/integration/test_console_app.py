@@ -314,7 +314,9 @@ def test_a_session_ends_when_its_users_password_is_rotated_with_drop_old(
     rotate(real_redis, "ops", "third-" + users["ops"], keep_old=False)
     # Then the next page sends it to the login page, and a purge with the old session is refused
     assert console.get("/", follow_redirects=False).status_code == 303
-    answer = console.post("/dlq/confirm", data={"csrf": csrf, "action": "purge", "scope": "selected", "id": dlq_id})
+    answer = console.post(
+        "/dlq/confirm", data={"csrf": csrf, "action": "purge", "scope": "selected", "id": dlq_id}
+    )
     assert answer.status_code == 403
     assert real_redis.xlen(keys.dead_letter(QM)) == 1
 
@@ -329,7 +331,10 @@ def test_a_session_ends_when_its_users_role_changes_and_a_downgraded_user_sees_n
     # When it is made a monitor (same password)
     add_user(real_redis, QM, "ops", RoleSpec("monitor"), users["ops"])
     # Then its session ends: the next page (and an htmx refresh) go to the login page
-    assert console.get("/dlq", headers={"HX-Request": "true"}, follow_redirects=False).headers["HX-Redirect"] == "/login"
+    assert (
+        console.get("/dlq", headers={"HX-Request": "true"}, follow_redirects=False).headers["HX-Redirect"]
+        == "/login"
+    )
     assert console.get("/dlq", follow_redirects=False).status_code == 303
     # ... and logged in again, it is a monitor: no admin buttons
     login(console, "ops", users["ops"])

@@ -17,11 +17,11 @@ import pytest
 import redis
 
 from broker.clients.publish import Publisher
-from broker.core.principals import bindings
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.errors import ForeignKey
+from broker.core.principals import bindings
 from broker.core.server import Server
 from broker.operations.acl import RoleSpec, add_user, role_of
 from broker.operations.status import WORKERS_WAIT, status
@@ -139,7 +139,17 @@ def test_acl_add_refuses_a_publisher_id_bound_to_another_user_unless_moved(
     users.passwords["sec-p4"] = "pw4-" + secrets.token_urlsafe(8)
     monkeypatch.setenv("SEC_PW4", users.passwords["sec-p4"])
     url = real_server.url
-    add = ("acl", "add", "sec-p4", "--role", "publisher", "--publisher-id", "svc-7", "--password-env", "SEC_PW4")
+    add = (
+        "acl",
+        "add",
+        "sec-p4",
+        "--role",
+        "publisher",
+        "--publisher-id",
+        "svc-7",
+        "--password-env",
+        "SEC_PW4",
+    )
     # When another user is added with svc-7
     refused = broker_as(url, *add)
     # Then it is refused as a usage error naming the holder, and nothing changed
@@ -158,7 +168,10 @@ def test_acl_add_refuses_a_publisher_id_bound_to_another_user_unless_moved(
         p1.blpop([keys.reply(QM, "svc-7", "m1")], timeout=0.01)
     assert p1.blpop([keys.reply(QM, "svc-1", "m1")], timeout=0.01) is None
     # ... and moving a user's last id leaves it no binding (its entries are then dead-lettered)
-    assert broker_as(url, *add[:-2], "--publisher-id", "svc-1", "--password-env", "SEC_PW4", "--move").exit_code == 0
+    assert (
+        broker_as(url, *add[:-2], "--publisher-id", "svc-1", "--password-env", "SEC_PW4", "--move").exit_code
+        == 0
+    )
     assert bindings(real_redis, QM) == {"sec-p4": ["svc-7", "svc-1"]}
     listed = broker_as(url, "acl", "list", "--json")
     assert {u["user"]: u["bindings"] for u in json.loads(listed.stdout)["users"]}["sec-p1"] == ""

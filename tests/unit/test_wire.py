@@ -153,7 +153,9 @@ FIELD_NAMES = [
 ]
 
 
-def test_lib_lua_broker_only_agrees_with_wire_is_broker_only_on_every_field_name(real_redis: redis.Redis) -> None:
+def test_lib_lua_broker_only_agrees_with_wire_is_broker_only_on_every_field_name(
+    real_redis: redis.Redis,
+) -> None:
     # Given lib.lua as every script starts with it, on a real server
     lib = resources.files("broker").joinpath("lua", "lib.lua").read_text(encoding="utf-8")
     for name in FIELD_NAMES:

@@ -281,10 +281,12 @@ class _Console:
         wrapped = self.page(guarded)
 
         async def endpoint(request: Request) -> Response:
+            # a POST never redirects to the login page: refused (also once the password or role changed)
             session = self.current(request)
+            if session is None:
+                return self.error(request, None, 403, "Not logged in; nothing was done.")
             try:
-                # a POST never redirects to the login page: refused (also once the password or role changed)
-                if session is None or not await run_in_threadpool(self.store.still_valid, session):
+                if not await run_in_threadpool(self.store.still_valid, session):
                     return self.error(request, None, 403, "Not logged in; nothing was done.")
             except (redis.RedisError, BrokerError) as exc:
                 return self.refused(request, session, exc)

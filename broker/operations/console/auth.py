@@ -146,6 +146,11 @@ class Session:
                 del self.pending[token]
 
 
+def _as_bytes(raw: Any) -> bytes:
+    """A reply as bytes (the broker's clients never decode; a ``decode_responses`` client gives str)."""
+    return raw.encode() if isinstance(raw, str) else bytes(raw)
+
+
 def _monotonic_ms() -> float:
     return time.monotonic() * 1000
 
@@ -206,7 +211,7 @@ class SessionStore:
             client,
             url,
             seen_ms=now,
-            record=bytes(raw),
+            record=_as_bytes(raw),
             password=password,
         )
         with self._lock:
@@ -253,7 +258,7 @@ class SessionStore:
             raise
         except redis.RedisError:  # WRONGPASS (an AuthenticationError or a ResponseError), NOPERM
             record = None
-        if record is not None and bytes(record) == session.record:
+        if record is not None and _as_bytes(record) == session.record:
             return True
         self.logout(session)
         return False
