@@ -14,6 +14,7 @@ from broker.cli.render import (
     _print_problems,
     _print_users,
 )
+from broker.core.principals import holders
 from broker.network.channel import read_network
 from broker.operations.acl import RoleSpec, acl_file, add_user, delete_user, list_users, read_password, rotate
 
@@ -71,6 +72,11 @@ def _save_acl(client: redis.Redis) -> str:
     help="channel: another queue manager of the network (repeat; default: every other one, as a "
     "channel process reads every queue manager's announcement).",
 )
+@click.option(
+    "--move",
+    is_flag=True,
+    help="publisher: take a --publisher-id bound to another user away from it (else refused).",
+)
 @_with_password
 @click.pass_obj
 def acl_add(
@@ -80,10 +86,14 @@ def acl_add(
     publisher_ids: tuple[str, ...],
     client_id: str,
     peers: tuple[str, ...],
+    move: bool,
     password_env: str | None,
     password_file: str | None,
 ) -> None:
-    """Create (or replace) ACL user USER with ROLE's rules on this queue manager."""
+    """Create (or replace) ACL user USER with ROLE's rules on this queue manager.
+
+    A publisher id has one principal: one bound to another user is refused (exit code 2) unless
+    --move is given."""
     password = read_password(password_env, password_file)
     client, qm = state.client(), state.settings.qm
     peer_list = list(peers)
@@ -93,8 +103,11 @@ def acl_add(
         if network is not None:
             peer_list = sorted(q for q in network.queue_managers if q != qm)
     spec = RoleSpec(role, list(publisher_ids), client_id, peer_list)  # type: ignore[arg-type]
-    found = add_user(client, qm, user, spec, password)
+    moved = holders(client, qm, user, spec.publisher_ids) if move and role == "publisher" else {}
+    found = add_user(client, qm, user, spec, password, move=move)
     click.echo(f"user {user}: role {role} on {qm}; {_save_acl(client)}")
+    for other, ids in sorted(moved.items()):
+        click.echo(f"moved publisher id {', '.join(ids)} from user {other} to {user}")
     click.echo("rules: " + " ".join(found))
 
 

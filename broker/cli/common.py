@@ -96,13 +96,6 @@ class State:
             self._client = None
 
 
-#: Added to an error Redis refused for the ACL user of the URL (``broker.operations.acl``).
-NOPERM_HINT = (
-    " (the Redis user of the URL may not do this: 'broker acl list' shows each role's rules, "
-    "docs/security.md what each role may do)"
-)
-
-
 def _fail(message: str, exit_code: int) -> NoReturn:
     text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
     click.echo(f"error: {text}", err=True)
@@ -133,8 +126,19 @@ class BrokerGroup(click.Group):
             shown_cause = cause or message
             message = f"cannot reach Redis at {self._url(ctx)}: {shown_cause}{self._hint(ctx, shown_cause)}"
         if isinstance(cause, redis.exceptions.NoPermissionError):
-            message += NOPERM_HINT
+            message += self._refusal(ctx)
         _fail(message, exc.exit_code)
+
+    @staticmethod
+    def _refusal(ctx: click.Context) -> str:
+        """What a refusal by the ACL (NOPERM) means for the URL's user: its role, when known, and what
+        that role may do (``broker.operations.acl.refusal_for``)."""
+        from broker.operations.acl import refusal_for, role_of
+
+        if not isinstance(ctx.obj, State):
+            return refusal_for(None, None)
+        user = ctx.obj.settings.url_credentials()[0]
+        return refusal_for(user, role_of(ctx.obj.client(), ctx.obj.settings.qm, user))
 
     @staticmethod
     def _url(ctx: click.Context) -> str:

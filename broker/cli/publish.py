@@ -16,6 +16,7 @@ from broker.core.errors import (
     ServerError,
 )
 from broker.core.models import PropertyValue
+from broker.operations.acl import role_of
 
 
 def _parse_properties(
@@ -185,10 +186,27 @@ def _publish(
     except ServerError as exc:
         if principal and isinstance(exc.__cause__, redis.exceptions.NoPermissionError):
             raise ServerError(
-                f"{exc}: user {principal} may publish only under the publisher ids bound to it; give one "
-                f"with --publisher (an entry under another id is dead-lettered, not delivered)"
+                _publish_refusal(str(exc), principal, role_of(state.client(), state.settings.qm, principal))
             ) from exc
         raise
+
+
+def _publish_refusal(refused: str, principal: str, role: str | None) -> str:
+    """A publication the ACL refused, worded for the URL user's role (``broker.operations.acl.role_of``)."""
+    if role == "publisher":
+        return (
+            f"{refused}: user {principal} may publish only under the publisher ids bound to it; give one "
+            f"with --publisher (an entry under another id is dead-lettered, not delivered)"
+        )
+    if role is not None:
+        return (
+            f"{refused}: user {principal} has role {role}, which may not publish at all; publish as a user "
+            f"with role publisher ('broker acl add NAME --role publisher --publisher-id ID')"
+        )
+    return (
+        f"{refused}: user {principal} may not publish here: only a user with role publisher may, under "
+        f"the publisher ids bound to it ('broker acl list' shows each user's role)"
+    )
 
 
 #: The commands this module adds to ``broker``.

@@ -493,6 +493,30 @@ class InvalidName(BrokerError, ValueError):
     exit_code = 2
 
 
+class PublisherIdBound(BrokerError, ValueError):
+    """A publisher id is bound to another principal already (``broker acl add USER --role publisher
+    --publisher-id ID``, ``broker.core.principals.bind``): one publisher id has one principal, or
+    its per-publisher order and its results would belong to two users. Nothing was changed;
+    ``--move`` (``move=True``) moves the id instead.
+
+    Attributes:
+        principal: the principal the ids were asked for.
+        holders: ``{other principal: [its publisher ids among those asked for]}``.
+    """
+
+    exit_code = 2
+
+    def __init__(self, principal: str, holders: dict[str, list[str]]) -> None:
+        self.principal = principal
+        self.holders = holders
+        taken = "; ".join(f"{', '.join(ids)} to {holder}" for holder, ids in sorted(holders.items()))
+        super().__init__(
+            f"publisher id already bound: {taken}; a publisher id has one principal. Give "
+            f"{principal} other ids, or add it with --move to move them from "
+            f"{', '.join(sorted(holders))} to {principal}"
+        )
+
+
 class InvalidSchedule(BrokerError, ValueError):
     """A scheduled job cannot be made that way: an unknown job, a cron expression that is
     not five valid fields (or never fires), or a missing job parameter.

@@ -11,7 +11,8 @@ dequeue and the one-command raw protocol are kept: a service publishes with
 
 Bindings live in ``{qm}:principals`` (principal -> publisher ids, one per line), writable
 by the ``admin`` role only; every change bumps ``{qm}:version`` in the same MULTI so that the
-workers also wait on the new ingress stream.
+workers also wait on the new ingress stream. A publisher id is bound to one principal at most:
+binding it to a second one is refused (``PublisherIdBound``) unless it is moved (``move=True``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import re
 import redis
 
 from broker.core import keys, wire
-from broker.core.errors import InvalidName, translate_errors
+from broker.core.errors import InvalidName, PublisherIdBound, translate_errors
 
 #: Principal names: ACL user names the broker accepts (they are part of a key name).
 PRINCIPAL = re.compile(r"^[A-Za-z0-9_.@\-]{1,64}$")
@@ -48,18 +49,55 @@ def check_publisher_ids(ids: list[str]) -> list[str]:
 
 
 @translate_errors
-def bind(client: redis.Redis, qm: str, principal: str, publisher_ids: list[str]) -> None:
+def holders(client: redis.Redis, qm: str, principal: str, publisher_ids: list[str]) -> dict[str, list[str]]:
+    """The other principals already bound to any of ``publisher_ids``.
+
+    Returns:
+        ``{other principal: [its ids among publisher_ids]}``; empty when none is bound elsewhere.
+    """
+    wanted = set(publisher_ids)
+    found: dict[str, list[str]] = {}
+    for other, ids in bindings(client, qm).items():
+        taken = [pid for pid in ids if pid in wanted]
+        if other != principal and taken:
+            found[other] = taken
+    return found
+
+
+@translate_errors
+def bind(
+    client: redis.Redis, qm: str, principal: str, publisher_ids: list[str], move: bool = False
+) -> dict[str, list[str]]:
     """Bind ``principal`` to ``publisher_ids`` (replacing what it had).
+
+    Args:
+        move: take ids bound to other principals away from them (a principal left with none
+            loses its binding) instead of refusing.
+
+    Returns:
+        ``{other principal: [ids moved from it]}`` (empty unless ``move``).
 
     Raises:
         InvalidName: a bad principal or publisher id.
+        PublisherIdBound: an id is bound to another principal and ``move`` is false; nothing changed.
     """
     check_principal(principal)
     check_publisher_ids(publisher_ids)
+    taken = holders(client, qm, principal, publisher_ids)
+    if taken and not move:
+        raise PublisherIdBound(principal, taken)
+    current = bindings(client, qm)
     pipe = client.pipeline(transaction=True)
+    for other, ids in taken.items():
+        left = [pid for pid in current[other] if pid not in ids]
+        if left:
+            pipe.hset(keys.principals(qm), other, "\n".join(left))
+        else:
+            pipe.hdel(keys.principals(qm), other)
     pipe.hset(keys.principals(qm), principal, "\n".join(dict.fromkeys(publisher_ids)))
     pipe.incr(keys.version(qm))
     pipe.execute()
+    return taken
 
 
 @translate_errors

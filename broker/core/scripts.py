@@ -22,6 +22,7 @@ Callers never read an error's text.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ from broker.core import keys, wire
 from broker.core.config import Settings
 from broker.core.errors import script_error
 from broker.core.unit_of_work import CommitBatch
+
+#: Security events the workers see (impersonation attempts), at WARNING.
+_SECURITY_LOG = logging.getLogger("broker.security")
 
 
 def flow_control_arg(settings: Settings) -> str:
@@ -150,6 +154,9 @@ class Dequeued:
         spare: other live workers not known to hold a saturated publisher: a worker keeps a
             saturated publisher alone only while one is spare (else no publisher would be
             served but by the sweeps).
+        impersonations: ``[(principal, claimed publisher id, ingress entry id)]``: the entries of an
+            ingress stream dead-lettered in this call under a publisher id not bound to the principal
+            whose stream they came by (``parse_dequeue`` logs each at WARNING); usually empty.
     """
 
     version: bytes
@@ -162,6 +169,7 @@ class Dequeued:
     fair: int = 0
     taken_over: list[tuple[str, dict[bytes, bytes], int]] = field(default_factory=list)
     spare: int = 0
+    impersonations: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 #: Most entry ids per ``take_over.lua`` call (Lua's unpack() takes a few thousand values at most).
@@ -514,8 +522,16 @@ def parse_take_over(raw: list[Any]) -> list[tuple[str, dict[bytes, bytes], int]]
 
 
 def parse_dequeue(raw: list[Any]) -> Dequeued:
-    """Turn the reply of ``dequeue.lua`` into a ``Dequeued``."""
-    version, last_id, entries, turns, active, live, fair, taken, spare = raw
+    """Turn the reply of ``dequeue.lua`` into a ``Dequeued``; log each impersonation attempt it names.
+
+    An impersonation attempt (a principal's ingress entry under a publisher id not bound to it,
+    dead-lettered by the script) is logged at WARNING on ``broker.security`` with the principal, the
+    claimed publisher id and the ingress entry id (``extra``: ``principal``, ``publisher``,
+    ``entry_id``). The script names them in a 10th reply element only when there are any, so
+    nothing is spent on the way when nobody impersonates.
+    """
+    version, last_id, entries, turns, active, live, fair, taken, spare, *rest = raw
+    impersonations = _impersonations(rest[0]) if rest else []
     parsed = []
     for entry_id, flat in entries:
         parsed.append((entry_id.decode(), entry_fields(flat)))
@@ -536,4 +552,22 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
         int(fair),
         [(entry_id.decode(), entry_fields(flat), int(times)) for entry_id, flat, times in taken],
         int(spare),
+        impersonations,
     )
+
+
+def _impersonations(flat: list[Any]) -> list[tuple[str, str, str]]:
+    """``dequeue.lua``'s impersonation triples, each logged at WARNING (``parse_dequeue``)."""
+    found = []
+    for i in range(0, len(flat) - 2, 3):
+        principal, claimed, entry_id = (wire.lenient_text(x) for x in flat[i : i + 3])
+        found.append((principal, claimed, entry_id))
+        _SECURITY_LOG.warning(
+            "impersonation refused: principal %s published under publisher id %r, which is not bound to it "
+            "(ingress entry %s dead-lettered)",
+            principal,
+            claimed,
+            entry_id,
+            extra={"principal": principal, "publisher": claimed, "entry_id": entry_id},
+        )
+    return found

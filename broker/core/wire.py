@@ -17,6 +17,10 @@ Publisher ids (the ``publisher`` field; ``is_publisher_id``, ``publisher_fifo``)
 twin of ``publisher_fifo`` (a script cannot import Python); ``tests/unit/test_wire.py``
 checks both on one table of good and bad ids on a real server.
 
+Broker-only fields (``BROKER_ONLY_FIELDS``, ``BROKER_ONLY_PREFIX``, ``is_broker_only``): the fields of a
+publication entry only the broker sets. ``dequeue.lua`` drops them from every entry it moves out of
+an ingress stream; ``lib.lua``'s ``broker_only`` is the twin, checked by ``tests/unit/test_wire.py``.
+
 In ``broker.core``, below ``connection``: imports ``broker.core.keys`` and ``broker.core.errors`` only.
 """
 
@@ -37,6 +41,15 @@ MAX_PUBLISHER_BYTES = 256
 #: the default, ``keys.DEFAULT_PRIORITY``, is the band the subscriber queue itself holds.
 MIN_PRIORITY = 0
 MAX_PRIORITY = 9
+
+#: Publication fields only the broker may set: ``principal`` (the queue mutex, from the ingress
+#: stream an entry came by), ``origin`` and ``route`` (a channel's mover, ``broker.network.mover``).
+#: An entry a principal wrote to its ingress stream loses them (``dequeue.lua``), so a publisher
+#: cannot claim another principal or a path through other queue managers (issue 27).
+BROKER_ONLY_FIELDS = ("principal", "origin", "route")
+#: Fields starting with it are the dead-letter queue's own (``dlq.principal`` says which ingress
+#: stream a replay goes back to), dropped from an ingress entry as well.
+BROKER_ONLY_PREFIX = "dlq."
 
 
 def text(raw: Any) -> str:
@@ -113,6 +126,13 @@ def publisher_fifo(raw: bytes | None) -> str:
 def publisher_bytes(publisher_id: str) -> bytes:
     """A publisher id back as the bytes Redis holds (ids that were not UTF-8 round-trip)."""
     return publisher_id.encode("utf-8", "surrogateescape")
+
+
+def is_broker_only(name: str | bytes) -> bool:
+    """Whether a publication field ``name`` is one only the broker may set (``BROKER_ONLY_FIELDS``,
+    or it starts with ``BROKER_ONLY_PREFIX``); ``lib.lua``'s ``broker_only`` is its twin."""
+    text_name = name.decode("utf-8", "surrogateescape") if isinstance(name, bytes) else name
+    return text_name in BROKER_ONLY_FIELDS or text_name.startswith(BROKER_ONLY_PREFIX)
 
 
 def is_priority(priority: int) -> bool:

@@ -57,6 +57,8 @@
 --            saturated publishers other workers hold, and those workers
 --   taken_over: {{entry id, {field, value, ...}, times delivered (0 when not counted)}, ...}
 --   spare:   other live workers not known to hold a saturated publisher (0: every other one does)
+--   impersonations (only when there are any): {principal, claimed publisher id, ingress entry id, ...}
+--            for each ingress entry dead-lettered here under a publisher id not bound to its principal
 
 local stream, group, token = KEYS[1], ARGV[1], ARGV[2]
 local prefix, lease_ms, heads = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -70,10 +72,13 @@ require_types({{stream, 'stream'}, {KEYS[2], 'string'}, {KEYS[3], 'set'}, {KEYS[
 
 -- Authenticated ingress (broker.core.principals): each principal (an ACL user) may XADD only to its
 -- own ingress stream, so the stream says who published. Its entries are moved here, in order,
--- into the publish stream, each with the field "principal" set to it; one whose publisher id
--- is not bound to the principal is dead-lettered with the reason (no result is posted: the
--- reply key belongs to the id it claims). An ingress stream of another type is skipped.
+-- into the publish stream, each with the field "principal" set to it and without every other
+-- field only the broker may set (broker_only in lib.lua: "origin", "route", "dlq.*"); one whose
+-- publisher id is not bound to the principal is dead-lettered with the reason, those fields left
+-- out too (no result is posted: the reply key belongs to the id it claims), and named in the
+-- reply's `refused`. An ingress stream of another type is skipped.
 local room = tonumber(ARGV[3])
+local impersonations = {}  -- {principal, claimed publisher id, entry id, ...}: the reply's 10th element
 local bindings = redis.call('HGETALL', KEYS[6])
 for i = 1, #bindings, 2 do
   if room <= 0 then break end
@@ -87,7 +92,7 @@ for i = 1, #bindings, 2 do
     for _, entry in ipairs(batch) do
       local fields, copy, pub = entry[2], {}, nil
       for j = 1, #fields, 2 do
-        if fields[j] ~= 'principal' then
+        if not broker_only(fields[j]) then
           copy[#copy + 1] = fields[j]
           copy[#copy + 1] = fields[j + 1]
         end
@@ -101,7 +106,10 @@ for i = 1, #bindings, 2 do
         local why = 'publisher id ' .. string.format('%q', pub or '') .. ' is not bound to principal '
                     .. principal .. ' (ingress ' .. ingress .. ')'
         -- dlq.principal: the ingress stream it came in by (broker.operations.dead_letters replays it there)
-        dead_letter(KEYS[5], ARGV[12], tonumber(ARGV[13]), entry[1], fields, why, {'dlq.principal', principal})
+        dead_letter(KEYS[5], ARGV[12], tonumber(ARGV[13]), entry[1], copy, why, {'dlq.principal', principal})
+        impersonations[#impersonations + 1] = principal
+        impersonations[#impersonations + 1] = pub or ''
+        impersonations[#impersonations + 1] = entry[1]
       end
       done[#done + 1] = entry[1]
     end
@@ -282,5 +290,7 @@ if ahead ~= '' then
   end
 end
 
-return {redis.call('GET', KEYS[2]) or '0', last_id, kept, turns, redis.call('SCARD', KEYS[3]), live, fair, taken,
-        spare}
+local reply = {redis.call('GET', KEYS[2]) or '0', last_id, kept, turns, redis.call('SCARD', KEYS[3]), live, fair,
+               taken, spare}
+if #impersonations > 0 then reply[10] = impersonations end
+return reply

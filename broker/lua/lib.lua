@@ -67,6 +67,15 @@ local function publisher_of(fields, malformed, max_bytes)
   return pub
 end
 
+-- Whether a publication field is one only the broker may set: "principal" (dequeue.lua
+-- stamps it), "origin" and "route" (a channel's mover), and every "dlq." field (the
+-- dead-letter queue's own). The twin of broker.core.wire.is_broker_only (the Python owner
+-- of BROKER_ONLY_FIELDS and BROKER_ONLY_PREFIX; tests/unit/test_wire.py checks both agree).
+local BROKER_ONLY_FIELDS = {principal = true, origin = true, route = true}
+local function broker_only(name)
+  return BROKER_ONLY_FIELDS[name] == true or string.sub(name, 1, 4) == 'dlq.'
+end
+
 -- Most fields of an entry a dead letter copies: unpack() (and so one XADD) takes
 -- at most about 8000 values, and an entry may have any number of fields.
 local DEAD_LETTER_FIELDS = 1000

@@ -52,8 +52,8 @@ import redis
 
 from broker.core import clock, keys, wire
 from broker.core.connection import is_cluster
-from broker.core.errors import ConfigError, InvalidName, translate_errors
-from broker.core.principals import bind, check_principal, check_publisher_ids, unbind
+from broker.core.errors import ConfigError, InvalidName, PublisherIdBound, translate_errors
+from broker.core.principals import bind, check_principal, check_publisher_ids, holders, unbind
 
 Role = Literal["publisher", "subscriber", "worker", "channel", "admin", "monitor"]
 ROLES: tuple[Role, ...] = ("publisher", "subscriber", "worker", "channel", "admin", "monitor")
@@ -150,7 +150,8 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
     """
     out = ["resetkeys", "resetchannels", "-@all", *CONNECTION]
     if spec.role == "publisher":
-        check_publisher_ids(spec.publisher_ids)
+        if spec.publisher_ids:  # none left: every id was moved to another principal (add_user's move)
+            check_publisher_ids(spec.publisher_ids)
         out += ["+xadd", "+blpop", "+get", f"%W~{keys.glob_escape(keys.ingress(qm, user))}"]
         for pid in spec.publisher_ids:
             out += [f"~{keys.reply_pattern(qm, pid)}", f"%R~{keys.glob_escape(keys.flow_key(qm, pid))}"]
@@ -194,6 +195,59 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
     else:  # pragma: no cover - Literal
         raise InvalidName(f"unknown role {spec.role!r}; roles: {', '.join(ROLES)}")
     return out
+
+
+#: What each role may do, in a few words, for a refusal's message (``refusal_for``); docs/security.md
+#: has the whole table.
+ROLE_MAY = {
+    "publisher": "publish under the publisher ids bound to it (XADD to its ingress stream) and wait for their results",
+    "subscriber": "consume the subscriptions of its own client id",
+    "worker": "run the workers of its queue manager",
+    "channel": "move publications between queue managers",
+    "admin": "administer its queue manager (subscriptions, links, topic objects, dead letters, jobs)",
+    "monitor": "read (status, listings, the console's pages): it writes nothing",
+}
+
+#: How Redis refuses a command a user's rules do not allow at all (as against a key it may not touch).
+_NO_COMMAND = re.compile(r"has no permissions to run the '[^']*' command", re.IGNORECASE)
+
+
+def role_of(client: redis.Redis, qm: str, user: str | None) -> Role | None:
+    """The broker role of ACL user ``user`` on ``qm``, to word a refusal for it (an error path only).
+
+    Read from the user's record in ``{qm}:acl`` when the user may read it (monitor, worker,
+    channel and admin users may). Publisher and subscriber users may not, and Redis's refusal
+    of that read tells them apart: a publisher's rules allow no read command at all (``HGET``
+    refused as a command), a subscriber's allow read commands on its own keys only (refused
+    for the key).
+
+    Returns:
+        One of ``ROLES``, or None: no user (the default user), no record (a user the broker did
+        not make), or the server did not answer.
+    """
+    if not user or user == "default":
+        return None
+    try:
+        raw = client.hget(_registry(qm), user)
+    except redis.exceptions.NoPermissionError as exc:
+        return "publisher" if _NO_COMMAND.search(str(exc)) else "subscriber"
+    except redis.RedisError:
+        return None
+    if raw is None:
+        return None
+    try:
+        return RoleSpec.from_json(raw).role
+    except ValueError:
+        return None
+
+
+def refusal_for(user: str | None, role: str | None) -> str:
+    """What to add to an error Redis refused (NOPERM) for ``user`` of ``role`` (``role_of``): the role
+    and what it may do when known, and where each role's rules are listed."""
+    where = "'broker acl list' shows each role's rules, docs/security.md what each role may do"
+    if role in ROLE_MAY:
+        return f" (user {user}, role {role}, may not do this: a {role} may only {ROLE_MAY[role]}; {where})"
+    return f" (the Redis user of the URL may not do this: {where})"
 
 
 def read_password(env: str | None = None, file: str | None = None) -> str:
@@ -249,25 +303,52 @@ def _acl(client: redis.Redis, *args: Any) -> list[Any]:
 
 
 @translate_errors
-def add_user(client: redis.Redis, qm: str, user: str, spec: RoleSpec, password: str) -> list[str]:
+def add_user(
+    client: redis.Redis, qm: str, user: str, spec: RoleSpec, password: str, move: bool = False
+) -> list[str]:
     """Create or replace ACL user ``user`` with ``spec``'s role on ``qm``; returns its rules.
 
-    A publisher is also bound to its publisher ids (``broker.core.principals``). The password is
-    sent with ``>``, never stored by the broker.
+    A publisher is also bound to its publisher ids (``broker.core.principals``). A publisher id
+    has one principal: an id bound to another user is refused, or with ``move`` taken from it
+    (that user's binding, record and ACL rules lose the id: it may no longer wait for the id's
+    results). The password is sent with ``>``, never stored by the broker.
 
     Raises:
         InvalidName: a bad user name or binding.
+        PublisherIdBound: a publisher id is bound to another user and ``move`` is false; nothing
+            was changed.
     """
     check_principal(user)
     if user == "default":
         raise InvalidName("the default user is not a broker role; pick another name")
+    if spec.role == "publisher":
+        check_publisher_ids(spec.publisher_ids)
+        taken = holders(client, qm, user, spec.publisher_ids)
+        if taken and not move:
+            raise PublisherIdBound(user, taken)
     spec.created_ms = spec.created_ms or clock.now_ms()
     found = rules(qm, user, spec)
     found = _set_user(client, user, ["reset", "on", f">{password}"], found)
     client.hset(_registry(qm), user, spec.to_json())
     if spec.role == "publisher":
-        bind(client, qm, user, spec.publisher_ids)
+        for other, ids in bind(client, qm, user, spec.publisher_ids, move=move).items():
+            _drop_publisher_ids(client, qm, other, ids)
     return found
+
+
+def _drop_publisher_ids(client: redis.Redis, qm: str, user: str, ids: list[str]) -> None:
+    """Take ``ids`` out of broker user ``user``'s record and ACL rules (its password and state kept);
+    a user the broker did not record, or the server does not know, is left alone."""
+    raw = client.hget(_registry(qm), user)
+    if raw is None or _nodes(client)[0].execute_command("ACL", "GETUSER", user) is None:
+        return
+    try:
+        spec = RoleSpec.from_json(raw)
+    except ValueError:
+        return
+    spec.publisher_ids = [pid for pid in spec.publisher_ids if pid not in ids]
+    _set_user(client, user, [], rules(qm, user, spec))
+    client.hset(_registry(qm), user, spec.to_json())
 
 
 @translate_errors

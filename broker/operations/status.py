@@ -144,24 +144,68 @@ def _subscription_row(
     )
 
 
+# What the workers do about a foreign key, by the key's kind: each problem line says it, so that
+# status never claims the workers go on while they wait (issue 27).
+#: A queue-manager-wide key the queue mutex or the unit of work checks first (``require_types``).
+WORKERS_WAIT = (
+    "every worker waits for it to be removed (logged at ERROR): nothing is dequeued or delivered "
+    "meanwhile, publications stay in the stream"
+)
+_EFFECTS = {
+    "workers": (
+        "every worker's heartbeat fails: a worker cannot start, and a running one fails the round that "
+        "sends it and retries; no worker is listed here"
+    ),
+    "sub_changes": "the workers reload their whole routing table on every subscription change; delivery goes on",
+    "queue": (
+        "every publication this subscription matches is refused as a whole (dead-lettered with the "
+        "reason, for its other subscribers too) until it is removed"
+    ),
+    "inflight": "this subscription's consumers cannot receive or acknowledge; delivery to its queue goes on",
+    ":fifo": (
+        "this publisher's publications are refused (dead-lettered with the reason, in order) until it is "
+        "removed; other publishers go on"
+    ),
+    ":flow": "this publisher is given no flow-control delay; delivery goes on",
+    "waiting": "idle workers wait on the publish stream instead (logged once); delivery goes on",
+}
+_EFFECTS[":turn"] = _EFFECTS[":fifo"]
+_EFFECTS["bell"] = _EFFECTS["queue"]
+
+
+def foreign_problem(key: Any, found: str, expected: str, effect: str) -> str:
+    """A problem line for a foreign key: ``ForeignKey``'s text, then what the workers do about it.
+
+    Args:
+        key: the key's name (bytes or str).
+        found: the Redis type it holds.
+        expected: the type the broker keeps there.
+        effect: ``WORKERS_WAIT`` or one of the texts of its kind.
+    """
+    return f"{ForeignKey(wire.lenient_text(key), found, expected)}: {effect}"
+
+
 def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], keyspace: bool) -> list[str]:
     """Foreign subscription bells, the idle workers' ``{qm}:waiter`` and ``{qm}:wake``, and, with ``keyspace``, per-publisher keys (FIFO, turn, flow: every
-    ``{qm}:pub:*`` key, found by ``SCAN``), one line each (``ForeignKey``'s text)."""
-    wanted: list[tuple[Any, str]] = []
+    ``{qm}:pub:*`` key, found by ``SCAN``), one line each (``foreign_problem``)."""
+    wanted: list[tuple[Any, str, str]] = []
     for raw in client.scan_iter(match=keys.pub_pattern(qm), count=1000) if keyspace else ():
         name = wire.lenient_text(raw)
         for suffix, kind in keys.PUB_KEY_TYPES.items():
             if name.endswith(suffix):
-                wanted.append((raw, kind))
-    wanted += [(keys.sub_bell(qm, record.sub_id), "list") for record in subs]
-    wanted += [(keys.waiter(qm), "string"), (keys.wake(qm), "list")]  # worker.waiting
+                wanted.append((raw, kind, _EFFECTS[suffix]))
+    wanted += [(keys.sub_bell(qm, record.sub_id), "list", _EFFECTS["bell"]) for record in subs]
+    wanted += [
+        (keys.waiter(qm), "string", _EFFECTS["waiting"]),
+        (keys.wake(qm), "list", _EFFECTS["waiting"]),
+    ]  # worker.waiting
     pipe = client.pipeline(transaction=False)
-    for key, _kind in wanted:
+    for key, _kind, _effect in wanted:
         pipe.type(key)
     found = [wire.lenient_text(t) for t in pipe.execute()]
     return [
-        str(ForeignKey(wire.lenient_text(key), kind_found, kind))
-        for (key, kind), kind_found in zip(wanted, found, strict=True)
+        foreign_problem(key, kind_found, kind, effect)
+        for (key, kind, effect), kind_found in zip(wanted, found, strict=True)
         if kind_found not in ("none", kind)
     ]
 
@@ -207,8 +251,9 @@ def status(
     subscription whose selector is longer is named in ``problems`` (the workers skip it),
     as one over the fixed bounds of ``broker.core.selectors`` always is; None: any size.
 
-    ``problems`` names foreign keys: the queue-manager-wide ones, subscriber queues, bells and,
-    with ``keyspace``, the per-publisher keys (FIFO, turn, flow), found with a ``SCAN`` of the
+    ``problems`` names foreign keys, each with what the workers do about it (``foreign_problem``:
+    for most queue-manager-wide ones, ``WORKERS_WAIT``): the queue-manager-wide ones, subscriber
+    queues, bells and, with ``keyspace``, the per-publisher keys (FIFO, turn, flow), found with a ``SCAN`` of the
     server's keys (a cost that grows with the whole database: ``status --watch``, the console's
     live pages and the usage snapshot job leave it out);
     a publish stream whose last entry id is exhausted or far in the future
@@ -249,23 +294,34 @@ def status(
     pipe.get(keys.version(qm))
     pipe.hgetall(keys.workers(qm))
     pipe.zcard(keys.sub_changes(qm))  # foreign: workers reload their whole table on every change
+    pipe.zcard(keys.alive(qm))  # read for their type only: the queue mutex checks them first
+    pipe.hlen(keys.principals(qm))
+    pipe.hlen(keys.saturated(qm))
     replies = pipe.execute(raise_on_error=False)
-    checked = [(keys.sub_queue(qm, r.sub_id), keys.sub_inflight(qm, r.sub_id)) for r in subs]
-    flat_keys = [(k, "list") for pair in checked for k in pair] + [
-        (keys.dead_letter(qm), "stream"),
-        (keys.active_publishers(qm), "set"),
-        (keys.version(qm), "string"),
-        (keys.workers(qm), "hash"),
-        (keys.sub_changes(qm), "zset"),
+    flat_keys: list[tuple[str, str, str]] = []
+    for record in subs:
+        flat_keys.append((keys.sub_queue(qm, record.sub_id), "list", _EFFECTS["queue"]))
+        flat_keys.append((keys.sub_inflight(qm, record.sub_id), "list", _EFFECTS["inflight"]))
+    flat_keys += [
+        (keys.dead_letter(qm), "stream", WORKERS_WAIT),
+        (keys.active_publishers(qm), "set", WORKERS_WAIT),
+        (keys.version(qm), "string", WORKERS_WAIT),
+        (keys.workers(qm), "hash", _EFFECTS["workers"]),
+        (keys.sub_changes(qm), "zset", _EFFECTS["sub_changes"]),
+        (keys.alive(qm), "zset", WORKERS_WAIT),
+        (keys.principals(qm), "hash", WORKERS_WAIT),
+        (keys.saturated(qm), "hash", WORKERS_WAIT),
     ]
     values: list[Any] = []
-    for (key, expected), reply in zip(flat_keys, replies, strict=True):
-        if isinstance(reply, redis.ResponseError):
-            problems.append(str(ForeignKey(key, wire.lenient_text(client.type(key)), expected)))
+    for (key, expected, effect), reply in zip(flat_keys, replies, strict=True):
+        if isinstance(reply, redis.exceptions.NoPermissionError):  # the URL's user may not read it
+            values.append(None)
+        elif isinstance(reply, redis.ResponseError):
+            problems.append(foreign_problem(key, wire.lenient_text(client.type(key)), expected, effect))
             values.append(None)
         else:
             values.append(reply)
-    dead, active, version, beats, _ = values[-5:]
+    dead, active, version, beats = values[-8:-4]
     problems += _foreign_keys(client, qm, subs, keyspace)
 
     now_ms = clock.now_ms()

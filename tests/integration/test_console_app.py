@@ -20,7 +20,7 @@ from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.server import EPHEMERAL, Server
-from broker.operations.acl import RoleSpec, add_user, admin_acl_file
+from broker.operations.acl import RoleSpec, add_user, admin_acl_file, rotate
 from broker.operations.console import create_app
 from broker.operations.console.app import COOKIE
 from broker.operations.console.auth import REFUSED, url_as
@@ -299,3 +299,44 @@ def test_a_security_true_server_with_the_default_user_off(tmp_path) -> None:
         boss.close()
     finally:
         server.stop()
+
+
+def test_a_session_ends_when_its_users_password_is_rotated_with_drop_old(
+    console: TestClient, users: dict[str, str], real_redis: redis.Redis
+) -> None:
+    # Given an admin logged in, and a dead letter
+    dlq_id = dead_letter(real_redis)
+    csrf = login(console, "ops", users["ops"])
+    # When its password is rotated keeping the old one, the session goes on
+    rotate(real_redis, "ops", "second-" + users["ops"], keep_old=True)
+    assert console.get("/", follow_redirects=False).status_code == 200
+    # When it is rotated again with --drop-old (the session's password no longer valid)
+    rotate(real_redis, "ops", "third-" + users["ops"], keep_old=False)
+    # Then the next page sends it to the login page, and a purge with the old session is refused
+    assert console.get("/", follow_redirects=False).status_code == 303
+    answer = console.post(
+        "/dlq/confirm", data={"csrf": csrf, "action": "purge", "scope": "selected", "id": dlq_id}
+    )
+    assert answer.status_code == 403
+    assert real_redis.xlen(keys.dead_letter(QM)) == 1
+
+
+def test_a_session_ends_when_its_users_role_changes_and_a_downgraded_user_sees_no_admin_buttons(
+    console: TestClient, users: dict[str, str], real_redis: redis.Redis
+) -> None:
+    # Given an admin logged in, who sees the purge button
+    dead_letter(real_redis)
+    login(console, "ops", users["ops"])
+    assert 'id="purge"' in console.get("/dlq").text
+    # When it is made a monitor (same password)
+    add_user(real_redis, QM, "ops", RoleSpec("monitor"), users["ops"])
+    # Then its session ends: the next page (and an htmx refresh) go to the login page
+    assert (
+        console.get("/dlq", headers={"HX-Request": "true"}, follow_redirects=False).headers["HX-Redirect"]
+        == "/login"
+    )
+    assert console.get("/dlq", follow_redirects=False).status_code == 303
+    # ... and logged in again, it is a monitor: no admin buttons
+    login(console, "ops", users["ops"])
+    page = console.get("/dlq")
+    assert page.status_code == 200 and 'id="purge"' not in page.text and 'id="replay"' not in page.text

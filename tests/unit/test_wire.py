@@ -130,3 +130,37 @@ def test_parse_reply_reads_the_json_commit_lua_posts() -> None:
     assert reply == wire.Reply("delivered", None, 3, None, None, 5, 0)
     refused = wire.parse_reply('{"status":"refused","entry_id":"1-0","reason":"r","suggestion":"a/b"}')
     assert (refused.entry_id, refused.reason, refused.suggestion) == ("1-0", "r", "a/b")
+
+
+#: Field names on either side of the broker-only rule (lib.lua's broker_only, wire.is_broker_only).
+FIELD_NAMES = [
+    *wire.BROKER_ONLY_FIELDS,
+    "dlq.principal",
+    "dlq.reason",
+    "dlq.",
+    "publisher",
+    "topic",
+    "body",
+    "msgid",
+    "seq",
+    "props",
+    "reply_to",
+    "origins",
+    "Route",
+    "dlq",
+    "xdlq.principal",
+    "",
+]
+
+
+def test_lib_lua_broker_only_agrees_with_wire_is_broker_only_on_every_field_name(
+    real_redis: redis.Redis,
+) -> None:
+    # Given lib.lua as every script starts with it, on a real server
+    lib = resources.files("broker").joinpath("lua", "lib.lua").read_text(encoding="utf-8")
+    for name in FIELD_NAMES:
+        # When the script judges a field name
+        dropped = real_redis.eval(lib + "\nreturn broker_only(ARGV[1]) and 1 or 0", 0, name)
+        # Then as the Python owner does
+        assert bool(dropped) is wire.is_broker_only(name), name
+    assert {"principal", "origin", "route"} <= set(wire.BROKER_ONLY_FIELDS)

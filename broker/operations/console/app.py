@@ -242,6 +242,8 @@ class _Console:
             if session is None:
                 return self.to_login(request)
             try:
+                if not await run_in_threadpool(self.store.still_valid, session):  # password or role changed
+                    return self.to_login(request)
                 return await handler(request, session)
             except (redis.RedisError, BrokerError) as exc:
                 return self.refused(request, session, exc)
@@ -279,8 +281,15 @@ class _Console:
         wrapped = self.page(guarded)
 
         async def endpoint(request: Request) -> Response:
-            if self.current(request) is None:  # a POST never redirects to the login page: refused
+            # a POST never redirects to the login page: refused (also once the password or role changed)
+            session = self.current(request)
+            if session is None:
                 return self.error(request, None, 403, "Not logged in; nothing was done.")
+            try:
+                if not await run_in_threadpool(self.store.still_valid, session):
+                    return self.error(request, None, 403, "Not logged in; nothing was done.")
+            except (redis.RedisError, BrokerError) as exc:
+                return self.refused(request, session, exc)
             return await wrapped(request)
 
         return endpoint

@@ -11,6 +11,12 @@ Sessions live in this process's memory (``SessionStore``); the cookie carries a
 random session id signed with a key made at start-up (``itsdangerous``), so a
 restart logs everybody out. Each session has its own CSRF token, sent with every
 form, and the confirmations waiting for an answer (``Pending``).
+
+A session ends when its user's credentials or role change (``SessionStore.still_valid``,
+before every page and action): the connections it holds stay authenticated in Redis after a
+password rotation (``broker acl rotate --drop-old``), and a role read at login would outlive a
+downgrade, so each request checks the password again (``AUTH``) and the user's record in
+``{qm}:acl`` against the one it logged in with.
 """
 
 from __future__ import annotations
@@ -96,6 +102,9 @@ class Session:
         pending: confirmation token -> the action it confirms.
         flash: one line shown on the next page (the outcome of an action).
         seen_ms: the last request, ms (monotonic clock).
+        record: the user's record in ``{qm}:acl`` at login (its role and bindings): a change ends
+            the session.
+        password: the password it logged in with, checked again before every request (never shown).
     """
 
     sid: str
@@ -107,6 +116,8 @@ class Session:
     pending: dict[str, Pending] = field(default_factory=dict)
     flash: str = ""
     seen_ms: float = 0.0
+    record: bytes = b""
+    password: str = field(default="", repr=False)
 
     @property
     def may_act(self) -> bool:
@@ -133,6 +144,11 @@ class Session:
         for token, waiting in list(self.pending.items()):
             if now_ms - waiting.made_ms > PENDING_TTL_MS:
                 del self.pending[token]
+
+
+def _as_bytes(raw: Any) -> bytes:
+    """A reply as bytes (the broker's clients never decode; a ``decode_responses`` client gives str)."""
+    return raw.encode() if isinstance(raw, str) else bytes(raw)
 
 
 def _monotonic_ms() -> float:
@@ -188,7 +204,16 @@ class SessionStore:
             client.close()
             raise LoginRefused(REFUSED)
         now = self.clock_ms()
-        session = Session(secrets.token_urlsafe(32), user, spec.role, client, url, seen_ms=now)  # type: ignore[arg-type]
+        session = Session(
+            secrets.token_urlsafe(32),
+            user,
+            spec.role,  # type: ignore[arg-type]
+            client,
+            url,
+            seen_ms=now,
+            record=_as_bytes(raw),
+            password=password,
+        )
         with self._lock:
             self._expire(now)
             self._sessions[session.sid] = session
@@ -213,6 +238,30 @@ class SessionStore:
             if session is not None:
                 session.seen_ms = now
             return session
+
+    def still_valid(self, session: Session) -> bool:
+        """Whether ``session``'s user still holds what it logged in with; the session is ended if not.
+
+        Its password must still authenticate (``AUTH`` on the session's connection: a password
+        rotated with ``--drop-old`` no longer does, though the connections stay authenticated),
+        and its record in ``{qm}:acl`` must be the one read at login (a role changed, the user
+        made again). Two commands per request of the console, none on the broker's way.
+
+        Raises:
+            redis.ConnectionError, redis.TimeoutError: the server cannot be reached (the session is kept).
+        """
+        client = session.client
+        try:
+            client.execute_command("AUTH", session.user, session.password)
+            record = client.hget(keys.acl_users(self.settings.qm), session.user)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except redis.RedisError:  # WRONGPASS (an AuthenticationError or a ResponseError), NOPERM
+            record = None
+        if record is not None and _as_bytes(record) == session.record:
+            return True
+        self.logout(session)
+        return False
 
     def logout(self, session: Session) -> None:
         """End ``session`` and close its Redis client."""
