@@ -301,3 +301,35 @@ def test_a_foreign_wake_up_list_does_not_stop_the_dequeue(real_redis, settings):
     # When a worker runs a round, Then the publication is delivered
     assert w0.run_once() == 1
     assert real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 1
+
+
+def test_a_dequeue_with_nothing_to_do_reads_the_groups_state_only_and_writes_nothing(real_redis, settings):
+    # Given a worker that handled everything (the group has nothing left to deliver)
+    subscribe(real_redis, QM, "t/#", "app", "s")
+    w0 = _worker(real_redis, settings, "w0", [NOW])
+    Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
+    while w0.run_once():
+        pass
+    real_redis.config_resetstat()
+    # When it dequeues again (as a worker woken with the herd for an entry another one took)
+    dequeued = w0.scripts.dequeue(w0.name, 50, settings.lease_ms, settings.heads, [])
+    # Then the reply says there is nothing, at the group's last-delivered id, and no key was type-checked
+    # or written (only XINFO, LLEN, HLEN, HEXISTS, GET and SCARD ran inside the script)
+    assert dequeued is not None and not dequeued.entries and not dequeued.turns
+    assert (
+        dequeued.last_delivered_id
+        == real_redis.xinfo_groups(keys.publish_stream(QM))[0]["last-delivered-id"].decode()
+    )
+    stats = real_redis.info("commandstats")
+    ran = {name.removeprefix("cmdstat_") for name in stats}
+    assert ran <= {
+        "evalsha",
+        "xinfo|groups",
+        "llen",
+        "hlen",
+        "hexists",
+        "get",
+        "scard",
+        "config|resetstat",
+        "info",
+    }, ran
