@@ -143,7 +143,13 @@ local STATUS_NAME = {'delivered', 'duplicate', 'expired', 'refused', 'skipped'}
 
 -- ==== Phase "check": the queue-manager-wide keys, then every recipient queue =================
 
-local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}, {subs, 'hash'}, {KEYS[6], 'string'}}
+-- the index version: read (GET checks its type too) before the others; the subscription hash is
+-- looked at (HEXISTS, below) only when the version changed since the worker resolved the topics
+local version = redis.pcall('GET', KEYS[6])
+if type(version) == 'table' then error({err = 'BROKER ' .. foreign(KEYS[6], 'string')}) end
+local changed = version ~= resolved_version
+local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}}
+if changed then fixed[#fixed + 1] = {subs, 'hash'} end
 if watching then
   fixed[#fixed + 1] = {skipped_key, 'hash'}
   fixed[#fixed + 1] = {slow_key, 'hash'}
@@ -155,7 +161,6 @@ require_types(fixed)
 -- subscription was removed since the worker resolved it); xmit[k] (a transmission stream);
 -- bell_of[k] (an empty band: its bell is rung when it gets messages); band_depth[k] (messages it
 -- held before this call); pushed[k] (copies this call gives it) and copies[k] (those copies).
-local changed = redis.call('GET', KEYS[6]) ~= resolved_version
 local queue_foreign, sub_of, bell_of, gone, xmit = {}, {}, {}, {}, {}
 local band_depth, pushed, copies = {}, {}, {}
 local deepest = 0        -- the deepest band of the call, before it
