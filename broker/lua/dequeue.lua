@@ -97,8 +97,13 @@ end
 local idle = idle_reply()
 if idle then return idle end
 
-require_types({{stream, 'stream'}, {KEYS[2], 'string'}, {KEYS[3], 'set'}, {KEYS[4], 'zset'}, {KEYS[5], 'stream'},
-               {KEYS[6], 'hash'}, {KEYS[7], 'hash'}})
+-- the index version and the principals are read here (each read checks its key's type), the
+-- other queue-manager-wide keys type-checked, all before the first write
+local version = redis.pcall('GET', KEYS[2])
+if type(version) == 'table' then error({err = 'BROKER ' .. foreign(KEYS[2], 'string')}) end
+local bindings = redis.pcall('HGETALL', KEYS[6])
+if bindings.err then error({err = 'BROKER ' .. foreign(KEYS[6], 'hash')}) end
+require_types({{stream, 'stream'}, {KEYS[3], 'set'}, {KEYS[4], 'zset'}, {KEYS[5], 'stream'}, {KEYS[7], 'hash'}})
 
 -- Authenticated ingress (broker.core.principals): each principal (an ACL user) may XADD only to its
 -- own ingress stream, so the stream says who published. Its entries are moved here, in order,
@@ -109,7 +114,6 @@ require_types({{stream, 'stream'}, {KEYS[2], 'string'}, {KEYS[3], 'set'}, {KEYS[
 -- reply's `refused`. An ingress stream of another type is skipped.
 local room = tonumber(ARGV[3])
 local impersonations = {}  -- {principal, claimed publisher id, entry id, ...}: the reply's 10th element
-local bindings = redis.call('HGETALL', KEYS[6])
 for i = 1, #bindings, 2 do
   if room <= 0 then break end
   local principal, ids = bindings[i], bindings[i + 1]
@@ -320,7 +324,7 @@ if ahead ~= '' then
   end
 end
 
-local reply = {redis.call('GET', KEYS[2]) or '0', last_id, kept, turns, redis.call('SCARD', KEYS[3]), live, fair,
+local reply = {version or '0', last_id, kept, turns, redis.call('SCARD', KEYS[3]), live, fair,
                taken, spare}
 if #impersonations > 0 then reply[10] = impersonations end
 return reply
