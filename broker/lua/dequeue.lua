@@ -73,18 +73,22 @@ local FIRST_OWNED = 17
 -- to read (the group's lag is 0), no turn held or named (ARGV, a wake-up), no ingress, no record of
 -- a saturated publisher to remove: answered from the group's state alone. Nothing is written, so
 -- nothing needs a type check; any key that answers an error takes the whole path below.
+-- (the group's last-delivered id and pending count it read: the fair share below starts from them)
+local pre_last, pre_pending = nil, nil
 local function idle_reply()
   if #ARGV >= FIRST_OWNED or ARGV[15] ~= '' then return nil end
   local groups = redis.pcall('XINFO', 'GROUPS', stream)
   if groups.err then return nil end
   for _, info in ipairs(groups) do
-    local name, last, lag = nil, nil, nil
+    local name, last, lag, count = nil, nil, nil, 0
     for j = 1, #info, 2 do
       if info[j] == 'name' then name = info[j + 1] end
       if info[j] == 'last-delivered-id' then last = info[j + 1] end
       if info[j] == 'lag' then lag = info[j + 1] end
+      if info[j] == 'pending' then count = info[j + 1] end
     end
     if name == group then
+      pre_last, pre_pending = last, count
       if lag ~= 0 or redis.pcall('LLEN', KEYS[9]) ~= 0 or redis.pcall('HLEN', KEYS[6]) ~= 0
          or redis.pcall('HEXISTS', KEYS[7], token) ~= 0 then return nil end
       local version, active = redis.pcall('GET', KEYS[2]), redis.pcall('SCARD', KEYS[3])
@@ -219,14 +223,21 @@ if #filed_order > 0 then redis.call('SADD', KEYS[3], unpack(filed_order)) end
 -- another worker holds (seen among the candidates) keeps that worker busy alone:
 -- its backlog and its worker are left out of the share of the others.
 local pending, last_id = 0, ''
-for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-  local name, last, count = nil, nil, 0
-  for j = 1, #info, 2 do
-    if info[j] == 'name' then name = info[j + 1] end
-    if info[j] == 'last-delivered-id' then last = info[j + 1] end
-    if info[j] == 'pending' then count = info[j + 1] end
+if pre_last then
+  -- read before (idle_reply), nothing else ran since: what this call read is delivered and pending,
+  -- what it refused acknowledged
+  pending = pre_pending + #kept
+  last_id = #entries > 0 and entries[#entries][1] or pre_last
+else
+  for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local name, last, count = nil, nil, 0
+    for j = 1, #info, 2 do
+      if info[j] == 'name' then name = info[j + 1] end
+      if info[j] == 'last-delivered-id' then last = info[j + 1] end
+      if info[j] == 'pending' then count = info[j + 1] end
+    end
+    if name == group then last_id, pending = last, count end
   end
-  if name == group then last_id, pending = last, count end
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
