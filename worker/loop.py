@@ -60,10 +60,7 @@ not counted as a new delivery), until memory is freed.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -173,7 +170,7 @@ class Worker:
         self.client = client
         self.settings = settings
         self.qm = settings.qm
-        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.name = name or keys.process_name()
         self.clock_ms = clock_ms or clock.now_ms
         self.hook = hook or (lambda point: None)
         self.scripts = Scripts(

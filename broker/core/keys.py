@@ -340,12 +340,22 @@ the field cancels the schedule.
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import uuid
 
 PROTOCOL_VERSION = 5
 
 #: Consumer group of the workers on the publish stream.
 WORKER_GROUP = "workers"
+
+
+def process_name() -> str:
+    """A new name for a worker or channel agent process, ``<host>-<pid>-<8 hex>``: its consumer name in
+    ``{qm}:publish``'s group (or a channel's), its fencing token and its heartbeat's field."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
 
 #: Publisher id the dequeue script files an entry under when it has no valid
 #: ``publisher`` field (the rule: ``broker.core.wire.publisher_fifo``); such entries are dead-lettered in stream order.

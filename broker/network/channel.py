@@ -36,7 +36,6 @@ import logging
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -346,7 +345,7 @@ class ChannelProcess:
         self.client = client
         self.settings = settings
         self.qm = settings.qm
-        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.name = name or keys.process_name()
         self.clock_ms = clock_ms or clock.now_ms
         self.hook = hook or (lambda point: None)
         self.peers = Peers(settings.redis_url, client, settings.tls)
