@@ -192,9 +192,10 @@ local function check_queue(k)
   if type(depth) ~= 'number' then
     queue_foreign[k] = foreign(queue, 'list') or ('subscriber queue ' .. queue .. ': ' .. tostring(depth.err))
   elseif depth == 0 then
-    -- an empty band: its bell is rung when it gets messages (a non-empty band's is rung already)
+    -- an empty band: its bell is rung when it gets messages (a non-empty band's is rung already);
+    -- a bell of another type is not rung (ring in lib.lua), and delivery goes on: a subscriber's
+    -- own planted key never refuses a publication for the others (issue 27)
     bell_of[k] = sub_prefix .. sub_id_of(k) .. ':bell'
-    queue_foreign[k] = foreign(bell_of[k], 'list')
   else
     band_depth[k] = depth
     if depth > deepest then deepest = depth end

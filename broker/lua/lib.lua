@@ -171,7 +171,9 @@ end
 -- Ring a subscription's bell: one element while messages may wait, so that a
 -- consumer blocked on it (BLMOVE bell bell RIGHT RIGHT) wakes. Check its type first.
 local function ring(bell)
-  if redis.call('LLEN', bell) == 0 then redis.call('RPUSH', bell, '1') end
+  -- pcall: a bell of another type (a subscriber's own key, planted) is not rung; its consumers find
+  -- their messages when their wait ends, and nobody else's delivery stops for it
+  if redis.pcall('LLEN', bell) == 0 then redis.pcall('RPUSH', bell, '1') end
 end
 
 -- The fields {field, value, ...} of stream entry `id`, or nil when it is gone.

@@ -170,7 +170,10 @@ _EFFECTS = {
     "waiting": "idle workers wait on the publish stream instead (logged once); delivery goes on",
 }
 _EFFECTS[":turn"] = _EFFECTS[":fifo"]
-_EFFECTS["bell"] = _EFFECTS["queue"]
+_EFFECTS["bell"] = (
+    "this subscription's consumers are not woken by new messages (a consumer blocking on it fails); "
+    "delivery to every subscription, this one's queue included, goes on"
+)
 
 
 def foreign_problem(key: Any, found: str, expected: str, effect: str) -> str:

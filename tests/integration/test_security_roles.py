@@ -219,7 +219,7 @@ def test_status_says_what_happens_for_each_other_foreign_key_kind(
     # Given foreign keys of one subscription (its bell, its in-flight list), one publisher and the waiters
     sub = subscribe(real_redis, QM, "t/#", "c1", "d")
     planted = {
-        keys.sub_bell(QM, sub.sub_id): "publication this subscription matches is refused",
+        keys.sub_bell(QM, sub.sub_id): "delivery to every subscription, this one's queue included, goes on",
         keys.sub_inflight(QM, sub.sub_id): "consumers cannot receive or acknowledge",
         keys.fifo_key(QM, "p9"): "this publisher's publications are refused",
         keys.wake(QM): "idle workers wait on the publish stream instead",
@@ -283,3 +283,23 @@ def test_any_command_refused_by_the_acl_names_the_users_role(users: Users) -> No
     # Then it is told its role only reads
     assert refused.exit_code == 4, refused.output
     assert "user sec-m, role monitor, may not do this: a monitor may only read" in refused.stderr
+
+
+def test_a_subscribers_planted_bell_stops_nobody_elses_delivery(
+    real_redis: redis.Redis, settings: Settings
+) -> None:
+    # Given two subscriptions on one topic, and a string planted where the first one's bell belongs
+    # (the subscriber role may write its own subscription's keys)
+    evil = subscribe(real_redis, QM, "t/#", "evil", "d")
+    good = subscribe(real_redis, QM, "t/#", "good", "d")
+    real_redis.set(keys.sub_bell(QM, evil.sub_id), "planted")
+    (worker,) = make_workers(real_redis, settings, 1)
+    # When a publication is made on the topic
+    Publisher(real_redis, QM, "p1").publish("t/a", b"x", msgid="m1")
+    drain([worker])
+    # Then both subscriptions have it (the planted bell is not rung), and nothing was dead-lettered
+    assert [m.body for m in queue_messages(real_redis, QM, good.sub_id)] == [b"x"]
+    assert [m.body for m in queue_messages(real_redis, QM, evil.sub_id)] == [b"x"]
+    assert real_redis.xlen(keys.dead_letter(QM)) == 0
+    assert real_redis.get(keys.sub_bell(QM, evil.sub_id)) == b"planted"
+    assert real_redis.llen(keys.sub_bell(QM, good.sub_id)) == 1
