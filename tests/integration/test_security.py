@@ -74,10 +74,11 @@ class Users:
         self.passwords: dict[str, str] = {}
         self._clients: list[redis.Redis] = []
 
-    def add(self, user: str, spec: RoleSpec, qm: str = QM) -> redis.Redis:
-        """Make ``user`` with ``spec`` on ``qm``; returns a client authenticated as it."""
+    def add(self, user: str, spec: RoleSpec, qm: str = QM, **options: bool) -> redis.Redis:
+        """Make ``user`` with ``spec`` on ``qm`` (``options``: as ``add_user``'s, e.g. ``move``);
+        returns a client authenticated as it."""
         self.passwords[user] = secrets.token_urlsafe(18)
-        add_user(self.admin, qm, user, spec, self.passwords[user])
+        add_user(self.admin, qm, user, spec, self.passwords[user], **options)
         return self.client(user)
 
     def url(self, user: str) -> str:

@@ -19,49 +19,21 @@ import redis
 from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
-from broker.core.connection import connect
 from broker.core.errors import ForeignKey
 from broker.core.principals import bindings
 from broker.core.server import Server
-from broker.operations.acl import RoleSpec, add_user, role_of
+from broker.operations.acl import RoleSpec, role_of
 from broker.operations.status import WORKERS_WAIT, status
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.subscriptions import subscribe
-from tests.integration.test_security import broker_as
+from tests.integration.test_security import Users, broker_as
 
 QM = "TEST"
 
 
-class Users:
-    """ACL users of one test (random passwords), deleted after it."""
-
-    def __init__(self, server: Server, admin: redis.Redis) -> None:
-        self.server, self.admin = server, admin
-        self.passwords: dict[str, str] = {}
-        self._clients: list[redis.Redis] = []
-
-    def add(self, user: str, spec: RoleSpec, **options: bool) -> redis.Redis:
-        self.passwords[user] = secrets.token_urlsafe(18)
-        add_user(self.admin, QM, user, spec, self.passwords[user], **options)
-        return self.client(user)
-
-    def url(self, user: str) -> str:
-        return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{self.server.port}/0"
-
-    def client(self, user: str) -> redis.Redis:
-        made = connect(self.url(user))
-        self._clients.append(made)
-        return made
-
-    def close(self) -> None:
-        for client in self._clients:
-            client.close()
-        for user in self.passwords:
-            self.admin.execute_command("ACL", "DELUSER", user)
-
-
 @pytest.fixture
 def users(real_server: Server, real_redis: redis.Redis) -> Iterator[Users]:
+    """ACL users of one test (``test_security.Users``), deleted after it."""
     made = Users(real_server, real_redis)
     yield made
     made.close()
