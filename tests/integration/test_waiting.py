@@ -61,8 +61,9 @@ def _round_in_thread(worker: Worker) -> threading.Thread:
     return thread
 
 
-def test_two_idle_workers_spend_one_dequeue_and_one_commit_on_a_publication(real_redis, settings):
-    # Given two idle workers, w0 waiting on the stream and w1 on the wake-up list (long waits)
+def _waiter_and_woken(real_redis, settings):
+    """A subscription, and two idle workers with long waits: w0 blocked on the stream (the waiter), w1
+    on the wake-up list. Returns ``(record, clock, (w0, its round's thread), (w1, its round's thread))``."""
     settings = settings.model_copy(update={"block_ms": 10_000, "sweep_interval_ms": 60_000})
     record = subscribe(real_redis, QM, "t/#", "app", "s")
     clock = [NOW]
@@ -71,6 +72,12 @@ def test_two_idle_workers_spend_one_dequeue_and_one_commit_on_a_publication(real
     _until(lambda: _blocked(real_redis, "xread"), "w0 blocks on the stream")
     second = _round_in_thread(w1)
     _until(lambda: _blocked(real_redis, "blpop"), "w1 blocks on the wake-up list")
+    return record, clock, (w0, first), (w1, second)
+
+
+def test_two_idle_workers_spend_one_dequeue_and_one_commit_on_a_publication(real_redis, settings):
+    # Given two idle workers, w0 waiting on the stream and w1 on the wake-up list (long waits)
+    record, clock, (w0, first), (_w1, second) = _waiter_and_woken(real_redis, settings)
     assert real_redis.get(keys.waiter(QM)) == b"w0"
     before = _script_calls(real_redis)
     # When one publication comes after a quiet while (a low rate: worker.loop.QUIET_WAIT_MS)
@@ -235,14 +242,7 @@ def test_at_a_high_rate_idle_workers_wait_on_the_stream_directly_and_the_wake_up
     real_redis, settings
 ):
     # Given w0 waiting on the stream (the waiter) and w1 on the wake-up list
-    settings = settings.model_copy(update={"block_ms": 10_000, "sweep_interval_ms": 60_000})
-    record = subscribe(real_redis, QM, "t/#", "app", "s")
-    clock = [NOW]
-    w0, w1 = _worker(real_redis, settings, "w0", clock), _worker(real_redis, settings, "w1", clock)
-    first = _round_in_thread(w0)
-    _until(lambda: _blocked(real_redis, "xread"), "w0 blocks on the stream")
-    second = _round_in_thread(w1)
-    _until(lambda: _blocked(real_redis, "blpop"), "w1 blocks on the wake-up list")
+    record, _clock, (w0, first), (w1, second) = _waiter_and_woken(real_redis, settings)
     hand_ons: list[int] = []
     hand_on = w0.waiting.hand_on
     w0.waiting.hand_on = lambda *a, **k: (hand_ons.append(1), hand_on(*a, **k))[1]  # type: ignore[method-assign]
