@@ -639,7 +639,8 @@ class Worker:
         journal = settings.journal_max_len if settings.journal else 0
         prefetch = not self.stopping and not self._no_prefetch
         recorded = self._alone_recorded
-        wake, now = self._wake, self.clock_ms()
+        wake = self._wake
+        now = self.clock_ms() if wake is not None else 0
         counts = {"take_over": 0, "wake": 0}
 
         def send() -> list[Any]:

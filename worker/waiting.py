@@ -53,7 +53,7 @@ def waiter_lease_ms(wait_ms: int) -> int:
 
 
 def _publishers(raw: bytes | str) -> tuple[str, ...]:
-    """The publishers a wake-up names (a JSON list of str, ``hand_on``); () for anything else
+    """The publishers a wake-up names (a JSON list of str, ``hand_on_in``); () for anything else
     (a wake-up written by something other than a worker)."""
     try:
         named = json.loads(raw)
@@ -160,26 +160,16 @@ class Waiting:
         given_up, self.given_up = self.given_up, ()
         return given_up
 
-    def hand_on(self, now_ms: int, given_up: Iterable[str] = ()) -> None:
+    def hand_on_in(self, pipe: redis.client.Pipeline, now_ms: int, given_up: Iterable[str] = ()) -> int:
         """Wake one idle worker: give up the waiter's role if this worker holds it (it stays busy),
-        and name the turns it gave up (``given_up``) for that worker's dequeue. Never raises.
+        and name the turns it gave up (``given_up``) for that worker's dequeue. The commands are
+        added to ``pipe`` (the worker's commit round trip: no round trip of their own); their
+        replies go to ``handed_on``.
 
         Args:
+            pipe: a redis-py pipeline, not yet executed.
             now_ms: the worker's clock, ms.
             given_up: publishers whose turn this worker gave up.
-        """
-        pipe = self.client.pipeline(transaction=False)
-        self.hand_on_in(pipe, now_ms, given_up)
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except redis.RedisError as exc:  # a lost connection: the round goes on; the sweeps take the turns
-            log.debug("worker %s: could not wake another worker: %s", self.name, exc)
-            return
-        self.handed_on(replies)
-
-    def hand_on_in(self, pipe: redis.client.Pipeline, now_ms: int, given_up: Iterable[str] = ()) -> int:
-        """``hand_on``'s commands, added to ``pipe`` (the worker's commit round trip): no round trip
-        of their own. Their replies go to ``handed_on``.
 
         Returns:
             How many commands were added (their replies are the last ones of ``pipe``).

@@ -217,7 +217,9 @@ def test_a_wake_up_names_any_publisher_id_byte_for_byte(real_redis, settings):
     real_redis.set(keys.waiter(QM), "a third worker", px=60_000)  # so the woken one waits on {qm}:wake
     odd = [b"p\xff".decode("utf-8", "surrogateescape"), "a\nb"]
     # When one worker wakes another naming them
-    waker.waiting.hand_on(0, odd)
+    pipe = real_redis.pipeline(transaction=False)
+    waker.waiting.hand_on_in(pipe, 0, odd)
+    waker.waiting.handed_on(pipe.execute(raise_on_error=False))
     # Then the woken worker reads them back as they were, and a foreign element names nothing
     assert woken.waiting.wait(0, "0-0", 100) is True
     assert woken.waiting.take_given_up() == tuple(odd)
@@ -243,9 +245,14 @@ def test_at_a_high_rate_idle_workers_wait_on_the_stream_directly_and_the_wake_up
 ):
     # Given w0 waiting on the stream (the waiter) and w1 on the wake-up list
     record, _clock, (w0, first), (w1, second) = _waiter_and_woken(real_redis, settings)
-    hand_ons: list[int] = []
-    hand_on = w0.waiting.hand_on
-    w0.waiting.hand_on = lambda *a, **k: (hand_ons.append(1), hand_on(*a, **k))[1]  # type: ignore[method-assign]
+    round_trips: list[int] = []
+    execute = w0.client.pipeline
+
+    def counted(*args, **kwargs):
+        round_trips.append(1)
+        return execute(*args, **kwargs)
+
+    w0.client.pipeline = counted  # type: ignore[method-assign]
     # When a publication comes at once (the clock does not move: entries keep coming)
     Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
     first.join(timeout=10)
@@ -254,7 +261,7 @@ def test_at_a_high_rate_idle_workers_wait_on_the_stream_directly_and_the_wake_up
     # wakes w1 in its commit's round trip: no round trip of its own
     w0.run_once(block=True)
     second.join(timeout=10)
-    assert not second.is_alive() and hand_ons == []
+    assert not second.is_alive() and round_trips == [1]
     assert real_redis.get(keys.waiter(QM)) is None
     # When both go back to waiting after short waits
     w0_again, w1_again = _round_in_thread(w0), _round_in_thread(w1)
