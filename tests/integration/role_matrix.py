@@ -400,12 +400,6 @@ PENDING_27: dict[tuple[str, str], str] = {
 }
 
 
-def operation(op_id: str) -> Operation:
-    """The row ``op_id``. Raises: KeyError: no such row."""
-    found = {op.id: op for op in OPERATIONS}
-    return found[op_id]
-
-
 def markdown() -> str:
     """The table as docs/security.md shows it: roles as columns, operations as rows, a section per group."""
     head = ["| operation | " + " | ".join(ROLES) + " |", "|---|" + "---|" * len(ROLES)]
