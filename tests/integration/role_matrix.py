@@ -373,7 +373,6 @@ OPERATIONS: tuple[Operation, ...] = (
 
 #: Why a cell is not met yet: the branch of issue 27 that meets it.
 FN = "issue 27 parts 1-2 (h-fn): the subscriber loses writes on shared keys and scripts, workers load the library"
-GRANTS = "issue 27 part 3 (h-grants): keys.control, the subscriber's control stream {qm}:ctl:<client id>"
 
 #: The cells of issue 27's target that the code does not meet yet: (operation id, role) -> why.
 #: Their tests are strict xfails; take a cell out when its branch lands (docs: regenerate the table).
@@ -396,7 +395,6 @@ PENDING_27: dict[tuple[str, str], str] = {
         )
     },
     **{(op, role): FN for op in ("function-load", "function-list") for role in ("worker", "admin")},
-    **{(op, role): GRANTS for op in ("own-ctl-xadd", "other-ctl-xadd") for role in ROLES},
 }
 
 
