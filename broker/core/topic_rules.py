@@ -211,7 +211,8 @@ def split_shared(topic_filter: str) -> tuple[str, str]:
 
     ``$share/<ShareName>/<filter>`` (MQTT 5 §4.8.2): the ShareName is at least
     one character with no ``/``, ``+`` or ``#``, followed by ``/`` and a
-    non-empty valid filter. Any other filter is returned as ``("", topic_filter)``.
+    non-empty valid filter that is not itself a ``$share/`` filter (EMQX refuses
+    ``$share/g1/$share/t``). Any other filter is returned as ``("", topic_filter)``.
 
     Raises:
         InvalidTopicFilter: the filter starts with ``$share/`` but breaks those rules.
@@ -227,6 +228,8 @@ def split_shared(topic_filter: str) -> tuple[str, str]:
         raise InvalidTopicFilter(
             topic_filter, "a $share filter needs '/' and a topic filter after the ShareName"
         )
+    if inner.startswith(SHARE_PREFIX):  # EMQX refuses it too: one subscription is shared once
+        raise InvalidTopicFilter(topic_filter, "the topic filter after the ShareName must not be a $share filter")
     return share, inner
 
 

@@ -801,6 +801,8 @@ def test_shared_filter_matches_on_its_filter_part(topic_filter, topic, expected)
         ("$share/g+/a", "must not contain '+' or '#'"),
         ("$share/#/a", "must not contain '+' or '#'"),
         ("$share/g/a#", "'#' must occupy a whole level"),
+        ("$share/g1/$share/t", "must not be a $share filter"),  # EMQX refuses it
+        ("$share/g1/$share/g2/t", "must not be a $share filter"),
     ],
 )
 def test_invalid_shared_subscription_syntax_is_refused(topic_filter, reason):
