@@ -657,11 +657,23 @@ def test_backward_link_is_allowed_and_closure_terminates() -> None:
     assert graph.targets("/C") == {"/A": True}
 
 
-def test_link_to_itself_raises_invalid_link() -> None:
-    with pytest.raises(InvalidLink):
-        LinkGraph().add("/A", "/A")
-    with pytest.raises(InvalidLink):
-        LinkGraph().add("/A", "/A", backward=True)
+def test_a_link_to_itself_is_accepted_listed_removable_and_delivers_once() -> None:
+    # Given seed 000: linked topics "can be recursive ... simply by referring to themselves"
+    graph = LinkGraph()
+    graph.add("/A", "/B")
+    # When /A and /B are linked to themselves (forward: no cycle check refuses it)
+    graph.add("/A", "/A")
+    graph.add("/B", "/B", backward=True)
+    # Then each is listed, a publication reaches each topic once, and the self-link is removable
+    assert graph.links() == [("/A", "/A", False), ("/A", "/B", False), ("/B", "/B", True)]
+    assert graph.closure("/A") == ["/A", "/B"]
+    assert graph.closure("/B") == ["/B"]
+    graph.add("/B", "/A", backward=True)  # a cycle through a self-linked topic still ends
+    assert graph.closure("/B") == ["/B", "/A"]
+    graph.remove("/A", "/A")
+    assert graph.targets("/A") == {"/B": False}
+    with pytest.raises(LinkCycle):  # other cycles are still refused
+        graph.add("/B", "/A")
 
 
 @pytest.mark.parametrize(("source", "target"), [("a/#", "b"), ("a", "b/+"), ("", "b")])
