@@ -414,8 +414,10 @@ def topic_status(
     effective = table.tree.effective(topic)
     attributes = [(name, effective.values[name], effective.source[name]) for name in sorted(effective.values)]
     via: dict[str, list[str]] = {}
+    kept: set[str] = set()
     for linked in table.links.closure(topic):
         via[linked] = sorted(table.index.match(linked))
+        kept |= table.matching(linked)
     publishers: dict[str, int] = {}
     last: int | None = None
     entries: Any = client.xrevrange(keys.publish_stream(qm), count=scan)
@@ -427,7 +429,7 @@ def topic_status(
         ms = int(wire.lenient_text(entry_id).split("-", 1)[0])
         last = ms if last is None else max(last, ms)
     delivered = list(table.resolve(topic).sub_ids)
-    blocked = sorted({s for matched in via.values() for s in matched} - set(delivered))
+    blocked = sorted({s for matched in via.values() for s in matched} - kept)  # not one copy's left out
     return TopicStatus(
         topic,
         attributes,

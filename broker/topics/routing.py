@@ -1,7 +1,9 @@
 """The worker's in-memory routing table: subscriptions and links, loaded at a known version.
 
 A publication on topic T goes to every subscription whose filter matches T or
-any topic linked from T, transitively (seed 000), each subscription once. The
+any topic linked from T, transitively (seed 000), each subscription once (a client
+id set to one copy per subscriber gets one copy in all: ``broker.topics.copies``).
+``explain`` resolves through the same ``resolve`` as the workers. The
 table is loaded with the index version read in the same MULTI, and the worker
 brings it to the version a dequeue returns whenever that is newer, so it never
 matches against a stale index. A subscription change is logged with the version
@@ -40,6 +42,7 @@ from broker.core.selectors import Selector, compile_selector
 from broker.core.topic_rules import LinkGraph, TopicIndex, validate_topic
 from broker.core.topic_rules import matches as mqtt_matches
 from broker.core.topic_rules import validate_filter as mqtt_validate_filter
+from broker.topics.copies import one_copy, parse_copies
 from broker.topics.declared import parse_declared
 from broker.topics.links import parse_links
 from broker.topics.subscriptions import SubscriptionRecord, parse_subscriptions
@@ -71,6 +74,7 @@ _TYPES = {
     "proxies": "hash",
     "cluster_topics": "hash",
     "principals": "hash",
+    "copies": "hash",
 }
 
 
@@ -96,12 +100,16 @@ class Recipients:
         conditional: those among them with a selector or no-local (decided per publication).
         attributes: the effective topic-object attributes of the topic published on;
             None when the queue manager has no topic object but the base at its defaults.
+        one_of: groups of subscriptions of one client set to one copy per subscriber
+            (``broker.topics.copies``), earliest-made first: a publication goes to the first
+            of each group whose selector and no-local let it through; () when there is none.
     """
 
     qm: str
     sub_ids: tuple[str, ...]
     conditional: frozenset[str]
     attributes: Effective | None = None
+    one_of: tuple[tuple[str, ...], ...] = ()
     _bands: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def queues(self, priority: int = DEFAULT_PRIORITY) -> tuple[str, ...]:
@@ -141,6 +149,8 @@ class RoutingTable:
         self.direct = True
         self.declared = DeclaredTopics()
         self.links = LinkGraph()
+        #: the client ids that get one copy per subscriber (``{qm}:client_copies``; seed 000)
+        self.one_copy: frozenset[str] = frozenset()
         self.subscriptions: dict[str, SubscriptionRecord] = {}
         self.problems: list[CorruptRecord] = []
         self.selectors: dict[str, Selector] = {}
@@ -192,6 +202,7 @@ class RoutingTable:
             "proxies": keys.proxies(qm),
             "cluster_topics": keys.cluster_topics(qm),
             "principals": keys.principals(qm),
+            "copies": keys.client_copies(qm),
         }
         pipe = client.pipeline(transaction=True)
         for key in names.values():
@@ -203,6 +214,7 @@ class RoutingTable:
         pipe.hgetall(names["proxies"])
         pipe.hgetall(names["cluster_topics"])
         pipe.hkeys(names["principals"])
+        pipe.hgetall(names["copies"])
         pipe.zrange(keys.sub_changes(qm), 0, 0, withscores=True)  # the change log's epoch
         replies = pipe.execute(raise_on_error=False)
         first = replies.pop()  # an error when the log is foreign: no epoch, never applied alone
@@ -213,9 +225,9 @@ class RoutingTable:
         for reply in replies[len(names) :]:
             if isinstance(reply, Exception):
                 raise reply
-        version, subs, links, topics, manager, declared, network, proxies, clustered, principals = replies[
-            len(names) :
-        ]
+        version, subs, links, topics, manager, declared, network, proxies, clustered, principals, copies = (
+            replies[len(names) :]
+        )
         self._epoch = _epoch(first if isinstance(first, list) else [])
         #: the ingress streams of the principals (``broker.core.principals``): a worker waits on them too
         # each key as bytes, byte for byte the principal's name as Redis holds it: a client's
@@ -233,9 +245,12 @@ class RoutingTable:
         self.declared, declared_problems = parse_declared(qm, declared)
         problems += declared_problems
         problems += self.load_network_records(network, proxies, clustered)
+        one_copy, copies_problems = parse_copies(qm, copies)
+        problems += copies_problems
         self.version = None  # until rebuilt: a failure halfway leaves a table that is never refreshed alone
         self.links = graph
         self.tree = tree
+        self.one_copy = one_copy
         self._bounded = not tree.trivial
         self.index = TopicIndex() if self.scheme == "mqtt" else HierarchyIndex()
         self.subscriptions, self.selectors, self._conditional = {}, {}, set()
@@ -582,23 +597,32 @@ class RoutingTable:
         sub_ids: set[str] = set()
         tree = None if self.tree.trivial else self.tree
         for linked in self._reached(topic):
-            matched = self.index.match(linked)
-            if tree is not None and matched:
-                blocks = tree.effective(linked).blocks
-                if blocks:  # WILDCARD(BLOCK): wildcard subscriptions made above the object get nothing
-                    first = self._first_wildcard
-                    matched = {s for s in matched if first.get(s, blocks) >= blocks}
-            sub_ids |= matched
+            sub_ids |= self.matching(linked)
+        groups: tuple[tuple[str, ...], ...] = ()
+        if self.one_copy:  # one copy per subscriber for some client ids (seed 000)
+            sub_ids, groups = one_copy(sub_ids, self.one_copy, self.subscriptions, self._conditional)
         found = Recipients(
             self.qm,
             tuple(sorted(sub_ids)),
             frozenset(self._conditional.intersection(sub_ids)),
             None if tree is None else tree.effective(topic),
+            groups,
         )
         if len(self._cache) >= CACHE_TOPICS:
             self._cache.clear()
         self._cache[topic] = found
         return found
+
+    def matching(self, linked: str) -> set[str]:
+        """The subscriptions whose filter matches one topic reached (``_reached``) and that no
+        WILDCARD(BLOCK) keeps out (wildcard ones made above the blocking topic object)."""
+        matched = self.index.match(linked)
+        if not self.tree.trivial and matched:
+            blocks = self.tree.effective(linked).blocks
+            if blocks:
+                first = self._first_wildcard
+                matched = {s for s in matched if first.get(s, blocks) >= blocks}
+        return matched
 
     def _reached(self, topic: str) -> list[str]:
         """The topics a publication on ``topic`` is delivered on: the topic (under indirect selection,
@@ -642,6 +666,8 @@ class RoutingTable:
             return recipients.queues(priority)
         properties = entry.selector_properties()
         qm = self.qm
+        if recipients.one_of:
+            return self._one_of_queues(entry, recipients, properties, priority)
         kept = []
         for sub_id in recipients.sub_ids:
             if sub_id in recipients.conditional and not self.admits(
@@ -650,6 +676,21 @@ class RoutingTable:
                 continue
             kept.append(keys.sub_band(qm, sub_id, priority))
         return tuple(kept)
+
+    def _one_of_queues(
+        self, entry: Entry, recipients: Recipients, properties: dict[str, object], priority: int
+    ) -> tuple[str, ...]:
+        """``queues`` when a client set to one copy per subscriber has a group of subscriptions
+        here (``Recipients.one_of``): of each group, only the first that lets the publication through."""
+        conditional, client_id = recipients.conditional, entry.client_id
+        passes = {
+            s: s not in conditional or self.admits(s, properties, client_id, entry=entry)
+            for s in recipients.sub_ids
+        }
+        for group in recipients.one_of:
+            chosen = next((s for s in group if passes[s]), None)
+            passes.update((s, s == chosen) for s in group)
+        return tuple(keys.sub_band(self.qm, s, priority) for s in recipients.sub_ids if passes[s])
 
     def admits(
         self, sub_id: str, properties: dict[str, object], client_id: str | None, *, entry: Entry | None = None
@@ -679,18 +720,32 @@ class RoutingTable:
 
 @dataclass
 class Route:
-    """Where a publication on one topic goes.
+    """Where a publication on one topic goes, as a worker resolves it (``RoutingTable.resolve``).
 
     Attributes:
         topic: the topic published on.
         via: topic reached (the topic itself, then linked ones) -> subscription ids matching it.
-        subscriptions: the de-duplicated subscription ids that receive one copy each.
+        blocked: topic reached -> subscription ids whose filter matches it but that a
+            WILDCARD(BLOCK) topic object keeps out (only topics where some are).
+        subscriptions: the subscription ids that receive one copy each (before selectors and
+            no-local: ``conditional``).
+        conditional: those among them with a selector or no-local, decided per publication.
+        left_out: client id set to one copy per subscriber -> its matching subscriptions that get
+            no copy (only clients with some).
+        one_of: groups of one such client's subscriptions of which a publication goes to the
+            first its selector and no-local let through.
+        rule: the copies rule that applied, in words.
         problems: records skipped because they cannot be read (they match nothing).
     """
 
     topic: str
     via: dict[str, list[str]] = field(default_factory=dict)
+    blocked: dict[str, list[str]] = field(default_factory=dict)
     subscriptions: list[str] = field(default_factory=list)
+    conditional: list[str] = field(default_factory=list)
+    left_out: dict[str, list[str]] = field(default_factory=dict)
+    one_of: list[list[str]] = field(default_factory=list)
+    rule: str = ""
     problems: list[CorruptRecord] = field(default_factory=list)
 
 
@@ -708,19 +763,36 @@ def network_problems(client: redis.Redis, qm: str) -> list[CorruptRecord]:
 
 @translate_errors
 def explain(client: redis.Redis, qm: str, topic: str) -> Route:
-    """Resolve ``topic`` the way a worker does and say through which topics each subscription matched.
+    """Resolve ``topic`` as a worker does (``RoutingTable.resolve``, the one code path) and say
+    through which topics each subscription matched, which a WILDCARD(BLOCK) kept out, and which
+    copies rule applied (``broker.topics.copies``).
 
     Raises:
         InvalidTopic: the topic is invalid (with a suggestion).
-        ForeignKey: the subscription or link hash holds another Redis type.
+        ForeignKey: the subscription, link or copies hash holds another Redis type.
     """
     table = RoutingTable(qm)
     table.load(client)
+    recipients = table.resolve(topic)
     route = Route(topic, problems=list(table.problems))
-    seen: set[str] = set()
+    matched: set[str] = set()
     for linked in table._reached(topic):
-        matched = sorted(table.index.match(linked))
-        route.via[linked] = matched
-        seen.update(matched)
-    route.subscriptions = sorted(seen)
+        kept = table.matching(linked)
+        route.via[linked] = sorted(kept)
+        matched |= kept
+        blocked = table.index.match(linked) - kept
+        if blocked:
+            route.blocked[linked] = sorted(blocked)
+    route.subscriptions = list(recipients.sub_ids)
+    route.conditional = sorted(recipients.conditional)
+    route.one_of = [list(group) for group in recipients.one_of]
+    for sub_id in sorted(matched.difference(recipients.sub_ids)):
+        route.left_out.setdefault(sub_id.partition("$")[0], []).append(sub_id)
+    subscribers = sorted({s.partition("$")[0] for s in matched} & table.one_copy)
+    route.rule = (
+        f"one copy per subscriber for {', '.join(subscribers)} (seed 000's duplicate-subscriber check: "
+        "the earliest-made matching subscription); one per subscription for the others"
+        if subscribers
+        else "one copy per subscription (Jakarta Messaging)"
+    )
     return route
