@@ -36,7 +36,7 @@ key                                 type      contents                          
 ``{qm}:links``                      hash      source topic -> JSON ``{target: backward}``   admin                    workers, admin
 ``{qm}:client_copies``              hash      client id -> ``subscriber``: one copy of a    ``broker copies``        workers (routing table),
                                               publication per subscriber (seed 000), not                             ``broker topics`` explain
-                                              per subscription (``broker.topics.copies``)
+                                              per subscription (``broker.topics.copies``)                            ``broker status``
 ``{qm}:sub:<sub id>``               list      envelopes of priority 4 (the default); LPUSH  workers (commit.lua)     consumers (receive.lua)
                                               by workers, taken from the RIGHT (oldest)
 ``{qm}:sub:<sub id>:p<N>``          list      envelopes of priority N (0-3, 5-9), the same  workers (commit.lua)     consumers (receive.lua)

@@ -11,6 +11,7 @@ import pytest
 from broker import Publisher, subscribe
 from broker.core import clock, keys
 from broker.core.errors import ConfigError, ForeignKey
+from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.copies import PER_SUBSCRIBER, PER_SUBSCRIPTION, read_copies, set_copies
 from broker.topics.links import link, list_links, unlink
@@ -126,6 +127,7 @@ def test_copies_setting_refuses_bad_input_and_a_hand_written_value_is_a_problem(
     table.load(real_redis)
     assert [p.field for p in table.problems] == ["c"]
     assert read_copies(real_redis, QM)[0] == frozenset()
+    assert any("client_copies" in p and "'weird'" in p for p in status(real_redis, QM).problems)
     _publish(real_redis, settings, "/t")  # the unreadable value: one copy per subscription
     assert _copies(real_redis) == {"c$one": 1, "c$two": 1}
     real_redis.delete(keys.client_copies(QM))
