@@ -83,6 +83,23 @@ def test_figure_2_one_copy_per_subscriber_for_the_clients_set_so(real_redis, set
     assert "one copy per subscriber for A, B" in route.rule
 
 
+def test_a_running_worker_applies_a_copies_change_before_its_next_publication(real_redis, settings, ticking):
+    # Given a worker that loaded its routing table with one copy per subscription
+    _figure_2(real_redis)
+    workers = make_workers(real_redis, settings, 1)
+    publisher = Publisher(real_redis, QM, "p")
+    publisher.publish("/source", b"1")
+    drain(workers)
+    assert len(queue_messages(real_redis, QM, "A$topic1")) == 1
+    # When A is set to one copy per subscriber and the same worker handles the next publication
+    set_copies(real_redis, QM, "A", PER_SUBSCRIBER)
+    publisher.publish("/source", b"2")
+    drain(workers)
+    # Then A's later subscription got no copy of it
+    assert [m.body for m in queue_messages(real_redis, QM, "A$topic1")] == [b"1"]
+    assert [m.body for m in queue_messages(real_redis, QM, "A$source")] == [b"1", b"2"]
+
+
 def test_the_earliest_made_subscription_gets_the_copy_not_the_first_by_name(real_redis, settings, ticking):
     # Given client c's subscription on the linked target made before the one on the source
     link(real_redis, QM, "/news/london", "/news/england")

@@ -26,6 +26,8 @@ from broker.core.topic_rules import (
     validate_filter,
     validate_topic,
 )
+from broker.topics.copies import one_copy
+from broker.topics.subscriptions import SubscriptionRecord
 
 # --------------------------------------------------------------------------
 # Constants
@@ -829,3 +831,14 @@ def test_split_shared_returns_share_name_and_filter():
     assert split_shared("$share/grp/a/+") == ("grp", "a/+")
     assert split_shared("a/+") == ("", "a/+")
     assert split_shared("$sharex/a") == ("", "$sharex/a")
+
+
+def test_one_copy_keeps_the_earliest_made_and_groups_up_to_the_first_without_a_selector() -> None:
+    made = {"c$z": 1, "c$sel": 2, "c$plain": 3, "c$late": 4, "d$x": 5, "d$y": 6, "e$only": 7}
+    records = {s: SubscriptionRecord(s, "/t", True, ms) for s, ms in made.items()}
+    # c and d are set; c's earliest-made two have selectors, d's none; e has one subscription
+    kept, groups = one_copy(set(made), frozenset({"c", "d", "e"}), records, {"c$z", "c$sel"})
+    assert kept == {"c$z", "c$sel", "c$plain", "d$x", "e$only"}
+    assert groups == (("c$z", "c$sel", "c$plain"),)
+    # clients not set keep every subscription
+    assert one_copy(set(made), frozenset(), records, set()) == (set(made), ())
