@@ -45,8 +45,8 @@ from broker.core.models import Message
 from broker.core.selectors import like, select
 from broker.core.topic_rules import matches, validate_filter, validate_topic
 from broker.operations.status import status
+from broker.topics.explain import explain
 from broker.topics.links import link, list_links, unlink, unlink_all
-from broker.topics.routing import explain
 from broker.topics.subscriptions import list_subscriptions, subscribe, unsubscribe
 
 __all__ = [

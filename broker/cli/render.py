@@ -27,7 +27,7 @@ from broker.operations.dead_letters import DeadLetter
 from broker.operations.durables import Deletion
 from broker.operations.status import Snapshot, TopicNode, TopicStatus
 from broker.topics.declared import Declared
-from broker.topics.routing import Route
+from broker.topics.explain import Route
 from broker.topics.subscriptions import SubscriptionRecord
 from broker.topics.topic_objects import TopicObject
 
@@ -442,14 +442,29 @@ def _print_filters(by_filter: dict[str, list[str]]) -> None:
 def _print_route(route: Route) -> None:
     """``broker topics TOPIC``: each topic reached (published on, or linked), the subscriptions
     matched through it, then the subscriptions that get one copy each."""
-    table = _table("topic reached", "how", "subscriptions matched", title=f"route of {route.topic}")
+    table = _table(
+        "topic reached",
+        "how",
+        "subscriptions matched",
+        "kept out (WILDCARD(BLOCK))",
+        title=f"route of {route.topic}",
+    )
     for reached, matched in route.via.items():
         how = "published on" if reached == route.topic else "linked"
-        table.add_row(reached, how, ", ".join(matched) or "-")
+        table.add_row(
+            reached, how, ", ".join(matched) or "-", ", ".join(route.blocked.get(reached, [])) or "-"
+        )
     _console().print(table)
     n = len(route.subscriptions)
     listed = ": " + ", ".join(route.subscriptions) if route.subscriptions else ""
     click.echo(f"delivered once to {n} subscription{'' if n == 1 else 's'}{listed}")
+    click.echo(f"rule: {route.rule}")
+    for client_id, left_out in route.left_out.items():
+        click.echo(f"no copy (one per subscriber for {client_id}): {', '.join(left_out)}")
+    for group in route.one_of:
+        click.echo(f"one copy to the first that selects it: {', '.join(group)}")
+    if route.conditional:
+        click.echo(f"decided per publication (selector or no-local): {', '.join(route.conditional)}")
 
 
 def _print_declared(found: list[Declared]) -> None:

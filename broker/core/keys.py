@@ -34,6 +34,9 @@ key                                 type      contents                          
                                               ``SUB_CHANGES_MAX_LEN``, after the log's
                                               epoch ``"epoch <id>"`` scored 0
 ``{qm}:links``                      hash      source topic -> JSON ``{target: backward}``   admin                    workers, admin
+``{qm}:client_copies``              hash      client id -> ``subscriber``: one copy of a    ``broker copies``        workers (routing table),
+                                              publication per subscriber (seed 000), not                             ``broker topics`` explain
+                                              per subscription (``broker.topics.copies``)                            ``broker status``
 ``{qm}:sub:<sub id>``               list      envelopes of priority 4 (the default); LPUSH  workers (commit.lua)     consumers (receive.lua)
                                               by workers, taken from the RIGHT (oldest)
 ``{qm}:sub:<sub id>:p<N>``          list      envelopes of priority N (0-3, 5-9), the same  workers (commit.lua)     consumers (receive.lua)
@@ -406,6 +409,11 @@ SUB_CHANGES_MAX_LEN = 1000
 def links(qm: str) -> str:
     """The hash of topic links: ``{qm}:links``."""
     return f"{_tag(qm)}:links"
+
+
+def client_copies(qm: str) -> str:
+    """The per-client-id copies setting (``broker.topics.copies``): ``{qm}:client_copies``."""
+    return f"{_tag(qm)}:client_copies"
 
 
 def sub_prefix(qm: str) -> str:

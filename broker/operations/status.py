@@ -21,6 +21,7 @@ from broker.core.errors import BrokerError, ForeignKey, InvalidTopicFilter, tran
 from broker.core.schemes import scheme_of
 from broker.core.stream import GroupState, clock_problem, group_state
 from broker.core.topic_rules import validate_topic
+from broker.topics.copies import read_copies
 from broker.topics.links import read_links
 from broker.topics.routing import RoutingTable, network_problems
 from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions
@@ -278,6 +279,7 @@ def status(
     tree = _read(problems, "topic objects", lambda: read_tree(client, qm), None)
     problems += [str(p) for p in (*bad_subs, *bad_links, *(tree.problems if tree else []))]
     problems += [str(p) for p in _read(problems, "network records", lambda: network_problems(client, qm), [])]
+    problems += [str(p) for p in _read(problems, "copies", lambda: read_copies(client, qm), (None, []))[1]]
     scheme = _read(problems, "topic scheme", lambda: _scheme_text(client, qm), "?")
     if scheme.startswith("swiftmq"):  # the workers skip a filter the scheme refuses (it matches nothing)
         for record in subs:
@@ -414,8 +416,10 @@ def topic_status(
     effective = table.tree.effective(topic)
     attributes = [(name, effective.values[name], effective.source[name]) for name in sorted(effective.values)]
     via: dict[str, list[str]] = {}
+    kept: set[str] = set()
     for linked in table.links.closure(topic):
         via[linked] = sorted(table.index.match(linked))
+        kept |= table.matching(linked)
     publishers: dict[str, int] = {}
     last: int | None = None
     entries: Any = client.xrevrange(keys.publish_stream(qm), count=scan)
@@ -427,7 +431,7 @@ def topic_status(
         ms = int(wire.lenient_text(entry_id).split("-", 1)[0])
         last = ms if last is None else max(last, ms)
     delivered = list(table.resolve(topic).sub_ids)
-    blocked = sorted({s for matched in via.values() for s in matched} - set(delivered))
+    blocked = sorted({s for matched in via.values() for s in matched} - kept)  # not one copy's left out
     return TopicStatus(
         topic,
         attributes,
