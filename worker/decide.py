@@ -26,6 +26,7 @@ from broker.core.models import apply_topic_defaults, encode_envelope, parse_entr
 from broker.core.schemes import root_topic, separator
 from broker.core.topic_rules import limit_problem
 from broker.core.unit_of_work import Action, CommitBatch, UnitOfWork
+from broker.topics.queue_controllers import PersistenceModes
 from broker.topics.routing import RoutingTable
 
 log = logging.getLogger("broker.worker")
@@ -64,7 +65,7 @@ class Decider:
 
     Args:
         settings: the broker settings (limits, reply and dedup windows, max_deliveries, journal,
-            slow-subscriber conditions).
+            slow-subscriber conditions, queue controllers).
         table: the worker's routing table; the worker keeps it at the dequeue's version, and the
             decider reads it as it is at each call.
     """
@@ -74,6 +75,8 @@ class Decider:
         self.table = table
         #: root topic -> its slow-subscriber condition
         self.slow = {c.name: c for c in settings.slow_subscriber_conditions}
+        #: the delivery modes the queue controllers give subscriber queues; false when none does
+        self.persistence = PersistenceModes(settings)
 
     def batches(
         self, heads: dict[str, list[str]], entries: Entries, times: dict[str, int], now_ms: int
@@ -225,6 +228,10 @@ class Decider:
                 forwards = table.forwards(entry, attributes)
                 if forwards:
                     queues = (*queues, *forwards)
+            if self.persistence and queues:  # a queue controller's persistence mode (seed 003)
+                forced = self.persistence.apply(entry.header, queues)
+                if forced is not None and attributes is not None:
+                    delivery = attributes["pmsgdlv"] if forced else attributes["npmsgdlv"]
             envelope = encode_envelope(entry.header, entry.body) if queues else b""
             if self.slow and queues:
                 condition = self.slow.get(root_topic(entry.topic, table.scheme))

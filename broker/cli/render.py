@@ -89,7 +89,9 @@ def _describe_status(result: PublishResult) -> str:
 
 
 def _format_message(message: Message) -> str:
-    """One line per message: a body that is not one line of printable UTF-8 is printed as a bytes literal."""
+    """One line per message: topic, publisher, seq, priority, ``non-persistent`` for a NON_PERSISTENT
+    message (JMSDeliveryMode), the route; a body that is not one line of printable UTF-8 is printed as a
+    bytes literal."""
     try:
         body = message.body.decode("utf-8")
         if not body.isprintable():
@@ -98,8 +100,10 @@ def _format_message(message: Message) -> str:
         body = repr(message.body)
     seq = "-" if message.seq is None else str(message.seq)
     via = f"  from={'>'.join(message.route)}" if message.origin else ""
+    mode = "" if message.persistent else "  non-persistent"
     return (
-        f"{message.topic}  publisher={message.publisher}  seq={seq}  priority={message.priority}{via}  {body}"
+        f"{message.topic}  publisher={message.publisher}  seq={seq}  priority={message.priority}"
+        f"{mode}{via}  {body}"
     )
 
 

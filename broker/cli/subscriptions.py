@@ -107,7 +107,8 @@ def subscribe_command(
     root may be SQL-LIKE predicates (iit.%.US; '%' any run, '_' one character,
     '\\' escapes them).
 
-    Each line is: topic, publisher, sequence number, priority, body (text, or a
+    Each line is: topic, publisher, sequence number, priority, "non-persistent" for a
+    NON_PERSISTENT message (its own delivery mode, or its queue controller's), body (text, or a
     Python bytes literal when not UTF-8), and "redelivered=N" for a message
     delivered before to a consumer that died. Each message is acknowledged after
     it is printed. Ctrl-C or SIGTERM stops it orderly: messages not yet acknowledged are given
@@ -135,13 +136,8 @@ def subscribe_command(
             shared=shared,
             selector=selector,
             no_local=no_local,
-            consumer_modes=settings.consumer_modes,
+            settings=settings,
             topic_object=topic_object,
-            scheme=settings.topic_scheme,
-            max_topic_bytes=settings.max_topic_bytes,
-            max_topic_levels=settings.max_topic_levels,
-            max_subscriptions_per_client=settings.max_subscriptions_per_client,
-            max_selector_bytes=settings.max_selector_bytes,
         )
     except ServerError as exc:
         if not (settings.security and _refused_by_acl(exc)):

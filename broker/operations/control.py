@@ -289,11 +289,7 @@ class ControlServer:
             name=name,
             selector=fields.get("selector") or None,
             no_local=no_local,
-            consumer_modes=settings.consumer_modes,
-            max_topic_bytes=settings.max_topic_bytes,
-            max_topic_levels=settings.max_topic_levels,
-            max_subscriptions_per_client=settings.max_subscriptions_per_client,
-            max_selector_bytes=settings.max_selector_bytes,
+            settings=settings,  # its queue controllers, scheme and limits, as ``broker subscribe``
         )
         log.info("control request: subscription %s made for client id %s", record.sub_id, client_id)
         return {"ok": True, "subscription": record.sub_id, "record": json.loads(record.to_json())}
