@@ -119,6 +119,20 @@ class Snapshot:
     problems: list[str]
 
 
+def _expired(client: redis.Redis, qm: str, sub_id: str) -> int | None:
+    """Messages expired while waiting in a subscription: its own count (``keys.sub_expired``)
+    plus protocol 5's field in ``{qm}:expired``; None when its own count cannot be read."""
+    try:
+        own = int(client.get(keys.sub_expired(qm, sub_id)) or 0)
+    except (redis.ResponseError, ValueError):  # its consumers' own key, written by hand: unknown
+        return None
+    try:
+        old = int(client.hget(keys.expired(qm), sub_id) or 0)
+    except (redis.ResponseError, ValueError):
+        old = 0
+    return own + old
+
+
 def _subscription_row(
     client: redis.Redis, qm: str, record: SubscriptionRecord, foreign: bool
 ) -> SubscriptionRow:
@@ -127,9 +141,9 @@ def _subscription_row(
     try:
         skipped: int | None = int(client.hget(keys.skipped(qm), record.sub_id) or 0)
         slow: int | None = int(client.hget(keys.slow(qm), record.sub_id) or 0)
-        expired: int | None = int(client.hget(keys.expired(qm), record.sub_id) or 0)
     except (redis.ResponseError, ValueError):  # a foreign or corrupt counter hash: unknown
-        skipped = slow = expired = None
+        skipped = slow = None
+    expired = _expired(client, qm, record.sub_id)
     return SubscriptionRow(
         id=record.sub_id,
         filter=record.shown_filter,
