@@ -139,7 +139,7 @@ START_WAIT_MS = 60_000
 
 def _load_library(client: Any) -> None:
     """Load (or upgrade) the consumer function library ``broker`` (``broker.core.library``); a worker
-    whose ACL user may not (made before the library: ``broker acl rotate`` gives it the new
+    whose ACL user may not (made before the library: ``broker acl add`` again gives it the new
     rules) says so and goes on: consumers then need another worker, or ``broker server``, to load it."""
     try:
         if load_library(client):

@@ -304,10 +304,12 @@ the stream is trimmed). A field larger than ``max_body_bytes`` (the body, or a
 (``dlq.body_bytes``, ``dlq.props_bytes``) gives its size instead. Only the first 1,000
 fields of an entry are copied: ``dlq.fields`` then gives how many it had. An entry of an
 ingress stream refused because its ``publisher`` is not bound to the principal also has
-``dlq.principal`` (that principal). A poison message of one subscription (``recover.lua``: more
-than ``max_redeliveries`` failed deliveries; ``receive.lua``: expired, with ``expired_to_dlq``;
-``reject.lua``: a malformed envelope, reason ``malformed envelope: ...``)
-has ``envelope``, ``dlq.reason``, ``dlq.entry_id`` and ``dlq.subscription`` instead.
+``dlq.principal`` (that principal). A poison message of one subscription (``broker_recover``:
+more than ``max_redeliveries`` failed deliveries; ``broker_receive``: expired, with
+``expired_to_dlq``; ``broker_reject``: a malformed envelope, reason ``malformed envelope: ...``)
+has ``envelope``, ``dlq.reason``, ``dlq.entry_id`` and ``dlq.subscription`` instead, and is an
+entry of the subscription's own poison stream ``{qm}:sub:<id>:poison``, never of ``{qm}:dlq``
+(which only the broker's roles write; protocol 5 put them there).
 
 ``broker dlq`` (``broker.operations.dead_letters``) lists, shows, replays and purges dead letters (``XDEL``).
 Replay re-publishes a refused publication (``lua/replay.lua``: ``XADD`` and ``XDEL`` in one

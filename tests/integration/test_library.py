@@ -313,3 +313,19 @@ def test_protocol_5s_shared_expired_counts_are_still_shown(real_redis, sub):
     real_redis.set(keys.sub_expired(QM, sub), 2)
     [row] = [row for row in status(real_redis, QM).subscriptions if row.id == sub]
     assert row.expired == 5
+
+
+def test_the_metrics_count_the_poison_messages_of_every_subscription(real_redis, settings, sub):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from broker.operations.metrics import RedisCollector
+
+    # Given two poison messages in one subscription's poison stream, one in another's
+    bob = subscribe(real_redis, QM, "t", "bob", "orders").sub_id
+    for sub_id, n in ((sub, 2), (bob, 1)):
+        for i in range(n):
+            real_redis.xadd(keys.sub_poison(QM, sub_id), {"envelope": envelope(i), "dlq.reason": "x"})
+    registry = CollectorRegistry()
+    registry.register(RedisCollector(real_redis, settings.model_copy(update={"qm": QM})))
+    # When Prometheus scrapes, Then the gauge counts all three
+    assert "broker_poison_messages 3.0" in generate_latest(registry).decode().splitlines()

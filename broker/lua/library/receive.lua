@@ -78,7 +78,7 @@ if max_consumers > 0 then
 end
 if must_hold then
   -- the holder keeps the subscription while its lease (its deadline in the
-  -- consumers zset) runs; a dead holder's messages are given back by recover.lua
+  -- consumers zset) runs; a dead holder's messages are given back by broker_recover
   local holder = redis.call('GET', active)
   if holder and holder ~= consumer then
     local deadline = tonumber(redis.call('ZSCORE', consumers, holder) or '0')
