@@ -96,7 +96,7 @@ class Snapshot:
         stream_length: entries in the publish stream.
         pending: entries read by the workers and not yet committed.
         lag: entries not yet read.
-        dead_lettered: entries in the dead-letter queue.
+        dead_lettered: entries in the broker's dead-letter stream ``{qm}:dlq``.
         active_publishers: publishers with a FIFO now.
         version: the routing index version (an int; the raw text when it is not a number).
         subscriptions: one row per subscription.
@@ -104,6 +104,8 @@ class Snapshot:
         topic_scheme: the queue manager's topic scheme ("?" when it cannot be read).
         workers: one row per worker heartbeat, by name.
         problems: foreign keys, records that cannot be read, a broken publish stream, one line each.
+        poison: poison messages in the subscriptions' own poison streams (``{qm}:sub:<id>:poison``;
+            one of another type counts 0).
     """
 
     stream_length: int
@@ -117,6 +119,7 @@ class Snapshot:
     topic_scheme: str
     workers: list[WorkerRow]
     problems: list[str]
+    poison: int = 0
 
 
 def _expired(client: redis.Redis, qm: str, sub_id: str) -> int | None:
@@ -376,7 +379,17 @@ def status(
         topic_scheme=scheme,
         workers=workers,
         problems=problems,
+        poison=_poison(client, qm, subs),
     )
+
+
+def _poison(client: redis.Redis, qm: str, subs: list[SubscriptionRecord]) -> int:
+    """Poison messages of every subscription (one ``XLEN`` each, pipelined); a key of another type,
+    or one this user may not read, counts 0."""
+    pipe = client.pipeline(transaction=False)
+    for record in subs:
+        pipe.xlen(keys.sub_poison(qm, record.sub_id))
+    return sum(n for n in pipe.execute(raise_on_error=False) if isinstance(n, int))
 
 
 @dataclass

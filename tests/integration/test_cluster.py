@@ -148,4 +148,7 @@ def test_the_function_library_is_loaded_on_every_master_and_called_by_the_subscr
             assert node.fcall_ro("broker_version", 0) == keys.PROTOCOL_VERSION
     for qm in _qms_on_different_masters(local_cluster, 3):
         key = keys.sub_queue(qm, "app$x")
-        assert library.fcall(cluster_client, "broker_receive", key, "c1", 1, 1_000, "", "shared") == [b"ok", 0]
+        assert library.fcall(cluster_client, "broker_receive", key, "c1", 1, 1_000, "", "shared") == [
+            b"ok",
+            0,
+        ]

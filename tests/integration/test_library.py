@@ -315,7 +315,9 @@ def test_protocol_5s_shared_expired_counts_are_still_shown(real_redis, sub):
     assert row.expired == 5
 
 
-def test_the_metrics_count_the_poison_messages_of_every_subscription(real_redis, settings, sub):
+def test_the_metrics_and_the_status_count_the_poison_messages_of_every_subscription(
+    real_redis, settings, sub
+):
     from prometheus_client import CollectorRegistry, generate_latest
 
     from broker.operations.metrics import RedisCollector
@@ -329,3 +331,5 @@ def test_the_metrics_count_the_poison_messages_of_every_subscription(real_redis,
     registry.register(RedisCollector(real_redis, settings.model_copy(update={"qm": QM})))
     # When Prometheus scrapes, Then the gauge counts all three
     assert "broker_poison_messages 3.0" in generate_latest(registry).decode().splitlines()
+    # and broker status shows them too
+    assert status(real_redis, QM).poison == 3
