@@ -159,19 +159,18 @@ def _other_queue(scene: Scene) -> str:
 
 HARMS: tuple[Harm, ...] = (
     # the broker's dead letters
-    Harm("trim-the-dead-letters", lambda s: s.evil.xtrim(keys.dead_letter(QM), maxlen=0), FN),
-    Harm("delete-the-dead-letters", lambda s: s.evil.delete(keys.dead_letter(QM)), FN),
+    Harm("trim-the-dead-letters", lambda s: s.evil.xtrim(keys.dead_letter(QM), maxlen=0)),
+    Harm("delete-the-dead-letters", lambda s: s.evil.delete(keys.dead_letter(QM))),
     Harm(
         "rename-the-dead-letters",
         lambda s: s.evil.rename(keys.dead_letter(QM), keys.sub_queue(QM, f"{EVIL}$stolen")),
-        FN,
     ),
-    Harm("plant-the-dead-letter-queue", _plant(lambda s: keys.dead_letter(QM)), FN),
-    Harm("forge-a-dead-letter", _forge_dead_letter, FN),
+    Harm("plant-the-dead-letter-queue", _plant(lambda s: keys.dead_letter(QM))),
+    Harm("forge-a-dead-letter", _forge_dead_letter),
     # keys shared by every subscription
-    Harm("plant-last-active", _plant(lambda s: keys.last_active(QM)), FN),
-    Harm("plant-expired", _plant(lambda s: keys.expired(QM)), FN),
-    Harm("busy-loop-in-eval", _busy_loop, FN),
+    Harm("plant-last-active", _plant(lambda s: keys.last_active(QM))),
+    Harm("plant-expired", _plant(lambda s: keys.expired(QM))),
+    Harm("busy-loop-in-eval", _busy_loop),
     # its own subscription's keys
     Harm("plant-its-own-queue", _plant(lambda s: keys.sub_queue(QM, s.evil_sub.sub_id)), UNAVAIL),
     Harm("plant-its-own-bell", _plant(lambda s: keys.sub_bell(QM, s.evil_sub.sub_id))),
