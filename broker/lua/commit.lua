@@ -49,9 +49,11 @@
 -- the copies the call gave it; a copy's depth, that plus its place among them. Only
 -- "hot" bands are followed: those past the start depth after the pushes; any other
 -- stayed where the delay is 0. The delay is posted in the result
--- ("flow_control_delay_ms") and, when above 0, set on the publisher's flow key (the
--- largest of its publications in the call, PX that delay), which a publisher that
--- does not wait for results reads.
+-- ("flow_control_delay_ms": its copies are then gone over in order, the only
+-- per-copy work) and, when above 0, set on the publisher's flow key (PX that delay),
+-- which a publisher that does not wait for results reads: the delay of the deepest
+-- band its publications in the call went to, as deep as the call leaves it (worked
+-- out once per recipient set).
 --
 -- Slow-subscriber conditions (a unit's option "slow", seed 003): a publication whose
 -- root topic has a condition that applies to it gives no copy to a watched
@@ -600,8 +602,8 @@ local function drop_copy(n, u, k, skip)
   return skip
 end
 
--- Settle delivered unit n after the pushes, going over its copies in the plan's order: drop those
--- of failed bands; returns the deepest hot band it went to (flow control).
+-- Go over delivered unit n's copies in the plan's order: drop those of failed bands; returns the
+-- deepest hot band its copy met, itself included (its result's delay).
 local seen = {}  -- KEYS index -> copies gone over
 local function settle_unit(n, u, set)
   local skip, depth = skip_of[n], 0
@@ -619,17 +621,36 @@ local function settle_unit(n, u, set)
   end
   return depth
 end
--- Only when a push failed or flow control is in force: otherwise nothing to settle.
+
+-- The deepest hot band unit n went to, as deep as this call leaves it: its publisher's flow key
+-- (once per set, unless the unit skipped some of it).
+local set_after = {}
+local function after_depth(n, set)
+  local skip, depth = skip_of[n], 0
+  for i = 1, #set do
+    local k = set[i]
+    if hot[k] and after[k] > depth and not (skip and skip[k]) then depth = after[k] end
+  end
+  if not skip then set_after[set] = depth end
+  return depth
+end
+
+-- Settle the delivered units after the pushes, only when a push failed or flow control is in
+-- force: their copies one by one only when a push failed or a result must post its own delay.
+local replay = any_failed or (flowing and next(reply_of) ~= nil)
 local un = 0
-for u = first, (any_failed or flowing) and #ARGV or 0, UNIT do
+for u = first, (replay or flowing) and #ARGV or 0, UNIT do
   un = un + 1
   local packed = ARGV[u + RECIPIENTS]
   if out[3 * un - 2] == DELIVERED and packed ~= '' then
-    local depth, t = settle_unit(un, u, sets[packed]), turns[ARGV[u + PUBLISHER]]
-    -- the delay grows with the depth: a publisher's largest is that of the deepest band its
-    -- publications met (t.depth); a result posts its own
-    if depth > t.depth then t.depth = depth end
-    if reply_of[un] and flowing then delay_of[un] = flow_delay(depth) end
+    local set = sets[packed]
+    local depth = replay and settle_unit(un, u, set)
+    if flowing then
+      local t, deepest_after = turns[ARGV[u + PUBLISHER]], not skip_of[un] and set_after[set]
+      if not deepest_after then deepest_after = after_depth(un, set) end
+      if deepest_after > t.depth then t.depth = deepest_after end
+      if depth then delay_of[un] = flow_delay(depth) end
+    end
   end
 end
 
