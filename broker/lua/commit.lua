@@ -157,7 +157,6 @@ if journal_len == 0 then UNIT = 6 end  -- no journal field per unit without the 
 local FIRST_QUEUE = 9
 local skipped_key, slow_key = KEYS[7], KEYS[8]
 local watching = limits_arg ~= ''
-local nunits = (#ARGV - first + 1) / UNIT
 
 -- Outcomes, as the reply codes them (broker.core.unit_of_work.OUTCOMES) and the result names them.
 local DELIVERED, DUPLICATE, EXPIRED, REFUSED, SKIPPED = 1, 2, 3, 4, 5
