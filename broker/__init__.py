@@ -7,6 +7,7 @@ The wire protocol is documented in ``broker.core.keys``.
 """
 
 from broker.clients.consumer import Delivery, Subscriber
+from broker.clients.control import request_subscription, request_unsubscribe
 from broker.clients.publish import Publisher, PublishResult
 from broker.core.config import Settings, load_settings
 from broker.core.connection import connect
@@ -27,8 +28,10 @@ from broker.core.errors import (
     LinkCycle,
     NoSuchLink,
     NoSuchSubscription,
+    NotAuthorized,
     PublicationRefused,
     ReplyTimeout,
+    RequestRefused,
     SelectorTooComplex,
     ServerError,
     ServerFull,
@@ -66,10 +69,12 @@ __all__ = [
     "Message",
     "NoSuchLink",
     "NoSuchSubscription",
+    "NotAuthorized",
     "PublicationRefused",
     "PublishResult",
     "Publisher",
     "ReplyTimeout",
+    "RequestRefused",
     "SelectorTooComplex",
     "ServerError",
     "ServerFull",
@@ -87,6 +92,8 @@ __all__ = [
     "list_subscriptions",
     "load_settings",
     "matches",
+    "request_subscription",
+    "request_unsubscribe",
     "select",
     "status",
     "subscribe",

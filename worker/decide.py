@@ -8,7 +8,9 @@ the ``commit.lua`` calls of the round (``CommitBatch``, at most ``COMMIT_CHUNK``
 
 Nothing here reads or writes Redis: the routing table was loaded by the worker
 (``broker.topics.routing.RoutingTable``), the entries were read by the dequeue, and the time is given, so
-every rule can be tested without a server (``tests/unit/test_decide.py``). Nothing here raises
+every rule can be tested without a server (``tests/unit/test_decide.py``). A principal with publish
+grants (``broker.topics.grants``) publishing on a topic none of them matches is refused here, inside
+the unit of work, dead-lettered with the reason and answered like every refusal. Nothing here raises
 either: an entry that cannot be handled is refused with the reason (bad input never stops a worker).
 """
 
@@ -199,6 +201,12 @@ class Decider:
             if over is not None:
                 raise InvalidTopic(entry.topic, over)
             recipients = table.resolve(entry.topic)
+            grants = table.grants  # None without grants: nothing else is spent per publication
+            if grants is not None and "origin" not in entry.header:  # checked at its own queue manager
+                principal = entry.header.get("principal")
+                if not grants.may_publish(principal, entry.topic):
+                    reason = f"not authorized: principal {principal} may not publish on {entry.topic!r}"
+                    return self.refusal(publisher, entry_id, fields, reason)
             attributes = recipients.attributes
             if attributes is not None:  # a topic object at or above the topic (broker.topics.topic_objects)
                 dead_letter = attributes["usedlq"] == "YES"

@@ -195,8 +195,8 @@ def _publish_refusal(refused: str, principal: str, role: str | None) -> str:
     """A publication the ACL refused, worded for the URL user's role (``broker.operations.acl.role_of``)."""
     if role == "publisher":
         return (
-            f"{refused}: user {principal} may publish only under the publisher ids bound to it; give one "
-            f"with --publisher (an entry under another id is dead-lettered, not delivered)"
+            f"{refused}: user {principal} may publish only under the publisher ids bound to it, so this "
+            f"publication is not delivered; give one of them with --publisher"
         )
     if role is not None:
         return (

@@ -57,7 +57,7 @@ def _xadd_direct(
     lost may have been applied (the caller raises ``ConnectionLost``, the msgid says how to retry).
 
     Returns:
-        ``(entry id, the flow key's value or None)``.
+        ``(entry id, the flow key's value, None, or the GET's error when the server refused it)``.
 
     Raises:
         redis.ConnectionError, redis.TimeoutError: the connection failed (it is dropped).
@@ -76,7 +76,10 @@ def _xadd_direct(
             if flow_key is not None:
                 conn.read_response()  # the GET's reply: keep the connection in step
             raise
-        flow = conn.read_response() if flow_key is not None else None
+        try:
+            flow = conn.read_response() if flow_key is not None else None
+        except redis.ResponseError as refused:  # the XADD was applied: the caller decides
+            flow = refused
     finally:
         pool.release(conn)
     return added, flow
@@ -256,7 +259,9 @@ class Publisher:
             ConnectionLost: the server cannot be reached.
             ServerFull: the server is out of memory (``maxmemory``): the publication was not
                 written; publish it again (same msgid) once memory is freed. Raised at once.
-            ServerError: the server refused the write otherwise.
+            ServerError: the server refused the write otherwise, or the entry was written under a
+                publisher id this ACL user is not bound to (its flow key is refused; the broker
+                dead-letters the entry).
         """
         if topic_object is not None:
             topic = topic_of(self.client, self.qm, topic_object, topic)
@@ -281,9 +286,15 @@ class Publisher:
                 )
             else:
                 added, flow = self._xadd_commands(fields, read_flow)
-            if read_flow:
-                delay = parse_delay(flow)
             entry_id = as_bytes(added).decode()
+            if isinstance(flow, redis.exceptions.NoPermissionError):
+                # the XADD went through: only an unbound publisher id's flow key is out of reach
+                raise ServerError(
+                    f"message {msgid} was written under publisher id {self.publisher_id}, which is not "
+                    f"this user's (its flow key: {flow}); the broker dead-letters it"
+                ) from flow
+            if read_flow and not isinstance(flow, Exception):
+                delay = parse_delay(flow)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # Unknown outcome: a retry with the same msgid must carry the same seq.
             self.next_seq = seq
@@ -319,7 +330,7 @@ class Publisher:
         a client ``publish`` does not write to directly (a cluster, fakeredis): one round trip.
 
         Returns:
-            ``(entry id, the flow key's value or None)``.
+            ``(entry id, the flow key's value, None, or the GET's error)``, as ``_xadd_direct``.
 
         Raises:
             redis.RedisError: as redis-py raises it (the XADD's own error when it failed).
@@ -357,6 +368,11 @@ class Publisher:
                 got = self.client.blpop([reply_key], timeout=slice_s)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ConnectionLost(f"waiting for the result of message {msgid} failed: {exc}") from exc
+        except redis.exceptions.NoPermissionError as exc:  # the XADD went through: see publish
+            raise ServerError(
+                f"message {msgid} was written under publisher id {self.publisher_id}, which is not this "
+                f"user's (its result: {exc}); the broker dead-letters it"
+            ) from exc
         except redis.ResponseError as exc:
             raise ServerError(f"publish refused by the server: {exc}") from exc
         if got is None:

@@ -585,6 +585,34 @@ class RepairRefused(BrokerError):
     exit_code = 3
 
 
+class NotAuthorized(BrokerError):
+    """A user's grants (``broker acl grant``, ``broker.topics.grants``) do not cover what it asked:
+    a subscription requested on a filter none of its subscribe grants covers. (A publication
+    outside its publish grants is refused by the workers and dead-lettered: ``PublicationRefused``.)"""
+
+    exit_code = 3
+
+
+class NoSuchGrant(BrokerError, LookupError):
+    """``broker acl revoke`` named a grant the user does not have; nothing was changed."""
+
+    exit_code = 2
+
+
+class RequestRefused(BrokerError):
+    """The broker answered a control request (``broker.clients.control``) with an error.
+
+    Attributes:
+        kind: the name of the error the broker raised (``NotAuthorized``, ``InvalidTopicFilter``...).
+        exit_code: that error's exit code (3 when the answer names none).
+    """
+
+    def __init__(self, message: str, kind: str = "", exit_code: int = 3) -> None:
+        self.kind = kind
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
 # --- translating redis-py's errors: the one place ---------------------------------------------
 
 #: A script's foreign-key error reply (``require_types`` in ``lua/lib.lua``); the server may

@@ -108,6 +108,13 @@ key                                 type      contents                          
 ``{qm}:principals``                 hash      principal -> publisher ids bound to it, one   ``broker acl add``       dequeue.lua, workers
                                               per line
 ``{qm}:acl``                        hash      user -> JSON role and bindings (no password)  ``broker acl``           ``broker acl list/file``
+``{qm}:grants``                     hash      user -> JSON publish / subscribe grants       ``broker acl grant``     workers (publish
+                                              (topic filters, topic object names)           (admin)                  grants), control requests
+``{qm}:ctl:<client id>``            stream    subscribe / unsubscribe requests of one       its subscriber user      workers (housekeeping;
+                                              client id (``op``, ``name``, ``topic``...)    (XADD)                   XDEL once answered)
+``{qm}:ctl:<client id>:reply:<r>``  list      the answer to request ``<r>``: JSON ``ok``,   workers (RPUSH, PX)      its subscriber (BLPOP)
+                                              ``subscription`` or ``error``
+``{qm}:ctl_lock``                   string    the worker answering control requests, PX     workers (SET NX)         workers
 ==================================  ========  ============================================  =======================  ==========================
 
 Keys whose names are built inside Lua from data the script reads are built
@@ -757,3 +764,39 @@ def pub_pattern(qm: str) -> str:
 
 #: The Redis type of each per-publisher key, by the suffix after the publisher id.
 PUB_KEY_TYPES = {":fifo": "list", ":turn": "string", ":flow": "string"}
+
+
+# --- Grants and control requests (``broker.topics.grants``, ``broker.operations.control``) ---
+
+
+def grants(qm: str) -> str:
+    """Per-topic authorization, ``{qm}:grants``: hash user -> JSON ``{"publish": [filter...],
+    "publish_objects": [name...], "subscribe": [...], "subscribe_objects": [...]}``."""
+    return f"{_tag(qm)}:grants"
+
+
+def control_prefix(qm: str) -> str:
+    """Prefix of the control streams, ``{qm}:ctl:`` (a client id follows)."""
+    return f"{_tag(qm)}:ctl:"
+
+
+def control(qm: str, client_id: str) -> str:
+    """The control stream of one client id, ``{qm}:ctl:<client id>``: its subscriber user XADDs
+    subscribe and unsubscribe requests there (client ids hold no ``:``)."""
+    return f"{control_prefix(qm)}{client_id}"
+
+
+def control_reply(qm: str, client_id: str, request_id: str) -> str:
+    """The answer to one control request, ``{qm}:ctl:<client id>:reply:<request id>``: a list
+    holding one JSON answer, with a TTL."""
+    return f"{control(qm, client_id)}:reply:{request_id}"
+
+
+def control_reply_pattern(qm: str, client_id: str) -> str:
+    """A pattern matching every answer key of ``client_id``: ``{qm}:ctl:<client id>:reply:*``."""
+    return glob_escape(control(qm, client_id)) + ":reply:*"
+
+
+def control_lock(qm: str) -> str:
+    """The lock of the worker answering control requests, ``{qm}:ctl_lock`` (SET NX PX): one at a time."""
+    return f"{_tag(qm)}:ctl_lock"

@@ -13,7 +13,9 @@ subscriber  read, write, list, hash, zset, scripting      ``{qm}:sub:<client id>
             (the consumer scripts), no dangerous ones     and consumer state); ``{qm}:subs``, ``{qm}:version``,
                                                           ``{qm}:manager``, ``{qm}:topics`` (read);
                                                           ``{qm}:expired``, ``{qm}:last_active``,
-                                                          ``{qm}:dlq`` (counters; expired, malformed dead letters)
+                                                          ``{qm}:dlq`` (counters; expired, malformed dead letters);
+                                                          ``{qm}:ctl:<client id>`` (write: its control requests),
+                                                          ``{qm}:ctl:<client id>:reply:*`` (their answers)
 worker      read, write, stream, list, hash, set, zset,   ``{qm}:*``
             string, keyspace, scripting, transactions;
             no dangerous or admin ones but INFO
@@ -170,6 +172,9 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
             f"~{keys.expired(qm)}",
             f"~{keys.last_active(qm)}",
             f"~{keys.dead_letter(qm)}",
+            # its subscribe / unsubscribe requests (broker.operations.control) and their answers
+            f"%W~{keys.glob_escape(keys.control(qm, spec.client_id))}",
+            f"~{keys.control_reply_pattern(qm, spec.client_id)}",
         ]
     elif spec.role in ("worker", "admin", "channel"):
         out += [*OPERATOR, f"~{keys.all_keys_pattern(qm)}"]

@@ -41,6 +41,7 @@ from broker.core.topic_rules import LinkGraph, TopicIndex, validate_topic
 from broker.core.topic_rules import matches as mqtt_matches
 from broker.core.topic_rules import validate_filter as mqtt_validate_filter
 from broker.topics.declared import parse_declared
+from broker.topics.grants import Grants, parse_grants
 from broker.topics.links import parse_links
 from broker.topics.subscriptions import SubscriptionRecord, parse_subscriptions
 from broker.topics.topic_objects import Effective, TopicTree, fixed_prefix
@@ -71,6 +72,7 @@ _TYPES = {
     "proxies": "hash",
     "cluster_topics": "hash",
     "principals": "hash",
+    "grants": "hash",
 }
 
 
@@ -165,6 +167,8 @@ class RoutingTable:
         self.cluster_topics: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self._forward_cache: dict[tuple[str, str, tuple[str, ...]], tuple[str, ...]] = {}
         self.ingress: tuple[bytes, ...] = ()
+        #: the users' grants (``broker.topics.grants``), None when nobody has one: nothing to check
+        self.grants: Grants | None = None
         #: apply logged subscription changes alone (``refresh``); False: always reload whole
         self.incremental = True
         self._script: tuple[redis.Redis, Any] | None = None
@@ -192,6 +196,7 @@ class RoutingTable:
             "proxies": keys.proxies(qm),
             "cluster_topics": keys.cluster_topics(qm),
             "principals": keys.principals(qm),
+            "grants": keys.grants(qm),
         }
         pipe = client.pipeline(transaction=True)
         for key in names.values():
@@ -203,6 +208,7 @@ class RoutingTable:
         pipe.hgetall(names["proxies"])
         pipe.hgetall(names["cluster_topics"])
         pipe.hkeys(names["principals"])
+        pipe.hgetall(names["grants"])
         pipe.zrange(keys.sub_changes(qm), 0, 0, withscores=True)  # the change log's epoch
         replies = pipe.execute(raise_on_error=False)
         first = replies.pop()  # an error when the log is foreign: no epoch, never applied alone
@@ -213,9 +219,9 @@ class RoutingTable:
         for reply in replies[len(names) :]:
             if isinstance(reply, Exception):
                 raise reply
-        version, subs, links, topics, manager, declared, network, proxies, clustered, principals = replies[
-            len(names) :
-        ]
+        version, subs, links, topics, manager, declared, network, proxies, clustered, principals, granted = (
+            replies[len(names) :]
+        )
         self._epoch = _epoch(first if isinstance(first, list) else [])
         #: the ingress streams of the principals (``broker.core.principals``): a worker waits on them too
         # each key as bytes, byte for byte the principal's name as Redis holds it: a client's
@@ -233,9 +239,12 @@ class RoutingTable:
         self.declared, declared_problems = parse_declared(qm, declared)
         problems += declared_problems
         problems += self.load_network_records(network, proxies, clustered)
+        grants, grant_problems = parse_grants(qm, granted, tree, self.scheme)
+        problems += grant_problems
         self.version = None  # until rebuilt: a failure halfway leaves a table that is never refreshed alone
         self.links = graph
         self.tree = tree
+        self.grants = grants
         self._bounded = not tree.trivial
         self.index = TopicIndex() if self.scheme == "mqtt" else HierarchyIndex()
         self.subscriptions, self.selectors, self._conditional = {}, {}, set()
@@ -331,7 +340,7 @@ class RoutingTable:
         reload the whole table (``load``).
 
         Only subscription changes are logged; any other version bump (links, topic objects,
-        declared topics, the network, principals), a log trimmed past the table's version, an
+        declared topics, the network, principals, grants), a log trimmed past the table's version, an
         absent log, a log other than the one the table was loaded with (its epoch differs: made
         anew after a reset), one that cannot be read (another type, an entry that is not
         ``"<version> <sub id>"``), and a changed record that cannot be read all reload the whole

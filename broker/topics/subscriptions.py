@@ -265,6 +265,7 @@ def subscribe(
     max_topic_levels: int = DEFAULT_MAX_TOPIC_LEVELS,
     max_subscriptions_per_client: int = DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
     max_selector_bytes: int = DEFAULT_MAX_SELECTOR_BYTES,
+    name: str | None = None,
 ) -> SubscriptionRecord:
     """Create a subscription (or attach to an existing one with the same filter and options).
 
@@ -301,6 +302,8 @@ def subscribe(
             subscribes never go over it; attaching to an existing subscription is not counted.
         max_selector_bytes: the longest selector accepted, bytes of UTF-8
             (``Settings.max_selector_bytes``), checked before it is parsed.
+        name: a non-durable subscription's name (its id ``<client id>$<name>``); None: generated
+            (``nd-<hex>``). Ignored when ``durable_name`` is given.
 
     Returns:
         The subscription record; ``sub_id`` names its queue.
@@ -336,7 +339,7 @@ def subscribe(
     if share:
         check_name("ShareName", share)
         shared = True
-    name = durable_name if durable_name is not None else _generated_name(shared, inner, selector)
+    name = durable_name if durable_name is not None else name or _generated_name(shared, inner, selector)
     check_name("subscription name", name)
     if scheme is not None:
         recorded_scheme(client, qm, scheme)  # records it, or refuses a process configured otherwise

@@ -869,6 +869,15 @@ def test_broker_publish_as_a_principal_under_an_unbound_id_says_which_ids_it_may
     refused = broker_as(users.url("sec-pub"), "publish", "t/a", "x", env={"BROKER_SECURITY": "true"})
     assert refused.exit_code == 4
     assert "user sec-pub may publish only under the publisher ids bound to it" in refused.stderr
+    # the XADD itself went through (the ingress stream is the principal's): the message says so
+    assert "was written under publisher id cli" in refused.stderr, refused.stderr
+    assert "not delivered" in refused.stderr
+    # without --wait the refusal comes from the flow key's GET that rides with the XADD: said the same way
+    sent = broker_as(
+        users.url("sec-pub"), "publish", "t/a", "x", "--no-wait", env={"BROKER_SECURITY": "true"}
+    )
+    assert sent.exit_code == 4
+    assert "was written under publisher id cli" in sent.stderr and "its flow key" in sent.stderr, sent.stderr
     assert users.passwords["sec-pub"] not in refused.output
 
 
