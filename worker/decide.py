@@ -133,7 +133,8 @@ class Decider:
 
     def _add(self, batch: CommitBatch, unit: UnitOfWork) -> None:
         """Add ``unit`` to ``batch`` with the queue bounds (MAXDEPTH) and watches (a slow-subscriber
-        condition) its queues need: none when nothing is configured."""
+        condition; PMSGDLV/NPMSGDLV(ALLDUR), which must know the durable ones) its queues need: none
+        when nothing is configured."""
         batch.add(unit)
         limits = self.table.queue_limits
         if limits and unit.queues:
@@ -141,7 +142,7 @@ class Decider:
                 bound = limits.get(queue)
                 if bound is not None:
                     batch.limit(queue, *bound)
-        if unit.slow is not None:
+        if unit.slow is not None or unit.delivery == "ALLDUR":  # ALLDUR: which queues are durable
             subscriptions = self.table.subscriptions
             qm = self.settings.qm
             for queue in unit.queues:

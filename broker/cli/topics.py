@@ -152,8 +152,14 @@ _ATTRIBUTE_OPTIONS = (
     ("defprty", "0-9 | ASPARENT: priority of a publication that gives none"),
     ("capexpry", "ms | NOLIMIT | ASPARENT: cap on a publication's expiry"),
     ("maxdepth", "messages | NOLIMIT | ASPARENT: bound of the queues of subscriptions made under the node"),
-    ("pmsgdlv", "ALL | ALLDUR | ALLAVAIL | ASPARENT: persistent publications when a queue is full"),
-    ("npmsgdlv", "ALL | ALLDUR | ALLAVAIL | ASPARENT: non-persistent publications when a queue is full"),
+    (
+        "pmsgdlv",
+        "ALL | ALLDUR | ALLAVAIL | ASPARENT: persistent publications when a queue is full or unavailable",
+    ),
+    (
+        "npmsgdlv",
+        "ALL | ALLDUR | ALLAVAIL | ASPARENT: non-persistent publications when a queue is full or unavailable",
+    ),
     ("usedlq", "YES | NO | ASPARENT: refused publications go to the dead-letter stream"),
     ("wildcard", "PASSTHRU | BLOCK: wildcard subscriptions above the node get nothing at or below it"),
     ("pubscope", "QMGR | ALL | ASPARENT: QMGR keeps publications made here from other queue managers"),

@@ -273,9 +273,10 @@ class Settings(BaseSettings):
         default_maxdepth: MAXDEPTH of every subscriber queue that no topic object bounds,
             messages: ``SYSTEM.BASE.TOPIC``'s MAXDEPTH when it says NOLIMIT (an object's
             own MAXDEPTH, NOLIMIT included, still wins below it). A full queue is then
-            handled as for any MAXDEPTH (``PMSGDLV``/``NPMSGDLV``: by default a persistent
-            publication to a full durable queue is refused as a whole, other full queues
-            are skipped and counted in ``{qm}:skipped``). 0 (the default): unbounded.
+            handled as for any MAXDEPTH (``PMSGDLV``/``NPMSGDLV``: by default, ALLAVAIL, a
+            full queue is skipped and counted in ``{qm}:skipped``; under ALL or ALLDUR a
+            topic object can have it refuse the publication as a whole). 0 (the default):
+            unbounded.
         stop_grace_ms: how long the pool waits for workers after SIGTERM, ms.
         journal: write a delivery journal record per publication, in its unit of work.
         journal_max_len: approximate cap of the journal stream, records.

@@ -463,7 +463,9 @@ class ForeignKey(BrokerError):
     (DESIGN.md, "MULTI/EXEC does not roll back"): a publication that would
     have to write to it is refused as a whole with this error's message as
     the reason, and a queue-manager-wide key (the publish stream, the
-    subscription hash) stops the workers until an operator removes it.
+    subscription hash) stops the workers until an operator removes it. A
+    subscriber queue of another type is the exception (a subscriber's own key,
+    issue 27): it makes only its subscription unavailable (``commit.lua``).
 
     Attributes:
         key: the key's name.

@@ -209,7 +209,9 @@ be read is skipped and named by ``broker status``.
 
 Key types are the broker's: a key of another type where the broker keeps one
 of the above (a *foreign key*) is never written over. A publication that would
-have to write to one is refused as a whole, with the key named in the reason;
+have to write to one is refused as a whole, with the key named in the reason,
+except a subscriber queue (any band): its subscription is then unavailable, its
+copy dead-lettered, and PMSGDLV/NPMSGDLV decide for the others (``commit.lua``);
 a foreign queue-manager-wide key (the stream, the dead-letter stream, the
 subscription hash, ...) stops the workers, with nothing half-done, until it is
 removed. ``broker status`` names foreign keys and corrupt records.

@@ -70,6 +70,7 @@ DEAD_LETTER_REASONS = (
     "over_limit",
     "pub_disabled",
     "queue_full",
+    "subscription_unavailable",
     "foreign_key",
     "max_deliveries",
     "max_redeliveries",
@@ -86,6 +87,7 @@ DEAD_LETTER_REASONS = (
 _REASON_RULES = (
     ("has PUB(DISABLED)", "pub_disabled"),
     ("(MAXDEPTH ", "queue_full"),
+    ("subscription unavailable: ", "subscription_unavailable"),
     ("foreign key", "foreign_key"),
     ("(max_deliveries ", "max_deliveries"),
     ("consumers that died without acknowledging", "max_redeliveries"),

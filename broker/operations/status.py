@@ -175,10 +175,6 @@ _EFFECTS = {
         "sends it and retries; no worker is listed here"
     ),
     "sub_changes": "the workers reload their whole routing table on every subscription change; delivery goes on",
-    "queue": (
-        "every publication this subscription matches is refused as a whole (dead-lettered with the "
-        "reason, for its other subscribers too) until it is removed"
-    ),
     "inflight": "this subscription's consumers cannot receive or acknowledge; delivery to its queue goes on",
     ":fifo": (
         "this publisher's publications are refused (dead-lettered with the reason, in order) until it is "
@@ -194,6 +190,22 @@ _EFFECTS["bell"] = (
 )
 
 
+def unavailable_effect(sub_id: str) -> str:
+    """What the workers do about a subscriber queue (any priority band) of another type, and what to do.
+
+    The subscription is *unavailable* (``commit.lua``): its copy of each publication is dead-lettered
+    with ``dlq.subscription`` set and counted in ``{qm}:skipped``; the topic's PMSGDLV/NPMSGDLV decide
+    for the others (IBM MQ): ALLAVAIL, the default, delivers to them.
+    """
+    return (
+        f"subscription {sub_id!r} is unavailable: its copy of every publication it matches is dead-lettered "
+        f"(reason 'subscription unavailable', subscription {sub_id}) and counted as skipped; the other "
+        "subscriptions get theirs (PMSGDLV/NPMSGDLV ALLAVAIL, the default; a topic object's ALL refuses "
+        "those publications for every subscription, ALLDUR while this one is durable). Remove the key "
+        f"(it holds no message of the broker), then `broker dlq replay --subscription '{sub_id}'`"
+    )
+
+
 def foreign_problem(key: Any, found: str, expected: str, effect: str) -> str:
     """A problem line for a foreign key: ``ForeignKey``'s text, then what the workers do about it.
 
@@ -207,8 +219,10 @@ def foreign_problem(key: Any, found: str, expected: str, effect: str) -> str:
 
 
 def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], keyspace: bool) -> list[str]:
-    """Foreign subscription bells, the idle workers' ``{qm}:waiter`` and ``{qm}:wake``, and, with ``keyspace``, per-publisher keys (FIFO, turn, flow: every
-    ``{qm}:pub:*`` key, found by ``SCAN``), one line each (``foreign_problem``)."""
+    """Foreign subscription bells, the idle workers' ``{qm}:waiter`` and ``{qm}:wake``, and, with
+    ``keyspace``, the subscriptions' priority bands other than the default one (9 each) and the
+    per-publisher keys (FIFO, turn, flow: every ``{qm}:pub:*`` key, found by ``SCAN``), one line
+    each (``foreign_problem``)."""
     wanted: list[tuple[Any, str, str]] = []
     for raw in client.scan_iter(match=keys.pub_pattern(qm), count=1000) if keyspace else ():
         name = wire.lenient_text(raw)
@@ -216,6 +230,10 @@ def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], 
             if name.endswith(suffix):
                 wanted.append((raw, kind, _EFFECTS[suffix]))
     wanted += [(keys.sub_bell(qm, record.sub_id), "list", _EFFECTS["bell"]) for record in subs]
+    for record in subs if keyspace else ():
+        effect = unavailable_effect(record.sub_id)
+        queue = keys.sub_queue(qm, record.sub_id)
+        wanted += [(band, "list", effect) for band in keys.sub_bands(qm, record.sub_id) if band != queue]
     wanted += [
         (keys.waiter(qm), "string", _EFFECTS["waiting"]),
         (keys.wake(qm), "list", _EFFECTS["waiting"]),
@@ -273,8 +291,9 @@ def status(
     as one over the fixed bounds of ``broker.core.selectors`` always is; None: any size.
 
     ``problems`` names foreign keys, each with what the workers do about it (``foreign_problem``:
-    for most queue-manager-wide ones, ``WORKERS_WAIT``): the queue-manager-wide ones, subscriber
-    queues, bells and, with ``keyspace``, the per-publisher keys (FIFO, turn, flow), found with a ``SCAN`` of the
+    for most queue-manager-wide ones, ``WORKERS_WAIT``; for a subscription's queue, ``unavailable_effect``):
+    the queue-manager-wide ones, subscriber queues, bells and, with ``keyspace``, the other priority
+    bands and the per-publisher keys (FIFO, turn, flow), found with a ``SCAN`` of the
     server's keys (a cost that grows with the whole database: ``status --watch``, the console's
     live pages and the usage snapshot job leave it out);
     a publish stream whose last entry id is exhausted or far in the future
@@ -322,7 +341,7 @@ def status(
     replies = pipe.execute(raise_on_error=False)
     flat_keys: list[tuple[str, str, str]] = []
     for record in subs:
-        flat_keys.append((keys.sub_queue(qm, record.sub_id), "list", _EFFECTS["queue"]))
+        flat_keys.append((keys.sub_queue(qm, record.sub_id), "list", unavailable_effect(record.sub_id)))
         flat_keys.append((keys.sub_inflight(qm, record.sub_id), "list", _EFFECTS["inflight"]))
     flat_keys += [
         (keys.dead_letter(qm), "stream", WORKERS_WAIT),

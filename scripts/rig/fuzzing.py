@@ -1242,6 +1242,7 @@ _REASONS = (
     ("node '", "topic: bad predicate"),
     ("is disabled", "topic object: PUB(DISABLED)"),
     ("foreign key", "foreign key"),
+    ("subscription unavailable", "subscription unavailable"),
     ("full", "queue full (MAXDEPTH)"),
     ("max_deliveries", "workers died on it"),
 )
