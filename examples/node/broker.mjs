@@ -1,10 +1,10 @@
-// What every example shares: the server and queue manager they talk to, and the key names
-// they build (the protocol's rules, docs/protocol.md and broker/core/keys.py).
+// What every example shares: the server and queue manager they talk to, the key names they
+// build (the protocol's rules: docs/protocol.md, broker/core/keys.py) and the envelope's shape.
 //
 // BROKER_REDIS_URL  the server (default redis://127.0.0.1:6380/0, `broker server`'s port)
 // BROKER_QM         the queue manager (default QM1)
 // The same variables the broker's own commands read.
-import { createClient } from 'redis';
+import { createClient, RESP_TYPES } from 'redis';
 
 export const REDIS_URL = process.env.BROKER_REDIS_URL || 'redis://127.0.0.1:6380/0';
 export const QM = process.env.BROKER_QM || 'QM1';
@@ -16,6 +16,12 @@ export async function connect() {
   await client.connect();
   return client;
 }
+
+/**
+ * The same connection, with every bulk string replied as a Buffer: an envelope is bytes
+ * (its body need not be UTF-8), and it is acknowledged with exactly the bytes received.
+ */
+export const binary = (client) => client.withTypeMapping({ [RESP_TYPES.BLOB_STRING]: Buffer });
 
 /**
  * Run an example's body; an error (no server, a refused command) is one line on stderr and
@@ -42,3 +48,28 @@ export const publishStream = (qm = QM) => `${tag(qm)}:publish`;
  */
 export const replyKey = (publisher, msgid, qm = QM) =>
   `${tag(qm)}:reply:${Buffer.byteLength(publisher)}:${publisher}:${msgid}`;
+
+/** The subscription records (one hash field per subscription id): `{QM1}:subs`. */
+export const subscriptions = (qm = QM) => `${tag(qm)}:subs`;
+
+/** The routing table's version, bumped with every subscription change: `{QM1}:version`. */
+export const version = (qm = QM) => `${tag(qm)}:version`;
+
+/**
+ * A subscription's key, the one key every function of the `broker` library takes:
+ * `{QM1}:sub:<sub id>`; its bell is `<key>:bell`, a consumer's in-flight list
+ * `<key>:inflight:<consumer id>`.
+ */
+export const subscriptionKey = (subId, qm = QM) => `${tag(qm)}:sub:${subId}`;
+
+/**
+ * An envelope (a Buffer) split at its first newline byte: the header (JSON, UTF-8) and the
+ * body (bytes, as published).
+ */
+export function parseEnvelope(envelope) {
+  const newline = envelope.indexOf(0x0a);
+  return {
+    header: JSON.parse(envelope.subarray(0, newline).toString('utf8')),
+    body: envelope.subarray(newline + 1),
+  };
+}

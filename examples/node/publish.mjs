@@ -1,6 +1,7 @@
 // Publish one message and wait for its result: one XADD, one BLPOP.
 //
 //   node publish.mjs [--publisher svc-7] [--msgid o-1] [--wait-s 10] TOPIC [BODY]
+//   node publish.mjs ... --body-hex 00ff TOPIC      (a body of any bytes, given in hex)
 //
 // Prints the entry id the server gave the publication, then the result the broker posted
 // (one JSON object: status delivered, duplicate, expired or refused, subscriptions, ...).
@@ -14,12 +15,15 @@ const { values, positionals } = parseArgs({
   options: {
     publisher: { type: 'string', default: 'svc-7' },
     msgid: { type: 'string' },
+    'body-hex': { type: 'string' },
     'wait-s': { type: 'string', default: '10' },
   },
 });
-const [topic, body = ''] = positionals;
-if (!topic) {
-  console.error('usage: node publish.mjs [--publisher ID] [--msgid ID] [--wait-s S] TOPIC [BODY]');
+const [topic, text = ''] = positionals;
+// A body is bytes: a Buffer is sent as it is, a string as its UTF-8 bytes.
+const body = values['body-hex'] === undefined ? text : Buffer.from(values['body-hex'], 'hex');
+if (!topic || !/^([0-9a-fA-F]{2})*$/.test(values['body-hex'] ?? '')) {
+  console.error('usage: node publish.mjs [--publisher ID] [--msgid ID] [--wait-s S] [--body-hex HEX] TOPIC [BODY]');
   process.exit(2);
 }
 const publisher = values.publisher;
