@@ -211,6 +211,7 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
         ("pending (read, not committed)", "pending"),
         ("lag (not yet read)", "lag"),
         ("dead-lettered", "dead_lettered"),
+        ("poison messages", "poison"),
         ("active publishers", "active_publishers"),
         ("links", "links"),
         ("topic scheme", "topic_scheme"),
@@ -218,7 +219,7 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
     )
     for label, name in rows:
         value = getattr(snapshot, name)
-        style = "bold red" if name == "dead_lettered" and value else ""
+        style = "bold red" if name in ("dead_lettered", "poison") and value else ""
         summary.add_row(label, Text(str(value), style=style))
     console.print(Text.assemble("queue manager ", (qm, "bold"), f" on {url}"))
     console.print(summary)

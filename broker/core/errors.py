@@ -437,6 +437,24 @@ class ServerNotFound(BrokerError):
     exit_code = 4
 
 
+class LibraryMissing(ServerError):
+    """The server has no ``broker`` function library (``FCALL`` answered "Function not found").
+
+    The workers and ``broker server`` load it when they start (``broker.core.library``); a
+    consumer whose ACL user may load functions (worker, admin) loads it itself, a
+    ``subscriber`` may not and gets this error. Raised by every consumer operation.
+    """
+
+    exit_code = 4
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(
+            "the server has no broker function library (Function not found): start a worker "
+            "(broker worker) or the server (broker server), which load it"
+            + (f" ({detail})" if detail else "")
+        )
+
+
 class ForeignKey(BrokerError):
     """A key the broker owns holds a value of another Redis type (a foreign key).
 
@@ -604,7 +622,8 @@ def script_error(exc: BaseException, what: str) -> BaseException:
 
     Returns:
         ``ForeignKey`` (a queue-manager-wide key holds another Redis type; nothing was
-        written), ``ServerFull`` (``maxmemory`` reached; nothing was written) or ``exc``.
+        written), ``ServerFull`` (``maxmemory`` reached; nothing was written),
+        ``LibraryMissing`` (an ``FCALL`` of the ``broker`` library, which is not loaded) or ``exc``.
     """
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         return ServerFull(what, str(exc))
@@ -612,6 +631,8 @@ def script_error(exc: BaseException, what: str) -> BaseException:
         found = _FOREIGN_KEY.match(str(exc))
         if found:
             return ForeignKey(found["key"], found["found"], found["expected"])
+        if "function not found" in str(exc).lower():
+            return LibraryMissing()
     return exc
 
 

@@ -3,7 +3,11 @@
 This docstring is the protocol document. A service in any language can publish
 with one ``XADD`` and consume with ``BLMOVE``/``LMOVE`` by following it.
 
-PROTOCOL_VERSION = 5 (5: smaller envelopes: the header no longer carries ``size`` (the body
+PROTOCOL_VERSION = 6 (6: consumers call the Redis Functions library ``broker`` (one ``FCALL``
+per operation with the subscription's key, ``broker.core.library``; docs/protocol.md), and a
+subscription's expired count, last use and poison messages are its own keys
+``{qm}:sub:<id>:expired``, ``:last_active`` and ``:poison`` (no longer ``{qm}:expired``,
+``{qm}:last_active`` and ``{qm}:dlq``, which only broker roles write). 5: smaller envelopes: the header no longer carries ``size`` (the body
 is what follows the first newline), and ``ts`` only when it differs from the entry id's
 milliseconds (absent: that time). 4: authenticated ingress: a publisher whose ACL user is a principal
 XADDs to its own ingress stream ``{qm}:in:<principal>``; the queue mutex moves the entries into
@@ -42,8 +46,19 @@ key                                 type      contents                          
 ``{qm}:sub:<sub id>:inflight:<c>``  list      envelopes consumer <c> took, not acknowledged  receive.lua (LMOVE)      consumer <c> (LREM), recover.lua
 ``{qm}:sub:<sub id>:active``        string    consumer holding an exclusive or               receive.lua              receive.lua, recover.lua
                                               active-standby subscription
-``{qm}:sub:<sub id>:redelivered``   hash      entry id -> deliveries that failed             recover.lua              receive.lua (delivery count)
-``{qm}:expired``                    hash      sub id -> messages that expired while waiting  receive.lua              operators
+``{qm}:sub:<sub id>:redelivered``   hash      entry id -> deliveries that failed             broker_recover           broker_receive (delivery count)
+``{qm}:sub:<sub id>:expired``       string    integer: messages that expired while waiting  broker_receive           ``broker status``, metrics
+``{qm}:sub:<sub id>:last_active``   string    ms: when its last consumer closed, or the     broker_recover (on close idle durable expiry
+                                              newest lease deadline of consumers forgotten  and when it forgets      (``broker.operations.durables``),
+                                                                                            dead consumers), the     ``broker durables``
+                                                                                            expiry job (SET NX)
+``{qm}:sub:<sub id>:poison``        stream    its poison messages: ``envelope``,            broker_receive (expired, ``broker dlq`` (list,
+                                              ``dlq.reason``, ``dlq.entry_id``,             ``expired_to_dlq``),     replay to this
+                                              ``dlq.subscription``; capped at about         broker_recover (too      subscription only, purge)
+                                              ``dead_letter_max_len``                       many redeliveries),
+                                                                                            broker_reject (malformed)
+``{qm}:expired``                    hash      protocol 5's expired counts (sub id -> count), none                     ``broker status`` (added to
+                                              read, never written                                                    the subscription's own)
 ``{qm}:topics``                     hash      topic object name -> JSON (topic string,       ``broker topic``         workers, subscribe
                                               attributes; ``broker.topics.topic_objects``)
 ``{qm}:manager``                    hash      ``topic_scheme`` -> ``mqtt`` or ``swiftmq``   first worker/subscribe   workers, subscribe
@@ -80,10 +95,9 @@ key                                 type      contents                          
                                               publisher, seq, topic, subs (JSON list of
                                               subscription ids), enq_ms, dlv_ms, status
 ``{qm}:usage``                      stream    usage snapshots (field ``snapshot``: JSON)    rq job usage_snapshot    operators
-``{qm}:last_active``                hash      sub id -> ms: when its last consumer closed,  recover.lua (on close    idle durable expiry
-                                              or the newest lease deadline of consumers     and when it forgets      (``broker.operations.durables``),
-                                              forgotten; the expiry job starts an unknown   dead consumers), the     ``broker durables``
-                                              one at the time it first sees it (HSETNX)     expiry job
+``{qm}:last_active``                hash      protocol 5's last use (sub id -> ms), read,   none (its field is       idle durable expiry (the
+                                              never written                                 removed with the         newer of it and the
+                                                                                            subscription)            subscription's own)
 ``{qm}:schedules``                  hash      schedule id -> JSON (job, cron, parameters,   ``broker jobs``, each    rq job run_schedule,
                                               next run, the rq job id that runs it)         run of the schedule      ``broker jobs list``
 ``{qm}:network``                    string    the network's topology, JSON (``broker.       ``broker network apply`` workers (routing table),
@@ -290,10 +304,12 @@ the stream is trimmed). A field larger than ``max_body_bytes`` (the body, or a
 (``dlq.body_bytes``, ``dlq.props_bytes``) gives its size instead. Only the first 1,000
 fields of an entry are copied: ``dlq.fields`` then gives how many it had. An entry of an
 ingress stream refused because its ``publisher`` is not bound to the principal also has
-``dlq.principal`` (that principal). A poison message of one subscription (``recover.lua``: more
-than ``max_redeliveries`` failed deliveries; ``receive.lua``: expired, with ``expired_to_dlq``;
-``reject.lua``: a malformed envelope, reason ``malformed envelope: ...``)
-has ``envelope``, ``dlq.reason``, ``dlq.entry_id`` and ``dlq.subscription`` instead.
+``dlq.principal`` (that principal). A poison message of one subscription (``broker_recover``:
+more than ``max_redeliveries`` failed deliveries; ``broker_receive``: expired, with
+``expired_to_dlq``; ``broker_reject``: a malformed envelope, reason ``malformed envelope: ...``)
+has ``envelope``, ``dlq.reason``, ``dlq.entry_id`` and ``dlq.subscription`` instead, and is an
+entry of the subscription's own poison stream ``{qm}:sub:<id>:poison``, never of ``{qm}:dlq``
+(which only the broker's roles write; protocol 5 put them there).
 
 ``broker dlq`` (``broker.operations.dead_letters``) lists, shows, replays and purges dead letters (``XDEL``).
 Replay re-publishes a refused publication (``lua/replay.lua``: ``XADD`` and ``XDEL`` in one
@@ -345,7 +361,7 @@ import re
 import socket
 import uuid
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 #: Consumer group of the workers on the publish stream.
 WORKER_GROUP = "workers"
@@ -467,6 +483,22 @@ def sub_redelivered(qm: str, sub_id: str) -> str:
     return f"{sub_queue(qm, sub_id)}:redelivered"
 
 
+def sub_poison(qm: str, sub_id: str) -> str:
+    """A subscription's poison messages, ``{qm}:sub:<sub_id>:poison``: a stream (``envelope``,
+    ``dlq.reason``, ``dlq.entry_id``, ``dlq.subscription``) its consumers write through the library."""
+    return f"{sub_queue(qm, sub_id)}:poison"
+
+
+def sub_expired(qm: str, sub_id: str) -> str:
+    """Messages that expired while waiting in a subscription, ``{qm}:sub:<sub_id>:expired``: an integer."""
+    return f"{sub_queue(qm, sub_id)}:expired"
+
+
+def sub_last_active(qm: str, sub_id: str) -> str:
+    """A subscription's last use by a consumer, ``{qm}:sub:<sub_id>:last_active``: ms since the epoch."""
+    return f"{sub_queue(qm, sub_id)}:last_active"
+
+
 def topic_objects(qm: str) -> str:
     """The hash of administrative topic objects: ``{qm}:topics``, name -> JSON (``broker.topics.topic_objects``)."""
     return f"{_tag(qm)}:topics"
@@ -496,7 +528,7 @@ def slow(qm: str) -> str:
 
 
 def expired(qm: str) -> str:
-    """Messages that expired while waiting, ``{qm}:expired``: hash sub id -> count."""
+    """Protocol 5's expired counts, ``{qm}:expired``: hash sub id -> count (read only now: ``sub_expired``)."""
     return f"{_tag(qm)}:expired"
 
 
@@ -625,7 +657,8 @@ def usage(qm: str) -> str:
 
 
 def last_active(qm: str) -> str:
-    """When each subscription was last used by a consumer, ``{qm}:last_active``: hash sub id -> ms."""
+    """Protocol 5's last use of subscriptions, ``{qm}:last_active``: hash sub id -> ms (read only now:
+    ``sub_last_active``)."""
     return f"{_tag(qm)}:last_active"
 
 

@@ -96,7 +96,7 @@ class Snapshot:
         stream_length: entries in the publish stream.
         pending: entries read by the workers and not yet committed.
         lag: entries not yet read.
-        dead_lettered: entries in the dead-letter queue.
+        dead_lettered: entries in the broker's dead-letter stream ``{qm}:dlq``.
         active_publishers: publishers with a FIFO now.
         version: the routing index version (an int; the raw text when it is not a number).
         subscriptions: one row per subscription.
@@ -104,6 +104,8 @@ class Snapshot:
         topic_scheme: the queue manager's topic scheme ("?" when it cannot be read).
         workers: one row per worker heartbeat, by name.
         problems: foreign keys, records that cannot be read, a broken publish stream, one line each.
+        poison: poison messages in the subscriptions' own poison streams (``{qm}:sub:<id>:poison``;
+            one of another type counts 0).
     """
 
     stream_length: int
@@ -117,6 +119,21 @@ class Snapshot:
     topic_scheme: str
     workers: list[WorkerRow]
     problems: list[str]
+    poison: int = 0
+
+
+def _expired(client: redis.Redis, qm: str, sub_id: str) -> int | None:
+    """Messages expired while waiting in a subscription: its own count (``keys.sub_expired``)
+    plus protocol 5's field in ``{qm}:expired``; None when its own count cannot be read."""
+    try:
+        own = int(client.get(keys.sub_expired(qm, sub_id)) or 0)
+    except (redis.ResponseError, ValueError):  # its consumers' own key, written by hand: unknown
+        return None
+    try:
+        old = int(client.hget(keys.expired(qm), sub_id) or 0)
+    except (redis.ResponseError, ValueError):
+        old = 0
+    return own + old
 
 
 def _subscription_row(
@@ -127,9 +144,9 @@ def _subscription_row(
     try:
         skipped: int | None = int(client.hget(keys.skipped(qm), record.sub_id) or 0)
         slow: int | None = int(client.hget(keys.slow(qm), record.sub_id) or 0)
-        expired: int | None = int(client.hget(keys.expired(qm), record.sub_id) or 0)
     except (redis.ResponseError, ValueError):  # a foreign or corrupt counter hash: unknown
-        skipped = slow = expired = None
+        skipped = slow = None
+    expired = _expired(client, qm, record.sub_id)
     return SubscriptionRow(
         id=record.sub_id,
         filter=record.shown_filter,
@@ -362,7 +379,17 @@ def status(
         topic_scheme=scheme,
         workers=workers,
         problems=problems,
+        poison=_poison(client, qm, subs),
     )
+
+
+def _poison(client: redis.Redis, qm: str, subs: list[SubscriptionRecord]) -> int:
+    """Poison messages of every subscription (one ``XLEN`` each, pipelined); a key of another type,
+    or one this user may not read, counts 0."""
+    pipe = client.pipeline(transaction=False)
+    for record in subs:
+        pipe.xlen(keys.sub_poison(qm, record.sub_id))
+    return sum(n for n in pipe.execute(raise_on_error=False) if isinstance(n, int))
 
 
 @dataclass

@@ -555,7 +555,8 @@ def remove_subscription(
         abandoned_before_ms: only remove an abandoned subscription: a non-durable one whose
             consumers' lease deadlines and creation are all before this time, ms since the
             epoch, or with ``durable`` a durable one whose lease deadlines, creation and
-            ``{qm}:last_active`` time are (an idle durable subscription).
+            last use (``keys.sub_last_active``, or protocol 5's ``{qm}:last_active``) are (an
+            idle durable subscription). Its poison messages are kept (``broker dlq``).
         min_depth: only remove it while at least this many messages wait in its bands
             (a slow-subscriber condition that still holds), messages.
         durable: the cutoff applies to a durable subscription (and never removes a non-durable one).
@@ -566,7 +567,7 @@ def remove_subscription(
 
     Raises:
         redis.ResponseError: ``BROKER foreign key`` when the subscription hash, the
-            version, the consumers zset or ``{qm}:last_active`` holds another type
+            version or the consumers zset holds another type
             (nothing is removed).
     """
     script = register(client, "remove_subscription")
@@ -582,6 +583,8 @@ def remove_subscription(
             *keys.sub_bands(qm, sub_id),
             keys.last_active(qm),
             keys.sub_changes(qm),
+            keys.sub_last_active(qm, sub_id),
+            keys.sub_expired(qm, sub_id),
         ],
         args=[
             sub_id,

@@ -1,69 +1,72 @@
-#!lua flags=allow-oom
--- allow-oom: runs on a full server too (maxmemory reached; lib.lua): taking messages
--- moves them (LRANGE + LTRIM of a band, LPUSH onto the in-flight list) and renews a
--- lease, adding no memory to speak of, and consuming (then acknowledging, ack.lua or
--- LREM) is how a full server's memory is freed.
+-- broker_receive, broker_renew (allow-oom: they run on a full server too, maxmemory reached;
+-- lib.lua): taking messages moves them (LRANGE + LTRIM of a band, LPUSH onto the in-flight
+-- list) and renews a lease, adding no memory to speak of, and consuming (then
+-- acknowledging, broker_ack) is how a full server's memory is freed.
 -- A consumer takes up to N messages of one subscription into its own in-flight
 -- list, highest priority first (Jakarta Messaging §3.4.10), oldest first within
 -- a priority. The call is also the consumer's heartbeat: its lease is renewed.
--- A message whose expiration has passed is never handed over: it is counted
--- (and dead-lettered when asked). The delivery count of a message redelivered
--- after its consumer died comes from the redelivery hash.
+-- A message whose expiration has passed is never handed over: it is counted in the
+-- subscription's own expired count (and kept as a poison message when asked). The
+-- delivery count of a message redelivered after its consumer died comes from the
+-- redelivery hash. docs/protocol.md is the API.
 --
--- KEYS[1] the subscription's consumers   "{qm}:sub:<id>:consumers"   zset consumer -> lease deadline ms
--- KEYS[2] this consumer's in-flight list "{qm}:sub:<id>:inflight:<consumer>"
--- KEYS[3] the subscription's bell        "{qm}:sub:<id>:bell"        list, one element while messages may wait
--- KEYS[4] the redelivery counts          "{qm}:sub:<id>:redelivered" hash entry id -> failed deliveries
--- KEYS[5] the subscription's holder      "{qm}:sub:<id>:active"      string consumer id (held while
---   its lease in the consumers zset runs)
--- KEYS[6] dead-letter stream             "{qm}:dlq"
--- KEYS[7] expired counts                 "{qm}:expired"              hash sub id -> messages expired in its queue
--- KEYS[8..17] the priority bands, highest first: "{qm}:sub:<id>:p9" .. ":p5", "{qm}:sub:<id>", ":p3" .. ":p0"
+-- KEYS[1] the subscription's key "{qm}:sub:<id>" (subscription.lua derives the others:
+--   consumers zset consumer -> lease deadline ms, this consumer's in-flight list, the bell
+--   (one element while messages may wait), redelivery counts, the holder (string consumer
+--   id, held while its lease runs), poison stream, expired count, the ten priority bands)
 -- ARGV[1] consumer id
--- ARGV[2] most messages to take; 0 makes the call a heartbeat only
--- ARGV[3] lease_ms of the consumer
+-- ARGV[2] most messages to take, default 1; 0 makes the call a heartbeat only
+-- ARGV[3] lease_ms of the consumer, default 10000
 -- ARGV[4] now, ms since the epoch, or "" for the server's clock
--- ARGV[5] the consumer mode: 0 shared; 1 exclusive (must hold the subscription); 2 active-standby
---   (must hold it to receive; waits as a standby, registered, while another holds it)
--- ARGV[6] 1: expired messages are dead-lettered; 0: dropped (counted)
--- ARGV[7] approximate cap of the dead-letter stream
--- ARGV[8] the subscription id (expired counts, dead letters)
--- ARGV[9] max_consumers_per_subscription: a consumer not attached (no live lease) is refused
---   while this many consumers have live leases; 0 or absent: no limit
+-- ARGV[5] the consumer mode: shared (0); exclusive (1, must hold the subscription);
+--   activestandby (2, must hold it to receive; waits as a standby, registered, while another
+--   holds it); "": the subscription record's
+-- ARGV[6] 1: expired messages are kept as poison messages; 0 (default): dropped (counted)
+-- ARGV[7] approximate cap of the poison stream, default 100000
+-- ARGV[8] max_consumers_per_subscription, default 1000: a consumer not attached (no live lease)
+--   is refused while this many consumers have live leases; 0: no limit
 -- returns {status, expired, env1, count1, env2, count2, ...}
 --   status: "ok" | "standby" (another consumer holds the subscription: nothing taken)
 --     | "full" (max_consumers_per_subscription live consumers already: nothing written; the
 --     second value is how many)
 --   count: the delivery count (JMSXDeliveryCount), 1 for a first delivery
--- errors "BROKER foreign key: ..." before any write when a key is foreign
+-- errors "BROKER foreign key: ..." (a key of another type), "BROKER bad argument: ...",
+--   "BROKER not a subscription key: ...", all before any write
 
-local consumers, inflight, bell, redelivered, active, dlq, expired = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local consumer, max_n, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local must_hold, standby_ok = ARGV[5] ~= '0', ARGV[5] == '2'
-local to_dlq, dlq_len, sub_id = ARGV[6] == '1', ARGV[7], ARGV[8]
-local max_consumers = tonumber(ARGV[9] or '0') or 0
 -- most values one LPUSH is given (unpack() takes at most about 8000)
 local PUSH_CHUNK = 1000
 
+local function receive(KEYS, ARGV)
+local sub = subscription_keys(KEYS[1])
+local consumer = consumer_arg(ARGV[1], true)
+local max_n = count_arg(ARGV[2], 'most messages', 1)
+local lease_ms = count_arg(ARGV[3], 'lease_ms', 10000)
+local now = now_arg(ARGV[4])
+local mode = mode_arg(ARGV[5], sub)
+local must_hold, standby_ok = mode ~= '0', mode == '2'
+local to_dlq, dlq_len, sub_id = ARGV[6] == '1', count_arg(ARGV[7], 'poison cap', 100000), sub.id
+local max_consumers = count_arg(ARGV[8], 'most consumers', 1000)
+local consumers, inflight, bell, redelivered = sub.consumers, sub.inflight_prefix .. consumer, sub.bell, sub.redelivered
+local active, dlq, expired, band_keys = sub.holder, sub.poison, sub.expired, sub.bands
+
 -- The keys this call may use are checked (the holder only for a mode that has one, the
--- dead-letter stream only when expired messages go there). Only a band that exists can be
--- foreign, and usually only the default one (KEYS[13]) does: two EXISTS calls tell, and
+-- poison stream only when expired messages go there). Only a band that exists can be
+-- foreign, and usually only the default one (KEYS[1]) does: two EXISTS calls tell, and
 -- then only the bands that may hold messages are checked and read.
 local checks = {{consumers, 'zset'}, {inflight, 'list'}, {bell, 'list'}, {redelivered, 'hash'},
-                {expired, 'hash'}}
+                {expired, 'string'}}
 if must_hold then checks[#checks + 1] = {active, 'string'} end
 if to_dlq then checks[#checks + 1] = {dlq, 'stream'} end
 local bands = {}
-local default_band = redis.call('EXISTS', KEYS[13])
-if redis.call('EXISTS', unpack(KEYS, 8, 17)) == default_band then
-  if default_band == 1 then bands[1] = 13 end
+local default_band = redis.call('EXISTS', KEYS[1])
+if redis.call('EXISTS', unpack(band_keys)) == default_band then
+  if default_band == 1 then bands[1] = KEYS[1] end
 else
-  for k = 8, 17 do bands[#bands + 1] = k end
+  bands = band_keys
 end
-for _, k in ipairs(bands) do checks[#checks + 1] = {KEYS[k], 'list'} end
+for _, k in ipairs(bands) do checks[#checks + 1] = {k, 'list'} end
 require_types(checks)
 
-local now = now_ms(ARGV[4])
 if max_consumers > 0 then
   -- a consumer joins when it has no live lease; refused, before any write, when the
   -- subscription has max_consumers live ones (standbys included)
@@ -75,7 +78,7 @@ if max_consumers > 0 then
 end
 if must_hold then
   -- the holder keeps the subscription while its lease (its deadline in the
-  -- consumers zset) runs; a dead holder's messages are given back by recover.lua
+  -- consumers zset) runs; a dead holder's messages are given back by broker_recover
   local holder = redis.call('GET', active)
   if holder and holder ~= consumer then
     local deadline = tonumber(redis.call('ZSCORE', consumers, holder) or '0')
@@ -101,12 +104,12 @@ local function hand_over(keep)
     redis.call('LPUSH', inflight, unpack(keep, i, math.min(i + PUSH_CHUNK - 1, #keep)))
   end
 end
-for _, k in ipairs(bands) do
+for _, band in ipairs(bands) do
   while taken < max_n do
     local want = max_n - taken
-    local envs = redis.call('LRANGE', KEYS[k], -want, -1)
+    local envs = redis.call('LRANGE', band, -want, -1)
     if #envs == 0 then break end
-    redis.call('LTRIM', KEYS[k], 0, -(#envs + 1))
+    redis.call('LTRIM', band, 0, -(#envs + 1))
     local keep = {}
     for i = #envs, 1, -1 do
       local env = envs[i]
@@ -139,7 +142,9 @@ for _, k in ipairs(bands) do
     if #envs < want then break end   -- the band is empty now
   end
 end
-if n_expired > 0 then redis.call('HINCRBY', expired, sub_id, n_expired) end
+-- pcall: a count that is not a number (the subscription's own key, written by hand) is not
+-- counted, and stops nothing
+if n_expired > 0 then redis.pcall('INCRBY', expired, n_expired) end
 out[2] = n_expired
 if max_n == 0 then
   -- a heartbeat: nothing taken, the bell left as it is
@@ -149,3 +154,17 @@ else
   ring(bell)                    -- more may wait: wake the next consumer
 end
 return out
+end
+
+redis.register_function{function_name = 'broker_receive', callback = receive, flags = {'allow-oom'}}
+
+-- broker_renew: KEYS[1] the subscription's key; ARGV[1] consumer id, ARGV[2] lease_ms,
+-- ARGV[3] now, ARGV[4] mode, ARGV[5] max_consumers_per_subscription (as broker_receive's
+-- 1, 3, 4, 5, 8); returns {status, 0} (or {"full", live consumers}): broker_receive taking nothing.
+redis.register_function{
+  function_name = 'broker_renew',
+  callback = function(KEYS, ARGV)
+    return receive(KEYS, {ARGV[1] or '', '0', ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', '0', '', ARGV[5] or ''})
+  end,
+  flags = {'allow-oom'},
+}
