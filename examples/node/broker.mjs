@@ -4,6 +4,7 @@
 // BROKER_REDIS_URL  the server (default redis://127.0.0.1:6380/0, `broker server`'s port)
 // BROKER_QM         the queue manager (default QM1)
 // The same variables the broker's own commands read.
+import { parseArgs } from 'node:util';
 import { createClient, RESP_TYPES } from 'redis';
 
 export const REDIS_URL = process.env.BROKER_REDIS_URL || 'redis://127.0.0.1:6380/0';
@@ -24,6 +25,24 @@ export async function connect() {
 export const binary = (client) => client.withTypeMapping({ [RESP_TYPES.BLOB_STRING]: Buffer });
 
 /**
+ * The command line (node:util parseArgs: `values` and `positionals`). An unknown option, or a
+ * command line `valid` refuses, prints the usage and exits with status 2.
+ */
+export function commandLine(usage, options, valid) {
+  let parsed = null;
+  try {
+    parsed = parseArgs({ allowPositionals: true, options });
+  } catch (err) {
+    console.error(`error: ${err.message}`);
+  }
+  if (parsed === null || !valid(parsed)) {
+    console.error(`usage: ${usage}`);
+    process.exit(2);
+  }
+  return parsed;
+}
+
+/**
  * Run an example's body; an error (no server, a refused command) is one line on stderr and
  * exit status 1, not a stack trace.
  */
@@ -41,6 +60,12 @@ export const tag = (qm = QM) => `{${qm}}`;
 
 /** The publish stream a publisher XADDs to: `{QM1}:publish`. */
 export const publishStream = (qm = QM) => `${tag(qm)}:publish`;
+
+/**
+ * With security on, a publisher's ACL user (its principal) XADDs to its own ingress stream
+ * `{QM1}:in:<principal>` instead; the broker moves each entry to the publish stream.
+ */
+export const ingressStream = (principal, qm = QM) => `${tag(qm)}:in:${principal}`;
 
 /**
  * Where the result of a publication with `reply 1` is posted:

@@ -16,12 +16,11 @@
 // "message msgid=... topic=... publisher=... delivery_count=<n> body_hex=<hex>", then
 // "acked <n>". Exits 3 when the subscription's consumers leave no room for this one
 // (standby: an exclusive subscription another live consumer holds; full: too many consumers).
-import { parseArgs } from 'node:util';
-import { binary, connect, main, parseEnvelope, subscriptionKey } from './broker.mjs';
+import { binary, commandLine, connect, main, parseEnvelope, subscriptionKey } from './broker.mjs';
 
-const { values, positionals } = parseArgs({
-  allowPositionals: true,
-  options: {
+const { values, positionals } = commandLine(
+  'node receive.mjs [--consumer ID] [--count N] [--lease-ms MS] [--wait-s S] [--no-ack] [--now-ms MS] SUB_ID',
+  {
     consumer: { type: 'string', default: 'c1' },
     count: { type: 'string', default: '1' },
     'lease-ms': { type: 'string', default: '30000' },
@@ -29,12 +28,9 @@ const { values, positionals } = parseArgs({
     'no-ack': { type: 'boolean', default: false },
     'now-ms': { type: 'string', default: '' }, // "": the server's clock
   },
-});
+  ({ positionals }) => positionals.length === 1,
+);
 const [subId] = positionals;
-if (!subId) {
-  console.error('usage: node receive.mjs [--consumer ID] [--count N] [--lease-ms MS] [--wait-s S] [--no-ack] SUB_ID');
-  process.exit(2);
-}
 const key = subscriptionKey(subId);
 
 // FCALL broker_receive 1 <sub key> <consumer> <count> <lease ms> <now ms>

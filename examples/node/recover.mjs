@@ -8,15 +8,10 @@
 // poison message. The workers do this on every sweep; any consumer may do it too.
 //
 // Prints "recovered consumers=<n> given_back=<n> poison=<n>".
-import { parseArgs } from 'node:util';
-import { connect, main, subscriptionKey } from './broker.mjs';
+import { commandLine, connect, main, subscriptionKey } from './broker.mjs';
 
-const { positionals } = parseArgs({ allowPositionals: true });
+const { positionals } = commandLine('node recover.mjs SUB_ID', {}, ({ positionals }) => positionals.length === 1);
 const [subId] = positionals;
-if (!subId) {
-  console.error('usage: node recover.mjs SUB_ID');
-  process.exit(2);
-}
 
 await main(async () => {
   const client = await connect();

@@ -8,24 +8,21 @@
 // filter ('+' one level, '#' the rest). --mode: exclusive (one consumer at a time, the
 // broker's default), shared (consumers share the messages) or activestandby.
 // Prints "subscribed <sub id> to <filter>", and "(replaced)" when the record existed.
-import { parseArgs } from 'node:util';
-import { connect, main, subscriptionKey, subscriptions, version } from './broker.mjs';
+import { commandLine, connect, main, subscriptionKey, subscriptions, version } from './broker.mjs';
 
-const { values, positionals } = parseArgs({
-  allowPositionals: true,
-  options: {
+const NAME = /^[A-Za-z0-9_.-]{1,128}$/; // a sub id names keys: no ':', no '$' inside its parts
+const MODES = ['exclusive', 'shared', 'activestandby'];
+const { values, positionals } = commandLine(
+  'node subscribe.mjs [--client-id ID] [--name NAME] [--mode exclusive|shared|activestandby] FILTER',
+  {
     'client-id': { type: 'string', default: 'app' },
     name: { type: 'string', default: 'orders' },
     mode: { type: 'string', default: 'exclusive' },
   },
-});
+  ({ values, positionals }) =>
+    positionals.length === 1 && NAME.test(values['client-id']) && NAME.test(values.name) && MODES.includes(values.mode),
+);
 const [filter] = positionals;
-const NAME = /^[A-Za-z0-9_.-]{1,128}$/; // a sub id names keys: no ':', no '$' inside its parts
-const MODES = ['exclusive', 'shared', 'activestandby'];
-if (!filter || !NAME.test(values['client-id']) || !NAME.test(values.name) || !MODES.includes(values.mode)) {
-  console.error('usage: node subscribe.mjs [--client-id ID] [--name NAME] [--mode MODE] FILTER');
-  process.exit(2);
-}
 const subId = `${values['client-id']}$${values.name}`;
 const record = JSON.stringify({ filter, durable: true, created_ms: Date.now(), mode: values.mode });
 
