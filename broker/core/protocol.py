@@ -20,9 +20,10 @@ and ``"share"`` (an MQTT 5 ShareName, for display)::
     INCR {QM1}:version
     EXEC
 
-Remove it with ``lua/remove_subscription.lua`` (or ``HDEL`` of its record and
-of its ``{qm}:last_active`` field, ``INCR`` on the version and ``DEL`` of every
-``{qm}:sub:<id>*`` key above, in one ``MULTI``, logged as below);
+Remove it with ``lua/remove_subscription.lua`` (or ``HDEL`` of its record (and of protocol 5's
+``{qm}:last_active`` field), ``INCR`` on the version and ``DEL`` of every
+``{qm}:sub:<id>*`` key above but its poison stream ``{qm}:sub:<id>:poison``, in one ``MULTI``,
+logged as below);
 a worker that resolved a topic before the removal delivers nothing to it
 (``commit.lua`` checks the record still exists), so its queue is never made again. A record the workers cannot read (not JSON,
 an invalid filter, an id outside that alphabet) matches nothing, and is named

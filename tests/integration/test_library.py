@@ -333,3 +333,28 @@ def test_the_metrics_and_the_status_count_the_poison_messages_of_every_subscript
     assert "broker_poison_messages 3.0" in generate_latest(registry).decode().splitlines()
     # and broker status shows them too
     assert status(real_redis, QM).poison == 3
+
+
+def test_a_worker_user_loads_the_library_but_may_not_flush_or_delete_functions(real_redis, settings, users):
+    # Given no library, and a worker ACL user
+    real_redis.function_flush()
+    client = users.add("lib-wk", RoleSpec("worker"))
+    # When a worker starts as that user, Then it loads the library
+    make_workers(client, settings, 1)
+    assert real_redis.fcall_ro("broker_version", 0) == keys.PROTOCOL_VERSION
+    # and it may not remove functions
+    forbidden = [("FUNCTION", "FLUSH"), ("FUNCTION", "DELETE", "broker"), ("SCRIPT", "FLUSH")]
+    assert not_refused(real_redis, client, forbidden) == []
+    assert real_redis.fcall_ro("broker_version", 0) == keys.PROTOCOL_VERSION
+
+
+def test_purging_by_subscription_deletes_its_poison_messages_only(real_redis, sub):
+    from broker.operations.dead_letters import purge
+
+    bob = subscribe(real_redis, QM, "t", "bob", "orders").sub_id
+    for sub_id in (sub, sub, bob):
+        real_redis.xadd(keys.sub_poison(QM, sub_id), {"envelope": envelope(1), "dlq.reason": "x"})
+    real_redis.xadd(keys.dead_letter(QM), {"publisher": "p", "topic": "t", "dlq.reason": "refused"})
+    assert purge(real_redis, QM, Selection(subscription=sub)) == 2
+    assert real_redis.xlen(keys.sub_poison(QM, sub)) == 0
+    assert real_redis.xlen(keys.sub_poison(QM, bob)) == 1 and real_redis.xlen(keys.dead_letter(QM)) == 1
