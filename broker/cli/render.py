@@ -484,6 +484,7 @@ def _print_topic_status(found: TopicStatus) -> None:
         )
     console.print(route)
     click.echo(f"delivered once to {len(found.subscriptions)}: {', '.join(found.subscriptions) or '-'}")
+    click.echo(f"route class: {found.route_class}")
     if found.blocked:
         why = f"WILDCARD(BLOCK) of topic object {found.blocked_by}" if found.blocked_by else "WILDCARD(BLOCK)"
         click.echo(f"blocked by {why}: {', '.join(found.blocked)}")

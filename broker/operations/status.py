@@ -25,6 +25,7 @@ from broker.topics.links import read_links
 from broker.topics.routing import RoutingTable, network_problems
 from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions
 from broker.topics.topic_objects import BASE, read_tree
+from broker.topics.topology import RouteClass
 
 
 def _read(problems: list[str], what: str, call: Any, default: Any) -> Any:
@@ -380,6 +381,9 @@ class TopicStatus:
         blocked: subscriptions matched in ``via`` that get nothing here: wildcard ones above a
             ``WILDCARD(BLOCK)`` topic object (named in ``blocked_by``).
         blocked_by: that topic object, "" when none.
+        route_class: how far a publication on it may travel in a network of queue managers, as
+            the workers route it (``RoutingTable.route_class``): ``local`` (hierarchy edges only),
+            ``cluster <name>`` (CLROUTE(DIRECT)) or ``cluster <name> via topic hosts <qm>, ...``.
     """
 
     topic: str
@@ -391,6 +395,15 @@ class TopicStatus:
     scanned: int
     blocked: list[str] = field(default_factory=list)
     blocked_by: str = ""
+    route_class: str = "local"
+
+
+def route_class_text(route: RouteClass) -> str:
+    """``local``, ``cluster <name>`` or ``cluster <name> via topic hosts <qm>, ...`` for a route class."""
+    cluster, hosts = route
+    if not cluster:
+        return "local"
+    return f"cluster {cluster}" + (f" via topic hosts {', '.join(hosts)}" if hosts else "")
 
 
 @translate_errors
@@ -438,6 +451,7 @@ def topic_status(
         len(entries),
         blocked,
         effective.blocked_by,
+        route_class_text(table.route_class(topic)),
     )
 
 

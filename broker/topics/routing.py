@@ -489,22 +489,28 @@ class RoutingTable:
 
     def route_class(self, topic: str) -> RouteClass:
         """The route class of a publication on ``topic`` (``broker.topics.topology``): the cluster of the
-        closest cluster topic object at or above it (one defined here first, else the network's
-        copies), with its topic hosts under CLROUTE(TOPICHOST); ``LOCAL`` for a local topic."""
+        closest cluster topic object at or above it, with its topic hosts under CLROUTE(TOPICHOST);
+        ``LOCAL`` for a local topic. At each topic string, a topic object defined here decides
+        (``CLUSTER('')``: local; ``ASPARENT``: the level above) and the network's copy of a cluster
+        topic object there is looked at only when there is none: IBM MQ, seed 002, "a local
+        definition of a topic object ... takes precedence over the same topic object defined
+        elsewhere in the cluster". ``broker topic status`` shows this answer."""
         sep = self.tree.separator
         node: str | None = topic
         while node is not None:
             obj = self.tree.object_at(node)
-            if obj is not None and obj.attributes.cluster not in ("ASPARENT", ""):
+            if obj is not None:
+                if obj.attributes.cluster == "":
+                    return LOCAL  # a local topic object: its topics stay out of the clusters
+                if obj.attributes.cluster != "ASPARENT":
+                    copy = self.cluster_topics.get(node)
+                    hosts = tuple(sorted({self.qm, *(copy[2] if copy else ())}))
+                    return (obj.attributes.cluster, hosts if obj.attributes.clroute == "TOPICHOST" else ())
+            else:
                 copy = self.cluster_topics.get(node)
-                hosts = tuple(sorted({self.qm, *(copy[2] if copy else ())}))
-                return (obj.attributes.cluster, hosts if obj.attributes.clroute == "TOPICHOST" else ())
-            copy = self.cluster_topics.get(node)
-            if copy is not None:
-                cluster, clroute, hosts = copy
-                return (cluster, hosts if clroute == "TOPICHOST" else ())
-            if obj is not None and obj.attributes.cluster == "":
-                return LOCAL  # a local topic object: its topics stay out of the clusters
+                if copy is not None:
+                    cluster, clroute, hosts = copy
+                    return (cluster, hosts if clroute == "TOPICHOST" else ())
             cut = node.rfind(sep)
             node = node[:cut] if cut > 0 else (None if node == "" else "")
         return LOCAL
