@@ -95,6 +95,9 @@ key                                 type      contents                          
 ``{qm}:cluster_topics``             hash      topic string -> JSON ``{cluster, clroute,     channel process (agent)  workers (route class)
                                               hosts}``: the network's cluster topic objects
 ``{qm}:network_seen``               hash      qm -> ms it first announced                   channel process (agent)  channel process (statics)
+``{qm}:proxies_removed``            hash      qm -> the announcement ``seq`` its dynamic    ``broker proxies         channel process (agent:
+                                              proxy subscriptions were removed at           remove``; the agent      none again until a newer
+                                                                                            deletes it               ``seq``)
 ``{qm}:xmit:<to qm>``               stream    transmission stream of the channel to <to>:   commit.lua (XADD, in     channel mover
                                               field ``e`` = the envelope; id = channel seq  the unit of work)
 ``{qm}:channel:<to qm>``            hash      the channel's state: moved, last, state,      channel mover            ``status --network``
@@ -645,8 +648,9 @@ def network(qm: str) -> str:
 
 def announced(qm: str) -> str:
     """What this queue manager announces to the others (SwiftMQ's "some/none"), ``{qm}:announced``:
-    a string of JSON ``{"state": "up" | "withdrawn", "keys": {topic key: since ms}, "at_ms": n}``
-    (a topic key is a root topic, or a subscription's filter), written by its channel process."""
+    a string of JSON ``{"state": "up" | "withdrawn", "keys": {topic key: since ms}, "at_ms": n, "seq": n}``
+    (a topic key is a root topic, or a subscription's filter), written by its channel process;
+    ``seq`` counts its writes (a record without it is 0): one more each time it announces again."""
     return f"{_tag(qm)}:announced"
 
 
@@ -666,6 +670,14 @@ def network_seen(qm: str) -> str:
     """Remote queue managers seen announcing at least once, ``{qm}:network_seen``: hash qm -> ms
     (a static remote subscription without keep_on_unsubscribe ends then)."""
     return f"{_tag(qm)}:network_seen"
+
+
+def proxies_removed(qm: str) -> str:
+    """Remote queue managers whose dynamic proxy subscriptions an operator removed here
+    (``broker proxies remove``), ``{qm}:proxies_removed``: hash qm -> the announcement ``seq``
+    they came from. The channel process makes none for it again until it announces with a
+    higher ``seq`` (it announced again), and then deletes the field."""
+    return f"{_tag(qm)}:proxies_removed"
 
 
 def xmit_prefix(qm: str) -> str:

@@ -103,6 +103,8 @@ def read_announced(client: redis.Redis, qm: str) -> dict[str, Any] | None:
         not isinstance(data, dict)
         or not isinstance(data.get("keys", {}), dict)
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in data.get("keys", {}).values())
+        or not isinstance(data.get("seq", 0), int)
+        or isinstance(data.get("seq", 0), bool)
     ):
         raise ValueError(f"{keys.announced(qm)} is not an announcement record")
     return data
@@ -125,6 +127,18 @@ def announced_keys(table: RoutingTable, topology: Topology) -> set[str]:
             if obj.attributes.proxysub == "FORCE" and obj.topic_string:
                 whole = obj.topic_string + ("/#" if sep == "/" else "")
                 found.add(announce_key(whole, mode, sep))
+    return found
+
+
+def _removed_at(raw: dict[Any, Any]) -> dict[str, int]:
+    """``{qm}:proxies_removed`` read: remote qm -> the announcement ``seq`` removed (a value that
+    is not a number counts as 0: removed until the remote queue manager announces again)."""
+    found: dict[str, int] = {}
+    for name, value in raw.items():
+        try:
+            found[wire.exact_text(name)] = int(value)
+        except ValueError:
+            found[wire.exact_text(name)] = 0
     return found
 
 
@@ -180,12 +194,17 @@ class Agent:
         self.announce(topology)
         return self.reconcile(topology)
 
-    def announce(self, topology: Topology, state: str | None = None) -> dict[str, Any]:
-        """Write ``{qm}:announced`` when what this queue manager announces changed.
+    def announce(self, topology: Topology, state: str | None = None, again: bool = False) -> dict[str, Any]:
+        """Write ``{qm}:announced`` when what this queue manager announces changed, or ``again``.
+
+        Each write counts one more in the record's ``seq``: a proxy subscription an operator
+        removed elsewhere (``broker proxies remove``) comes back only with a higher one.
 
         Args:
             state: ``withdrawn`` to withdraw every key (an orderly shutdown), ``up`` to announce
                 again; None keeps the recorded state.
+            again: write the record even when unchanged (a channel process that starts announces
+                again, SwiftMQ's router connecting).
 
         Returns:
             The record as written.
@@ -197,7 +216,7 @@ class Agent:
             old = {}
         state = state or old.get("state", "up")
         version = self.client.get(keys.version(qm))
-        if old and self._announced_at == (version, state) and old.get("state") == state:
+        if not again and old and self._announced_at == (version, state) and old.get("state") == state:
             return old  # nothing it announces can have changed (subscriptions, links, objects)
         found: set[str] = set()
         if state == "up":
@@ -205,10 +224,17 @@ class Agent:
             table.load(self.client)
             found = announced_keys(table, topology)
         before = old.get("keys", {})
-        record = {"state": state, "keys": {k: before.get(k, now) for k in sorted(found)}, "at_ms": now}
-        if record["keys"] != before or state != old.get("state") or not old:
+        record = {
+            "state": state,
+            "keys": {k: before.get(k, now) for k in sorted(found)},
+            "at_ms": now,
+            "seq": int(old.get("seq", 0)) + 1,
+        }
+        if again or record["keys"] != before or state != old.get("state") or not old:
             self.client.set(keys.announced(qm), json.dumps(record, separators=(",", ":")))
             log.info("%s announces %s (%s)", qm, sorted(found) or "nothing", state)
+        else:
+            record = old
         self._announced_at = (version, state)
         return record
 
@@ -221,6 +247,8 @@ class Agent:
             wire.exact_text(f): wire.exact_text(v) for f, v in self.client.hgetall(keys.proxies(qm)).items()
         }
         seen = {wire.exact_text(f) for f in self.client.hkeys(keys.network_seen(qm))}
+        removed = _removed_at(self.client.hgetall(keys.proxies_removed(qm)))
+        announced_again: list[str] = []
         newly_seen: list[str] = []
         desired: dict[str, ProxySubscription] = {}
         unreachable: set[str] = set()
@@ -244,9 +272,14 @@ class Agent:
             if other not in seen:
                 newly_seen.append(other)
                 seen.add(other)
+            seq = int(record.get("seq", 0))
+            if other in removed:
+                if seq <= removed[other]:
+                    continue  # removed by an operator: not again until it announces again
+                announced_again.append(other)
             for key, since in record.get("keys", {}).items():
                 if topology.announced_to(other, qm, key):
-                    proxy = ProxySubscription(other, key, "dynamic", since_ms=int(since))
+                    proxy = ProxySubscription(other, key, "dynamic", since_ms=int(since), seq=seq)
                     desired[proxy.field] = proxy
         for static in network.static_subscriptions:
             if static.to != qm and (static.keep_on_unsubscribe or static.to not in seen):
@@ -264,12 +297,13 @@ class Agent:
                 wanted[name] = wire.exact_text(raw)
             elif name in wanted:  # unchanged: keep its record (and its since_ms)
                 again = ProxySubscription.from_json(wanted[name])
-                if (again.qm, again.topic, again.source, again.at, again.keep) == (
+                if (again.qm, again.topic, again.source, again.at, again.keep, again.seq) == (
                     kept.qm,
                     kept.topic,
                     kept.source,
                     kept.at,
                     kept.keep,
+                    kept.seq,
                 ):
                     wanted[name] = wire.exact_text(raw)
         copies = self._cluster_copies(topology)
@@ -280,12 +314,17 @@ class Agent:
         if copies is None:
             copies = old_copies
         changed = wanted != current or copies != old_copies
-        if changed or newly_seen:
+        if changed or newly_seen or announced_again:
             pipe = self.client.pipeline(transaction=True)
             _sync_hash(pipe, keys.proxies(qm), current, wanted)
             _sync_hash(pipe, keys.cluster_topics(qm), old_copies, copies)
             if newly_seen:
                 pipe.hset(keys.network_seen(qm), mapping=dict.fromkeys(newly_seen, now))
+            if announced_again:
+                pipe.hdel(keys.proxies_removed(qm), *announced_again)
+                log.info(
+                    "%s: %s announced again: its proxy subscriptions are made again", qm, announced_again
+                )
             if changed:
                 pipe.incr(keys.version(qm))
             pipe.execute()
@@ -381,7 +420,7 @@ class ChannelProcess:
         """Announce again after an orderly withdrawal (a restarted queue manager, SwiftMQ)."""
         topology = self.agent.load()
         if topology is not None:
-            self.agent.announce(topology, state="up")
+            self.agent.announce(topology, state="up", again=True)
 
     def run_once(self) -> int:
         """One agent round when due, then one move per channel; returns the entries moved."""

@@ -82,17 +82,29 @@ def remove_proxies(client: redis.Redis, qm: str, remote_qm: str) -> int:
     """Remove the dynamic proxy subscriptions ``qm`` holds for ``remote_qm`` (and bump the version,
     so its workers stop forwarding at once); returns how many were removed.
 
-    The channel process does not put them back while ``remote_qm`` cannot be reached; it does when
-    ``remote_qm`` announces again. Static ones come from the network file and stay.
+    SwiftMQ's deletion of a dead router's remote subscriptions (seed 003): they stay removed
+    until ``remote_qm`` announces again, with a newer announcement than the one they were read
+    from (its channel process starts, or what it announces changes), even while its old
+    announcement can still be read. The removal is recorded in ``{qm}:proxies_removed`` with
+    that announcement's ``seq``, in the same MULTI. Static ones come from the network file and stay.
     """
     prefix = proxy_field(remote_qm, "", "dynamic")
-    fields = [f for f in client.hkeys(keys.proxies(qm)) if wire.exact_text(f).startswith(prefix)]
-    if not fields:
+    found = {
+        f: raw for f, raw in client.hgetall(keys.proxies(qm)).items() if wire.exact_text(f).startswith(prefix)
+    }
+    if not found:
         return 0
+    seq = 0
+    for raw in found.values():
+        try:
+            seq = max(seq, ProxySubscription.from_json(raw).seq)
+        except (ValueError, TypeError):  # a corrupt record: removed, its seq unknown
+            continue
     pipe = client.pipeline(transaction=True)
-    pipe.hdel(keys.proxies(qm), *fields)
+    pipe.hdel(keys.proxies(qm), *found)
+    pipe.hset(keys.proxies_removed(qm), remote_qm, seq)
     pipe.incr(keys.version(qm))
-    removed, _ = pipe.execute()
+    removed, _, _ = pipe.execute()
     return int(removed)
 
 

@@ -417,6 +417,7 @@ class ProxySubscription:
         at: for a static one, the queue manager it is configured at.
         keep: for a static one, keep_on_unsubscribe.
         since_ms: when it was made, ms since the epoch.
+        seq: for a dynamic one, the ``seq`` of the announcement it was read from (``keys.announced``).
     """
 
     qm: str
@@ -425,6 +426,7 @@ class ProxySubscription:
     at: str = ""
     keep: bool = False
     since_ms: int = 0
+    seq: int = 0
 
     @property
     def field(self) -> str:
@@ -440,6 +442,7 @@ class ProxySubscription:
                 "at": self.at,
                 "keep": self.keep,
                 "since_ms": self.since_ms,
+                "seq": self.seq,
             },
             separators=(",", ":"),
         )
@@ -462,8 +465,9 @@ class ProxySubscription:
             raise ValueError(f"unknown source {source!r}")
         try:
             since_ms = int(data.get("since_ms", 0))
+            seq = int(data.get("seq", 0))
         except (TypeError, OverflowError):  # a list, an infinite number
-            raise ValueError("not a proxy subscription record: since_ms is not a number") from None
+            raise ValueError("not a proxy subscription record: since_ms or seq is not a number") from None
         return cls(
             data["qm"],
             data["topic"],
@@ -471,6 +475,7 @@ class ProxySubscription:
             str(data.get("at", "")),
             bool(data.get("keep", False)),
             since_ms,
+            seq,
         )
 
 

@@ -8,6 +8,7 @@ round, with injected clocks where time matters.
 from __future__ import annotations
 
 from broker.core import keys
+from broker.network.network_admin import remove_proxies
 from broker.operations.status import topic_status
 from broker.topics.subscriptions import subscribe
 from broker.topics.topic_objects import Attributes, define
@@ -42,3 +43,42 @@ def test_a_local_topic_object_takes_precedence_over_the_networks_cluster_copy(re
     assert fed.xmit_len("C", "H") == 0
     # while at H, whose own SPORTS is the cluster topic, it is one
     assert topic_status(real_redis, fed["H"], "sports/goal").route_class == "cluster K"
+
+
+# --- row 4 (seed 003): removing a dead node's remote subscriptions ----------------------
+
+
+def test_removed_proxies_of_a_dead_queue_manager_stay_removed_until_it_announces_again(
+    real_server, real_redis
+):
+    # Given D, announcing news to S, whose processes died without withdrawing: its server (here
+    # the one they share) still holds its announcement
+    fed = Fed(real_redis, real_server.url, {"S": {}, "D": {"parent": "S"}})
+    now = [1_000_000]
+    fed.channels["S"].agent.clock_ms = lambda: now[0]
+    subscribe(real_redis, fed["D"], "news/#", "app", "durable")
+    fed.settle()
+    assert fed.proxies("S") == [("D", "news", "dynamic")]
+    fed.crashed.add("D")
+
+    # When the operator removes them (SwiftMQ: delete the remote router subscriptions)
+    assert remove_proxies(real_redis, fed["S"], fed["D"]) == 1
+
+    # Then S's agent, rounds and minutes later, reads D's old announcement and makes none again
+    for _ in range(5):
+        now[0] += 60_000
+        fed.settle()
+        assert fed.proxies("S") == []
+    fed.publish("S", "p", "news/a", 2)
+    fed.settle()
+    assert fed.xmit_len("S", "D") == 0
+
+    # When D comes back: its channel process announces again (a newer announcement)
+    fed.up("D")
+    fed.settle()
+    # Then S makes its proxy subscriptions again, and forgets the removal
+    assert fed.proxies("S") == [("D", "news", "dynamic")]
+    assert real_redis.hlen(keys.proxies_removed(fed["S"])) == 0
+    sent = fed.publish("S", "p", "news/b", 2, first=2)
+    fed.settle()
+    assert [m.msgid for m in fed.xmit("S", "D")] == sent
