@@ -54,9 +54,11 @@ from broker.topics.topic_objects import TopicObject, fixed_prefix
 from broker.topics.topology import (
     Network,
     ProxySubscription,
+    RouteClass,
     Topology,
     announce_key,
     parse_network,
+    route_class_text,
 )
 
 log = logging.getLogger("broker.channel")
@@ -130,6 +132,40 @@ def announced_keys(table: RoutingTable, topology: Topology) -> set[str]:
     return found
 
 
+def unrouted_statics(table: RoutingTable, topology: Topology) -> list[str]:
+    """One problem line per static remote subscription configured at this queue manager (``at``)
+    that forwards nothing for a route class: no path leads from ``at`` to ``to`` in the route class
+    of its root topic, or of a topic below it where a topic object here or a cluster copy
+    changes the class (``RoutingTable.route_class``), e.g. a local topic between two members of
+    a cluster with no hierarchy edge. Empty when every static subscription has its path.
+
+    Args:
+        table: this queue manager's routing table, loaded.
+        topology: the network it is in.
+    """
+    sep = separator(table.scheme)
+    bound = {obj.topic_string for obj in table.tree.objects.values()} | set(table.cluster_topics)
+    found: list[str] = []
+    for static in topology.network.static_subscriptions:
+        if static.at != table.qm:
+            continue
+        below = sorted(t for t in bound if t.startswith(static.topic + sep))
+        seen: set[RouteClass] = set()
+        for topic in (static.topic, *below):
+            route = table.route_class(topic)
+            if route in seen:
+                continue
+            seen.add(route)
+            if topology.path(route, static.at, static.to) is None:
+                found.append(
+                    f"static remote subscription {static.topic!r} to {static.to} forwards nothing on "
+                    f"{topic!r}: no path from {static.at} to {static.to} for its route class "
+                    f"({route_class_text(route)}); give them a hierarchy edge, or put the topic under a "
+                    "cluster topic object of a cluster both are in"
+                )
+    return found
+
+
 def _removed_at(raw: dict[Any, Any]) -> dict[str, int]:
     """``{qm}:proxies_removed`` read: remote qm -> the announcement ``seq`` removed (a value that
     is not a number counts as 0: removed until the remote queue manager announces again)."""
@@ -163,6 +199,10 @@ class Agent:
     problems: list[str] = field(default_factory=list)
     #: the index version and state the last announcement was worked out at
     _announced_at: tuple[Any, str] | None = None
+    #: static remote subscriptions at this queue manager without a path (``unrouted_statics``),
+    #: and the index version and network they were worked out at
+    unrouted: list[str] = field(default_factory=list)
+    _unrouted_at: tuple[Any, str] | None = None
 
     def load(self) -> Topology | None:
         """Read the network record (None: not in a network).
@@ -192,7 +232,30 @@ class Agent:
         if topology is None:
             return False
         self.announce(topology)
-        return self.reconcile(topology)
+        changed = self.reconcile(topology)
+        self.check_statics(topology)
+        return changed
+
+    def check_statics(self, topology: Topology) -> list[str]:
+        """Work out ``unrouted`` again when the index version or the network changed; log each
+        line at WARNING when the set changes (once per change, not per publication), and add
+        them to ``problems`` (the heartbeat: ``broker status --network``)."""
+        if not any(s.at == self.qm for s in topology.network.static_subscriptions):
+            self.unrouted, self._unrouted_at = [], None
+            return []
+        at = (self.client.get(keys.version(self.qm)), topology.network.digest)
+        if at != self._unrouted_at:
+            table = RoutingTable(self.qm)
+            table.load(self.client)
+            found = unrouted_statics(table, topology)
+            if found != self.unrouted:
+                for line in found:
+                    log.warning("%s: %s", self.qm, line)
+                if self.unrouted and not found:
+                    log.info("%s: every static remote subscription has its path again", self.qm)
+            self.unrouted, self._unrouted_at = found, at
+        self.problems += self.unrouted
+        return self.unrouted
 
     def announce(self, topology: Topology, state: str | None = None, again: bool = False) -> dict[str, Any]:
         """Write ``{qm}:announced`` when what this queue manager announces changed, or ``again``.

@@ -14,8 +14,9 @@ import redis
 from broker.core import clock, keys, wire
 from broker.core.connection import TLSOptions, redact_url
 from broker.core.errors import ConfigError, translate_errors
-from broker.network.channel import Agent, read_announced, read_network
+from broker.network.channel import Agent, read_announced, read_network, unrouted_statics
 from broker.network.peers import UNREACHABLE, Peers
+from broker.topics.routing import RoutingTable
 from broker.topics.topology import Network, ProxySubscription, Topology, proxy_field
 
 
@@ -106,6 +107,25 @@ def remove_proxies(client: redis.Redis, qm: str, remote_qm: str) -> int:
     pipe.incr(keys.version(qm))
     removed, _, _ = pipe.execute()
     return int(removed)
+
+
+@translate_errors
+def static_problems(client: redis.Redis, qm: str) -> list[str]:
+    """The static remote subscriptions configured at ``qm`` that forward nothing for want of a
+    path (``broker.network.channel.unrouted_statics``), one line each; none when ``qm`` is in no
+    network, its network record cannot be read (``network_problems`` names it) or it has none.
+    A routing table is loaded only when ``qm`` has a static subscription (``broker status``)."""
+    try:
+        network = read_network(client, qm)
+    except ConfigError:
+        return []
+    if network is None or qm not in network.queue_managers:
+        return []
+    if not any(s.at == qm for s in network.static_subscriptions):
+        return []
+    table = RoutingTable(qm)
+    table.load(client)
+    return unrouted_statics(table, Topology(network))
 
 
 @dataclass

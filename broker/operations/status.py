@@ -21,11 +21,12 @@ from broker.core.errors import BrokerError, ForeignKey, InvalidTopicFilter, tran
 from broker.core.schemes import scheme_of
 from broker.core.stream import GroupState, clock_problem, group_state
 from broker.core.topic_rules import validate_topic
+from broker.network.network_admin import static_problems
 from broker.topics.links import read_links
 from broker.topics.routing import RoutingTable, network_problems
 from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions
 from broker.topics.topic_objects import BASE, read_tree
-from broker.topics.topology import RouteClass
+from broker.topics.topology import route_class_text
 
 
 def _read(problems: list[str], what: str, call: Any, default: Any) -> Any:
@@ -279,6 +280,7 @@ def status(
     tree = _read(problems, "topic objects", lambda: read_tree(client, qm), None)
     problems += [str(p) for p in (*bad_subs, *bad_links, *(tree.problems if tree else []))]
     problems += [str(p) for p in _read(problems, "network records", lambda: network_problems(client, qm), [])]
+    problems += _read(problems, "static remote subscriptions", lambda: static_problems(client, qm), [])
     scheme = _read(problems, "topic scheme", lambda: _scheme_text(client, qm), "?")
     if scheme.startswith("swiftmq"):  # the workers skip a filter the scheme refuses (it matches nothing)
         for record in subs:
@@ -396,14 +398,6 @@ class TopicStatus:
     blocked: list[str] = field(default_factory=list)
     blocked_by: str = ""
     route_class: str = "local"
-
-
-def route_class_text(route: RouteClass) -> str:
-    """``local``, ``cluster <name>`` or ``cluster <name> via topic hosts <qm>, ...`` for a route class."""
-    cluster, hosts = route
-    if not cluster:
-        return "local"
-    return f"cluster {cluster}" + (f" via topic hosts {', '.join(hosts)}" if hosts else "")
 
 
 @translate_errors

@@ -239,6 +239,14 @@ RouteClass = tuple[str, tuple[str, ...]]
 LOCAL: RouteClass = ("", ())
 
 
+def route_class_text(route: RouteClass) -> str:
+    """``local``, ``cluster <name>`` or ``cluster <name> via topic hosts <qm>, ...`` for a route class."""
+    cluster, hosts = route
+    if not cluster:
+        return "local"
+    return f"cluster {cluster}" + (f" via topic hosts {', '.join(hosts)}" if hosts else "")
+
+
 @dataclass
 class Topology:
     """Routes and announce rules of one network (built once per network record).

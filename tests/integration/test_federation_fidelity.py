@@ -7,9 +7,11 @@ round, with injected clocks where time matters.
 
 from __future__ import annotations
 
+import logging
+
 from broker.core import keys
 from broker.network.network_admin import remove_proxies
-from broker.operations.status import topic_status
+from broker.operations.status import status, topic_status
 from broker.topics.subscriptions import subscribe
 from broker.topics.topic_objects import Attributes, define
 from tests.integration.test_federation import Fed
@@ -82,3 +84,43 @@ def test_removed_proxies_of_a_dead_queue_manager_stay_removed_until_it_announces
     sent = fed.publish("S", "p", "news/b", 2, first=2)
     fed.settle()
     assert [m.msgid for m in fed.xmit("S", "D")] == sent
+
+
+# --- row 5 (seed 003): a static remote subscription with no path ------------------------
+
+
+def test_a_static_subscription_with_no_path_for_its_route_class_is_named_in_status_and_logged_once(
+    real_server, real_redis, caplog
+):
+    # Given S and D, members of cluster K only (no hierarchy edge), and a static remote
+    # subscription at S for D on news, a local topic: no path leads from S to D for it
+    fed = Fed(
+        real_redis,
+        real_server.url,
+        {"S": {"clusters": ["K"]}, "D": {"clusters": ["K"]}},
+        static_subscriptions=[{"at": "S", "to": "D", "topic": "news", "keep_on_unsubscribe": True}],
+    )
+    sub = subscribe(real_redis, fed["D"], "news/#", "app", "news")
+    caplog.set_level(logging.INFO, logger="broker.channel")
+    for _ in range(3):
+        fed.settle()
+    fed.publish("S", "p", "news/a", 2)
+    fed.settle()
+    assert fed.xmit_len("S", "D") == 0  # nothing forwarded ...
+
+    # Then broker status (and its JSON) and the log say so: once, not per round or publication
+    problems = [p for p in status(real_redis, fed["S"]).problems if "static remote subscription" in p]
+    assert len(problems) == 1
+    assert f"no path from {fed['S']} to {fed['D']}" in problems[0] and "(local)" in problems[0]
+    warned = [r for r in caplog.records if "static remote subscription" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert problems[0] in warned[0].getMessage()
+    assert status(real_redis, fed["D"]).problems == []  # configured at S only
+
+    # When news becomes a cluster topic of K: the path exists, the warning goes
+    define(real_redis, fed["S"], "NEWS", "news", Attributes(cluster="K"))
+    fed.settle()
+    assert not [p for p in status(real_redis, fed["S"]).problems if "static remote subscription" in p]
+    sent = fed.publish("S", "p", "news/b", 2, first=2)
+    fed.settle()
+    assert [m.msgid for m in fed.messages("D", sub.sub_id)] == sent
