@@ -302,7 +302,9 @@ def _print_network(found: NetworkStatus, qm: str) -> None:
             *cells,
         )
     console.print(qms)
-    channels = _table("channel", "state", "moved", "lag", "in-flight", "backoff (ms)", "last error")
+    channels = _table(
+        "channel", "state", "moved", "lag", "in-flight", "backoff (ms)", "withheld (slow)", "last error"
+    )
     for channel in found.channels:
         bad = channel.state == "retrying" or channel.error
         channels.add_row(
@@ -312,6 +314,7 @@ def _print_network(found: NetworkStatus, qm: str) -> None:
             _known(channel.lag),
             _known(channel.in_flight),
             _known(channel.backoff_ms),
+            Text(", ".join(channel.withheld or ()) or "-", style="bold yellow" if channel.withheld else ""),
             (channel.error or channel.last_error or "")[:60],
         )
     console.print(channels)

@@ -98,6 +98,10 @@ key                                 type      contents                          
 ``{qm}:proxies_removed``            hash      qm -> the announcement ``seq`` its dynamic    ``broker proxies         channel process (agent:
                                               proxy subscriptions were removed at           remove``; the agent      none again until a newer
                                                                                             deletes it               ``seq``)
+``{qm}:withheld``                   hash      ``<to qm>`` -> JSON ``{roots: {root topic:    channel process          workers (``forwards``),
+                                              persistence mode}, backlog, since_ms}``: the  (``slow_routes``)        ``status --network``
+                                              root topics a remote slow-subscriber
+                                              condition withholds from that channel
 ``{qm}:xmit:<to qm>``               stream    transmission stream of the channel to <to>:   commit.lua (XADD, in     channel mover
                                               field ``e`` = the envelope; id = channel seq  the unit of work)
 ``{qm}:channel:<to qm>``            hash      the channel's state: moved, last, state,      channel mover            ``status --network``
@@ -678,6 +682,13 @@ def proxies_removed(qm: str) -> str:
     they came from. The channel process makes none for it again until it announces with a
     higher ``seq`` (it announced again), and then deletes the field."""
     return f"{_tag(qm)}:proxies_removed"
+
+
+def withheld(qm: str) -> str:
+    """The channels a remote slow-subscriber condition withholds publications from,
+    ``{qm}:withheld``: hash ``<to qm>`` -> JSON ``{"roots": {root topic: persistence mode},
+    "backlog": n, "since_ms": n}`` (``broker.network.slow_routes``), read by the workers."""
+    return f"{_tag(qm)}:withheld"
 
 
 def xmit_prefix(qm: str) -> str:

@@ -11,6 +11,10 @@ workers). It does two things in one loop:
   (``{qm}:cluster_topics``) with them, bumping ``{qm}:version`` so that the workers route
   with them. A queue manager that cannot be reached keeps its proxy subscriptions until it
   withdraws them: messages for it wait in its transmission stream.
+- **Remote slow-subscriber conditions** (``broker.network.slow_routes``): each agent round,
+  a channel whose undelivered backlog reaches a ``remote`` (or ``all``) condition's
+  ``max_messages`` is named in ``{qm}:withheld``, and the workers forward no further
+  publication of that root topic to it until the backlog is below the bound again.
 - **The movers** (``broker.network.mover``), one per channel to a neighbour: each moves the entries of the
   transmission stream ``{qm}:xmit:<to>`` (written by ``commit.lua`` inside the unit of work)
   into the receiver's publish stream, in order, with ``lua/channel_in.lua``, which files an
@@ -49,6 +53,7 @@ from broker.core.errors import ConfigError
 from broker.core.schemes import separator
 from broker.network.mover import Mover
 from broker.network.peers import UNREACHABLE, Clock, Peers
+from broker.network.slow_routes import SlowRoutes
 from broker.topics.routing import RoutingTable
 from broker.topics.topic_objects import TopicObject, fixed_prefix
 from broker.topics.topology import (
@@ -453,6 +458,7 @@ class ChannelProcess:
         self.peers = Peers(settings.redis_url, client, settings.tls)
         self.agent = Agent(client, self.qm, self.peers, self.clock_ms)
         self.movers: dict[str, Mover] = {}
+        self.slow_routes = SlowRoutes(client, self.qm, list(settings.slow_subscriber_conditions))
         self.stopping = False
         self._next_round_ms = 0
         self._next_forget_ms = 0
@@ -497,6 +503,7 @@ class ChannelProcess:
                 # that what is in the transmission streams still moves; the heartbeat says why
                 log.error("channel process %s: %s", self.qm, exc)
                 self.agent.problems = [str(exc)]
+            self.slow_routes.check({to: mover.last for to, mover in self.movers.items()}, now)
             self._heartbeat(now)
         return sum(mover.move_once() for mover in self._movers(self.agent.topology))
 

@@ -17,7 +17,7 @@ from broker.core.errors import ConfigError, translate_errors
 from broker.network.channel import Agent, read_announced, read_network, unrouted_statics
 from broker.network.peers import UNREACHABLE, Peers
 from broker.topics.routing import RoutingTable
-from broker.topics.topology import Network, ProxySubscription, Topology, proxy_field
+from broker.topics.topology import Network, ProxySubscription, Topology, proxy_field, read_withheld
 
 
 @dataclass
@@ -221,6 +221,8 @@ class ChannelRow:
         backoff_ms: the mover's backoff, ms.
         last_error: the mover's last error ("" when none).
         dead_lettered: unreadable entries the mover dead-lettered.
+        withheld: the root topics a remote slow-subscriber condition withholds from this channel
+            (its backlog reached ``max_messages``: ``broker.network.slow_routes``), sorted.
         error: why an end could not be reached, or None.
     """
 
@@ -233,6 +235,7 @@ class ChannelRow:
     backoff_ms: int | None = None
     last_error: str | None = None
     dead_lettered: int | None = None
+    withheld: list[str] | None = None
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -366,6 +369,8 @@ def _channel_row(sender: str, to: str, source: redis.Redis | None, target: redis
             row.backoff_ms = int(state.get("backoff_ms", 0) or 0)
             row.last_error = state.get("last_error", "")
             row.dead_lettered = int(state.get("dead_lettered", 0) or 0)
+            withheld = read_withheld({to: source.hget(keys.withheld(sender), to) or b"{}"})
+            row.withheld = sorted(withheld.get(to, {}))
             try:
                 info: dict[Any, Any] = source.xinfo_stream(keys.transmission(sender, to))
                 written = int(info.get("entries-added", info.get(b"entries-added", 0)) or 0)

@@ -34,7 +34,7 @@ from broker.core.hierarchy import DeclaredTopics, HierarchyIndex
 from broker.core.keys import DEFAULT_PRIORITY
 from broker.core.logs import publication_extra
 from broker.core.models import Entry
-from broker.core.schemes import scheme_of, separator
+from broker.core.schemes import root_topic, scheme_of, separator
 from broker.core.scripts import register
 from broker.core.selectors import Selector, compile_selector
 from broker.core.topic_rules import LinkGraph, TopicIndex, validate_topic
@@ -52,6 +52,8 @@ from broker.topics.topology import (
     Topology,
     key_matches,
     parse_network,
+    read_withheld,
+    withholds,
 )
 
 log = logging.getLogger("broker.routing")
@@ -164,6 +166,9 @@ class RoutingTable:
         #: copies of the network's cluster topic objects: topic string -> (cluster, clroute, hosts)
         self.cluster_topics: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self._forward_cache: dict[tuple[str, str, tuple[str, ...]], tuple[str, ...]] = {}
+        #: transmission stream -> the root topics a remote slow-subscriber condition withholds
+        #: from it (``{qm}:withheld``, ``broker.network.slow_routes``): root topic -> persistence mode
+        self.withheld: dict[str, dict[str, str]] = {}
         self.ingress: tuple[bytes, ...] = ()
         #: apply logged subscription changes alone (``refresh``); False: always reload whole
         self.incremental = True
@@ -203,9 +208,11 @@ class RoutingTable:
         pipe.hgetall(names["proxies"])
         pipe.hgetall(names["cluster_topics"])
         pipe.hkeys(names["principals"])
+        pipe.hgetall(keys.withheld(qm))  # foreign: nothing withheld (broker.network.slow_routes)
         pipe.zrange(keys.sub_changes(qm), 0, 0, withscores=True)  # the change log's epoch
         replies = pipe.execute(raise_on_error=False)
         first = replies.pop()  # an error when the log is foreign: no epoch, never applied alone
+        withheld = replies.pop()
         for (what, key), found in zip(names.items(), replies[: len(names)], strict=True):
             kind = wire.text(found)
             if kind not in ("none", _TYPES[what]):
@@ -233,6 +240,10 @@ class RoutingTable:
         self.declared, declared_problems = parse_declared(qm, declared)
         problems += declared_problems
         problems += self.load_network_records(network, proxies, clustered)
+        self.withheld = {
+            keys.transmission(qm, to): roots
+            for to, roots in (read_withheld(withheld) if isinstance(withheld, dict) else {}).items()
+        }
         self.version = None  # until rebuilt: a failure halfway leaves a table that is never refreshed alone
         self.links = graph
         self.tree = tree
@@ -522,6 +533,8 @@ class RoutingTable:
         A publication made here under ``PUBSCOPE(QMGR)`` goes nowhere else (IBM MQ). One that
         came over a channel goes on only towards destinations whose path from its origin runs
         through here, never to a queue manager on its route. Cached per topic, origin and route.
+        A channel a remote slow-subscriber condition withholds the topic's root topic from
+        (``self.withheld``) is left out, for the delivery modes the condition looks at.
         """
         if self.topology is None or not self.proxies:
             return ()
@@ -538,6 +551,10 @@ class RoutingTable:
             if len(self._forward_cache) >= CACHE_TOPICS:
                 self._forward_cache.clear()
             self._forward_cache[memo] = found
+        if self.withheld and found:  # a channel too far behind (a remote slow-subscriber condition)
+            root = root_topic(entry.topic, self.scheme)
+            persistent = bool(header.get("persistent", True))
+            found = tuple(s for s in found if not withholds(self.withheld.get(s, {}), root, persistent))
         return found
 
     def _channels(self, topic: str, origin: str, route: tuple[str, ...]) -> tuple[str, ...]:

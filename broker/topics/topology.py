@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from broker.core import wire
 from broker.core.errors import ConfigError, InvalidSelector
 from broker.core.selectors import like_regex
 
@@ -491,3 +492,32 @@ def proxy_field(qm: str, topic: str, source: str = "dynamic") -> str:
     """The ``{qm}:proxies`` field of a proxy subscription: ``<qm> <source> <key>`` (neither a queue
     manager name nor a source holds a space; the key is the rest)."""
     return f"{qm} {source} {topic}"
+
+
+def read_withheld(raw: dict[Any, Any]) -> dict[str, dict[str, str]]:
+    """``{qm}:withheld`` as read (``hgetall``): receiving qm -> {root topic: persistence mode}.
+
+    A field that cannot be read is left out (nothing withheld on that channel).
+    """
+    found: dict[str, dict[str, str]] = {}
+    for name, value in raw.items():
+        try:
+            data = json.loads(value)
+            roots = data["roots"]
+            if not isinstance(roots, dict) or not all(
+                isinstance(k, str) and v in ("all", "persistent", "non_persistent") for k, v in roots.items()
+            ):
+                continue
+            found[wire.exact_text(name)] = dict(roots)
+        except (ValueError, TypeError, KeyError, RecursionError):
+            continue
+    return found
+
+
+def withholds(roots: dict[str, str], root: str, persistent: bool) -> bool:
+    """Whether a channel withholding ``roots`` (root topic -> persistence mode) withholds a
+    publication on ``root`` with this delivery mode."""
+    mode = roots.get(root)
+    if mode is None:
+        return False
+    return mode == "all" or persistent == (mode == "persistent")

@@ -10,8 +10,11 @@ from __future__ import annotations
 import logging
 
 from broker.core import keys
-from broker.network.network_admin import remove_proxies
+from broker.core.config import SlowSubscriberCondition
+from broker.network.channel import ChannelProcess
+from broker.network.network_admin import network_status, remove_proxies
 from broker.operations.status import status, topic_status
+from broker.testing import make_workers
 from broker.topics.subscriptions import subscribe
 from broker.topics.topic_objects import Attributes, define
 from tests.integration.test_federation import Fed
@@ -124,3 +127,66 @@ def test_a_static_subscription_with_no_path_for_its_route_class_is_named_in_stat
     sent = fed.publish("S", "p", "news/b", 2, first=2)
     fed.settle()
     assert [m.msgid for m in fed.messages("D", sub.sub_id)] == sent
+
+
+# --- row 3 (seed 003): slow-subscriber conditions on remote subscriptions ---------------
+
+
+def test_the_seeds_remote_events_condition_withholds_from_a_channel_300_behind(
+    real_server, real_redis, caplog
+):
+    # Given the seed's condition at S:
+    #   <topic name="events" max-messages="300" persistence-mode="all" subscription-type="remote"/>
+    # and D, behind S's channel, subscribed to events and news; a local subscriber at S too
+    fed = Fed(real_redis, real_server.url, {"S": {}, "D": {"parent": "S"}})
+    condition = SlowSubscriberCondition(
+        name="events", max_messages=300, persistence_mode="all", subscription_type="remote"
+    )
+    fed.settings["S"] = fed.settings["S"].model_copy(update={"slow_subscriber_conditions": [condition]})
+    fed.channels["S"] = ChannelProcess(fed.clients["S"], fed.settings["S"], name=f"ch-{fed['S']}")
+    fed.workers["S"] = make_workers(fed.clients["S"], fed.settings["S"], 1)
+    remote = subscribe(real_redis, fed["D"], "events/#", "app", "events")
+    news = subscribe(real_redis, fed["D"], "news/#", "app", "news")
+    local = subscribe(real_redis, fed["S"], "events/#", "app", "events")
+    fed.settle()
+    channel = fed.channels["S"]
+
+    def agent_round() -> None:  # the channel process's round, due now
+        channel._next_round_ms = 0
+        channel.run_once()
+
+    # When D stops filing (its processes died without withdrawing) and 300 events wait for it
+    fed.stop("D", withdraw_first=False)
+    first = fed.publish("S", "p", "events/a", 300)
+    fed.settle()
+    assert fed.xmit_len("S", "D") == 300
+    caplog.set_level(logging.INFO, logger="broker.channel")
+    agent_round()
+    agent_round()
+
+    # Then further events are withheld from that channel, news is not, and S's own subscriber
+    # gets every event (a remote condition never holds back a local subscriber)
+    later = fed.publish("S", "p", "events/b", 5, first=300)
+    sent_news = fed.publish("S", "n", "news/a", 3)
+    fed.settle()
+    assert [m.msgid for m in fed.xmit("S", "D")] == first + sent_news
+    assert len(fed.messages("S", local.sub_id)) == 305
+    row = [
+        c for c in network_status(real_redis, fed["S"], fed.url).as_dict()["channels"] if c["to"] == fed["D"]
+    ]
+    assert row[0].get("withheld") == ["events"]
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "withhold" in r.getMessage()]
+    assert len(warned) == 1 and "300 undelivered" in warned[0].getMessage()
+
+    # When D comes back and files the backlog: the 300 filed entries stay in the transmission
+    # stream for retention_ms, but they are delivered, so they no longer count
+    fed.up("D")
+    fed.settle()
+    assert fed.xmit_len("S", "D") == 303
+    agent_round()
+    again = fed.publish("S", "p", "events/c", 2, first=305)
+    fed.settle()
+    assert [m.msgid for m in fed.messages("D", remote.sub_id)] == first + again
+    assert [m.msgid for m in fed.messages("D", news.sub_id)] == sent_news
+    assert real_redis.hlen(keys.withheld(fed["S"])) == 0
+    assert later[0] not in {m.msgid for m in fed.xmit("S", "D")}
