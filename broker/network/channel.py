@@ -494,7 +494,8 @@ class ChannelProcess:
     def run_once(self) -> int:
         """One agent round when due, then one move per channel; returns the entries moved."""
         now = self.clock_ms()
-        if now >= self._next_round_ms:
+        due = now >= self._next_round_ms
+        if due:
             self._next_round_ms = now + self.settings.network_poll_ms
             try:
                 self.agent.round()
@@ -503,9 +504,11 @@ class ChannelProcess:
                 # that what is in the transmission streams still moves; the heartbeat says why
                 log.error("channel process %s: %s", self.qm, exc)
                 self.agent.problems = [str(exc)]
-            self.slow_routes.check({to: mover.last for to, mover in self.movers.items()}, now)
+        movers = self._movers(self.agent.topology)
+        if due:
+            self.slow_routes.check({mover.to: mover.last for mover in movers}, now)
             self._heartbeat(now)
-        return sum(mover.move_once() for mover in self._movers(self.agent.topology))
+        return sum(mover.move_once() for mover in movers)
 
     def _heartbeat(self, now: int) -> None:
         beat = {

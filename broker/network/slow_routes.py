@@ -57,7 +57,7 @@ class SlowRoutes:
     client: redis.Redis
     qm: str
     conditions: list[SlowSubscriberCondition]
-    #: receiving qm -> the root topics withheld on its channel, as last written
+    #: receiving qm -> the root topics withheld on its channel, as last read or written
     withheld: dict[str, dict[str, str]] = field(default_factory=dict)
     _read: bool = False
 
@@ -84,11 +84,12 @@ class SlowRoutes:
             channels: receiving qm -> the last channel sequence its receiver filed (None: unknown).
             now_ms: the time, ms since the epoch (recorded when withholding starts).
         """
-        if not self.conditions and not self.withheld and self._read:
-            return False
-        if not self._read:  # a restarted process starts from what is recorded
-            self.withheld = read_withheld(self.client.hgetall(keys.withheld(self.qm)))
-            self._read = True
+        if not self.conditions and self._read:
+            return False  # none configured: what was recorded is cleared at the first check
+        self._read = True
+        # what is recorded, not what this process wrote last: another process of this queue
+        # manager (a restart overlapping) may have written since; one HGETALL per round
+        self.withheld = read_withheld(self.client.hgetall(keys.withheld(self.qm)))
         most = max((c.max_messages for c in self.conditions), default=0)
         wanted: dict[str, dict[str, str]] = {}
         backlogs: dict[str, int] = {}
@@ -120,7 +121,7 @@ class SlowRoutes:
             started, ended = sorted(set(now) - set(before)), sorted(set(before) - set(now))
             if started:
                 log.warning(
-                    "%s: channel to %s holds %d undelivered entries: slow-subscriber condition(s) %s "
+                    "%s: channel to %s holds at least %d undelivered entries: slow-subscriber condition(s) %s "
                     "withhold their publications from it until fewer are waiting",
                     self.qm,
                     to,
