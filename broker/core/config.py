@@ -115,7 +115,9 @@ class SlowSubscriberCondition(BaseModel):
             channel process each ``network_poll_ms`` (``broker.network.slow_routes``): a
             channel that far behind gets no further publication of the root topic until it
             is below ``max_messages`` again; ``all`` both. A ``remote`` condition costs the
-            workers nothing until a channel is withheld from.
+            workers nothing until a channel is withheld from. On a remote route either
+            ``disconnect_*`` option removes the proxy subscriptions of the root topic behind
+            that channel, until their queue managers announce again.
         disconnect_non_durable_subscriber: also remove a non-durable (local) subscription it
             matches (with its queue and its consumers' in-flight messages), right after
             the unit of work, logged at WARNING.

@@ -95,9 +95,10 @@ key                                 type      contents                          
 ``{qm}:cluster_topics``             hash      topic string -> JSON ``{cluster, clroute,     channel process (agent)  workers (route class)
                                               hosts}``: the network's cluster topic objects
 ``{qm}:network_seen``               hash      qm -> ms it first announced                   channel process (agent)  channel process (statics)
-``{qm}:proxies_removed``            hash      qm -> the announcement ``seq`` its dynamic    ``broker proxies         channel process (agent:
-                                              proxy subscriptions were removed at           remove``; the agent      none again until a newer
-                                                                                            deletes it               ``seq``)
+``{qm}:proxies_removed``            hash      ``<qm>`` (or ``<qm> <topic key>``: one key)   ``broker proxies         channel process (agent:
+                                              -> the announcement ``seq`` its dynamic       remove``, a slow remote  none again until a newer
+                                              proxy subscriptions were removed at           route's disconnect; the  ``seq``)
+                                                                                            agent deletes it
 ``{qm}:withheld``                   hash      ``<to qm>`` -> JSON ``{roots: {root topic:    channel process          workers (``forwards``),
                                               persistence mode}, backlog, since_ms}``: the  (``slow_routes``)        ``status --network``
                                               root topics a remote slow-subscriber
@@ -677,10 +678,11 @@ def network_seen(qm: str) -> str:
 
 
 def proxies_removed(qm: str) -> str:
-    """Remote queue managers whose dynamic proxy subscriptions an operator removed here
-    (``broker proxies remove``), ``{qm}:proxies_removed``: hash qm -> the announcement ``seq``
-    they came from. The channel process makes none for it again until it announces with a
-    higher ``seq`` (it announced again), and then deletes the field."""
+    """Dynamic proxy subscriptions removed here, ``{qm}:proxies_removed``: hash field -> the
+    announcement ``seq`` they came from; field ``<qm>``: all of that queue manager's (``broker
+    proxies remove``), ``<qm> <topic key>``: one (a slow remote route's disconnect,
+    ``broker.network.slow_routes``). The channel process makes none of them again until that
+    queue manager announces with a higher ``seq`` (it announced again), then deletes the field."""
     return f"{_tag(qm)}:proxies_removed"
 
 

@@ -14,7 +14,9 @@ workers). It does two things in one loop:
 - **Remote slow-subscriber conditions** (``broker.network.slow_routes``): each agent round,
   a channel whose undelivered backlog reaches a ``remote`` (or ``all``) condition's
   ``max_messages`` is named in ``{qm}:withheld``, and the workers forward no further
-  publication of that root topic to it until the backlog is below the bound again.
+  publication of that root topic to it until the backlog is below the bound again (with a
+  ``disconnect_*`` option, the proxy subscriptions of that root topic behind it are removed
+  until their queue managers announce again).
 - **The movers** (``broker.network.mover``), one per channel to a neighbour: each moves the entries of the
   transmission stream ``{qm}:xmit:<to>`` (written by ``commit.lua`` inside the unit of work)
   into the receiver's publish stream, in order, with ``lua/channel_in.lua``, which files an
@@ -171,9 +173,29 @@ def unrouted_statics(table: RoutingTable, topology: Topology) -> list[str]:
     return found
 
 
+def _still_removed(removed: dict[str, int], other: str, seq: int) -> tuple[set[str] | None, list[str]]:
+    """What of ``other``'s announcement (its ``seq``) stays out of the proxy subscriptions after a
+    removal (``{qm}:proxies_removed``): ``(None: all of it, else the topic keys kept out; the fields
+    to delete, their removal overtaken by a newer announcement)``."""
+    kept_out: set[str] = set()
+    cleared: list[str] = []
+    for name, removed_seq in removed.items():
+        whole = name == other
+        if not whole and not name.startswith(other + " "):
+            continue
+        if seq > removed_seq:
+            cleared.append(name)
+        elif whole:
+            return None, []
+        else:
+            kept_out.add(name[len(other) + 1 :])
+    return kept_out, cleared
+
+
 def _removed_at(raw: dict[Any, Any]) -> dict[str, int]:
-    """``{qm}:proxies_removed`` read: remote qm -> the announcement ``seq`` removed (a value that
-    is not a number counts as 0: removed until the remote queue manager announces again)."""
+    """``{qm}:proxies_removed`` read: ``<remote qm>`` (all its keys) or ``<remote qm> <topic key>``
+    (one, a slow remote route's disconnect) -> the announcement ``seq`` removed (a value that is
+    not a number counts as 0: removed until the remote queue manager announces again)."""
     found: dict[str, int] = {}
     for name, value in raw.items():
         try:
@@ -341,12 +363,12 @@ class Agent:
                 newly_seen.append(other)
                 seen.add(other)
             seq = int(record.get("seq", 0))
-            if other in removed:
-                if seq <= removed[other]:
-                    continue  # removed by an operator: not again until it announces again
-                announced_again.append(other)
+            kept_out, cleared = _still_removed(removed, other, seq)
+            announced_again += cleared
+            if kept_out is None:
+                continue  # removed by an operator: not again until it announces again
             for key, since in record.get("keys", {}).items():
-                if topology.announced_to(other, qm, key):
+                if key not in kept_out and topology.announced_to(other, qm, key):
                     proxy = ProxySubscription(other, key, "dynamic", since_ms=int(since), seq=seq)
                     desired[proxy.field] = proxy
         for static in network.static_subscriptions:
@@ -506,7 +528,7 @@ class ChannelProcess:
                 self.agent.problems = [str(exc)]
         movers = self._movers(self.agent.topology)
         if due:
-            self.slow_routes.check({mover.to: mover.last for mover in movers}, now)
+            self.slow_routes.check({mover.to: mover.last for mover in movers}, now, self.agent.topology)
             self._heartbeat(now)
         return sum(mover.move_once() for mover in movers)
 

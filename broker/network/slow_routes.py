@@ -17,8 +17,10 @@ looks at) to that channel (``RoutingTable.forwards``), until the backlog is belo
 ``max_messages`` again. The other channels and the local subscribers get theirs; the
 publication counts as delivered. A change is logged once (WARNING when withholding starts,
 INFO when it ends); ``broker status --network`` shows the withheld root topics per channel.
-A remote route has no subscription here to remove: the ``disconnect_*`` options apply to
-local subscriptions only.
+With a ``disconnect_*`` option, withholding also disconnects the remote subscriptions: the
+dynamic proxy subscriptions of the root topic held for the queue managers behind that
+channel are removed, and stay removed until those queue managers announce again (as after
+``broker proxies remove``, ``{qm}:proxies_removed``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,17 @@ import redis
 
 from broker.core import keys, wire
 from broker.core.config import SlowSubscriberCondition
-from broker.topics.topology import read_withheld
+from broker.core.connection import read_hash
+from broker.core.schemes import scheme_of, separator
+from broker.topics.topology import (
+    EVERYTHING,
+    LOCAL,
+    ProxySubscription,
+    RouteClass,
+    Topology,
+    announce_key,
+    read_withheld,
+)
 
 log = logging.getLogger("broker.channel")
 
@@ -76,13 +88,16 @@ class SlowRoutes:
         entries: Any = self.client.xrange(keys.transmission(self.qm, to), f"({last}", "+", count=most)
         return len(entries)
 
-    def check(self, channels: dict[str, str | None], now_ms: int) -> bool:
+    def check(self, channels: dict[str, str | None], now_ms: int, topology: Topology | None = None) -> bool:
         """Work out which root topics each channel withholds, write ``{qm}:withheld`` and bump the
-        index version when that changed; returns whether it changed.
+        index version when that changed; returns whether it changed. When withholding starts
+        under a condition with a ``disconnect_*`` option, the proxy subscriptions of its root
+        topic behind that channel are removed too (``disconnect``), in the same MULTI.
 
         Args:
             channels: receiving qm -> the last channel sequence its receiver filed (None: unknown).
             now_ms: the time, ms since the epoch (recorded when withholding starts).
+            topology: the network (which queue managers are behind a channel); None: no disconnect.
         """
         if not self.conditions and self._read:
             return False  # none configured: what was recorded is cleared at the first check
@@ -105,6 +120,7 @@ class SlowRoutes:
         if wanted == self.withheld:
             return False
         pipe = self.client.pipeline(transaction=True)
+        disconnected = self.disconnect(pipe, wanted, topology) if topology is not None else []
         gone = [to for to in self.withheld if to not in wanted]
         if gone:
             pipe.hdel(keys.withheld(self.qm), *gone)
@@ -132,5 +148,63 @@ class SlowRoutes:
                 log.info(
                     "%s: channel to %s is below its slow-subscriber condition(s) %s again", self.qm, to, ended
                 )
+        if disconnected:
+            log.warning(
+                "%s: slow remote route(s): proxy subscriptions %s removed (disconnect), until their queue "
+                "managers announce again",
+                self.qm,
+                disconnected,
+            )
         self.withheld = wanted
         return True
+
+    def disconnect(self, pipe: Any, wanted: dict[str, dict[str, str]], topology: Topology) -> list[str]:
+        """Queue on ``pipe`` the removal of the dynamic proxy subscriptions that a condition with a
+        ``disconnect_*`` option, starting to withhold on a channel (in ``wanted``, not yet in
+        ``withheld``), disconnects: those of its root topic for the queue managers behind that
+        channel (its next hop towards them, in the hierarchy or one of this queue manager's
+        clusters). A remote subscription is the remote queue manager's interest, neither durable
+        nor not: either option disconnects it. Each removal is recorded in ``{qm}:proxies_removed``
+        (``<qm> <topic key>`` -> the announcement ``seq``), so that it stays removed until that
+        queue manager announces again (as ``broker proxies remove``). Returns the fields removed.
+        """
+        disconnecting = {
+            c.name
+            for c in self.conditions
+            if c.disconnect_non_durable_subscriber or c.disconnect_delete_durable_subscriber
+        }
+        pairs = {
+            (to, root)
+            for to, roots in wanted.items()
+            for root in roots
+            if root in disconnecting and root not in self.withheld.get(to, {})
+        }
+        if not pairs:
+            return []
+        qm = self.qm
+        node = topology.network.queue_managers.get(qm)
+        classes: list[RouteClass] = [LOCAL, *((c, ()) for c in (node.clusters if node else ()))]
+        behind: dict[str, set[str]] = {}
+        for route in classes:
+            for dest in topology.network.queue_managers:
+                path = topology.path(route, qm, dest)
+                if path is not None and len(path) > 1:
+                    behind.setdefault(path[1], set()).add(dest)
+        sep = separator(scheme_of(qm, read_hash(self.client, keys.manager(qm))))
+        removed: dict[str, int] = {}
+        fields: list[Any] = []
+        for raw_field, raw in self.client.hgetall(keys.proxies(qm)).items():
+            try:
+                proxy = ProxySubscription.from_json(raw)
+            except (ValueError, TypeError):
+                continue
+            if proxy.source != "dynamic" or proxy.topic == EVERYTHING:
+                continue
+            root = announce_key(proxy.topic, "root", sep)
+            if any(root == r and proxy.qm in behind.get(to, ()) for to, r in pairs):
+                fields.append(raw_field)
+                removed[f"{proxy.qm} {proxy.topic}"] = proxy.seq
+        if fields:
+            pipe.hdel(keys.proxies(qm), *fields)
+            pipe.hset(keys.proxies_removed(qm), mapping=removed)
+        return sorted(removed)

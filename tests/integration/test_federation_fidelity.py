@@ -193,3 +193,50 @@ def test_the_seeds_remote_events_condition_withholds_from_a_channel_300_behind(
     assert [m.msgid for m in fed.messages("D", news.sub_id)] == sent_news
     assert real_redis.hlen(keys.withheld(fed["S"])) == 0
     assert later[0] not in {m.msgid for m in fed.xmit("S", "D")}
+
+
+def test_a_remote_condition_with_disconnect_removes_the_routes_proxy_subscriptions_until_announced_again(
+    real_server, real_redis
+):
+    # Given a remote condition on events that disconnects, and D behind S's channel
+    fed = Fed(real_redis, real_server.url, {"S": {}, "D": {"parent": "S"}})
+    condition = SlowSubscriberCondition(
+        name="events",
+        max_messages=3,
+        persistence_mode="all",
+        subscription_type="remote",
+        disconnect_non_durable_subscriber=True,
+    )
+    fed.settings["S"] = fed.settings["S"].model_copy(update={"slow_subscriber_conditions": [condition]})
+    fed.channels["S"] = ChannelProcess(fed.clients["S"], fed.settings["S"], name=f"ch-{fed['S']}")
+    fed.workers["S"] = make_workers(fed.clients["S"], fed.settings["S"], 1)
+    events = subscribe(real_redis, fed["D"], "events/#", "app", "events")
+    subscribe(real_redis, fed["D"], "news/#", "app", "news")
+    fed.settle()
+    assert fed.proxies("S") == [("D", "events", "dynamic"), ("D", "news", "dynamic")]
+
+    # When D stops filing and the channel holds 3 events
+    fed.stop("D", withdraw_first=False)
+    first = fed.publish("S", "p", "events/a", 3)
+    fed.settle()
+    fed.channels["S"]._next_round_ms = 0
+    fed.channels["S"].run_once()
+
+    # Then D's events proxy subscription is removed (news stays), and rounds later still is,
+    # though D's announcement still names events
+    assert fed.proxies("S") == [("D", "news", "dynamic")]
+    for _ in range(3):
+        fed.channels["S"]._next_round_ms = 0
+        fed.settle()
+    assert fed.proxies("S") == [("D", "news", "dynamic")]
+
+    # When D comes back (it announces again) and files its backlog: events flow to it again
+    fed.up("D")
+    fed.settle()
+    fed.channels["S"]._next_round_ms = 0
+    fed.channels["S"].run_once()
+    assert fed.proxies("S") == [("D", "events", "dynamic"), ("D", "news", "dynamic")]
+    assert real_redis.hlen(keys.withheld(fed["S"])) == 0
+    again = fed.publish("S", "p", "events/b", 2, first=3)
+    fed.settle()
+    assert [m.msgid for m in fed.messages("D", events.sub_id)] == first + again
