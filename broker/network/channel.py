@@ -337,7 +337,11 @@ class Agent:
             wire.exact_text(f): wire.exact_text(v) for f, v in self.client.hgetall(keys.proxies(qm)).items()
         }
         seen = {wire.exact_text(f) for f in self.client.hkeys(keys.network_seen(qm))}
-        removed = _removed_at(self.client.hgetall(keys.proxies_removed(qm)))
+        try:
+            removed = _removed_at(self.client.hgetall(keys.proxies_removed(qm)))
+        except redis.ResponseError as exc:  # a foreign key: no removal is known
+            removed = {}
+            self.problems.append(f"{keys.proxies_removed(qm)}: {exc}")
         announced_again: list[str] = []
         newly_seen: list[str] = []
         desired: dict[str, ProxySubscription] = {}
@@ -528,7 +532,11 @@ class ChannelProcess:
                 self.agent.problems = [str(exc)]
         movers = self._movers(self.agent.topology)
         if due:
-            self.slow_routes.check({mover.to: mover.last for mover in movers}, now, self.agent.topology)
+            try:
+                self.slow_routes.check({mover.to: mover.last for mover in movers}, now, self.agent.topology)
+            except redis.ResponseError as exc:  # a foreign {qm}:withheld: nothing is withheld, moving goes on
+                log.error("channel process %s: slow remote routes: %s", self.qm, exc)
+                self.agent.problems.append(f"slow remote routes: {exc}")
             self._heartbeat(now)
         return sum(mover.move_once() for mover in movers)
 

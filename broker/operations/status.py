@@ -172,6 +172,14 @@ _EFFECTS = {
     "waiting": "idle workers wait on the publish stream instead (logged once); delivery goes on",
 }
 _EFFECTS[":turn"] = _EFFECTS[":fifo"]
+_EFFECTS["withheld"] = (
+    "no channel is withheld from by a remote slow-subscriber condition (the channel process logs it at "
+    "ERROR each round); forwarding goes on"
+)
+_EFFECTS["proxies_removed"] = (
+    "proxy subscriptions removed with 'broker proxies remove' (or a slow remote route's disconnect) are "
+    "made again from the remote queue managers' announcements"
+)
 _EFFECTS["bell"] = (
     "this subscription's consumers are not woken by new messages (a consumer blocking on it fails); "
     "delivery to every subscription, this one's queue included, goes on"
@@ -191,7 +199,8 @@ def foreign_problem(key: Any, found: str, expected: str, effect: str) -> str:
 
 
 def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], keyspace: bool) -> list[str]:
-    """Foreign subscription bells, the idle workers' ``{qm}:waiter`` and ``{qm}:wake``, and, with ``keyspace``, per-publisher keys (FIFO, turn, flow: every
+    """Foreign subscription bells, the idle workers' ``{qm}:waiter`` and ``{qm}:wake``, the channel
+    process's ``{qm}:withheld`` and ``{qm}:proxies_removed``, and, with ``keyspace``, per-publisher keys (FIFO, turn, flow: every
     ``{qm}:pub:*`` key, found by ``SCAN``), one line each (``foreign_problem``)."""
     wanted: list[tuple[Any, str, str]] = []
     for raw in client.scan_iter(match=keys.pub_pattern(qm), count=1000) if keyspace else ():
@@ -204,6 +213,10 @@ def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], 
         (keys.waiter(qm), "string", _EFFECTS["waiting"]),
         (keys.wake(qm), "list", _EFFECTS["waiting"]),
     ]  # worker.waiting
+    wanted += [
+        (keys.withheld(qm), "hash", _EFFECTS["withheld"]),
+        (keys.proxies_removed(qm), "hash", _EFFECTS["proxies_removed"]),
+    ]  # broker.network: the channel process
     pipe = client.pipeline(transaction=False)
     for key, _kind, _effect in wanted:
         pipe.type(key)

@@ -7,6 +7,7 @@ round, with injected clocks where time matters.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from broker.core import keys
@@ -240,3 +241,30 @@ def test_a_remote_condition_with_disconnect_removes_the_routes_proxy_subscriptio
     again = fed.publish("S", "p", "events/b", 2, first=3)
     fed.settle()
     assert [m.msgid for m in fed.messages("D", events.sub_id)] == first + again
+
+
+def test_foreign_withheld_and_removal_keys_stop_neither_the_channel_process_nor_the_workers(
+    real_server, real_redis
+):
+    # Given a remote condition at S, and both new keys of another Redis type
+    fed = Fed(real_redis, real_server.url, {"S": {}, "D": {"parent": "S"}})
+    condition = SlowSubscriberCondition(name="events", max_messages=3, subscription_type="remote")
+    fed.settings["S"] = fed.settings["S"].model_copy(update={"slow_subscriber_conditions": [condition]})
+    fed.channels["S"] = ChannelProcess(fed.clients["S"], fed.settings["S"], name=f"ch-{fed['S']}")
+    sub = subscribe(real_redis, fed["D"], "events/#", "app", "events")
+    real_redis.set(keys.withheld(fed["S"]), "junk")
+    real_redis.set(keys.proxies_removed(fed["S"]), "junk")
+
+    # When the network runs: Then publications still flow, and the heartbeat names both keys
+    fed.settle()
+    sent = fed.publish("S", "p", "events/a", 2)
+    fed.channels["S"]._next_round_ms = 0
+    fed.settle()
+    assert [m.msgid for m in fed.messages("D", sub.sub_id)] == sent
+    beat = json.loads(real_redis.hget(keys.network_agents(fed["S"]), f"ch-{fed['S']}"))
+    problems = beat["problems"]
+    assert any("slow remote routes" in p for p in problems)
+    assert any(keys.proxies_removed(fed["S"]) in p for p in problems)
+    named = status(real_redis, fed["S"]).problems
+    assert any(keys.withheld(fed["S"]) in p and "forwarding goes on" in p for p in named)
+    assert any(keys.proxies_removed(fed["S"]) in p for p in named)
