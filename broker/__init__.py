@@ -7,6 +7,7 @@ The wire protocol is documented in ``broker.core.keys``.
 """
 
 from broker.clients.consumer import Delivery, Subscriber
+from broker.clients.control import request_subscription, request_unsubscribe
 from broker.clients.publish import Publisher, PublishResult
 from broker.core.config import Settings, load_settings
 from broker.core.connection import connect
@@ -24,11 +25,14 @@ from broker.core.errors import (
     InvalidSelector,
     InvalidTopic,
     InvalidTopicFilter,
+    LibraryMissing,
     LinkCycle,
     NoSuchLink,
     NoSuchSubscription,
+    NotAuthorized,
     PublicationRefused,
     ReplyTimeout,
+    RequestRefused,
     SelectorTooComplex,
     ServerError,
     ServerFull,
@@ -42,8 +46,8 @@ from broker.core.models import Message
 from broker.core.selectors import like, select
 from broker.core.topic_rules import matches, validate_filter, validate_topic
 from broker.operations.status import status
+from broker.topics.explain import explain
 from broker.topics.links import link, list_links, unlink, unlink_all
-from broker.topics.routing import explain
 from broker.topics.subscriptions import list_subscriptions, subscribe, unsubscribe
 
 __all__ = [
@@ -62,14 +66,17 @@ __all__ = [
     "InvalidSelector",
     "InvalidTopic",
     "InvalidTopicFilter",
+    "LibraryMissing",
     "LinkCycle",
     "Message",
     "NoSuchLink",
     "NoSuchSubscription",
+    "NotAuthorized",
     "PublicationRefused",
     "PublishResult",
     "Publisher",
     "ReplyTimeout",
+    "RequestRefused",
     "SelectorTooComplex",
     "ServerError",
     "ServerFull",
@@ -87,6 +94,8 @@ __all__ = [
     "list_subscriptions",
     "load_settings",
     "matches",
+    "request_subscription",
+    "request_unsubscribe",
     "select",
     "status",
     "subscribe",

@@ -170,7 +170,9 @@ class Collector:
         client_id: str = "collector",
         selector: str | None = None,
     ) -> None:
-        self.record = subscribe(client, settings.qm, topic_filter, client_id, selector=selector)
+        self.record = subscribe(
+            client, settings.qm, topic_filter, client_id, selector=selector, settings=settings
+        )
         self.subscriber = Subscriber(client, settings.qm, self.record, settings, heartbeat=False)
         self.messages: list[Message] = []
 

@@ -29,10 +29,12 @@ injects faults chosen by ``random.Random(seed)``:
 - ``redis_restart``: SIGKILL of the server and a restart on the same port and
   data directory (AOF, ``appendfsync always``);
 - ``foreign:queue``: a string planted where the queue of the ``victim``
-  subscription (``/victim/#``) belongs. Publications on victim topics (they go
-  to ``victim`` and ``all``; ordinary publishers publish on them now and then)
-  must be refused as a whole while it is there; the victim's subscriber thread
-  gets WRONGTYPE meanwhile, takes nothing and goes on;
+  subscription (``/victim/#``) belongs. The victim subscription is unavailable
+  while it is there (PMSGDLV/NPMSGDLV(ALLAVAIL), the default; issue 27):
+  publications on victim topics (they go to ``victim`` and ``all``; ordinary
+  publishers publish on them now and then) reach ``all``, and the victim's copy
+  is dead-lettered ("subscription unavailable", ``dlq.subscription``); the
+  victim's subscriber thread gets WRONGTYPE meanwhile, takes nothing and goes on;
 - ``foreign:reply`` / ``foreign:dedup``: a hash planted at the reply list / a
   list planted at the dedup record of the next publication of a victim
   publisher (``v0``, ``v1``: raw XADDs with ``reply=1``), before it is
@@ -1316,7 +1318,8 @@ class Harness:
             "refused for a foreign key, by key: "
             + " ".join(f"{k}={v}" for k, v in sorted(kinds.items()))
             + f" (refused entries dead-lettered twice: {verdict.refused_repeated}; retries of delivered "
-            f"publications refused instead of answered duplicate: {verdict.refused_after_delivered})"
+            f"publications refused instead of answered duplicate: {verdict.refused_after_delivered}); "
+            f"copies dead-lettered for an unavailable subscription: {verdict.unavailable_copies}"
         )
         self._log_latency()
         _log(

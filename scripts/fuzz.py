@@ -329,8 +329,9 @@ class Lane:
         client.lpush(band, envelope)
         consumer = self.poison_consumer
         outcome = ""
-        dead_letters = client.xlen(keys.dead_letter(qm))
-        expired = int(client.hget(keys.expired(qm), self.poison.sub_id) or 0)
+        poison = keys.sub_poison(qm, self.poison.sub_id)
+        dead_letters = client.xlen(poison)
+        expired = int(client.get(keys.sub_expired(qm, self.poison.sub_id)) or 0)
         try:
             got = consumer.receive_many(1)
             for delivery in got:
@@ -345,11 +346,11 @@ class Lane:
             consumer.ack_many(got)
             outcome = "accepted"
             report.accepted["envelope: a valid message"] += 1
-        elif int(client.hget(keys.expired(qm), self.poison.sub_id) or 0) > expired:
+        elif int(client.get(keys.sub_expired(qm, self.poison.sub_id)) or 0) > expired:
             outcome = "expired"
             report.accepted["envelope: expired while waiting"] += 1
-        elif client.xlen(keys.dead_letter(qm)) > dead_letters:
-            (_, letter), *_ = client.xrevrange(keys.dead_letter(qm), count=1)
+        elif client.xlen(poison) > dead_letters:
+            (_, letter), *_ = client.xrevrange(poison, count=1)
             if letter[b"dlq.reason"].startswith(b"malformed envelope: "):
                 outcome = "dead-lettered"
                 report.dead_lettered["envelope: malformed, at once"] += 1

@@ -8,7 +8,9 @@ the ``commit.lua`` calls of the round (``CommitBatch``, at most ``COMMIT_CHUNK``
 
 Nothing here reads or writes Redis: the routing table was loaded by the worker
 (``broker.topics.routing.RoutingTable``), the entries were read by the dequeue, and the time is given, so
-every rule can be tested without a server (``tests/unit/test_decide.py``). Nothing here raises
+every rule can be tested without a server (``tests/unit/test_decide.py``). A principal with publish
+grants (``broker.topics.grants``) publishing on a topic none of them matches is refused here, inside
+the unit of work, dead-lettered with the reason and answered like every refusal. Nothing here raises
 either: an entry that cannot be handled is refused with the reason (bad input never stops a worker).
 """
 
@@ -24,6 +26,7 @@ from broker.core.models import apply_topic_defaults, encode_envelope, parse_entr
 from broker.core.schemes import root_topic, separator
 from broker.core.topic_rules import limit_problem
 from broker.core.unit_of_work import Action, CommitBatch, UnitOfWork
+from broker.topics.queue_controllers import PersistenceModes
 from broker.topics.routing import RoutingTable
 
 log = logging.getLogger("broker.worker")
@@ -62,7 +65,7 @@ class Decider:
 
     Args:
         settings: the broker settings (limits, reply and dedup windows, max_deliveries, journal,
-            slow-subscriber conditions).
+            slow-subscriber conditions, queue controllers).
         table: the worker's routing table; the worker keeps it at the dequeue's version, and the
             decider reads it as it is at each call.
     """
@@ -72,6 +75,8 @@ class Decider:
         self.table = table
         #: root topic -> its slow-subscriber condition
         self.slow = {c.name: c for c in settings.slow_subscriber_conditions}
+        #: the delivery modes the queue controllers give subscriber queues; false when none does
+        self.persistence = PersistenceModes(settings)
 
     def batches(
         self, heads: dict[str, list[str]], entries: Entries, times: dict[str, int], now_ms: int
@@ -128,7 +133,8 @@ class Decider:
 
     def _add(self, batch: CommitBatch, unit: UnitOfWork) -> None:
         """Add ``unit`` to ``batch`` with the queue bounds (MAXDEPTH) and watches (a slow-subscriber
-        condition) its queues need: none when nothing is configured."""
+        condition; PMSGDLV/NPMSGDLV(ALLDUR), which must know the durable ones) its queues need: none
+        when nothing is configured."""
         batch.add(unit)
         limits = self.table.queue_limits
         if limits and unit.queues:
@@ -136,7 +142,7 @@ class Decider:
                 bound = limits.get(queue)
                 if bound is not None:
                     batch.limit(queue, *bound)
-        if unit.slow is not None:
+        if unit.slow is not None or unit.delivery == "ALLDUR":  # ALLDUR: which queues are durable
             subscriptions = self.table.subscriptions
             qm = self.settings.qm
             for queue in unit.queues:
@@ -198,6 +204,12 @@ class Decider:
             if over is not None:
                 raise InvalidTopic(entry.topic, over)
             recipients = table.resolve(entry.topic)
+            grants = table.grants  # None without grants: nothing else is spent per publication
+            if grants is not None and "origin" not in entry.header:  # checked at its own queue manager
+                principal = entry.header.get("principal")
+                if not grants.may_publish(principal, entry.topic):
+                    reason = f"not authorized: principal {principal} may not publish on {entry.topic!r}"
+                    return self.refusal(publisher, entry_id, fields, reason)
             attributes = recipients.attributes
             if attributes is not None:  # a topic object at or above the topic (broker.topics.topic_objects)
                 dead_letter = attributes["usedlq"] == "YES"
@@ -217,6 +229,10 @@ class Decider:
                 forwards = table.forwards(entry, attributes)
                 if forwards:
                     queues = (*queues, *forwards)
+            if self.persistence and queues:  # a queue controller's persistence mode (seed 003)
+                forced = self.persistence.apply(entry.header, queues)
+                if forced is not None and attributes is not None:
+                    delivery = attributes["pmsgdlv"] if forced else attributes["npmsgdlv"]
             envelope = encode_envelope(entry.header, entry.body) if queues else b""
             if self.slow and queues:
                 condition = self.slow.get(root_topic(entry.topic, table.scheme))

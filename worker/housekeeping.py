@@ -12,6 +12,9 @@ and the disconnect of slow subscriptions.
 - **Heartbeat** (at most once a second): ``{qm}:workers`` and ``{qm}:alive``; workers silent for
   ``GONE_AFTER_MS`` are forgotten.
 - **Disconnect**: a subscription a slow-subscriber condition matched is removed after the commit.
+- **Control requests** (``broker.operations.control``, every ``control.POLL_MS``, only with
+  ``security = true``): subscribe and unsubscribe requests of subscriber users answered, one worker
+  at a time.
 
 ``Housekeeping.due(now_ms)`` runs the sweeps whose time has come; the worker calls it once per
 round, before its dequeue (``worker.loop``).
@@ -32,6 +35,8 @@ from broker.clients.consumer import sweep_subscriptions
 from broker.core import keys
 from broker.core.errors import BrokerError
 from broker.core.logs import publication_extra
+from broker.operations.control import POLL_MS as CONTROL_POLL_MS
+from broker.operations.control import ControlServer
 from broker.topics.subscriptions import remove_subscription
 
 if TYPE_CHECKING:
@@ -103,6 +108,11 @@ class Housekeeping:
         self.next_subscription_sweep_ms = 0
         self.subscription_sweep_start = ""
         self.next_heartbeat_ms = 0
+        self.next_control_ms = 0
+        #: answers control requests; None without security (subscribers write their subscriptions)
+        self.control = (
+            ControlServer(worker.client, worker.settings, worker.name) if worker.settings.security else None
+        )
 
     def due(self, now_ms: int, saturated: bool, unless_full: Callable[[Callable[[], object]], None]) -> None:
         """Run the sweeps whose time has come (``now_ms``, ms since the epoch).
@@ -125,6 +135,23 @@ class Housekeeping:
         if now_ms >= self.next_subscription_sweep_ms:
             self.next_subscription_sweep_ms = now_ms + max(settings.sweep_interval_ms, SUBSCRIPTION_SWEEP_MS)
             self.sweep_subscriptions()
+        if self.control is not None and now_ms >= self.next_control_ms:
+            self.next_control_ms = now_ms + CONTROL_POLL_MS
+            unless_full(lambda: self.serve_requests(now_ms))
+
+    def serve_requests(self, now_ms: int) -> int:
+        """Answer the waiting control requests (``broker.operations.control``); returns how many.
+        A refusal by the server (a foreign key, an ACL) is logged at WARNING, never raised."""
+        if self.control is None:
+            return 0
+        self.control.client = self.worker.client
+        try:
+            return self.control.poll(now_ms)
+        except (BrokerError, redis.ResponseError) as exc:
+            if isinstance(exc, redis.exceptions.OutOfMemoryError):
+                raise
+            log.warning("worker %s: control requests: %s", self.worker.name, exc)
+            return 0
 
     def sweep_turns(self) -> list[str]:
         """Take orphaned turns (and find forgotten ones of the worker's); returns the publishers taken."""

@@ -77,6 +77,7 @@ from broker.core.errors import (
     ServerError,
     ServerFull,
 )
+from broker.core.library import load_library
 from broker.core.schemes import record_manager
 from broker.core.scripts import (
     Dequeued,
@@ -134,6 +135,17 @@ Hook = Callable[[str], None]
 #: How long a process (re)started by its pool waits for the server, ms: a child restarted
 #: while its server (or the cluster node its URL names) is down waits instead of dying.
 START_WAIT_MS = 60_000
+
+
+def _load_library(client: Any) -> None:
+    """Load (or upgrade) the consumer function library ``broker`` (``broker.core.library``); a worker
+    whose ACL user may not (made before the library: ``broker acl add`` again gives it the new
+    rules) says so and goes on: consumers then need another worker, or ``broker server``, to load it."""
+    try:
+        if load_library(client):
+            log.info("loaded the broker function library (protocol %d)", keys.PROTOCOL_VERSION)
+    except redis.exceptions.NoPermissionError as exc:
+        log.warning("the broker function library was not loaded: %s", exc)
 
 
 def _out_of_memory(exc: BaseException) -> bool:
@@ -238,6 +250,7 @@ class Worker:
             seed_declared(self.client, self.qm, self.settings.topics)
         ensure_group(self.client, self.qm)
         self.scripts.load()
+        _load_library(self.client)
         self.table.load(self.client)
         self._heartbeat(self.clock_ms())
 

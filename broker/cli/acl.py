@@ -1,4 +1,5 @@
-"""``broker acl``: broker roles as Redis ACL users (add, list, rotate, delete, file)."""
+"""``broker acl``: broker roles as Redis ACL users (add, list, rotate, delete, file), and per-topic
+authorization (grant, revoke)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from broker.cli.render import (
 from broker.core.principals import holders
 from broker.network.channel import read_network
 from broker.operations.acl import RoleSpec, acl_file, add_user, delete_user, list_users, read_password, rotate
+from broker.operations.grants import describe, grant, list_grants, revoke
 
 
-@click.group("acl", short_help="Broker roles as Redis ACL users: add, list, rotate, delete, file.")
+@click.group(
+    "acl", short_help="Broker roles as Redis ACL users: add, list, rotate, delete, file, grant, revoke."
+)
 def acl_group() -> None:
     """Roles as Redis ACL users (broker.operations.acl): publisher, subscriber, worker, channel, admin, monitor.
 
@@ -116,11 +120,21 @@ def acl_add(
 @click.pass_obj
 def acl_list(state: State, as_json: bool) -> None:
     """List the users broker acl made for this queue manager: role, bindings, rules (no password)."""
-    rows, problems = list_users(state.client(), state.settings.qm)
+    client, qm = state.client(), state.settings.qm
+    rows, problems = list_users(client, qm)
+    granted, unreadable = list_grants(client, qm)
+    problems += [str(p) for p in unreadable]
     if as_json:
-        click.echo(json.dumps({"users": [asdict(r) for r in rows], "problems": problems}, indent=2))
+        grants = {user: {k: v for k, v in asdict(r).items() if v} for user, r in granted.items()}
+        click.echo(
+            json.dumps({"users": [asdict(r) for r in rows], "grants": grants, "problems": problems}, indent=2)
+        )
         return
     _print_users(rows)
+    if granted:
+        click.echo("grants (a user without a publish or subscribe grant is unrestricted for it):")
+        for user, record in granted.items():
+            click.echo(f"  {user}: {describe(record)}")
     _print_problems(problems)
 
 
@@ -149,6 +163,7 @@ def acl_delete(state: State, user: str) -> None:
     """Delete ACL user USER (and its publisher binding)."""
     client = state.client()
     existed = delete_user(client, state.settings.qm, user)
+    revoke(client, state.settings.qm, user, everything=True)
     click.echo(f"user {user}: {'deleted' if existed else 'did not exist'}; {_save_acl(client)}")
 
 
@@ -157,6 +172,59 @@ def acl_delete(state: State, user: str) -> None:
 def acl_file_command(state: State) -> None:
     """Print an ACL file (passwords as SHA-256) of this queue manager's broker users, for your own Redis."""
     click.echo(acl_file(state.client(), state.settings.qm), nl=False)
+
+
+_grant_options = [
+    click.option("--publish", "publish", multiple=True, metavar="FILTER", help="A topic filter (repeat)."),
+    click.option(
+        "--subscribe", "subscribe", multiple=True, metavar="FILTER", help="A topic filter (repeat)."
+    ),
+    click.option(
+        "--publish-object",
+        "publish_objects",
+        multiple=True,
+        metavar="NAME",
+        help="A topic object: its topic string's subtree (repeat).",
+    ),
+    click.option(
+        "--subscribe-object",
+        "subscribe_objects",
+        multiple=True,
+        metavar="NAME",
+        help="A topic object: its topic string's subtree (repeat).",
+    ),
+]
+
+
+def _with_grants(func: Any) -> Any:
+    for option in reversed(_grant_options):
+        func = option(func)
+    return func
+
+
+@acl_group.command("grant")
+@click.argument("user")
+@_with_grants
+@click.pass_obj
+def acl_grant(state: State, user: str, **asked: tuple[str, ...]) -> None:
+    """Let USER publish or subscribe on topics (per-topic authorization; docs/security.md).
+
+    A user without a publish grant may publish on any topic; once it has one, only on the topics
+    its publish grants match (the same for subscribe grants, checked when it asks for a
+    subscription). A grant on a topic object covers its topic string and every topic below."""
+    record = grant(state.client(), state.settings.qm, user, **asked)
+    click.echo(f"user {user}: {describe(record)}")
+
+
+@acl_group.command("revoke")
+@click.argument("user")
+@_with_grants
+@click.option("--all", "everything", is_flag=True, help="Every grant of USER (it is unrestricted again).")
+@click.pass_obj
+def acl_revoke(state: State, user: str, everything: bool, **asked: tuple[str, ...]) -> None:
+    """Take grants from USER (exit code 2 for one it does not have; nothing is changed then)."""
+    record = revoke(state.client(), state.settings.qm, user, everything=everything, **asked)
+    click.echo(f"user {user}: {describe(record) or 'no grants (unrestricted)'}")
 
 
 #: The commands this module adds to ``broker``.

@@ -102,7 +102,8 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
     """Run the embedded Redis-protocol server (Valkey) in the foreground until SIGTERM or Ctrl-C.
 
     Loads the 'server_config' redis.conf (default: the one shipped in the
-    package: AOF every second, noeviction). The server logs
+    package: AOF every second, noeviction), then the consumer function library
+    'broker' (when missing or older). The server logs
     to this terminal. On SIGTERM or Ctrl-C it waits up to stop_grace_ms (ms)
     for connected clients to leave (workers give up their turns), then stops.
     """
@@ -138,6 +139,7 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
     stopping = False
     try:
         server.start(foreground_output=True, own_session=True)
+        _load_library(server)
         click.echo(f"broker server listening on {server.url} (data in {server.data_dir})")
         assert server.process is not None
         code = server.process.wait()
@@ -151,6 +153,22 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
         signal.signal(signal.SIGTERM, previous)
     if code:
         _fail(f"the server exited with code {code}", 1)
+
+
+def _load_library(server: Server) -> None:
+    """Load (or upgrade) the consumer function library on the server just started; a failure is
+    said and the server runs on (the workers load it when they start)."""
+    import redis
+
+    from broker.core.library import load_library
+
+    try:
+        with redis.Redis(
+            host="127.0.0.1", port=server.port, username=server.username, password=server.password
+        ) as client:
+            load_library(client)
+    except redis.RedisError as exc:
+        click.echo(f"the broker function library was not loaded: {exc} (workers load it)", err=True)
 
 
 @click.command(

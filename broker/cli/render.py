@@ -27,7 +27,7 @@ from broker.operations.dead_letters import DeadLetter
 from broker.operations.durables import Deletion
 from broker.operations.status import Snapshot, TopicNode, TopicStatus
 from broker.topics.declared import Declared
-from broker.topics.routing import Route
+from broker.topics.explain import Route
 from broker.topics.subscriptions import SubscriptionRecord
 from broker.topics.topic_objects import TopicObject
 
@@ -89,7 +89,9 @@ def _describe_status(result: PublishResult) -> str:
 
 
 def _format_message(message: Message) -> str:
-    """One line per message: a body that is not one line of printable UTF-8 is printed as a bytes literal."""
+    """One line per message: topic, publisher, seq, priority, ``non-persistent`` for a NON_PERSISTENT
+    message (JMSDeliveryMode), the route; a body that is not one line of printable UTF-8 is printed as a
+    bytes literal."""
     try:
         body = message.body.decode("utf-8")
         if not body.isprintable():
@@ -98,8 +100,10 @@ def _format_message(message: Message) -> str:
         body = repr(message.body)
     seq = "-" if message.seq is None else str(message.seq)
     via = f"  from={'>'.join(message.route)}" if message.origin else ""
+    mode = "" if message.persistent else "  non-persistent"
     return (
-        f"{message.topic}  publisher={message.publisher}  seq={seq}  priority={message.priority}{via}  {body}"
+        f"{message.topic}  publisher={message.publisher}  seq={seq}  priority={message.priority}"
+        f"{mode}{via}  {body}"
     )
 
 
@@ -211,6 +215,7 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
         ("pending (read, not committed)", "pending"),
         ("lag (not yet read)", "lag"),
         ("dead-lettered", "dead_lettered"),
+        ("poison messages", "poison"),
         ("active publishers", "active_publishers"),
         ("links", "links"),
         ("topic scheme", "topic_scheme"),
@@ -218,7 +223,7 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
     )
     for label, name in rows:
         value = getattr(snapshot, name)
-        style = "bold red" if name == "dead_lettered" and value else ""
+        style = "bold red" if name in ("dead_lettered", "poison") and value else ""
         summary.add_row(label, Text(str(value), style=style))
     console.print(Text.assemble("queue manager ", (qm, "bold"), f" on {url}"))
     console.print(summary)
@@ -445,14 +450,29 @@ def _print_filters(by_filter: dict[str, list[str]]) -> None:
 def _print_route(route: Route) -> None:
     """``broker topics TOPIC``: each topic reached (published on, or linked), the subscriptions
     matched through it, then the subscriptions that get one copy each."""
-    table = _table("topic reached", "how", "subscriptions matched", title=f"route of {route.topic}")
+    table = _table(
+        "topic reached",
+        "how",
+        "subscriptions matched",
+        "kept out (WILDCARD(BLOCK))",
+        title=f"route of {route.topic}",
+    )
     for reached, matched in route.via.items():
         how = "published on" if reached == route.topic else "linked"
-        table.add_row(reached, how, ", ".join(matched) or "-")
+        table.add_row(
+            reached, how, ", ".join(matched) or "-", ", ".join(route.blocked.get(reached, [])) or "-"
+        )
     _console().print(table)
     n = len(route.subscriptions)
     listed = ": " + ", ".join(route.subscriptions) if route.subscriptions else ""
     click.echo(f"delivered once to {n} subscription{'' if n == 1 else 's'}{listed}")
+    click.echo(f"rule: {route.rule}")
+    for client_id, left_out in route.left_out.items():
+        click.echo(f"no copy (one per subscriber for {client_id}): {', '.join(left_out)}")
+    for group in route.one_of:
+        click.echo(f"one copy to the first that selects it: {', '.join(group)}")
+    if route.conditional:
+        click.echo(f"decided per publication (selector or no-local): {', '.join(route.conditional)}")
 
 
 def _print_declared(found: list[Declared]) -> None:

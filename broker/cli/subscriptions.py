@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 
 import click
+import redis
 
 from broker.cli.common import State
 from broker.cli.render import (
@@ -18,15 +19,19 @@ from broker.cli.render import (
     _print_usage,
 )
 from broker.clients.consumer import Subscriber, browse
+from broker.clients.control import DEFAULT_TIMEOUT_MS, request_subscription
 from broker.clients.loads import subscription_load
 from broker.core.errors import (
     NoSuchSubscription,
+    ServerError,
+    SubscriptionRefused,
 )
 from broker.operations.durables import delete_durables
 from broker.operations.status import usage_list
-from broker.topics.subscriptions import read_subscriptions
+from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions
 from broker.topics.subscriptions import subscribe as subscribe_to
 from broker.topics.subscriptions import unsubscribe as unsubscribe_from
+from broker.topics.topic_objects import topic_of
 
 #: How long one blocking receive waits when ``subscribe`` has no ``--timeout-ms``, ms.
 POLL_MS = 1_000
@@ -73,6 +78,14 @@ POLL_MS = 1_000
     default=None,
     help="Stop when no message arrives within this long, ms (default: wait forever).",
 )
+@click.option(
+    "--request-timeout-ms",
+    type=click.IntRange(min=1),
+    default=DEFAULT_TIMEOUT_MS,
+    show_default=True,
+    help="With security on, a subscriber user asks the broker for a new subscription (a control "
+    "request); how long to wait for the answer, ms.",
+)
 @click.pass_obj
 def subscribe_command(
     state: State,
@@ -85,6 +98,7 @@ def subscribe_command(
     shared: bool,
     count: int | None,
     timeout_ms: int | None,
+    request_timeout_ms: int,
 ) -> None:
     """Subscribe to FILTER ('+' one level, '#' the rest) and print each message as it arrives.
 
@@ -93,7 +107,8 @@ def subscribe_command(
     root may be SQL-LIKE predicates (iit.%.US; '%' any run, '_' one character,
     '\\' escapes them).
 
-    Each line is: topic, publisher, sequence number, priority, body (text, or a
+    Each line is: topic, publisher, sequence number, priority, "non-persistent" for a
+    NON_PERSISTENT message (its own delivery mode, or its queue controller's), body (text, or a
     Python bytes literal when not UTF-8), and "redelivered=N" for a message
     delivered before to a consumer that died. Each message is acknowledged after
     it is printed. Ctrl-C or SIGTERM stops it orderly: messages not yet acknowledged are given
@@ -103,27 +118,39 @@ def subscribe_command(
     max_subscriptions_per_client subscriptions already; 2 when FILTER is over max_topic_bytes
     or max_topic_levels, or the selector is invalid or over max_selector_bytes or the
     bounds of a selector's terms and nesting.
+
+    With security on, a user that may not write the subscription registry (a subscriber user)
+    attaches to an existing subscription directly, and asks the broker for a new one with a control
+    request (docs/security.md): refused with exit code 3 outside its subscribe grants.
     """
     client = state.client()
     settings = state.settings
     qm = settings.qm
-    record = subscribe_to(
-        client,
-        qm,
-        topic_filter,
-        client_id,
-        durable_name,
-        shared=shared,
-        selector=selector,
-        no_local=no_local,
-        consumer_modes=settings.consumer_modes,
-        topic_object=topic_object,
-        scheme=settings.topic_scheme,
-        max_topic_bytes=settings.max_topic_bytes,
-        max_topic_levels=settings.max_topic_levels,
-        max_subscriptions_per_client=settings.max_subscriptions_per_client,
-        max_selector_bytes=settings.max_selector_bytes,
-    )
+    try:
+        record = subscribe_to(
+            client,
+            qm,
+            topic_filter,
+            client_id,
+            durable_name,
+            shared=shared,
+            selector=selector,
+            no_local=no_local,
+            settings=settings,
+            topic_object=topic_object,
+        )
+    except ServerError as exc:
+        if not (settings.security and _refused_by_acl(exc)):
+            raise
+        if shared:
+            raise SubscriptionRefused(
+                "a shared subscription is made by an admin user; a subscriber user consumes it", ""
+            ) from exc
+        if topic_object is not None:
+            topic_filter = topic_of(client, qm, topic_object, topic_filter)
+        record = _by_request(
+            state, topic_filter, client_id, durable_name, selector, no_local, request_timeout_ms
+        )
     subscriber = Subscriber(client, qm, record, settings)
     received = [0]  # counted as they come: a Ctrl-C in the loop keeps the count
     previous = signal.getsignal(signal.SIGTERM)
@@ -144,6 +171,39 @@ def subscribe_command(
             signal.signal(signal.SIGINT, interrupt)
             signal.signal(signal.SIGTERM, previous)
     click.echo(f"received {received[0]} message(s)", err=True)
+
+
+def _refused_by_acl(exc: BaseException) -> bool:
+    """Whether the server refused ``exc``'s command by the URL's user's ACL (NOPERM), anywhere in its chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.exceptions.NoPermissionError) or "NOPERM" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _by_request(
+    state: State,
+    topic_filter: str,
+    client_id: str,
+    durable_name: str | None,
+    selector: str | None,
+    no_local: bool,
+    timeout_ms: int,
+) -> SubscriptionRecord:
+    """The subscription asked of the broker with a control request (``broker.clients.control``)."""
+    click.echo(f"asking the broker for the subscription (control request of client id {client_id})", err=True)
+    return request_subscription(
+        state.client(),
+        state.settings.qm,
+        topic_filter,
+        client_id,
+        durable_name,
+        selector=selector,
+        no_local=no_local,
+        timeout_ms=timeout_ms,
+    )
 
 
 def _receive(subscriber: Subscriber, count: int | None, timeout_ms: int | None, received: list[int]) -> None:

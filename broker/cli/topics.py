@@ -22,7 +22,8 @@ from broker.cli.render import (
     _print_topic_tree,
 )
 from broker.operations.status import topic_status, topic_tree
-from broker.topics import declared, links, routing, topic_objects
+from broker.topics import copies as copies_setting
+from broker.topics import declared, explain, links, topic_objects
 from broker.topics.subscriptions import read_subscriptions
 
 
@@ -39,7 +40,9 @@ def link_command(state: State, source: str, target: str, backward: bool) -> None
     """Link topic SOURCE to topic TARGET: publications on SOURCE also reach TARGET's subscribers.
 
     Links are transitive. A link that would close a cycle is refused (exit 2)
-    unless --backward is given.
+    unless --backward is given. A link of a topic to itself is accepted and changes
+    nothing (seed 000: linked topics "can be recursive ... simply by referring to
+    themselves").
     """
     links.link(state.client(), state.settings.qm, source, target, backward=backward)
     click.echo(f"linked {source} -> {target}" + (" (backward)" if backward else ""))
@@ -80,6 +83,36 @@ def links_command(state: State) -> None:
     _print_problems(problems)
 
 
+@click.command("copies", short_help="One copy per subscriber or per subscription, per client id.")
+@click.argument("client_id", required=False)
+@click.argument("copies", required=False, type=click.Choice(copies_setting.COPIES))
+@click.pass_obj
+def copies_command(state: State, client_id: str | None, copies: str | None) -> None:
+    """Show or set how many copies of a publication CLIENT_ID's subscriptions get.
+
+    COPIES is "subscription" (the default, Jakarta Messaging: one copy per matching
+    subscription) or "subscriber" (seed 000's duplicate-subscriber check: one copy, to the
+    client's earliest-made subscription that matches the topic or a topic linked from it).
+    Without COPIES, show CLIENT_ID's setting; without CLIENT_ID, list the client ids set to
+    "subscriber". The workers apply a change before the next publication they resolve.
+    """
+    client, qm = state.client(), state.settings.qm
+    if client_id is not None and copies is not None:
+        copies_setting.set_copies(client, qm, client_id, copies)
+        click.echo(f"{client_id}: one copy per {copies}")
+        return
+    subscribers, problems = copies_setting.read_copies(client, qm)
+    if client_id is not None:
+        per = copies_setting.PER_SUBSCRIBER if client_id in subscribers else copies_setting.PER_SUBSCRIPTION
+        click.echo(f"{client_id}: one copy per {per}")
+    elif not subscribers:
+        click.echo("every client id: one copy per subscription")
+    else:
+        for found in sorted(subscribers):
+            click.echo(f"{found}: one copy per subscriber")
+    _print_problems(problems)
+
+
 @click.command("topics", short_help="List filters, or explain where a topic goes.")
 @click.argument("topic", required=False)
 @click.pass_obj
@@ -87,8 +120,10 @@ def topics_command(state: State, topic: str | None) -> None:
     """Without TOPIC, list subscription filters with their subscriptions; with TOPIC, explain its route.
 
     The route lists each topic a publication on TOPIC reaches (TOPIC itself,
-    then linked topics), the subscriptions matched through each, and the
-    subscriptions that receive one copy each.
+    then linked topics), the subscriptions matched through each (and those a
+    WILDCARD(BLOCK) topic object keeps out), the subscriptions that receive one
+    copy each, as the workers resolve it, and the copies rule that applied
+    (``broker copies``).
     """
     client, qm = state.client(), state.settings.qm
     if topic is None:
@@ -102,7 +137,7 @@ def topics_command(state: State, topic: str | None) -> None:
             _print_filters(by_filter)
         _print_problems([*problems, *links.read_links(client, qm)[1]])
         return
-    route = routing.explain(client, qm, topic)
+    route = explain.explain(client, qm, topic)
     _print_route(route)
     _print_problems(route.problems)
 
@@ -117,8 +152,14 @@ _ATTRIBUTE_OPTIONS = (
     ("defprty", "0-9 | ASPARENT: priority of a publication that gives none"),
     ("capexpry", "ms | NOLIMIT | ASPARENT: cap on a publication's expiry"),
     ("maxdepth", "messages | NOLIMIT | ASPARENT: bound of the queues of subscriptions made under the node"),
-    ("pmsgdlv", "ALL | ALLDUR | ALLAVAIL | ASPARENT: persistent publications when a queue is full"),
-    ("npmsgdlv", "ALL | ALLDUR | ALLAVAIL | ASPARENT: non-persistent publications when a queue is full"),
+    (
+        "pmsgdlv",
+        "ALL | ALLDUR | ALLAVAIL | ASPARENT: persistent publications when a queue is full or unavailable",
+    ),
+    (
+        "npmsgdlv",
+        "ALL | ALLDUR | ALLAVAIL | ASPARENT: non-persistent publications when a queue is full or unavailable",
+    ),
     ("usedlq", "YES | NO | ASPARENT: refused publications go to the dead-letter stream"),
     ("wildcard", "PASSTHRU | BLOCK: wildcard subscriptions above the node get nothing at or below it"),
     ("pubscope", "QMGR | ALL | ASPARENT: QMGR keeps publications made here from other queue managers"),
@@ -283,6 +324,7 @@ COMMANDS = (
     link_command,
     unlink_command,
     links_command,
+    copies_command,
     topics_command,
     topic_group,
 )

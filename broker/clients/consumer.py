@@ -7,27 +7,34 @@ belongs to it alone:
 
 - a consumer that dies (its lease deadline passes) has its in-flight messages
   given back to the head of the queue, in the order it received them, by
-  ``recover.lua`` (run by the other consumers' heartbeats, by a new consumer,
+  ``broker_recover`` (run by the other consumers' heartbeats, by a new consumer,
   and by the workers' sweep); they are redelivered with ``redelivered`` set
   and a ``delivery_count`` (JMSXDeliveryCount), and dead-lettered once they
   have failed ``max_redeliveries`` times. A live consumer's in-flight messages
   are never taken;
 - acknowledging removes messages from the consumer's own short list
-  (``ack.lua``): a whole batch that is the oldest in flight with one ``LTRIM``,
+  (``broker_ack``): a whole batch that is the oldest in flight with one ``LTRIM``,
   any other message searched from the oldest end (``LREM ... -1``): no scan of
   a long list;
 - messages are taken highest priority first (one list per priority band,
   Jakarta Messaging §3.4.10), oldest first within a band, so per-publisher
   order holds within a priority; one whose expiration passed while it waited
-  is never handed over (``receive.lua``, which takes a batch with one
+  is never handed over (``broker_receive``, which takes a batch with one
   ``LRANGE`` + ``LTRIM`` per band). A delivery's envelope is decoded when its
   ``message`` is first read;
 - a malformed envelope (written by something other than a worker) never stops a
-  consumer: it is dead-lettered at once, reason "malformed envelope: ...", removed from
-  the consumer's in-flight list with its dead letter in one step (``reject.lua``), and
+  consumer: it becomes a poison message at once, reason "malformed envelope: ...", removed
+  from the consumer's in-flight list and added to the subscription's poison stream
+  ``{qm}:sub:<id>:poison`` in one step (``broker_reject``), and
   the consumer goes on to the next. It is checked as it is taken (no header line, a
   header that is not a JSON object or not UTF-8, a header field missing, of the wrong
   type or out of range), so that reading a delivery's message never fails.
+
+Every operation is one ``FCALL`` of the function library ``broker`` with the subscription's
+key (``broker.core.library``; docs/protocol.md): a consumer's ACL user needs ``FCALL`` on its
+subscriptions' keys and no ``EVAL``. What its consumers write (expired count, last use,
+poison messages) is the subscription's own (``keys.sub_expired``, ``sub_last_active``,
+``sub_poison``), never a key shared with other clients.
 
 Consumer modes (``SubscriptionRecord.mode``): ``shared`` (each message to one
 of many consumers), ``exclusive`` (a second consumer is refused with
@@ -63,8 +70,8 @@ from broker.core.errors import (
     TooManyConsumers,
     translate_errors,
 )
+from broker.core.library import fcall
 from broker.core.models import Message, decode_header, message_of, usual_values
-from broker.core.scripts import register
 from broker.topics.subscriptions import (
     SubscriptionRecord,
     check_name,
@@ -74,13 +81,16 @@ from broker.topics.subscriptions import (
 
 log = logging.getLogger("broker.consumer")
 
+#: Most messages one ``browse`` shows (``broker_browse``'s bound, ``lua/library/browse.lua``).
+BROWSE_MAX = 1_000
+
 #: Most subscriptions one ``sweep_subscriptions`` call looks at.
 SWEEP_SUBSCRIPTIONS = 200
 
 #: Where a consumer may die between its atomic steps (the crash-point hook of the tests):
 #: ``after_receive``, its messages taken into its in-flight list and not yet handed to the
 #: caller; ``after_ack``, acknowledged but the caller not yet told. Either way nothing is lost:
-#: what it held is given back, counted, once its lease has passed (``recover.lua``).
+#: what it held is given back, counted, once its lease has passed (``broker_recover``).
 CRASH_POINTS = ("after_receive", "after_ack")
 
 #: How often a consumer waiting for messages looks again while the server is full, ms (it
@@ -179,25 +189,6 @@ def _consumer_id() -> str:
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-class _Scripts:
-    """``receive.lua``, ``ack.lua``, ``reject.lua`` and ``recover.lua`` bound to one client."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.receive = register(client, "receive")
-        self.ack = register(client, "ack")
-        self.reject = register(client, "reject")
-        self.recover = register(client, "recover")
-
-
-def _scripts(client: redis.Redis) -> _Scripts:
-    """The consumer scripts registered on ``client`` (once per client object)."""
-    found: _Scripts | None = getattr(client, "_broker_consumer_scripts", None)
-    if found is None:
-        found = _Scripts(client)
-        client._broker_consumer_scripts = found  # type: ignore[attr-defined]
-    return found
-
-
 def forget_ms(settings: Settings) -> int:
     """How long a dead consumer stays in its subscription's consumers zset, ms (then forgotten)."""
     return max(settings.subscription_expiry_ms, settings.consumer_lease_ms) * 2
@@ -215,44 +206,35 @@ def recover(
     now_ms: int | None = None,
     closing: str = "",
 ) -> tuple[int, int, int]:
-    """Give back the in-flight messages of a subscription's dead consumers (``recover.lua``).
+    """Give back the in-flight messages of a subscription's dead consumers (``broker_recover``).
 
     Args:
         client: a redis-py client.
         qm: the queue manager.
         sub_id: the subscription.
-        max_redeliveries: a message that failed more often is dead-lettered instead.
-        dead_letter_max_len: approximate cap of the dead-letter stream.
+        max_redeliveries: a message that failed more often becomes a poison message instead
+            (the subscription's own poison stream ``keys.sub_poison``).
+        dead_letter_max_len: approximate cap of the poison stream, records.
         forget_ms: consumers dead for longer are removed from the consumers zset, ms.
         now_ms: the time, ms since the epoch; None for the server's clock.
         closing: a consumer closing now: its in-flight messages are given back whatever its lease.
 
     Returns:
-        ``(consumers recovered, messages given back, messages dead-lettered)``.
+        ``(consumers recovered, messages given back, messages made poison)``.
 
     Raises:
         ServerError: a key of the subscription holds another Redis type ("foreign key").
+        LibraryMissing: the server has no ``broker`` library and this user may not load it.
     """
-    got = _scripts(client).recover(
-        keys=[
-            keys.sub_consumers(qm, sub_id),
-            keys.sub_redelivered(qm, sub_id),
-            keys.sub_bell(qm, sub_id),
-            keys.dead_letter(qm),
-            *keys.sub_bands(qm, sub_id),
-            keys.sub_holder(qm, sub_id),
-            keys.last_active(qm),
-        ],
-        args=[
-            "" if now_ms is None else now_ms,
-            max_redeliveries,
-            dead_letter_max_len,
-            keys.inflight_prefix(qm, sub_id),
-            sub_id,
-            forget_ms,
-            closing,
-            keys.subscriptions(qm),
-        ],
+    got = fcall(
+        client,
+        "broker_recover",
+        keys.sub_queue(qm, sub_id),
+        "" if now_ms is None else now_ms,
+        max_redeliveries,
+        dead_letter_max_len,
+        forget_ms,
+        closing,
     )
     return int(got[0]), int(got[1]), int(got[2])
 
@@ -382,37 +364,22 @@ class Subscriber:
         self.bands = keys.sub_bands(qm, sub_id)
         self.bell = keys.sub_bell(qm, sub_id)
         self.inflight = keys.consumer_inflight(qm, sub_id, self.consumer_id)
-        self._redelivered = keys.sub_redelivered(qm, sub_id)
-        self._scripts = _scripts(client)
         settings = self.settings
-        self._receive_keys = [
-            keys.sub_consumers(qm, sub_id),
-            self.inflight,
-            self.bell,
-            self._redelivered,
-            keys.sub_holder(qm, sub_id),
-            keys.dead_letter(qm),
-            keys.expired(qm),
-            *self.bands,
-        ]
-        # receive.lua's arguments; [1] (how many) and [3] (now) are set in each call's copy
+        # broker_receive's arguments; [1] (how many) and [3] (now) are set in each call's copy
         self._receive_args: list[Any] = [
             self.consumer_id,
             0,
             settings.consumer_lease_ms,
             "",
-            {"shared": 0, "exclusive": 1, "activestandby": 2}[record.mode],
+            record.mode,
             1 if settings.expired_to_dlq else 0,
             settings.dead_letter_max_len,
-            sub_id,
             settings.max_consumers_per_subscription,
         ]
-        self._ack_keys = [self.inflight, self._redelivered]
-        self._reject_keys = [self.inflight, self._redelivered, keys.dead_letter(qm)]
         #: envelopes the last take dead-lettered as malformed
         self._rejected = 0
         self.standby = False
-        #: this consumer's last take found every band empty (receive.lua cleared the bell)
+        #: this consumer's last take found every band empty (broker_receive cleared the bell)
         self._drained = False
         self.closed = False
         self._stop = threading.Event()
@@ -436,7 +403,7 @@ class Subscriber:
         args = self._receive_args.copy()  # a copy: the heartbeat thread calls this too
         args[1] = count
         args[3] = self._now()
-        reply = self._scripts.receive(keys=self._receive_keys, args=args)
+        reply = fcall(self.client, "broker_receive", self.queue, *args)
         status = as_bytes(reply[0])
         if status == b"full":
             raise TooManyConsumers(sub_id, settings.max_consumers_per_subscription)
@@ -448,7 +415,7 @@ class Subscriber:
             return []
         self.standby = False
         if count:
-            self._drained = len(reply) - 2 < 2 * count  # fewer than asked: receive.lua cleared the bell
+            self._drained = len(reply) - 2 < 2 * count  # fewer than asked: broker_receive cleared the bell
         if count and self.hook is not None:
             self.hook("after_receive")
         queue = self.queue
@@ -537,7 +504,7 @@ class Subscriber:
         """Take up to ``max_messages`` messages into this consumer's in-flight list, in one round trip.
 
         Highest priority first, oldest first within a priority; messages that
-        expired while waiting are skipped (counted, dead-lettered with
+        expired while waiting are skipped (counted; poison messages with
         ``expired_to_dlq``). A standby consumer receives nothing until it takes over.
         Each envelope is checked as it is taken: a malformed one (no header line; a header
         that is not a JSON object, or not UTF-8; a header field missing, of the wrong type or
@@ -609,8 +576,9 @@ class Subscriber:
 
     @translate_errors
     def dead_letter_malformed(self, envelopes: list[tuple[bytes, str]]) -> int:
-        """Dead-letter envelopes this consumer took but cannot read (``reject.lua``): each is
-        removed from its in-flight list and added to the dead-letter queue in one step, with
+        """Make poison messages of envelopes this consumer took but cannot read (``broker_reject``):
+        each is removed from its in-flight list and added to the subscription's poison stream
+        (``keys.sub_poison``) in one step, with
         ``dlq.reason`` (e.g. "malformed envelope: envelope has no header line"), its
         ``dlq.entry_id`` when its header names one, and ``dlq.subscription``.
 
@@ -621,13 +589,13 @@ class Subscriber:
             How many were dead-lettered (one no longer in flight is not).
 
         Raises:
-            ServerError: the in-flight list, the redelivery hash or the dead-letter stream holds
+            ServerError: the in-flight list, the redelivery hash or the poison stream holds
                 another Redis type.
         """
-        args: list[Any] = [self.record.sub_id, self.settings.dead_letter_max_len]
+        args: list[Any] = [self.consumer_id, self.settings.dead_letter_max_len]
         for raw, reason in envelopes:
             args += [raw, reason]
-        done = int(self._scripts.reject(keys=self._reject_keys, args=args))
+        done = int(fcall(self.client, "broker_reject", self.queue, *args))
         for raw, reason in envelopes:
             log.warning("consumer %s: %s: dead-lettering %r", self.consumer_id, reason, raw[:80])
         return done
@@ -636,7 +604,7 @@ class Subscriber:
 
     @translate_errors
     def ack_many(self, deliveries: Iterable[Delivery]) -> int:
-        """Acknowledge deliveries in one round trip (``ack.lua``); returns how many were still in flight.
+        """Acknowledge deliveries in one round trip (``broker_ack``); returns how many were still in flight.
 
         Acknowledging the whole batch last received (or its oldest part) is one step
         in Redis whatever its size; any other subset costs a search per message from
@@ -650,7 +618,7 @@ class Subscriber:
         raws = [delivery.raw for delivery in deliveries]
         if not raws:
             return 0
-        acked = int(self._scripts.ack(keys=self._ack_keys, args=raws))
+        acked = int(fcall(self.client, "broker_ack", self.queue, self.consumer_id, *raws))
         if self.hook is not None:
             self.hook("after_ack")
         return acked
@@ -727,38 +695,28 @@ def browse(
 ) -> list[Message]:
     """The next ``n`` waiting messages of a subscription, in the order they would be received.
 
-    Like Jakarta Messaging's ``QueueBrowser``: nothing changes (``LRANGE`` only).
-    Messages whose expiration has passed are left out.
+    Like Jakarta Messaging's ``QueueBrowser``: nothing changes (one ``FCALL_RO broker_browse``,
+    read only). Messages whose expiration has passed are left out.
 
     Args:
         client: a redis-py client.
         qm: the queue manager.
         record: the subscription.
-        n: the most messages returned.
-        now_ms: the time for expiry, ms since the epoch; None for this machine's clock.
+        n: the most messages returned (at most ``BROWSE_MAX``, the library's bound).
+        now_ms: the time for expiry, ms since the epoch; None for the server's clock.
 
     Raises:
         InvalidMessage: an envelope is malformed.
+        ValueError: ``n`` is over ``BROWSE_MAX``.
+        LibraryMissing: the server has no ``broker`` library and this user may not load it.
     """
-    now = clock.now_ms() if now_ms is None else now_ms
-    out: list[Message] = []
-    for band in keys.sub_bands(qm, record.sub_id):
-        start = 0
-        while len(out) < n:
-            # the oldest is rightmost: read a band from its right end, a page at a time
-            page = client.lrange(band, -(start + 100), -(start + 1))
-            if not page:
-                break
-            for item in reversed(page):
-                message = _decode(as_bytes(item), band)
-                if not (message.expiration_ms and message.expiration_ms <= now):
-                    out.append(message)
-                    if len(out) >= n:
-                        break
-            start += 100
-        if len(out) >= n:
-            break
-    return out
+    if n > BROWSE_MAX:
+        raise ValueError(f"browse shows at most {BROWSE_MAX} messages, not {n}")
+    if n <= 0:
+        return []
+    queue = keys.sub_queue(qm, record.sub_id)
+    found = fcall(client, "broker_browse", queue, n, "" if now_ms is None else now_ms, read_only=True)
+    return [_decode(as_bytes(item), queue) for item in found]
 
 
 def consumers_of(

@@ -10,6 +10,7 @@ Nothing is read at import time.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from contextvars import ContextVar
 from importlib import resources
@@ -73,6 +74,74 @@ class ConsumerMode(BaseModel):
 
     predicate: str = Field(min_length=1)
     mode: ConsumerModeName
+
+    @field_validator("predicate")
+    @classmethod
+    def _predicate_valid(cls, value: str) -> str:
+        return _like_pattern(value)
+
+
+def _like_pattern(value: str) -> str:
+    """``value`` when it is a valid SQL LIKE pattern (``broker.core.selectors.like``).
+
+    Raises:
+        ValueError: (``InvalidSelector``) it is not; the message says why.
+    """
+    from broker.core.selectors import like
+
+    like(value, "")
+    return value
+
+
+#: A queue controller's persistence mode (SwiftMQ's ``persistence-mode``, seed 003): ``as_message``
+#: keeps each publication's own delivery mode; ``persistent`` and ``non_persistent`` give every
+#: message of the matching subscriptions that Jakarta Messaging delivery mode (JMSDeliveryMode).
+QueuePersistenceMode = Literal["as_message", "persistent", "non_persistent"]
+
+
+class QueueController(BaseModel):
+    """One of ``Settings.queue_controllers`` (SwiftMQ's queue controllers, seed 003).
+
+    A subscription whose id (``<client id>$<name>``) the SQL LIKE ``predicate`` matches
+    takes its attributes from the first controller that matches, in the list's order
+    (SwiftMQ matches its controllers top-down in the lexical order of their names; a
+    TOML list has an order of its own, which is the one used).
+
+    Attributes:
+        name: a name for the operator (SwiftMQ's ``01``, ``02``...); "" for none. Two
+            controllers may not have the same non-empty name.
+        predicate: a SQL LIKE pattern on the subscription id (``%`` any run, ``_`` one
+            character; ``$`` is an ordinary character), e.g. ``tmp$%``.
+        persistence_mode: ``as_message`` (the default: each publication keeps its own
+            delivery mode), ``persistent`` or ``non_persistent``: the delivery mode of the
+            messages of the matching subscriptions: the ``JMSDeliveryMode`` their consumers
+            see, and whether a full subscriber queue is handled under PMSGDLV or NPMSGDLV
+            and by the slow-subscriber conditions of that persistence mode. Applied by the
+            worker when every subscriber queue of a publication agrees (docs/design.md,
+            "Queue controllers").
+        consumer_mode: how the consumers of a matching subscription share it
+            (``exclusive``, the default; ``shared``; ``activestandby``); a subscription made
+            shared (``--shared``, ``$share/``) is always shared.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = ""
+    predicate: str = Field(min_length=1)
+    persistence_mode: QueuePersistenceMode = "as_message"
+    consumer_mode: ConsumerModeName = "exclusive"
+
+    @field_validator("predicate")
+    @classmethod
+    def _predicate_valid(cls, value: str) -> str:
+        return _like_pattern(value)
+
+    @property
+    def forced_persistent(self) -> bool | None:
+        """The delivery mode it gives its subscriptions' messages (True: persistent), or None for ``as_message``."""
+        if self.persistence_mode == "as_message":
+            return None
+        return self.persistence_mode == "persistent"
 
 
 #: Which publications a slow-subscriber condition looks at, by their delivery mode (JMSDeliveryMode).
@@ -210,9 +279,10 @@ class Settings(BaseSettings):
         default_maxdepth: MAXDEPTH of every subscriber queue that no topic object bounds,
             messages: ``SYSTEM.BASE.TOPIC``'s MAXDEPTH when it says NOLIMIT (an object's
             own MAXDEPTH, NOLIMIT included, still wins below it). A full queue is then
-            handled as for any MAXDEPTH (``PMSGDLV``/``NPMSGDLV``: by default a persistent
-            publication to a full durable queue is refused as a whole, other full queues
-            are skipped and counted in ``{qm}:skipped``). 0 (the default): unbounded.
+            handled as for any MAXDEPTH (``PMSGDLV``/``NPMSGDLV``: by default, ALLAVAIL, a
+            full queue is skipped and counted in ``{qm}:skipped``; under ALL or ALLDUR a
+            topic object can have it refuse the publication as a whole). 0 (the default):
+            unbounded.
         stop_grace_ms: how long the pool waits for workers after SIGTERM, ms.
         journal: write a delivery journal record per publication, in its unit of work.
         journal_max_len: approximate cap of the journal stream, records.
@@ -239,10 +309,18 @@ class Settings(BaseSettings):
             acknowledging it is dead-lettered instead of delivered again.
         expired_to_dlq: a message that expires while waiting in a subscriber
             queue is dead-lettered (it is always counted and never delivered).
-        consumer_modes: ordered rules ``{predicate, mode}``: the first whose SQL
-            LIKE predicate matches a new subscription's id gives its consumer
-            mode (seed 003's queue controllers); none matching: ``exclusive``.
-            A subscription made shared (``--shared``, ``$share/``) is always shared.
+        queue_controllers: SwiftMQ's queue controllers (seed 003; ``QueueController``):
+            ordered ``{name, predicate, persistence_mode, consumer_mode}``; the first whose
+            SQL LIKE predicate matches a subscription's id gives its consumer mode (when it
+            is made) and its messages' delivery mode (``persistence_mode``, applied by the
+            workers). TOML: ``[[queue_controllers]]`` tables. None matching: exclusive, and
+            each publication's own delivery mode. A worker with no controller forcing a
+            persistence mode does no work per publication for them.
+        consumer_modes: the older, mode-only form of ``queue_controllers``: ordered rules
+            ``{predicate, mode}``, looked at after every queue controller; the first whose SQL
+            LIKE predicate matches a new subscription's id gives its consumer mode; none
+            matching: ``exclusive``. A subscription made shared (``--shared``, ``$share/``)
+            is always shared.
         topic_scheme: how topic strings are read, for the whole queue manager:
             ``mqtt`` (``/`` levels, ``+`` and ``#`` wildcards, MQTT 5 §4.7) or
             ``swiftmq`` (``.`` nodes, SQL-LIKE predicate nodes, hierarchy rules
@@ -348,6 +426,7 @@ class Settings(BaseSettings):
     durable_idle_expiry_ms: int = Field(default=0, ge=0)
     max_redeliveries: int = Field(default=10, ge=0)
     expired_to_dlq: bool = False
+    queue_controllers: list[QueueController] = Field(default_factory=list)
     consumer_modes: list[ConsumerMode] = Field(default_factory=list)
     topic_scheme: Literal["mqtt", "swiftmq"] = "mqtt"
     direct_subscriber_selection: bool = True
@@ -411,13 +490,16 @@ class Settings(BaseSettings):
             raise ValueError(f"no such file: {value!r} (leave it empty for the packaged redis.conf)")
         return value
 
-    @field_validator("consumer_modes")
+    @field_validator("queue_controllers")
     @classmethod
-    def _predicates_valid(cls, value: list[ConsumerMode]) -> list[ConsumerMode]:
-        from broker.core.selectors import like
-
-        for rule in value:
-            like(rule.predicate, "")  # raises ValueError (InvalidSelector) for a bad pattern
+    def _controller_names_unique(cls, value: list[QueueController]) -> list[QueueController]:
+        seen: set[str] = set()
+        for controller in value:
+            if controller.name and controller.name in seen:
+                raise ValueError(
+                    f"two queue controllers are named {controller.name!r}; give each its own name"
+                )
+            seen.add(controller.name)
         return value
 
     @field_validator("topics")
@@ -488,14 +570,22 @@ class Settings(BaseSettings):
             return most
         return most * (depth - start) // (full - start)
 
-    def consumer_mode(self, sub_id: str) -> ConsumerModeName:
-        """The consumer mode of subscription ``sub_id``: the first rule whose predicate matches, else exclusive."""
-        from broker.core.selectors import like
+    @property
+    def controllers(self) -> list[QueueController]:
+        """Every queue controller in matching order: ``queue_controllers``, then each rule of
+        ``consumer_modes`` as a controller that keeps the publications' delivery mode."""
+        rules = [QueueController(predicate=r.predicate, consumer_mode=r.mode) for r in self.consumer_modes]
+        return [*self.queue_controllers, *rules]
 
-        for rule in self.consumer_modes:
-            if like(rule.predicate, sub_id):
-                return rule.mode
-        return "exclusive"
+    def queue_controller(self, sub_id: str) -> QueueController | None:
+        """The queue controller of subscription ``sub_id``: the first of ``controllers`` whose
+        predicate matches it, or None."""
+        return first_controller(self.controllers, sub_id)
+
+    def consumer_mode(self, sub_id: str) -> ConsumerModeName:
+        """The consumer mode of subscription ``sub_id``: its queue controller's, else exclusive."""
+        controller = self.queue_controller(sub_id)
+        return controller.consumer_mode if controller is not None else "exclusive"
 
     def server_config_file(self) -> str:
         """The redis.conf ``broker server`` loads: ``server_config``, or the one shipped in the package."""
@@ -513,6 +603,16 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _TomlSource(settings_cls))
+
+
+def first_controller(controllers: list[QueueController], sub_id: str) -> QueueController | None:
+    """The first of ``controllers`` whose SQL LIKE predicate matches the subscription id ``sub_id``, or None."""
+    from broker.core.selectors import like
+
+    for controller in controllers:
+        if like(controller.predicate, sub_id):
+            return controller
+    return None
 
 
 def read_toml(path: str | Path, where: str) -> dict[str, Any]:
@@ -539,6 +639,39 @@ def read_toml(path: str | Path, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where} is not valid TOML: not UTF-8 ({exc.reason})") from exc
     except RecursionError as exc:
         raise ConfigError(f"{where} is not valid TOML: nested too deeply") from exc
+
+
+def _line_of(path: Path | None, loc: tuple[Any, ...]) -> str:
+    """Where the setting an error names is in the TOML file: `` (line N)``, or "" when it is not there.
+
+    ``loc`` is pydantic's location: ``("qm",)`` is the line ``qm = ...``; ``("queue_controllers", 1,
+    "predicate")`` is the ``predicate =`` line of the second ``[[queue_controllers]]`` table (else
+    that table's header, or the ``queue_controllers =`` line of an inline array). Read only when
+    the settings are refused.
+    """
+    if path is None or not loc or not isinstance(loc[0], str):
+        return ""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    name = re.escape(loc[0])
+    if len(loc) > 1 and isinstance(loc[1], int):
+        tables = [n for n, line in enumerate(lines, 1) if re.match(rf"\s*\[\[\s*{name}\s*\]\]", line)]
+        if loc[1] < len(tables):
+            start = tables[loc[1]]
+            if len(loc) > 2 and isinstance(loc[2], str):  # the key's own line in that table
+                key = re.escape(loc[2])
+                for n in range(start, len(lines)):
+                    if re.match(r"\s*\[", lines[n]):
+                        break
+                    if re.match(rf"\s*{key}\s*=", lines[n]):
+                        return f" (line {n + 1})"
+            return f" (line {start})"
+    for n, line in enumerate(lines, 1):
+        if re.match(rf"\s*{name}\s*=", line):
+            return f" (line {n})"
+    return ""
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
@@ -576,7 +709,9 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     except ValidationError as exc:
         where = f"config file {str(path)!r} / BROKER_* environment" if path else "BROKER_* environment"
         problems = "; ".join(
-            (f"{'.'.join(str(p) for p in err['loc'])}: " if err["loc"] else "") + err["msg"]
+            (f"{'.'.join(str(p) for p in err['loc'])}: " if err["loc"] else "")
+            + err["msg"]
+            + _line_of(path, err["loc"])
             for err in exc.errors()
         )
         raise ConfigError(f"invalid settings ({where}): {problems}") from exc

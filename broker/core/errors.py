@@ -437,6 +437,24 @@ class ServerNotFound(BrokerError):
     exit_code = 4
 
 
+class LibraryMissing(ServerError):
+    """The server has no ``broker`` function library (``FCALL`` answered "Function not found").
+
+    The workers and ``broker server`` load it when they start (``broker.core.library``); a
+    consumer whose ACL user may load functions (worker, admin) loads it itself, a
+    ``subscriber`` may not and gets this error. Raised by every consumer operation.
+    """
+
+    exit_code = 4
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(
+            "the server has no broker function library (Function not found): start a worker "
+            "(broker worker) or the server (broker server), which load it"
+            + (f" ({detail})" if detail else "")
+        )
+
+
 class ForeignKey(BrokerError):
     """A key the broker owns holds a value of another Redis type (a foreign key).
 
@@ -445,7 +463,9 @@ class ForeignKey(BrokerError):
     (DESIGN.md, "MULTI/EXEC does not roll back"): a publication that would
     have to write to it is refused as a whole with this error's message as
     the reason, and a queue-manager-wide key (the publish stream, the
-    subscription hash) stops the workers until an operator removes it.
+    subscription hash) stops the workers until an operator removes it. A
+    subscriber queue of another type is the exception (a subscriber's own key,
+    issue 27): it makes only its subscription unavailable (``commit.lua``).
 
     Attributes:
         key: the key's name.
@@ -583,6 +603,34 @@ class RepairRefused(BrokerError):
     exit_code = 3
 
 
+class NotAuthorized(BrokerError):
+    """A user's grants (``broker acl grant``, ``broker.topics.grants``) do not cover what it asked:
+    a subscription requested on a filter none of its subscribe grants covers. (A publication
+    outside its publish grants is refused by the workers and dead-lettered: ``PublicationRefused``.)"""
+
+    exit_code = 3
+
+
+class NoSuchGrant(BrokerError, LookupError):
+    """``broker acl revoke`` named a grant the user does not have; nothing was changed."""
+
+    exit_code = 2
+
+
+class RequestRefused(BrokerError):
+    """The broker answered a control request (``broker.clients.control``) with an error.
+
+    Attributes:
+        kind: the name of the error the broker raised (``NotAuthorized``, ``InvalidTopicFilter``...).
+        exit_code: that error's exit code (3 when the answer names none).
+    """
+
+    def __init__(self, message: str, kind: str = "", exit_code: int = 3) -> None:
+        self.kind = kind
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
 # --- translating redis-py's errors: the one place ---------------------------------------------
 
 #: A script's foreign-key error reply (``require_types`` in ``lua/lib.lua``); the server may
@@ -604,7 +652,8 @@ def script_error(exc: BaseException, what: str) -> BaseException:
 
     Returns:
         ``ForeignKey`` (a queue-manager-wide key holds another Redis type; nothing was
-        written), ``ServerFull`` (``maxmemory`` reached; nothing was written) or ``exc``.
+        written), ``ServerFull`` (``maxmemory`` reached; nothing was written),
+        ``LibraryMissing`` (an ``FCALL`` of the ``broker`` library, which is not loaded) or ``exc``.
     """
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         return ServerFull(what, str(exc))
@@ -612,6 +661,8 @@ def script_error(exc: BaseException, what: str) -> BaseException:
         found = _FOREIGN_KEY.match(str(exc))
         if found:
             return ForeignKey(found["key"], found["found"], found["expected"])
+        if "function not found" in str(exc).lower():
+            return LibraryMissing()
     return exc
 
 

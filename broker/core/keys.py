@@ -3,7 +3,11 @@
 This docstring is the protocol document. A service in any language can publish
 with one ``XADD`` and consume with ``BLMOVE``/``LMOVE`` by following it.
 
-PROTOCOL_VERSION = 5 (5: smaller envelopes: the header no longer carries ``size`` (the body
+PROTOCOL_VERSION = 6 (6: consumers call the Redis Functions library ``broker`` (one ``FCALL``
+per operation with the subscription's key, ``broker.core.library``; docs/protocol.md), and a
+subscription's expired count, last use and poison messages are its own keys
+``{qm}:sub:<id>:expired``, ``:last_active`` and ``:poison`` (no longer ``{qm}:expired``,
+``{qm}:last_active`` and ``{qm}:dlq``, which only broker roles write). 5: smaller envelopes: the header no longer carries ``size`` (the body
 is what follows the first newline), and ``ts`` only when it differs from the entry id's
 milliseconds (absent: that time). 4: authenticated ingress: a publisher whose ACL user is a principal
 XADDs to its own ingress stream ``{qm}:in:<principal>``; the queue mutex moves the entries into
@@ -34,6 +38,9 @@ key                                 type      contents                          
                                               ``SUB_CHANGES_MAX_LEN``, after the log's
                                               epoch ``"epoch <id>"`` scored 0
 ``{qm}:links``                      hash      source topic -> JSON ``{target: backward}``   admin                    workers, admin
+``{qm}:client_copies``              hash      client id -> ``subscriber``: one copy of a    ``broker copies``        workers (routing table),
+                                              publication per subscriber (seed 000), not                             ``broker topics`` explain
+                                              per subscription (``broker.topics.copies``)                            ``broker status``
 ``{qm}:sub:<sub id>``               list      envelopes of priority 4 (the default); LPUSH  workers (commit.lua)     consumers (receive.lua)
                                               by workers, taken from the RIGHT (oldest)
 ``{qm}:sub:<sub id>:p<N>``          list      envelopes of priority N (0-3, 5-9), the same  workers (commit.lua)     consumers (receive.lua)
@@ -42,8 +49,19 @@ key                                 type      contents                          
 ``{qm}:sub:<sub id>:inflight:<c>``  list      envelopes consumer <c> took, not acknowledged  receive.lua (LMOVE)      consumer <c> (LREM), recover.lua
 ``{qm}:sub:<sub id>:active``        string    consumer holding an exclusive or               receive.lua              receive.lua, recover.lua
                                               active-standby subscription
-``{qm}:sub:<sub id>:redelivered``   hash      entry id -> deliveries that failed             recover.lua              receive.lua (delivery count)
-``{qm}:expired``                    hash      sub id -> messages that expired while waiting  receive.lua              operators
+``{qm}:sub:<sub id>:redelivered``   hash      entry id -> deliveries that failed             broker_recover           broker_receive (delivery count)
+``{qm}:sub:<sub id>:expired``       string    integer: messages that expired while waiting  broker_receive           ``broker status``, metrics
+``{qm}:sub:<sub id>:last_active``   string    ms: when its last consumer closed, or the     broker_recover (on close idle durable expiry
+                                              newest lease deadline of consumers forgotten  and when it forgets      (``broker.operations.durables``),
+                                                                                            dead consumers), the     ``broker durables``
+                                                                                            expiry job (SET NX)
+``{qm}:sub:<sub id>:poison``        stream    its poison messages: ``envelope``,            broker_receive (expired, ``broker dlq`` (list,
+                                              ``dlq.reason``, ``dlq.entry_id``,             ``expired_to_dlq``),     replay to this
+                                              ``dlq.subscription``; capped at about         broker_recover (too      subscription only, purge)
+                                              ``dead_letter_max_len``                       many redeliveries),
+                                                                                            broker_reject (malformed)
+``{qm}:expired``                    hash      protocol 5's expired counts (sub id -> count), none                     ``broker status`` (added to
+                                              read, never written                                                    the subscription's own)
 ``{qm}:topics``                     hash      topic object name -> JSON (topic string,       ``broker topic``         workers, subscribe
                                               attributes; ``broker.topics.topic_objects``)
 ``{qm}:manager``                    hash      ``topic_scheme`` -> ``mqtt`` or ``swiftmq``   first worker/subscribe   workers, subscribe
@@ -80,10 +98,9 @@ key                                 type      contents                          
                                               publisher, seq, topic, subs (JSON list of
                                               subscription ids), enq_ms, dlv_ms, status
 ``{qm}:usage``                      stream    usage snapshots (field ``snapshot``: JSON)    rq job usage_snapshot    operators
-``{qm}:last_active``                hash      sub id -> ms: when its last consumer closed,  recover.lua (on close    idle durable expiry
-                                              or the newest lease deadline of consumers     and when it forgets      (``broker.operations.durables``),
-                                              forgotten; the expiry job starts an unknown   dead consumers), the     ``broker durables``
-                                              one at the time it first sees it (HSETNX)     expiry job
+``{qm}:last_active``                hash      protocol 5's last use (sub id -> ms), read,   none (its field is       idle durable expiry (the
+                                              never written                                 removed with the         newer of it and the
+                                                                                            subscription)            subscription's own)
 ``{qm}:schedules``                  hash      schedule id -> JSON (job, cron, parameters,   ``broker jobs``, each    rq job run_schedule,
                                               next run, the rq job id that runs it)         run of the schedule      ``broker jobs list``
 ``{qm}:network``                    string    the network's topology, JSON (``broker.       ``broker network apply`` workers (routing table),
@@ -116,6 +133,13 @@ key                                 type      contents                          
 ``{qm}:principals``                 hash      principal -> publisher ids bound to it, one   ``broker acl add``       dequeue.lua, workers
                                               per line
 ``{qm}:acl``                        hash      user -> JSON role and bindings (no password)  ``broker acl``           ``broker acl list/file``
+``{qm}:grants``                     hash      user -> JSON publish / subscribe grants       ``broker acl grant``     workers (publish
+                                              (topic filters, topic object names)           (admin)                  grants), control requests
+``{qm}:ctl:<client id>``            stream    subscribe / unsubscribe requests of one       its subscriber user      workers (housekeeping;
+                                              client id (``op``, ``name``, ``topic``...)    (XADD)                   XDEL once answered)
+``{qm}:ctl:<client id>:reply:<r>``  list      the answer to request ``<r>``: JSON ``ok``,   workers (RPUSH, PX)      its subscriber (BLPOP)
+                                              ``subscription`` or ``error``
+``{qm}:ctl_lock``                   string    the worker answering control requests, PX     workers (SET NX)         workers
 ==================================  ========  ============================================  =======================  ==========================
 
 Keys whose names are built inside Lua from data the script reads are built
@@ -193,7 +217,9 @@ be read is skipped and named by ``broker status``.
 
 Key types are the broker's: a key of another type where the broker keeps one
 of the above (a *foreign key*) is never written over. A publication that would
-have to write to one is refused as a whole, with the key named in the reason;
+have to write to one is refused as a whole, with the key named in the reason,
+except a subscriber queue (any band): its subscription is then unavailable, its
+copy dead-lettered, and PMSGDLV/NPMSGDLV decide for the others (``commit.lua``);
 a foreign queue-manager-wide key (the stream, the dead-letter stream, the
 subscription hash, ...) stops the workers, with nothing half-done, until it is
 removed. ``broker status`` names foreign keys and corrupt records.
@@ -298,10 +324,12 @@ the stream is trimmed). A field larger than ``max_body_bytes`` (the body, or a
 (``dlq.body_bytes``, ``dlq.props_bytes``) gives its size instead. Only the first 1,000
 fields of an entry are copied: ``dlq.fields`` then gives how many it had. An entry of an
 ingress stream refused because its ``publisher`` is not bound to the principal also has
-``dlq.principal`` (that principal). A poison message of one subscription (``recover.lua``: more
-than ``max_redeliveries`` failed deliveries; ``receive.lua``: expired, with ``expired_to_dlq``;
-``reject.lua``: a malformed envelope, reason ``malformed envelope: ...``)
-has ``envelope``, ``dlq.reason``, ``dlq.entry_id`` and ``dlq.subscription`` instead.
+``dlq.principal`` (that principal). A poison message of one subscription (``broker_recover``:
+more than ``max_redeliveries`` failed deliveries; ``broker_receive``: expired, with
+``expired_to_dlq``; ``broker_reject``: a malformed envelope, reason ``malformed envelope: ...``)
+has ``envelope``, ``dlq.reason``, ``dlq.entry_id`` and ``dlq.subscription`` instead, and is an
+entry of the subscription's own poison stream ``{qm}:sub:<id>:poison``, never of ``{qm}:dlq``
+(which only the broker's roles write; protocol 5 put them there).
 
 ``broker dlq`` (``broker.operations.dead_letters``) lists, shows, replays and purges dead letters (``XDEL``).
 Replay re-publishes a refused publication (``lua/replay.lua``: ``XADD`` and ``XDEL`` in one
@@ -353,7 +381,7 @@ import re
 import socket
 import uuid
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 #: Consumer group of the workers on the publish stream.
 WORKER_GROUP = "workers"
@@ -407,6 +435,11 @@ SUB_CHANGES_MAX_LEN = 1000
 def links(qm: str) -> str:
     """The hash of topic links: ``{qm}:links``."""
     return f"{_tag(qm)}:links"
+
+
+def client_copies(qm: str) -> str:
+    """The per-client-id copies setting (``broker.topics.copies``): ``{qm}:client_copies``."""
+    return f"{_tag(qm)}:client_copies"
 
 
 def sub_prefix(qm: str) -> str:
@@ -475,6 +508,22 @@ def sub_redelivered(qm: str, sub_id: str) -> str:
     return f"{sub_queue(qm, sub_id)}:redelivered"
 
 
+def sub_poison(qm: str, sub_id: str) -> str:
+    """A subscription's poison messages, ``{qm}:sub:<sub_id>:poison``: a stream (``envelope``,
+    ``dlq.reason``, ``dlq.entry_id``, ``dlq.subscription``) its consumers write through the library."""
+    return f"{sub_queue(qm, sub_id)}:poison"
+
+
+def sub_expired(qm: str, sub_id: str) -> str:
+    """Messages that expired while waiting in a subscription, ``{qm}:sub:<sub_id>:expired``: an integer."""
+    return f"{sub_queue(qm, sub_id)}:expired"
+
+
+def sub_last_active(qm: str, sub_id: str) -> str:
+    """A subscription's last use by a consumer, ``{qm}:sub:<sub_id>:last_active``: ms since the epoch."""
+    return f"{sub_queue(qm, sub_id)}:last_active"
+
+
 def topic_objects(qm: str) -> str:
     """The hash of administrative topic objects: ``{qm}:topics``, name -> JSON (``broker.topics.topic_objects``)."""
     return f"{_tag(qm)}:topics"
@@ -504,7 +553,7 @@ def slow(qm: str) -> str:
 
 
 def expired(qm: str) -> str:
-    """Messages that expired while waiting, ``{qm}:expired``: hash sub id -> count."""
+    """Protocol 5's expired counts, ``{qm}:expired``: hash sub id -> count (read only now: ``sub_expired``)."""
     return f"{_tag(qm)}:expired"
 
 
@@ -633,7 +682,8 @@ def usage(qm: str) -> str:
 
 
 def last_active(qm: str) -> str:
-    """When each subscription was last used by a consumer, ``{qm}:last_active``: hash sub id -> ms."""
+    """Protocol 5's last use of subscriptions, ``{qm}:last_active``: hash sub id -> ms (read only now:
+    ``sub_last_active``)."""
     return f"{_tag(qm)}:last_active"
 
 
@@ -780,3 +830,39 @@ def pub_pattern(qm: str) -> str:
 
 #: The Redis type of each per-publisher key, by the suffix after the publisher id.
 PUB_KEY_TYPES = {":fifo": "list", ":turn": "string", ":flow": "string"}
+
+
+# --- Grants and control requests (``broker.topics.grants``, ``broker.operations.control``) ---
+
+
+def grants(qm: str) -> str:
+    """Per-topic authorization, ``{qm}:grants``: hash user -> JSON ``{"publish": [filter...],
+    "publish_objects": [name...], "subscribe": [...], "subscribe_objects": [...]}``."""
+    return f"{_tag(qm)}:grants"
+
+
+def control_prefix(qm: str) -> str:
+    """Prefix of the control streams, ``{qm}:ctl:`` (a client id follows)."""
+    return f"{_tag(qm)}:ctl:"
+
+
+def control(qm: str, client_id: str) -> str:
+    """The control stream of one client id, ``{qm}:ctl:<client id>``: its subscriber user XADDs
+    subscribe and unsubscribe requests there (client ids hold no ``:``)."""
+    return f"{control_prefix(qm)}{client_id}"
+
+
+def control_reply(qm: str, client_id: str, request_id: str) -> str:
+    """The answer to one control request, ``{qm}:ctl:<client id>:reply:<request id>``: a list
+    holding one JSON answer, with a TTL."""
+    return f"{control(qm, client_id)}:reply:{request_id}"
+
+
+def control_reply_pattern(qm: str, client_id: str) -> str:
+    """A pattern matching every answer key of ``client_id``: ``{qm}:ctl:<client id>:reply:*``."""
+    return glob_escape(control(qm, client_id)) + ":reply:*"
+
+
+def control_lock(qm: str) -> str:
+    """The lock of the worker answering control requests, ``{qm}:ctl_lock`` (SET NX PX): one at a time."""
+    return f"{_tag(qm)}:ctl_lock"

@@ -2,8 +2,7 @@
 
 The rest of the protocol document (every key, the publication entry, the envelope, the
 reply, dead letters, ``PROTOCOL_VERSION``) is the docstring of ``broker.core.keys``; this
-part says how to keep subscription records and how to consume with plain commands or the
-broker's Lua scripts.
+part says how to keep subscription records and how to consume with the function library.
 
 Subscriptions (``{qm}:subs``), for a service that is not written in Python
 --------------------------------------------------------------------------
@@ -21,9 +20,10 @@ and ``"share"`` (an MQTT 5 ShareName, for display)::
     INCR {QM1}:version
     EXEC
 
-Remove it with ``lua/remove_subscription.lua`` (or ``HDEL`` of its record and
-of its ``{qm}:last_active`` field, ``INCR`` on the version and ``DEL`` of every
-``{qm}:sub:<id>*`` key above, in one ``MULTI``, logged as below);
+Remove it with ``lua/remove_subscription.lua`` (or ``HDEL`` of its record (and of protocol 5's
+``{qm}:last_active`` field), ``INCR`` on the version and ``DEL`` of every
+``{qm}:sub:<id>*`` key above but its poison stream ``{qm}:sub:<id>:poison``, in one ``MULTI``,
+logged as below);
 a worker that resolved a topic before the removal delivers nothing to it
 (``commit.lua`` checks the record still exists), so its queue is never made again. A record the workers cannot read (not JSON,
 an invalid filter, an id outside that alphabet) matches nothing, and is named
@@ -44,60 +44,39 @@ whole table, as it does when the log is trimmed past its version, absent or unre
 
 Consumers (receive, acknowledge, heartbeat), for a service that is not written in Python
 -----------------------------------------------------------------------------------------
-A consumer has an id ``<c>`` (``A-Za-z0-9_.-``) and its own in-flight list.
-The Python ``Subscriber`` runs ``lua/receive.lua`` (several messages, highest
-priority first, expired ones skipped, delivery counts; a band's messages are
-taken with one ``LRANGE`` + ``LTRIM`` and pushed onto the in-flight list with
-``LPUSH``, leaving it as the ``LMOVE`` below would), ``lua/ack.lua`` (a batch
-acknowledged in one call: the envelopes as received, removed with one ``LTRIM``
-when they are the oldest in flight, else each with the ``LREM`` below; the
-redelivery counts of those removed are deleted; returns how many were still in
-flight), ``lua/reject.lua`` (an element it took but cannot read, a malformed envelope, is
-removed from its in-flight list and dead-lettered in one call, reason ``malformed envelope: ...``,
-so that one bad element never stops a consumer) and ``lua/recover.lua``; another language can
-run the same scripts, or these plain commands, in any mix::
+Every consumer operation is one ``FCALL`` of the function library ``broker``
+(``broker.core.library``, the source in ``lua/library/``), with the subscription's key
+``{qm}:sub:<id>`` as its one key; docs/protocol.md is the API (arguments, defaults, replies,
+errors). A consumer has an id ``<c>`` (``A-Za-z0-9_.-``) and its own in-flight list::
 
-    # heartbeat (and before each receive): renew the lease, deadline = now + lease ms, now
-    # being the server's TIME in ms (docs/protocol.md does both in one EVAL); never a
-    # deadline far in the future: that consumer's messages would never be given back
-    ZADD '{QM1}:sub:app$orders:consumers' 1767000010000 c1
-    # receive: the bands from priority 9 down to 0 (the default 4 is the key without :p4)
-    LMOVE '{QM1}:sub:app$orders:p9' '{QM1}:sub:app$orders:inflight:c1' RIGHT LEFT
-    ...
-    LMOVE '{QM1}:sub:app$orders' '{QM1}:sub:app$orders:inflight:c1' RIGHT LEFT
+    # receive up to 10 (also the heartbeat: the lease, 30 s here, is renewed)
+    FCALL broker_receive 1 '{QM1}:sub:app$orders' c1 10 30000
     # nothing came: wait for the bell without taking it (a list moved onto itself)
     BLMOVE '{QM1}:sub:app$orders:bell' '{QM1}:sub:app$orders:bell' RIGHT RIGHT 5
-    # acknowledge: the exact bytes received, searched from the oldest end
-    LREM '{QM1}:sub:app$orders:inflight:c1' -1 <envelope>
+    # acknowledge: the exact bytes received
+    FCALL broker_ack 1 '{QM1}:sub:app$orders' c1 <envelope> ...
+    # a consumer's lease passed: give its messages back (the workers do it too)
+    FCALL broker_recover 1 '{QM1}:sub:app$orders'
 
-A message's delivery count is 1 + ``HGET {qm}:sub:<id>:redelivered <entry_id>``.
-Plain commands neither skip expired messages (check ``expiration`` in the
-header yourself) nor respect an exclusive subscription's holder
-(``{qm}:sub:<id>:active`` names it; leave the subscription to it while its
-lease in the consumers zset runs). A consumer whose lease deadline passes is
-dead: ``recover.lua`` (run by the workers every ``sweep_interval_ms``, by every
-Python consumer's heartbeat, and when one attaches) puts its in-flight
-messages back at the head of their band, in the order it took them, counts
-the failed delivery, and dead-letters a message that failed more than
-``max_redeliveries`` times (fields ``envelope``, ``dlq.reason``,
-``dlq.entry_id``, ``dlq.subscription``). Keep a lease well above your
-processing time per batch. Nor do plain commands keep
-``max_consumers_per_subscription`` (``receive.lua`` refuses a consumer with no live
-lease while the subscription has that many: its reply is ``{"full", <live>}``), and
-on a full server (``maxmemory``) ``ZADD``, ``LMOVE`` and ``BLMOVE`` are refused with
-``OOM`` while ``receive.lua`` and ``recover.lua`` still run (``#!lua flags=allow-oom``):
-consuming is how memory is freed. ``LREM`` (acknowledging) is always allowed.
+``broker_receive`` takes the bands highest priority first, skips expired messages, gives
+delivery counts, keeps an exclusive subscription's holder and
+``max_consumers_per_subscription``; ``broker_recover`` puts a dead consumer's in-flight
+messages back at the head of their band, in the order it took them, counts the failed
+delivery, and makes a poison message of one that failed more than ``max_redeliveries``
+times: the subscription's own stream ``{qm}:sub:<id>:poison`` (fields ``envelope``,
+``dlq.reason``, ``dlq.entry_id``, ``dlq.subscription``), never the broker's ``{qm}:dlq``.
+Keep a lease well above your processing time per batch. On a full server (``maxmemory``)
+the library's functions still run (flag ``allow-oom``): consuming is how memory is freed.
 
-Close a consumer by putting its in-flight messages back (or acknowledging
-them), ``ZREM`` it from the consumers zset and record when the subscription
-was last used, ``HSET {qm}:last_active <sub id> <now ms>`` (``recover.lua``
-does all three when passed the closing consumer). A non-durable subscription is
-removed (``lua/remove_subscription.lua``) when its last consumer closes, or
+Close a consumer with ``FCALL broker_recover 1 <key> "" "" "" "" <c>``: its in-flight
+messages go back, it leaves the consumers zset, and the subscription's last use
+``{qm}:sub:<id>:last_active`` is set. A non-durable subscription is
+removed (``lua/remove_subscription.lua``, a broker role's) when its last consumer closes, or
 ``subscription_expiry_ms`` after the last consumer's lease deadline. A durable
 one is removed by ``broker durables delete`` or the Delete Durable job
 (``broker jobs``), or, with ``durable_idle_expiry_ms`` set, once no consumer has
 used it for that long: its last use is the newest of its consumers' lease
-deadlines, its ``{qm}:last_active`` time and its ``created_ms`` (a subscription
+deadlines, its ``last_active`` time and its ``created_ms`` (a subscription
 with neither consumers nor a ``last_active`` time is first given the time the
 expiry job sees it).
 """

@@ -2,8 +2,10 @@
 
 Every script is registered here and only here: ``register(client, name)`` (``SCRIPTS``
 names them), once per client, with redis-py's ``register_script``, whose ``Script``
-object reloads the script on NOSCRIPT. The consumer, removal, replay, repair, channel and
-change-log modules get their scripts from ``register`` and wrap them themselves. Inside a pipeline,
+object reloads the script on NOSCRIPT. The removal, replay, repair, channel and
+change-log modules get their scripts from ``register`` and wrap them themselves. The
+consumer operations are not scripts but the function library ``broker``
+(``broker.core.library``, ``lua/library/``). Inside a pipeline,
 though, redis-py's ``Script`` sends a ``SCRIPT EXISTS`` round trip before every
 ``execute``; the hot path (commit + the next dequeue, pipelined) therefore
 sends plain ``EVALSHA`` and, on NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted
@@ -76,17 +78,14 @@ def _translated(what: str) -> Iterator[None]:
         raise error from exc
 
 
-#: Every script in ``broker/lua/`` (but ``lib.lua``, which starts each): the registry.
+#: Every script in ``broker/lua/`` (but ``lib.lua``, which starts each; ``lua/library/`` is the
+#: function library, ``broker.core.library``): the registry.
 SCRIPTS = frozenset(
     {
-        "ack",
         "channel_in",
         "commit",
         "dequeue",
         "give_up",
-        "receive",
-        "recover",
-        "reject",
         "remove_subscription",
         "repair_stream",
         "replay",
@@ -121,8 +120,8 @@ def register(client: Any, name: str) -> Any:
 def script_source(name: str) -> str:
     """A script's source: ``lua/lib.lua`` (the shared helpers) followed by ``lua/<name>.lua``.
 
-    A script whose first line is a shebang (``#!lua flags=allow-oom``: the consumer scripts,
-    which must run on a full server, since consuming is what frees memory) keeps it first.
+    A script whose first line is a shebang (``#!lua flags=allow-oom``: one that must run on a
+    full server) keeps it first.
     """
     body = _read(name)
     shebang = ""

@@ -211,7 +211,8 @@ def split_shared(topic_filter: str) -> tuple[str, str]:
 
     ``$share/<ShareName>/<filter>`` (MQTT 5 §4.8.2): the ShareName is at least
     one character with no ``/``, ``+`` or ``#``, followed by ``/`` and a
-    non-empty valid filter. Any other filter is returned as ``("", topic_filter)``.
+    non-empty valid filter that is not itself a ``$share/`` filter (EMQX refuses
+    ``$share/g1/$share/t``). Any other filter is returned as ``("", topic_filter)``.
 
     Raises:
         InvalidTopicFilter: the filter starts with ``$share/`` but breaks those rules.
@@ -226,6 +227,10 @@ def split_shared(topic_filter: str) -> tuple[str, str]:
     if not sep or not inner:
         raise InvalidTopicFilter(
             topic_filter, "a $share filter needs '/' and a topic filter after the ShareName"
+        )
+    if inner.startswith(SHARE_PREFIX):  # EMQX refuses it too: one subscription is shared once
+        raise InvalidTopicFilter(
+            topic_filter, "the topic filter after the ShareName must not be a $share filter"
         )
     return share, inner
 
@@ -638,6 +643,10 @@ class LinkGraph:
 
         Adding an existing link again only updates its backward flag; turning
         a backward link into a forward one checks for a cycle like a new link.
+        A link of a topic to itself is accepted and changes no delivery: seed 000
+        says linked topics "can be recursive, either simply by referring to
+        themselves or cyclically", and a publication is delivered on each topic
+        once (:meth:`closure`). It is listed and removed like any other link.
 
         Args:
             source: the topic name publications are copied from.
@@ -645,9 +654,8 @@ class LinkGraph:
             backward: True to allow the link to close a cycle.
 
         Raises:
-            InvalidLink: when a topic name is invalid or ``source`` equals
-                ``target``.
-            LinkCycle: when ``target`` already reaches ``source`` through
+            InvalidLink: when a topic name is invalid.
+            LinkCycle: when ``target`` (another topic) already reaches ``source`` through
                 existing links and ``backward`` is False; its ``path`` is the
                 chain from ``target`` to ``source``.
         """
@@ -656,10 +664,8 @@ class LinkGraph:
                 validate_topic(topic)
             except InvalidTopic as exc:
                 raise InvalidLink(f"cannot link {shown(source)} -> {shown(target)}: {exc.reason}") from exc
-        if source == target:
-            raise InvalidLink(f"cannot link topic {shown(source)} to itself")
         existing = self._targets.get(source, {}).get(target)
-        if not backward and existing is not False:
+        if not backward and existing is not False and source != target:
             path = self.find_path(target, source)
             if path is not None:
                 raise LinkCycle(source, target, path)

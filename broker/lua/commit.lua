@@ -6,35 +6,54 @@
 -- worker resumed after its lease cannot write).
 --
 -- Three named phases, so that no command can fail after the first write (Redis
--- does not roll back a script):
+-- does not roll back a script), except a subscriber queue's push, made with
+-- redis.pcall, whose failure writes nothing:
 --   check: the type of every queue-manager-wide key (a foreign one stops the
---     call with an error, before any write) and of every recipient queue, with
---     one LLEN each (its depth; 0 when absent; an error when it holds another type);
+--     call with an error, before any write); per recipient queue only whether its
+--     subscription is gone (when the index version changed) or it is a
+--     transmission stream (its type: a broker role's key);
 --   plan: per publication, the fence, the type of every key it would write (its
---     dedup record, with one SET NX GET, its reply list, its queues) and its
---     outcome; a publication that would have to write to a foreign key is refused
---     as a whole, with that reason (IBM MQ's PMSGDLV(ALL): delivered to every
---     subscriber or to none). Its copies are queued per queue;
---   write: dead letters, results, journal, counters, flow keys, then one push
---     routine per queue (one LPUSH per queue), one XACK, one LTRIM per FIFO.
+--     dedup record, with one SET NX GET, its reply list) and its outcome; a
+--     publication that would have to write to a foreign key is refused as a whole,
+--     with that reason. Its copies are queued per queue;
+--   write: one push routine per queue (one LPUSH per band: its return is the
+--     band's depth after it, for flow control and the bell), then the settling of
+--     what the pushes said (only when a push failed or a band is past flow
+--     control's start depth), dead letters, results, journal, counters, flow keys,
+--     one XACK, one LTRIM per FIFO.
 -- A feature nothing in the call asks for costs nothing: no journal key is looked
 -- at when ARGV[7] is 0, no watched queue when ARGV[12] is "", no flow work when
--- ARGV[13] is "" or no band could pass the start depth in this call.
+-- ARGV[13] is "" or no band is past the start depth after the pushes.
 --
--- Cost (this script is most of the broker's Redis time): each recipient queue is
--- looked at once per call (one LLEN); each publisher's FIFO with one LRANGE of as
--- many heads as it has units in the call (the fence); a unit makes one redis.call
--- (its dedup record) and its copies join one LPUSH per queue. docs/design.md has
--- the instructions per phase.
+-- Unavailable subscriptions (issue 27): a subscriber queue (any priority band)
+-- holding another type, a subscription's own key a subscriber role may write, makes
+-- that subscription unavailable for the publications it matches, as a full queue
+-- does: the unit's delivery option (PMSGDLV/NPMSGDLV, IBM MQ) decides. ALLAVAIL
+-- (the default): its LPUSH fails and writes nothing, the others get theirs, its
+-- copy is dead-lettered ("subscription unavailable: <key> holds a <type>", with
+-- dlq.subscription) and counted in KEYS[7]. ALL (every queue) and ALLDUR (the
+-- durable ones, known from ARGV[12]) must know before any write: one TYPE per
+-- queue of such a unit, once per call, and an unavailable one refuses the
+-- publication as a whole. A bell of another type is not rung (ring in lib.lua)
+-- and refuses nothing.
+--
+-- Cost (this script is most of the broker's Redis time): a recipient queue costs
+-- its LPUSH and nothing else (no depth read, no type read) unless a feature asks;
+-- each publisher's FIFO with one LRANGE of as many heads as it has units in the
+-- call (the fence); a unit makes one redis.call (its dedup record) and its copies
+-- join one LPUSH per queue. docs/design.md has the instructions per phase.
 --
 -- Flow control (ARGV[13], SwiftMQ's delay-based flow control, seed 003): a
 -- publication's delay is curve(the deepest band it went to, itself included): the
--- slowest subscriber's. A band's depth is its LLEN above plus the copies this call
--- gave it. Only "hot" bands are followed: those that could pass the start depth in
--- this call (depth + units of the call > start depth); any other stays where the
--- delay is 0. The delay is posted in the result ("flow_control_delay_ms") and,
--- when above 0, set on the publisher's flow key (the largest of its publications
--- in the call, PX that delay), which a publisher that does not wait for results reads.
+-- slowest subscriber's. A band's depth before the call is its LPUSH's return minus
+-- the copies the call gave it; a copy's depth, that plus its place among them. Only
+-- "hot" bands are followed: those past the start depth after the pushes; any other
+-- stayed where the delay is 0. The delay is posted in the result
+-- ("flow_control_delay_ms": its copies are then gone over in order, the only
+-- per-copy work) and, when above 0, set on the publisher's flow key (PX that delay),
+-- which a publisher that does not wait for results reads: the delay of the deepest
+-- band its publications in the call went to, as deep as the call leaves it (worked
+-- out once per recipient set).
 --
 -- Slow-subscriber conditions (a unit's option "slow", seed 003): a publication whose
 -- root topic has a condition that applies to it gives no copy to a watched
@@ -52,12 +71,13 @@
 --   worker resolved the topic gets nothing, and its queue is never made again)
 -- KEYS[6] the index version            "{qm}:version" (unchanged since the worker loaded its
 --   routing table: every subscription it resolved to still exists, nothing to look up)
--- KEYS[7] deliveries skipped per subscription "{qm}:skipped" (a full queue, ALLDUR/ALLAVAIL,
---   or a slow subscriber)
+-- KEYS[7] deliveries skipped per subscription "{qm}:skipped" (a full queue or an unavailable
+--   subscription under ALLDUR/ALLAVAIL, or a slow subscriber)
 -- KEYS[8] deliveries withheld per subscription by a slow-subscriber condition "{qm}:slow"
 -- KEYS[9..] the subscriber queues (priority bands) this batch delivers to
 --   ("{qm}:sub:<id>" or "{qm}:sub:<id>:p<N>"); each one's subscription's bell
---   ("{qm}:sub:<id>:bell") is rung when an empty band gets messages; and the transmission
+--   ("{qm}:sub:<id>:bell") is rung when an empty band gets messages (its LPUSH returned as many
+--   as it pushed); and the transmission
 --   streams of the channels it forwards on ("{qm}:xmit:<to qm>", ARGV[8])
 -- ARGV[1] consumer group
 -- ARGV[2] the worker's fencing token
@@ -75,7 +95,7 @@
 -- ARGV[11] the index version the worker's routing table was loaded at
 -- ARGV[12] watched queues: "<KEYS index>:<maxdepth>:<durable 1|0> ...", "" for none; maxdepth
 --   is the topic objects' MAXDEPTH, 0 for none (a queue watched for a slow-subscriber
---   condition only). A watched queue's depth is the sum of its subscription's priority bands
+--   condition or ALLDUR only). A watched queue's depth is the sum of its subscription's priority bands
 --   ("{qm}:sub:<id>" and "{qm}:sub:<id>:p<N>", built here from the queue key), read once
 --   per subscription per batch and counted up as publications go to any of its bands
 -- ARGV[13] flow control: "<start depth>:<full depth>:<max delay ms>", "" when off. A delay is
@@ -97,7 +117,8 @@
 --   parsed once per distinct value per call:
 --   action: "deliver" | "expire" | "refuse" | "skip"
 --   dedup_window_ms: 0 = no dedup record; reply_ttl_ms: 0 = no reply
---   delivery: "ALL" | "ALLDUR" | "ALLAVAIL" when a recipient queue is full (PMSGDLV/NPMSGDLV)
+--   delivery: "ALL" | "ALLDUR" | "ALLAVAIL" when a recipient queue is full or unavailable
+--   (PMSGDLV/NPMSGDLV); ALLDUR's queues are watched (ARGV[12]: which are durable)
 --   dead_letter: "1" a refused publication is dead-lettered, "0" not (USEDLQ)
 --   slow: "" or the slow-subscriber condition of its root topic, when it applies
 --   to the publication: "<max_messages>:<disconnect non-durable 1|0>:<disconnect durable 1|0>";
@@ -111,7 +132,8 @@
 -- then, per subscription a delivered publication's condition asks to disconnect, each once:
 --   its id and the condition's max_messages (the worker removes it only if still that deep)
 -- errors "BROKER foreign key: ..." before any write when a queue-manager-wide key is foreign,
---   and "OOM ..." when the server is full (its first write refused: nothing written);
+--   and "OOM ..." when the server is full (its first write refused, the dedup record's or a
+--   push's: nothing written);
 --   broker/core/scripts.py raises them as ForeignKey and ServerFull
 
 
@@ -135,7 +157,6 @@ if journal_len == 0 then UNIT = 6 end  -- no journal field per unit without the 
 local FIRST_QUEUE = 9
 local skipped_key, slow_key = KEYS[7], KEYS[8]
 local watching = limits_arg ~= ''
-local nunits = (#ARGV - first + 1) / UNIT
 
 -- Outcomes, as the reply codes them (broker.core.unit_of_work.OUTCOMES) and the result names them.
 local DELIVERED, DUPLICATE, EXPIRED, REFUSED, SKIPPED = 1, 2, 3, 4, 5
@@ -157,13 +178,12 @@ end
 if journal_len > 0 then fixed[#fixed + 1] = {journal, 'stream'} end
 require_types(fixed)
 
--- Per recipient queue KEYS[k]: queue_foreign[k] (why it cannot be written, or nil); gone[k] (its
--- subscription was removed since the worker resolved it); xmit[k] (a transmission stream);
--- bell_of[k] (an empty band: its bell is rung when it gets messages); band_depth[k] (messages it
--- held before this call); pushed[k] (copies this call gives it) and copies[k] (those copies).
-local queue_foreign, sub_of, bell_of, gone, xmit = {}, {}, {}, {}, {}
-local band_depth, pushed, copies = {}, {}, {}
-local deepest = 0        -- the deepest band of the call, before it
+-- Per recipient queue KEYS[k]: queue_foreign[k] (a transmission stream that cannot be written, or
+-- nil); gone[k] (its subscription was removed since the worker resolved it); xmit[k] (a
+-- transmission stream); pushed[k] (copies this call gives it) and copies[k] (those copies).
+-- A subscriber queue's type is not looked at here: its push (write phase) says it.
+local queue_foreign, sub_of, gone, xmit = {}, {}, {}, {}
+local pushed, copies = {}, {}
 
 -- the subscription id of queue KEYS[k] (its band suffix cut), worked out only when needed
 local function sub_id_of(k)
@@ -176,52 +196,45 @@ local function sub_id_of(k)
   return id
 end
 
--- One LLEN per subscriber queue says all three: 0 is an absent key (a list is never empty),
--- an error is another type (a foreign key), and otherwise its depth.
 local function check_queue(k)
   local queue = KEYS[k]
-  pushed[k], copies[k], band_depth[k], gone[k] = 0, {}, 0, false
+  pushed[k], copies[k], gone[k] = 0, {}, false
   if string.sub(queue, 1, sub_prefix_len) ~= sub_prefix then
     xmit[k] = true
     queue_foreign[k] = foreign(queue, 'stream')
     return
   end
   gone[k] = changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0
-  if gone[k] then return end
-  local depth = redis.pcall('LLEN', queue)
-  if type(depth) ~= 'number' then
-    queue_foreign[k] = foreign(queue, 'list') or ('subscriber queue ' .. queue .. ': ' .. tostring(depth.err))
-  elseif depth == 0 then
-    -- an empty band: its bell is rung when it gets messages (a non-empty band's is rung already);
-    -- a bell of another type is not rung (ring in lib.lua), and delivery goes on: a subscriber's
-    -- own planted key never refuses a publication for the others (issue 27)
-    bell_of[k] = sub_prefix .. sub_id_of(k) .. ':bell'
-  else
-    band_depth[k] = depth
-    if depth > deepest then deepest = depth end
-  end
 end
 for k = FIRST_QUEUE, #KEYS do check_queue(k) end
 
--- Flow control (ARGV[13]): the curve, in force for this call only when some band could pass the
--- start depth in it (its depth before + the call's units); then only those bands ("hot") are
--- followed: any other stays at or under the start depth, where the delay is 0.
+-- Why subscriber queue KEYS[k] is unavailable (it holds another type: a subscriber's own key,
+-- planted), or false; looked at (one TYPE) only for a unit whose policy must know before any
+-- write (ALL, ALLDUR), once per call. A push that fails says the same for the others.
+local unavailable = {}
+local function unavailable_of(k)
+  local why = unavailable[k]
+  if why == nil then
+    local found = redis.call('TYPE', KEYS[k])['ok']
+    why = found ~= 'none' and found ~= 'list' and
+      ('subscription unavailable: ' .. KEYS[k] .. ' holds a ' .. found)
+    unavailable[k] = why
+  end
+  return why
+end
+
+-- Flow control (ARGV[13]): the curve. Whether it is in force for this call is known after the
+-- pushes (each LPUSH returns its band's depth): only when some band is past the start depth.
 local fc_start, fc_full, fc_max
 if flow_arg ~= '' then
   local a, b, c = string.match(flow_arg, '^(%d+):(%d+):(%d+)$')
-  if deepest + nunits > tonumber(a) then
-    fc_start, fc_full, fc_max = tonumber(a), tonumber(b), tonumber(c)
-  end
+  fc_start, fc_full, fc_max = tonumber(a), tonumber(b), tonumber(c)
 end
 local function flow_delay(depth)
   if depth <= fc_start then return 0 end
   if depth >= fc_full then return fc_max end
   local delay = fc_max * (depth - fc_start) / (fc_full - fc_start)
   return delay - delay % 1  -- rounded down
-end
-local hot = {}  -- KEYS index -> true: a band that could pass the start depth in this call
-for k = FIRST_QUEUE, fc_start and #KEYS or 0 do
-  hot[k] = not xmit[k] and not gone[k] and band_depth[k] + nunits > fc_start or nil
 end
 
 -- Watched queues (ARGV[12]: MAXDEPTH, slow-subscriber conditions): the messages waiting in every
@@ -231,16 +244,11 @@ local limit, durable_q, depth_of = {}, {}, {}
 local OTHER_BANDS = {':p0', ':p1', ':p2', ':p3', ':p5', ':p6', ':p7', ':p8', ':p9'}
 local function waiting_in(k)
   local id = sub_id_of(k)
-  local queue, waiting = KEYS[k], nil
-  if #queue == sub_prefix_len + #id then
-    waiting = band_depth[k]  -- the default band, its depth read above
-  else
-    queue = sub_prefix .. id
-  end
+  local queue = sub_prefix .. id
   local others = {}
   for i = 1, 9 do others[i] = queue .. OTHER_BANDS[i] end
   -- pcall: a band of another type (a foreign key) holds no messages of this subscription
-  if not waiting then waiting = redis.pcall('LLEN', queue) end
+  local waiting = redis.pcall('LLEN', queue)
   if type(waiting) ~= 'number' then waiting = 0 end
   -- the other bands are usually absent: one EXISTS says so
   if redis.call('EXISTS', unpack(others)) > 0 then waiting = waiting + total_length(others) end
@@ -273,10 +281,10 @@ end
 
 -- A unit's recipient set (field 4) as a list of KEYS indexes, parsed once per distinct value
 -- (there are about as many sets as units in a call: one pass, one table), with what every unit
--- sent to it asks: set_why[set] = the first foreign queue's reason, if any; set_kind[set] =
--- PLAIN (every queue a subscriber queue still subscribed, none hot), PLAIN_HOT (the same, some
--- band hot: flow control) or MIXED (a queue gone, foreign or a transmission stream).
-local PLAIN, PLAIN_HOT, MIXED = 1, 2, 3
+-- sent to it asks: set_why[set] = the first foreign transmission stream's reason, if any;
+-- set_kind[set] = PLAIN (every queue a subscriber queue still subscribed) or MIXED (a queue gone
+-- or a transmission stream).
+local PLAIN, MIXED = 1, 2
 local sets, set_why, set_kind = {}, {}, {}
 local function set_of(packed)
   local set, m, kind, why = {}, 0, PLAIN, nil
@@ -287,7 +295,7 @@ local function set_of(packed)
       m = m + 1
       set[m] = k
       why = why or queue_foreign[k]
-      if gone[k] or xmit[k] or why then kind = MIXED elseif hot[k] and kind == PLAIN then kind = PLAIN_HOT end
+      if gone[k] or xmit[k] then kind = MIXED end
     end
   end
   set_why[set], set_kind[set], sets[packed] = why, kind, set
@@ -380,7 +388,21 @@ local function bound(n, set, policy, skip)
   return nil, skip
 end
 
--- A delivery skipped (a full queue) or withheld (a slow subscriber), counted per subscription.
+-- ALL, ALLDUR (PMSGDLV/NPMSGDLV): an unavailable subscriber queue of the set (ALLDUR: a durable
+-- one's) refuses the publication as a whole, before any write: returns why, or nil. Under
+-- ALLAVAIL (the default) nothing is looked at here: the push says it (write phase).
+local function refuse_unavailable(set, policy, skip)
+  for _, k in ipairs(set) do
+    if not gone[k] and not xmit[k] and not (skip and skip[k]) and (policy == 'ALL' or durable_q[k]) then
+      local why = unavailable_of(k)
+      if why then return why .. ' (delivery ' .. policy .. ')' end
+    end
+  end
+  return nil
+end
+
+-- A delivery skipped (a full queue, an unavailable subscription) or withheld (a slow subscriber),
+-- counted per subscription.
 local function count_skipped(k, why)
   local id = sub_id_of(k)
   skipped[id] = (skipped[id] or 0) + 1
@@ -388,9 +410,9 @@ local function count_skipped(k, why)
 end
 
 -- Give copies to the queues of a set that are not gone or skipped, counting what was skipped.
--- Returns how many subscriptions got one and the deepest hot band given one (flow control).
+-- Returns how many subscriptions got one.
 local function copy_each(n, set, payload, skip)
-  local given, forwarded, deepest_hot = 0, 0, 0
+  local given, forwarded = 0, 0
   for i = 1, #set do
     local k = set[i]
     local why = skip and skip[k]
@@ -406,12 +428,11 @@ local function copy_each(n, set, payload, skip)
         given = given + 1
         local id = watched_id[k]
         if id then depth_of[id] = depth_of[id] + 1 end
-        if hot[k] and band_depth[k] + c > deepest_hot then deepest_hot = band_depth[k] + c end
       end
     end
   end
   if forwarded > 0 then forwarded_of[n] = forwarded end
-  return given, deepest_hot
+  return given
 end
 
 -- The subscriptions a delivered publication's slow-subscriber condition asks to disconnect.
@@ -422,7 +443,8 @@ local function ask_disconnect(said)
   end
 end
 
--- Decide a deliver unit n whose turn holds: refused (a foreign key, a full queue under ALL),
+-- Decide a deliver unit n whose turn holds: refused (a foreign key, a full or unavailable queue
+-- under ALL),
 -- duplicate, or delivered with its copies queued. Returns the outcome, the reason it is refused
 -- (or nil) and how many subscriptions get a copy.
 local function plan_deliver(n, t, o, set, u, reply_why)
@@ -450,6 +472,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
   local skip, said = nil, nil
   if not why and set and o.slow ~= '' then skip, said = withhold_slow(n, set, o.slow, skip) end
   if not why and set and watching then why, skip = bound(n, set, o.delivery, skip) end
+  if not why and set and o.delivery ~= 'ALLAVAIL' then why = refuse_unavailable(set, o.delivery, skip) end
   if why then
     -- refused after all: the record this script just made did not exist before it
     if recorded then redis.call('DEL', recorded) end
@@ -457,7 +480,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
   end
   if not set then return DELIVERED end
   local payload = ARGV[u + PAYLOAD]
-  local depth, given = 0, 0  -- the deepest hot band given a copy (flow control); copies given
+  local given
   if skip or watching then kind = MIXED end
   if kind == PLAIN then
     for i = 1, #set do  -- the usual case: a copy for every queue of the set
@@ -467,24 +490,10 @@ local function plan_deliver(n, t, o, set, u, reply_why)
       copies[k][c] = payload
     end
     given = #set
-  elseif kind == PLAIN_HOT then
-    for i = 1, #set do  -- the same, following the depth of every band (cold ones stay under it)
-      local k = set[i]
-      local c = pushed[k] + 1
-      pushed[k] = c
-      copies[k][c] = payload
-      c = c + band_depth[k]
-      if c > depth then depth = c end
-    end
-    given = #set
   else
     skip_of[n] = skip
-    given, depth = copy_each(n, set, payload, skip)
+    given = copy_each(n, set, payload, skip)
   end
-  -- the delay grows with the depth: a publisher's largest is that of the deepest band its
-  -- publications met (t.depth), worked out once per publisher; a result posts its own
-  if depth > t.depth then t.depth = depth end
-  if reply_of[n] and fc_start then delay_of[n] = flow_delay(depth) end
   if said then ask_disconnect(said) end
   return DELIVERED, nil, given
 end
@@ -529,15 +538,120 @@ for u = first, #ARGV, UNIT do
   end
 end
 
--- The flow keys to set: a publisher's largest delay of this call, unless its key is foreign.
-local flow_keys = {}
-for _, pub in ipairs(fc_start and turn_order or {}) do
-  local delay, key = flow_delay(turns[pub].depth), pub_prefix .. pub .. ':flow'
-  if delay > 0 and not foreign(key, 'string') then flow_keys[#flow_keys + 1] = {key, delay} end
+-- ==== Phase "write": every key written below was checked above (or is the publish stream, a
+-- FIFO, a turn or the active set, whose types were checked or read), or is a subscriber queue
+-- pushed with redis.pcall: a push that fails wrote nothing ==========================================
+
+-- The one push routine: queue k's copies, in order (one variadic LPUSH per CHUNK keeps the
+-- queue's order; a transmission stream gets one XADD per copy, its id the channel sequence).
+-- LPUSH returns the band's depth after it: after[k]; the band was empty when it returned as many
+-- as it pushed, and then its bell is rung. A push refused (the key holds another type: a
+-- subscriber's own key, planted) makes the subscription unavailable for this call: failed[k].
+local CHUNK = 1000
+local after, failed = {}, {}
+local any_failed, deepest = false, 0  -- a push failed; the deepest band after the pushes
+local function unpushed(k, err)
+  -- a full server refuses only the first write of a script: nothing is written yet, stop (the
+  -- worker retries) rather than call the subscription unavailable
+  if string.sub(err, 1, 3) == 'OOM' then error({err = err}) end
+  local found = redis.call('TYPE', KEYS[k])['ok']
+  failed[k] = 'subscription unavailable: ' .. KEYS[k] .. ' holds a ' .. found
+  any_failed = true
+end
+local function push(k)
+  local list, c = copies[k], pushed[k]
+  if xmit[k] then
+    for i = 1, c do redis.call('XADD', KEYS[k], '*', 'e', list[i]) end
+    return
+  end
+  local depth
+  for i = 1, c, CHUNK do
+    local last = math.min(i + CHUNK - 1, c)
+    depth = pcall_redis('LPUSH', KEYS[k], unpack(list, i, last))
+    if type(depth) ~= 'number' then return unpushed(k, depth.err) end
+    if i == 1 and depth == last then ring(sub_prefix .. sub_id_of(k) .. ':bell') end
+  end
+  after[k] = depth
+  if depth > deepest then deepest = depth end
+end
+for k = FIRST_QUEUE, #KEYS do
+  if pushed[k] > 0 then push(k) end
 end
 
--- ==== Phase "write": every key written below was checked above (or is the publish stream, a
--- FIFO, a turn or the active set, whose types were checked or read) ==============================
+-- Flow control is in force for this call when some band is now past the start depth; then only
+-- those bands ("hot") are followed: any other stayed at or under it, where the delay is 0. A
+-- copy's depth is its band's depth before the call (base[k]) plus its place among the call's.
+local flowing = fc_start ~= nil and deepest > fc_start
+local hot, base = {}, {}
+for k, depth in pairs(flowing and after or {}) do
+  if depth > fc_start then hot[k], base[k] = true, depth - pushed[k] end
+end
+
+-- The copy of unit n (ARGV index u) for failed band k: not delivered, dead-lettered with its
+-- subscription named (USEDLQ), counted in {qm}:skipped. Returns the unit's skip table.
+local function drop_copy(n, u, k, skip)
+  skip = skip or {}
+  skip[k] = 'unavailable'
+  skip_of[n] = skip
+  count_skipped(k, 'unavailable')
+  out[3 * n - 1] = out[3 * n - 1] - 1
+  if options[ARGV[u + OPTIONS]].dead_letter then
+    dead_letter_envelope(dlq, dlq_len, ARGV[u + PAYLOAD], failed[k], ARGV[u + ENTRY_ID], sub_id_of(k))
+  end
+  return skip
+end
+
+-- Go over delivered unit n's copies in the plan's order: drop those of failed bands; returns the
+-- deepest hot band its copy met, itself included (its result's delay).
+local seen = {}  -- KEYS index -> copies gone over
+local function settle_unit(n, u, set)
+  local skip, depth = skip_of[n], 0
+  for i = 1, #set do
+    local k = set[i]
+    if not gone[k] and not xmit[k] and not (skip and skip[k]) then
+      local c = (seen[k] or 0) + 1
+      seen[k] = c
+      if failed[k] then
+        skip = drop_copy(n, u, k, skip)
+      elseif hot[k] and base[k] + c > depth then
+        depth = base[k] + c
+      end
+    end
+  end
+  return depth
+end
+
+-- The deepest hot band unit n went to, as deep as this call leaves it: its publisher's flow key
+-- (once per set, unless the unit skipped some of it).
+local set_after = {}
+local function after_depth(n, set)
+  local skip, depth = skip_of[n], 0
+  for i = 1, #set do
+    local k = set[i]
+    if hot[k] and after[k] > depth and not (skip and skip[k]) then depth = after[k] end
+  end
+  if not skip then set_after[set] = depth end
+  return depth
+end
+
+-- Settle the delivered units after the pushes, only when a push failed or flow control is in
+-- force: their copies one by one only when a push failed or a result must post its own delay.
+local replay = any_failed or (flowing and next(reply_of) ~= nil)
+local un = 0
+for u = first, (replay or flowing) and #ARGV or 0, UNIT do
+  un = un + 1
+  local packed = ARGV[u + RECIPIENTS]
+  if out[3 * un - 2] == DELIVERED and packed ~= '' then
+    local set = sets[packed]
+    local depth = replay and settle_unit(un, u, set)
+    if flowing then
+      local t, deepest_after = turns[ARGV[u + PUBLISHER]], not skip_of[un] and set_after[set]
+      if not deepest_after then deepest_after = after_depth(un, set) end
+      if deepest_after > t.depth then t.depth = deepest_after end
+      if depth then delay_of[un] = flow_delay(depth) end
+    end
+  end
+end
 
 local now_ms = ''
 if journal_len > 0 then
@@ -592,25 +706,14 @@ end
 
 for _, w in ipairs(writes) do write_unit(w[1], w[2], options[ARGV[w[2] + OPTIONS]]) end
 
-for id, c in pairs(skipped) do redis.call('HINCRBY', skipped_key, id, c) end
+-- pcall: {qm}:skipped is type-checked only when a queue is watched; a subscription found
+-- unavailable in a call that watches none is then not counted when that key is foreign
+for id, c in pairs(skipped) do redis.pcall('HINCRBY', skipped_key, id, c) end
 for id, c in pairs(withheld) do redis.call('HINCRBY', slow_key, id, c) end
-for _, pair in ipairs(flow_keys) do redis.call('SET', pair[1], pair[2], 'PX', pair[2]) end
-
--- The one push routine: queue k's copies, in order (one variadic LPUSH per CHUNK keeps the
--- queue's order; a transmission stream gets one XADD per copy, its id the channel sequence),
--- then its bell when the band was empty.
-local CHUNK = 1000
-local function push(k)
-  local list, c = copies[k], pushed[k]
-  if xmit[k] then
-    for i = 1, c do redis.call('XADD', KEYS[k], '*', 'e', list[i]) end
-    return
-  end
-  for i = 1, c, CHUNK do redis.call('LPUSH', KEYS[k], unpack(list, i, math.min(i + CHUNK - 1, c))) end
-  if bell_of[k] then ring(bell_of[k]) end
-end
-for k = FIRST_QUEUE, #KEYS do
-  if pushed[k] > 0 then push(k) end
+-- The flow keys: a publisher's largest delay of this call, PX that delay, unless its key is foreign.
+for _, pub in ipairs(flowing and turn_order or {}) do
+  local delay, key = flow_delay(turns[pub].depth), pub_prefix .. pub .. ':flow'
+  if delay > 0 and not foreign(key, 'string') then redis.call('SET', key, delay, 'PX', delay) end
 end
 for i = 1, #acks, CHUNK do
   redis.call('XACK', stream, group, unpack(acks, i, math.min(i + CHUNK - 1, #acks)))

@@ -1,5 +1,6 @@
 -- Helpers shared by the broker's scripts: broker/core/scripts.py puts this file in
--- front of every other script before loading it. Nothing here runs on its own.
+-- front of every other script before loading it, and broker/core/library.py in front of
+-- the function library (lua/library/). Nothing here runs on its own.
 --
 -- The rule every script keeps (DESIGN.md: Redis does not roll back a script
 -- that fails halfway): check every key's type before the first write, so that
@@ -13,7 +14,8 @@
 -- write through once it has written (the server ends a little over maxmemory).
 -- So a script never catches an out-of-memory error of a write with redis.pcall
 -- and goes on writing: it stops (commit.lua's dedup record). Scripts with a
--- shebang line (#!lua flags=allow-oom: receive.lua, recover.lua) always run.
+-- shebang line (#!lua flags=allow-oom), and the library's consumer functions (flag
+-- allow-oom: broker_receive, broker_recover, ...), always run.
 
 -- Why `key` cannot be used as a `want` ("list", "string", "stream", "set",
 -- "zset", "hash"), or nil when it holds that type or does not exist.
@@ -113,8 +115,8 @@ end
 
 -- Dead-letter a poison message of one subscription: its envelope as stored, with
 -- "dlq.reason", "dlq.entry_id" (from its header, "" when it has none) and
--- "dlq.subscription" (recover.lua: redelivered too often; receive.lua: expired;
--- reject.lua: malformed). The stream is capped at about maxlen records. `dlq`
+-- "dlq.subscription" (broker_recover: redelivered too often; broker_receive: expired;
+-- broker_reject: malformed), in the subscription's poison stream. The stream is capped at about maxlen records. `dlq`
 -- must be checked first.
 local function dead_letter_envelope(dlq, maxlen, env, reason, entry_id, sub_id)
   redis.call('XADD', dlq, 'MAXLEN', '~', maxlen, '*', 'envelope', env,

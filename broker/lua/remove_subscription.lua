@@ -1,13 +1,15 @@
 -- Remove a subscription with every key it owns, in one atomic call: its record,
 -- its priority bands, bell, consumers, their in-flight lists, holder key,
--- redelivery counts and last-use time; when a record was removed, the index
+-- redelivery counts, expired count and last-use time; when a record was removed, the index
 -- version is bumped so that workers reload (keys left by an id with no record
 -- are only deleted). With a cutoff, only an abandoned subscription is removed:
 -- a non-durable one (MQTT 5 session expiry) whose consumers' lease deadlines
 -- and creation are all before the cutoff, or, in durable mode, an idle durable
 -- one whose lease deadlines, creation and last-use time are all before it.
 -- With a least depth, it is removed only while at least that many messages
--- wait in its bands (a slow-subscriber condition still holds).
+-- wait in its bands (a slow-subscriber condition still holds). Its poison messages
+-- ("{qm}:sub:<id>:poison") are kept: an operator lists, replays (to a subscription of the same
+-- id made again) or purges them with broker dlq.
 --
 -- KEYS[1] the subscription hash          "{qm}:subs"
 -- KEYS[2] the index version              "{qm}:version"
@@ -17,10 +19,14 @@
 -- KEYS[6] the redelivery counts          "{qm}:sub:<id>:redelivered"
 -- KEYS[7] the protocol 2 in-flight list  "{qm}:sub:<id>:inflight"
 -- KEYS[8..17] the priority bands
--- KEYS[18] last use of subscriptions     "{qm}:last_active" hash sub id -> ms (its field is removed)
+-- KEYS[18] protocol 5's last use of subscriptions "{qm}:last_active" hash sub id -> ms (read; its
+--   field is removed; another type is passed over: nobody writes it now)
 -- KEYS[19] the subscription change log  "{qm}:sub_changes" zset "<version> <sub id>" -> version,
 --   and its epoch "epoch <id>" -> 0 (made with the log, kept by the trim)
 --   (a removal is logged there, unless it holds another type: workers then reload their whole table)
+-- KEYS[20] the subscription's last use   "{qm}:sub:<id>:last_active" string ms (read leniently: the
+--   subscription's consumers write it; deleted with it)
+-- KEYS[21] the subscription's expired count "{qm}:sub:<id>:expired" (deleted with it)
 -- ARGV[1] the subscription id
 -- ARGV[2] the in-flight prefix           "{qm}:sub:<id>:inflight:" (.. consumer)
 -- ARGV[3] cutoff, ms since the epoch: remove only when abandoned since then; "" = remove
@@ -35,7 +41,7 @@
 local subs, version, consumers, last_active = KEYS[1], KEYS[2], KEYS[3], KEYS[18]
 local sub_id, prefix, cutoff, durable_mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == 'durable'
 local least = ARGV[5] or ''
-require_types({{subs, 'hash'}, {version, 'string'}, {consumers, 'zset'}, {last_active, 'hash'}})
+require_types({{subs, 'hash'}, {version, 'string'}, {consumers, 'zset'}})
 
 local record = redis.call('HGET', subs, sub_id)
 if cutoff ~= '' then
@@ -46,8 +52,12 @@ if cutoff ~= '' then
   if (tonumber(data.created_ms) or 0) > limit then return {0, 0} end
   local last = redis.call('ZRANGE', consumers, -1, -1, 'WITHSCORES')
   if #last > 0 and tonumber(last[2]) > limit then return {0, 0} end
-  if durable_mode and (tonumber(redis.call('HGET', last_active, sub_id) or '0') or 0) > limit then
-    return {0, 0}
+  if durable_mode then
+    local own = redis.pcall('GET', KEYS[20])   -- a consumer's own key: another type counts as unknown
+    own = type(own) == 'string' and tonumber(own) or 0
+    local old = redis.pcall('HGET', last_active, sub_id)   -- protocol 5's: another type counts as unknown
+    old = type(old) == 'string' and tonumber(old) or 0
+    if math.max(own, old) > limit then return {0, 0} end
   end
 end
 local bands = {}
@@ -57,12 +67,14 @@ if least ~= '' and (not record or waiting < tonumber(least)) then return {0, wai
 
 local doomed, inflight = {}, {KEYS[7]}
 for k = 3, 17 do doomed[#doomed + 1] = KEYS[k] end
+doomed[#doomed + 1] = KEYS[20]
+doomed[#doomed + 1] = KEYS[21]
 for _, c in ipairs(redis.call('ZRANGE', consumers, 0, -1)) do
   doomed[#doomed + 1] = prefix .. c
   inflight[#inflight + 1] = prefix .. c
 end
 local messages = waiting + total_length(inflight)
-redis.call('HDEL', last_active, sub_id)
+redis.pcall('HDEL', last_active, sub_id)
 if record then
   redis.call('HDEL', subs, sub_id)
   -- workers refresh only when a subscription went: they apply the logged change alone

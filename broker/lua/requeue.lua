@@ -1,14 +1,16 @@
 -- Give a poison message back to the one subscription it was dead-lettered from
--- (broker.operations.dead_letters): recover.lua (more than max_redeliveries failed deliveries) and
--- receive.lua (expired) write dead letters with "envelope" and "dlq.subscription". The envelope
--- goes to the head of its priority band (received next, as recover.lua gives messages back),
+-- (broker.operations.dead_letters): broker_recover (more than max_redeliveries failed deliveries),
+-- broker_receive (expired) and broker_reject (malformed) write them with "envelope" and
+-- "dlq.subscription" to the subscription's poison stream (protocol 5: to "{qm}:dlq"). The envelope
+-- goes to the head of its priority band (received next, as broker_recover gives messages back),
 -- the subscription's bell rings, and the dead letter is removed, in one atomic step: a
 -- re-queued message is never also kept (no dedup record guards a subscriber queue, so a kept
 -- one would be delivered again by the next replay). Checked before the first write: every key
 -- type, that the dead letter is still there and holds an envelope, and that the subscription
 -- still exists (a removed subscription's queue is never made again).
 --
--- KEYS[1] dead-letter stream   "{qm}:dlq"
+-- KEYS[1] the dead letter's stream: the subscription's poison stream "{qm}:sub:<id>:poison" (or
+--   protocol 5's "{qm}:dlq")
 -- KEYS[2] the subscription hash "{qm}:subs"
 -- KEYS[3] the priority band of the envelope "{qm}:sub:<id>" or "{qm}:sub:<id>:p<N>"
 -- KEYS[4] the subscription's bell "{qm}:sub:<id>:bell"

@@ -9,14 +9,17 @@ role        commands                                      keys
 =========== ============================================= =============================================
 publisher   XADD; BLPOP (its results); GET (its flow key) ``{qm}:in:<user>`` (write), ``{qm}:reply:<n>:<id>:*``
                                                           and ``{qm}:pub:<id>:flow`` (read) per bound id
-subscriber  read, write, list, hash, zset, scripting      ``{qm}:sub:<client id>$*`` (its subscriptions' queues
-            (the consumer scripts), no dangerous ones     and consumer state); ``{qm}:subs``, ``{qm}:version``,
-                                                          ``{qm}:manager``, ``{qm}:topics`` (read);
-                                                          ``{qm}:expired``, ``{qm}:last_active``,
-                                                          ``{qm}:dlq`` (counters; expired, malformed dead letters)
+subscriber  read, write, list, hash, zset; FCALL and       ``{qm}:sub:<client id>$*`` (its subscriptions' queues,
+            FCALL_RO (the function library ``broker``);   consumer state, expired count, last use and poison
+            no EVAL, EVALSHA or SCRIPT; no dangerous ones messages: every key it writes is its own);
+                                                          ``{qm}:subs``, ``{qm}:version``, ``{qm}:manager``,
+                                                          ``{qm}:topics`` (read);
+                                                          ``{qm}:ctl:<client id>`` (write: its control requests),
+                                                          ``{qm}:ctl:<client id>:reply:*`` (their answers)
 worker      read, write, stream, list, hash, set, zset,   ``{qm}:*``
             string, keyspace, scripting, transactions;
-            no dangerous or admin ones but INFO
+            FUNCTION LOAD / LIST (the library); no
+            dangerous or admin ones but INFO
 channel     as worker                                     ``{qm}:*``; on each peer (default: every other queue
                                                           manager of the network): its publish stream and
                                                           received record, its announcement, topic objects
@@ -29,7 +32,8 @@ monitor     read, transactions, INFO; nothing that writes ``{qm}:*`` (read)
 Every role also gets the connection commands a client library sends (PING, HELLO, AUTH,
 CLIENT SETNAME / SETINFO / ID, and the CLUSTER SLOTS / SHARDS / NODES a cluster client
 reads). No role gets FLUSHALL, FLUSHDB, KEYS, CONFIG, DEBUG, ACL, SHUTDOWN, MONITOR,
-SCRIPT FLUSH / KILL or FUNCTION: those stay with the operator's own user.
+SCRIPT FLUSH / KILL, or FUNCTION but LOAD and LIST (worker, admin): those stay with the
+operator's own user.
 
 A publisher's identity is enforced by Redis: it may ``XADD`` to its own ingress stream only,
 and the queue mutex files what arrives there under the principal it came from
@@ -104,6 +108,21 @@ OPERATOR = (
 )
 
 
+#: What the subscriber role leaves out of ``OPERATOR``: every script command (``EVAL``,
+#: ``EVALSHA``, ``SCRIPT``: an untrusted user's own Lua could loop and freeze the server), and
+#: what only the workers use. It consumes with ``LIBRARY_CALLS``.
+SUBSCRIBER_LEFT_OUT = ("+@scripting", "+xgroup|create", "+xgroup|createconsumer", "+info")
+
+#: Calling the function library ``broker`` (``broker.core.library``): every role that consumes.
+#: Its functions' key access stays bound by the caller's key patterns (the server checks each
+#: key a function touches against the caller's ACL user).
+LIBRARY_CALLS = ("+fcall", "+fcall_ro")
+
+#: Loading it (``FUNCTION LOAD REPLACE`` when missing or older; ``FUNCTION LIST`` to tell): the
+#: worker and admin roles. Never ``FUNCTION FLUSH`` / ``DELETE``.
+LIBRARY_LOAD = ("+function|load", "+function|list")
+
+
 @dataclass
 class RoleSpec:
     """A broker user's role and bindings (stored in ``{qm}:acl``, no password).
@@ -160,19 +179,22 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
             raise InvalidName(
                 f"a subscriber needs --client-id (1-128 of A-Z a-z 0-9 _ . -), not {spec.client_id!r}"
             )
-        out += [c for c in OPERATOR if c not in ("+xgroup|create", "+xgroup|createconsumer", "+info")]
+        out += [c for c in OPERATOR if c not in SUBSCRIBER_LEFT_OUT]
         out += [
+            *LIBRARY_CALLS,
             f"~{keys.client_subscriptions_pattern(qm, spec.client_id)}",
             f"%R~{keys.subscriptions(qm)}",
             f"%R~{keys.version(qm)}",
             f"%R~{keys.manager(qm)}",
             f"%R~{keys.topic_objects(qm)}",
-            f"~{keys.expired(qm)}",
-            f"~{keys.last_active(qm)}",
-            f"~{keys.dead_letter(qm)}",
+            # its subscribe / unsubscribe requests (broker.operations.control) and their answers
+            f"%W~{keys.glob_escape(keys.control(qm, spec.client_id))}",
+            f"~{keys.control_reply_pattern(qm, spec.client_id)}",
         ]
     elif spec.role in ("worker", "admin", "channel"):
-        out += [*OPERATOR, f"~{keys.all_keys_pattern(qm)}"]
+        out += [*OPERATOR, *LIBRARY_CALLS, f"~{keys.all_keys_pattern(qm)}"]
+        if spec.role in ("worker", "admin"):  # they load the function library (broker.core.library)
+            out += list(LIBRARY_LOAD)
         if spec.role == "admin":  # rq's queues and jobs, and its worker's command channel
             out += ["~rq:*", "+subscribe", "+unsubscribe", "&rq:pubsub:*"]
         for peer in spec.peers:

@@ -1,6 +1,10 @@
-"""The dead-letter queue ``{qm}:dlq``: list, show, replay and purge dead letters (``broker dlq``).
+"""The dead-letter queue: list, show, replay and purge dead letters (``broker dlq``).
 
-A dead letter is one entry of the dead-letter stream (``broker.core.keys``, "Dead letter"). Two kinds:
+The dead-letter queue is the broker's stream ``{qm}:dlq``, which only the broker's roles write,
+and each subscription's poison stream ``{qm}:sub:<id>:poison``, which its consumers write through
+the function library (``broker.core.library``). A dead letter is one entry of either
+(``broker.core.keys``, "Dead letter"); a poison message's id is ``<sub id>/<ms>-<n>``, a dead
+letter of ``{qm}:dlq`` just ``<ms>-<n>``. Two kinds:
 
 - a **refused publication** (``dequeue.lua``, ``commit.lua``): the publication's own fields, then
   ``dlq.reason`` and ``dlq.entry_id`` (the publish-stream entry it was); ``dlq.principal`` when
@@ -10,12 +14,16 @@ A dead letter is one entry of the dead-letter stream (``broker.core.keys``, "Dea
   ``dlq.entry_id``), so that the dedup record of the first replay that is delivered makes any
   later copy a duplicate (within ``dedup_window_ms``). A refused publication left no dedup record
   (``commit.lua`` removes the one it made when it refuses), so the first replay is delivered.
-- a **poison message** of one subscription (``recover.lua``: delivered more than
-  ``max_redeliveries`` times; ``receive.lua``: expired while waiting; ``reject.lua``: a
+- a **poison message** of one subscription (``broker_recover``: delivered more than
+  ``max_redeliveries`` times; ``broker_receive``: expired while waiting; ``broker_reject``: a
   malformed envelope a consumer took, reason ``malformed envelope: ...``): ``envelope``,
-  ``dlq.reason``, ``dlq.entry_id``, ``dlq.subscription``. Replay **re-queues** the envelope to
-  that subscription only (never to the others, which had their copy), at the head of its
-  priority band.
+  ``dlq.reason``, ``dlq.entry_id``, ``dlq.subscription``, in that subscription's poison
+  stream. Replay **re-queues** the envelope to the subscription whose poison stream holds it
+  only (never to the others, which had their copy, whatever its ``dlq.subscription`` says), at
+  the head of its priority band. An entry of a poison stream is never re-published: its
+  subscription's consumers can write anything there, so only the broker's ``{qm}:dlq`` is
+  trusted for that. (Protocol 5 kept poison messages in ``{qm}:dlq``: those are still
+  re-queued to their ``dlq.subscription``.)
 
 Where a publication is re-published: a publication that came through a principal's ingress
 stream (field ``principal``, or ``dlq.principal``) goes back into that ingress stream
@@ -68,6 +76,15 @@ from broker.core.scripts import register
 #: A dead-letter id: a stream entry id, ``<ms>-<n>``.
 DLQ_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 
+#: A poison message's id: ``<sub id>/<ms>-<n>``, its entry in the subscription's poison stream.
+POISON_ID = re.compile(r"^(?P<sub>[A-Za-z0-9_.$\-]{1,300})/(?P<id>\d{1,20}-\d{1,20})$")
+
+
+def is_dead_letter_id(text: str) -> bool:
+    """Whether ``text`` names a dead letter: ``<ms>-<n>`` or ``<sub id>/<ms>-<n>``."""
+    return bool(DLQ_ID.match(text) or POISON_ID.match(text))
+
+
 #: Dead letters read per XRANGE while scanning, records.
 SCAN_CHUNK = 500
 
@@ -91,21 +108,23 @@ def json_value(raw: bytes) -> Any:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """One entry of the dead-letter stream ``{qm}:dlq``.
+    """One entry of the dead-letter stream ``{qm}:dlq`` or of a subscription's poison stream.
 
     Attributes:
-        id: the dead-letter stream entry id (``<ms>-<n>``).
+        id: the dead-letter stream entry id (``<ms>-<n>``); a poison stream's ``<sub id>/<ms>-<n>``.
         time_ms: when it was dead-lettered, ms since the epoch (from the id).
         reason: ``dlq.reason``, one line ("" when missing).
         entry_id: ``dlq.entry_id``: the publish-stream entry it was, or None.
         publisher: the publisher id (the field, or the envelope header's), or None.
         msgid: the message id given (the field, or the envelope header's), or None.
         topic: the topic string (the field, or the envelope header's), or None.
-        subscription: the subscription a poison message was dead-lettered from (``recover.lua``,
-            ``receive.lua``), or None for a refused publication.
+        subscription: the subscription a poison message was dead-lettered from: the one whose
+            poison stream holds it (its ``dlq.subscription`` field for protocol 5's in
+            ``{qm}:dlq``), or None for a refused publication.
         body_size: the body's size, bytes (from the body, the envelope or ``dlq.body_bytes``), or
             None when unknown.
         fields: every raw field, bytes to bytes, in the entry's order.
+        source: the subscription whose poison stream holds it, or None for ``{qm}:dlq``.
     """
 
     id: str
@@ -118,11 +137,21 @@ class DeadLetter:
     subscription: str | None
     body_size: int | None
     fields: dict[str, bytes]
+    source: str | None = None
 
     @property
     def poison(self) -> bool:
         """True for a poison message of one subscription (an ``envelope`` to re-queue to it)."""
         return self.subscription is not None and "envelope" in self.fields
+
+    @property
+    def stream_id(self) -> str:
+        """Its entry id in its stream (``<ms>-<n>``)."""
+        return self.id.rpartition("/")[2]
+
+    def stream(self, qm: str) -> str:
+        """The stream that holds it: ``{qm}:dlq`` or ``{qm}:sub:<source>:poison``."""
+        return keys.dead_letter(qm) if self.source is None else keys.sub_poison(qm, self.source)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-safe: every attribute, ``fields`` mapped through ``json_value`` (text, or hex and size)."""
@@ -137,11 +166,15 @@ class DeadLetter:
             "subscription": self.subscription,
             "body_size": self.body_size,
             "fields": {name: json_value(value) for name, value in self.fields.items()},
+            "source": self.source,
         }
 
 
-def parse_dead_letter(dlq_id: str, raw: dict[Any, Any]) -> tuple[DeadLetter, str | None]:
-    """Read one dead-letter entry (fields as XRANGE returns them).
+def parse_dead_letter(
+    dlq_id: str, raw: dict[Any, Any], source: str | None = None
+) -> tuple[DeadLetter, str | None]:
+    """Read one dead-letter entry (fields as XRANGE returns them); ``source``: the subscription
+    whose poison stream it is in (its id is then ``<source>/<dlq_id>``), None for ``{qm}:dlq``.
 
     Returns:
         ``(dead letter, problem)``: the problem is one line naming what cannot be read (an
@@ -169,16 +202,17 @@ def parse_dead_letter(dlq_id: str, raw: dict[Any, Any]) -> tuple[DeadLetter, str
         body_size = 0  # no body field: the body was empty
     return (
         DeadLetter(
-            id=dlq_id,
+            id=dlq_id if source is None else f"{source}/{dlq_id}",
             time_ms=int(dlq_id.split("-", 1)[0]),
             reason=wire.lenient_text(fields.get("dlq.reason") or b""),
             entry_id=wire.utf8_or_none(fields.get("dlq.entry_id")),
             publisher=publisher,
             msgid=msgid,
             topic=topic,
-            subscription=wire.utf8_or_none(fields.get("dlq.subscription")),
+            subscription=source if source is not None else wire.utf8_or_none(fields.get("dlq.subscription")),
             body_size=body_size,
             fields=fields,
+            source=source,
         ),
         problem,
     )
@@ -200,7 +234,7 @@ class Selection:
     """Which dead letters a command applies to. Every criterion given must hold (they narrow).
 
     Attributes:
-        ids: dead-letter ids (``<ms>-<n>``); empty: any.
+        ids: dead-letter ids (``<ms>-<n>``, a poison message's ``<sub id>/<ms>-<n>``); empty: any.
         reason: a substring of ``dlq.reason``, case-insensitive.
         publisher: the publisher id, exactly.
         topic: the topic string, exactly.
@@ -278,16 +312,39 @@ def _check_dlq(client: redis.Redis, qm: str) -> bool:
 
 
 def _check_id(dlq_id: str) -> str:
-    if not DLQ_ID.match(dlq_id):
-        raise DeadLetterNotFound(dlq_id, "not a dead-letter id (<ms>-<n>, as 'broker dlq list' shows)")
+    if not is_dead_letter_id(dlq_id):
+        raise DeadLetterNotFound(
+            dlq_id, "not a dead-letter id (<ms>-<n> or <sub id>/<ms>-<n>, as 'broker dlq list' shows)"
+        )
     return dlq_id
 
 
-def _scan(client: redis.Redis, qm: str) -> Iterator[tuple[str, dict[Any, Any]]]:
-    """Every dead-letter entry, oldest first, read ``SCAN_CHUNK`` at a time."""
+def poison_streams(client: redis.Redis, qm: str) -> tuple[list[str], list[str]]:
+    """The subscriptions that have a poison stream (removed ones too: it is kept), sorted, and
+    problems: a subscription's poison key of another type (its consumers' own key), named.
+
+    One ``SCAN`` over ``{qm}:sub:*:poison``: a rare operator's read, never on the hot path.
+    """
+    prefix, found, problems = keys.sub_prefix(qm), set(), []
+    pattern = keys.glob_escape(prefix) + "*:poison"
+    for raw in client.scan_iter(match=pattern, count=1_000):
+        key = wire.lenient_text(raw)
+        sub_id = key[len(prefix) : -len(":poison")]
+        if not sub_id or ":" in sub_id:  # an in-flight list of a consumer named "poison"
+            continue
+        kind = wire.lenient_text(client.type(key))
+        if kind == "stream":
+            found.add(sub_id)
+        elif kind != "none":
+            problems.append(f"not read: {ForeignKey(key, kind, 'stream')}")
+    return sorted(found), problems
+
+
+def _scan(client: redis.Redis, key: str) -> Iterator[tuple[str, dict[Any, Any]]]:
+    """Every entry of stream ``key``, oldest first, read ``SCAN_CHUNK`` at a time."""
     start = "-"
     while True:
-        chunk = cast(list[Any], client.xrange(keys.dead_letter(qm), start, "+", count=SCAN_CHUNK))
+        chunk = cast(list[Any], client.xrange(key, start, "+", count=SCAN_CHUNK))
         for entry_id, raw in chunk:
             yield wire.lenient_text(entry_id), raw
         if len(chunk) < SCAN_CHUNK:
@@ -297,29 +354,51 @@ def _scan(client: redis.Redis, qm: str) -> Iterator[tuple[str, dict[Any, Any]]]:
 
 def _by_id(
     client: redis.Redis, qm: str, ids: tuple[str, ...]
-) -> tuple[list[tuple[str, dict[Any, Any]]], list[str]]:
-    """The named entries in stream order, and the ids not found."""
-    wanted = sorted(
-        dict.fromkeys(_check_id(i) for i in ids), key=lambda i: tuple(int(p) for p in i.split("-"))
-    )
+) -> tuple[list[tuple[str, dict[Any, Any], str | None]], list[str]]:
+    """The named entries (``{qm}:dlq``'s in stream order, then each poison stream's), and the ids
+    not found."""
+
+    def order(i: str) -> tuple[str, int, int]:
+        sub, _, entry = i.rpartition("/")
+        ms, n = entry.split("-")
+        return sub, int(ms), int(n)
+
+    wanted = sorted(dict.fromkeys(_check_id(i) for i in ids), key=order)
     pipe = client.pipeline(transaction=False)
     for dlq_id in wanted:
-        pipe.xrange(keys.dead_letter(qm), dlq_id, dlq_id)
+        sub, _, entry = dlq_id.rpartition("/")
+        stream = keys.sub_poison(qm, sub) if sub else keys.dead_letter(qm)
+        pipe.xrange(stream, entry, entry)
     found, missing = [], []
-    for dlq_id, reply in zip(wanted, pipe.execute(), strict=True):
-        if reply:
-            found.append((dlq_id, reply[0][1]))
+    for dlq_id, reply in zip(wanted, pipe.execute(raise_on_error=False), strict=True):
+        if reply and not isinstance(reply, Exception):
+            sub, _, entry = dlq_id.rpartition("/")
+            found.append((entry, reply[0][1], sub or None))
         else:
             missing.append(dlq_id)
     return found, missing
 
 
+def _entries(
+    client: redis.Redis, qm: str, problems: list[str]
+) -> Iterator[tuple[str, dict[Any, Any], str | None]]:
+    """Every dead letter: ``{qm}:dlq``'s, then each subscription's poison stream's, oldest first."""
+    if _check_dlq(client, qm):
+        for entry_id, raw in _scan(client, keys.dead_letter(qm)):
+            yield entry_id, raw, None
+    subs, found = poison_streams(client, qm)
+    problems += found
+    for sub_id in subs:
+        for entry_id, raw in _scan(client, keys.sub_poison(qm, sub_id)):
+            yield entry_id, raw, sub_id
+
+
 def _select(
     client: redis.Redis, qm: str, selection: Selection, count: int | None = None
 ) -> tuple[list[DeadLetter], list[str], list[str]]:
-    """(selected dead letters oldest first, problems, ids named but not found)."""
-    if not _check_dlq(client, qm):
-        return [], [], list(selection.ids)
+    """(selected dead letters, ``{qm}:dlq``'s then the poison streams', oldest first; problems;
+    ids named but not found)."""
+    _check_dlq(client, qm)
     rows: list[DeadLetter] = []
     problems: list[str] = []
     missing: list[str] = []
@@ -327,9 +406,9 @@ def _select(
         entries, missing = _by_id(client, qm, selection.ids)
         source: Any = iter(entries)
     else:
-        source = _scan(client, qm)
-    for dlq_id, raw in source:
-        letter, problem = parse_dead_letter(dlq_id, raw)
+        source = _entries(client, qm, problems)
+    for dlq_id, raw, sub_id in source:
+        letter, problem = parse_dead_letter(dlq_id, raw, sub_id)
         if not selection.matches(letter):
             continue
         if problem:
@@ -358,7 +437,7 @@ def list_dead_letters(
         DeadLetterNotFound: an id in ``selection.ids`` is not of the form ``<ms>-<n>``.
     """
     rows, problems, missing = _select(client, qm, selection, count)
-    problems += [f"no dead letter {i} in {keys.dead_letter(qm)}" for i in missing]
+    problems += [f"no dead letter {i} in the dead-letter queue" for i in missing]
     return rows, problems
 
 
@@ -370,10 +449,9 @@ def count_by_reason(client: redis.Redis, qm: str) -> dict[str, int]:
         ForeignKey: ``{qm}:dlq`` holds another Redis type.
     """
     counts: dict[str, int] = {}
-    if _check_dlq(client, qm):
-        for _, raw in _scan(client, qm):
-            reason = wire.lenient_text(raw.get(b"dlq.reason") or b"")
-            counts[reason] = counts.get(reason, 0) + 1
+    for _, raw, _ in _entries(client, qm, []):
+        reason = wire.lenient_text(raw.get(b"dlq.reason") or b"")
+        counts[reason] = counts.get(reason, 0) + 1
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
@@ -382,16 +460,22 @@ def show(client: redis.Redis, qm: str, dlq_id: str) -> DeadLetter:
     """One dead letter, every field.
 
     Raises:
-        DeadLetterNotFound: no such entry in ``{qm}:dlq``, or ``dlq_id`` is not ``<ms>-<n>``.
+        DeadLetterNotFound: no such entry in ``{qm}:dlq`` (or, for ``<sub id>/<ms>-<n>``, in that
+            subscription's poison stream), or ``dlq_id`` is neither form.
         ForeignKey: ``{qm}:dlq`` holds another Redis type.
     """
     _check_id(dlq_id)
-    if not _check_dlq(client, qm):
-        raise DeadLetterNotFound(dlq_id, f"no dead letter in {keys.dead_letter(qm)}")
-    found = cast(list[Any], client.xrange(keys.dead_letter(qm), dlq_id, dlq_id))
+    sub, _, entry = dlq_id.rpartition("/")
+    stream = keys.sub_poison(qm, sub) if sub else keys.dead_letter(qm)
+    if not sub and not _check_dlq(client, qm):
+        raise DeadLetterNotFound(dlq_id, f"no dead letter in {stream}")
+    try:
+        found = cast(list[Any], client.xrange(stream, entry, entry))
+    except redis.ResponseError:  # a poison key of another type: its consumers' own
+        found = []
     if not found:
-        raise DeadLetterNotFound(dlq_id, f"no dead letter in {keys.dead_letter(qm)}")
-    return parse_dead_letter(dlq_id, found[0][1])[0]
+        raise DeadLetterNotFound(dlq_id, f"no dead letter in {stream}")
+    return parse_dead_letter(entry, found[0][1], sub or None)[0]
 
 
 # --- replay ------------------------------------------------------------------------------------
@@ -407,6 +491,7 @@ class _Publish:
 class _Requeue:
     sub_id: str
     band: str
+    stream: str  # the dead letter's stream: {qm}:dlq (protocol 5) or the subscription's poison stream
 
 
 def _expired(expiration_ms: int, now_ms: int) -> str | None:
@@ -432,8 +517,9 @@ def _plan_requeue(qm: str, letter: DeadLetter, keep: bool, now_ms: int) -> _Requ
     expiration = header.get("expiration", 0)
     if isinstance(expiration, int) and (why := _expired(expiration, now_ms)):
         return why
-    assert letter.subscription is not None
-    return _Requeue(letter.subscription, keys.sub_band(qm, letter.subscription, priority))
+    sub_id = letter.source if letter.source is not None else letter.subscription
+    assert sub_id is not None
+    return _Requeue(sub_id, keys.sub_band(qm, sub_id, priority), letter.stream(qm))
 
 
 def _plan_publish(
@@ -548,6 +634,15 @@ def replay(
     held_back: dict[str, str] = {}  # publisher -> the dead letter skipped before
     plans: list[tuple[DeadLetter, _Publish | _Requeue]] = []
     for letter in letters:
+        if letter.source is not None and not letter.poison:
+            report.skipped.append(
+                (
+                    letter.id,
+                    f"not a poison message (no envelope) in subscription {letter.source}'s poison "
+                    "stream, which its consumers write: never re-published; purge it",
+                )
+            )
+            continue
         if letter.poison:
             plan = _plan_requeue(qm, letter, keep, now_ms)
             if isinstance(plan, _Requeue):
@@ -610,11 +705,13 @@ def _run(
     def call(letter: DeadLetter, plan: _Publish | _Requeue, on: Any) -> Any:
         if isinstance(plan, _Publish):
             return publish(
-                keys=[dlq, plan.target], args=[letter.id, "1" if keep else "0", *plan.fields], client=on
+                keys=[dlq, plan.target],
+                args=[letter.stream_id, "1" if keep else "0", *plan.fields],
+                client=on,
             )
         return requeue(
-            keys=[dlq, keys.subscriptions(qm), plan.band, keys.sub_bell(qm, plan.sub_id)],
-            args=[letter.id, plan.sub_id],
+            keys=[plan.stream, keys.subscriptions(qm), plan.band, keys.sub_bell(qm, plan.sub_id)],
+            args=[letter.stream_id, plan.sub_id],
             client=on,
         )
 
@@ -680,12 +777,15 @@ def purge(client: redis.Redis, qm: str, selection: Selection, *, dry_run: bool =
             "select dead letters to purge: ids, --reason, --publisher, --topic, --subscription or --all"
         )
     letters, _, _ = _select(client, qm, selection)
-    deleted = 0
-    ids = [letter.id for letter in letters]
     if dry_run:
-        return len(ids)
-    for start in range(0, len(ids), PURGE_CHUNK):
-        deleted += int(client.xdel(keys.dead_letter(qm), *ids[start : start + PURGE_CHUNK]))
+        return len(letters)
+    by_stream: dict[str, list[str]] = {}
+    for letter in letters:
+        by_stream.setdefault(letter.stream(qm), []).append(letter.stream_id)
+    deleted = 0
+    for stream, ids in by_stream.items():
+        for start in range(0, len(ids), PURGE_CHUNK):
+            deleted += int(client.xdel(stream, *ids[start : start + PURGE_CHUNK]))
     return deleted
 
 

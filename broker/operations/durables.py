@@ -13,9 +13,10 @@ Two of SwiftMQ's Topic Manager tools (seed 003):
   client made one and went away for good, and its queue grows and grows).
 
 A subscription's last use is the newest of: its consumers' lease deadlines
-(``{qm}:sub:<id>:consumers``), its ``{qm}:last_active`` time (written by
-``recover.lua`` when a consumer closes and when dead consumers are forgotten;
-never per message) and its ``created_ms``. One with neither consumers nor a
+(``{qm}:sub:<id>:consumers``), its last-use time ``{qm}:sub:<id>:last_active`` (written by
+``broker_recover`` when a consumer closes and when dead consumers are forgotten;
+never per message; protocol 5 kept it in the hash ``{qm}:last_active``, still read:
+the newer counts) and its ``created_ms``. One with neither consumers nor a
 ``last_active`` time (made before that was recorded, or by hand) is given the
 time the job first sees it, so that it is not deleted on information nobody
 wrote. The removal itself (``remove_subscription.lua``) checks idleness again,
@@ -204,14 +205,39 @@ def _foreign(client: redis.Redis, key: str, expected: str) -> ForeignKey:
     return ForeignKey(key, wire.text(found), expected)
 
 
-def _probe(client: redis.Redis, qm: str, records: list[SubscriptionRecord]) -> list[tuple[Any, Any]]:
-    """Per subscription: (newest consumer entry ``[(id, deadline)]`` or an error, its last_active or an error)."""
+def _probe(client: redis.Redis, qm: str, records: list[SubscriptionRecord]) -> list[tuple[Any, Any, Any]]:
+    """Per subscription: (newest consumer entry ``[(id, deadline)]`` or an error, its last use in ms
+    or None, the error of its own last-use key or None): the last use is the newer of
+    ``keys.sub_last_active`` and protocol 5's ``{qm}:last_active`` field.
+
+    A record of last use that is not a number counts as unknown; protocol 5's hash of another
+    type too (nobody writes it now).
+    """
     pipe = client.pipeline(transaction=False)
     for record in records:
         pipe.zrange(keys.sub_consumers(qm, record.sub_id), -1, -1, withscores=True)
+        pipe.get(keys.sub_last_active(qm, record.sub_id))
         pipe.hget(keys.last_active(qm), record.sub_id)
     replies = pipe.execute(raise_on_error=False)
-    return [(replies[2 * i], replies[2 * i + 1]) for i in range(len(records))]
+    out = []
+    for i in range(len(records)):
+        known = [_ms(replies[3 * i + 1]), _ms(replies[3 * i + 2])]
+        found = [ms for ms in known if ms is not None]
+        own = replies[3 * i + 1]
+        out.append(
+            (replies[3 * i], max(found) if found else None, own if isinstance(own, Exception) else None)
+        )
+    return out
+
+
+def _ms(reply: Any) -> int | None:
+    """A record of last use as ms, or None when absent or unreadable."""
+    if reply is None or isinstance(reply, Exception):
+        return None
+    try:
+        return int(reply)
+    except ValueError:
+        return None
 
 
 @translate_errors
@@ -219,7 +245,7 @@ def expire_idle_durables(client: redis.Redis, qm: str, idle_ms: int, now_ms: int
     """Delete the durable subscriptions no consumer has used for ``idle_ms`` (idle expiry).
 
     A subscription with nothing that says when it was last used is given ``now``
-    in ``{qm}:last_active`` instead (see the module docstring).
+    in ``{qm}:sub:<id>:last_active`` instead (see the module docstring).
 
     Args:
         client: a redis-py client.
@@ -242,10 +268,10 @@ def expire_idle_durables(client: redis.Redis, qm: str, idle_ms: int, now_ms: int
     cutoff = now - idle_ms
     durable = [r for r in records if r.durable]
     deleted = []
-    for record, (newest, recorded) in zip(durable, _probe(client, qm, durable), strict=True):
+    for record, (newest, last_active, own) in zip(durable, _probe(client, qm, durable), strict=True):
         asked = (
             (newest, keys.sub_consumers(qm, record.sub_id), "zset"),
-            (recorded, keys.last_active(qm), "hash"),
+            (own, keys.sub_last_active(qm, record.sub_id), "string"),
         )
         foreign = [
             _foreign(client, key, expected) for reply, key, expected in asked if isinstance(reply, Exception)
@@ -253,14 +279,9 @@ def expire_idle_durables(client: redis.Redis, qm: str, idle_ms: int, now_ms: int
         if foreign:  # name it, go on with the others
             problems.append(f"{record.sub_id}: not looked at: {foreign[0]}")
             continue
-        try:
-            last_active = int(recorded) if recorded is not None else None
-        except ValueError:  # not a number: as if unknown, and written over
-            client.hset(keys.last_active(qm), record.sub_id, now)
-            continue
         seen = last_use(record, int(newest[0][1]) if newest else None, last_active)
         if seen is None:  # nothing says: its idle time starts now
-            client.hsetnx(keys.last_active(qm), record.sub_id, now)
+            client.set(keys.sub_last_active(qm, record.sub_id), now, nx=True)
             continue
         if seen > cutoff:
             continue

@@ -70,6 +70,7 @@ DEAD_LETTER_REASONS = (
     "over_limit",
     "pub_disabled",
     "queue_full",
+    "subscription_unavailable",
     "foreign_key",
     "max_deliveries",
     "max_redeliveries",
@@ -86,6 +87,7 @@ DEAD_LETTER_REASONS = (
 _REASON_RULES = (
     ("has PUB(DISABLED)", "pub_disabled"),
     ("(MAXDEPTH ", "queue_full"),
+    ("subscription unavailable: ", "subscription_unavailable"),
     ("foreign key", "foreign_key"),
     ("(max_deliveries ", "max_deliveries"),
     ("consumers that died without acknowledging", "max_redeliveries"),
@@ -176,6 +178,10 @@ METRICS: dict[str, tuple[str, str]] = {
         "Dead letters seen in the dead-letter stream since this process started, by reason.",
     ),
     "broker_dead_letter_stream_length": ("gauge", "Entries in the dead-letter stream (capped)."),
+    "broker_poison_messages": (
+        "gauge",
+        "Poison messages kept in the subscriptions' own poison streams (expired, redelivered too often, malformed).",
+    ),
     "broker_workers": ("gauge", "Workers with a heartbeat."),
     "broker_channel_lag": (
         "gauge",
@@ -500,8 +506,13 @@ class RedisCollector(Collector):
         ids = sorted(wire.lenient_text(k) for k in self.client.hkeys(keys.subscriptions(qm)))
         now = self.clock_ms()
         samples: list[_SubscriptionSample] = []
+        poison = 0
         for start in range(0, len(ids), _SUBSCRIPTION_CHUNK):
             chunk = ids[start : start + _SUBSCRIPTION_CHUNK]
+            pipe = self.client.pipeline(transaction=False)
+            for sub_id in chunk:
+                pipe.xlen(keys.sub_poison(qm, sub_id))
+            poison += sum(n for n in pipe.execute(raise_on_error=False) if isinstance(n, int))  # foreign: 0
             samples.extend(
                 _SubscriptionSample(
                     reading.sub_id,
@@ -517,6 +528,7 @@ class RedisCollector(Collector):
         yield self._gauge("broker_subscriptions_in_flight", sum(s.in_flight for s in samples))
         yield self._gauge("broker_subscriptions_consumers", sum(s.consumers for s in samples))
         yield self._gauge("broker_redelivered_messages", sum(s.redelivered for s in samples))
+        yield self._gauge("broker_poison_messages", poison)
         deepest = sorted(samples, key=lambda s: (-s.depth, s.sub_id))[
             : self.settings.metrics_max_subscriptions
         ]

@@ -22,6 +22,7 @@ from broker.core.schemes import scheme_of
 from broker.core.stream import GroupState, clock_problem, group_state
 from broker.core.topic_rules import validate_topic
 from broker.network.network_admin import static_problems
+from broker.topics.copies import read_copies
 from broker.topics.links import read_links
 from broker.topics.routing import RoutingTable, network_problems
 from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions
@@ -98,7 +99,7 @@ class Snapshot:
         stream_length: entries in the publish stream.
         pending: entries read by the workers and not yet committed.
         lag: entries not yet read.
-        dead_lettered: entries in the dead-letter queue.
+        dead_lettered: entries in the broker's dead-letter stream ``{qm}:dlq``.
         active_publishers: publishers with a FIFO now.
         version: the routing index version (an int; the raw text when it is not a number).
         subscriptions: one row per subscription.
@@ -106,6 +107,8 @@ class Snapshot:
         topic_scheme: the queue manager's topic scheme ("?" when it cannot be read).
         workers: one row per worker heartbeat, by name.
         problems: foreign keys, records that cannot be read, a broken publish stream, one line each.
+        poison: poison messages in the subscriptions' own poison streams (``{qm}:sub:<id>:poison``;
+            one of another type counts 0).
     """
 
     stream_length: int
@@ -119,6 +122,21 @@ class Snapshot:
     topic_scheme: str
     workers: list[WorkerRow]
     problems: list[str]
+    poison: int = 0
+
+
+def _expired(client: redis.Redis, qm: str, sub_id: str) -> int | None:
+    """Messages expired while waiting in a subscription: its own count (``keys.sub_expired``)
+    plus protocol 5's field in ``{qm}:expired``; None when its own count cannot be read."""
+    try:
+        own = int(client.get(keys.sub_expired(qm, sub_id)) or 0)
+    except (redis.ResponseError, ValueError):  # its consumers' own key, written by hand: unknown
+        return None
+    try:
+        old = int(client.hget(keys.expired(qm), sub_id) or 0)
+    except (redis.ResponseError, ValueError):
+        old = 0
+    return own + old
 
 
 def _subscription_row(
@@ -129,9 +147,9 @@ def _subscription_row(
     try:
         skipped: int | None = int(client.hget(keys.skipped(qm), record.sub_id) or 0)
         slow: int | None = int(client.hget(keys.slow(qm), record.sub_id) or 0)
-        expired: int | None = int(client.hget(keys.expired(qm), record.sub_id) or 0)
     except (redis.ResponseError, ValueError):  # a foreign or corrupt counter hash: unknown
-        skipped = slow = expired = None
+        skipped = slow = None
+    expired = _expired(client, qm, record.sub_id)
     return SubscriptionRow(
         id=record.sub_id,
         filter=record.shown_filter,
@@ -159,10 +177,6 @@ _EFFECTS = {
         "sends it and retries; no worker is listed here"
     ),
     "sub_changes": "the workers reload their whole routing table on every subscription change; delivery goes on",
-    "queue": (
-        "every publication this subscription matches is refused as a whole (dead-lettered with the "
-        "reason, for its other subscribers too) until it is removed"
-    ),
     "inflight": "this subscription's consumers cannot receive or acknowledge; delivery to its queue goes on",
     ":fifo": (
         "this publisher's publications are refused (dead-lettered with the reason, in order) until it is "
@@ -186,6 +200,22 @@ _EFFECTS["bell"] = (
 )
 
 
+def unavailable_effect(sub_id: str) -> str:
+    """What the workers do about a subscriber queue (any priority band) of another type, and what to do.
+
+    The subscription is *unavailable* (``commit.lua``): its copy of each publication is dead-lettered
+    with ``dlq.subscription`` set and counted in ``{qm}:skipped``; the topic's PMSGDLV/NPMSGDLV decide
+    for the others (IBM MQ): ALLAVAIL, the default, delivers to them.
+    """
+    return (
+        f"subscription {sub_id!r} is unavailable: its copy of every publication it matches is dead-lettered "
+        f"(reason 'subscription unavailable', subscription {sub_id}) and counted as skipped; the other "
+        "subscriptions get theirs (PMSGDLV/NPMSGDLV ALLAVAIL, the default; a topic object's ALL refuses "
+        "those publications for every subscription, ALLDUR while this one is durable). Remove the key "
+        f"(it holds no message of the broker), then `broker dlq replay --subscription '{sub_id}'`"
+    )
+
+
 def foreign_problem(key: Any, found: str, expected: str, effect: str) -> str:
     """A problem line for a foreign key: ``ForeignKey``'s text, then what the workers do about it.
 
@@ -200,8 +230,10 @@ def foreign_problem(key: Any, found: str, expected: str, effect: str) -> str:
 
 def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], keyspace: bool) -> list[str]:
     """Foreign subscription bells, the idle workers' ``{qm}:waiter`` and ``{qm}:wake``, the channel
-    process's ``{qm}:withheld`` and ``{qm}:proxies_removed``, and, with ``keyspace``, per-publisher keys (FIFO, turn, flow: every
-    ``{qm}:pub:*`` key, found by ``SCAN``), one line each (``foreign_problem``)."""
+    process's ``{qm}:withheld`` and ``{qm}:proxies_removed``, and, with ``keyspace``, the
+    subscriptions' priority bands other than the default one (9 each) and the per-publisher keys
+    (FIFO, turn, flow: every ``{qm}:pub:*`` key, found by ``SCAN``), one line each
+    (``foreign_problem``)."""
     wanted: list[tuple[Any, str, str]] = []
     for raw in client.scan_iter(match=keys.pub_pattern(qm), count=1000) if keyspace else ():
         name = wire.lenient_text(raw)
@@ -209,6 +241,10 @@ def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], 
             if name.endswith(suffix):
                 wanted.append((raw, kind, _EFFECTS[suffix]))
     wanted += [(keys.sub_bell(qm, record.sub_id), "list", _EFFECTS["bell"]) for record in subs]
+    for record in subs if keyspace else ():
+        effect = unavailable_effect(record.sub_id)
+        queue = keys.sub_queue(qm, record.sub_id)
+        wanted += [(band, "list", effect) for band in keys.sub_bands(qm, record.sub_id) if band != queue]
     wanted += [
         (keys.waiter(qm), "string", _EFFECTS["waiting"]),
         (keys.wake(qm), "list", _EFFECTS["waiting"]),
@@ -270,8 +306,9 @@ def status(
     as one over the fixed bounds of ``broker.core.selectors`` always is; None: any size.
 
     ``problems`` names foreign keys, each with what the workers do about it (``foreign_problem``:
-    for most queue-manager-wide ones, ``WORKERS_WAIT``): the queue-manager-wide ones, subscriber
-    queues, bells and, with ``keyspace``, the per-publisher keys (FIFO, turn, flow), found with a ``SCAN`` of the
+    for most queue-manager-wide ones, ``WORKERS_WAIT``; for a subscription's queue, ``unavailable_effect``):
+    the queue-manager-wide ones, subscriber queues, bells and, with ``keyspace``, the other priority
+    bands and the per-publisher keys (FIFO, turn, flow), found with a ``SCAN`` of the
     server's keys (a cost that grows with the whole database: ``status --watch``, the console's
     live pages and the usage snapshot job leave it out);
     a publish stream whose last entry id is exhausted or far in the future
@@ -294,6 +331,7 @@ def status(
     problems += [str(p) for p in (*bad_subs, *bad_links, *(tree.problems if tree else []))]
     problems += [str(p) for p in _read(problems, "network records", lambda: network_problems(client, qm), [])]
     problems += _read(problems, "static remote subscriptions", lambda: static_problems(client, qm), [])
+    problems += [str(p) for p in _read(problems, "copies", lambda: read_copies(client, qm), (None, []))[1]]
     scheme = _read(problems, "topic scheme", lambda: _scheme_text(client, qm), "?")
     if scheme.startswith("swiftmq"):  # the workers skip a filter the scheme refuses (it matches nothing)
         for record in subs:
@@ -319,7 +357,7 @@ def status(
     replies = pipe.execute(raise_on_error=False)
     flat_keys: list[tuple[str, str, str]] = []
     for record in subs:
-        flat_keys.append((keys.sub_queue(qm, record.sub_id), "list", _EFFECTS["queue"]))
+        flat_keys.append((keys.sub_queue(qm, record.sub_id), "list", unavailable_effect(record.sub_id)))
         flat_keys.append((keys.sub_inflight(qm, record.sub_id), "list", _EFFECTS["inflight"]))
     flat_keys += [
         (keys.dead_letter(qm), "stream", WORKERS_WAIT),
@@ -378,7 +416,17 @@ def status(
         topic_scheme=scheme,
         workers=workers,
         problems=problems,
+        poison=_poison(client, qm, subs),
     )
+
+
+def _poison(client: redis.Redis, qm: str, subs: list[SubscriptionRecord]) -> int:
+    """Poison messages of every subscription (one ``XLEN`` each, pipelined); a key of another type,
+    or one this user may not read, counts 0."""
+    pipe = client.pipeline(transaction=False)
+    for record in subs:
+        pipe.xlen(keys.sub_poison(qm, record.sub_id))
+    return sum(n for n in pipe.execute(raise_on_error=False) if isinstance(n, int))
 
 
 @dataclass
@@ -434,8 +482,10 @@ def topic_status(
     effective = table.tree.effective(topic)
     attributes = [(name, effective.values[name], effective.source[name]) for name in sorted(effective.values)]
     via: dict[str, list[str]] = {}
+    kept: set[str] = set()
     for linked in table.links.closure(topic):
         via[linked] = sorted(table.index.match(linked))
+        kept |= table.matching(linked)
     publishers: dict[str, int] = {}
     last: int | None = None
     entries: Any = client.xrevrange(keys.publish_stream(qm), count=scan)
@@ -447,7 +497,7 @@ def topic_status(
         ms = int(wire.lenient_text(entry_id).split("-", 1)[0])
         last = ms if last is None else max(last, ms)
     delivered = list(table.resolve(topic).sub_ids)
-    blocked = sorted({s for matched in via.values() for s in matched} - set(delivered))
+    blocked = sorted({s for matched in via.values() for s in matched} - kept)  # not one copy's left out
     return TopicStatus(
         topic,
         attributes,

@@ -142,8 +142,12 @@ def link(client: redis.Redis, qm: str, source: str, target: str, backward: bool 
         backward: allow the link even if it closes a cycle (seed 000); loops
             are then cut at publish time.
 
+    A link of a topic to itself is accepted as the no-op seed 000 describes (linked topics
+    "can be recursive, either simply by referring to themselves or cyclically"): its
+    subscribers get one copy, as without it; it is listed and removed like any other.
+
     Raises:
-        InvalidLink: a topic is invalid, or source equals target.
+        InvalidLink: a topic is invalid.
         LinkCycle: the link would close a cycle and ``backward`` is False.
         CorruptRecord: the stored record of ``source`` cannot be read (remove it
             with ``unlink_all``).

@@ -1,7 +1,9 @@
 """The worker's in-memory routing table: subscriptions and links, loaded at a known version.
 
 A publication on topic T goes to every subscription whose filter matches T or
-any topic linked from T, transitively (seed 000), each subscription once. The
+any topic linked from T, transitively (seed 000), each subscription once (a client
+id set to one copy per subscriber gets one copy in all: ``broker.topics.copies``).
+``explain`` resolves through the same ``resolve`` as the workers. The
 table is loaded with the index version read in the same MULTI, and the worker
 brings it to the version a dequeue returns whenever that is newer, so it never
 matches against a stale index. A subscription change is logged with the version
@@ -40,7 +42,9 @@ from broker.core.selectors import Selector, compile_selector
 from broker.core.topic_rules import LinkGraph, TopicIndex, validate_topic
 from broker.core.topic_rules import matches as mqtt_matches
 from broker.core.topic_rules import validate_filter as mqtt_validate_filter
+from broker.topics.copies import one_copy, parse_copies
 from broker.topics.declared import parse_declared
+from broker.topics.grants import Grants, parse_grants
 from broker.topics.links import parse_links
 from broker.topics.subscriptions import SubscriptionRecord, parse_subscriptions
 from broker.topics.topic_objects import Effective, TopicTree, fixed_prefix
@@ -73,6 +77,8 @@ _TYPES = {
     "proxies": "hash",
     "cluster_topics": "hash",
     "principals": "hash",
+    "grants": "hash",
+    "copies": "hash",
 }
 
 
@@ -98,12 +104,16 @@ class Recipients:
         conditional: those among them with a selector or no-local (decided per publication).
         attributes: the effective topic-object attributes of the topic published on;
             None when the queue manager has no topic object but the base at its defaults.
+        one_of: groups of subscriptions of one client set to one copy per subscriber
+            (``broker.topics.copies``), earliest-made first: a publication goes to the first
+            of each group whose selector and no-local let it through; () when there is none.
     """
 
     qm: str
     sub_ids: tuple[str, ...]
     conditional: frozenset[str]
     attributes: Effective | None = None
+    one_of: tuple[tuple[str, ...], ...] = ()
     _bands: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def queues(self, priority: int = DEFAULT_PRIORITY) -> tuple[str, ...]:
@@ -143,6 +153,8 @@ class RoutingTable:
         self.direct = True
         self.declared = DeclaredTopics()
         self.links = LinkGraph()
+        #: the client ids that get one copy per subscriber (``{qm}:client_copies``; seed 000)
+        self.one_copy: frozenset[str] = frozenset()
         self.subscriptions: dict[str, SubscriptionRecord] = {}
         self.problems: list[CorruptRecord] = []
         self.selectors: dict[str, Selector] = {}
@@ -170,6 +182,8 @@ class RoutingTable:
         #: from it (``{qm}:withheld``, ``broker.network.slow_routes``): root topic -> persistence mode
         self.withheld: dict[str, dict[str, str]] = {}
         self.ingress: tuple[bytes, ...] = ()
+        #: the users' grants (``broker.topics.grants``), None when nobody has one: nothing to check
+        self.grants: Grants | None = None
         #: apply logged subscription changes alone (``refresh``); False: always reload whole
         self.incremental = True
         self._script: tuple[redis.Redis, Any] | None = None
@@ -197,6 +211,8 @@ class RoutingTable:
             "proxies": keys.proxies(qm),
             "cluster_topics": keys.cluster_topics(qm),
             "principals": keys.principals(qm),
+            "grants": keys.grants(qm),
+            "copies": keys.client_copies(qm),
         }
         pipe = client.pipeline(transaction=True)
         for key in names.values():
@@ -208,6 +224,8 @@ class RoutingTable:
         pipe.hgetall(names["proxies"])
         pipe.hgetall(names["cluster_topics"])
         pipe.hkeys(names["principals"])
+        pipe.hgetall(names["grants"])
+        pipe.hgetall(names["copies"])
         pipe.hgetall(keys.withheld(qm))  # foreign: nothing withheld (broker.network.slow_routes)
         pipe.zrange(keys.sub_changes(qm), 0, 0, withscores=True)  # the change log's epoch
         replies = pipe.execute(raise_on_error=False)
@@ -220,9 +238,20 @@ class RoutingTable:
         for reply in replies[len(names) :]:
             if isinstance(reply, Exception):
                 raise reply
-        version, subs, links, topics, manager, declared, network, proxies, clustered, principals = replies[
-            len(names) :
-        ]
+        (
+            version,
+            subs,
+            links,
+            topics,
+            manager,
+            declared,
+            network,
+            proxies,
+            clustered,
+            principals,
+            granted,
+            copies,
+        ) = replies[len(names) :]
         self._epoch = _epoch(first if isinstance(first, list) else [])
         #: the ingress streams of the principals (``broker.core.principals``): a worker waits on them too
         # each key as bytes, byte for byte the principal's name as Redis holds it: a client's
@@ -244,9 +273,15 @@ class RoutingTable:
             keys.transmission(qm, to): roots
             for to, roots in (read_withheld(withheld) if isinstance(withheld, dict) else {}).items()
         }
+        grants, grant_problems = parse_grants(qm, granted, tree, self.scheme)
+        problems += grant_problems
+        one_copy, copies_problems = parse_copies(qm, copies)
+        problems += copies_problems
         self.version = None  # until rebuilt: a failure halfway leaves a table that is never refreshed alone
         self.links = graph
         self.tree = tree
+        self.grants = grants
+        self.one_copy = one_copy
         self._bounded = not tree.trivial
         self.index = TopicIndex() if self.scheme == "mqtt" else HierarchyIndex()
         self.subscriptions, self.selectors, self._conditional = {}, {}, set()
@@ -342,7 +377,7 @@ class RoutingTable:
         reload the whole table (``load``).
 
         Only subscription changes are logged; any other version bump (links, topic objects,
-        declared topics, the network, principals), a log trimmed past the table's version, an
+        declared topics, the network, principals, grants), a log trimmed past the table's version, an
         absent log, a log other than the one the table was loaded with (its epoch differs: made
         anew after a reset), one that cannot be read (another type, an entry that is not
         ``"<version> <sub id>"``), and a changed record that cannot be read all reload the whole
@@ -605,23 +640,32 @@ class RoutingTable:
         sub_ids: set[str] = set()
         tree = None if self.tree.trivial else self.tree
         for linked in self._reached(topic):
-            matched = self.index.match(linked)
-            if tree is not None and matched:
-                blocks = tree.effective(linked).blocks
-                if blocks:  # WILDCARD(BLOCK): wildcard subscriptions made above the object get nothing
-                    first = self._first_wildcard
-                    matched = {s for s in matched if first.get(s, blocks) >= blocks}
-            sub_ids |= matched
+            sub_ids |= self.matching(linked)
+        groups: tuple[tuple[str, ...], ...] = ()
+        if self.one_copy:  # one copy per subscriber for some client ids (seed 000)
+            sub_ids, groups = one_copy(sub_ids, self.one_copy, self.subscriptions, self._conditional)
         found = Recipients(
             self.qm,
             tuple(sorted(sub_ids)),
             frozenset(self._conditional.intersection(sub_ids)),
             None if tree is None else tree.effective(topic),
+            groups,
         )
         if len(self._cache) >= CACHE_TOPICS:
             self._cache.clear()
         self._cache[topic] = found
         return found
+
+    def matching(self, linked: str) -> set[str]:
+        """The subscriptions whose filter matches one topic reached (``_reached``) and that no
+        WILDCARD(BLOCK) keeps out (wildcard ones made above the blocking topic object)."""
+        matched = self.index.match(linked)
+        if not self.tree.trivial and matched:
+            blocks = self.tree.effective(linked).blocks
+            if blocks:
+                first = self._first_wildcard
+                matched = {s for s in matched if first.get(s, blocks) >= blocks}
+        return matched
 
     def _reached(self, topic: str) -> list[str]:
         """The topics a publication on ``topic`` is delivered on: the topic (under indirect selection,
@@ -665,6 +709,8 @@ class RoutingTable:
             return recipients.queues(priority)
         properties = entry.selector_properties()
         qm = self.qm
+        if recipients.one_of:
+            return self._one_of_queues(entry, recipients, properties, priority)
         kept = []
         for sub_id in recipients.sub_ids:
             if sub_id in recipients.conditional and not self.admits(
@@ -673,6 +719,21 @@ class RoutingTable:
                 continue
             kept.append(keys.sub_band(qm, sub_id, priority))
         return tuple(kept)
+
+    def _one_of_queues(
+        self, entry: Entry, recipients: Recipients, properties: dict[str, object], priority: int
+    ) -> tuple[str, ...]:
+        """``queues`` when a client set to one copy per subscriber has a group of subscriptions
+        here (``Recipients.one_of``): of each group, only the first that lets the publication through."""
+        conditional, client_id = recipients.conditional, entry.client_id
+        passes = {
+            s: s not in conditional or self.admits(s, properties, client_id, entry=entry)
+            for s in recipients.sub_ids
+        }
+        for group in recipients.one_of:
+            chosen = next((s for s in group if passes[s]), None)
+            passes.update((s, s == chosen) for s in group)
+        return tuple(keys.sub_band(self.qm, s, priority) for s in recipients.sub_ids if passes[s])
 
     def admits(
         self, sub_id: str, properties: dict[str, object], client_id: str | None, *, entry: Entry | None = None
@@ -700,23 +761,6 @@ class RoutingTable:
             return False
 
 
-@dataclass
-class Route:
-    """Where a publication on one topic goes.
-
-    Attributes:
-        topic: the topic published on.
-        via: topic reached (the topic itself, then linked ones) -> subscription ids matching it.
-        subscriptions: the de-duplicated subscription ids that receive one copy each.
-        problems: records skipped because they cannot be read (they match nothing).
-    """
-
-    topic: str
-    via: dict[str, list[str]] = field(default_factory=dict)
-    subscriptions: list[str] = field(default_factory=list)
-    problems: list[CorruptRecord] = field(default_factory=list)
-
-
 @translate_errors
 def network_problems(client: redis.Redis, qm: str) -> list[CorruptRecord]:
     """The network records of ``qm`` that cannot be read (``{qm}:network``, ``{qm}:proxies``,
@@ -727,23 +771,3 @@ def network_problems(client: redis.Redis, qm: str) -> list[CorruptRecord]:
     pipe.hgetall(keys.cluster_topics(qm))
     network, proxies, clustered = pipe.execute()
     return RoutingTable(qm).load_network_records(network, proxies, clustered)
-
-
-@translate_errors
-def explain(client: redis.Redis, qm: str, topic: str) -> Route:
-    """Resolve ``topic`` the way a worker does and say through which topics each subscription matched.
-
-    Raises:
-        InvalidTopic: the topic is invalid (with a suggestion).
-        ForeignKey: the subscription or link hash holds another Redis type.
-    """
-    table = RoutingTable(qm)
-    table.load(client)
-    route = Route(topic, problems=list(table.problems))
-    seen: set[str] = set()
-    for linked in table._reached(topic):
-        matched = sorted(table.index.match(linked))
-        route.via[linked] = matched
-        seen.update(matched)
-    route.subscriptions = sorted(seen)
-    return route

@@ -37,6 +37,9 @@ from broker.core.config import (
     DEFAULT_MAX_TOPIC_BYTES,
     DEFAULT_MAX_TOPIC_LEVELS,
     ConsumerMode,
+    QueueController,
+    Settings,
+    first_controller,
 )
 from broker.core.connection import KEEP, can_name, change_field, read_hash
 from broker.core.errors import (
@@ -52,7 +55,7 @@ from broker.core.errors import (
 )
 from broker.core.schemes import recorded_scheme, separator
 from broker.core.scripts import register
-from broker.core.selectors import check_size, compile_selector, like
+from broker.core.selectors import check_size, compile_selector
 from broker.core.topic_rules import limit_problem, split_shared, validate_filter
 from broker.topics.topic_objects import TopicTree, fixed_prefix, topic_of
 
@@ -258,13 +261,15 @@ def subscribe(
     shared: bool = False,
     selector: str | None = None,
     no_local: bool = False,
-    consumer_modes: Sequence[ConsumerMode] = (),
+    settings: Settings | None = None,
+    consumer_modes: Sequence[ConsumerMode] | None = None,
     topic_object: str | None = None,
     scheme: str | None = None,
-    max_topic_bytes: int = DEFAULT_MAX_TOPIC_BYTES,
-    max_topic_levels: int = DEFAULT_MAX_TOPIC_LEVELS,
-    max_subscriptions_per_client: int = DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
-    max_selector_bytes: int = DEFAULT_MAX_SELECTOR_BYTES,
+    max_topic_bytes: int | None = None,
+    max_topic_levels: int | None = None,
+    max_subscriptions_per_client: int | None = None,
+    max_selector_bytes: int | None = None,
+    name: str | None = None,
 ) -> SubscriptionRecord:
     """Create a subscription (or attach to an existing one with the same filter and options).
 
@@ -282,8 +287,10 @@ def subscribe(
         shared: JMS 2 shared subscription: each message goes to one of its consumers.
         selector: a message selector (Jakarta Messaging §3.8.1.1); None or "" for none.
         no_local: do not deliver publications whose ``client_id`` is ``client_id``.
-        consumer_modes: the ``Settings.consumer_modes`` rules that give a
-            subscription that is not shared its consumer mode.
+        settings: the broker settings, as ``broker subscribe`` uses them: its queue controllers
+            (``Settings.controllers``) give a subscription that is not shared its consumer mode;
+            ``topic_scheme`` and the limits below come from it unless given. None: the defaults.
+        consumer_modes: ``{predicate, mode}`` rules used in place of the settings' controllers.
         topic_object: subscribe through this topic object: its topic string, joined with
             ``/`` to ``topic_filter`` when that is not empty (IBM MQ).
         scheme: the topic scheme this process is configured with (``Settings.topic_scheme``),
@@ -301,6 +308,8 @@ def subscribe(
             subscribes never go over it; attaching to an existing subscription is not counted.
         max_selector_bytes: the longest selector accepted, bytes of UTF-8
             (``Settings.max_selector_bytes``), checked before it is parsed.
+        name: a non-durable subscription's name (its id ``<client id>$<name>``); None: generated
+            (``nd-<hex>``). Ignored when ``durable_name`` is given.
 
     Returns:
         The subscription record; ``sub_id`` names its queue.
@@ -323,43 +332,39 @@ def subscribe(
         CorruptRecord: the stored record of this subscription cannot be read
             (``unsubscribe`` removes it).
     """
+    limits = _Limits.of(
+        settings, max_topic_bytes, max_topic_levels, max_subscriptions_per_client, max_selector_bytes
+    )
+    scheme = scheme if scheme is not None or settings is None else settings.topic_scheme
     if topic_object is not None:
         topic_filter = topic_of(client, qm, topic_object, topic_filter)
     # with a scheme given, bad input is refused before Redis is asked anything
     scheme_name = scheme or recorded_scheme(client, qm)
-    share, inner = _parse_filter(topic_filter, scheme_name, max_topic_bytes, max_topic_levels)
+    share, inner = _parse_filter(topic_filter, scheme_name, limits.topic_bytes, limits.topic_levels)
     selector = selector if selector and selector.strip() else ""  # blank: no selector (Jakarta Messaging)
     if selector:
-        check_size(selector, max_selector_bytes)
+        check_size(selector, limits.selector_bytes)
         compile_selector(selector)
     check_name("client id", client_id)
     if share:
         check_name("ShareName", share)
         shared = True
-    name = durable_name if durable_name is not None else _generated_name(shared, inner, selector)
+    name = durable_name if durable_name is not None else name or _generated_name(shared, inner, selector)
     check_name("subscription name", name)
     if scheme is not None:
         recorded_scheme(client, qm, scheme)  # records it, or refuses a process configured otherwise
     sub_id = f"{share or client_id}${name}"
-    mode = "shared" if shared else _mode_of(sub_id, consumer_modes)
+    mode = "shared" if shared else _mode_of(sub_id, consumer_modes, settings)
     record = SubscriptionRecord(
         sub_id, inner, durable_name is not None, clock.now_ms(), selector, no_local, mode, share
     )
-    subs_key = keys.subscriptions(qm)
     found: list[SubscriptionRecord] = []
 
     def decide(pipe: Any) -> Any:
-        return _new_or_same(pipe, qm, record, scheme_name, max_subscriptions_per_client, found)
+        return _new_or_same(pipe, qm, record, scheme_name, limits.per_client, found)
 
-    change_field(
-        client,
-        subs_key,
-        sub_id,
-        decide,
-        keys.version(qm),
-        watch=(keys.topic_objects(qm),),
-        change_log=keys.sub_changes(qm),
-    )
+    change_field(client, keys.subscriptions(qm), sub_id, decide, keys.version(qm),
+                 watch=(keys.topic_objects(qm),), change_log=keys.sub_changes(qm))  # fmt: skip
     return found[-1] if found else record
 
 
@@ -480,11 +485,45 @@ def _check_topic_tree(qm: str, tree: TopicTree, record: SubscriptionRecord) -> N
         )
 
 
-def _mode_of(sub_id: str, rules: Sequence[ConsumerMode]) -> str:
-    for rule in rules:
-        if like(rule.predicate, sub_id):
-            return rule.mode
-    return "exclusive"
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """``subscribe``'s limits: each keyword argument given, else the settings', else the default."""
+
+    topic_bytes: int
+    topic_levels: int
+    per_client: int
+    selector_bytes: int
+
+    @classmethod
+    def of(cls, settings: Settings | None, *given: int | None) -> _Limits:
+        found = (
+            (
+                settings.max_topic_bytes,
+                settings.max_topic_levels,
+                settings.max_subscriptions_per_client,
+                settings.max_selector_bytes,
+            )
+            if settings is not None
+            else (
+                DEFAULT_MAX_TOPIC_BYTES,
+                DEFAULT_MAX_TOPIC_LEVELS,
+                DEFAULT_MAX_SUBSCRIPTIONS_PER_CLIENT,
+                DEFAULT_MAX_SELECTOR_BYTES,
+            )
+        )
+        return cls(*(found[i] if value is None else value for i, value in enumerate(given)))
+
+
+def _mode_of(sub_id: str, rules: Sequence[ConsumerMode] | None, settings: Settings | None) -> str:
+    """The consumer mode of a new subscription that is not shared: the first of ``rules`` (given)
+    or of the settings' queue controllers whose predicate matches ``sub_id``, else exclusive."""
+    controllers: list[QueueController]
+    if rules is not None:
+        controllers = [QueueController(predicate=r.predicate, consumer_mode=r.mode) for r in rules]
+    else:
+        controllers = settings.controllers if settings is not None else []
+    controller = first_controller(controllers, sub_id)
+    return controller.consumer_mode if controller is not None else "exclusive"
 
 
 @translate_errors
@@ -555,7 +594,8 @@ def remove_subscription(
         abandoned_before_ms: only remove an abandoned subscription: a non-durable one whose
             consumers' lease deadlines and creation are all before this time, ms since the
             epoch, or with ``durable`` a durable one whose lease deadlines, creation and
-            ``{qm}:last_active`` time are (an idle durable subscription).
+            last use (``keys.sub_last_active``, or protocol 5's ``{qm}:last_active``) are (an
+            idle durable subscription). Its poison messages are kept (``broker dlq``).
         min_depth: only remove it while at least this many messages wait in its bands
             (a slow-subscriber condition that still holds), messages.
         durable: the cutoff applies to a durable subscription (and never removes a non-durable one).
@@ -566,7 +606,7 @@ def remove_subscription(
 
     Raises:
         redis.ResponseError: ``BROKER foreign key`` when the subscription hash, the
-            version, the consumers zset or ``{qm}:last_active`` holds another type
+            version or the consumers zset holds another type
             (nothing is removed).
     """
     script = register(client, "remove_subscription")
@@ -582,6 +622,8 @@ def remove_subscription(
             *keys.sub_bands(qm, sub_id),
             keys.last_active(qm),
             keys.sub_changes(qm),
+            keys.sub_last_active(qm, sub_id),
+            keys.sub_expired(qm, sub_id),
         ],
         args=[
             sub_id,

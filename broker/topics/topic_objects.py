@@ -28,8 +28,9 @@ CAPEXPRY    ms | NOLIMIT                  worker: expiration capped at publish t
 MAXDEPTH    messages | NOLIMIT            commit.lua: depth bound of the subscriber queues
                                           of subscriptions made under the node; NOLIMIT at
                                           the base is ``Settings.default_maxdepth`` when set
-PMSGDLV     ALL | ALLDUR | ALLAVAIL       commit.lua: persistent publications and full queues
-NPMSGDLV    ALL | ALLDUR | ALLAVAIL       commit.lua: non-persistent publications
+PMSGDLV     ALL | ALLDUR | ALLAVAIL       commit.lua: persistent publications when a queue is
+                                          full or unavailable (holds another type)
+NPMSGDLV    ALL | ALLDUR | ALLAVAIL       commit.lua: the same, non-persistent publications
 USEDLQ      YES | NO                      commit.lua: whether a refused publication is dead-lettered
 WILDCARD    PASSTHRU | BLOCK              worker: wildcard subscriptions above the node
                                           get nothing at or below it (not inherited)
@@ -47,8 +48,17 @@ PROXYSUB    FIRSTUSE | FORCE              channel process: FORCE announces the n
 
 The defaults on ``SYSTEM.BASE.TOPIC`` keep the broker's behaviour without
 objects: everything enabled, persistent, priority 4, no expiry cap, no depth
-bound (so no queue is ever full), ``PMSGDLV(ALLDUR)`` and ``NPMSGDLV(ALLAVAIL)``
-as in IBM MQ, dead letters on.
+bound (so no queue is ever full), ``PMSGDLV(ALLAVAIL)`` and ``NPMSGDLV(ALLAVAIL)``,
+dead letters on.
+
+PMSGDLV/NPMSGDLV say what happens to a publication when one of its subscriptions is
+*unavailable*: its queue full (MAXDEPTH) or of another Redis type (a key its subscriber
+planted). ALL refuses the publication as a whole, ALLDUR when that subscription is
+durable, ALLAVAIL delivers to the others (the unavailable one's copy is skipped; of
+another type, dead-lettered). IBM MQ's base default is ``PMSGDLV(ALLDUR)``; ours is
+ALLAVAIL because a subscriber, an untrusted role (``docs/security.md``), can make its
+own durable subscription unavailable, and under ALLDUR would refuse every persistent
+publication for everyone. ALL and ALLDUR stay settable per topic object (issue 27).
 """
 
 from __future__ import annotations
@@ -158,7 +168,7 @@ BASE_DEFAULTS = Attributes(
     defprty=keys.DEFAULT_PRIORITY,
     capexpry="NOLIMIT",
     maxdepth="NOLIMIT",
-    pmsgdlv="ALLDUR",
+    pmsgdlv="ALLAVAIL",
     npmsgdlv="ALLAVAIL",
     usedlq="YES",
     pubscope="ALL",

@@ -26,7 +26,7 @@ subscriber queues: one exact subscription, six through ``+``/``#`` filters
 (one of which, ``+/<r>/#``, matches the topic and both of its linked topics
 and must be delivered once), and two that only links reach
 (``bench/r/c/j -> audit/r/c -> audit/r``). F is checked with
-``broker.topics.routing.explain`` on a sample of topics before, and as
+``broker.topics.explain.explain`` on a sample of topics before, and as
 deliveries / N after every run. Publications have a 200-byte body and come
 from 50 publishers (``p00``..``p49``) through ``broker.Publisher``, which
 always sets a msgid (so every unit of work writes a dedup record); the pool

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import redis
 
 from broker.core import keys
+from broker.topics.explain import explain
 from broker.topics.links import link
-from broker.topics.routing import RoutingTable, explain
+from broker.topics.routing import RoutingTable
 from broker.topics.subscriptions import subscribe
 from scripts.bench.workload import (
     FANOUT,

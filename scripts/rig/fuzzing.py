@@ -701,6 +701,15 @@ def _setting_value(r: R, name: str) -> Any:
             {"predicate": r.choice(("%", "a\\", "", "x%")), "mode": r.choice(("shared", "x", "exclusive"))}
             for _ in range(r.randint(0, 3))
         ]
+    if name == "queue_controllers":
+        return [
+            {
+                "predicate": r.choice(("tmp$%", "", "%", 5)),
+                "persistence_mode": r.choice(("as_message", "non_persistent", "transient", 1)),
+                "consumer_mode": r.choice(("shared", "activestandby", "x")),
+            }
+            for _ in range(r.randint(0, 3))
+        ]
     if name == "slow_subscriber_conditions":
         return [
             {"name": r.choice(("feed", "a/b", "a.b", "#", "")), "max_messages": r.choice((0, 1, -1, "x"))}
@@ -1233,6 +1242,7 @@ _REASONS = (
     ("node '", "topic: bad predicate"),
     ("is disabled", "topic object: PUB(DISABLED)"),
     ("foreign key", "foreign key"),
+    ("subscription unavailable", "subscription unavailable"),
     ("full", "queue full (MAXDEPTH)"),
     ("max_deliveries", "workers died on it"),
 )

@@ -25,10 +25,15 @@ record, a FIFO or a turn). Each must end either delivered once to every one of
 its recipients, or *refused as a whole*: in the dead-letter stream (once per
 entry, ``dlq.entry_id``) with a reason containing "foreign key", and received
 by none. Refused ones are not lost; order is checked over the delivered ones.
+A subscriber queue of another type makes only its subscription *unavailable*
+(PMSGDLV/NPMSGDLV(ALLAVAIL), the default; issue 27): the publication is delivered
+to its other recipients, and that subscription's copy is in the dead-letter
+stream (``dlq.subscription``, ``dlq.entry_id``, a reason starting "subscription
+unavailable"). Such a copy counts as received for the check (**unavailable_copies**).
 
 - **half_applied**: a refusable publication refused but received by some
   subscription (an envelope of a refused entry), or received by some of its
-  recipients and not by others;
+  recipients and neither received by nor dead-lettered for (unavailable) the others;
 - **refused_by_foreign_key**: refusable publications refused, received by none;
 - **foreign_not_refused**: a publication whose reply list or dedup record the
   harness planted before publishing it (``planted``), yet not refused, or received;
@@ -43,7 +48,7 @@ entry (every worker that handles it dies) is one, with "max_deliveries" in its r
 
 - **good_dead_lettered**: a publication that is not refusable found in the
   dead-letter stream (e.g. charged for the deaths of workers that died on a
-  killer entry held with it): a failure.
+  killer entry held with it), or a copy of one dead-lettered as unavailable: a failure.
 """
 
 from __future__ import annotations
@@ -182,6 +187,7 @@ class Verdict:
     foreign_not_refused: int = 0
     refused_repeated: int = 0
     refused_after_delivered: int = 0
+    unavailable_copies: int = 0
     refused_keys: Counter[str] = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
 
@@ -308,10 +314,16 @@ class History:
         by_entry: Counter[str] = Counter()
         reasons: dict[str, str] = {}
         refused: dict[str, set[str]] = defaultdict(set)  # msgid -> entries refused for a foreign key
+        unavailable: dict[str, set[str]] = defaultdict(set)  # entry id -> subscriptions its copy missed
         for _, fields in dead_letters:
             entry_id = fields.get(b"dlq.entry_id", b"").decode()
+            reason = fields.get(b"dlq.reason", b"").decode("utf-8", "replace")
+            if b"dlq.subscription" in fields and reason.startswith("subscription unavailable: "):
+                unavailable[entry_id].add(fields[b"dlq.subscription"].decode("utf-8", "replace"))
+                v.unavailable_copies += 1
+                continue
             by_entry[entry_id] += 1
-            reasons[entry_id] = reason = fields.get(b"dlq.reason", b"").decode("utf-8", "replace")
+            reasons[entry_id] = reason
             raw_msgid = fields.get(b"msgid")
             pub = None if raw_msgid is None else self.by_msgid.get(raw_msgid.decode("utf-8", "replace"))
             if pub is not None and fields.get(b"publisher", b"").decode("utf-8", "replace") != pub.publisher:
@@ -325,12 +337,16 @@ class History:
             v.good_dead_lettered += 1
             v.note(f"dead-lettered good publication {raw_msgid!r}: {reason}")
         for pub in pubs:
+            came_from = received_entries.get(pub.msgid, set())
+            dropped = set().union(*(unavailable.get(e, set()) for e in {*came_from, pub.entry_id} if e))
             if not pub.refusable:
+                if dropped:
+                    v.good_dead_lettered += 1
+                    v.note(f"dead-lettered copies of good publication {pub.msgid!r} for {sorted(dropped)}")
                 continue
             entries = refused.get(pub.msgid, set())
             v.refused_repeated += sum(by_entry[e] > 1 for e in entries)
-            receivers = got.get(pub.msgid, set())
-            came_from = received_entries.get(pub.msgid, set())
+            receivers = got.get(pub.msgid, set()) | (dropped & pub.recipients)
             refused_but_received = bool(entries and receivers and (None in came_from or entries & came_from))
             what = f"{pub.msgid} ({pub.topic}, entry {pub.entry_id}, refused entries {sorted(entries)})"
             if refused_but_received:

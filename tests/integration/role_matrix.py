@@ -371,33 +371,10 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
 )
 
-#: Why a cell is not met yet: the branch of issue 27 that meets it.
-FN = "issue 27 parts 1-2 (h-fn): the subscriber loses writes on shared keys and scripts, workers load the library"
-GRANTS = "issue 27 part 3 (h-grants): keys.control, the subscriber's control stream {qm}:ctl:<client id>"
-
 #: The cells of issue 27's target that the code does not meet yet: (operation id, role) -> why.
 #: Their tests are strict xfails; take a cell out when its branch lands (docs: regenerate the table).
-PENDING_27: dict[tuple[str, str], str] = {
-    **{
-        (op, "subscriber"): FN
-        for op in (
-            "dlq-xtrim",
-            "dlq-del",
-            "dlq-rename",
-            "dlq-set",
-            "dlq-xadd",
-            "last_active-set",
-            "last_active-hset",
-            "expired-set",
-            "expired-hset",
-            "eval",
-            "evalsha",
-            "script-load",
-        )
-    },
-    **{(op, role): FN for op in ("function-load", "function-list") for role in ("worker", "admin")},
-    **{(op, role): GRANTS for op in ("own-ctl-xadd", "other-ctl-xadd") for role in ROLES},
-}
+#: Empty: every branch of issue 27 has landed.
+PENDING_27: dict[tuple[str, str], str] = {}
 
 
 def markdown() -> str:

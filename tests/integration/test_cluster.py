@@ -14,7 +14,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from broker import Publisher, PublishResult, Subscriber, link, subscribe
-from broker.core import keys
+from broker.core import keys, library
 from broker.core.config import Settings
 from broker.core.connection import connect, is_cluster
 from broker.core.errors import ClusterUnsupported, ConfigError
@@ -130,3 +130,25 @@ def test_a_stopping_worker_gives_up_its_turns_on_a_cluster(local_cluster, cluste
 def test_the_rq_scheduler_refuses_a_cluster_with_a_broker_error(local_cluster):
     with pytest.raises(ClusterUnsupported, match="Redis Cluster"):
         schedule(local_cluster.url, "SCHED")
+
+
+def test_the_function_library_is_loaded_on_every_master_and_called_by_the_subscriptions_slot(
+    local_cluster, cluster_client
+):
+    # Given a cluster whose masters have no library
+    for port in local_cluster.ports:
+        with redis.Redis(port=port) as node:
+            node.function_flush()
+    # When a worker's start loads it, Then every master has it, and a consumer's FCALL goes to the
+    # master of its subscription's slot
+    assert library.load_library(cluster_client) == len(local_cluster.ports)
+    assert library.load_library(cluster_client) == 0
+    for port in local_cluster.ports:
+        with redis.Redis(port=port) as node:
+            assert node.fcall_ro("broker_version", 0) == keys.PROTOCOL_VERSION
+    for qm in _qms_on_different_masters(local_cluster, 3):
+        key = keys.sub_queue(qm, "app$x")
+        assert library.fcall(cluster_client, "broker_receive", key, "c1", 1, 1_000, "", "shared") == [
+            b"ok",
+            0,
+        ]

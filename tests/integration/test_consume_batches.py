@@ -116,7 +116,7 @@ def test_a_batch_spans_priority_bands_highest_first_and_expired_ones_are_replace
     got = consumer.receive_many(8)
     # Then it gets priority 7, then 4 (without the expired ones), then the oldest of priority 2
     assert _msgids(got) == ["m20", "m21", "m10", "m11", "m12", "m15", "m16", "m0"]
-    assert real_redis.hget(keys.expired(QM), record.sub_id) == b"2"
+    assert real_redis.get(keys.sub_expired(QM, record.sub_id)) == b"2"
     assert consumer.ack_many(got) == 8
     assert _msgids(consumer.receive_many(8)) == ["m1", "m2"]
 
@@ -238,24 +238,23 @@ def test_a_foreign_priority_band_is_reported_before_anything_is_taken(real_redis
     assert real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 3 and consumer.in_flight() == 0
 
 
-def test_the_consumer_scripts_work_after_script_flush_and_in_a_pipeline(real_redis, settings):
+def test_the_consumer_functions_work_after_function_flush_and_in_a_pipeline(real_redis, settings):
     record = subscribe(real_redis, QM, "/batch", "b", "flush")
     _fill(real_redis, record.sub_id, range(4))
     consumer = Subscriber(real_redis, QM, record, _settings(settings), consumer_id="c", heartbeat=False)
-    real_redis.script_flush()
+    # a consumer whose user may load the library loads it again after FUNCTION FLUSH
+    real_redis.function_flush()
     got = consumer.receive_many(2)
-    real_redis.script_flush()
+    real_redis.function_flush()
     assert consumer.ack_many(got) == 2
-    # in a pipeline: receive.lua, then ack.lua of what it took (redis-py loads them first)
-    scripts = consumer._scripts
-    real_redis.script_flush()
+    # in a pipeline: broker_receive, then broker_ack of what it took
     pipe = real_redis.pipeline()
     args = consumer._receive_args.copy()
     args[1] = 2
-    scripts.receive(keys=consumer._receive_keys, args=args, client=pipe)
+    pipe.fcall("broker_receive", 1, consumer.queue, *args)
     (reply,) = pipe.execute()
     pipe = real_redis.pipeline()
-    scripts.ack(keys=consumer._ack_keys, args=reply[2::2], client=pipe)
+    pipe.fcall("broker_ack", 1, consumer.queue, "c", *reply[2::2])
     assert pipe.execute() == [2]
     assert consumer.in_flight() == 0 and consumer.depth() == 0
 
@@ -270,7 +269,7 @@ def test_a_consumer_that_emptied_the_queue_waits_for_the_bell_before_taking_agai
     _fill(real_redis, record.sub_id, range(3))
     consumer = Subscriber(real_redis, QM, record, _settings(settings), consumer_id="c", heartbeat=False)
     assert consumer.ack_many(consumer.receive_many(10)) == 3
-    assert real_redis.exists(consumer.bell) == 0  # receive.lua cleared it
+    assert real_redis.exists(consumer.bell) == 0  # broker_receive cleared it
     # When a message arrives and rings the bell (as commit.lua does), then it receives with a timeout
     _fill(real_redis, record.sub_id, range(3, 4))
     real_redis.rpush(consumer.bell, "1")
@@ -278,7 +277,7 @@ def test_a_consumer_that_emptied_the_queue_waits_for_the_bell_before_taking_agai
     got = consumer.receive_many(10, timeout_ms=5_000)
     # Then it looked at the bell first (rung: no wait), then took the message with one script call
     assert _msgids(got) == ["m3"]
-    assert (_calls(real_redis, "blmove"), _calls(real_redis, "evalsha")) == (1, 1)
+    assert (_calls(real_redis, "blmove"), _calls(real_redis, "fcall")) == (1, 1)
     # A message written without ringing the bell is still taken once the wait is over
     _fill(real_redis, record.sub_id, range(4, 5))
     assert _msgids(consumer.receive_many(10, timeout_ms=200)) == ["m4"]

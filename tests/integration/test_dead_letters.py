@@ -149,7 +149,7 @@ def test_purge_by_reason_leaves_the_others(real_redis, settings):
 
 
 def _poison(client, settings, record, body=b"poison", qm=QM):
-    """Dead-letter a message of ``record`` as recover.lua does: one failed delivery over max_redeliveries 0."""
+    """Make a poison message of ``record`` as broker_recover does: one failed delivery over max_redeliveries 0."""
     strict = settings.model_copy(update={"max_redeliveries": 0})
     consumer = Subscriber(client, qm, record, strict, consumer_id="c1", heartbeat=False)
     (delivery,) = consumer.receive_many(1)
@@ -170,7 +170,8 @@ def test_a_poison_message_is_requeued_to_its_own_subscription_only(real_redis, s
     assert report.replayed == [] and "without --keep" in report.skipped[0][1]
     report = replay(real_redis, QM, Selection(subscription=one.sub_id))
     assert report.replayed == report.requeued == [letter.id]
-    assert real_redis.xlen(keys.dead_letter(QM)) == 0
+    assert letter.id.startswith(f"{one.sub_id}/") and letter.source == one.sub_id
+    assert real_redis.xlen(keys.sub_poison(QM, one.sub_id)) == 0
     # back in its own priority band, received next; the other subscription still has one copy
     assert real_redis.llen(keys.sub_band(QM, one.sub_id, 7)) == 1
     assert [m.body for m in queue_messages(real_redis, QM, two.sub_id)] == [b"poison"]
@@ -186,7 +187,7 @@ def test_a_poison_message_of_a_removed_subscription_is_skipped_and_kept(real_red
     unsubscribe(real_redis, QM, gone.sub_id)
     report = replay(real_redis, QM, Selection(everything=True))
     assert report.replayed == [] and "no longer exists" in report.skipped[0][1]
-    assert real_redis.xlen(keys.dead_letter(QM)) == 1
+    assert real_redis.xlen(keys.sub_poison(QM, gone.sub_id)) == 1  # kept with the subscription removed
     assert not real_redis.exists(keys.sub_queue(QM, gone.sub_id))
 
 

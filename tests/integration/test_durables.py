@@ -85,7 +85,7 @@ def test_delete_counts_the_messages_lost_waiting_and_in_flight_and_removes_every
     assert [(d.sub_id, d.messages) for d in done.deleted] == [("sales$d1", 3)]
     assert done.summary() == "deleted 1 durable subscription (3 message(s))"
     assert real_redis.keys(keys.sub_queue(QM, "sales$d1") + "*") == []
-    assert real_redis.hexists(keys.last_active(QM), "sales$d1") == 0
+    assert real_redis.exists(keys.sub_last_active(QM, "sales$d1")) == 0
 
 
 def test_dry_run_lists_what_would_go_with_the_messages_held_and_deletes_nothing(real_redis):
@@ -138,14 +138,14 @@ def test_a_durable_is_deleted_once_idle_for_the_expiry_after_its_last_consumer_c
     record = subscribe(real_redis, QM, "/a", "app", "d")
     real_redis.lpush(keys.sub_queue(QM, record.sub_id), b"m")
     Subscriber(real_redis, QM, record, settings, heartbeat=False, clock_ms=lambda: t).close()
-    assert int(real_redis.hget(keys.last_active(QM), record.sub_id)) == t
+    assert int(real_redis.get(keys.sub_last_active(QM, record.sub_id))) == t
     # When the expiry runs just before T + idle, Then it is kept
     assert expire_idle_durables(real_redis, QM, 5_000, now_ms=t + 4_999).deleted == []
     # When it runs at T + idle, Then it is deleted with its message, and its last-active time with it
     done = expire_idle_durables(real_redis, QM, 5_000, now_ms=t + 5_000)
     assert [(d.sub_id, d.messages) for d in done.deleted] == [("app$d", 1)]
     assert ids(real_redis) == []
-    assert real_redis.hexists(keys.last_active(QM), record.sub_id) == 0
+    assert real_redis.exists(keys.sub_last_active(QM, record.sub_id)) == 0
 
 
 def test_a_live_consumer_keeps_its_durable_and_its_lease_deadline_counts_as_use(real_redis, settings):
@@ -169,7 +169,7 @@ def test_forgetting_a_dead_consumer_keeps_its_lease_deadline_as_the_last_use(rea
     deadline = t + settings.consumer_lease_ms
     recover(real_redis, QM, record.sub_id, forget_ms=1_000, now_ms=deadline + 1_001)
     assert real_redis.zcard(keys.sub_consumers(QM, record.sub_id)) == 0
-    assert int(real_redis.hget(keys.last_active(QM), record.sub_id)) == deadline
+    assert int(real_redis.get(keys.sub_last_active(QM, record.sub_id))) == deadline
 
 
 def test_a_durable_nobody_recorded_a_use_of_starts_its_idle_time_when_the_job_first_sees_it(real_redis):
@@ -177,7 +177,7 @@ def test_a_durable_nobody_recorded_a_use_of_starts_its_idle_time_when_the_job_fi
     by_hand(real_redis, "raw$d")
     # When the expiry first sees it, Then it is not deleted on information nobody wrote
     assert expire_idle_durables(real_redis, QM, 5_000, now_ms=1_000_000).deleted == []
-    assert int(real_redis.hget(keys.last_active(QM), "raw$d")) == 1_000_000
+    assert int(real_redis.get(keys.sub_last_active(QM, "raw$d"))) == 1_000_000
     assert expire_idle_durables(real_redis, QM, 5_000, now_ms=1_004_999).deleted == []
     assert [d.sub_id for d in expire_idle_durables(real_redis, QM, 5_000, now_ms=1_005_000).deleted] == [
         "raw$d"
@@ -187,7 +187,7 @@ def test_a_durable_nobody_recorded_a_use_of_starts_its_idle_time_when_the_job_fi
 def test_idle_expiry_never_touches_non_durables_and_zero_deletes_nothing(real_redis):
     by_hand(real_redis, "app$nd", durable=False)
     by_hand(real_redis, "app$d")
-    real_redis.hset(keys.last_active(QM), mapping={"app$nd": 0, "app$d": 0})
+    real_redis.hset(keys.last_active(QM), mapping={"app$nd": 0, "app$d": 0})  # protocol 5's, still read
     assert expire_idle_durables(real_redis, QM, 0, now_ms=10**13).deleted == []
     assert [d.sub_id for d in expire_idle_durables(real_redis, QM, 1, now_ms=10**13).deleted] == ["app$d"]
     assert ids(real_redis) == ["app$nd"]
@@ -238,10 +238,22 @@ def test_the_periodic_expiry_job_deletes_idle_durables_under_rq_and_schedules_it
 
 def test_a_foreign_last_active_key_is_named_and_never_written_over_by_the_expiry(real_redis):
     by_hand(real_redis, "app$d")
-    real_redis.set(keys.last_active(QM), "not a hash")
+    by_hand(real_redis, "app$e")
+    real_redis.rpush(keys.sub_last_active(QM, "app$d"), "not a string")
     done = expire_idle_durables(real_redis, QM, 1, now_ms=10**13)
-    assert done.deleted == [] and ids(real_redis) == ["app$d"]
+    # its own subscription only is left alone, named; the others' expiry goes on
+    assert done.deleted == [] and ids(real_redis) == ["app$d", "app$e"]
     assert done.problems == [
-        "app$d: not looked at: foreign key: {TEST}:last_active holds a string, not a hash"
+        "app$d: not looked at: foreign key: {TEST}:sub:app$d:last_active holds a list, not a string"
     ]
-    assert real_redis.get(keys.last_active(QM)) == b"not a hash"
+    assert real_redis.lrange(keys.sub_last_active(QM, "app$d"), 0, -1) == [b"not a string"]
+
+
+def test_protocol_5s_shared_last_active_hash_of_another_type_stops_no_expiry(real_redis):
+    # Given the shared hash of protocol 5 planted with another type (a subscriber could write it then)
+    by_hand(real_redis, "app$d")
+    real_redis.set(keys.last_active(QM), "planted")
+    real_redis.set(keys.sub_last_active(QM, "app$d"), 0)
+    # When the expiry runs, Then it reads each subscription's own record and goes on
+    done = expire_idle_durables(real_redis, QM, 1, now_ms=10**13)
+    assert [d.sub_id for d in done.deleted] == ["app$d"] and done.problems == []

@@ -798,3 +798,45 @@ def test_chaos_history_check_accepts_a_refused_entry_whose_retry_was_delivered()
     history.add_publication(good)
     verdict = history.check(["a", "b"], [*dead, _dead_letter(good, "3-0", "foreign key: k holds a hash")])
     assert (verdict.lost, verdict.good_dead_lettered) == (1, 1)
+
+
+def _unavailable_copy(entry_id: str, sub_id: str) -> tuple[str, dict[bytes, bytes]]:
+    """A copy commit.lua dead-lettered for an unavailable subscription (its queue of another type)."""
+    reason = f"subscription unavailable: {{Q}}:sub:{sub_id} holds a string"
+    return (
+        "9-0",
+        {
+            b"envelope": b"{}\nx",
+            b"dlq.reason": reason.encode(),
+            b"dlq.entry_id": entry_id.encode(),
+            b"dlq.subscription": sub_id.encode(),
+        },
+    )
+
+
+def test_chaos_history_counts_a_copy_dead_lettered_for_an_unavailable_subscription_as_no_loss():
+    # Given two refusable publications to a and b: v.1 received by a, its copy for b dead-lettered
+    # (b unavailable); v.2 received by a only, nothing dead-lettered for b
+    history = History()
+    for n in (1, 2):
+        pub = Publication(
+            "v",
+            n,
+            f"v.{n}",
+            "/victim/x",
+            frozenset({"a", "b"}),
+            acked=True,
+            entry_id=f"{n}-0",
+            refusable=True,
+        )
+        history.add_publication(pub)
+        history.receive("a", f"v.{n}", f"{n}-0")
+    verdict = history.check(["a", "b"], [_unavailable_copy("1-0", "b")])
+    # Then v.1 is whole (its copy for b accounted for) and v.2 is half-applied
+    assert (verdict.unavailable_copies, verdict.half_applied, verdict.lost) == (1, 1, 0)
+    # And a good (not refusable) publication's copy dead-lettered is a failure
+    good = Publication("p", 1, "p.1", "/chaos/x", frozenset({"a"}), acked=True, entry_id="3-0")
+    history.add_publication(good)
+    history.receive("a", "p.1", "3-0")
+    verdict = history.check(["a", "b"], [_unavailable_copy("1-0", "b"), _unavailable_copy("3-0", "a")])
+    assert verdict.good_dead_lettered == 1 and not verdict.ok

@@ -219,3 +219,22 @@ def test_the_bulk_publisher_waits_per_batch_the_largest_delay_of_its_publishers(
     assert t.slept == slept
     assert done == {"a": 2, "b": 2} and added == [3, 1]
     assert real_redis.xlen(keys.publish_stream(QM)) == 4
+
+
+def test_each_publishers_flow_key_follows_only_the_queues_its_own_publications_went_to(
+    real_redis, flow_settings
+):
+    # Given a deep queue on /slow and an empty one on /fast, and publishers that do not wait for
+    # results (no reply: the flow key is all they learn), handled in one batch
+    slow = subscribe(real_redis, QM, "/slow", "c", "slow")
+    subscribe(real_redis, QM, "/fast", "c", "fast")
+    _fill(real_redis, slow.sub_id, 59)
+    stream = keys.publish_stream(QM)
+    for i in range(3):
+        real_redis.xadd(stream, publication_fields("ps", "/slow", b"x", msgid=f"s{i}"))
+        real_redis.xadd(stream, publication_fields("pf", "/fast", b"x", msgid=f"f{i}"))
+    worker = make_workers(real_redis, flow_settings, 1)[0]
+    assert worker.run_once() == 6
+    # Then the slow queue's publisher is asked the delay of the depth the call left (62), the other nothing
+    assert real_redis.get(keys.flow_key(QM, "ps")) == b"%d" % (600 * (62 - 10))
+    assert real_redis.exists(keys.flow_key(QM, "pf")) == 0

@@ -14,7 +14,8 @@ from broker.core import keys
 from broker.core.errors import CorruptRecord, ForeignKey
 from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
-from broker.topics.routing import RoutingTable, explain
+from broker.topics.explain import explain
+from broker.topics.routing import RoutingTable
 from broker.topics.subscriptions import read_subscriptions, unsubscribe
 
 QM = "TEST"

@@ -110,5 +110,5 @@ def test_a_garbage_envelope_is_invalid_message_and_dead_lettered_at_once(real_re
     real_redis.lpush(keys.sub_queue(QM, record.sub_id), garbage)
     assert consumer.receive_many(1) == []  # dead-lettered as it was taken, never handed over
     assert consumer.in_flight() == 0 and real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 0
-    (_, letter), *_ = real_redis.xrange(keys.dead_letter(QM))
+    (_, letter), *_ = real_redis.xrange(keys.sub_poison(QM, record.sub_id))
     assert letter[b"envelope"] == garbage and letter[b"dlq.reason"].startswith(b"malformed envelope: ")

@@ -6,6 +6,9 @@ key separator) and checks the four promises: the unit of work is all or
 nothing, a publication that cannot be delivered is refused as a whole with a
 true reason (dead-lettered, reply posted once), every entry ends delivered or
 dead-lettered in its publisher's order, and the foreign key is left as it was.
+A subscriber queue of another type refuses a publication as a whole only under PMSGDLV(ALL)
+(or ALLDUR); under ALLAVAIL, the default, it makes only its subscription unavailable
+(``test_unavailable_subscriptions.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from broker.core.errors import ForeignKey
 from broker.core.models import publication_fields
 from broker.operations.maintenance import trim_acknowledged
 from broker.testing import drain, make_workers, queue_messages
+from broker.topics.topic_objects import Attributes, define
 
 QM = "TEST"
 
@@ -51,8 +55,13 @@ def _replies(client: redis.Redis, publisher: str, msgid: str) -> list[dict]:
 @pytest.mark.parametrize(
     ("good", "bad"), [("good$g", "bad$b"), ("zz$good", "aa$bad")], ids=["bad-sorts-first", "bad-sorts-last"]
 )
-def test_foreign_subscriber_queue_refuses_the_publication_as_a_whole(real_redis, settings, good, bad):
-    # Given two subscriptions on /T/# and a string planted where one's queue (a list) belongs
+def test_foreign_subscriber_queue_under_pmsgdlv_all_refuses_the_publication_as_a_whole(
+    real_redis, settings, good, bad
+):
+    # Given two subscriptions on /T/# under PMSGDLV(ALL) and a string planted where one's queue (a
+    # list) belongs (under ALLAVAIL, the default, only that subscription is unavailable:
+    # test_unavailable_subscriptions.py)
+    define(real_redis, QM, "T", "/T", Attributes(pmsgdlv="ALL"))
     for sub_id in (good, bad):
         client_id, name = sub_id.split("$")
         subscribe(real_redis, QM, "/T/#", client_id, name)
@@ -88,7 +97,8 @@ def test_foreign_subscriber_queue_refuses_the_publication_as_a_whole(real_redis,
 
 
 def test_a_foreign_queue_refuses_only_the_publications_that_go_to_it_in_a_batch(real_redis, settings):
-    # Given a healthy subscription on /ok and a foreign key where /bad's subscriber queue belongs
+    # Given a healthy subscription on /ok and a foreign key where /bad's subscriber queue belongs, under ALL
+    define(real_redis, QM, "BAD", "/bad", Attributes(pmsgdlv="ALL"))
     subscribe(real_redis, QM, "/ok", "app", "ok")
     subscribe(real_redis, QM, "/bad", "app", "bad")
     real_redis.hset(keys.sub_queue(QM, "app$bad"), "a", "b")
@@ -329,7 +339,8 @@ def test_a_round_whose_every_entry_was_refused_in_dequeue_blocks_as_idle(real_re
 
 
 def test_retry_of_a_delivered_message_is_a_duplicate_even_when_a_queue_became_foreign(real_redis, settings):
-    # Given a message delivered to two subscriptions, then a foreign key planted on one queue
+    # Given a message delivered to two subscriptions under PMSGDLV(ALL), then a foreign key planted on one queue
+    define(real_redis, QM, "T", "/T", Attributes(pmsgdlv="ALL"))
     subscribe(real_redis, QM, "/T/#", "app", "a")
     subscribe(real_redis, QM, "/T/#", "app", "b")
     workers = make_workers(real_redis, settings, 1)

@@ -206,6 +206,7 @@ def test_default_maxdepth_bounds_every_queue_no_topic_object_bounds(real_redis, 
     subscribe(real_redis, QM, "t/#", "app", "durable")
     subscribe(real_redis, QM, "free/#", "app", "free")
     define(real_redis, QM, "FREE", "free", Attributes(maxdepth="NOLIMIT"))  # an object's NOLIMIT wins
+    alter(real_redis, QM, BASE, pmsgdlv="ALLDUR")  # the base's default is ALLAVAIL (issue 27)
     stream = keys.publish_stream(QM)
     for i in range(3):
         real_redis.xadd(stream, publication_fields("p", "t/x", b"np%d" % i, persistent=False, msgid=f"n{i}"))

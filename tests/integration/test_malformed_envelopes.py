@@ -49,7 +49,9 @@ def _queue_bad_then_good(client, sub_id: str, bad: bytes, good: int = 2) -> None
 
 
 def _dead_letters(client) -> list[dict[bytes, bytes]]:
-    return [fields for _, fields in client.xrange(keys.dead_letter(QM))]
+    """Every poison message of every subscription (each its own stream ``keys.sub_poison``)."""
+    streams = sorted(client.scan_iter(match=keys.sub_poison(QM, "*")))
+    return [fields for stream in streams for _, fields in client.xrange(stream)]
 
 
 def _assert_dead_lettered(client, sub_id: str, bad: bytes) -> None:
@@ -132,17 +134,22 @@ def test_a_malformed_envelope_given_back_by_a_dead_consumer_is_dead_lettered_onc
     _assert_dead_lettered(real_redis, sub_id, bad)
 
 
-def test_reject_script_works_after_script_flush_and_in_a_pipeline(real_redis, settings):
-    sub_id, consumer = _consumer(real_redis, settings, "flush")
+def test_broker_reject_works_after_function_flush_and_in_a_pipeline(real_redis, settings):
+    _, consumer = _consumer(real_redis, settings, "flush")
     real_redis.lpush(consumer.inflight, b"x", b"y")
-    real_redis.script_flush()
+    real_redis.function_flush()
     assert consumer.dead_letter_malformed([(b"x", "malformed envelope: test")]) == 1
-    real_redis.script_flush()
     pipe = real_redis.pipeline()
-    consumer._scripts.reject(
-        keys=consumer._reject_keys,
-        args=[sub_id, 100, b"y", "malformed envelope: test", b"z", "r"],
-        client=pipe,
+    pipe.fcall(
+        "broker_reject",
+        1,
+        consumer.queue,
+        consumer.consumer_id,
+        100,
+        b"y",
+        "malformed envelope: test",
+        b"z",
+        "r",
     )
     assert pipe.execute() == [1]  # "z" was not in flight: not dead-lettered
     assert consumer.in_flight() == 0 and len(_dead_letters(real_redis)) == 2

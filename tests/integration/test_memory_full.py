@@ -200,6 +200,23 @@ def test_a_full_server_never_refuses_a_publication_for_its_dedup_record(client, 
     assert _keys(client, "{MEM}:dedup:*") and _pending(client) == {}
 
 
+def test_a_full_server_never_makes_a_subscription_unavailable(client, settings):
+    # A publication without a message id (no dedup record) asking for no result: its first write is
+    # a push, made with redis.pcall (a push refused for a key of another type makes its subscription
+    # unavailable, issue 27); refused for memory, it must stop the script instead. USEDLQ(NO): no
+    # dead letter of its copy would stop the script later
+    define(client, QM, "QUIET", "quiet", Attributes(usedlq="NO"))
+    sub = subscribe(client, QM, "quiet/#", "app", "a")
+    client.xadd(keys.publish_stream(QM), publication_fields("p", "quiet/1", b"x"))
+    (worker,) = make_workers(client, settings, 1)
+    with full(client), pytest.raises(ServerFull):
+        worker.run_once(block=False)
+    assert client.xlen(keys.dead_letter(QM)) == 0 and client.hlen(keys.skipped(QM)) == 0
+    assert len(_pending(client)) == 1
+    drain([worker])
+    assert _bodies(client, sub.sub_id) == [b"x"] and _pending(client) == {}
+
+
 # -- workers -----------------------------------------------------------------------------------
 
 

@@ -164,7 +164,8 @@ def test_every_redis_cli_example_of_docs_protocol_md_runs_as_written(real_server
         # Then each one succeeds (redis-cli prints a refused command as "(error) ..." or "ERR ...")
         assert done.returncode == 0 and not done.stderr, (command, done.stderr)
         assert b"ERR" not in done.stdout and b"(error)" not in done.stdout, (command, done.stdout)
-        name = command.split()[3] if "<<" not in command else "MULTI"
+        words = command.split()
+        name = "MULTI" if "<<" in command else words[4] if words[3].startswith("FCALL") else words[3]
         out[name] = done.stdout
         if name == "XADD":
             drain(make_workers(real_redis, settings.model_copy(update={"qm": qm}), 1))
@@ -174,14 +175,20 @@ def test_every_redis_cli_example_of_docs_protocol_md_runs_as_written(real_server
     assert [r.sub_id for r in list_subscriptions(real_redis, qm)] == [sub_id]
     # the publication delivered to it, with its result,
     assert b'"status":"delivered"' in out["BLPOP"] and b'"subscriptions":1' in out["BLPOP"]
-    # a lease that ends 30 s from the server's now (neither passed nor never-ending),
+    # taken by broker_receive: status ok, none expired, the envelope, delivery count 1,
+    received = out["broker_receive"].splitlines()
+    assert received[:2] == [b"ok", b"0"] and received[-1] == b"1"
+    assert b"hello" in out["broker_receive"]
+    # under a lease that ends 30 s from the server's now (neither passed nor never-ending),
     seconds, micros = real_redis.time()
     now_ms = seconds * 1000 + micros // 1000
     deadline = real_redis.zscore(keys.sub_consumers(qm, sub_id), "c1")
     assert deadline is not None and now_ms + 25_000 < deadline <= now_ms + 30_000
-    # the message taken into c1's in-flight list, then acknowledged with its exact bytes,
-    assert out["LMOVE"].endswith(b"hello\n")
-    assert out["--raw"].strip() == b"1"  # the LINDEX | LREM pipeline: LREM removed one
+    # then acknowledged with its exact bytes (the LINDEX | FCALL broker_ack pipeline: one removed),
+    assert out["--raw"].strip() == b"1"
     assert real_redis.llen(keys.consumer_inflight(qm, sub_id, "c1")) == 0
-    # and the bell rung by the delivery, waited on without taking it
-    assert out["BLMOVE"].strip() == b"1" and real_redis.llen(keys.sub_bell(qm, sub_id)) == 1
+    # the bell cleared by the receive that emptied the queue (the wait timed out), nothing to
+    # recover, and nothing left to browse
+    assert out["BLMOVE"].strip() == b"" and real_redis.llen(keys.sub_bell(qm, sub_id)) == 0
+    assert out["broker_recover"].split() == [b"0", b"0", b"0"]
+    assert out["broker_browse"].strip() == b""

@@ -306,7 +306,6 @@ def test_subscriber_consumes_and_acknowledges_its_own_subscriptions_only(scene: 
     c2_inflight = keys.consumer_inflight(QM, c2, "cons2")
     held = admin.lindex(c2_inflight, 0)
     own_inflight = keys.consumer_inflight(QM, scene.subs["c1"].sub_id, "s1")
-    receive = sha(admin, "receive")
     forbidden = [
         ("LRANGE", scene.queue("c2"), "0", "-1"),
         ("LMOVE", scene.queue("c2"), own_inflight, "RIGHT", "LEFT"),  # another's message into its own hands
@@ -317,8 +316,31 @@ def test_subscriber_consumes_and_acknowledges_its_own_subscriptions_only(scene: 
         ("ZADD", keys.sub_consumers(QM, c2), "1", "s1"),
         ("DEL", scene.queue("c2")),
         ("HSET", keys.sub_redelivered(QM, c2), "1-0", "9"),
-        ("EVALSHA", receive, "1", keys.sub_consumers(QM, c2), "s1", "1"),  # the consumer script on c2
+        # the function library on another client's subscription: bound by its key patterns
+        ("FCALL", "broker_receive", "1", scene.queue("c2"), "s1", "1"),
+        ("FCALL", "broker_ack", "1", scene.queue("c2"), "cons2", held),
+        ("FCALL", "broker_recover", "1", scene.queue("c2"), "", "0", "", "0", "cons2"),
+        ("FCALL", "broker_reject", "1", scene.queue("c2"), "cons2", "", held, "x"),
+        ("FCALL_RO", "broker_browse", "1", scene.queue("c2")),
+        # no scripts of its own (a loop would freeze the server), and no loading of functions
+        ("EVAL", "return 1", "0"),
         ("EVAL", "return redis.call('LRANGE', ARGV[1], 0, -1)", "0", scene.queue("c2")),  # a key not declared
+        ("EVALSHA", sha(admin, "give_up"), "0"),
+        ("SCRIPT", "LOAD", "return 1"),
+        ("FUNCTION", "LOAD", "REPLACE", "#!lua name=evil\nredis.register_function('evil', function() end)"),
+        ("FUNCTION", "DELETE", "broker"),
+        ("FUNCTION", "FLUSH"),
+        # the broker's shared keys (issue 27's probes): no write on them at all
+        ("XTRIM", keys.dead_letter(QM), "MAXLEN", "0"),
+        ("DEL", keys.dead_letter(QM)),
+        ("SET", keys.dead_letter(QM), "planted"),
+        ("RENAME", keys.dead_letter(QM), keys.sub_queue(QM, "c1$stolen")),
+        ("XADD", keys.dead_letter(QM), "*", "publisher", "svc-7", "topic", "t/x", "dlq.reason", "forged"),
+        ("SET", keys.last_active(QM), "planted"),
+        ("DEL", keys.last_active(QM)),
+        ("HSET", keys.last_active(QM), c2, "0"),
+        ("SET", keys.expired(QM), "planted"),
+        ("HSET", keys.expired(QM), c2, "9"),
         ("LRANGE", keys.sub_queue(OTHER, "c1$d"), "0", "-1"),  # its client id on another queue manager
         ("HSET", keys.subscriptions(QM), "c1$new", '{"filter":"#","durable":true,"created_ms":0}'),
         ("HDEL", keys.subscriptions(QM), c2),
@@ -352,7 +374,7 @@ def test_subscriber_consumes_and_acknowledges_its_own_subscriptions_only(scene: 
     sub.close()  # the unacknowledged one goes back to the queue
     assert [m.body for m in queue_messages(admin, QM, scene.subs["c1"].sub_id)] == [b"m2"]
     assert admin.zcard(consumers) == 0
-    assert admin.hexists(keys.last_active(QM), scene.subs["c1"].sub_id)
+    assert int(admin.get(keys.sub_last_active(QM, scene.subs["c1"].sub_id))) > 0
 
     # A dead consumer's message is recovered by the next one, and dead-lettered past max_redeliveries
     clock = [int(time.time() * 1000)]
@@ -366,17 +388,17 @@ def test_subscriber_consumes_and_acknowledges_its_own_subscriptions_only(scene: 
     later = Subscriber(
         client, QM, scene.subs["c1"], strict, consumer_id="s3", heartbeat=False, clock_ms=lambda: clock[0]
     )
-    _, dead = admin.xrange(keys.dead_letter(QM))[-1]
+    _, dead = admin.xrange(keys.sub_poison(QM, scene.subs["c1"].sub_id))[-1]
     assert Message.from_envelope(dead[b"envelope"]).body == b"m2"
     assert dead[b"dlq.subscription"] == scene.subs["c1"].sub_id.encode()
     later.close()
 
-    # A malformed element in its queue is dead-lettered by the subscriber user itself (reject.lua)
+    # A malformed element in its queue is made a poison message by the subscriber user itself
     admin.lpush(scene.queue("c1"), b"no header line")
     reader = Subscriber(client, QM, scene.subs["c1"], settings, consumer_id="s5", heartbeat=False)
     assert reader.receive_many(10) == [] and reader.in_flight() == 0
     reader.close()
-    _, dead = admin.xrange(keys.dead_letter(QM))[-1]
+    _, dead = admin.xrange(keys.sub_poison(QM, scene.subs["c1"].sub_id))[-1]
     assert dead[b"envelope"] == b"no header line" and dead[b"dlq.reason"].startswith(b"malformed envelope")
 
     # A non-durable subscription an administrator made for it: closing leaves its removal to the workers
@@ -537,7 +559,8 @@ def test_monitor_reads_the_status_and_writes_nothing(scene: Scene) -> None:
         ("XGROUP", "CREATE", keys.publish_stream(QM), "spy", "0"),
         ("XREADGROUP", "GROUP", "workers", "spy", "COUNT", "1", "STREAMS", keys.publish_stream(QM), ">"),
         ("XACK", keys.publish_stream(QM), "workers", "0-1"),
-        ("EVALSHA", sha(admin, "recover"), "1", keys.sub_consumers(QM, sub)),
+        ("FCALL", "broker_recover", "1", scene.queue("c1")),
+        ("FCALL_RO", "broker_browse", "1", scene.queue("c1")),
         ("EVALSHA", sha(admin, "commit"), "0"),
         ("EVAL", "return 1", "0"),
         ("SCRIPT", "LOAD", "return 1"),

@@ -247,8 +247,8 @@ def test_a_message_that_expires_while_waiting_is_never_handed_over(real_redis, s
     assert [m.body for m in sub.browse(10)] == [b"fresh"]
     got = sub.receive_many(10)
     assert [d.message.body for d in got] == [b"fresh"]
-    assert int(real_redis.hget(keys.expired(QM), record.sub_id)) == 1
-    dead = real_redis.xrange(keys.dead_letter(QM))
+    assert int(real_redis.get(keys.sub_expired(QM, record.sub_id))) == 1
+    dead = real_redis.xrange(keys.sub_poison(QM, record.sub_id))
     assert len(dead) == (1 if to_dlq else 0)
     if to_dlq:
         assert b"expired while waiting" in dead[0][1][b"dlq.reason"]

@@ -11,10 +11,9 @@ consumers), and every dead letter the broker wrote before must still be there. W
 ``broker.testing``'s, in the test's process, driven round by round; the consumers' clock is
 injected; nothing sleeps.
 
-One test per harmful operation, then one with all of them. The ones the code does not withstand
-yet are strict xfails naming the branch of issue 27 that fixes them (h-fn: the subscriber's writes
-on ``{qm}:dlq``, ``{qm}:expired``, ``{qm}:last_active`` and its scripts; h-unavail: a subscription
-whose own queue holds another type is unavailable, not a refusal for everyone).
+One test per harmful operation, then one with all of them. The subscriber has no write on
+``{qm}:dlq``, ``{qm}:expired``, ``{qm}:last_active`` and no scripts of its own; a subscription whose
+own queue holds another type is unavailable, not a refusal for everyone.
 """
 
 from __future__ import annotations
@@ -49,9 +48,6 @@ NOW_MS = 1_800_000_000_000
 BUSY_LOOP = "while true do end"
 #: The body of the dead letter the subscriber forges: it must not be in the dead-letter queue after.
 FORGED = b"forged by a subscriber"
-
-FN = "issue 27 parts 1-2 (h-fn): the subscriber still writes {qm}:dlq, {qm}:expired, {qm}:last_active and runs scripts"
-UNAVAIL = "issue 27 (h-unavail): a subscription whose own queue holds another type still refuses everyone's publication"
 
 
 @dataclass
@@ -149,7 +145,6 @@ class Harm:
 
     id: str
     attempt: Callable[[Scene], None]
-    pending: str | None = None
 
 
 def _other_queue(scene: Scene) -> str:
@@ -159,21 +154,20 @@ def _other_queue(scene: Scene) -> str:
 
 HARMS: tuple[Harm, ...] = (
     # the broker's dead letters
-    Harm("trim-the-dead-letters", lambda s: s.evil.xtrim(keys.dead_letter(QM), maxlen=0), FN),
-    Harm("delete-the-dead-letters", lambda s: s.evil.delete(keys.dead_letter(QM)), FN),
+    Harm("trim-the-dead-letters", lambda s: s.evil.xtrim(keys.dead_letter(QM), maxlen=0)),
+    Harm("delete-the-dead-letters", lambda s: s.evil.delete(keys.dead_letter(QM))),
     Harm(
         "rename-the-dead-letters",
         lambda s: s.evil.rename(keys.dead_letter(QM), keys.sub_queue(QM, f"{EVIL}$stolen")),
-        FN,
     ),
-    Harm("plant-the-dead-letter-queue", _plant(lambda s: keys.dead_letter(QM)), FN),
-    Harm("forge-a-dead-letter", _forge_dead_letter, FN),
+    Harm("plant-the-dead-letter-queue", _plant(lambda s: keys.dead_letter(QM))),
+    Harm("forge-a-dead-letter", _forge_dead_letter),
     # keys shared by every subscription
-    Harm("plant-last-active", _plant(lambda s: keys.last_active(QM)), FN),
-    Harm("plant-expired", _plant(lambda s: keys.expired(QM)), FN),
-    Harm("busy-loop-in-eval", _busy_loop, FN),
+    Harm("plant-last-active", _plant(lambda s: keys.last_active(QM))),
+    Harm("plant-expired", _plant(lambda s: keys.expired(QM))),
+    Harm("busy-loop-in-eval", _busy_loop),
     # its own subscription's keys
-    Harm("plant-its-own-queue", _plant(lambda s: keys.sub_queue(QM, s.evil_sub.sub_id)), UNAVAIL),
+    Harm("plant-its-own-queue", _plant(lambda s: keys.sub_queue(QM, s.evil_sub.sub_id))),
     Harm("plant-its-own-bell", _plant(lambda s: keys.sub_bell(QM, s.evil_sub.sub_id))),
     Harm("plant-its-own-inflight-list", _plant(lambda s: keys.sub_inflight(QM, s.evil_sub.sub_id))),
     Harm("plant-its-own-consumers", _plant(lambda s: keys.sub_consumers(QM, s.evil_sub.sub_id))),
@@ -295,15 +289,7 @@ def _after_harm(scene: Scene, harms: tuple[Harm, ...], settings: Settings) -> tu
     return scene.harms, allowed
 
 
-@pytest.mark.parametrize(
-    "harm",
-    [
-        pytest.param(
-            h, id=h.id, marks=[pytest.mark.xfail(strict=True, reason=h.pending)] if h.pending else []
-        )
-        for h in HARMS
-    ],
-)
+@pytest.mark.parametrize("harm", [pytest.param(h, id=h.id) for h in HARMS])
 def test_a_subscribers_harmful_operation_stops_no_other_subscriptions_delivery(
     real_redis: redis.Redis, real_server: Server, users: Users, settings: Settings, harm: Harm
 ) -> None:
@@ -314,7 +300,6 @@ def test_a_subscribers_harmful_operation_stops_no_other_subscriptions_delivery(
     assert harms == []
 
 
-@pytest.mark.xfail(strict=True, reason=f"{FN}; {UNAVAIL}")
 def test_after_a_subscriber_tries_every_harmful_operation_delivery_to_every_other_subscription_goes_on(
     real_redis: redis.Redis, real_server: Server, users: Users, settings: Settings
 ) -> None:
@@ -330,7 +315,7 @@ def test_the_subscribers_acl_refuses_the_harmful_operations_on_other_clients_key
 ) -> None:
     # Given a subscriber user; When it tries every harmful operation on keys that are not its own
     scene = _given(real_redis, real_server, users)
-    not_its_own = tuple(h for h in HARMS if h.pending is None and "its-own" not in h.id)
+    not_its_own = tuple(h for h in HARMS if "its-own" not in h.id)
     harms, allowed = _after_harm(scene, not_its_own, settings)
     # Then its ACL refused every one (NOPERM), and nothing was harmed
     assert allowed == []

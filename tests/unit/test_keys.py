@@ -28,6 +28,9 @@ def test_every_key_shares_the_queue_manager_hash_tag():
         keys.workers(QM),
         keys.active_publishers(QM),
         keys.last_active(QM),
+        keys.sub_poison(QM, "a$b"),
+        keys.sub_expired(QM, "a$b"),
+        keys.sub_last_active(QM, "a$b"),
         keys.schedules(QM),
     ]
     assert all(name.startswith("{TEST}:") for name in names)

@@ -79,6 +79,10 @@ def test_dead_letter_reasons_the_broker_writes_map_to_their_codes():
         "publishing on 'x' is disabled: topic object 'X' has PUB(DISABLED)": "pub_disabled",
         "subscriber queue {Q}:sub:a$b is full (MAXDEPTH 3, delivery ALL); delivered to no subscription": "queue_full",
         "foreign key: {Q}:sub:a$b holds a string, not a list; delivered to no subscription": "foreign_key",
+        "subscription unavailable: {Q}:sub:a$b holds a string": "subscription_unavailable",
+        "subscription unavailable: {Q}:sub:a$b:p7 holds a hash (delivery ALL); delivered to no subscription": (
+            "subscription_unavailable"
+        ),
         "taken over 6 times without being handled: its workers died (max_deliveries 5)": "max_deliveries",
         "delivered 11 times to consumers that died without acknowledging it (max_redeliveries 10)": "max_redeliveries",
         "expired while waiting in subscription a$b": "expired",

@@ -23,8 +23,8 @@ def test_the_registry_names_every_script_in_broker_lua_but_lib() -> None:
 
 def test_register_gives_a_script_that_starts_with_lib_and_refuses_an_unknown_name() -> None:
     client = fakeredis.FakeRedis()
-    script = scripts.register(client, "ack")
-    assert script.script == scripts.script_source("ack")
+    script = scripts.register(client, "give_up")
+    assert script.script == scripts.script_source("give_up")
     assert "local function require_types" in script.script
     with pytest.raises(KeyError, match="no script 'acks'"):
         scripts.register(client, "acks")
@@ -37,3 +37,22 @@ def test_no_module_of_the_product_registers_a_script_itself() -> None:
     # Then none calls register_script or loads a script's source: each asks broker.scripts.register
     own = [str(p) for p in sources if re.search(r"register_script\(|script_source\(", p.read_text())]
     assert sources and own == []
+
+
+def test_the_function_library_is_lib_then_each_library_file_with_the_protocol_version() -> None:
+    from broker.core import keys, library
+
+    # Given the files shipped in broker/lua/library
+    shipped = {
+        p.name[:-4]
+        for p in resources.files("broker").joinpath("lua", "library").iterdir()
+        if p.name.endswith(".lua")
+    }
+    source = library.library_source()
+    # Then the library is named broker, carries PROTOCOL_VERSION, starts with lib.lua, and holds
+    # every file once, each function registered with a broker_ name
+    assert shipped == {"subscription", *library.LIBRARY_FILES}
+    assert source.startswith(f"#!lua name=broker\nlocal PROTOCOL_VERSION = {keys.PROTOCOL_VERSION}\n")
+    assert source.count("local function require_types") == 1
+    names = re.findall(r"function_name = '([a-z_]+)'", source)
+    assert sorted(names) == sorted(library.FUNCTIONS)

@@ -26,6 +26,8 @@ from broker.core.topic_rules import (
     validate_filter,
     validate_topic,
 )
+from broker.topics.copies import one_copy
+from broker.topics.subscriptions import SubscriptionRecord
 
 # --------------------------------------------------------------------------
 # Constants
@@ -657,11 +659,23 @@ def test_backward_link_is_allowed_and_closure_terminates() -> None:
     assert graph.targets("/C") == {"/A": True}
 
 
-def test_link_to_itself_raises_invalid_link() -> None:
-    with pytest.raises(InvalidLink):
-        LinkGraph().add("/A", "/A")
-    with pytest.raises(InvalidLink):
-        LinkGraph().add("/A", "/A", backward=True)
+def test_a_link_to_itself_is_accepted_listed_removable_and_delivers_once() -> None:
+    # Given seed 000: linked topics "can be recursive ... simply by referring to themselves"
+    graph = LinkGraph()
+    graph.add("/A", "/B")
+    # When /A and /B are linked to themselves (forward: no cycle check refuses it)
+    graph.add("/A", "/A")
+    graph.add("/B", "/B", backward=True)
+    # Then each is listed, a publication reaches each topic once, and the self-link is removable
+    assert graph.links() == [("/A", "/A", False), ("/A", "/B", False), ("/B", "/B", True)]
+    assert graph.closure("/A") == ["/A", "/B"]
+    assert graph.closure("/B") == ["/B"]
+    graph.add("/B", "/A", backward=True)  # a cycle through a self-linked topic still ends
+    assert graph.closure("/B") == ["/B", "/A"]
+    graph.remove("/A", "/A")
+    assert graph.targets("/A") == {"/B": False}
+    with pytest.raises(LinkCycle):  # other cycles are still refused
+        graph.add("/B", "/A")
 
 
 @pytest.mark.parametrize(("source", "target"), [("a/#", "b"), ("a", "b/+"), ("", "b")])
@@ -801,6 +815,8 @@ def test_shared_filter_matches_on_its_filter_part(topic_filter, topic, expected)
         ("$share/g+/a", "must not contain '+' or '#'"),
         ("$share/#/a", "must not contain '+' or '#'"),
         ("$share/g/a#", "'#' must occupy a whole level"),
+        ("$share/g1/$share/t", "must not be a $share filter"),  # EMQX refuses it
+        ("$share/g1/$share/g2/t", "must not be a $share filter"),
     ],
 )
 def test_invalid_shared_subscription_syntax_is_refused(topic_filter, reason):
@@ -815,3 +831,14 @@ def test_split_shared_returns_share_name_and_filter():
     assert split_shared("$share/grp/a/+") == ("grp", "a/+")
     assert split_shared("a/+") == ("", "a/+")
     assert split_shared("$sharex/a") == ("", "$sharex/a")
+
+
+def test_one_copy_keeps_the_earliest_made_and_groups_up_to_the_first_without_a_selector() -> None:
+    made = {"c$z": 1, "c$sel": 2, "c$plain": 3, "c$late": 4, "d$x": 5, "d$y": 6, "e$only": 7}
+    records = {s: SubscriptionRecord(s, "/t", True, ms) for s, ms in made.items()}
+    # c and d are set; c's earliest-made two have selectors, d's none; e has one subscription
+    kept, groups = one_copy(set(made), frozenset({"c", "d", "e"}), records, {"c$z", "c$sel"})
+    assert kept == {"c$z", "c$sel", "c$plain", "d$x", "e$only"}
+    assert groups == (("c$z", "c$sel", "c$plain"),)
+    # clients not set keep every subscription
+    assert one_copy(set(made), frozenset(), records, set()) == (set(made), ())

@@ -127,8 +127,8 @@ def plan(
         more matched than ``limit``, "skipped": [(id, why)] (replay: entries it would skip),
         "replayable": n, "live_workers": workers running (replay), else None}``.
     """
-    if ids is not None:  # ids not of the form <ms>-<n> name no dead letter
-        ids = [i for i in dict.fromkeys(ids) if dead_letters.DLQ_ID.match(i)]
+    if ids is not None:  # ids not of the form <ms>-<n> (or <sub id>/<ms>-<n>) name no dead letter
+        ids = [i for i in dict.fromkeys(ids) if dead_letters.is_dead_letter_id(i)]
         if not ids:
             return {
                 "ids": [],

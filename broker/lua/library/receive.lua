@@ -1,0 +1,170 @@
+-- broker_receive, broker_renew (allow-oom: they run on a full server too, maxmemory reached;
+-- lib.lua): taking messages moves them (LRANGE + LTRIM of a band, LPUSH onto the in-flight
+-- list) and renews a lease, adding no memory to speak of, and consuming (then
+-- acknowledging, broker_ack) is how a full server's memory is freed.
+-- A consumer takes up to N messages of one subscription into its own in-flight
+-- list, highest priority first (Jakarta Messaging §3.4.10), oldest first within
+-- a priority. The call is also the consumer's heartbeat: its lease is renewed.
+-- A message whose expiration has passed is never handed over: it is counted in the
+-- subscription's own expired count (and kept as a poison message when asked). The
+-- delivery count of a message redelivered after its consumer died comes from the
+-- redelivery hash. docs/protocol.md is the API.
+--
+-- KEYS[1] the subscription's key "{qm}:sub:<id>" (subscription.lua derives the others:
+--   consumers zset consumer -> lease deadline ms, this consumer's in-flight list, the bell
+--   (one element while messages may wait), redelivery counts, the holder (string consumer
+--   id, held while its lease runs), poison stream, expired count, the ten priority bands)
+-- ARGV[1] consumer id
+-- ARGV[2] most messages to take, default 1; 0 makes the call a heartbeat only
+-- ARGV[3] lease_ms of the consumer, default 10000
+-- ARGV[4] now, ms since the epoch, or "" for the server's clock
+-- ARGV[5] the consumer mode: shared (0); exclusive (1, must hold the subscription);
+--   activestandby (2, must hold it to receive; waits as a standby, registered, while another
+--   holds it); "": the subscription record's
+-- ARGV[6] 1: expired messages are kept as poison messages; 0 (default): dropped (counted)
+-- ARGV[7] approximate cap of the poison stream, default 100000
+-- ARGV[8] max_consumers_per_subscription, default 1000: a consumer not attached (no live lease)
+--   is refused while this many consumers have live leases; 0: no limit
+-- returns {status, expired, env1, count1, env2, count2, ...}
+--   status: "ok" | "standby" (another consumer holds the subscription: nothing taken)
+--     | "full" (max_consumers_per_subscription live consumers already: nothing written; the
+--     second value is how many)
+--   count: the delivery count (JMSXDeliveryCount), 1 for a first delivery
+-- errors "BROKER foreign key: ..." (a key of another type), "BROKER bad argument: ...",
+--   "BROKER not a subscription key: ...", all before any write
+
+-- most values one LPUSH is given (unpack() takes at most about 8000)
+local PUSH_CHUNK = 1000
+
+local function receive(KEYS, ARGV)
+  local sub = subscription_keys(KEYS[1])
+  local consumer = consumer_arg(ARGV[1], true)
+  local max_n = count_arg(ARGV[2], 'most messages', 1)
+  local lease_ms = count_arg(ARGV[3], 'lease_ms', 10000)
+  local now = now_arg(ARGV[4])
+  local mode = mode_arg(ARGV[5], sub)
+  local must_hold, standby_ok = mode ~= '0', mode == '2'
+  local to_dlq, dlq_len, sub_id = ARGV[6] == '1', count_arg(ARGV[7], 'poison cap', 100000), sub.id
+  local max_consumers = count_arg(ARGV[8], 'most consumers', 1000)
+  local consumers, inflight, bell, redelivered = sub.consumers, sub.inflight_prefix .. consumer, sub.bell, sub.redelivered
+  local active, dlq, expired, band_keys = sub.holder, sub.poison, sub.expired, sub.bands
+
+  -- The keys this call may use are checked (the holder only for a mode that has one, the
+  -- poison stream only when expired messages go there). Only a band that exists can be
+  -- foreign, and usually only the default one (KEYS[1]) does: two EXISTS calls tell, and
+  -- then only the bands that may hold messages are checked and read.
+  local checks = {{consumers, 'zset'}, {inflight, 'list'}, {bell, 'list'}, {redelivered, 'hash'},
+                  {expired, 'string'}}
+  if must_hold then checks[#checks + 1] = {active, 'string'} end
+  if to_dlq then checks[#checks + 1] = {dlq, 'stream'} end
+  local bands = {}
+  local default_band = redis.call('EXISTS', KEYS[1])
+  if redis.call('EXISTS', unpack(band_keys)) == default_band then
+    if default_band == 1 then bands[1] = KEYS[1] end
+  else
+    bands = band_keys
+  end
+  for _, k in ipairs(bands) do checks[#checks + 1] = {k, 'list'} end
+  require_types(checks)
+
+  if max_consumers > 0 then
+    -- a consumer joins when it has no live lease; refused, before any write, when the
+    -- subscription has max_consumers live ones (standbys included)
+    local mine = tonumber(redis.call('ZSCORE', consumers, consumer) or '-1')
+    if mine < now then
+      local live = redis.call('ZCOUNT', consumers, now, '+inf')
+      if live >= max_consumers then return {'full', live} end
+    end
+  end
+  if must_hold then
+    -- the holder keeps the subscription while its lease (its deadline in the
+    -- consumers zset) runs; a dead holder's messages are given back by broker_recover
+    local holder = redis.call('GET', active)
+    if holder and holder ~= consumer then
+      local deadline = tonumber(redis.call('ZSCORE', consumers, holder) or '0')
+      if deadline >= now then
+        -- a standby (active-standby) is a consumer too; a refused second exclusive one is not
+        if standby_ok then redis.call('ZADD', consumers, now + lease_ms, consumer) end
+        return {'standby', 0}
+      end
+    end
+    if holder ~= consumer then redis.call('SET', active, consumer) end
+  end
+  redis.call('ZADD', consumers, now + lease_ms, consumer)
+
+  local out = {'ok', 0}
+  local any_redelivered = redis.call('EXISTS', redelivered) == 1
+  local taken, n_expired = 0, 0
+  -- A band's oldest messages are its rightmost: take up to the number still wanted with one
+  -- LRANGE and one LTRIM, and push the ones handed over onto the in-flight list with LPUSH
+  -- (oldest first, so it ends as a run of LMOVE ... RIGHT LEFT would leave it: newest on
+  -- the left). Only an envelope that holds the text "expiration": has its header read.
+  local function hand_over(keep)
+    for i = 1, #keep, PUSH_CHUNK do
+      redis.call('LPUSH', inflight, unpack(keep, i, math.min(i + PUSH_CHUNK - 1, #keep)))
+    end
+  end
+  for _, band in ipairs(bands) do
+    while taken < max_n do
+      local want = max_n - taken
+      local envs = redis.call('LRANGE', band, -want, -1)
+      if #envs == 0 then break end
+      redis.call('LTRIM', band, 0, -(#envs + 1))
+      local keep = {}
+      for i = #envs, 1, -1 do
+        local env = envs[i]
+        local expiration, entry_id = 0, nil
+        if string.find(env, '"expiration":', 1, true) then
+          local head = envelope_head(env)
+          expiration = tonumber(string.match(head, '"expiration":(%d+)') or '0')
+          entry_id = string.match(head, '"entry_id":"([^"]*)"') or ''
+        end
+        if expiration > 0 and expiration <= now then
+          n_expired = n_expired + 1
+          if any_redelivered then redis.call('HDEL', redelivered, entry_id) end
+          if to_dlq then
+            dead_letter_envelope(dlq, dlq_len, env, 'expired while waiting in subscription ' .. sub_id,
+              entry_id, sub_id)
+          end
+        else
+          local count = 1
+          if any_redelivered then
+            entry_id = entry_id or string.match(envelope_head(env), '"entry_id":"([^"]*)"') or ''
+            count = 1 + tonumber(redis.call('HGET', redelivered, entry_id) or '0')
+          end
+          keep[#keep + 1] = env
+          out[#out + 1] = env
+          out[#out + 1] = count
+          taken = taken + 1
+        end
+      end
+      hand_over(keep)
+      if #envs < want then break end   -- the band is empty now
+    end
+  end
+  -- pcall: a count that is not a number (the subscription's own key, written by hand) is not
+  -- counted, and stops nothing
+  if n_expired > 0 then redis.pcall('INCRBY', expired, n_expired) end
+  out[2] = n_expired
+  if max_n == 0 then
+    -- a heartbeat: nothing taken, the bell left as it is
+  elseif taken < max_n then
+    redis.call('DEL', bell)       -- every band is empty
+  else
+    ring(bell)                    -- more may wait: wake the next consumer
+  end
+  return out
+end
+
+redis.register_function{function_name = 'broker_receive', callback = receive, flags = {'allow-oom'}}
+
+-- broker_renew: KEYS[1] the subscription's key; ARGV[1] consumer id, ARGV[2] lease_ms,
+-- ARGV[3] now, ARGV[4] mode, ARGV[5] max_consumers_per_subscription (as broker_receive's
+-- 1, 3, 4, 5, 8); returns {status, 0} (or {"full", live consumers}): broker_receive taking nothing.
+redis.register_function{
+  function_name = 'broker_renew',
+  callback = function(KEYS, ARGV)
+    return receive(KEYS, {ARGV[1] or '', '0', ARGV[2] or '', ARGV[3] or '', ARGV[4] or '', '0', '', ARGV[5] or ''})
+  end,
+  flags = {'allow-oom'},
+}

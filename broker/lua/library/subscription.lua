@@ -1,0 +1,87 @@
+-- The library's shared part (after lib.lua): a subscription's keys found from its one key,
+-- and the arguments checked, before any function writes anything. broker.core.library
+-- puts `local PROTOCOL_VERSION = <n>` (keys.PROTOCOL_VERSION) in front of lib.lua.
+--
+-- Every function of the library takes the subscription's key "{qm}:sub:<sub id>" (its
+-- default priority band) as KEYS[1] and derives the other keys of that subscription from it,
+-- with the same hash tag, so the same cluster slot: the Python twins are in keys.py
+-- (sub_band, sub_bell, sub_consumers, consumer_inflight, sub_holder, sub_redelivered,
+-- sub_poison, sub_expired, sub_last_active, subscriptions). Every key a function touches is
+-- checked against the caller's ACL user by the server, call by call: a subscriber user
+-- reaches its own subscriptions' keys only.
+
+-- Stop with "BROKER bad argument: ..." (before any write).
+local function bad_argument(why)
+  error({err = 'BROKER bad argument: ' .. why})
+end
+
+-- The keys of the subscription whose key is `key`: {tag, id, bands (p9 .. p0), bell,
+-- consumers, holder, redelivered, poison, expired, last_active, subs, inflight_prefix}.
+local function subscription_keys(key)
+  local tag, sub_id = string.match(key or '', '^(%b{}):sub:([^:]+)$')
+  if not tag then
+    error({err = 'BROKER not a subscription key: ' .. tostring(key)
+      .. ' (want {<qm>}:sub:<sub id>, a sub id without ":")'})
+  end
+  local bands = {}
+  for p = 9, 0, -1 do
+    if p == 4 then bands[#bands + 1] = key else bands[#bands + 1] = key .. ':p' .. p end
+  end
+  return {tag = tag, id = sub_id, bands = bands, bell = key .. ':bell',
+          consumers = key .. ':consumers', holder = key .. ':active',
+          redelivered = key .. ':redelivered', poison = key .. ':poison',
+          expired = key .. ':expired', last_active = key .. ':last_active',
+          subs = tag .. ':subs', inflight_prefix = key .. ':inflight:'}
+end
+
+-- A whole number >= 0 from argument `value` (named `what`), or `default` when absent or "".
+local function count_arg(value, what, default)
+  if value == nil or value == '' then return default end
+  local n = tonumber(value)
+  if not n or n < 0 or n ~= math.floor(n) then
+    bad_argument(what .. ' must be a whole number >= 0, not ' .. tostring(value))
+  end
+  return n
+end
+
+-- A consumer id: 1-128 of A-Z a-z 0-9 _ . - (it names the consumer's in-flight list).
+local function consumer_arg(value, required)
+  if (value == nil or value == '') and not required then return '' end
+  if value == nil or #value > 128 or not string.match(value, '^[%w_%.%-]+$') then
+    bad_argument('consumer id must be 1-128 of A-Z a-z 0-9 _ . -, not ' .. tostring(value))
+  end
+  return value
+end
+
+-- The time argument: ms since the epoch, or "" / absent for the server's clock.
+local function now_arg(value)
+  if value == nil or value == '' then return now_ms('') end
+  return count_arg(value, 'now', 0)
+end
+
+local MODES = {shared = '0', exclusive = '1', activestandby = '2', ['0'] = '0', ['1'] = '1', ['2'] = '2'}
+
+-- The consumer mode "0" shared, "1" exclusive, "2" active-standby: the argument, or the
+-- subscription record's "mode" when it is absent or "" (exclusive when the record has none,
+-- as SubscriptionRecord.from_json reads it).
+local function mode_arg(value, sub)
+  if value == nil or value == '' then
+    local ok, record = pcall(function() return redis.call('HGET', sub.subs, sub.id) end)
+    value = 'exclusive'
+    if ok and record then
+      local decoded_ok, decoded = pcall(cjson.decode, record)
+      if decoded_ok and type(decoded) == 'table' and type(decoded.mode) == 'string' then
+        value = decoded.mode
+      end
+    end
+  end
+  local mode = MODES[value]
+  if not mode then bad_argument('mode must be shared, exclusive or activestandby, not ' .. tostring(value)) end
+  return mode
+end
+
+redis.register_function{
+  function_name = 'broker_version',
+  callback = function() return PROTOCOL_VERSION end,
+  flags = {'no-writes', 'allow-oom', 'allow-stale'},
+}
