@@ -295,6 +295,17 @@ def _scheme_text(client: redis.Redis, qm: str) -> str:
     return f"swiftmq (indirect selection, {declared} declared topics)"
 
 
+def _swiftmq_problems(subs: list[SubscriptionRecord]) -> list[str]:
+    """A line per subscription whose filter the swiftmq scheme refuses (the workers skip it)."""
+    found = []
+    for record in subs:
+        try:
+            hierarchy.validate_filter(record.topic_filter)
+        except InvalidTopicFilter as exc:
+            found.append(f"subscription {record.sub_id!r} matches nothing under the swiftmq scheme: {exc}")
+    return found
+
+
 @translate_errors
 def status(
     client: redis.Redis, qm: str, max_selector_bytes: int | None = None, keyspace: bool = True
@@ -334,13 +345,7 @@ def status(
     problems += [str(p) for p in _read(problems, "copies", lambda: read_copies(client, qm), (None, []))[1]]
     scheme = _read(problems, "topic scheme", lambda: _scheme_text(client, qm), "?")
     if scheme.startswith("swiftmq"):  # the workers skip a filter the scheme refuses (it matches nothing)
-        for record in subs:
-            try:
-                hierarchy.validate_filter(record.topic_filter)
-            except InvalidTopicFilter as exc:
-                problems.append(
-                    f"subscription {record.sub_id!r} matches nothing under the swiftmq scheme: {exc}"
-                )
+        problems += _swiftmq_problems(subs)
 
     pipe = client.pipeline(transaction=False)
     for record in subs:
