@@ -102,7 +102,8 @@ def proxies_command(ctx: click.Context, as_json: bool) -> None:
 def proxies_remove(state: State, remote_qm: str) -> None:
     """Remove the dynamic proxy subscriptions held here for REMOTE_QM: a queue manager taken out
     of the network without withdrawing (SwiftMQ: delete its remote router subscriptions on every
-    node). They come back only if REMOTE_QM announces again; static ones stay (network file)."""
+    node). They come back only when REMOTE_QM announces again (a newer announcement: its channel
+    process starting), not from its old one; static ones stay (network file)."""
     removed = remove_proxies(state.client(), state.settings.qm, remote_qm)
     click.echo(f"{state.settings.qm}: removed {removed} proxy subscription(s) for {remote_qm}")
 

@@ -307,7 +307,9 @@ def _print_network(found: NetworkStatus, qm: str) -> None:
             *cells,
         )
     console.print(qms)
-    channels = _table("channel", "state", "moved", "lag", "in-flight", "backoff (ms)", "last error")
+    channels = _table(
+        "channel", "state", "moved", "lag", "in-flight", "backoff (ms)", "withheld (slow)", "last error"
+    )
     for channel in found.channels:
         bad = channel.state == "retrying" or channel.error
         channels.add_row(
@@ -317,6 +319,7 @@ def _print_network(found: NetworkStatus, qm: str) -> None:
             _known(channel.lag),
             _known(channel.in_flight),
             _known(channel.backoff_ms),
+            Text(", ".join(channel.withheld or ()) or "-", style="bold yellow" if channel.withheld else ""),
             (channel.error or channel.last_error or "")[:60],
         )
     console.print(channels)
@@ -504,6 +507,7 @@ def _print_topic_status(found: TopicStatus) -> None:
         )
     console.print(route)
     click.echo(f"delivered once to {len(found.subscriptions)}: {', '.join(found.subscriptions) or '-'}")
+    click.echo(f"route class: {found.route_class}")
     if found.blocked:
         why = f"WILDCARD(BLOCK) of topic object {found.blocked_by}" if found.blocked_by else "WILDCARD(BLOCK)"
         click.echo(f"blocked by {why}: {', '.join(found.blocked)}")

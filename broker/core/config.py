@@ -148,8 +148,8 @@ class QueueController(BaseModel):
 PersistenceMode = Literal["all", "persistent", "non_persistent"]
 
 #: Which subscriptions a slow-subscriber condition looks at: ``local`` ones (every
-#: subscription made on this queue manager), ``remote`` ones (a federated router's
-#: transmission queue: none exist yet) or ``all``.
+#: subscription made on this queue manager), ``remote`` ones (the channels to other queue
+#: managers: their transmission streams' undelivered entries) or ``all``.
 SubscriptionType = Literal["all", "local", "remote"]
 
 
@@ -176,13 +176,18 @@ class SlowSubscriberCondition(BaseModel):
         persistence_mode: the publications it applies to: ``persistent``,
             ``non_persistent`` (the default) or ``all``; a publication's delivery mode
             is its own, else its topic's DEFPSIST, else persistent.
-        subscription_type: the subscriptions it applies to: ``local`` and ``all`` match
-            every subscription of this queue manager; ``remote`` would match the
-            transmission streams of the channels to other queue managers
-            (``broker.topics.topology``), which are not watched: a transmission stream keeps
-            filed entries for ``retention_ms``, so its length is not its backlog. A
-            ``remote`` condition matches no subscriber and costs nothing.
-        disconnect_non_durable_subscriber: also remove a non-durable subscription it
+        subscription_type: the subscriptions it applies to: ``local`` matches every
+            subscription of this queue manager; ``remote`` the channels to other queue
+            managers (SwiftMQ: "for remote subscriptions the subscriber queue is the routing
+            queue"), counted by the entries of a transmission stream the receiver has not
+            filed yet (not the filed ones it keeps for ``retention_ms``), watched by the
+            channel process each ``network_poll_ms`` (``broker.network.slow_routes``): a
+            channel that far behind gets no further publication of the root topic until it
+            is below ``max_messages`` again; ``all`` both. A ``remote`` condition costs the
+            workers nothing until a channel is withheld from. On a remote route either
+            ``disconnect_*`` option removes the proxy subscriptions of the root topic behind
+            that channel, until their queue managers announce again.
+        disconnect_non_durable_subscriber: also remove a non-durable (local) subscription it
             matches (with its queue and its consumers' in-flight messages), right after
             the unit of work, logged at WARNING.
         disconnect_delete_durable_subscriber: also delete a durable subscription it
@@ -202,8 +207,9 @@ class SlowSubscriberCondition(BaseModel):
     def applies(self, persistent: bool) -> bool:
         """Whether the condition looks at a publication with this delivery mode at all.
 
-        False for a ``remote`` condition (no remote subscription exists) and for a
-        publication whose delivery mode ``persistence_mode`` leaves out.
+        False for a ``remote`` condition (the channel process watches the remote routes,
+        not the unit of work) and for a publication whose delivery mode ``persistence_mode``
+        leaves out.
         """
         if self.subscription_type == "remote":
             return False

@@ -112,6 +112,14 @@ key                                 type      contents                          
 ``{qm}:cluster_topics``             hash      topic string -> JSON ``{cluster, clroute,     channel process (agent)  workers (route class)
                                               hosts}``: the network's cluster topic objects
 ``{qm}:network_seen``               hash      qm -> ms it first announced                   channel process (agent)  channel process (statics)
+``{qm}:proxies_removed``            hash      ``<qm>`` (or ``<qm> <topic key>``: one key)   ``broker proxies         channel process (agent:
+                                              -> the announcement ``seq`` its dynamic       remove``, a slow remote  none again until a newer
+                                              proxy subscriptions were removed at           route's disconnect; the  ``seq``)
+                                                                                            agent deletes it
+``{qm}:withheld``                   hash      ``<to qm>`` -> JSON ``{roots: {root topic:    channel process          workers (``forwards``),
+                                              persistence mode}, backlog, since_ms}``: the  (``slow_routes``)        ``status --network``
+                                              root topics a remote slow-subscriber
+                                              condition withholds from that channel
 ``{qm}:xmit:<to qm>``               stream    transmission stream of the channel to <to>:   commit.lua (XADD, in     channel mover
                                               field ``e`` = the envelope; id = channel seq  the unit of work)
 ``{qm}:channel:<to qm>``            hash      the channel's state: moved, last, state,      channel mover            ``status --network``
@@ -695,8 +703,9 @@ def network(qm: str) -> str:
 
 def announced(qm: str) -> str:
     """What this queue manager announces to the others (SwiftMQ's "some/none"), ``{qm}:announced``:
-    a string of JSON ``{"state": "up" | "withdrawn", "keys": {topic key: since ms}, "at_ms": n}``
-    (a topic key is a root topic, or a subscription's filter), written by its channel process."""
+    a string of JSON ``{"state": "up" | "withdrawn", "keys": {topic key: since ms}, "at_ms": n, "seq": n}``
+    (a topic key is a root topic, or a subscription's filter), written by its channel process;
+    ``seq`` counts its writes (a record without it is 0): one more each time it announces again."""
     return f"{_tag(qm)}:announced"
 
 
@@ -716,6 +725,22 @@ def network_seen(qm: str) -> str:
     """Remote queue managers seen announcing at least once, ``{qm}:network_seen``: hash qm -> ms
     (a static remote subscription without keep_on_unsubscribe ends then)."""
     return f"{_tag(qm)}:network_seen"
+
+
+def proxies_removed(qm: str) -> str:
+    """Dynamic proxy subscriptions removed here, ``{qm}:proxies_removed``: hash field -> the
+    announcement ``seq`` they came from; field ``<qm>``: all of that queue manager's (``broker
+    proxies remove``), ``<qm> <topic key>``: one (a slow remote route's disconnect,
+    ``broker.network.slow_routes``). The channel process makes none of them again until that
+    queue manager announces with a higher ``seq`` (it announced again), then deletes the field."""
+    return f"{_tag(qm)}:proxies_removed"
+
+
+def withheld(qm: str) -> str:
+    """The channels a remote slow-subscriber condition withholds publications from,
+    ``{qm}:withheld``: hash ``<to qm>`` -> JSON ``{"roots": {root topic: persistence mode},
+    "backlog": n, "since_ms": n}`` (``broker.network.slow_routes``), read by the workers."""
+    return f"{_tag(qm)}:withheld"
 
 
 def xmit_prefix(qm: str) -> str:

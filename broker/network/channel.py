@@ -11,6 +11,12 @@ workers). It does two things in one loop:
   (``{qm}:cluster_topics``) with them, bumping ``{qm}:version`` so that the workers route
   with them. A queue manager that cannot be reached keeps its proxy subscriptions until it
   withdraws them: messages for it wait in its transmission stream.
+- **Remote slow-subscriber conditions** (``broker.network.slow_routes``): each agent round,
+  a channel whose undelivered backlog reaches a ``remote`` (or ``all``) condition's
+  ``max_messages`` is named in ``{qm}:withheld``, and the workers forward no further
+  publication of that root topic to it until the backlog is below the bound again (with a
+  ``disconnect_*`` option, the proxy subscriptions of that root topic behind it are removed
+  until their queue managers announce again).
 - **The movers** (``broker.network.mover``), one per channel to a neighbour: each moves the entries of the
   transmission stream ``{qm}:xmit:<to>`` (written by ``commit.lua`` inside the unit of work)
   into the receiver's publish stream, in order, with ``lua/channel_in.lua``, which files an
@@ -49,14 +55,17 @@ from broker.core.errors import ConfigError
 from broker.core.schemes import separator
 from broker.network.mover import Mover
 from broker.network.peers import UNREACHABLE, Clock, Peers
+from broker.network.slow_routes import SlowRoutes
 from broker.topics.routing import RoutingTable
 from broker.topics.topic_objects import TopicObject, fixed_prefix
 from broker.topics.topology import (
     Network,
     ProxySubscription,
+    RouteClass,
     Topology,
     announce_key,
     parse_network,
+    route_class_text,
 )
 
 log = logging.getLogger("broker.channel")
@@ -103,6 +112,8 @@ def read_announced(client: redis.Redis, qm: str) -> dict[str, Any] | None:
         not isinstance(data, dict)
         or not isinstance(data.get("keys", {}), dict)
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in data.get("keys", {}).values())
+        or not isinstance(data.get("seq", 0), int)
+        or isinstance(data.get("seq", 0), bool)
     ):
         raise ValueError(f"{keys.announced(qm)} is not an announcement record")
     return data
@@ -128,6 +139,72 @@ def announced_keys(table: RoutingTable, topology: Topology) -> set[str]:
     return found
 
 
+def unrouted_statics(table: RoutingTable, topology: Topology) -> list[str]:
+    """One problem line per static remote subscription configured at this queue manager (``at``)
+    that forwards nothing for a route class: no path leads from ``at`` to ``to`` in the route class
+    of its root topic, or of a topic below it where a topic object here or a cluster copy
+    changes the class (``RoutingTable.route_class``), e.g. a local topic between two members of
+    a cluster with no hierarchy edge. Empty when every static subscription has its path.
+
+    Args:
+        table: this queue manager's routing table, loaded.
+        topology: the network it is in.
+    """
+    sep = separator(table.scheme)
+    bound = {obj.topic_string for obj in table.tree.objects.values()} | set(table.cluster_topics)
+    found: list[str] = []
+    for static in topology.network.static_subscriptions:
+        if static.at != table.qm:
+            continue
+        below = sorted(t for t in bound if t.startswith(static.topic + sep))
+        seen: set[RouteClass] = set()
+        for topic in (static.topic, *below):
+            route = table.route_class(topic)
+            if route in seen:
+                continue
+            seen.add(route)
+            if topology.path(route, static.at, static.to) is None:
+                found.append(
+                    f"static remote subscription {static.topic!r} to {static.to} forwards nothing on "
+                    f"{topic!r}: no path from {static.at} to {static.to} for its route class "
+                    f"({route_class_text(route)}); give them a hierarchy edge, or put the topic under a "
+                    "cluster topic object of a cluster both are in"
+                )
+    return found
+
+
+def _still_removed(removed: dict[str, int], other: str, seq: int) -> tuple[set[str] | None, list[str]]:
+    """What of ``other``'s announcement (its ``seq``) stays out of the proxy subscriptions after a
+    removal (``{qm}:proxies_removed``): ``(None: all of it, else the topic keys kept out; the fields
+    to delete, their removal overtaken by a newer announcement)``."""
+    kept_out: set[str] = set()
+    cleared: list[str] = []
+    for name, removed_seq in removed.items():
+        whole = name == other
+        if not whole and not name.startswith(other + " "):
+            continue
+        if seq > removed_seq:
+            cleared.append(name)
+        elif whole:
+            return None, []
+        else:
+            kept_out.add(name[len(other) + 1 :])
+    return kept_out, cleared
+
+
+def _removed_at(raw: dict[Any, Any]) -> dict[str, int]:
+    """``{qm}:proxies_removed`` read: ``<remote qm>`` (all its keys) or ``<remote qm> <topic key>``
+    (one, a slow remote route's disconnect) -> the announcement ``seq`` removed (a value that is
+    not a number counts as 0: removed until the remote queue manager announces again)."""
+    found: dict[str, int] = {}
+    for name, value in raw.items():
+        try:
+            found[wire.exact_text(name)] = int(value)
+        except ValueError:
+            found[wire.exact_text(name)] = 0
+    return found
+
+
 @dataclass
 class Agent:
     """The announcing and reconciling half of a channel process, for queue manager ``qm``.
@@ -149,6 +226,10 @@ class Agent:
     problems: list[str] = field(default_factory=list)
     #: the index version and state the last announcement was worked out at
     _announced_at: tuple[Any, str] | None = None
+    #: static remote subscriptions at this queue manager without a path (``unrouted_statics``),
+    #: and the index version and network they were worked out at
+    unrouted: list[str] = field(default_factory=list)
+    _unrouted_at: tuple[Any, str] | None = None
 
     def load(self) -> Topology | None:
         """Read the network record (None: not in a network).
@@ -178,14 +259,42 @@ class Agent:
         if topology is None:
             return False
         self.announce(topology)
-        return self.reconcile(topology)
+        changed = self.reconcile(topology)
+        self.check_statics(topology)
+        return changed
 
-    def announce(self, topology: Topology, state: str | None = None) -> dict[str, Any]:
-        """Write ``{qm}:announced`` when what this queue manager announces changed.
+    def check_statics(self, topology: Topology) -> list[str]:
+        """Work out ``unrouted`` again when the index version or the network changed; log each
+        line at WARNING when the set changes (once per change, not per publication), and add
+        them to ``problems`` (the heartbeat: ``broker status --network``)."""
+        if not any(s.at == self.qm for s in topology.network.static_subscriptions):
+            self.unrouted, self._unrouted_at = [], None
+            return []
+        at = (self.client.get(keys.version(self.qm)), topology.network.digest)
+        if at != self._unrouted_at:
+            table = RoutingTable(self.qm)
+            table.load(self.client)
+            found = unrouted_statics(table, topology)
+            if found != self.unrouted:
+                for line in found:
+                    log.warning("%s: %s", self.qm, line)
+                if self.unrouted and not found:
+                    log.info("%s: every static remote subscription has its path again", self.qm)
+            self.unrouted, self._unrouted_at = found, at
+        self.problems += self.unrouted
+        return self.unrouted
+
+    def announce(self, topology: Topology, state: str | None = None, again: bool = False) -> dict[str, Any]:
+        """Write ``{qm}:announced`` when what this queue manager announces changed, or ``again``.
+
+        Each write counts one more in the record's ``seq``: a proxy subscription an operator
+        removed elsewhere (``broker proxies remove``) comes back only with a higher one.
 
         Args:
             state: ``withdrawn`` to withdraw every key (an orderly shutdown), ``up`` to announce
                 again; None keeps the recorded state.
+            again: write the record even when unchanged (a channel process that starts announces
+                again, SwiftMQ's router connecting).
 
         Returns:
             The record as written.
@@ -197,7 +306,7 @@ class Agent:
             old = {}
         state = state or old.get("state", "up")
         version = self.client.get(keys.version(qm))
-        if old and self._announced_at == (version, state) and old.get("state") == state:
+        if not again and old and self._announced_at == (version, state) and old.get("state") == state:
             return old  # nothing it announces can have changed (subscriptions, links, objects)
         found: set[str] = set()
         if state == "up":
@@ -205,10 +314,17 @@ class Agent:
             table.load(self.client)
             found = announced_keys(table, topology)
         before = old.get("keys", {})
-        record = {"state": state, "keys": {k: before.get(k, now) for k in sorted(found)}, "at_ms": now}
-        if record["keys"] != before or state != old.get("state") or not old:
+        record = {
+            "state": state,
+            "keys": {k: before.get(k, now) for k in sorted(found)},
+            "at_ms": now,
+            "seq": int(old.get("seq", 0)) + 1,
+        }
+        if again or record["keys"] != before or state != old.get("state") or not old:
             self.client.set(keys.announced(qm), json.dumps(record, separators=(",", ":")))
             log.info("%s announces %s (%s)", qm, sorted(found) or "nothing", state)
+        else:
+            record = old
         self._announced_at = (version, state)
         return record
 
@@ -221,6 +337,12 @@ class Agent:
             wire.exact_text(f): wire.exact_text(v) for f, v in self.client.hgetall(keys.proxies(qm)).items()
         }
         seen = {wire.exact_text(f) for f in self.client.hkeys(keys.network_seen(qm))}
+        try:
+            removed = _removed_at(self.client.hgetall(keys.proxies_removed(qm)))
+        except redis.ResponseError as exc:  # a foreign key: no removal is known
+            removed = {}
+            self.problems.append(f"{keys.proxies_removed(qm)}: {exc}")
+        announced_again: list[str] = []
         newly_seen: list[str] = []
         desired: dict[str, ProxySubscription] = {}
         unreachable: set[str] = set()
@@ -244,9 +366,14 @@ class Agent:
             if other not in seen:
                 newly_seen.append(other)
                 seen.add(other)
+            seq = int(record.get("seq", 0))
+            kept_out, cleared = _still_removed(removed, other, seq)
+            announced_again += cleared
+            if kept_out is None:
+                continue  # removed by an operator: not again until it announces again
             for key, since in record.get("keys", {}).items():
-                if topology.announced_to(other, qm, key):
-                    proxy = ProxySubscription(other, key, "dynamic", since_ms=int(since))
+                if key not in kept_out and topology.announced_to(other, qm, key):
+                    proxy = ProxySubscription(other, key, "dynamic", since_ms=int(since), seq=seq)
                     desired[proxy.field] = proxy
         for static in network.static_subscriptions:
             if static.to != qm and (static.keep_on_unsubscribe or static.to not in seen):
@@ -264,12 +391,13 @@ class Agent:
                 wanted[name] = wire.exact_text(raw)
             elif name in wanted:  # unchanged: keep its record (and its since_ms)
                 again = ProxySubscription.from_json(wanted[name])
-                if (again.qm, again.topic, again.source, again.at, again.keep) == (
+                if (again.qm, again.topic, again.source, again.at, again.keep, again.seq) == (
                     kept.qm,
                     kept.topic,
                     kept.source,
                     kept.at,
                     kept.keep,
+                    kept.seq,
                 ):
                     wanted[name] = wire.exact_text(raw)
         copies = self._cluster_copies(topology)
@@ -280,12 +408,17 @@ class Agent:
         if copies is None:
             copies = old_copies
         changed = wanted != current or copies != old_copies
-        if changed or newly_seen:
+        if changed or newly_seen or announced_again:
             pipe = self.client.pipeline(transaction=True)
             _sync_hash(pipe, keys.proxies(qm), current, wanted)
             _sync_hash(pipe, keys.cluster_topics(qm), old_copies, copies)
             if newly_seen:
                 pipe.hset(keys.network_seen(qm), mapping=dict.fromkeys(newly_seen, now))
+            if announced_again:
+                pipe.hdel(keys.proxies_removed(qm), *announced_again)
+                log.info(
+                    "%s: %s announced again: its proxy subscriptions are made again", qm, announced_again
+                )
             if changed:
                 pipe.incr(keys.version(qm))
             pipe.execute()
@@ -351,6 +484,7 @@ class ChannelProcess:
         self.peers = Peers(settings.redis_url, client, settings.tls)
         self.agent = Agent(client, self.qm, self.peers, self.clock_ms)
         self.movers: dict[str, Mover] = {}
+        self.slow_routes = SlowRoutes(client, self.qm, list(settings.slow_subscriber_conditions))
         self.stopping = False
         self._next_round_ms = 0
         self._next_forget_ms = 0
@@ -381,12 +515,13 @@ class ChannelProcess:
         """Announce again after an orderly withdrawal (a restarted queue manager, SwiftMQ)."""
         topology = self.agent.load()
         if topology is not None:
-            self.agent.announce(topology, state="up")
+            self.agent.announce(topology, state="up", again=True)
 
     def run_once(self) -> int:
         """One agent round when due, then one move per channel; returns the entries moved."""
         now = self.clock_ms()
-        if now >= self._next_round_ms:
+        due = now >= self._next_round_ms
+        if due:
             self._next_round_ms = now + self.settings.network_poll_ms
             try:
                 self.agent.round()
@@ -395,8 +530,15 @@ class ChannelProcess:
                 # that what is in the transmission streams still moves; the heartbeat says why
                 log.error("channel process %s: %s", self.qm, exc)
                 self.agent.problems = [str(exc)]
+        movers = self._movers(self.agent.topology)
+        if due:
+            try:
+                self.slow_routes.check({mover.to: mover.last for mover in movers}, now, self.agent.topology)
+            except redis.ResponseError as exc:  # a foreign {qm}:withheld: nothing is withheld, moving goes on
+                log.error("channel process %s: slow remote routes: %s", self.qm, exc)
+                self.agent.problems.append(f"slow remote routes: {exc}")
             self._heartbeat(now)
-        return sum(mover.move_once() for mover in self._movers(self.agent.topology))
+        return sum(mover.move_once() for mover in movers)
 
     def _heartbeat(self, now: int) -> None:
         beat = {

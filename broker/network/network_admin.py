@@ -14,9 +14,10 @@ import redis
 from broker.core import clock, keys, wire
 from broker.core.connection import TLSOptions, redact_url
 from broker.core.errors import ConfigError, translate_errors
-from broker.network.channel import Agent, read_announced, read_network
+from broker.network.channel import Agent, read_announced, read_network, unrouted_statics
 from broker.network.peers import UNREACHABLE, Peers
-from broker.topics.topology import Network, ProxySubscription, Topology, proxy_field
+from broker.topics.routing import RoutingTable
+from broker.topics.topology import Network, ProxySubscription, Topology, proxy_field, read_withheld
 
 
 @dataclass
@@ -82,18 +83,49 @@ def remove_proxies(client: redis.Redis, qm: str, remote_qm: str) -> int:
     """Remove the dynamic proxy subscriptions ``qm`` holds for ``remote_qm`` (and bump the version,
     so its workers stop forwarding at once); returns how many were removed.
 
-    The channel process does not put them back while ``remote_qm`` cannot be reached; it does when
-    ``remote_qm`` announces again. Static ones come from the network file and stay.
+    SwiftMQ's deletion of a dead router's remote subscriptions (seed 003): they stay removed
+    until ``remote_qm`` announces again, with a newer announcement than the one they were read
+    from (its channel process starts, or what it announces changes), even while its old
+    announcement can still be read. The removal is recorded in ``{qm}:proxies_removed`` with
+    that announcement's ``seq``, in the same MULTI. Static ones come from the network file and stay.
     """
     prefix = proxy_field(remote_qm, "", "dynamic")
-    fields = [f for f in client.hkeys(keys.proxies(qm)) if wire.exact_text(f).startswith(prefix)]
-    if not fields:
+    found = {
+        f: raw for f, raw in client.hgetall(keys.proxies(qm)).items() if wire.exact_text(f).startswith(prefix)
+    }
+    if not found:
         return 0
+    seq = 0
+    for raw in found.values():
+        try:
+            seq = max(seq, ProxySubscription.from_json(raw).seq)
+        except (ValueError, TypeError):  # a corrupt record: removed, its seq unknown
+            continue
     pipe = client.pipeline(transaction=True)
-    pipe.hdel(keys.proxies(qm), *fields)
+    pipe.hdel(keys.proxies(qm), *found)
+    pipe.hset(keys.proxies_removed(qm), remote_qm, seq)
     pipe.incr(keys.version(qm))
-    removed, _ = pipe.execute()
+    removed, _, _ = pipe.execute()
     return int(removed)
+
+
+@translate_errors
+def static_problems(client: redis.Redis, qm: str) -> list[str]:
+    """The static remote subscriptions configured at ``qm`` that forward nothing for want of a
+    path (``broker.network.channel.unrouted_statics``), one line each; none when ``qm`` is in no
+    network, its network record cannot be read (``network_problems`` names it) or it has none.
+    A routing table is loaded only when ``qm`` has a static subscription (``broker status``)."""
+    try:
+        network = read_network(client, qm)
+    except ConfigError:
+        return []
+    if network is None or qm not in network.queue_managers:
+        return []
+    if not any(s.at == qm for s in network.static_subscriptions):
+        return []
+    table = RoutingTable(qm)
+    table.load(client)
+    return unrouted_statics(table, Topology(network))
 
 
 @dataclass
@@ -189,6 +221,8 @@ class ChannelRow:
         backoff_ms: the mover's backoff, ms.
         last_error: the mover's last error ("" when none).
         dead_lettered: unreadable entries the mover dead-lettered.
+        withheld: the root topics a remote slow-subscriber condition withholds from this channel
+            (its backlog reached ``max_messages``: ``broker.network.slow_routes``), sorted.
         error: why an end could not be reached, or None.
     """
 
@@ -201,6 +235,7 @@ class ChannelRow:
     backoff_ms: int | None = None
     last_error: str | None = None
     dead_lettered: int | None = None
+    withheld: list[str] | None = None
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -334,6 +369,8 @@ def _channel_row(sender: str, to: str, source: redis.Redis | None, target: redis
             row.backoff_ms = int(state.get("backoff_ms", 0) or 0)
             row.last_error = state.get("last_error", "")
             row.dead_lettered = int(state.get("dead_lettered", 0) or 0)
+            withheld = read_withheld({to: source.hget(keys.withheld(sender), to) or b"{}"})
+            row.withheld = sorted(withheld.get(to, {}))
             try:
                 info: dict[Any, Any] = source.xinfo_stream(keys.transmission(sender, to))
                 written = int(info.get("entries-added", info.get(b"entries-added", 0)) or 0)

@@ -21,11 +21,13 @@ from broker.core.errors import BrokerError, ForeignKey, InvalidTopicFilter, tran
 from broker.core.schemes import scheme_of
 from broker.core.stream import GroupState, clock_problem, group_state
 from broker.core.topic_rules import validate_topic
+from broker.network.network_admin import static_problems
 from broker.topics.copies import read_copies
 from broker.topics.links import read_links
 from broker.topics.routing import RoutingTable, network_problems
 from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions
 from broker.topics.topic_objects import BASE, read_tree
+from broker.topics.topology import route_class_text
 
 
 def _read(problems: list[str], what: str, call: Any, default: Any) -> Any:
@@ -184,6 +186,14 @@ _EFFECTS = {
     "waiting": "idle workers wait on the publish stream instead (logged once); delivery goes on",
 }
 _EFFECTS[":turn"] = _EFFECTS[":fifo"]
+_EFFECTS["withheld"] = (
+    "no channel is withheld from by a remote slow-subscriber condition (the channel process logs it at "
+    "ERROR each round); forwarding goes on"
+)
+_EFFECTS["proxies_removed"] = (
+    "proxy subscriptions removed with 'broker proxies remove' (or a slow remote route's disconnect) are "
+    "made again from the remote queue managers' announcements"
+)
 _EFFECTS["bell"] = (
     "this subscription's consumers are not woken by new messages (a consumer blocking on it fails); "
     "delivery to every subscription, this one's queue included, goes on"
@@ -219,10 +229,11 @@ def foreign_problem(key: Any, found: str, expected: str, effect: str) -> str:
 
 
 def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], keyspace: bool) -> list[str]:
-    """Foreign subscription bells, the idle workers' ``{qm}:waiter`` and ``{qm}:wake``, and, with
-    ``keyspace``, the subscriptions' priority bands other than the default one (9 each) and the
-    per-publisher keys (FIFO, turn, flow: every ``{qm}:pub:*`` key, found by ``SCAN``), one line
-    each (``foreign_problem``)."""
+    """Foreign subscription bells, the idle workers' ``{qm}:waiter`` and ``{qm}:wake``, the channel
+    process's ``{qm}:withheld`` and ``{qm}:proxies_removed``, and, with ``keyspace``, the
+    subscriptions' priority bands other than the default one (9 each) and the per-publisher keys
+    (FIFO, turn, flow: every ``{qm}:pub:*`` key, found by ``SCAN``), one line each
+    (``foreign_problem``)."""
     wanted: list[tuple[Any, str, str]] = []
     for raw in client.scan_iter(match=keys.pub_pattern(qm), count=1000) if keyspace else ():
         name = wire.lenient_text(raw)
@@ -238,6 +249,10 @@ def _foreign_keys(client: redis.Redis, qm: str, subs: list[SubscriptionRecord], 
         (keys.waiter(qm), "string", _EFFECTS["waiting"]),
         (keys.wake(qm), "list", _EFFECTS["waiting"]),
     ]  # worker.waiting
+    wanted += [
+        (keys.withheld(qm), "hash", _EFFECTS["withheld"]),
+        (keys.proxies_removed(qm), "hash", _EFFECTS["proxies_removed"]),
+    ]  # broker.network: the channel process
     pipe = client.pipeline(transaction=False)
     for key, _kind, _effect in wanted:
         pipe.type(key)
@@ -280,6 +295,17 @@ def _scheme_text(client: redis.Redis, qm: str) -> str:
     return f"swiftmq (indirect selection, {declared} declared topics)"
 
 
+def _swiftmq_problems(subs: list[SubscriptionRecord]) -> list[str]:
+    """A line per subscription whose filter the swiftmq scheme refuses (the workers skip it)."""
+    found = []
+    for record in subs:
+        try:
+            hierarchy.validate_filter(record.topic_filter)
+        except InvalidTopicFilter as exc:
+            found.append(f"subscription {record.sub_id!r} matches nothing under the swiftmq scheme: {exc}")
+    return found
+
+
 @translate_errors
 def status(
     client: redis.Redis, qm: str, max_selector_bytes: int | None = None, keyspace: bool = True
@@ -315,16 +341,11 @@ def status(
     tree = _read(problems, "topic objects", lambda: read_tree(client, qm), None)
     problems += [str(p) for p in (*bad_subs, *bad_links, *(tree.problems if tree else []))]
     problems += [str(p) for p in _read(problems, "network records", lambda: network_problems(client, qm), [])]
+    problems += _read(problems, "static remote subscriptions", lambda: static_problems(client, qm), [])
     problems += [str(p) for p in _read(problems, "copies", lambda: read_copies(client, qm), (None, []))[1]]
     scheme = _read(problems, "topic scheme", lambda: _scheme_text(client, qm), "?")
     if scheme.startswith("swiftmq"):  # the workers skip a filter the scheme refuses (it matches nothing)
-        for record in subs:
-            try:
-                hierarchy.validate_filter(record.topic_filter)
-            except InvalidTopicFilter as exc:
-                problems.append(
-                    f"subscription {record.sub_id!r} matches nothing under the swiftmq scheme: {exc}"
-                )
+        problems += _swiftmq_problems(subs)
 
     pipe = client.pipeline(transaction=False)
     for record in subs:
@@ -428,6 +449,9 @@ class TopicStatus:
         blocked: subscriptions matched in ``via`` that get nothing here: wildcard ones above a
             ``WILDCARD(BLOCK)`` topic object (named in ``blocked_by``).
         blocked_by: that topic object, "" when none.
+        route_class: how far a publication on it may travel in a network of queue managers, as
+            the workers route it (``RoutingTable.route_class``): ``local`` (hierarchy edges only),
+            ``cluster <name>`` (CLROUTE(DIRECT)) or ``cluster <name> via topic hosts <qm>, ...``.
     """
 
     topic: str
@@ -439,6 +463,7 @@ class TopicStatus:
     scanned: int
     blocked: list[str] = field(default_factory=list)
     blocked_by: str = ""
+    route_class: str = "local"
 
 
 @translate_errors
@@ -488,6 +513,7 @@ def topic_status(
         len(entries),
         blocked,
         effective.blocked_by,
+        route_class_text(table.route_class(topic)),
     )
 
 

@@ -36,7 +36,7 @@ from broker.core.hierarchy import DeclaredTopics, HierarchyIndex
 from broker.core.keys import DEFAULT_PRIORITY
 from broker.core.logs import publication_extra
 from broker.core.models import Entry
-from broker.core.schemes import scheme_of, separator
+from broker.core.schemes import root_topic, scheme_of, separator
 from broker.core.scripts import register
 from broker.core.selectors import Selector, compile_selector
 from broker.core.topic_rules import LinkGraph, TopicIndex, validate_topic
@@ -56,6 +56,8 @@ from broker.topics.topology import (
     Topology,
     key_matches,
     parse_network,
+    read_withheld,
+    withholds,
 )
 
 log = logging.getLogger("broker.routing")
@@ -176,6 +178,9 @@ class RoutingTable:
         #: copies of the network's cluster topic objects: topic string -> (cluster, clroute, hosts)
         self.cluster_topics: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self._forward_cache: dict[tuple[str, str, tuple[str, ...]], tuple[str, ...]] = {}
+        #: transmission stream -> the root topics a remote slow-subscriber condition withholds
+        #: from it (``{qm}:withheld``, ``broker.network.slow_routes``): root topic -> persistence mode
+        self.withheld: dict[str, dict[str, str]] = {}
         self.ingress: tuple[bytes, ...] = ()
         #: the users' grants (``broker.topics.grants``), None when nobody has one: nothing to check
         self.grants: Grants | None = None
@@ -221,9 +226,11 @@ class RoutingTable:
         pipe.hkeys(names["principals"])
         pipe.hgetall(names["grants"])
         pipe.hgetall(names["copies"])
+        pipe.hgetall(keys.withheld(qm))  # foreign: nothing withheld (broker.network.slow_routes)
         pipe.zrange(keys.sub_changes(qm), 0, 0, withscores=True)  # the change log's epoch
         replies = pipe.execute(raise_on_error=False)
         first = replies.pop()  # an error when the log is foreign: no epoch, never applied alone
+        withheld = replies.pop()
         for (what, key), found in zip(names.items(), replies[: len(names)], strict=True):
             kind = wire.text(found)
             if kind not in ("none", _TYPES[what]):
@@ -262,6 +269,10 @@ class RoutingTable:
         self.declared, declared_problems = parse_declared(qm, declared)
         problems += declared_problems
         problems += self.load_network_records(network, proxies, clustered)
+        self.withheld = {
+            keys.transmission(qm, to): roots
+            for to, roots in (read_withheld(withheld) if isinstance(withheld, dict) else {}).items()
+        }
         grants, grant_problems = parse_grants(qm, granted, tree, self.scheme)
         problems += grant_problems
         one_copy, copies_problems = parse_copies(qm, copies)
@@ -524,22 +535,28 @@ class RoutingTable:
 
     def route_class(self, topic: str) -> RouteClass:
         """The route class of a publication on ``topic`` (``broker.topics.topology``): the cluster of the
-        closest cluster topic object at or above it (one defined here first, else the network's
-        copies), with its topic hosts under CLROUTE(TOPICHOST); ``LOCAL`` for a local topic."""
+        closest cluster topic object at or above it, with its topic hosts under CLROUTE(TOPICHOST);
+        ``LOCAL`` for a local topic. At each topic string, a topic object defined here decides
+        (``CLUSTER('')``: local; ``ASPARENT``: the level above) and the network's copy of a cluster
+        topic object there is looked at only when there is none: IBM MQ, seed 002, "a local
+        definition of a topic object ... takes precedence over the same topic object defined
+        elsewhere in the cluster". ``broker topic status`` shows this answer."""
         sep = self.tree.separator
         node: str | None = topic
         while node is not None:
             obj = self.tree.object_at(node)
-            if obj is not None and obj.attributes.cluster not in ("ASPARENT", ""):
+            if obj is not None:
+                if obj.attributes.cluster == "":
+                    return LOCAL  # a local topic object: its topics stay out of the clusters
+                if obj.attributes.cluster != "ASPARENT":
+                    copy = self.cluster_topics.get(node)
+                    hosts = tuple(sorted({self.qm, *(copy[2] if copy else ())}))
+                    return (obj.attributes.cluster, hosts if obj.attributes.clroute == "TOPICHOST" else ())
+            else:
                 copy = self.cluster_topics.get(node)
-                hosts = tuple(sorted({self.qm, *(copy[2] if copy else ())}))
-                return (obj.attributes.cluster, hosts if obj.attributes.clroute == "TOPICHOST" else ())
-            copy = self.cluster_topics.get(node)
-            if copy is not None:
-                cluster, clroute, hosts = copy
-                return (cluster, hosts if clroute == "TOPICHOST" else ())
-            if obj is not None and obj.attributes.cluster == "":
-                return LOCAL  # a local topic object: its topics stay out of the clusters
+                if copy is not None:
+                    cluster, clroute, hosts = copy
+                    return (cluster, hosts if clroute == "TOPICHOST" else ())
             cut = node.rfind(sep)
             node = node[:cut] if cut > 0 else (None if node == "" else "")
         return LOCAL
@@ -551,6 +568,8 @@ class RoutingTable:
         A publication made here under ``PUBSCOPE(QMGR)`` goes nowhere else (IBM MQ). One that
         came over a channel goes on only towards destinations whose path from its origin runs
         through here, never to a queue manager on its route. Cached per topic, origin and route.
+        A channel a remote slow-subscriber condition withholds the topic's root topic from
+        (``self.withheld``) is left out, for the delivery modes the condition looks at.
         """
         if self.topology is None or not self.proxies:
             return ()
@@ -567,6 +586,10 @@ class RoutingTable:
             if len(self._forward_cache) >= CACHE_TOPICS:
                 self._forward_cache.clear()
             self._forward_cache[memo] = found
+        if self.withheld and found:  # a channel too far behind (a remote slow-subscriber condition)
+            root = root_topic(entry.topic, self.scheme)
+            persistent = bool(header.get("persistent", True))
+            found = tuple(s for s in found if not withholds(self.withheld.get(s, {}), root, persistent))
         return found
 
     def _channels(self, topic: str, origin: str, route: tuple[str, ...]) -> tuple[str, ...]:

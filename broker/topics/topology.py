@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from broker.core import wire
 from broker.core.errors import ConfigError, InvalidSelector
 from broker.core.selectors import like_regex
 
@@ -239,6 +240,14 @@ RouteClass = tuple[str, tuple[str, ...]]
 LOCAL: RouteClass = ("", ())
 
 
+def route_class_text(route: RouteClass) -> str:
+    """``local``, ``cluster <name>`` or ``cluster <name> via topic hosts <qm>, ...`` for a route class."""
+    cluster, hosts = route
+    if not cluster:
+        return "local"
+    return f"cluster {cluster}" + (f" via topic hosts {', '.join(hosts)}" if hosts else "")
+
+
 @dataclass
 class Topology:
     """Routes and announce rules of one network (built once per network record).
@@ -417,6 +426,7 @@ class ProxySubscription:
         at: for a static one, the queue manager it is configured at.
         keep: for a static one, keep_on_unsubscribe.
         since_ms: when it was made, ms since the epoch.
+        seq: for a dynamic one, the ``seq`` of the announcement it was read from (``keys.announced``).
     """
 
     qm: str
@@ -425,6 +435,7 @@ class ProxySubscription:
     at: str = ""
     keep: bool = False
     since_ms: int = 0
+    seq: int = 0
 
     @property
     def field(self) -> str:
@@ -440,6 +451,7 @@ class ProxySubscription:
                 "at": self.at,
                 "keep": self.keep,
                 "since_ms": self.since_ms,
+                "seq": self.seq,
             },
             separators=(",", ":"),
         )
@@ -462,8 +474,9 @@ class ProxySubscription:
             raise ValueError(f"unknown source {source!r}")
         try:
             since_ms = int(data.get("since_ms", 0))
+            seq = int(data.get("seq", 0))
         except (TypeError, OverflowError):  # a list, an infinite number
-            raise ValueError("not a proxy subscription record: since_ms is not a number") from None
+            raise ValueError("not a proxy subscription record: since_ms or seq is not a number") from None
         return cls(
             data["qm"],
             data["topic"],
@@ -471,6 +484,7 @@ class ProxySubscription:
             str(data.get("at", "")),
             bool(data.get("keep", False)),
             since_ms,
+            seq,
         )
 
 
@@ -478,3 +492,32 @@ def proxy_field(qm: str, topic: str, source: str = "dynamic") -> str:
     """The ``{qm}:proxies`` field of a proxy subscription: ``<qm> <source> <key>`` (neither a queue
     manager name nor a source holds a space; the key is the rest)."""
     return f"{qm} {source} {topic}"
+
+
+def read_withheld(raw: dict[Any, Any]) -> dict[str, dict[str, str]]:
+    """``{qm}:withheld`` as read (``hgetall``): receiving qm -> {root topic: persistence mode}.
+
+    A field that cannot be read is left out (nothing withheld on that channel).
+    """
+    found: dict[str, dict[str, str]] = {}
+    for name, value in raw.items():
+        try:
+            data = json.loads(value)
+            roots = data["roots"]
+            if not isinstance(roots, dict) or not all(
+                isinstance(k, str) and v in ("all", "persistent", "non_persistent") for k, v in roots.items()
+            ):
+                continue
+            found[wire.exact_text(name)] = dict(roots)
+        except (ValueError, TypeError, KeyError, RecursionError):
+            continue
+    return found
+
+
+def withholds(roots: dict[str, str], root: str, persistent: bool) -> bool:
+    """Whether a channel withholding ``roots`` (root topic -> persistence mode) withholds a
+    publication on ``root`` with this delivery mode."""
+    mode = roots.get(root)
+    if mode is None:
+        return False
+    return mode == "all" or persistent == (mode == "persistent")
