@@ -156,7 +156,7 @@ local function now_ms(given)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The header line of an envelope (keys.py: Envelope) without the body and
+-- The header line of an envelope (broker/core/protocol.py: Envelope) without the body and
 -- without its "props" object (the last header field, written by the worker),
 -- so that a user property named like a header field is never read as one.
 -- Header fields are then found with string.match('"name":...'): a string value

@@ -23,7 +23,7 @@ RAW_MSGID = b"u\xff"
 
 
 def _reply_key(publisher: bytes, msgid: bytes) -> bytes:
-    """The reply key as a publisher in any language builds it from its own bytes (keys.py, Reply)."""
+    """The reply key as a publisher in any language builds it from its own bytes (broker.core.protocol, Reply)."""
     return keys.reply_prefix(QM).encode() + str(len(publisher)).encode() + b":" + publisher + b":" + msgid
 
 
