@@ -33,7 +33,7 @@ import redis
 
 from broker.core import keys
 from broker.core.connection import is_cluster
-from broker.core.errors import LibraryMissing
+from broker.core.errors import LibraryMissing, script_error
 
 #: The library's name (``FUNCTION LOAD``'s ``#!lua name=``); function names are server-global,
 #: so each starts with ``broker_``.
@@ -145,14 +145,21 @@ def fcall(client: Any, function: str, key: str, *args: Any, read_only: bool = Fa
 
     Raises:
         LibraryMissing: the library is not loaded and this client's user may not load it.
-        redis.ResponseError: the function's error reply (``BROKER foreign key`` ...); translate
-            it with ``errors.script_error``.
+        ForeignKey: a key of the subscription holds another Redis type (nothing was written).
+        ServerFull: the server is out of memory (nothing was written).
+        redis.ResponseError: any other error reply of the function (a bad argument).
     """
     command = "FCALL_RO" if read_only else "FCALL"
     try:
+        try:
+            return client.execute_command(command, function, 1, key, *args)
+        except redis.ResponseError as exc:
+            if "function not found" not in str(exc).lower():
+                raise
+        ensure_loaded(client)
         return client.execute_command(command, function, 1, key, *args)
     except redis.ResponseError as exc:
-        if "function not found" not in str(exc).lower():
+        translated = script_error(exc, function)
+        if translated is exc:
             raise
-    ensure_loaded(client)
-    return client.execute_command(command, function, 1, key, *args)
+        raise translated from exc
