@@ -23,7 +23,6 @@ from broker.core.server import Server
 from broker.operations.acl import RoleSpec
 from broker.testing import drain, make_workers, queue_messages, wait_for
 from broker.topics.subscriptions import list_subscriptions, subscribe
-from tests.integration.test_security import Users
 
 QM = "TEST"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "node"
@@ -269,14 +268,6 @@ def test_recover_example_gives_a_killed_consumers_message_back_and_it_is_receive
     assert message["body_hex"] == BINARY_BODY.hex() and message["delivery_count"] == "2"
     assert _lines(again, "acked") == ["1"]
     assert queue_messages(real_redis, QM, record.sub_id) == []
-
-
-@pytest.fixture
-def users(real_server: Server, real_redis) -> Iterator[Users]:
-    """ACL users of one test (``test_security.Users``), deleted after it."""
-    made = Users(real_server, real_redis)
-    yield made
-    made.close()
 
 
 def test_examples_run_as_a_publisher_and_a_subscriber_user(example, real_redis, settings, users):

@@ -36,13 +36,6 @@ QM = "TEST"
 
 
 @pytest.fixture
-def users(real_server: Server, real_redis: redis.Redis) -> Iterator[Users]:
-    made = Users(real_server, real_redis)
-    yield made
-    made.close()
-
-
-@pytest.fixture
 def secure(settings: Settings) -> Settings:
     return settings.model_copy(update={"security": True})
 
