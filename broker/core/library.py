@@ -1,7 +1,8 @@
 """The consumer protocol as the Redis Functions library ``broker`` (Redis 7 / Valkey ``FUNCTION``).
 
 Every consumer operation is one ``FCALL`` of it (``broker_receive``, ``broker_renew``,
-``broker_ack``, ``broker_reject``, ``broker_recover``, ``broker_browse``, ``broker_version``;
+``broker_ack``, ``broker_reject``, ``broker_recover``, ``broker_browse``, ``broker_version``, and
+the subscribe request ``broker_request``;
 docs/protocol.md is the API): a client in any language passes the subscription's key, and
 may be a ``subscriber`` ACL user with ``FCALL`` and no ``EVAL``. The workers' hot path
 (``dequeue.lua``, ``commit.lua``) stays ``EVALSHA`` (``broker.core.scripts``).
@@ -40,7 +41,7 @@ from broker.core.errors import LibraryMissing, script_error
 LIBRARY = "broker"
 
 #: The function groups, in load order, after ``lua/lib.lua`` and ``library/subscription.lua``.
-LIBRARY_FILES = ("receive", "ack", "recover", "browse")
+LIBRARY_FILES = ("receive", "ack", "recover", "browse", "control")
 
 #: Every function of the library.
 FUNCTIONS = (
@@ -51,6 +52,7 @@ FUNCTIONS = (
     "broker_reject",
     "broker_recover",
     "broker_browse",
+    "broker_request",
 )
 
 _VERSION_LINE = re.compile(r"^local PROTOCOL_VERSION = (\d+)$", re.M)

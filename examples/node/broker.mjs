@@ -79,12 +79,9 @@ export const subscriptions = (qm = QM) => `${tag(qm)}:subs`;
 
 /**
  * A subscriber's control stream, `{QM1}:ctl:<client id>`: with security on, a subscriber user asks
- * the broker for a subscription with one XADD here (docs/protocol.md, "Subscribing as a request").
+ * the broker for a subscription with one FCALL broker_request on it (docs/protocol.md, "Subscribing as a request").
  */
 export const controlStream = (clientId, qm = QM) => `${tag(qm)}:ctl:${clientId}`;
-
-/** Where the broker posts the answer to request `<id>`: `{QM1}:ctl:<client id>:reply:<id>`. */
-export const controlReply = (clientId, requestId, qm = QM) => `${controlStream(clientId, qm)}:reply:${requestId}`;
 
 /** The routing table's version, bumped with every subscription change: `{QM1}:version`. */
 export const version = (qm = QM) => `${tag(qm)}:version`;

@@ -4,9 +4,9 @@
 //     as an administrator: its record in the subscription hash and a bump of the routing
 //     table's version, in one transaction (MULTI/EXEC);
 //   node subscribe.mjs --request [--client-id app] [--name orders] [--timeout-s 10] FILTER
-//     as a subscriber user (security on: it may not write the subscription hash): one XADD of a
-//     subscribe request to its control stream {QM1}:ctl:<client id>, then one BLPOP of the
-//     broker's answer; the workers check the user's subscribe grants and make the subscription.
+//     as a subscriber user (security on: it may not write the subscription hash): one FCALL
+//     broker_request (a subscribe request on its control stream {QM1}:ctl:<client id>), then one
+//     BLPOP of the broker's answer; the workers check the user's subscribe grants and make the subscription.
 //
 // The subscription id is <client id>$<name> (app$orders); the workers see the new version
 // with their next dequeue and deliver to the subscription from then on. FILTER is an MQTT
@@ -16,7 +16,7 @@
 // refused request, "error: <the broker's reason>" and exit status 3.
 import { randomUUID } from 'node:crypto';
 import {
-  commandLine, connect, controlReply, controlStream, main, subscriptionKey, subscriptions, version,
+  commandLine, connect, controlStream, main, subscriptionKey, subscriptions, version,
 } from './broker.mjs';
 
 const NAME = /^[A-Za-z0-9_.-]{1,128}$/; // a sub id names keys: no ':', no '$' inside its parts
@@ -48,11 +48,12 @@ async function administer(client) {
 
 /** The subscriber's way: a request on its control stream, answered by the broker. */
 async function request(client) {
-  const id = randomUUID();
-  await client.xAdd(controlStream(clientId), '*', {
-    op: 'subscribe', name: values.name, topic: filter, durable: '1', reply: id,
+  // FCALL broker_request 1 <control stream> field value ...: returns [entry id, the answer's key]
+  const [, answerKey] = await client.fCall('broker_request', {
+    keys: [controlStream(clientId)],
+    arguments: ['op', 'subscribe', 'name', values.name, 'topic', filter, 'durable', '1', 'reply', randomUUID()],
   });
-  const answer = await client.blPop(controlReply(clientId, id), Number(values['timeout-s']));
+  const answer = await client.blPop(answerKey, Number(values['timeout-s']));
   if (answer === null) throw new Error(`no answer within ${values['timeout-s']} s (are the workers running with security on?)`);
   const got = JSON.parse(answer.element);
   if (!got.ok) {
