@@ -520,7 +520,7 @@ def _print_topic_status(found: TopicStatus) -> None:
 
 
 def _print_topic_statistics(found: TopicStatistics) -> None:
-    """``broker topic status``'s statistics line (IBM MQ ``DISPLAY TPSTATUS``: PUBCOUNT, LPUBDATE/LPUBTIME, SUBCOUNT)."""
+    """``broker topic status``'s statistics line (IBM MQ ``DISPLAY TPSTATUS``)."""
     last = _utc(found.last_publication_ms)
     click.echo(
         f"statistics: {found.publications} publications, {found.copies} copies delivered, "

@@ -1,6 +1,9 @@
 """Topic statistics: per topic string, publications, copies delivered, the last publication's time
-and the subscriptions it reaches (IBM MQ ``DISPLAY TPSTATUS`` with ``TYPE(TOPIC)``: PUBCOUNT,
-LPUBDATE/LPUBTIME, SUBCOUNT; SwiftMQ's usage counters).
+and the subscriptions it reaches (IBM MQ ``DISPLAY TPSTATUS``: ``TYPE(TOPIC)``'s SUBCOUNT, and
+``TYPE(PUB)``'s NUMPUBS and LPUBDATE/LPUBTIME, which MQ keeps per publisher, added up per topic
+string here; SwiftMQ's usage counters). MQ's PUBCOUNT is the applications publishing on the topic
+now: ``broker topic status`` shows the publishers among the newest stream entries instead
+(``broker.operations.status.topic_status``).
 
 **Counted in the worker, flushed on a timer.** The worker's apply step (``worker.loop``) hands each
 committed batch to its ``TopicCounter``: a dict update per delivered publication, no Redis call.
@@ -153,9 +156,9 @@ class TopicStatistics:
 
     Attributes:
         topic: the topic string; ``OTHER`` ("") for every topic past the bound.
-        publications: publications delivered on it (PUBCOUNT), as flushed by the workers.
+        publications: publications delivered on it (MQ's NUMPUBS, of every publisher), as flushed by the workers.
         copies: copies of them put on subscriber queues.
-        last_publication_ms: when the last one was delivered, ms since the epoch (LPUBDATE and
+        last_publication_ms: when the last one was delivered, ms since the epoch (MQ's LPUBDATE and
             LPUBTIME), or None.
         subscriptions: the subscriptions a publication on it reaches now (SUBCOUNT); None for ``OTHER``.
     """

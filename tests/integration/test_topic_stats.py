@@ -1,4 +1,4 @@
-"""Topic statistics (issue 28 row 13; IBM MQ DISPLAY TPSTATUS: PUBCOUNT, LPUBDATE/LPUBTIME, SUBCOUNT):
+"""Topic statistics (issue 28 row 13; IBM MQ DISPLAY TPSTATUS: NUMPUBS, LPUBDATE/LPUBTIME, SUBCOUNT):
 counted in the worker's memory, flushed by its housekeeping on a timer, bounded, on a real server."""
 
 from __future__ import annotations

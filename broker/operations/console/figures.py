@@ -230,7 +230,7 @@ def topic(client: redis.Redis, settings: Settings, topic_string: str) -> dict[st
         "scanned": found.scanned,
         "blocked": found.blocked,
         "blocked_by": found.blocked_by,
-        # IBM MQ DISPLAY TPSTATUS's PUBCOUNT, LPUBDATE/LPUBTIME, SUBCOUNT (broker.operations.topic_stats)
+        # IBM MQ DISPLAY TPSTATUS's SUBCOUNT, NUMPUBS, LPUBDATE/LPUBTIME (broker.operations.topic_stats)
         "statistics": (
             asdict(topic_statistics(client, settings, topic_string))
             if settings.topic_stats_max_topics
