@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from broker.core import keys, wire
 from broker.core.config import Settings
-from broker.operations.topic_stats import routing_table
+from broker.operations.topic_stats import read_count, routing_table
 
 log = logging.getLogger("broker.metrics")
 
@@ -77,7 +77,7 @@ class TopicStatsCollector(Collector):
         pipe.zrange(keys.topic_last_publication(qm), 0, -1, withscores=True)
         counts, copied, scored = pipe.execute()
         times = dict(scored)
-        ranked = sorted(counts, key=lambda t: (t == b"", -int(counts[t]), t))
+        ranked = sorted(counts, key=lambda t: (t == b"", -read_count(counts[t]), t))
         shown = [t for t in ranked[: self.settings.metrics_max_topics] if t != b""]
         table = routing_table(client, self.settings)
         names = list(TOPIC_METRICS)
@@ -87,15 +87,15 @@ class TopicStatsCollector(Collector):
         last, subs = (GaugeMetricFamily(n, TOPIC_METRICS[n][1], labels=["topic"]) for n in names[2:])
         for field in shown:
             topic = wire.exact_text(field)
-            pubs.add_metric([topic], int(counts[field]))
-            copies.add_metric([topic], int(copied.get(field, 0)))
+            pubs.add_metric([topic], read_count(counts[field]))
+            copies.add_metric([topic], read_count(copied.get(field)))
             if field in times:
                 last.add_metric([topic], times[field] / 1000)
             subs.add_metric([topic], len(table.resolve(topic).sub_ids))
         rest = ranked[len(shown) :]
         if rest:
-            pubs.add_metric([""], sum(int(counts[t]) for t in rest))
-            copies.add_metric([""], sum(int(copied.get(t, 0)) for t in rest))
+            pubs.add_metric([""], sum(read_count(counts[t]) for t in rest))
+            copies.add_metric([""], sum(read_count(copied.get(t)) for t in rest))
             rest_times = [times[t] for t in rest if t in times]
             if rest_times:
                 last.add_metric([""], max(rest_times) / 1000)

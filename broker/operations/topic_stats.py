@@ -146,7 +146,13 @@ class TopicCounter:
             pipe.hincrby(keys.topic_publications(qm), field, publications)
             pipe.hincrby(keys.topic_copies(qm), field, copies)
             pipe.zadd(keys.topic_last_publication(qm), {field: last_ms}, gt=True)
-        pipe.execute()
+        refused = [r for r in pipe.execute(raise_on_error=False) if isinstance(r, Exception)]
+        for reply in refused:
+            if isinstance(reply, redis.exceptions.OutOfMemoryError):
+                raise reply  # a full server: noted by the worker's round, not a failure
+        if refused and str(refused[0]) != self._problem:  # a field that is not an integer
+            self._problem = str(refused[0])
+            log.warning("topic statistics: %d of the flush's writes refused: %s", len(refused), refused[0])
         return sum(row[0] for _, row in rows)
 
 
@@ -175,6 +181,14 @@ class TopicStatistics:
         return self.topic if self.topic != OTHER else OTHER_SHOWN
 
 
+def read_count(raw: bytes | float | None) -> int:
+    """A count read back; 0 for one that is not an integer (written by hand: shown, never raised)."""
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0
+
+
 def _statistics(
     client: redis.Redis, qm: str, topics: list[str], table: RoutingTable
 ) -> list[TopicStatistics]:
@@ -189,8 +203,8 @@ def _statistics(
     return [
         TopicStatistics(
             topic,
-            int(publications[i] or 0),
-            int(copies[i] or 0),
+            read_count(publications[i]),
+            read_count(copies[i]),
             None if last[i] is None else int(last[i]),
             None if topic == OTHER else len(table.resolve(topic).sub_ids),
         )
@@ -231,7 +245,8 @@ def top_topics(client: redis.Redis, settings: Settings, count: int) -> list[Topi
     """
     counts: dict[bytes, bytes] = client.hgetall(keys.topic_publications(settings.qm))  # type: ignore[assignment]
     ranked = sorted(
-        ((int(n), wire.exact_text(t)) for t, n in counts.items() if t != b""), key=lambda p: (-p[0], p[1])
+        ((read_count(n), wire.exact_text(t)) for t, n in counts.items() if t != b""),
+        key=lambda p: (-p[0], p[1]),
     )
     wanted = [topic for _, topic in ranked[:count]]
     if b"" in counts:

@@ -275,3 +275,29 @@ def test_the_consoles_topic_page_shows_them(real_server, real_redis, settings):
     shown = page.text[page.text.index('id="topic-statistics"') :]
     assert shown.startswith('id="topic-statistics">Statistics: 3 publication(s) delivered, 3 copies')
     assert "1 subscription(s)" in shown
+
+
+def test_a_field_that_is_not_a_count_is_logged_and_the_other_topics_are_still_counted(
+    real_redis, settings, caplog
+):
+    # Given a count written by hand that is not an integer
+    real_redis.hset(keys.topic_publications(QM), "h/bad", "many")
+    clock = Clock()
+    worker = _worker(real_redis, settings, clock)
+    # When publications on it and on another topic are flushed
+    _publish(real_redis, {"h/bad": 1, "h/good": 2})
+    assert drain([worker]) == 3
+    clock.now += settings.topic_stats_flush_ms
+    with caplog.at_level(logging.WARNING, logger="broker.worker"):
+        worker.run_once()
+    # Then the refusal is logged, the worker goes on, the other topic is counted, and reading shows 0
+    assert "topic statistics: 1 of the flush's writes refused" in caplog.text
+    assert topic_statistics(real_redis, settings, "h/good").publications == 2
+    assert [(r.topic, r.publications) for r in top_topics(real_redis, settings, 5)] == [
+        ("h/good", 2),
+        ("h/bad", 0),
+    ]
+    text = exposition(sampled_registry(real_redis, settings))
+    assert _series(text, "broker_topic_publications_total") == {"h/good": 2, "h/bad": 0}
+    _publish(real_redis, {"h/good": 1})
+    assert drain([worker]) == 1
