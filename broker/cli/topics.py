@@ -199,7 +199,8 @@ def _attributes_error(exc: ValidationError) -> click.BadParameter:
 
 
 @click.group(
-    "topic", short_help="Administrative topic objects: define, alter, delete, display, apply, status, tree."
+    "topic",
+    short_help="Administrative topic objects: define, alter, delete, display, apply, status, stats, tree.",
 )
 def topic_group() -> None:
     """Topic objects (IBM MQ): a name bound to a topic string, with attributes that topics below
@@ -332,7 +333,7 @@ def topic_status_command(state: State, topic_string: str, as_json: bool) -> None
 def topic_stats_command(state: State, count: int, as_json: bool) -> None:
     """List the topic strings with the most publications: publications, copies delivered, subscriptions
     reached and the last publication (IBM MQ DISPLAY TPSTATUS), then "(other topics)", every topic
-    string past ``topic_stats_max_topics`` added up."""
+    string past topic_stats_max_topics added up."""
     rows = top_topics(state.client(), state.settings, count)
     if as_json:
         click.echo(json.dumps([asdict(row) for row in rows]))
