@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import signal
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -12,7 +14,8 @@ from broker import Publisher, subscribe, unsubscribe
 from broker.core import keys
 from broker.operations.metrics import exposition, sampled_registry
 from broker.operations.topic_stats import OTHER, top_topics, topic_statistics
-from broker.testing import drain
+from broker.testing import drain, make_workers
+from scripts.rig.hook import run_worker
 from worker.loop import Worker
 
 QM = "TEST"
@@ -301,3 +304,36 @@ def test_a_field_that_is_not_a_count_is_logged_and_the_other_topics_are_still_co
     assert _series(text, "broker_topic_publications_total") == {"h/good": 2, "h/bad": 0}
     _publish(real_redis, {"h/good": 1})
     assert drain([worker]) == 1
+
+
+def test_a_worker_sigkilled_after_a_commit_loses_only_its_unflushed_counts_and_none_is_counted_twice(
+    real_redis, settings, tmp_path
+):
+    # Given 10 publications on one topic, one subscription, and a worker process that flushes
+    # rarely, reads 3 at a time and SIGKILLs itself right after its first commit
+    subscribe(real_redis, QM, "x/#", "app", "a")
+    _publish(real_redis, {"x/a": 10})
+    victim_settings = settings.model_copy(
+        update={"topic_stats_flush_ms": 600_000, "batch_size": 3, "heads": 3}
+    )
+    plan = {"point": "after_commit", "action": "kill", "after": 1}
+    proc = multiprocessing.get_context("spawn").Process(
+        target=run_worker,
+        args=(victim_settings.model_dump_json(), str(tmp_path), str(tmp_path / "worker.log"), plan),
+    )
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == -signal.SIGKILL
+    # When, its lease over, the other workers deliver the rest and stop warm
+    for key in real_redis.scan_iter(match=keys.turn_key(QM, "*")):
+        real_redis.delete(key)
+    survivors = make_workers(real_redis, settings, 2)
+    drain(survivors)
+    for worker in survivors:
+        worker.shutdown()
+    # Then every publication was delivered once, and the statistics hold exactly the survivors'
+    # publications: the victim's commit is lost from them (never added), none counted twice
+    assert real_redis.llen(keys.sub_queue(QM, "app$a")) == 10
+    survived = sum(w.processed for w in survivors)
+    assert 0 < survived < 10
+    assert topic_statistics(real_redis, settings, "x/a").publications == survived
