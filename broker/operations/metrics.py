@@ -45,6 +45,7 @@ from broker.clients.loads import read_loads
 from broker.core import clock, keys, wire
 from broker.core.config import Settings
 from broker.core.unit_of_work import Outcome, UnitOfWork
+from broker.operations.topic_metrics import TopicStatsCollector
 
 log = logging.getLogger("broker.metrics")
 
@@ -648,6 +649,7 @@ def sampled_registry(client: redis.Redis, settings: Settings) -> CollectorRegist
     """A registry holding the Redis-sampled metrics alone (``broker metrics``)."""
     registry = CollectorRegistry()
     registry.register(RedisCollector(client, settings))
+    registry.register(TopicStatsCollector(client, settings))  # broker.operations.topic_metrics
     return registry
 
 
@@ -674,6 +676,7 @@ def pool_registry(path: str, client: redis.Redis, settings: Settings) -> Collect
     registry = CollectorRegistry()
     _StartedFilesCollector(registry, path=path)
     registry.register(RedisCollector(client, settings))
+    registry.register(TopicStatsCollector(client, settings))  # broker.operations.topic_metrics
     return registry
 
 
