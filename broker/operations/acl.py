@@ -212,6 +212,8 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
             "-@dangerous",
             "-@admin",
             "+info",
+            "+fcall_ro",  # browsing a queue (broker_browse is read only; the keys are read only too)
+            "+time",  # the clock broker_browse leaves expired messages out by
             f"%R~{keys.all_keys_pattern(qm)}",
         ]
     else:  # pragma: no cover - Literal
