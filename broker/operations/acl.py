@@ -394,6 +394,16 @@ def delete_user(client: redis.Redis, qm: str, user: str) -> bool:
     return any(int(n) for n in done)
 
 
+def server_has_user(client: redis.Redis, user: str) -> bool:
+    """Whether the server (its first node) has ACL user ``user``: users are server-wide, a
+    queue manager's registry ``{qm}:acl`` names only those the broker made for it.
+
+    Raises:
+        redis.exceptions.NoPermissionError: the client's user may not run ``ACL GETUSER``.
+    """
+    return _nodes(client)[0].execute_command("ACL", "GETUSER", user) is not None
+
+
 @dataclass
 class UserRow:
     """A broker ACL user for ``broker acl list`` (never its password)."""

@@ -16,8 +16,11 @@ Import checks the whole document first, against itself and against what the queu
 holds (filters, topics, names, attributes, link cycles, a subscription or topic object that
 exists with other settings, publisher ids bound to another user, grants naming unknown
 users or topic objects), and refuses it with ``InvalidDefinitions`` before writing anything.
-What exists already with the same settings is kept; a user that exists is kept as it is
-(with its password). A user made by an import has no password and cannot log in until an
+What exists already with the same settings is kept; a user of the queue manager that exists is
+kept as it is (with its password). ACL users are server-wide: a user the document names that
+exists on the server but not in this queue manager's registry (another queue manager's, or one
+whose keys were deleted) is never reset: it is left as it is and named in the report's notes,
+and its grants are not imported. A user made by an import has no password and cannot log in until an
 operator gives it one: ``broker acl rotate NAME --password-env VAR``.
 """
 
@@ -39,7 +42,7 @@ from broker.core.principals import check_principal, holders
 from broker.core.schemes import recorded_scheme
 from broker.core.selectors import check_size, compile_selector
 from broker.core.topic_rules import validate_topic
-from broker.operations.acl import RoleSpec, add_user, rules
+from broker.operations.acl import RoleSpec, add_user, rules, server_has_user
 from broker.operations.grants import grant, list_grants
 from broker.topics import links as links_ops
 from broker.topics import topic_objects
@@ -306,7 +309,7 @@ def _check_users(client: redis.Redis, settings: Settings, doc: Definitions, obje
             raise InvalidDefinitions(where, "the default user is not a broker role")
         spec = RoleSpec(user.role, user.publisher_ids, user.client_id, user.peers)
         _checked(where, rules, qm, user.name, spec)
-        if user.role == "publisher" and user.name not in known:
+        if user.role == "publisher" and user.name not in known and not server_has_user(client, user.name):
             taken = holders(client, qm, user.name, user.publisher_ids)
             if taken:
                 raise InvalidDefinitions(where, f"publisher ids bound to another user: {taken}")
@@ -397,14 +400,25 @@ def import_definitions(
 
 def _import_users(client: redis.Redis, qm: str, doc: Definitions, report: ImportReport) -> None:
     known = {wire.lenient_text(u) for u in read_hash(client, keys.acl_users(qm))}
+    left: set[str] = set()
     for user in doc.users:
         made = user.name not in known
+        if made and server_has_user(client, user.name):  # ACL users are server-wide: never reset one
+            left.add(user.name)
+            report.notes.append(
+                f"user {user.name!r} exists on the server but not for {qm} (another queue manager's, or "
+                "made before the keys were deleted): left as it is, with its password; `broker acl add` "
+                "it for this queue manager if it should be one of its users (its grants were not imported)"
+            )
+            continue
         if made:  # no password: it cannot log in until `broker acl rotate` gives it one
             spec = RoleSpec(user.role, list(user.publisher_ids), user.client_id, list(user.peers))
             add_user(client, qm, user.name, spec, None)
         report.add("users", user.name, made)
     stored = list_grants(client, qm)[0]
     for holder, record in doc.grants.items():
+        if holder in left:
+            continue
         have = stored.get(holder)
         missing = {
             k: [v for v in getattr(record, k) if have is None or v not in getattr(have, k)] for k in KINDS

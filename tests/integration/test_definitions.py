@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -17,6 +18,17 @@ from broker.topics import links, topic_objects
 from broker.topics.subscriptions import read_subscriptions, subscribe
 
 QM = "TEST"
+
+
+@pytest.fixture(autouse=True)
+def _no_users_left(real_redis: redis.Redis) -> Iterator[None]:
+    """ACL users are server-wide (FLUSHALL keeps them): each test starts and ends without these."""
+    names = ("feeder", "reader")
+    for name in names:
+        real_redis.execute_command("ACL", "DELUSER", name)
+    yield
+    for name in names:
+        real_redis.execute_command("ACL", "DELUSER", name)
 
 
 def _define_everything(client: redis.Redis, settings: Settings) -> None:
@@ -157,3 +169,25 @@ def test_the_cli_refuses_a_bad_file_with_exit_2_and_writes_nothing(
     assert answer.exit_code == 2
     assert "users.0.role" in answer.output and "nothing was written" in answer.output
     assert real_redis.keys(keys.all_keys_pattern(QM)) == []
+
+
+def test_a_user_of_another_queue_manager_on_the_same_server_is_left_as_it_is_with_its_password(
+    real_redis: redis.Redis, settings: Settings, real_server
+) -> None:
+    # Given user "feeder" of queue manager OTHER on the same server (ACL users are server-wide)
+    add_user(real_redis, "OTHER", "feeder", RoleSpec("publisher", publisher_ids=["feed1"]), "secret-1")
+    doc = {
+        "users": [{"name": "feeder", "role": "monitor"}],
+        "grants": {"feeder": {"publish": ["a/#"]}},
+        "links": [{"source": "a", "target": "b"}],
+    }
+    # When a document naming it is imported into TEST
+    report = import_definitions(real_redis, settings, doc)
+    # Then its password still works, it is named in the notes, and the rest is imported
+    other = redis.Redis.from_url(real_server.url)
+    assert other.execute_command("AUTH", "feeder", "secret-1")
+    other.close()
+    assert any("'feeder' exists on the server" in note for note in report.notes)
+    assert not real_redis.hexists(keys.acl_users(QM), "feeder")
+    assert list_grants(real_redis, QM)[0] == {}
+    assert links.list_links(real_redis, QM) == [("a", "b", False)]
