@@ -619,12 +619,14 @@ class InvalidDefinitions(BrokerError, ValueError):
 
     Attributes:
         where: the entry, e.g. ``subscriptions[2].filter``.
+        conflict: the entry is valid but conflicts with what the queue manager holds (HTTP 409).
     """
 
     exit_code = 2
 
-    def __init__(self, where: str, reason: str) -> None:
+    def __init__(self, where: str, reason: str, conflict: bool = False) -> None:
         self.where = where
+        self.conflict = conflict
         super().__init__(f"definitions refused, nothing was written: {where}: {reason}")
 
 

@@ -266,7 +266,9 @@ def _check_subscriptions(client: redis.Redis, settings: Settings, doc: Definitio
             old.mode == "shared",
             old.durable,
         ) != (sub.filter, sub.selector, sub.no_local, sub.mode == "shared", True):
-            raise InvalidDefinitions(where, "exists here with other settings; unsubscribe it first")
+            raise InvalidDefinitions(
+                where, "exists here with other settings; unsubscribe it first", conflict=True
+            )
 
 
 def _check_topics(client: redis.Redis, settings: Settings, doc: Definitions) -> set[str]:
@@ -283,10 +285,12 @@ def _check_topics(client: redis.Redis, settings: Settings, doc: Definitions) -> 
         _checked(where, valid, obj.topic_string)
         old = tree.objects.get(obj.name)
         if old is not None and old.topic_string != obj.topic_string:
-            raise InvalidDefinitions(where, f"exists here bound to {old.topic_string!r}")
+            raise InvalidDefinitions(where, f"exists here bound to {old.topic_string!r}", conflict=True)
         other = bound.get(obj.topic_string)
         if other is not None and other != obj.name:
-            raise InvalidDefinitions(where, f"topic object {other!r} is bound to {obj.topic_string!r}")
+            raise InvalidDefinitions(
+                where, f"topic object {other!r} is bound to {obj.topic_string!r}", conflict=True
+            )
         bound[obj.topic_string] = obj.name
     for i, topic in enumerate(doc.declared_topics):
         _checked(f"declared_topics[{i}]", hierarchy.validate_topic, topic)
@@ -312,7 +316,9 @@ def _check_users(client: redis.Redis, settings: Settings, doc: Definitions, obje
         if user.role == "publisher" and user.name not in known and not server_has_user(client, user.name):
             taken = holders(client, qm, user.name, user.publisher_ids)
             if taken:
-                raise InvalidDefinitions(where, f"publisher ids bound to another user: {taken}")
+                raise InvalidDefinitions(
+                    where, f"publisher ids bound to another user: {taken}", conflict=True
+                )
     users = known | {u.name for u in doc.users}
     for holder, record in doc.grants.items():
         where = f"grants.{holder}"
@@ -331,13 +337,15 @@ def check_definitions(client: redis.Redis, settings: Settings, doc: Definitions)
     """Check ``doc`` against itself and the queue manager, writing nothing.
 
     Raises:
-        InvalidDefinitions: the first problem found (``import_definitions`` lists them).
+        InvalidDefinitions: the first problem found (``conflict`` set when it is a conflict with
+            what the queue manager holds).
     """
     recorded = read_hash(client, keys.manager(settings.qm)).get(b"topic_scheme")
     if recorded is not None and wire.lenient_text(recorded) != doc.topic_scheme:
         raise InvalidDefinitions(
             "topic_scheme",
             f"this queue manager uses {wire.lenient_text(recorded)!r}, not {doc.topic_scheme!r}",
+            conflict=True,
         )
     _check_subscriptions(client, settings, doc)
     objects = _check_topics(client, settings, doc)

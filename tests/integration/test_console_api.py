@@ -251,6 +251,13 @@ def test_a_purge_refuses_a_band_of_another_type_and_deletes_nothing(
         ("GET", "/api/dead-letters/1-1", None, 404, "DeadLetterNotFound"),
         ("POST", "/api/dead-letters/purge", {}, 400, "EmptySelection"),
         ("POST", "/api/definitions", {"links": "no"}, 400, "InvalidDefinitions"),
+        (
+            "POST",
+            "/api/definitions",
+            {"subscriptions": [{"id": "app$scores", "filter": "x/#"}]},
+            409,
+            "InvalidDefinitions",
+        ),
         ("GET", "/api/no-such-thing", None, 404, "NotFound"),
     ],
 )

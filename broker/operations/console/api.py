@@ -39,6 +39,7 @@ from broker.core.errors import (
     ConnectionLost,
     CorruptRecord,
     ForeignKey,
+    InvalidDefinitions,
     LinkCycle,
     LoginRefused,
     NoSuchSubscription,
@@ -160,7 +161,7 @@ def status_of(exc: BaseException) -> int:
         TooManySubscriptions,
         SubscriptionRefused,
     )
-    if isinstance(exc, conflicts):
+    if isinstance(exc, conflicts) or (isinstance(exc, InvalidDefinitions) and exc.conflict):
         return 409
     if isinstance(exc, (ValueError, ValidationError)):
         return 400
