@@ -234,6 +234,7 @@ def test_a_purge_refuses_a_band_of_another_type_and_deletes_nothing(
         ("PUT", "/api/subscriptions/app$x", {"filter": "a/#/b"}, 400, "InvalidTopicFilter"),
         ("PUT", "/api/subscriptions/app$x", {"selector": "a > 1"}, 400, "BadRequest"),
         ("PUT", "/api/subscriptions/noid", {"filter": "a"}, 400, "BadRequest"),
+        ("PUT", "/api/subscriptions/app$x", {"filter": "$share/grp/a/#"}, 400, "BadRequest"),
         ("PUT", "/api/subscriptions/app$scores", {"filter": "other/#"}, 409, "SubscriptionConflict"),
         ("GET", "/api/subscriptions/app$none", None, 404, "NoSuchSubscription"),
         ("DELETE", "/api/subscriptions/app$none", None, 404, "NoSuchSubscription"),

@@ -52,6 +52,7 @@ from broker.core.errors import (
     TopicObjectConflict,
 )
 from broker.core.models import Message
+from broker.core.schemes import recorded_scheme
 from broker.operations import dead_letters, definitions
 from broker.operations.acl import RoleSpec
 from broker.operations.console import dlq as dlq_views
@@ -63,6 +64,7 @@ from broker.operations.status import status
 from broker.topics import declared, links, topic_objects
 from broker.topics.subscriptions import (
     SubscriptionRecord,
+    check_filter,
     purge_subscription,
     read_subscriptions,
     subscribe,
@@ -318,11 +320,17 @@ class Api:
         owner, dollar, name = sub_id.partition("$")
         if not dollar:
             raise ApiError(400, "BadRequest", "a subscription id is <client id>$<name>")
+        topic_filter = call.text("filter")
+        share, _ = check_filter(topic_filter, recorded_scheme(call.client, self.qm), self.settings)
+        if share and share != owner:  # before anything is written
+            raise ApiError(
+                400, "BadRequest", f"a $share/{share}/ filter makes {share}$<name>, not {sub_id!r}"
+            )
         existed = bool(call.client.hexists(keys.subscriptions(self.qm), sub_id))
         record = subscribe(
             call.client,
             self.qm,
-            call.text("filter"),
+            topic_filter,
             owner,
             name,
             shared=call.flag("shared"),
@@ -330,8 +338,6 @@ class Api:
             no_local=call.flag("no_local"),
             settings=self.settings,
         )
-        if record.sub_id != sub_id:
-            raise ApiError(400, "BadRequest", f"a $share/ filter makes {record.sub_id!r}, not {sub_id!r}")
         return (200 if existed else 201), self._record(record)
 
     def delete_subscription(self, call: Call) -> Answer:
