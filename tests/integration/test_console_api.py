@@ -249,6 +249,7 @@ def test_a_purge_refuses_a_band_of_another_type_and_deletes_nothing(
             "ValidationError",
         ),
         ("GET", "/api/topic-objects/NONE", None, 404, "NoSuchTopicObject"),
+        ("PUT", "/api/topic-objects/X", {"topic_string": "x", "attributes": [1]}, 400, "BadRequest"),
         ("GET", "/api/dead-letters/1-1", None, 404, "DeadLetterNotFound"),
         ("POST", "/api/dead-letters/purge", {}, 400, "EmptySelection"),
         ("POST", "/api/definitions", {"links": "no"}, 400, "InvalidDefinitions"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -70,6 +71,8 @@ from broker.topics.subscriptions import (
     subscribe,
     unsubscribe,
 )
+
+_log = logging.getLogger(__name__)
 
 #: The header a browser session sends its CSRF token in, with every write.
 CSRF_HEADER = "x-csrf-token"
@@ -246,6 +249,9 @@ class Api:
             except (ApiError, BrokerError, redis.RedisError, ValueError) as exc:
                 kind = exc.kind if isinstance(exc, ApiError) else type(exc).__name__
                 return error_response(status_of(exc), kind, str(exc))
+            except Exception as exc:  # a bug: logged, and still a JSON answer
+                _log.exception("management API: %s %s failed", request.method, request.url.path)
+                return error_response(500, "InternalError", f"{type(exc).__name__}: {exc}")
             finally:
                 if transient and session is not None:
                     self.store.logout(session)
@@ -389,7 +395,10 @@ class Api:
 
     def define_topic_object(self, call: Call) -> Answer:
         name = call.params["name"]
-        attributes = topic_objects.Attributes(**call.body.get("attributes", {}))
+        given = call.body.get("attributes", {})
+        if not isinstance(given, dict):
+            raise ApiError(400, "BadRequest", "attributes must be an object of attribute -> value")
+        attributes = topic_objects.Attributes(**given)
         existed = name in topic_objects.read_tree(call.client, self.qm).objects
         obj = topic_objects.define(
             call.client,
