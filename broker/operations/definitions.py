@@ -39,7 +39,7 @@ from broker.core.config import ConsumerMode, Settings
 from broker.core.connection import read_hash
 from broker.core.errors import BrokerError, InvalidDefinitions, translate_errors
 from broker.core.principals import check_principal, holders
-from broker.core.schemes import recorded_scheme
+from broker.core.schemes import recorded_scheme, separator
 from broker.core.selectors import check_size, compile_selector
 from broker.core.topic_rules import validate_topic
 from broker.operations.acl import RoleSpec, add_user, rules, server_has_user
@@ -52,6 +52,7 @@ from broker.topics.subscriptions import (
     SubscriptionRecord,
     check_filter,
     check_name,
+    check_topic_tree,
     read_subscriptions,
     subscribe,
 )
@@ -243,6 +244,20 @@ def _checked(where: str, check: Callable[..., Any], *args: Any, **kwargs: Any) -
 def _check_subscriptions(client: redis.Redis, settings: Settings, doc: Definitions) -> None:
     qm, scheme = settings.qm, doc.topic_scheme
     existing = {s.sub_id: s for s in read_subscriptions(client, qm)[0]}
+    per_client: dict[str, int] = {}
+    for sub_id in existing:
+        per_client[sub_id.partition("$")[0]] = per_client.get(sub_id.partition("$")[0], 0) + 1
+    # the topic objects there will be: those stored, then the document's
+    raw = dict(read_hash(client, keys.topic_objects(qm)))
+    for obj in doc.topic_objects:
+        new = topic_objects.TopicObject(
+            name=obj.name,
+            topic_string=obj.topic_string,
+            attributes=obj.attributes,
+            description=obj.description,
+        )
+        raw[obj.name.encode()] = new.to_json()
+    tree = topic_objects.TopicTree.parse(qm, raw, separator(scheme))
     for i, sub in enumerate(doc.subscriptions):
         where = f"subscriptions[{i}] ({sub.id})"
         owner, dollar, name = sub.id.partition("$")
@@ -250,7 +265,7 @@ def _check_subscriptions(client: redis.Redis, settings: Settings, doc: Definitio
             raise InvalidDefinitions(where, "an id is <client id>$<name>")
         _checked(where, check_name, "client id", owner)
         _checked(where, check_name, "subscription name", name)
-        share, _ = _checked(where, check_filter, sub.filter, scheme, settings)
+        share, inner = _checked(where, check_filter, sub.filter, scheme, settings)
         if share != sub.share or (share and owner != share):
             raise InvalidDefinitions(
                 where, "share must be the filter's $share/<ShareName>/ and the id's owner"
@@ -259,6 +274,13 @@ def _check_subscriptions(client: redis.Redis, settings: Settings, doc: Definitio
             _checked(where, check_size, sub.selector, settings.max_selector_bytes)
             _checked(where, compile_selector, sub.selector)
         old = existing.get(sub.id)
+        if old is None:
+            record = SubscriptionRecord(sub.id, inner, True, 0, sub.selector, sub.no_local, sub.mode, share)
+            _checked(where, check_topic_tree, qm, tree, record)
+            per_client[owner] = per_client.get(owner, 0) + 1
+            limit = settings.max_subscriptions_per_client
+            if limit and per_client[owner] > limit:
+                raise InvalidDefinitions(where, f"{owner!r} would have more than {limit} subscriptions")
         if old is not None and (
             old.shown_filter,
             old.selector,
@@ -347,8 +369,8 @@ def check_definitions(client: redis.Redis, settings: Settings, doc: Definitions)
             f"this queue manager uses {wire.lenient_text(recorded)!r}, not {doc.topic_scheme!r}",
             conflict=True,
         )
-    _check_subscriptions(client, settings, doc)
     objects = _check_topics(client, settings, doc)
+    _check_subscriptions(client, settings, doc)
     _check_users(client, settings, doc, objects)
 
 

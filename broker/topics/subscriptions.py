@@ -690,3 +690,13 @@ def check_filter(topic_filter: str, scheme: str, settings: Settings | None = Non
     """
     limits = _Limits.of(settings, None, None, None, None)
     return _parse_filter(topic_filter, scheme, limits.topic_bytes, limits.topic_levels)
+
+
+def check_topic_tree(qm: str, tree: TopicTree, record: SubscriptionRecord) -> None:
+    """Whether the topic objects of ``tree`` allow ``record`` as a new subscription (``subscribe``'s
+    check, for a caller that checks many before writing any: ``broker.operations.definitions``).
+
+    Raises:
+        SubscriptionRefused: ``SUB(DISABLED)`` above its filter, or ``DURSUB(NO)`` for a durable one.
+    """
+    _check_topic_tree(qm, tree, record)

@@ -109,6 +109,13 @@ def test_importing_twice_keeps_what_exists_and_creates_nothing(
          "topic_objects.0.attributes"),
         ({"users": [{"name": "u", "role": "subscriber"}]}, "users[0]"),
         ({"grants": {"nobody": {"publish": ["a"]}}}, "grants.nobody"),
+        (
+            {
+                "topic_objects": [{"name": "S", "topic_string": "s", "attributes": {"dursub": "NO"}}],
+                "subscriptions": [{"id": "a$b", "filter": "s/#"}],
+            },
+            "subscriptions[0]",
+        ),
         ({"subscriptions": [{"id": "a$b", "filter": "a/#", "selector": "x >"}]}, "subscriptions[0]"),
     ],
 )  # fmt: skip
