@@ -280,6 +280,15 @@ def test_bad_calls_get_a_json_error_with_its_status_and_change_nothing(
     assert _state(real_redis) == before
 
 
+def test_a_foreign_key_is_a_409_naming_it(
+    api: TestClient, passwords: dict[str, str], real_redis: redis.Redis
+) -> None:
+    real_redis.set(keys.grants(QM), "planted")
+    answer = call(api, "admin", passwords, "GET", "/api/grants")
+    assert (answer.status_code, answer.json()["kind"]) == (409, "ForeignKey"), answer.text
+    assert keys.grants(QM) in answer.json()["error"]
+
+
 def test_a_body_that_is_not_a_json_object_is_refused_with_400(
     api: TestClient, passwords: dict[str, str]
 ) -> None:

@@ -33,8 +33,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from broker.clients.consumer import BROWSE_MAX, browse, consumers_of
-from broker.core import keys
+from broker.core import keys, wire
 from broker.core.config import Settings
+from broker.core.connection import read_hash
 from broker.core.errors import (
     BrokerError,
     ConnectionLost,
@@ -476,13 +477,12 @@ class Api:
 
     def users(self, call: Call) -> Answer:
         out = []
-        for raw_user, raw in sorted(call.client.hgetall(keys.acl_users(self.qm)).items()):
+        for raw_user, raw in sorted(read_hash(call.client, keys.acl_users(self.qm)).items()):
             try:
                 spec = RoleSpec.from_json(raw)
             except ValueError:
                 continue
-            user = raw_user.decode("utf-8", "replace") if isinstance(raw_user, bytes) else str(raw_user)
-            out.append({"name": user, **{k: v for k, v in spec.__dict__.items()}})
+            out.append({"name": wire.lenient_text(raw_user), **asdict(spec)})
         return 200, out
 
     def grants(self, call: Call) -> Answer:
