@@ -31,6 +31,7 @@ import click
 
 from broker.cli import (
     acl,
+    definitions,
     demo,
     dlq,
     jobs,
@@ -113,6 +114,7 @@ for _module in (
     topics,
     status,
     acl,
+    definitions,
     network,
     pipeline,
 ):

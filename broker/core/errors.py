@@ -611,6 +611,25 @@ class NotAuthorized(BrokerError):
     exit_code = 3
 
 
+class InvalidDefinitions(BrokerError, ValueError):
+    """A definitions document (``broker definitions import``, ``POST /api/definitions``;
+    ``broker.operations.definitions``) is refused before anything is written: not JSON, a field
+    of the wrong shape, an invalid filter, topic, name or attribute, a link cycle, or an
+    object that exists here with other settings. The message names the entry and the reason.
+
+    Attributes:
+        where: the entry, e.g. ``subscriptions[2].filter``.
+        conflict: the entry is valid but conflicts with what the queue manager holds (HTTP 409).
+    """
+
+    exit_code = 2
+
+    def __init__(self, where: str, reason: str, conflict: bool = False) -> None:
+        self.where = where
+        self.conflict = conflict
+        super().__init__(f"definitions refused, nothing was written: {where}: {reason}")
+
+
 class NoSuchGrant(BrokerError, LookupError):
     """``broker acl revoke`` named a grant the user does not have; nothing was changed."""
 

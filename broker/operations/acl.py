@@ -212,6 +212,8 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
             "-@dangerous",
             "-@admin",
             "+info",
+            "+fcall_ro",  # browsing a queue (broker_browse is read only; the keys are read only too)
+            "+time",  # the clock broker_browse leaves expired messages out by
             f"%R~{keys.all_keys_pattern(qm)}",
         ]
     else:  # pragma: no cover - Literal
@@ -326,14 +328,15 @@ def _acl(client: redis.Redis, *args: Any) -> list[Any]:
 
 @translate_errors
 def add_user(
-    client: redis.Redis, qm: str, user: str, spec: RoleSpec, password: str, move: bool = False
+    client: redis.Redis, qm: str, user: str, spec: RoleSpec, password: str | None, move: bool = False
 ) -> list[str]:
     """Create or replace ACL user ``user`` with ``spec``'s role on ``qm``; returns its rules.
 
     A publisher is also bound to its publisher ids (``broker.core.principals``). A publisher id
     has one principal: an id bound to another user is refused, or with ``move`` taken from it
     (that user's binding, record and ACL rules lose the id: it may no longer wait for the id's
-    results). The password is sent with ``>``, never stored by the broker.
+    results). The password is sent with ``>``, never stored by the broker; None makes a user with
+    no password, who cannot log in until ``rotate`` gives it one (``broker definitions import``).
 
     Raises:
         InvalidName: a bad user name or binding.
@@ -350,7 +353,8 @@ def add_user(
             raise PublisherIdBound(user, taken)
     spec.created_ms = spec.created_ms or clock.now_ms()
     found = rules(qm, user, spec)
-    found = _set_user(client, user, ["reset", "on", f">{password}"], found)
+    secret = [] if password is None else [f">{password}"]
+    found = _set_user(client, user, ["reset", "on", *secret], found)
     client.hset(_registry(qm), user, spec.to_json())
     if spec.role == "publisher":
         for other, ids in bind(client, qm, user, spec.publisher_ids, move=move).items():
@@ -388,6 +392,16 @@ def delete_user(client: redis.Redis, qm: str, user: str) -> bool:
     client.hdel(_registry(qm), user)
     unbind(client, qm, user)
     return any(int(n) for n in done)
+
+
+def server_has_user(client: redis.Redis, user: str) -> bool:
+    """Whether the server (its first node) has ACL user ``user``: users are server-wide, a
+    queue manager's registry ``{qm}:acl`` names only those the broker made for it.
+
+    Raises:
+        redis.exceptions.NoPermissionError: the client's user may not run ``ACL GETUSER``.
+    """
+    return _nodes(client)[0].execute_command("ACL", "GETUSER", user) is not None
 
 
 @dataclass

@@ -44,6 +44,7 @@ from broker.core.config import (
 from broker.core.connection import KEEP, can_name, change_field, read_hash
 from broker.core.errors import (
     CorruptRecord,
+    ForeignKey,
     InvalidName,
     InvalidSelector,
     InvalidTopicFilter,
@@ -645,3 +646,57 @@ def list_subscriptions(client: redis.Redis, qm: str) -> list[SubscriptionRecord]
         ForeignKey: ``{qm}:subs`` holds another Redis type.
     """
     return read_subscriptions(client, qm)[0]
+
+
+@translate_errors
+def purge_subscription(client: redis.Redis, qm: str, sub_id: str) -> int:
+    """Delete the messages waiting in a subscription's queue (every priority band), like RabbitMQ's
+    queue purge: messages its consumers hold in flight stay, and so does the subscription.
+
+    An operator's action (the management API, ``DELETE /api/subscriptions/<id>/contents``): two
+    round trips, the bands' types first (nothing is deleted when one holds another type), then
+    one MULTI that counts and deletes them.
+
+    Returns:
+        How many messages were deleted.
+
+    Raises:
+        NoSuchSubscription: there is no such subscription.
+        ForeignKey: a band holds another Redis type (nothing is deleted).
+    """
+    if not can_name(sub_id) or not client.hexists(keys.subscriptions(qm), sub_id):
+        raise NoSuchSubscription(f"no subscription {sub_id!r} in queue manager {qm!r}")
+    bands = keys.sub_bands(qm, sub_id)
+    probe = client.pipeline(transaction=False)
+    for band in bands:
+        probe.type(band)
+    for band, found in zip(bands, probe.execute(), strict=True):
+        kind = wire.text(found)
+        if kind not in ("none", "list"):
+            raise ForeignKey(band, kind, "list")
+    pipe = client.pipeline(transaction=True)
+    for band in bands:
+        pipe.llen(band)
+    pipe.delete(*bands)
+    return sum(int(n) for n in pipe.execute()[:-1])
+
+
+def check_filter(topic_filter: str, scheme: str, settings: Settings | None = None) -> tuple[str, str]:
+    """``(ShareName, filter)`` of a subscription's filter, checked as ``subscribe`` checks it, without
+    Redis (the settings' ``max_topic_bytes`` and ``max_topic_levels``; the defaults when None).
+
+    Raises:
+        InvalidTopicFilter: the filter is over a limit, or invalid under ``scheme``.
+    """
+    limits = _Limits.of(settings, None, None, None, None)
+    return _parse_filter(topic_filter, scheme, limits.topic_bytes, limits.topic_levels)
+
+
+def check_topic_tree(qm: str, tree: TopicTree, record: SubscriptionRecord) -> None:
+    """Whether the topic objects of ``tree`` allow ``record`` as a new subscription (``subscribe``'s
+    check, for a caller that checks many before writing any: ``broker.operations.definitions``).
+
+    Raises:
+        SubscriptionRefused: ``SUB(DISABLED)`` above its filter, or ``DURSUB(NO)`` for a durable one.
+    """
+    _check_topic_tree(qm, tree, record)

@@ -374,7 +374,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "`FCALL_RO` on its own subscription",
         SCRIPTS,
         lambda: ("FCALL_RO", MISSING_FUNCTION, "1", _own_queue),
-        BROKER_ROLES | {"subscriber"},
+        BROKER_ROLES | {"subscriber", "monitor"},  # a monitor browses (broker_browse, read only)
     ),
     _op(
         "fcall-other",

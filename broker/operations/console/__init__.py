@@ -5,8 +5,10 @@ tree, the dead-letter queue (browse, replay, purge: each confirmed), workers and
 live refresh every few seconds. Logins are the Redis ACL users of ``broker acl add NAME
 --role monitor|admin``: ``monitor`` sees, ``admin`` acts. See docs/operations.md.
 
-Modules: ``app`` (the app factory ``create_app``), ``auth`` (logins and sessions),
-``figures`` (what the pages show), ``dlq`` (the dead-letter pages). Static files
+The management HTTP API under ``/api/`` (JSON, the same logins: basic auth or the session
+with its CSRF token) is mounted in the same app. Modules: ``app`` (the app factory
+``create_app``), ``auth`` (logins and sessions), ``figures`` (what the pages show), ``dlq``
+(the dead-letter pages), ``api`` (the management API), ``openapi`` (its OpenAPI document). Static files
 (``static/``: htmx, its licence, one stylesheet) and templates ship in the package.
 """
 

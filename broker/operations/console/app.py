@@ -8,6 +8,8 @@ POST forms that need an ``admin`` session and its CSRF token: ``/dlq/confirm``
 shows what would be done and to how many entries, and only its answer,
 ``/dlq/replay`` or ``/dlq/purge`` with the confirmation's one-time token, runs it.
 
+``/api/`` is the management HTTP API (``broker.operations.console.api``), on the same sessions.
+
 Every figure is read with the logged-in user's own Redis client
 (``broker.operations.console.auth``), so Redis refuses what the user's role may not do.
 """
@@ -38,6 +40,7 @@ from broker.core.config import Settings
 from broker.core.errors import BrokerError, ConnectionLost, LoginRefused
 from broker.operations.console import dlq as dlq_views
 from broker.operations.console import figures
+from broker.operations.console.api import Api, mount
 from broker.operations.console.auth import Pending, Session, SessionStore, describe
 
 #: The session cookie's name.
@@ -149,7 +152,10 @@ def create_app(
         yield
         store.close()
 
-    app = Starlette(routes=_routes(console), exception_handlers={404: _not_found}, lifespan=lifespan)
+    api = Api(settings, store, console.meter, COOKIE)
+    app = Starlette(
+        routes=[mount(api), *_routes(console)], exception_handlers={404: _not_found}, lifespan=lifespan
+    )
     app.add_middleware(_SecurityHeaders)
     app.state.sessions = store
     app.state.meter = console.meter
