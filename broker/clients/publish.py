@@ -31,7 +31,7 @@ from broker.core import hierarchy, keys, wire
 from broker.core.connection import as_bytes, block_slice_ms
 from broker.core.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError, ServerFull
 from broker.core.flow import FlowGate, parse_delay
-from broker.core.models import PropertyValue, publication_fields
+from broker.core.models import GROUP_ID, GROUP_SEQ, PropertyValue, publication_fields
 from broker.core.topic_rules import validate_topic
 from broker.topics.topic_objects import topic_of
 
@@ -119,6 +119,30 @@ class PublishResult:
     def ok(self) -> bool:
         """True unless the broker refused the publication."""
         return self.status != "refused"
+
+
+def with_group(
+    properties: dict[str, PropertyValue] | None, group: str | None, group_seq: int | None
+) -> dict[str, PropertyValue]:
+    """``properties`` (a copy) with the message group's ``JMSXGroupID`` and ``JMSXGroupSeq``.
+
+    Raises:
+        InvalidMessage: ``group`` is empty or not a string, ``group_seq`` is not an int, or
+            ``group_seq`` comes without ``group``.
+    """
+    if group is None:
+        raise InvalidMessage("a group sequence number (JMSXGroupSeq) needs a group (JMSXGroupID)")
+    if not isinstance(group, str) or not group:
+        raise InvalidMessage(f"the group (JMSXGroupID) must be a non-empty string, not {group!r}")
+    out: dict[str, PropertyValue] = dict(properties or {})
+    out[GROUP_ID] = group
+    if group_seq is not None:
+        if not isinstance(group_seq, int) or isinstance(group_seq, bool):
+            raise InvalidMessage(
+                f"the group sequence number (JMSXGroupSeq) must be an int, not {group_seq!r}"
+            )
+        out[GROUP_SEQ] = group_seq
+    return out
 
 
 class Publisher:
@@ -224,6 +248,8 @@ class Publisher:
         message_type: str | None = None,
         timestamp_ms: int | None = None,
         topic_object: str | None = None,
+        group: str | None = None,
+        group_seq: int | None = None,
         wait: bool = False,
         timeout_ms: int = 10_000,
     ) -> PublishResult:
@@ -245,6 +271,11 @@ class Publisher:
             timestamp_ms: publish time to record, ms; default the stream entry's.
             topic_object: publish through this topic object: its topic string, joined with
                 ``/`` to ``topic`` when ``topic`` is not empty (IBM MQ; ``broker.topics.topic_objects``).
+            group: the message group (the ``JMSXGroupID`` property, set in ``properties``): on a
+                shared subscription every message of a group goes to one consumer, in order
+                (ActiveMQ Classic and Artemis message groups; docs/protocol.md).
+            group_seq: its sequence number in the group (``JMSXGroupSeq``), with ``group``;
+                negative closes the group after this message (ActiveMQ Classic).
             wait: block until a worker has handled it and return its result.
             timeout_ms: how long to wait for the result, ms (not counting the flow-control wait).
 
@@ -253,7 +284,8 @@ class Publisher:
 
         Raises:
             InvalidTopic: ``validate`` is on and the topic is invalid (with a suggestion).
-            InvalidMessage: priority, expiration or properties are invalid.
+            InvalidMessage: priority, expiration or properties are invalid; ``group`` is empty,
+                or ``group_seq`` comes without ``group``.
             NoSuchTopicObject: ``topic_object`` does not exist.
             ReplyTimeout: ``wait`` and no result came within ``timeout_ms``.
             ConnectionLost: the server cannot be reached.
@@ -265,6 +297,8 @@ class Publisher:
         """
         if topic_object is not None:
             topic = topic_of(self.client, self.qm, topic_object, topic)
+        if group is not None or group_seq is not None:
+            properties = with_group(properties, group, group_seq)
         options = dict(
             properties=properties,
             persistent=persistent,

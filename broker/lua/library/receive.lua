@@ -9,11 +9,20 @@
 -- subscription's own expired count (and kept as a poison message when asked). The
 -- delivery count of a message redelivered after its consumer died comes from the
 -- redelivery hash. docs/protocol.md is the API.
+-- Message groups (JMSXGroupID; ActiveMQ Classic, Artemis), on a shared subscription: a
+-- message whose header's props hold a string JMSXGroupID goes to the group's owner, the
+-- consumer that took the group's first message (recorded in the subscription's groups hash
+-- "{qm}:sub:<id>:groups", group -> consumer id), until broker_recover releases the group when
+-- the owner closes or its lease lapses; a message of another consumer's group stays where it
+-- is, in order, and the call takes the next messages after it. A JMSXGroupSeq below 0 closes
+-- the group after its message (ActiveMQ Classic). Without an owned group the call costs one
+-- TYPE more and one plain find per message (a shared subscription only).
 --
 -- KEYS[1] the subscription's key "{qm}:sub:<id>" (subscription.lua derives the others:
 --   consumers zset consumer -> lease deadline ms, this consumer's in-flight list, the bell
 --   (one element while messages may wait), redelivery counts, the holder (string consumer
---   id, held while its lease runs), poison stream, expired count, the ten priority bands)
+--   id, held while its lease runs), poison stream, expired count, the ten priority bands,
+--   the groups hash group -> owning consumer id (a shared subscription only))
 -- ARGV[1] consumer id
 -- ARGV[2] most messages to take, default 1; 0 makes the call a heartbeat only
 -- ARGV[3] lease_ms of the consumer, default 10000
@@ -35,6 +44,9 @@
 
 -- most values one LPUSH is given (unpack() takes at most about 8000)
 local PUSH_CHUNK = 1000
+-- most messages of groups other consumers own that one call passes over in a band (message
+-- groups: they stay in place; the rest of the band waits for a later call)
+local GROUP_SKIP_LIMIT = 1000
 
 local function receive(KEYS, ARGV)
   local sub = subscription_keys(KEYS[1])
@@ -66,6 +78,15 @@ local function receive(KEYS, ARGV)
   end
   for _, k in ipairs(bands) do checks[#checks + 1] = {k, 'list'} end
   require_types(checks)
+  -- message groups are in force on a shared subscription: one TYPE tells the groups hash
+  -- (consumer per group) is foreign, absent (no group owned: the usual way) or there
+  local with_groups, groups, groups_type = mode == '0', sub.groups, 'none'
+  if with_groups then
+    groups_type = redis.call('TYPE', groups)['ok']
+    if groups_type ~= 'none' and groups_type ~= 'hash' then
+      error({err = 'BROKER foreign key: ' .. groups .. ' holds a ' .. groups_type .. ', not a hash'})
+    end
+  end
 
   if max_consumers > 0 then
     -- a consumer joins when it has no live lease; refused, before any write, when the
@@ -104,7 +125,59 @@ local function receive(KEYS, ARGV)
       redis.call('LPUSH', inflight, unpack(keep, i, math.min(i + PUSH_CHUNK - 1, #keep)))
     end
   end
-  for _, band in ipairs(bands) do
+  -- true when `env` has expired (then counted, and kept as a poison message when asked)
+  local function expired_now(env)
+    if not string.find(env, '"expiration":', 1, true) then return false end
+    local head = envelope_head(env)
+    local expiration = tonumber(string.match(head, '"expiration":(%d+)') or '0')
+    if expiration <= 0 or expiration > now then return false end
+    local entry_id = string.match(head, '"entry_id":"([^"]*)"') or ''
+    n_expired = n_expired + 1
+    if any_redelivered then redis.call('HDEL', redelivered, entry_id) end
+    if to_dlq then
+      dead_letter_envelope(dlq, dlq_len, env, 'expired while waiting in subscription ' .. sub_id, entry_id, sub_id)
+    end
+    return true
+  end
+  local function deliver(env, keep)
+    local count = 1
+    if any_redelivered then
+      local entry_id = string.match(envelope_head(env), '"entry_id":"([^"]*)"') or ''
+      count = 1 + tonumber(redis.call('HGET', redelivered, entry_id) or '0')
+    end
+    keep[#keep + 1] = env
+    out[#out + 1] = env
+    out[#out + 1] = count
+    taken = taken + 1
+  end
+  -- Message groups, on a shared subscription only (an exclusive or active-standby one has one
+  -- consumer at a time, so its groups hold by themselves): owners[group] is this call's view
+  -- of the groups hash (a consumer id, or false: nobody's).
+  local owners = {}
+  local function owner_of(group)
+    local owner = owners[group]
+    if owner == nil then
+      owner = redis.call('HGET', groups, group) or false
+      owners[group] = owner
+    end
+    return owner
+  end
+  -- this consumer takes `env` of `group` (seq): it owns the group from now on, unless a
+  -- negative JMSXGroupSeq closes the group (ActiveMQ Classic: the group's next message may
+  -- go to any consumer)
+  local function own(group, seq)
+    if seq and seq < 0 then
+      if owners[group] then redis.call('HDEL', groups, group) end
+      owners[group] = false
+    elseif owners[group] ~= consumer then
+      redis.call('HSET', groups, group, consumer)
+      owners[group] = consumer
+    end
+  end
+  -- The usual way: the oldest `want` messages of a band, taken whole. With groups in force
+  -- and the groups hash empty at the start of the call, every group met is nobody's or this
+  -- consumer's (it takes them in this call): the same, with each group owned as it is taken.
+  local function take_band(band)
     while taken < max_n do
       local want = max_n - taken
       local envs = redis.call('LRANGE', band, -want, -1)
@@ -113,34 +186,64 @@ local function receive(KEYS, ARGV)
       local keep = {}
       for i = #envs, 1, -1 do
         local env = envs[i]
-        local expiration, entry_id = 0, nil
-        if string.find(env, '"expiration":', 1, true) then
-          local head = envelope_head(env)
-          expiration = tonumber(string.match(head, '"expiration":(%d+)') or '0')
-          entry_id = string.match(head, '"entry_id":"([^"]*)"') or ''
-        end
-        if expiration > 0 and expiration <= now then
-          n_expired = n_expired + 1
-          if any_redelivered then redis.call('HDEL', redelivered, entry_id) end
-          if to_dlq then
-            dead_letter_envelope(dlq, dlq_len, env, 'expired while waiting in subscription ' .. sub_id,
-              entry_id, sub_id)
+        if not expired_now(env) then
+          if with_groups then
+            local group, seq = group_of(env)
+            if group then
+              if owners[group] == nil then owners[group] = false end   -- the hash was empty
+              own(group, seq)
+            end
           end
-        else
-          local count = 1
-          if any_redelivered then
-            entry_id = entry_id or string.match(envelope_head(env), '"entry_id":"([^"]*)"') or ''
-            count = 1 + tonumber(redis.call('HGET', redelivered, entry_id) or '0')
-          end
-          keep[#keep + 1] = env
-          out[#out + 1] = env
-          out[#out + 1] = count
-          taken = taken + 1
+          deliver(env, keep)
         end
       end
       hand_over(keep)
       if #envs < want then break end   -- the band is empty now
     end
+  end
+  -- With groups owned: a message of a group another consumer owns stays where it is, in
+  -- order; the band is read from its oldest end in growing chunks (up to GROUP_SKIP_LIMIT
+  -- such messages passed over per band), then what was read is cut off with one LTRIM and the
+  -- messages passed over put back with one RPUSH, in their order.
+  local function take_band_grouped(band)
+    local scanned, passed, keep, chunk = 0, {}, {}, max_n - taken
+    while taken < max_n and #passed < GROUP_SKIP_LIMIT do
+      local envs = redis.call('LRANGE', band, -(scanned + chunk), -(scanned + 1))
+      if #envs == 0 then break end
+      scanned = scanned + #envs
+      for i = #envs, 1, -1 do
+        local env = envs[i]
+        if taken >= max_n then
+          passed[#passed + 1] = env
+        elseif not expired_now(env) then
+          local group, seq = group_of(env)
+          local owner = group and owner_of(group)
+          if owner and owner ~= consumer then
+            passed[#passed + 1] = env
+          else
+            if group then own(group, seq) end
+            deliver(env, keep)
+          end
+        end
+      end
+      if #envs < chunk then break end   -- the band is read to its end
+      chunk = math.min(chunk * 2, GROUP_SKIP_LIMIT)
+    end
+    if scanned == 0 then return end
+    redis.call('LTRIM', band, 0, -(scanned + 1))
+    -- passed[1] is the oldest: it goes back rightmost, so the newest is pushed first
+    for i = #passed, 1, -PUSH_CHUNK do
+      local from = math.max(i - PUSH_CHUNK + 1, 1)
+      local chunk_envs = {}
+      for j = i, from, -1 do chunk_envs[#chunk_envs + 1] = passed[j] end
+      redis.call('RPUSH', band, unpack(chunk_envs))
+    end
+    hand_over(keep)
+  end
+  local grouped = with_groups and groups_type == 'hash'
+  for _, band in ipairs(bands) do
+    if taken >= max_n then break end
+    if grouped then take_band_grouped(band) else take_band(band) end
   end
   -- pcall: a count that is not a number (the subscription's own key, written by hand) is not
   -- counted, and stops nothing
