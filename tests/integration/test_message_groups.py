@@ -256,3 +256,21 @@ def test_cli_publish_group_sets_the_properties(run, real_redis, settings):
     assert [(d.message.group_id, d.message.group_seq, d.message.properties) for d in got] == [
         ("G", 7, {"JMSXGroupID": "G", "JMSXGroupSeq": 7})
     ]
+
+
+def test_a_group_owner_takes_its_messages_even_when_another_consumer_cleared_the_bell(real_redis, settings):
+    # Given c1 owns group A and has drained the subscription (its last take found fewer than asked)
+    record = subscribe(real_redis, QM, "$share/g/orders", "app")
+    clock = Clock()
+    c1, c2 = (_consumer(real_redis, record, settings, name, clock) for name in ("c1", "c2"))
+    pub = Publisher(real_redis, QM, "p")
+    pub.publish("orders", "1", group="A")
+    drain(make_workers(real_redis, settings, 1))
+    assert [d.message.body for d in c1.receive_many(10)] == [b"1"]
+    # When A's next message comes and c2's take passes it over, clearing the bell
+    pub.publish("orders", "2", group="A")
+    drain(make_workers(real_redis, settings, 1))
+    assert c2.receive_many(10) == []
+    assert real_redis.exists(keys.sub_bell(QM, record.sub_id)) == 0
+    # Then c1, with time to wait, takes before it waits for the bell, and gets it at once
+    assert [d.message.body for d in c1.receive_many(10, timeout_ms=1)] == [b"2"]
