@@ -171,6 +171,18 @@ def test_a_group_text_in_the_body_or_a_non_string_group_is_no_group(real_redis, 
     assert owners(real_redis, sub) == {}
 
 
+def test_an_escaped_group_id_is_read_whole_and_a_property_value_holding_the_text_is_no_group(real_redis, sub):
+    # Given a group id JSON escapes (non-ASCII, a quote), and a property whose value holds the group text
+    sly = envelope(3).replace(b'"topic":"t"', b'"topic":"t","props":{"note":"\\"JMSXGroupID\\":\\"B\\""}')
+    queue(real_redis, sub, envelope(1, 'gr\u00fcn "x"', seq=1), sly, envelope(2, 'gr\u00fcn "x"', seq=2))
+    # When c1 takes the first and c2 takes the rest
+    assert receive(real_redis, sub, "c1", 1) == [1]
+    # Then the escaped group is c1's (whole id), and the sly one is no group: c2 takes it alone
+    assert owners(real_redis, sub) == {'gr\u00fcn "x"': "c1"}
+    assert receive(real_redis, sub, "c2", 10) == [3]
+    assert receive(real_redis, sub, "c1", 10) == [2]
+
+
 def test_a_foreign_groups_key_is_refused_before_any_write(real_redis, sub):
     queue(real_redis, sub, envelope(1, "A"))
     real_redis.set(keys.sub_groups(QM, sub), "x")

@@ -186,15 +186,24 @@ local function receive(KEYS, ARGV)
       local keep = {}
       for i = #envs, 1, -1 do
         local env = envs[i]
-        if not expired_now(env) then
-          if with_groups then
+        -- expired_now and deliver, written out: this loop runs once per message taken
+        if not (string.find(env, '"expiration":', 1, true) and expired_now(env)) then
+          if with_groups and string.find(env, GROUP_FIELD, 1, true) then
             local group, seq = group_of(env)
             if group then
               if owners[group] == nil then owners[group] = false end   -- the hash was empty
               own(group, seq)
             end
           end
-          deliver(env, keep)
+          local count = 1
+          if any_redelivered then
+            local entry_id = string.match(envelope_head(env), '"entry_id":"([^"]*)"') or ''
+            count = 1 + tonumber(redis.call('HGET', redelivered, entry_id) or '0')
+          end
+          keep[#keep + 1] = env
+          out[#out + 1] = env
+          out[#out + 1] = count
+          taken = taken + 1
         end
       end
       hand_over(keep)

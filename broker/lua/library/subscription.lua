@@ -61,21 +61,31 @@ end
 
 -- Message groups (JMSXGroupID, JMSXGroupSeq; ActiveMQ Classic and Artemis "message groups"):
 -- the property that names an envelope's group, as it appears in the header's "props" object.
-local GROUP_FIELD = '"JMSXGroupID":'
+-- (Searched for without its opening quote: a plain find stops at each occurrence of the
+-- first character, and quotes are everywhere in a header, a capital J is rare.)
+local GROUP_FIELD = 'JMSXGroupID":'
 
 -- The group of envelope `env` and its sequence number: its JMSXGroupID property (a non-empty
 -- string) and its JMSXGroupSeq (a number, or nil); nil for an envelope of no group (no such
 -- property, one of another type, or a header that is not JSON: its consumer rejects it).
--- A plain find first: only an envelope that holds the text "JMSXGroupID": has its header
--- decoded, and only when the text is in the header line, not the body.
+-- A plain find first: only an envelope that holds the text JMSXGroupID": has its header line
+-- read, and only when the text is in the header line, not the body. A group id with no
+-- escape in it is matched in the header's text (a string value holding '"JMSXGroupID":"' is
+-- JSON-escaped, \", and cannot match: envelope_head's rule); any other is decoded.
 local function group_of(env)
   local at = string.find(env, GROUP_FIELD, 1, true)
   if not at then return nil end
   local nl = string.find(env, '\n', 1, true)
   if nl and at > nl then return nil end
-  local ok, header = pcall(cjson.decode, nl and string.sub(env, 1, nl - 1) or env)
+  local line = nl and string.sub(env, 1, nl - 1) or env
+  local group = string.match(line, '"JMSXGroupID":"([^"\\]*)"')
+  if group then
+    if group == '' then return nil end
+    return group, tonumber(string.match(line, '"JMSXGroupSeq":(%-?%d+)[,}]'))
+  end
+  local ok, header = pcall(cjson.decode, line)
   if not ok or type(header) ~= 'table' or type(header.props) ~= 'table' then return nil end
-  local group = header.props.JMSXGroupID
+  group = header.props.JMSXGroupID
   if type(group) ~= 'string' or group == '' then return nil end
   return group, tonumber(header.props.JMSXGroupSeq)
 end
