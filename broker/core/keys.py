@@ -59,7 +59,9 @@ key                                 type      contents                          
                                               JMSXGroupID -> the consumer id that owns it   group it takes),         only its own groups'),
                                                                                             broker_recover (frees    broker_recover
                                                                                             a dead or closing
-                                                                                            consumer's groups)
+                                                                                            consumer's groups),
+                                                                                            remove_subscription
+                                                                                            (deletes it)
 ``{qm}:sub:<sub id>:poison``        stream    its poison messages: ``envelope``,            broker_receive (expired, ``broker dlq`` (list,
                                               ``dlq.reason``, ``dlq.entry_id``,             ``expired_to_dlq``),     replay to this
                                               ``dlq.subscription``; capped at about         broker_recover (too      subscription only, purge)

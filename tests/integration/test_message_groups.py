@@ -17,7 +17,7 @@ from broker.clients.publish import Publisher
 from broker.core import keys, library
 from broker.core.errors import InvalidMessage
 from broker.testing import drain, make_workers
-from broker.topics.subscriptions import subscribe
+from broker.topics.subscriptions import remove_subscription, subscribe
 
 QM = "TEST"
 NOW = 1_800_000_000_000
@@ -286,3 +286,11 @@ def test_a_group_owner_takes_its_messages_even_when_another_consumer_cleared_the
     assert real_redis.exists(keys.sub_bell(QM, record.sub_id)) == 0
     # Then c1, with time to wait, takes before it waits for the bell, and gets it at once
     assert [d.message.body for d in c1.receive_many(10, timeout_ms=1)] == [b"2"]
+
+
+def test_removing_a_subscription_removes_its_message_groups(real_redis, sub):
+    queue(real_redis, sub, envelope(1, "A"))
+    assert receive(real_redis, sub, "c1", 1) == [1]
+    assert real_redis.exists(keys.sub_groups(QM, sub)) == 1
+    assert remove_subscription(real_redis, QM, sub).removed
+    assert real_redis.exists(keys.sub_groups(QM, sub)) == 0
