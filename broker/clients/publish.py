@@ -123,13 +123,16 @@ class PublishResult:
 
 def with_group(
     properties: dict[str, PropertyValue] | None, group: str | None, group_seq: int | None
-) -> dict[str, PropertyValue]:
-    """``properties`` (a copy) with the message group's ``JMSXGroupID`` and ``JMSXGroupSeq``.
+) -> dict[str, PropertyValue] | None:
+    """``properties`` (a copy) with the message group's ``JMSXGroupID`` and ``JMSXGroupSeq``; with
+    neither, ``properties`` itself.
 
     Raises:
         InvalidMessage: ``group`` is empty or not a string, ``group_seq`` is not an int, or
             ``group_seq`` comes without ``group``.
     """
+    if group is None and group_seq is None:
+        return properties
     if group is None:
         raise InvalidMessage("a group sequence number (JMSXGroupSeq) needs a group (JMSXGroupID)")
     if not isinstance(group, str) or not group:
@@ -271,11 +274,9 @@ class Publisher:
             timestamp_ms: publish time to record, ms; default the stream entry's.
             topic_object: publish through this topic object: its topic string, joined with
                 ``/`` to ``topic`` when ``topic`` is not empty (IBM MQ; ``broker.topics.topic_objects``).
-            group: the message group (the ``JMSXGroupID`` property, set in ``properties``): on a
-                shared subscription every message of a group goes to one consumer, in order
-                (ActiveMQ Classic and Artemis message groups; docs/protocol.md).
-            group_seq: its sequence number in the group (``JMSXGroupSeq``), with ``group``;
-                negative closes the group after this message (ActiveMQ Classic).
+            group: the message group, the ``JMSXGroupID`` property: on a shared subscription a
+                group's messages go to one consumer, in order (ActiveMQ, Artemis; docs/protocol.md).
+            group_seq: its number in the group, ``JMSXGroupSeq`` (negative: the group's last).
             wait: block until a worker has handled it and return its result.
             timeout_ms: how long to wait for the result, ms (not counting the flow-control wait).
 
@@ -284,8 +285,7 @@ class Publisher:
 
         Raises:
             InvalidTopic: ``validate`` is on and the topic is invalid (with a suggestion).
-            InvalidMessage: priority, expiration or properties are invalid; ``group`` is empty,
-                or ``group_seq`` comes without ``group``.
+            InvalidMessage: priority, expiration, properties or group (``with_group``) are invalid.
             NoSuchTopicObject: ``topic_object`` does not exist.
             ReplyTimeout: ``wait`` and no result came within ``timeout_ms``.
             ConnectionLost: the server cannot be reached.
@@ -297,10 +297,8 @@ class Publisher:
         """
         if topic_object is not None:
             topic = topic_of(self.client, self.qm, topic_object, topic)
-        if group is not None or group_seq is not None:
-            properties = with_group(properties, group, group_seq)
         options = dict(
-            properties=properties,
+            properties=with_group(properties, group, group_seq),
             persistent=persistent,
             priority=priority,
             expiration_ms=expiration_ms,
