@@ -166,7 +166,14 @@ from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
-from broker.core.errors import BrokerError, ConnectionLost, ConsumerConflict, ServerError, ServerNotFound
+from broker.core.errors import (
+    BrokerError,
+    ConnectionLost,
+    ConsumerConflict,
+    ForeignKey,
+    ServerError,
+    ServerNotFound,
+)
 from broker.core.models import publication_fields
 from broker.core.server import Server, free_port, server_binary
 from broker.core.stream import group_state
@@ -759,9 +766,9 @@ class Harness:
                     subscriber.abandon()
                 subscriber = None
                 time.sleep(0.05)
-            except (redis.RedisError, ConnectionLost, ServerError) as exc:
-                # The library translates redis-py's errors (ConnectionLost, ServerError); the
-                # harness's own raw calls raise redis-py's.
+            except (redis.RedisError, ConnectionLost, ServerError, ForeignKey) as exc:
+                # The library translates redis-py's errors (ConnectionLost, ServerError, ForeignKey
+                # for a key of another type); the harness's own raw calls raise redis-py's.
                 text = str(exc)
                 if ("WRONGTYPE" in text or "foreign key" in text) and not isinstance(
                     exc, (redis.ConnectionError, ConnectionLost)
