@@ -48,6 +48,13 @@ injects faults chosen by ``random.Random(seed)``:
 - ``consumer_stop``: a consumer stalls for 1.5-3 consumer leases holding a
   batch, then goes on: its batch was given back and is redelivered, flagged,
   and its late acknowledgements change nothing;
+- ``group_consumer_kill`` / ``group_consumer_close``: one of the consumers of the shared
+  subscription ``$share/grouped//groups/#`` (three, ``scripts.rig.groups``) dies with a batch in
+  flight (its lease lapses: its groups and batch go to the others) / closes with a batch
+  unacknowledged (given back and its groups freed at once); a consumer of a new id takes its
+  place. The publisher ``g0`` publishes grouped publications (``JMSXGroupID`` one of six groups,
+  ``JMSXGroupSeq`` 1, 2, ... per group) on ``/groups/...``: each group's messages must be
+  received in order, by one consumer at a time, its unacknowledged ones first after a move;
 - ``corrupt:subscription`` / ``corrupt:link``: a record that is not JSON added
   to ``{qm}:subs`` / ``{qm}:links`` with ``INCR {qm}:version`` (no good
   publication depends on it), removed later the same way; the workers skip it
@@ -73,10 +80,11 @@ faults stop, publishers stop, the workers drain, and the history is checked
 (``scripts.rig.history``). The last line is::
 
     faults=<n> publications=<n> deliveries=<n> dead_lettered=<n> lost=<n> duplicated=<n> reordered=<n> \
-    refusable=<n> refused_by_foreign_key=<n> half_applied=<n> foreign_not_refused=<n> good_dead_lettered=<n>
+    refusable=<n> refused_by_foreign_key=<n> half_applied=<n> foreign_not_refused=<n> good_dead_lettered=<n> \
+    grouped=<n> group_lost=<n> group_duplicated=<n> group_reordered=<n> group_shared=<n>
 
 and the exit status is non-zero when lost, duplicated, reordered, half_applied,
-foreign_not_refused or good_dead_lettered is not 0 (or when another check failed: unexpected
+foreign_not_refused, good_dead_lettered or a group_ count is not 0 (or when another check failed: unexpected
 messages, poison not dead-lettered, a refused entry dead-lettered twice, memory
 over its bound, a drain that did not finish, a worker that exited on its own).
 
@@ -158,7 +166,14 @@ from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
-from broker.core.errors import BrokerError, ConnectionLost, ConsumerConflict, ServerError, ServerNotFound
+from broker.core.errors import (
+    BrokerError,
+    ConnectionLost,
+    ConsumerConflict,
+    ForeignKey,
+    ServerError,
+    ServerNotFound,
+)
 from broker.core.models import publication_fields
 from broker.core.server import Server, free_port, server_binary
 from broker.core.stream import group_state
@@ -170,6 +185,15 @@ from broker.topics.subscriptions import subscribe
 from broker.topics.topic_objects import Attributes, define
 from broker.topics.topology import ProxySubscription, announce_key, parse_network
 from scripts.rig.cluster import LocalCluster, spread_names
+from scripts.rig.groups import (
+    CONSUMERS,
+    GROUP_FAULTS,
+    GROUP_FILTER,
+    GROUP_PUBLISHER,
+    GROUP_TOPICS,
+    GroupVerdict,
+    GroupWorkload,
+)
 from scripts.rig.history import History, Poison, Publication, network_recipients, recipients
 from scripts.rig.hook import KILLER_FIELD, run_channel, run_worker
 from scripts.rig.proxy import ProxyProcess, evalsha
@@ -249,6 +273,7 @@ FAULTS: dict[str, int] = {
     "corrupt:link": 1,
     "consumer_kill": 2,
     "consumer_stop": 2,
+    **GROUP_FAULTS,
 }
 
 #: ``--federation``: the queue managers' roles (names are chosen so each lives on a master of its own).
@@ -444,6 +469,8 @@ class Harness:
         self.server_lock = threading.Lock()
         self.last_restart = 0.0
         self.pool: Pool | None = None
+        #: the grouped publications and the shared subscription's consumers (scripts.rig.groups)
+        self.groups: GroupWorkload | None = None
         self._faults_log = (self.workdir / "faults.log").open("a")
         self._faults_lock = threading.Lock()
         self.weights = {**FAULTS, **args.weight}
@@ -473,6 +500,8 @@ class Harness:
             self.sub_ids[name] = subscribe(self.admin, QM, flt, "chaos", name).sub_id
         for source, target in LINKS:
             link(self.admin, QM, source, target)
+        grouped = subscribe(self.admin, QM, GROUP_FILTER, "chaos")
+        self.groups = GroupWorkload(grouped, self.settings, self.stop_consuming, self._fault)
         self.pool = Pool(
             self.settings,
             run_worker,
@@ -545,14 +574,15 @@ class Harness:
             next_at = _pace(next_at, interval)
         client.close()
 
-    def _publish(self, publisher: Publisher, pub: Publication) -> None:
-        """Publish ``pub`` (body ``<publisher>:<number>``), retrying with its msgid until acknowledged
-        or past ``publish_deadline`` (then its outcome is unknown: delivered 0 or 1 times)."""
+    def _publish(self, publisher: Publisher, pub: Publication, **options: Any) -> None:
+        """Publish ``pub`` (body ``<publisher>:<number>``; ``options`` for ``Publisher.publish``),
+        retrying with its msgid until acknowledged or past ``publish_deadline`` (then its outcome
+        is unknown: delivered 0 or 1 times)."""
         while True:
             pub.attempts += 1
             try:
                 result = publisher.publish(
-                    pub.topic, f"{pub.publisher}:{pub.number}".encode(), msgid=pub.msgid
+                    pub.topic, f"{pub.publisher}:{pub.number}".encode(), msgid=pub.msgid, **options
                 )
             except (BrokerError, redis.RedisError):
                 if time.monotonic() > self.publish_deadline:
@@ -561,6 +591,30 @@ class Harness:
                 continue
             pub.entry_id, pub.acked, pub.acked_at = result.entry_id, True, time.monotonic()
             return
+
+    def _group_publisher(self) -> None:
+        """The publisher of grouped publications (``scripts.rig.groups``): a group at random, its next
+        sequence number; each is an ordinary publication for the history too."""
+        assert self.proxy is not None and self.groups is not None
+        rng = random.Random(self.args.seed * 1_000 + 900)
+        client = connect(self.proxy.url(1))
+        publisher = Publisher(client, QM, GROUP_PUBLISHER)
+        filters = {self.sub_ids[n]: f for n, f in FILTERS.items()}
+        resolved = {t: recipients(t, filters, LINKS) for t in GROUP_TOPICS}
+        interval = self.args.publishers / self.args.rate
+        counters: dict[str, int] = {}
+        number = 0
+        next_at = time.monotonic()
+        while not self.stop_publishing.is_set():
+            number += 1
+            group, seq = self.groups.next_group(rng, counters)
+            topic = rng.choice(GROUP_TOPICS)
+            pub = Publication(GROUP_PUBLISHER, number, f"{GROUP_PUBLISHER}.{number}", topic, resolved[topic])
+            self.history.add_publication(pub)
+            self.groups.log.publish(pub.msgid, group, seq, pub)
+            self._publish(publisher, pub, group=group, group_seq=seq)
+            next_at = _pace(next_at, interval)
+        client.close()
 
     def _resolved(self) -> dict[str, frozenset[str]]:
         """Topic -> the subscription ids a publication on it must reach."""
@@ -712,9 +766,9 @@ class Harness:
                     subscriber.abandon()
                 subscriber = None
                 time.sleep(0.05)
-            except (redis.RedisError, ConnectionLost, ServerError) as exc:
-                # The library translates redis-py's errors (ConnectionLost, ServerError); the
-                # harness's own raw calls raise redis-py's.
+            except (redis.RedisError, ConnectionLost, ServerError, ForeignKey) as exc:
+                # The library translates redis-py's errors (ConnectionLost, ServerError, ForeignKey
+                # for a key of another type); the harness's own raw calls raise redis-py's.
                 text = str(exc)
                 if ("WRONGTYPE" in text or "foreign key" in text) and not isinstance(
                     exc, (redis.ConnectionError, ConnectionLost)
@@ -1074,6 +1128,9 @@ class Harness:
         elif kind in ("consumer_kill", "consumer_stop"):
             # taken by the subscription's consumer thread on its next round (counted then)
             self.consumer_faults[self.rng.choice(sorted(self.sub_ids.values()))] = kind
+        elif kind in GROUP_FAULTS:
+            if self.groups is not None:  # taken by the next group consumer that receives (counted then)
+                self.groups.request(kind)
         elif kind == "killer_entry":
             self.killer_requests.put(kind)  # written by the next ordinary publisher to look (counted then)
         elif kind == "redis_restart":
@@ -1151,6 +1208,12 @@ class Harness:
         threads.extend(
             self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}") for sub_id in self.sub_ids.values()
         )
+        if self.groups is not None:
+            threads.append(self._thread(self._group_publisher, name=f"pub-{GROUP_PUBLISHER}"))
+            threads.extend(
+                self._thread(self.groups.consume, i, self.server.url, QM, name=f"sub-grouped-{i}")
+                for i in range(CONSUMERS)
+            )
         return threads
 
     def _maintenance_threads(self) -> list[threading.Thread]:
@@ -1297,6 +1360,7 @@ class Harness:
                 f"poison: {verdict.poison_missing} missing, {verdict.poison_repeated} repeated, "
                 f"{verdict.poison_bad_reason} without the expected reason"
             )
+        grouped = self._check_groups(problems)
         self._log_problems(verdict, problems)
         _log(
             "poison by kind: "
@@ -1336,7 +1400,9 @@ class Harness:
             f"deliveries={verdict.deliveries} dead_lettered={verdict.dead_lettered} lost={verdict.lost} "
             f"duplicated={verdict.duplicated} reordered={verdict.reordered} refusable={verdict.refusable} "
             f"refused_by_foreign_key={verdict.refused_by_foreign_key} half_applied={verdict.half_applied} "
-            f"foreign_not_refused={verdict.foreign_not_refused} good_dead_lettered={verdict.good_dead_lettered}"
+            f"foreign_not_refused={verdict.foreign_not_refused} good_dead_lettered={verdict.good_dead_lettered} "
+            f"grouped={grouped.publications} group_lost={grouped.lost} group_duplicated={grouped.duplicated} "
+            f"group_reordered={grouped.reordered} group_shared={grouped.shared}"
         )
         if (
             verdict.lost
@@ -1345,11 +1411,29 @@ class Harness:
             or verdict.half_applied
             or verdict.foreign_not_refused
             or verdict.good_dead_lettered
+            or not grouped.ok
             or problems
         ):
             self.failed = True
             return 1
         return 0
+
+    def _check_groups(self, problems: list[str]) -> GroupVerdict:
+        """Check the message groups' log (``scripts.rig.groups``) and print what it found."""
+        if self.groups is None:
+            return GroupVerdict()
+        grouped = self.groups.log.check()
+        problems.extend(self.groups.anomalies)
+        for example in grouped.examples:
+            _log(f"  - groups: {example}")
+        _log(
+            f"message groups on {GROUP_FILTER} ({CONSUMERS} consumers): publications={grouped.publications} "
+            f"receipts={grouped.receipts} lost={grouped.lost} duplicated={grouped.duplicated} "
+            f"reordered={grouped.reordered} shared={grouped.shared} "
+            f"consumers killed={self.stats.faults['group_consumer_kill']} "
+            f"closed={self.stats.faults['group_consumer_close']}"
+        )
+        return grouped
 
     def _log_proxies(self, labels: list[str]) -> None:
         """Print each proxy's counters (``labels``: what each proxy stands in front of); count its drops as faults."""

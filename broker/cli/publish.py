@@ -107,6 +107,20 @@ def _parse_properties(
     help="Publish through topic object NAME: its topic string, joined with '/' to TOPIC unless TOPIC is ''.",
 )
 @click.option(
+    "--group",
+    default=None,
+    metavar="GROUP",
+    help="Message group (JMSXGroupID): on a shared subscription all of a group's messages go to one "
+    "consumer, in order, until it closes or dies.",
+)
+@click.option(
+    "--group-seq",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Sequence number in the group (JMSXGroupSeq), with --group; negative closes the group.",
+)
+@click.option(
     "--validate/--no-validate",
     default=True,
     show_default=True,
@@ -129,6 +143,8 @@ def publish_command(
     client_id: str | None,
     message_type: str | None,
     topic_object: str | None,
+    group: str | None,
+    group_seq: int | None,
     validate: bool,
 ) -> None:
     """Publish one message with BODY (text) on TOPIC and print where it went.
@@ -138,6 +154,8 @@ def publish_command(
     """
     if body is not None and body_file is not None:
         raise click.UsageError("give BODY or --body-file, not both")
+    if group_seq is not None and group is None:
+        raise click.UsageError("--group-seq needs --group")
     payload: bytes = body_file.read() if body_file is not None else (body or "").encode()
     result = _publish(
         state,
@@ -152,6 +170,8 @@ def publish_command(
         priority=priority,
         message_type=message_type,
         topic_object=topic_object,
+        group=group,
+        group_seq=group_seq,
         wait=wait,
         timeout_ms=timeout_ms,
     )

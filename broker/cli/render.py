@@ -91,7 +91,8 @@ def _describe_status(result: PublishResult) -> str:
 
 def _format_message(message: Message) -> str:
     """One line per message: topic, publisher, seq, priority, ``non-persistent`` for a NON_PERSISTENT
-    message (JMSDeliveryMode), the route; a body that is not one line of printable UTF-8 is printed as a
+    message (JMSDeliveryMode), the route, ``group=G#N`` for a message of a message group
+    (JMSXGroupID, JMSXGroupSeq); a body that is not one line of printable UTF-8 is printed as a
     bytes literal."""
     try:
         body = message.body.decode("utf-8")
@@ -102,6 +103,9 @@ def _format_message(message: Message) -> str:
     seq = "-" if message.seq is None else str(message.seq)
     via = f"  from={'>'.join(message.route)}" if message.origin else ""
     mode = "" if message.persistent else "  non-persistent"
+    group = message.group_id
+    if group is not None:
+        via += f"  group={group}" if message.group_seq is None else f"  group={group}#{message.group_seq}"
     return (
         f"{message.topic}  publisher={message.publisher}  seq={seq}  priority={message.priority}"
         f"{mode}{via}  {body}"

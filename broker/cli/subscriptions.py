@@ -108,7 +108,8 @@ def subscribe_command(
     '\\' escapes them).
 
     Each line is: topic, publisher, sequence number, priority, "non-persistent" for a
-    NON_PERSISTENT message (its own delivery mode, or its queue controller's), body (text, or a
+    NON_PERSISTENT message (its own delivery mode, or its queue controller's), "group=G#N" for a
+    message of a message group (JMSXGroupID G, JMSXGroupSeq N), body (text, or a
     Python bytes literal when not UTF-8), and "redelivered=N" for a message
     delivered before to a consumer that died. Each message is acknowledged after
     it is printed. Ctrl-C or SIGTERM stops it orderly: messages not yet acknowledged are given

@@ -317,6 +317,10 @@ def _decode(envelope: bytes, queue: str) -> Message:
         raise InvalidMessage(f"malformed envelope in {queue}: {exc}") from exc
 
 
+#: the text of a message group's property in an envelope (a consumer of groups, ``_grouped``)
+_GROUP_TEXT = b'"JMSXGroupID":'
+
+
 class Subscriber:
     """One consumer of a subscription: takes messages into its own in-flight list, then acks them.
 
@@ -382,6 +386,10 @@ class Subscriber:
         self.standby = False
         #: this consumer's last take found every band empty (broker_receive cleared the bell)
         self._drained = False
+        #: this consumer has received a message of a message group: another consumer's take may
+        #: clear the bell while messages of this one's groups wait (passed over), so it takes
+        #: before it waits for the bell
+        self._grouped = False
         self.closed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -432,6 +440,8 @@ class Subscriber:
             except InvalidMessage as exc:
                 malformed.append((raw, f"malformed envelope: {exc}"))
                 continue
+            if not self._grouped and _GROUP_TEXT in raw:
+                self._grouped = True
             if values is None:
                 out.append(Delivery(message, raw, reply[i + 1], queue, None, self))
             else:
@@ -537,7 +547,9 @@ class Subscriber:
         # This consumer's last take emptied every band (and so cleared the bell): with time to
         # wait, wait for the bell first, since nothing can be waiting until it rings (one
         # round trip fewer per wake-up of a consumer that keeps up). A take follows the wait.
-        bell_first = timeout_ms > 0 and self._drained
+        # Not for a consumer of message groups: another consumer that passed over its groups'
+        # messages may have cleared the bell (docs/protocol.md, "Message groups").
+        bell_first = timeout_ms > 0 and self._drained and not self._grouped
         while True:
             if self.standby:
                 self.heartbeat()  # takes over when the holder died

@@ -31,7 +31,7 @@ from broker.core import hierarchy, keys, wire
 from broker.core.connection import as_bytes, block_slice_ms
 from broker.core.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError, ServerFull
 from broker.core.flow import FlowGate, parse_delay
-from broker.core.models import PropertyValue, publication_fields
+from broker.core.models import GROUP_ID, GROUP_SEQ, PropertyValue, publication_fields
 from broker.core.topic_rules import validate_topic
 from broker.topics.topic_objects import topic_of
 
@@ -119,6 +119,33 @@ class PublishResult:
     def ok(self) -> bool:
         """True unless the broker refused the publication."""
         return self.status != "refused"
+
+
+def with_group(
+    properties: dict[str, PropertyValue] | None, group: str | None, group_seq: int | None
+) -> dict[str, PropertyValue] | None:
+    """``properties`` (a copy) with the message group's ``JMSXGroupID`` and ``JMSXGroupSeq``; with
+    neither, ``properties`` itself.
+
+    Raises:
+        InvalidMessage: ``group`` is empty or not a string, ``group_seq`` is not an int, or
+            ``group_seq`` comes without ``group``.
+    """
+    if group is None and group_seq is None:
+        return properties
+    if group is None:
+        raise InvalidMessage("a group sequence number (JMSXGroupSeq) needs a group (JMSXGroupID)")
+    if not isinstance(group, str) or not group:
+        raise InvalidMessage(f"the group (JMSXGroupID) must be a non-empty string, not {group!r}")
+    out: dict[str, PropertyValue] = dict(properties or {})
+    out[GROUP_ID] = group
+    if group_seq is not None:
+        if not isinstance(group_seq, int) or isinstance(group_seq, bool):
+            raise InvalidMessage(
+                f"the group sequence number (JMSXGroupSeq) must be an int, not {group_seq!r}"
+            )
+        out[GROUP_SEQ] = group_seq
+    return out
 
 
 class Publisher:
@@ -224,6 +251,8 @@ class Publisher:
         message_type: str | None = None,
         timestamp_ms: int | None = None,
         topic_object: str | None = None,
+        group: str | None = None,
+        group_seq: int | None = None,
         wait: bool = False,
         timeout_ms: int = 10_000,
     ) -> PublishResult:
@@ -245,6 +274,9 @@ class Publisher:
             timestamp_ms: publish time to record, ms; default the stream entry's.
             topic_object: publish through this topic object: its topic string, joined with
                 ``/`` to ``topic`` when ``topic`` is not empty (IBM MQ; ``broker.topics.topic_objects``).
+            group: the message group, the ``JMSXGroupID`` property: on a shared subscription a
+                group's messages go to one consumer, in order (ActiveMQ, Artemis; docs/protocol.md).
+            group_seq: its number in the group, ``JMSXGroupSeq`` (negative: the group's last).
             wait: block until a worker has handled it and return its result.
             timeout_ms: how long to wait for the result, ms (not counting the flow-control wait).
 
@@ -253,7 +285,7 @@ class Publisher:
 
         Raises:
             InvalidTopic: ``validate`` is on and the topic is invalid (with a suggestion).
-            InvalidMessage: priority, expiration or properties are invalid.
+            InvalidMessage: priority, expiration, properties or group (``with_group``) are invalid.
             NoSuchTopicObject: ``topic_object`` does not exist.
             ReplyTimeout: ``wait`` and no result came within ``timeout_ms``.
             ConnectionLost: the server cannot be reached.
@@ -266,7 +298,7 @@ class Publisher:
         if topic_object is not None:
             topic = topic_of(self.client, self.qm, topic_object, topic)
         options = dict(
-            properties=properties,
+            properties=with_group(properties, group, group_seq),
             persistent=persistent,
             priority=priority,
             expiration_ms=expiration_ms,

@@ -55,6 +55,13 @@ key                                 type      contents                          
                                               newest lease deadline of consumers forgotten  and when it forgets      (``broker.operations.durables``),
                                                                                             dead consumers), the     ``broker durables``
                                                                                             expiry job (SET NX)
+``{qm}:sub:<sub id>:groups``        hash      message groups of a shared subscription:      broker_receive (owns a   broker_receive (takes
+                                              JMSXGroupID -> the consumer id that owns it   group it takes),         only its own groups'),
+                                                                                            broker_recover (frees    broker_recover
+                                                                                            a dead or closing
+                                                                                            consumer's groups),
+                                                                                            remove_subscription
+                                                                                            (deletes it)
 ``{qm}:sub:<sub id>:poison``        stream    its poison messages: ``envelope``,            broker_receive (expired, ``broker dlq`` (list,
                                               ``dlq.reason``, ``dlq.entry_id``,             ``expired_to_dlq``),     replay to this
                                               ``dlq.subscription``; capped at about         broker_recover (too      subscription only, purge)
@@ -378,6 +385,12 @@ def sub_poison(qm: str, sub_id: str) -> str:
 def sub_expired(qm: str, sub_id: str) -> str:
     """Messages that expired while waiting in a subscription, ``{qm}:sub:<sub_id>:expired``: an integer."""
     return f"{sub_queue(qm, sub_id)}:expired"
+
+
+def sub_groups(qm: str, sub_id: str) -> str:
+    """A shared subscription's message groups, ``{qm}:sub:<sub_id>:groups``: hash JMSXGroupID -> the
+    id of the consumer that owns the group (``library/receive.lua`` assigns, ``recover.lua`` frees)."""
+    return f"{sub_queue(qm, sub_id)}:groups"
 
 
 def sub_last_active(qm: str, sub_id: str) -> str:

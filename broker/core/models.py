@@ -29,6 +29,12 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _QM_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
+#: The properties of message groups (Jakarta Messaging §3.5.9 JMSX properties): the group's id (a
+#: string) and the message's sequence number in it (an int; negative: the group's last).
+GROUP_ID = "JMSXGroupID"
+GROUP_SEQ = "JMSXGroupSeq"
+
+
 class Message(BaseModel):
     """A publication as a subscriber receives it (and as a publisher describes it).
 
@@ -78,6 +84,22 @@ class Message(BaseModel):
     route: tuple[str, ...] = ()
     principal: str | None = None
     msgid_bytes: bytes | None = None
+
+    @property
+    def group_id(self) -> str | None:
+        """The message group it belongs to: its ``JMSXGroupID`` property (Jakarta Messaging §3.5.9),
+        or None. On a shared subscription a group's messages all go to one consumer, in order
+        (ActiveMQ Classic and Artemis message groups; docs/protocol.md, "Message groups")."""
+        group = self.properties.get(GROUP_ID)
+        return group if isinstance(group, str) and group else None
+
+    @property
+    def group_seq(self) -> int | None:
+        """Its sequence number within its group: its ``JMSXGroupSeq`` property, or None; a
+        negative one closed the group (ActiveMQ Classic: the group's next message may go to
+        another consumer)."""
+        seq = self.properties.get(GROUP_SEQ)
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
 
     @classmethod
     def from_envelope(cls, envelope: bytes) -> Message:

@@ -210,6 +210,10 @@ messages back at the head of their band, in the order it took them, counts the f
 delivery, and makes a poison message of one that failed more than ``max_redeliveries``
 times: the subscription's own stream ``{qm}:sub:<id>:poison`` (fields ``envelope``,
 ``dlq.reason``, ``dlq.entry_id``, ``dlq.subscription``), never the broker's ``{qm}:dlq``.
+On a shared subscription, messages of a message group (a string ``JMSXGroupID`` property) go
+to the group's owner only (``{qm}:sub:<id>:groups``, group -> consumer id: the consumer that
+took the group's first message) until ``broker_recover`` frees the group when its owner closes
+or dies (docs/protocol.md, "Message groups").
 Keep a lease well above your processing time per batch. On a full server (``maxmemory``)
 the library's functions still run (flag ``allow-oom``): consuming is how memory is freed.
 

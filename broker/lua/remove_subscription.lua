@@ -1,6 +1,6 @@
 -- Remove a subscription with every key it owns, in one atomic call: its record,
 -- its priority bands, bell, consumers, their in-flight lists, holder key,
--- redelivery counts, expired count and last-use time; when a record was removed, the index
+-- redelivery counts, expired count, last-use time and message groups; when a record was removed, the index
 -- version is bumped so that workers reload (keys left by an id with no record
 -- are only deleted). With a cutoff, only an abandoned subscription is removed:
 -- a non-durable one (MQTT 5 session expiry) whose consumers' lease deadlines
@@ -69,6 +69,8 @@ local doomed, inflight = {}, {KEYS[7]}
 for k = 3, 17 do doomed[#doomed + 1] = KEYS[k] end
 doomed[#doomed + 1] = KEYS[20]
 doomed[#doomed + 1] = KEYS[21]
+-- its message groups "{qm}:sub:<id>:groups" (keys.sub_groups), beside the in-flight prefix
+doomed[#doomed + 1] = string.sub(prefix, 1, -#'inflight:' - 1) .. 'groups'
 for _, c in ipairs(redis.call('ZRANGE', consumers, 0, -1)) do
   doomed[#doomed + 1] = prefix .. c
   inflight[#inflight + 1] = prefix .. c

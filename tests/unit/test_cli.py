@@ -224,3 +224,17 @@ def test_subscriber_prints_one_line_per_message_whatever_the_body(body, line):
 
     text = _format_message(Message(msgid="m", publisher="p", topic="/t", timestamp_ms=0, body=body))
     assert "\n" not in text and text.endswith(line)
+
+
+def test_subscriber_line_names_a_message_group_and_its_sequence_number():
+    from broker.cli.render import _format_message
+    from broker.core.models import Message
+
+    def line(**props: object) -> str:
+        return _format_message(
+            Message(msgid="m", publisher="p", topic="/t", timestamp_ms=0, properties=props)
+        )
+
+    assert "  group=order-7#2  " in line(JMSXGroupID="order-7", JMSXGroupSeq=2)
+    assert line(JMSXGroupID="order-7").endswith("  group=order-7  ")
+    assert "group=" not in line(JMSXGroupID=7) and "group=" not in line(note="x")

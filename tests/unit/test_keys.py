@@ -31,6 +31,7 @@ def test_every_key_shares_the_queue_manager_hash_tag():
         keys.sub_poison(QM, "a$b"),
         keys.sub_expired(QM, "a$b"),
         keys.sub_last_active(QM, "a$b"),
+        keys.sub_groups(QM, "a$b"),
         keys.schedules(QM),
     ]
     assert all(name.startswith("{TEST}:") for name in names)

@@ -9,11 +9,20 @@
 -- subscription's own expired count (and kept as a poison message when asked). The
 -- delivery count of a message redelivered after its consumer died comes from the
 -- redelivery hash. docs/protocol.md is the API.
+-- Message groups (JMSXGroupID; ActiveMQ Classic, Artemis), on a shared subscription: a
+-- message whose header's props hold a string JMSXGroupID goes to the group's owner, the
+-- consumer that took the group's first message (recorded in the subscription's groups hash
+-- "{qm}:sub:<id>:groups", group -> consumer id), until broker_recover releases the group when
+-- the owner closes or its lease lapses; a message of another consumer's group stays where it
+-- is, in order, and the call takes the next messages after it. A JMSXGroupSeq below 0 closes
+-- the group after its message (ActiveMQ Classic). Without an owned group the call costs one
+-- TYPE more and one plain find per message (a shared subscription only).
 --
 -- KEYS[1] the subscription's key "{qm}:sub:<id>" (subscription.lua derives the others:
 --   consumers zset consumer -> lease deadline ms, this consumer's in-flight list, the bell
 --   (one element while messages may wait), redelivery counts, the holder (string consumer
---   id, held while its lease runs), poison stream, expired count, the ten priority bands)
+--   id, held while its lease runs), poison stream, expired count, the ten priority bands,
+--   the groups hash group -> owning consumer id (a shared subscription only))
 -- ARGV[1] consumer id
 -- ARGV[2] most messages to take, default 1; 0 makes the call a heartbeat only
 -- ARGV[3] lease_ms of the consumer, default 10000
@@ -35,6 +44,159 @@
 
 -- most values one LPUSH is given (unpack() takes at most about 8000)
 local PUSH_CHUNK = 1000
+-- most messages of groups other consumers own that one call passes over in a band (message
+-- groups: they stay in place; the rest of the band waits for a later call)
+local GROUP_SKIP_LIMIT = 1000
+
+-- The state of one broker_receive while it takes messages (`st`): out (the reply), taken,
+-- n_expired, max_n, now, consumer, inflight, redelivered, any_redelivered, to_dlq, dlq,
+-- dlq_len, sub_id, with_groups, groups (the groups hash's key), owners (this call's view of
+-- it: group -> consumer id, or false: nobody's).
+
+-- Push the envelopes handed over onto the in-flight list with LPUSH, oldest first (so it ends
+-- as a run of LMOVE ... RIGHT LEFT would leave it: newest on the left).
+local function hand_over(st, keep)
+  for i = 1, #keep, PUSH_CHUNK do
+    redis.call('LPUSH', st.inflight, unpack(keep, i, math.min(i + PUSH_CHUNK - 1, #keep)))
+  end
+end
+
+-- true when `env` has expired (then counted, and kept as a poison message when asked); only
+-- an envelope that holds the text "expiration": has its header read
+local function expired_now(st, env)
+  if not string.find(env, '"expiration":', 1, true) then return false end
+  local head = envelope_head(env)
+  local expiration = tonumber(string.match(head, '"expiration":(%d+)') or '0')
+  if expiration <= 0 or expiration > st.now then return false end
+  local entry_id = string.match(head, '"entry_id":"([^"]*)"') or ''
+  st.n_expired = st.n_expired + 1
+  if st.any_redelivered then redis.call('HDEL', st.redelivered, entry_id) end
+  if st.to_dlq then
+    dead_letter_envelope(st.dlq, st.dlq_len, env, 'expired while waiting in subscription ' .. st.sub_id,
+      entry_id, st.sub_id)
+  end
+  return true
+end
+
+-- hand `env` over: its delivery count, in the reply and in `keep` (for hand_over)
+local function deliver(st, env, keep)
+  local count = 1
+  if st.any_redelivered then
+    local entry_id = string.match(envelope_head(env), '"entry_id":"([^"]*)"') or ''
+    count = 1 + tonumber(redis.call('HGET', st.redelivered, entry_id) or '0')
+  end
+  keep[#keep + 1] = env
+  st.out[#st.out + 1] = env
+  st.out[#st.out + 1] = count
+  st.taken = st.taken + 1
+end
+
+-- Message groups, on a shared subscription only (an exclusive or active-standby one has one
+-- consumer at a time, so its groups hold by themselves): the owner of `group`, or false.
+local function owner_of(st, group)
+  local owner = st.owners[group]
+  if owner == nil then
+    owner = redis.call('HGET', st.groups, group) or false
+    st.owners[group] = owner
+  end
+  return owner
+end
+
+-- The consumer takes a message of `group` (seq): it owns the group from now on, unless a
+-- negative JMSXGroupSeq closes the group (ActiveMQ Classic: the group's next message may go
+-- to any consumer).
+local function own(st, group, seq)
+  local owners = st.owners
+  if seq and seq < 0 then
+    if owners[group] then redis.call('HDEL', st.groups, group) end
+    owners[group] = false
+  elseif owners[group] ~= st.consumer then
+    redis.call('HSET', st.groups, group, st.consumer)
+    owners[group] = st.consumer
+  end
+end
+
+-- The usual way: a band's oldest messages are its rightmost: take up to the number still
+-- wanted with one LRANGE and one LTRIM, and hand them over. With groups in force and the
+-- groups hash empty at the start of the call, every group met is nobody's or this
+-- consumer's (it takes them in this call): the same, with each group owned as it is taken.
+local function take_band(st, band)
+  local out, max_n, with_groups, owners = st.out, st.max_n, st.with_groups, st.owners
+  local any_redelivered, redelivered = st.any_redelivered, st.redelivered
+  while st.taken < max_n do
+    local want = max_n - st.taken
+    local envs = redis.call('LRANGE', band, -want, -1)
+    if #envs == 0 then break end
+    redis.call('LTRIM', band, 0, -(#envs + 1))
+    local keep, taken = {}, st.taken
+    for i = #envs, 1, -1 do
+      local env = envs[i]
+      -- deliver, written out: this loop runs once per message taken
+      if not (string.find(env, '"expiration":', 1, true) and expired_now(st, env)) then
+        if with_groups and string.find(env, GROUP_FIELD, 1, true) then
+          local group, seq = group_of(env)
+          if group then
+            if owners[group] == nil then owners[group] = false end   -- the hash was empty
+            own(st, group, seq)
+          end
+        end
+        local count = 1
+        if any_redelivered then
+          local entry_id = string.match(envelope_head(env), '"entry_id":"([^"]*)"') or ''
+          count = 1 + tonumber(redis.call('HGET', redelivered, entry_id) or '0')
+        end
+        keep[#keep + 1] = env
+        out[#out + 1] = env
+        out[#out + 1] = count
+        taken = taken + 1
+      end
+    end
+    st.taken = taken
+    hand_over(st, keep)
+    if #envs < want then break end   -- the band is empty now
+  end
+end
+
+-- With groups owned: a message of a group another consumer owns stays where it is, in
+-- order; the band is read from its oldest end in growing chunks (up to GROUP_SKIP_LIMIT
+-- such messages passed over per band), then what was read is cut off with one LTRIM and the
+-- messages passed over put back with one RPUSH, in their order.
+local function take_band_grouped(st, band)
+  local max_n, consumer = st.max_n, st.consumer
+  local scanned, passed, keep, chunk = 0, {}, {}, max_n - st.taken
+  while st.taken < max_n and #passed < GROUP_SKIP_LIMIT do
+    local envs = redis.call('LRANGE', band, -(scanned + chunk), -(scanned + 1))
+    if #envs == 0 then break end
+    scanned = scanned + #envs
+    for i = #envs, 1, -1 do
+      local env = envs[i]
+      if st.taken >= max_n then
+        passed[#passed + 1] = env
+      elseif not expired_now(st, env) then
+        local group, seq = group_of(env)
+        local owner = group and owner_of(st, group)
+        if owner and owner ~= consumer then
+          passed[#passed + 1] = env
+        else
+          if group then own(st, group, seq) end
+          deliver(st, env, keep)
+        end
+      end
+    end
+    if #envs < chunk then break end   -- the band is read to its end
+    chunk = math.min(chunk * 2, GROUP_SKIP_LIMIT)
+  end
+  if scanned == 0 then return end
+  redis.call('LTRIM', band, 0, -(scanned + 1))
+  -- passed[1] is the oldest: it goes back rightmost, so the newest is pushed first
+  for i = #passed, 1, -PUSH_CHUNK do
+    local from = math.max(i - PUSH_CHUNK + 1, 1)
+    local chunk_envs = {}
+    for j = i, from, -1 do chunk_envs[#chunk_envs + 1] = passed[j] end
+    redis.call('RPUSH', band, unpack(chunk_envs))
+  end
+  hand_over(st, keep)
+end
 
 local function receive(KEYS, ARGV)
   local sub = subscription_keys(KEYS[1])
@@ -66,6 +228,15 @@ local function receive(KEYS, ARGV)
   end
   for _, k in ipairs(bands) do checks[#checks + 1] = {k, 'list'} end
   require_types(checks)
+  -- message groups are in force on a shared subscription: one TYPE tells the groups hash
+  -- (consumer per group) is foreign, absent (no group owned: the usual way) or there
+  local with_groups, groups, groups_type = mode == '0', sub.groups, 'none'
+  if with_groups then
+    groups_type = redis.call('TYPE', groups)['ok']
+    if groups_type ~= 'none' and groups_type ~= 'hash' then
+      error({err = 'BROKER foreign key: ' .. groups .. ' holds a ' .. groups_type .. ', not a hash'})
+    end
+  end
 
   if max_consumers > 0 then
     -- a consumer joins when it has no live lease; refused, before any write, when the
@@ -92,56 +263,16 @@ local function receive(KEYS, ARGV)
   end
   redis.call('ZADD', consumers, now + lease_ms, consumer)
 
-  local out = {'ok', 0}
-  local any_redelivered = redis.call('EXISTS', redelivered) == 1
-  local taken, n_expired = 0, 0
-  -- A band's oldest messages are its rightmost: take up to the number still wanted with one
-  -- LRANGE and one LTRIM, and push the ones handed over onto the in-flight list with LPUSH
-  -- (oldest first, so it ends as a run of LMOVE ... RIGHT LEFT would leave it: newest on
-  -- the left). Only an envelope that holds the text "expiration": has its header read.
-  local function hand_over(keep)
-    for i = 1, #keep, PUSH_CHUNK do
-      redis.call('LPUSH', inflight, unpack(keep, i, math.min(i + PUSH_CHUNK - 1, #keep)))
-    end
-  end
+  local st = {out = {'ok', 0}, taken = 0, n_expired = 0, max_n = max_n, now = now, consumer = consumer,
+              inflight = inflight, redelivered = redelivered,
+              any_redelivered = redis.call('EXISTS', redelivered) == 1, to_dlq = to_dlq, dlq = dlq,
+              dlq_len = dlq_len, sub_id = sub_id, with_groups = with_groups, groups = groups, owners = {}}
+  local grouped = with_groups and groups_type == 'hash'
   for _, band in ipairs(bands) do
-    while taken < max_n do
-      local want = max_n - taken
-      local envs = redis.call('LRANGE', band, -want, -1)
-      if #envs == 0 then break end
-      redis.call('LTRIM', band, 0, -(#envs + 1))
-      local keep = {}
-      for i = #envs, 1, -1 do
-        local env = envs[i]
-        local expiration, entry_id = 0, nil
-        if string.find(env, '"expiration":', 1, true) then
-          local head = envelope_head(env)
-          expiration = tonumber(string.match(head, '"expiration":(%d+)') or '0')
-          entry_id = string.match(head, '"entry_id":"([^"]*)"') or ''
-        end
-        if expiration > 0 and expiration <= now then
-          n_expired = n_expired + 1
-          if any_redelivered then redis.call('HDEL', redelivered, entry_id) end
-          if to_dlq then
-            dead_letter_envelope(dlq, dlq_len, env, 'expired while waiting in subscription ' .. sub_id,
-              entry_id, sub_id)
-          end
-        else
-          local count = 1
-          if any_redelivered then
-            entry_id = entry_id or string.match(envelope_head(env), '"entry_id":"([^"]*)"') or ''
-            count = 1 + tonumber(redis.call('HGET', redelivered, entry_id) or '0')
-          end
-          keep[#keep + 1] = env
-          out[#out + 1] = env
-          out[#out + 1] = count
-          taken = taken + 1
-        end
-      end
-      hand_over(keep)
-      if #envs < want then break end   -- the band is empty now
-    end
+    if st.taken >= max_n then break end
+    if grouped then take_band_grouped(st, band) else take_band(st, band) end
   end
+  local out, taken, n_expired = st.out, st.taken, st.n_expired
   -- pcall: a count that is not a number (the subscription's own key, written by hand) is not
   -- counted, and stops nothing
   if n_expired > 0 then redis.pcall('INCRBY', expired, n_expired) end

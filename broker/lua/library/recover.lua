@@ -9,9 +9,14 @@
 -- Consumers dead for longer than forget_ms are forgotten; the subscription's last use
 -- ("{qm}:sub:<id>:last_active", ms) is set to now when a consumer closes and raised to the
 -- newest lease deadline of the consumers it forgets (idle durable expiry reads it).
+-- Message groups: the groups the dead (or closing) consumers own are released (their
+-- entries in "{qm}:sub:<id>:groups" removed) in the same call that gives their messages back
+-- to the head of the bands, so the group's next owner receives those first, in order
+-- (ActiveMQ Artemis: "If that consumer closes another consumer is chosen and will receive all
+-- messages with the same group id"). A removed subscription's groups hash is deleted.
 --
 -- KEYS[1] the subscription's key "{qm}:sub:<id>" (consumers, redelivery counts, bell, poison
---   stream, the ten bands, holder, last use, in-flight lists derived from it; the
+--   stream, the ten bands, holder, last use, groups hash, in-flight lists derived from it; the
 --   subscription hash "{qm}:subs" only read: nothing is given back to a removed subscription)
 -- ARGV[1] now, ms since the epoch, or "" for the server's clock
 -- ARGV[2] max_redeliveries, default 10
@@ -34,7 +39,8 @@ local function recover(KEYS, ARGV)
   local prefix, sub_id, last_active = sub.inflight_prefix, sub.id, sub.last_active
 
   local checks = {{consumers, 'zset'}, {redelivered, 'hash'}, {bell, 'list'}, {poison, 'stream'},
-                  {sub.subs, 'hash'}, {sub.holder, 'string'}, {last_active, 'string'}}
+                  {sub.subs, 'hash'}, {sub.holder, 'string'}, {last_active, 'string'},
+                  {sub.groups, 'hash'}}
   for _, band in ipairs(sub.bands) do checks[#checks + 1] = {band, 'list'} end
   require_types(checks)
 
@@ -76,6 +82,18 @@ local function recover(KEYS, ARGV)
     redis.call('DEL', key)
   end
   if given > 0 then ring(bell) end
+  -- the dead consumers' groups are released: one HGETALL, only when a consumer is dead or
+  -- closing and some group is owned
+  if not exists then
+    redis.call('DEL', sub.groups)
+  elseif #dead > 0 and redis.call('EXISTS', sub.groups) == 1 then
+    local gone = {}
+    for _, c in ipairs(dead) do gone[c] = true end
+    local owned = redis.call('HGETALL', sub.groups)
+    for i = 1, #owned, 2 do
+      if gone[owned[i + 1]] then redis.call('HDEL', sub.groups, owned[i]) end
+    end
+  end
   -- the subscription's last use, kept when its consumers leave the zset (a durable
   -- subscription idle for durable_idle_expiry_ms is removed: broker.operations.durables)
   local function used_at(ms)

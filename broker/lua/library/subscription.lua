@@ -6,7 +6,7 @@
 -- default priority band) as KEYS[1] and derives the other keys of that subscription from it,
 -- with the same hash tag, so the same cluster slot: the Python twins are in keys.py
 -- (sub_band, sub_bell, sub_consumers, consumer_inflight, sub_holder, sub_redelivered,
--- sub_poison, sub_expired, sub_last_active, subscriptions). Every key a function touches is
+-- sub_poison, sub_expired, sub_last_active, sub_groups, subscriptions). Every key a function touches is
 -- checked against the caller's ACL user by the server, call by call: a subscriber user
 -- reaches its own subscriptions' keys only.
 
@@ -16,7 +16,7 @@ local function bad_argument(why)
 end
 
 -- The keys of the subscription whose key is `key`: {tag, id, bands (p9 .. p0), bell,
--- consumers, holder, redelivered, poison, expired, last_active, subs, inflight_prefix}.
+-- consumers, holder, redelivered, poison, expired, last_active, groups, subs, inflight_prefix}.
 local function subscription_keys(key)
   local tag, sub_id = string.match(key or '', '^(%b{}):sub:([^:]+)$')
   if not tag then
@@ -30,7 +30,7 @@ local function subscription_keys(key)
   return {tag = tag, id = sub_id, bands = bands, bell = key .. ':bell',
           consumers = key .. ':consumers', holder = key .. ':active',
           redelivered = key .. ':redelivered', poison = key .. ':poison',
-          expired = key .. ':expired', last_active = key .. ':last_active',
+          expired = key .. ':expired', last_active = key .. ':last_active', groups = key .. ':groups',
           subs = tag .. ':subs', inflight_prefix = key .. ':inflight:'}
 end
 
@@ -57,6 +57,37 @@ end
 local function now_arg(value)
   if value == nil or value == '' then return now_ms('') end
   return count_arg(value, 'now', 0)
+end
+
+-- Message groups (JMSXGroupID, JMSXGroupSeq; ActiveMQ Classic and Artemis "message groups"):
+-- the property that names an envelope's group, as it appears in the header's "props" object.
+-- (Searched for without its opening quote: a plain find stops at each occurrence of the
+-- first character, and quotes are everywhere in a header, a capital J is rare.)
+local GROUP_FIELD = 'JMSXGroupID":'
+
+-- The group of envelope `env` and its sequence number: its JMSXGroupID property (a non-empty
+-- string) and its JMSXGroupSeq (a number, or nil); nil for an envelope of no group (no such
+-- property, one of another type, or a header that is not JSON: its consumer rejects it).
+-- A plain find first: only an envelope that holds the text JMSXGroupID": has its header line
+-- read, and only when the text is in the header line, not the body. A group id with no
+-- escape in it is matched in the header's text (a string value holding '"JMSXGroupID":"' is
+-- JSON-escaped, \", and cannot match: envelope_head's rule); any other is decoded.
+local function group_of(env)
+  local at = string.find(env, GROUP_FIELD, 1, true)
+  if not at then return nil end
+  local nl = string.find(env, '\n', 1, true)
+  if nl and at > nl then return nil end
+  local line = nl and string.sub(env, 1, nl - 1) or env
+  local group = string.match(line, '"JMSXGroupID":"([^"\\]*)"')
+  if group then
+    if group == '' then return nil end
+    return group, tonumber(string.match(line, '"JMSXGroupSeq":(%-?%d+)[,}]'))
+  end
+  local ok, header = pcall(cjson.decode, line)
+  if not ok or type(header) ~= 'table' or type(header.props) ~= 'table' then return nil end
+  group = header.props.JMSXGroupID
+  if type(group) ~= 'string' or group == '' then return nil end
+  return group, tonumber(header.props.JMSXGroupSeq)
 end
 
 local MODES = {shared = '0', exclusive = '1', activestandby = '2', ['0'] = '0', ['1'] = '1', ['2'] = '2'}
