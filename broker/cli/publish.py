@@ -15,7 +15,7 @@ from broker.core.errors import (
     PublicationRefused,
     ServerError,
 )
-from broker.core.models import PropertyValue
+from broker.core.models import MAX_DELIVERY_DELAY_MS, PropertyValue
 from broker.operations.acl import role_of
 
 
@@ -107,6 +107,15 @@ def _parse_properties(
     help="Publish through topic object NAME: its topic string, joined with '/' to TOPIC unless TOPIC is ''.",
 )
 @click.option(
+    "--delay-ms",
+    "delivery_delay_ms",
+    type=click.IntRange(0, MAX_DELIVERY_DELAY_MS),
+    default=0,
+    metavar="MS",
+    help="Delivery delay (JMS deliveryDelay): no subscriber receives it before now + MS; "
+    "--wait waits that long too. At most 365 days.",
+)
+@click.option(
     "--validate/--no-validate",
     default=True,
     show_default=True,
@@ -129,6 +138,7 @@ def publish_command(
     client_id: str | None,
     message_type: str | None,
     topic_object: str | None,
+    delivery_delay_ms: int,
     validate: bool,
 ) -> None:
     """Publish one message with BODY (text) on TOPIC and print where it went.
@@ -152,6 +162,7 @@ def publish_command(
         priority=priority,
         message_type=message_type,
         topic_object=topic_object,
+        delivery_delay_ms=delivery_delay_ms,
         wait=wait,
         timeout_ms=timeout_ms,
     )

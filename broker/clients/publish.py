@@ -31,7 +31,7 @@ from broker.core import hierarchy, keys, wire
 from broker.core.connection import as_bytes, block_slice_ms
 from broker.core.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError, ServerFull
 from broker.core.flow import FlowGate, parse_delay
-from broker.core.models import PropertyValue, publication_fields
+from broker.core.models import PropertyValue, delivery_time, publication_fields
 from broker.core.topic_rules import validate_topic
 from broker.topics.topic_objects import topic_of
 
@@ -226,6 +226,7 @@ class Publisher:
         topic_object: str | None = None,
         wait: bool = False,
         timeout_ms: int = 10_000,
+        delivery_delay_ms: int = 0,
     ) -> PublishResult:
         """Publish one message with a single ``XADD``, after the flow-control delay the broker asked for.
 
@@ -246,14 +247,19 @@ class Publisher:
             topic_object: publish through this topic object: its topic string, joined with
                 ``/`` to ``topic`` when ``topic`` is not empty (IBM MQ; ``broker.topics.topic_objects``).
             wait: block until a worker has handled it and return its result.
-            timeout_ms: how long to wait for the result, ms (not counting the flow-control wait).
+            timeout_ms: how long to wait for the result, ms (not counting the flow-control wait nor
+                the delivery delay).
+            delivery_delay_ms: delivery delay (Jakarta Messaging 2.0 section 7.9): no subscriber
+                receives it before ``timestamp_ms`` (default now) + this, its delivery time
+                (``delivery_time`` field; ``Message.delivery_time_ms``); 0 to
+                ``MAX_DELIVERY_DELAY_MS`` (365 days), ms; 0: at once.
 
         Returns:
             A ``PublishResult``: status "sent", or the worker's result with ``wait``.
 
         Raises:
             InvalidTopic: ``validate`` is on and the topic is invalid (with a suggestion).
-            InvalidMessage: priority, expiration or properties are invalid.
+            InvalidMessage: priority, expiration, delivery delay or properties are invalid.
             NoSuchTopicObject: ``topic_object`` does not exist.
             ReplyTimeout: ``wait`` and no result came within ``timeout_ms``.
             ConnectionLost: the server cannot be reached.
@@ -275,6 +281,8 @@ class Publisher:
             message_type=message_type,
             timestamp_ms=timestamp_ms,
         )
+        if delivery_delay_ms:
+            options["delivery_time_ms"] = delivery_time(delivery_delay_ms, timestamp_ms)
         fields, msgid, seq = self._fields(topic, body, msgid, wait, options)
         self.flow.wait()
         delay = 0
@@ -310,7 +318,7 @@ class Publisher:
         if not wait:
             self.flow.learn(delay)
             return PublishResult("sent", entry_id, msgid, seq, flow_control_delay_ms=delay)
-        reply = self._result(msgid, timeout_ms)
+        reply = self._result(msgid, timeout_ms + delivery_delay_ms)
         delay = parse_delay(reply.flow_control_delay_ms)
         self.flow.learn(delay)
         return PublishResult(
