@@ -67,6 +67,10 @@ topics and of victim publishers are *refusable*: each must end delivered once to
 every recipient or refused as a whole (dead-lettered once with a "foreign key"
 reason, received by none); ``half_applied`` counts those that are neither.
 
+Publisher ``d0`` publishes every publication with a delivery delay (a quarter to half a second,
+many sharing one delivery time): each must be delivered once, in its order, and never received
+before its delivery time (``early``: an anomaly); the drain waits for ``{qm}:delayed`` to empty.
+
 Publishers also write poison entries (missing topic, invalid UTF-8, oversized
 body, invalid topic, missing publisher) among their publications. Then the
 faults stop, publishers stop, the workers drain, and the history is checked
@@ -156,6 +160,7 @@ from redis.retry import Retry
 from broker.clients.consumer import Subscriber
 from broker.clients.publish import Publisher
 from broker.core import keys
+from broker.core.clock import now_ms
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.errors import BrokerError, ConnectionLost, ConsumerConflict, ServerError, ServerNotFound
@@ -390,6 +395,9 @@ class Stats:
     wrongtype_waits: int = 0
     refused_reply_missing: int = 0
     killer_deaths: int = 0
+    #: publications of the delayed publisher (``_delayed_publisher``), and receipts before their delivery time
+    delayed: int = 0
+    early: int = 0
 
 
 @dataclass
@@ -545,14 +553,42 @@ class Harness:
             next_at = _pace(next_at, interval)
         client.close()
 
-    def _publish(self, publisher: Publisher, pub: Publication) -> None:
+    def _delayed_publisher(self) -> None:
+        """Publisher ``d0``: every publication with a delivery delay, its delivery time the next
+        quarter second but one (so that many share one, and they never go back: the order promised
+        among equal delivery times is the publication order, checked as every publisher's)."""
+        assert self.proxy is not None
+        rng = random.Random(self.args.seed * 1_000 + 999)
+        client = connect(self.proxy.url(1))
+        publisher = Publisher(client, QM, "d0")
+        interval = self.args.publishers / self.args.rate
+        resolved = self._resolved()
+        number = 0
+        next_at = time.monotonic()
+        while not self.stop_publishing.is_set():
+            number += 1
+            topic = rng.choice(TOPICS)
+            pub = Publication("d0", number, f"d0.{number}", topic, resolved[topic])
+            self.history.add_publication(pub)
+            now = now_ms()
+            self._publish(publisher, pub, (now, (now // 250 + 2) * 250 - now))
+            self.stats.delayed += 1
+            next_at = _pace(next_at, interval)
+        client.close()
+
+    def _publish(self, publisher: Publisher, pub: Publication, delay: tuple[int, int] = (0, 0)) -> None:
         """Publish ``pub`` (body ``<publisher>:<number>``), retrying with its msgid until acknowledged
-        or past ``publish_deadline`` (then its outcome is unknown: delivered 0 or 1 times)."""
+        or past ``publish_deadline`` (then its outcome is unknown: delivered 0 or 1 times); ``delay``:
+        its publish time and delivery delay, ms (0: none)."""
         while True:
             pub.attempts += 1
             try:
                 result = publisher.publish(
-                    pub.topic, f"{pub.publisher}:{pub.number}".encode(), msgid=pub.msgid
+                    pub.topic,
+                    f"{pub.publisher}:{pub.number}".encode(),
+                    msgid=pub.msgid,
+                    timestamp_ms=delay[0] or None,
+                    delivery_delay_ms=delay[1],
                 )
             except (BrokerError, redis.RedisError):
                 if time.monotonic() > self.publish_deadline:
@@ -687,9 +723,16 @@ class Harness:
                     subscriber = Subscriber(client, qm, record, self.settings, heartbeat=False)
                 fault = self.consumer_faults.pop(sub_id, None)
                 got = subscriber.receive_many(10, timeout_ms=200)
+                received_ms = now_ms()
                 for delivery in got:
                     message = delivery.message
                     self.history.receive(sub_id, message.msgid, message.entry_id, delivery.redelivered)
+                    if received_ms < message.delivery_time_ms:
+                        self.stats.early += 1
+                        self.stats.anomalies.append(
+                            f"subscriber {sub_id}: {message.msgid} received at {received_ms}, before its "
+                            f"delivery time {message.delivery_time_ms}"
+                        )
                 if fault == "consumer_kill":
                     subscriber.abandon()  # dies with its batch recorded and unacknowledged
                     subscriber = None
@@ -1148,6 +1191,7 @@ class Harness:
             self._thread(self._victim_publisher, i, name=f"pub-{name}")
             for i, name in enumerate(VICTIM_PUBLISHERS)
         )
+        threads.append(self._thread(self._delayed_publisher, name="pub-d0"))
         threads.extend(
             self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}") for sub_id in self.sub_ids.values()
         )
@@ -1243,7 +1287,7 @@ class Harness:
         last = info["last-generated-id"]
         caught_up = state.last_delivered_id == (last.decode() if isinstance(last, bytes) else str(last))
         queues_empty = all(sub.depth == 0 and sub.inflight == 0 for sub in s.subscriptions)
-        return s.pending == 0 and caught_up and s.active_publishers == 0 and queues_empty
+        return s.pending == 0 and caught_up and s.active_publishers == 0 and queues_empty and s.delayed == 0
 
     def report(self, drained: bool) -> int:
         assert self.admin is not None and self.proxy is not None
@@ -1298,6 +1342,9 @@ class Harness:
                 f"{verdict.poison_bad_reason} without the expected reason"
             )
         self._log_problems(verdict, problems)
+        _log(
+            f"delayed publications (publisher d0): {stats.delayed}, received before their delivery time: {stats.early}"
+        )
         _log(
             "poison by kind: "
             + " ".join(f"{k}={v}" for k, v in sorted(stats.poison.items()))
