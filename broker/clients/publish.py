@@ -247,12 +247,9 @@ class Publisher:
             topic_object: publish through this topic object: its topic string, joined with
                 ``/`` to ``topic`` when ``topic`` is not empty (IBM MQ; ``broker.topics.topic_objects``).
             wait: block until a worker has handled it and return its result.
-            timeout_ms: how long to wait for the result, ms (not counting the flow-control wait nor
-                the delivery delay).
-            delivery_delay_ms: delivery delay (Jakarta Messaging 2.0 section 7.9): no subscriber
-                receives it before ``timestamp_ms`` (default now) + this, its delivery time
-                (``delivery_time`` field; ``Message.delivery_time_ms``); 0 to
-                ``MAX_DELIVERY_DELAY_MS`` (365 days), ms; 0: at once.
+            timeout_ms: how long to wait for the result, ms (beyond the flow-control wait and the delay).
+            delivery_delay_ms: no subscriber receives it before ``timestamp_ms`` (default now) + this,
+                0 to 365 days, ms (Jakarta Messaging 2.0 §7.9; ``models.delivery_time``).
 
         Returns:
             A ``PublishResult``: status "sent", or the worker's result with ``wait``.
@@ -280,9 +277,8 @@ class Publisher:
             reply_to=reply_to,
             message_type=message_type,
             timestamp_ms=timestamp_ms,
+            delivery_time_ms=delivery_time(delivery_delay_ms, timestamp_ms) if delivery_delay_ms else None,
         )
-        if delivery_delay_ms:
-            options["delivery_time_ms"] = delivery_time(delivery_delay_ms, timestamp_ms)
         fields, msgid, seq = self._fields(topic, body, msgid, wait, options)
         self.flow.wait()
         delay = 0

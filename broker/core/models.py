@@ -430,6 +430,22 @@ def _route(fields: dict[bytes, bytes], origin: str) -> list[str]:
     return route
 
 
+def _delivery_time(fields: dict[bytes, bytes]) -> int:
+    """The ``delivery_time`` field, ms since the epoch (0: absent or empty).
+
+    Raises:
+        InvalidMessage: it is not 1-15 ASCII digits (what ``dequeue.lua`` delays).
+    """
+    text = field_text(fields, b"delivery_time")
+    if not text:
+        return 0
+    if not _DELIVERY_TIME.fullmatch(text):
+        raise InvalidMessage(
+            f"field 'delivery_time' must be 1-15 digits (ms since the epoch), not {shown(text)}"
+        )
+    return int(text)
+
+
 def parse_entry(
     entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int, max_properties_bytes: int | None = None
 ) -> Entry:
@@ -489,11 +505,6 @@ def parse_entry(
         raise InvalidMessage(
             f"field 'expiration' must be >= 0 (ms since the epoch, 0 = never), not {expiration}"
         )
-    delivery_time = field_text(fields, b"delivery_time")
-    if delivery_time and not _DELIVERY_TIME.fullmatch(delivery_time):
-        raise InvalidMessage(
-            f"field 'delivery_time' must be 1-15 digits (ms since the epoch), not {shown(delivery_time)}"
-        )
     seq = _int(fields, b"seq", None)
     if seq is not None and seq < 0:
         raise InvalidMessage(f"field 'seq' must be >= 0, not {seq}")
@@ -519,8 +530,8 @@ def parse_entry(
         header["priority"] = priority
     if expiration:
         header["expiration"] = expiration
-    if delivery_time:
-        header["delivery_time"] = int(delivery_time)
+    if delivery_time := _delivery_time(fields):
+        header["delivery_time"] = delivery_time
     correlation_id = field_text(fields, b"correlation_id")
     if correlation_id is not None:
         header["correlation_id"] = correlation_id
