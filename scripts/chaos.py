@@ -1594,8 +1594,10 @@ class FederationHarness(Harness):
         return threads
 
     def _fed_publisher(self, qm: str, name: str, kind: str) -> None:
-        """Publish on the topics of ``kind`` at ``qm`` (through the cluster client), at an even share of ``--rate``."""
+        """Publish on the topics of ``kind`` at ``qm`` (through the cluster client), at an even share of ``--rate``;
+        at the first queue manager every publication with a delivery delay (as ``d0``'s)."""
         rng = random.Random(f"{self.args.seed}:{name}")
+        delayed = qm == self.qms[0]
         client = connect(self._url(qm))
         publisher = Publisher(client, qm, name)
         topics = FED_TOPICS[kind]
@@ -1608,7 +1610,9 @@ class FederationHarness(Harness):
             topic = rng.choice(topics)
             pub = Publication(name, number, f"{name}.{number}", topic, resolved[topic])
             self.history.add_publication(pub)
-            self._publish(publisher, pub)
+            now = now_ms()
+            self._publish(publisher, pub, (now, (now // 250 + 2) * 250 - now) if delayed else (0, 0))
+            self.stats.delayed += delayed
             next_at = _pace(next_at, interval)
         client.close()
 
@@ -1688,7 +1692,8 @@ class FederationHarness(Harness):
                 state = group_state(client, qm)
                 last = _text(client.xinfo_stream(keys.publish_stream(qm))["last-generated-id"])
                 queues_empty = all(sub.depth == 0 and sub.inflight == 0 for sub in s.subscriptions)
-                if s.pending or state.last_delivered_id != last or s.active_publishers or not queues_empty:
+                busy = s.pending or s.active_publishers or s.delayed
+                if busy or state.last_delivered_id != last or not queues_empty:
                     return False
             return self._channel_lag() == 0
         except (redis.RedisError, BrokerError, ValueError):
@@ -1738,6 +1743,9 @@ class FederationHarness(Harness):
             problems.append(f"{verdict.good_dead_lettered} publications dead-lettered")
         self._log_problems(verdict, problems)
         self._log_latency()
+        _log(
+            f"delayed publications (at {self.qms[0]}): {stats.delayed}, received before their delivery time: {stats.early}"
+        )
         pubs = [p for p in self.history.by_msgid.values() if p.acked]  # every thread has stopped
         forwarded = sum(self.filters[s][0] != self.origin[p.publisher] for p in pubs for s in p.recipients)
         _log(
