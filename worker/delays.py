@@ -8,10 +8,10 @@ worker learns the earliest delivery time still waiting from the dequeue replies 
 set (``Dequeued.delay_seen``) and from its heartbeat's pipeline (``heard``), asks for a release
 only once that time has come, and caps its idle waits at it (``wait_ms``).
 
-Only one worker wakes for a due time: the one whose dequeue moved a publication in or out knows
-the time exactly; the others learn it one ``STANDBY_MS`` later (they stand by, should that worker
-have died), so with no delayed publication nothing changes, and with some no idle worker but one
-wakes for them.
+One worker wakes on time for a due time: the one whose dequeue moved a publication in or out knows
+the time exactly; the others take it one ``STANDBY_MS`` later (they stand by, should that worker
+have died), and then find it released (one dequeue each, at most about once per ``STANDBY_MS``).
+With no delayed publication nothing changes: no wait is cut, no release asked.
 """
 
 from __future__ import annotations
