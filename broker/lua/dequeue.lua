@@ -29,12 +29,12 @@
 --                                   it holding a saturated publisher; written here)
 -- KEYS[8] entries handled alone     "{qm}:alone" (take_over in lib.lua; not type-checked here:
 --                                   read and written with pcall, only when heads are taken over)
--- KEYS[10] delayed publications     "{qm}:delayed" (zset; touched only for an entry with a
---                                   delivery_time field, or when ARGV[18] asks: type-checked then)
 -- KEYS[9] wake-up list              "{qm}:wake" (worker.waiting; LPOP with pcall: a foreign key is skipped):
 --                                   a wake-up nobody waited for (every idle worker on the stream, at a
 --                                   high rate) is taken here, the publishers it names (a JSON list:
---                                   turns given up) considered as those of ARGV[17..] are
+--                                   turns given up) considered as those of ARGV[19..] are
+-- KEYS[10] delayed publications     "{qm}:delayed" (zset; touched only for an entry with a
+--                                   delivery_time field, or when ARGV[18] asks: type-checked then)
 -- ARGV[1] consumer group
 -- ARGV[2] consumer name, also the worker's fencing token
 -- ARGV[3] count: the most entries to read (0: read nothing, move nothing from ingress streams)
@@ -73,10 +73,11 @@
 -- Delivery delay (Jakarta Messaging 2.0 section 7.9, JMSDeliveryTime; Artemis scheduled delivery): an
 -- entry read with a delivery_time field (digits, at most 15) and no delayed_from field is moved into
 -- KEYS[10] (acknowledged, not filed), whatever its time, so that publications of equal delivery time
--- keep their stream order; at the end of the call every entry due by ARGV[17] is moved back (at most
--- RELEASE_MAX) in (delivery time, original entry id) order, each XADDed with all its fields plus
--- delayed_from (its original entry id), ts and msgid (the original's, when it had none), to be read
--- and delivered as any entry. A delivery_time that is not digits passes through: the worker refuses it.
+-- keep their stream order; then, before anything is filed, every entry due by ARGV[17] is moved back
+-- (at most RELEASE_MAX) in (delivery time, original entry id) order, each XADDed with all its fields
+-- plus delayed_from (its original entry id), ts and msgid (the original's, when it had none), and read
+-- again in this call when the read had room (they are the stream's last entries), to be delivered as
+-- any entry. A delivery_time that is not digits passes through: the worker refuses it.
 
 local stream, group, token = KEYS[1], ARGV[1], ARGV[2]
 local prefix, lease_ms, heads = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
