@@ -202,7 +202,7 @@ end
 local function padded(part) return string.rep('0', 20 - #part) .. part end
 if later then
   local why = foreign(KEYS[10], 'zset')
-  local rest = {}
+  local rest, members, acks = {}, {}, {}
   for i, entry in ipairs(entries) do
     local at = later[i]
     if not at then
@@ -212,12 +212,17 @@ if later then
                       why .. '; the delayed publication could not be kept')
     else
       local ms, seq = string.match(entry[1], '^(%d+)-(%d+)$')
-      redis.call('ZADD', KEYS[10], at, padded(ms) .. '-' .. padded(seq) .. cmsgpack.pack(entry[2]))
-      redis.call('XACK', stream, group, entry[1])
-      delayed_moves = delayed_moves + 1
+      members[#members + 1] = at
+      members[#members + 1] = padded(ms) .. '-' .. padded(seq) .. cmsgpack.pack(entry[2])
+      acks[#acks + 1] = entry[1]
       if tonumber(at) <= tonumber(delay_now) then delayed_due = true end
     end
   end
+  for i = 1, #acks, 1000 do  -- one ZADD and one XACK per 1,000 (unpack() takes a few thousand values)
+    redis.call('ZADD', KEYS[10], unpack(members, 2 * i - 1, math.min(2 * i + 1998, #members)))
+    redis.call('XACK', stream, group, unpack(acks, i, math.min(i + 999, #acks)))
+  end
+  delayed_moves = #acks
   entries = rest
 end
 

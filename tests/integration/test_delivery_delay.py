@@ -275,3 +275,29 @@ def test_broker_publish_delay_ms_is_checked_and_carried(run, real_redis):
     assert sent.exit_code == 0, sent.output
     [(_, fields)] = real_redis.xrange(keys.publish_stream(QM))
     assert int(fields[b"delivery_time"]) - clock.now_ms() in range(3_000, 5_001)
+
+
+def test_more_delayed_publications_than_one_call_moves_are_all_delivered_in_order(real_redis, settings):
+    # Given 1,200 delayed publications read in one dequeue (over the 1,000 one ZADD and one release take)
+    big = settings.model_copy(update={"batch_size": 1_500, "heads": 1_500})
+    t0 = clock.now_ms()
+    now = Clock(t0)
+    collector = Collector(real_redis, big, "/t")
+    workers = _workers(real_redis, big, now)
+    pipe = real_redis.pipeline(transaction=False)
+    for n in range(1_200):
+        pipe.xadd(
+            keys.publish_stream(QM),
+            {"publisher": "p", "topic": "/t", "msgid": f"m{n}", "delivery_time": t0 + 10},
+        )
+    pipe.execute()
+    drain(workers)
+    assert status(real_redis, QM).delayed == 1_200
+
+    # When their delivery time comes
+    now.now = t0 + 10
+    drain(workers)
+
+    # Then every one is delivered once, in order
+    assert [m.msgid for m in collector.collect(batch=2_000)] == [f"m{n}" for n in range(1_200)]
+    assert status(real_redis, QM).delayed == 0
