@@ -74,6 +74,10 @@ topics and of victim publishers are *refusable*: each must end delivered once to
 every recipient or refused as a whole (dead-lettered once with a "foreign key"
 reason, received by none); ``half_applied`` counts those that are neither.
 
+Publisher ``d0`` publishes every publication with a delivery delay (a quarter to half a second,
+many sharing one delivery time): each must be delivered once, in its order, and never received
+before its delivery time (``early``: an anomaly); the drain waits for ``{qm}:delayed`` to empty.
+
 Publishers also write poison entries (missing topic, invalid UTF-8, oversized
 body, invalid topic, missing publisher) among their publications. Then the
 faults stop, publishers stop, the workers drain, and the history is checked
@@ -164,6 +168,7 @@ from redis.retry import Retry
 from broker.clients.consumer import Subscriber
 from broker.clients.publish import Publisher
 from broker.core import keys
+from broker.core.clock import now_ms
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.errors import (
@@ -415,6 +420,9 @@ class Stats:
     wrongtype_waits: int = 0
     refused_reply_missing: int = 0
     killer_deaths: int = 0
+    #: publications of the delayed publisher (``_delayed_publisher``), and receipts before their delivery time
+    delayed: int = 0
+    early: int = 0
 
 
 @dataclass
@@ -571,6 +579,29 @@ class Harness:
             pub = Publication(name, number, f"{name}.{number}", topic, resolved[topic], refusable=victim)
             self.history.add_publication(pub)
             self._publish(publisher, pub)
+            next_at = _pace(next_at, interval)
+        client.close()
+
+    def _delayed_publisher(self) -> None:
+        """Publisher ``d0``: every publication with a delivery delay, its delivery time the next
+        quarter second but one (so that many share one, and they never go back: the order promised
+        among equal delivery times is the publication order, checked as every publisher's)."""
+        assert self.proxy is not None
+        rng = random.Random(self.args.seed * 1_000 + 999)
+        client = connect(self.proxy.url(1))
+        publisher = Publisher(client, QM, "d0")
+        interval = self.args.publishers / self.args.rate
+        resolved = self._resolved()
+        number = 0
+        next_at = time.monotonic()
+        while not self.stop_publishing.is_set():
+            number += 1
+            topic = rng.choice(TOPICS)
+            pub = Publication("d0", number, f"d0.{number}", topic, resolved[topic])
+            self.history.add_publication(pub)
+            now = now_ms()
+            self._publish(publisher, pub, timestamp_ms=now, delivery_delay_ms=(now // 250 + 2) * 250 - now)
+            self.stats.delayed += 1
             next_at = _pace(next_at, interval)
         client.close()
 
@@ -741,9 +772,16 @@ class Harness:
                     subscriber = Subscriber(client, qm, record, self.settings, heartbeat=False)
                 fault = self.consumer_faults.pop(sub_id, None)
                 got = subscriber.receive_many(10, timeout_ms=200)
+                received_ms = now_ms()
                 for delivery in got:
                     message = delivery.message
                     self.history.receive(sub_id, message.msgid, message.entry_id, delivery.redelivered)
+                    if received_ms < message.delivery_time_ms:
+                        self.stats.early += 1
+                        self.stats.anomalies.append(
+                            f"subscriber {sub_id}: {message.msgid} received at {received_ms}, before its "
+                            f"delivery time {message.delivery_time_ms}"
+                        )
                 if fault == "consumer_kill":
                     subscriber.abandon()  # dies with its batch recorded and unacknowledged
                     subscriber = None
@@ -1205,6 +1243,7 @@ class Harness:
             self._thread(self._victim_publisher, i, name=f"pub-{name}")
             for i, name in enumerate(VICTIM_PUBLISHERS)
         )
+        threads.append(self._thread(self._delayed_publisher, name="pub-d0"))
         threads.extend(
             self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}") for sub_id in self.sub_ids.values()
         )
@@ -1306,7 +1345,7 @@ class Harness:
         last = info["last-generated-id"]
         caught_up = state.last_delivered_id == (last.decode() if isinstance(last, bytes) else str(last))
         queues_empty = all(sub.depth == 0 and sub.inflight == 0 for sub in s.subscriptions)
-        return s.pending == 0 and caught_up and s.active_publishers == 0 and queues_empty
+        return s.pending == 0 and caught_up and s.active_publishers == 0 and queues_empty and s.delayed == 0
 
     def report(self, drained: bool) -> int:
         assert self.admin is not None and self.proxy is not None
@@ -1362,6 +1401,9 @@ class Harness:
             )
         grouped = self._check_groups(problems)
         self._log_problems(verdict, problems)
+        _log(
+            f"delayed publications (publisher d0): {stats.delayed}, received before their delivery time: {stats.early}"
+        )
         _log(
             "poison by kind: "
             + " ".join(f"{k}={v}" for k, v in sorted(stats.poison.items()))
@@ -1631,8 +1673,10 @@ class FederationHarness(Harness):
         return threads
 
     def _fed_publisher(self, qm: str, name: str, kind: str) -> None:
-        """Publish on the topics of ``kind`` at ``qm`` (through the cluster client), at an even share of ``--rate``."""
+        """Publish on the topics of ``kind`` at ``qm`` (through the cluster client), at an even share of ``--rate``;
+        at the first queue manager every publication with a delivery delay (as ``d0``'s)."""
         rng = random.Random(f"{self.args.seed}:{name}")
+        delayed = qm == self.qms[0]
         client = connect(self._url(qm))
         publisher = Publisher(client, qm, name)
         topics = FED_TOPICS[kind]
@@ -1645,7 +1689,17 @@ class FederationHarness(Harness):
             topic = rng.choice(topics)
             pub = Publication(name, number, f"{name}.{number}", topic, resolved[topic])
             self.history.add_publication(pub)
-            self._publish(publisher, pub)
+            now = now_ms()
+            self._publish(
+                publisher,
+                pub,
+                **(
+                    {"timestamp_ms": now, "delivery_delay_ms": (now // 250 + 2) * 250 - now}
+                    if delayed
+                    else {}
+                ),
+            )
+            self.stats.delayed += delayed
             next_at = _pace(next_at, interval)
         client.close()
 
@@ -1725,7 +1779,8 @@ class FederationHarness(Harness):
                 state = group_state(client, qm)
                 last = _text(client.xinfo_stream(keys.publish_stream(qm))["last-generated-id"])
                 queues_empty = all(sub.depth == 0 and sub.inflight == 0 for sub in s.subscriptions)
-                if s.pending or state.last_delivered_id != last or s.active_publishers or not queues_empty:
+                busy = s.pending or s.active_publishers or s.delayed
+                if busy or state.last_delivered_id != last or not queues_empty:
                     return False
             return self._channel_lag() == 0
         except (redis.RedisError, BrokerError, ValueError):
@@ -1775,6 +1830,9 @@ class FederationHarness(Harness):
             problems.append(f"{verdict.good_dead_lettered} publications dead-lettered")
         self._log_problems(verdict, problems)
         self._log_latency()
+        _log(
+            f"delayed publications (at {self.qms[0]}): {stats.delayed}, received before their delivery time: {stats.early}"
+        )
         pubs = [p for p in self.history.by_msgid.values() if p.acked]  # every thread has stopped
         forwarded = sum(self.filters[s][0] != self.origin[p.publisher] for p in pubs for s in p.recipients)
         _log(

@@ -10,7 +10,8 @@ and the disconnect of slow subscriptions.
 - **Subscription sweep** (``broker.clients.consumer.sweep_subscriptions``, every ``sweep_interval_ms``, at
   least ``SUBSCRIPTION_SWEEP_MS``): dead consumers' in-flight messages back, abandoned subscriptions removed.
 - **Heartbeat** (at most once a second): ``{qm}:workers`` and ``{qm}:alive``; workers silent for
-  ``GONE_AFTER_MS`` are forgotten.
+  ``GONE_AFTER_MS`` are forgotten; in the same round trip, the earliest delivery time waiting in
+  ``{qm}:delayed`` (``worker.delays``).
 - **Disconnect**: a subscription a slow-subscriber condition matched is removed after the commit.
 - **Topic statistics** (``broker.operations.topic_stats``, every ``topic_stats_flush_ms``, unless
   ``topic_stats_max_topics = 0``): the topic counts of the worker's apply step added to Redis.
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from broker.core.scripts import Scripts
     from broker.operations.metrics import NullRecorder
     from broker.topics.routing import RoutingTable
+    from worker.delays import Delays
 
 
 class Worker(Protocol):
@@ -60,6 +62,7 @@ class Worker(Protocol):
     scripts: Scripts
     metrics: NullRecorder
     table: RoutingTable
+    delays: Delays
     turns: set[str]
     processed: int
     counts: dict[str, int]
@@ -244,7 +247,8 @@ class Housekeeping:
 
     def heartbeat(self, now_ms: int) -> None:
         """Record the worker in ``{qm}:workers`` and ``{qm}:alive`` (at most every ``HEARTBEAT_MS``),
-        and forget workers silent for ``GONE_AFTER_MS``.
+        forget workers silent for ``GONE_AFTER_MS``, and read the earliest delivery time waiting in
+        ``{qm}:delayed`` (``worker.delays``: a worker restarted, or standing by for one that died).
 
         Raises:
             redis.RedisError: any error but a full server's (reported, not raised: the work goes on).
@@ -268,9 +272,13 @@ class Housekeeping:
         pipe = client.pipeline(transaction=False)
         pipe.hset(keys.workers(qm), worker.name, json.dumps(beat))
         pipe.zadd(alive, {worker.name: now_ms})
+        pipe.zrange(keys.delayed(qm), 0, 0, withscores=True)  # the earliest delivery time (worker.delays)
         pipe.zrangebyscore(alive, "-inf", now_ms - GONE_AFTER_MS, start=0, num=100)
         replies = pipe.execute(raise_on_error=False)
-        for reply in replies:
+        due = replies[2]
+        if not isinstance(due, Exception):  # a foreign key: broker status names it
+            worker.delays.heard(int(due[0][1]) if due else None)
+        for reply in replies[:2] + replies[3:]:
             if isinstance(reply, redis.exceptions.OutOfMemoryError):
                 # a full server: the heartbeat waits (the work goes on; others may count this
                 # worker silent meanwhile), the round is not failed for it

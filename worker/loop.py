@@ -100,6 +100,7 @@ from broker.operations.metrics import recorder
 from broker.topics.declared import seed_declared
 from broker.topics.routing import RoutingTable
 from worker.decide import Decider, log_refused
+from worker.delays import Delays
 from worker.housekeeping import Housekeeping
 from worker.suspects import Suspects, record_alone
 from worker.turns import missing_heads, ready_heads, turns_to_give_up
@@ -212,6 +213,8 @@ class Worker:
         self._saturated = False
         #: the sweeps, heartbeat and disconnects, on their timers (``worker.housekeeping``)
         self.housekeeping = Housekeeping(self)
+        #: the earliest delivery time of the delayed publications it knows of (``worker.delays``)
+        self.delays = Delays()
         #: one idle worker waits on the stream, the others on a wake-up (``worker.waiting``)
         self.waiting = Waiting(client, self.qm, self.name)
         #: the group's last-delivered id as last seen: an idle worker waits for entries after it
@@ -394,7 +397,7 @@ class Worker:
         self.housekeeping.due(now, self._saturated, self._unless_full)
         dequeued = self._dequeue()
         times, handed_over = self._file(dequeued)
-        wait_ms = min(self.settings.block_ms, block_slice_ms(self.client))
+        wait_ms = self.delays.wait_ms(now, min(self.settings.block_ms, block_slice_ms(self.client)))
         if not dequeued.turns:
             return self._without_turns(dequeued, now, block, wait_ms)
         self.hook("holding_turn")
@@ -443,6 +446,7 @@ class Worker:
         else:
             # with the turns it holds, those another worker gave up and woke it for (worker.waiting)
             given_up = self.waiting.take_given_up()
+            now = self.clock_ms()
             dequeued = self.scripts.dequeue(
                 self.name,
                 settings.batch_size,
@@ -450,8 +454,11 @@ class Worker:
                 settings.heads,
                 sorted(self.turns.union(given_up)),
                 liveness_ms=keys.LIVENESS_MS,
+                now_ms=now,
+                release=self.delays.release(now),
             )
             assert dequeued is not None
+        self.delays.learned(dequeued)
         self.metrics.dequeued(len(dequeued.entries))
         self.hook("after_dequeue")
         if dequeued.version != self.table.version:
@@ -499,7 +506,7 @@ class Worker:
                 self._next_busy_sweep_ms = now + BUSY_POLL_MS
                 if self._sweep_turns():
                     return 0
-        if block and not dequeued.entries:
+        if block and not dequeued.entries and not dequeued.delayed_moves:  # moved: more may wait
             self._idle(now, wait_ms)
         return 0
 
@@ -654,7 +661,8 @@ class Worker:
         prefetch = not self.stopping and not self._no_prefetch
         recorded = self._alone_recorded
         wake = self._wake
-        now = self.clock_ms() if wake is not None else 0
+        now = self.clock_ms()
+        release = self.delays.release(now)
         counts = {"take_over": 0, "wake": 0}
 
         def send() -> list[Any]:
@@ -684,6 +692,8 @@ class Worker:
                     pipe=pipe,
                     liveness_ms=keys.LIVENESS_MS,
                     ahead=next_read[1],
+                    now_ms=now,
+                    release=release,
                 )
             counts["wake"] = self.waiting.hand_on_in(pipe, now, wake) if wake is not None else 0
             return pipe.execute(raise_on_error=False)

@@ -15,7 +15,7 @@ from broker.core.errors import (
     PublicationRefused,
     ServerError,
 )
-from broker.core.models import PropertyValue
+from broker.core.models import MAX_DELIVERY_DELAY_MS, PropertyValue
 from broker.operations.acl import role_of
 
 
@@ -121,6 +121,15 @@ def _parse_properties(
     help="Sequence number in the group (JMSXGroupSeq), with --group; negative closes the group.",
 )
 @click.option(
+    "--delay-ms",
+    "delivery_delay_ms",
+    type=click.IntRange(0, MAX_DELIVERY_DELAY_MS),
+    default=0,
+    metavar="MS",
+    help="Delivery delay (JMS deliveryDelay): no subscriber receives it before now + MS; "
+    "--wait waits that long too. At most 365 days.",
+)
+@click.option(
     "--validate/--no-validate",
     default=True,
     show_default=True,
@@ -145,6 +154,7 @@ def publish_command(
     topic_object: str | None,
     group: str | None,
     group_seq: int | None,
+    delivery_delay_ms: int,
     validate: bool,
 ) -> None:
     """Publish one message with BODY (text) on TOPIC and print where it went.
@@ -172,6 +182,7 @@ def publish_command(
         topic_object=topic_object,
         group=group,
         group_seq=group_seq,
+        delivery_delay_ms=delivery_delay_ms,
         wait=wait,
         timeout_ms=timeout_ms,
     )

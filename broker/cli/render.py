@@ -221,6 +221,7 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
         ("lag (not yet read)", "lag"),
         ("dead-lettered", "dead_lettered"),
         ("poison messages", "poison"),
+        ("delayed (waiting for their delivery time)", "delayed"),
         ("active publishers", "active_publishers"),
         ("links", "links"),
         ("topic scheme", "topic_scheme"),
@@ -229,6 +230,8 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
     for label, name in rows:
         value = getattr(snapshot, name)
         style = "bold red" if name in ("dead_lettered", "poison") and value else ""
+        if name == "delayed" and snapshot.next_delivery_ms is not None:
+            value = f"{value} (next due {_utc(snapshot.next_delivery_ms)})"
         summary.add_row(label, Text(str(value), style=style))
     console.print(Text.assemble("queue manager ", (qm, "bold"), f" on {url}"))
     console.print(summary)

@@ -31,7 +31,7 @@ from broker.core import hierarchy, keys, wire
 from broker.core.connection import as_bytes, block_slice_ms
 from broker.core.errors import ConnectionLost, InvalidMessage, ReplyTimeout, ServerError, ServerFull
 from broker.core.flow import FlowGate, parse_delay
-from broker.core.models import GROUP_ID, GROUP_SEQ, PropertyValue, publication_fields
+from broker.core.models import GROUP_ID, GROUP_SEQ, PropertyValue, delivery_time, publication_fields
 from broker.core.topic_rules import validate_topic
 from broker.topics.topic_objects import topic_of
 
@@ -255,6 +255,7 @@ class Publisher:
         group_seq: int | None = None,
         wait: bool = False,
         timeout_ms: int = 10_000,
+        delivery_delay_ms: int = 0,
     ) -> PublishResult:
         """Publish one message with a single ``XADD``, after the flow-control delay the broker asked for.
 
@@ -278,14 +279,17 @@ class Publisher:
                 group's messages go to one consumer, in order (ActiveMQ, Artemis; docs/protocol.md).
             group_seq: its number in the group, ``JMSXGroupSeq`` (negative: the group's last).
             wait: block until a worker has handled it and return its result.
-            timeout_ms: how long to wait for the result, ms (not counting the flow-control wait).
+            timeout_ms: how long to wait for the result, ms (beyond the flow-control wait and the delay).
+            delivery_delay_ms: no subscriber receives it before ``timestamp_ms`` (default now) + this,
+                0 to 365 days, ms (Jakarta Messaging 2.0 §7.9; ``models.delivery_time``).
 
         Returns:
             A ``PublishResult``: status "sent", or the worker's result with ``wait``.
 
         Raises:
             InvalidTopic: ``validate`` is on and the topic is invalid (with a suggestion).
-            InvalidMessage: priority, expiration, properties or group (``with_group``) are invalid.
+            InvalidMessage: priority, expiration, delivery delay, properties or group (``with_group``)
+                are invalid.
             NoSuchTopicObject: ``topic_object`` does not exist.
             ReplyTimeout: ``wait`` and no result came within ``timeout_ms``.
             ConnectionLost: the server cannot be reached.
@@ -306,12 +310,38 @@ class Publisher:
             reply_to=reply_to,
             message_type=message_type,
             timestamp_ms=timestamp_ms,
+            delivery_time_ms=delivery_time(delivery_delay_ms, timestamp_ms) if delivery_delay_ms else None,
         )
         fields, msgid, seq = self._fields(topic, body, msgid, wait, options)
         self.flow.wait()
+        entry_id, delay = self._write(fields, msgid, seq, self.flow_control and not wait)
+        if not wait:
+            self.flow.learn(delay)
+            return PublishResult("sent", entry_id, msgid, seq, flow_control_delay_ms=delay)
+        reply = self._result(msgid, timeout_ms + delivery_delay_ms)
+        delay = parse_delay(reply.flow_control_delay_ms)
+        self.flow.learn(delay)
+        return PublishResult(
+            status=reply.status,
+            entry_id=entry_id if reply.entry_id is None else reply.entry_id,
+            msgid=msgid,
+            seq=seq,
+            subscriptions=reply.subscriptions,
+            reason=reply.reason,
+            suggestion=reply.suggestion,
+            flow_control_delay_ms=delay,
+            forwarded=reply.forwarded,
+        )
+
+    def _write(self, fields: dict[Any, Any], msgid: str, seq: int, read_flow: bool) -> tuple[str, int]:
+        """The publication's one ``XADD`` (with the flow key's ``GET`` in the same round trip when
+        ``read_flow``): ``(entry id, flow-control delay ms)``; on a failure ``next_seq`` is ``seq`` again.
+
+        Raises:
+            ConnectionLost, ServerFull, ServerError: as ``publish``.
+        """
         delay = 0
         try:
-            read_flow = self.flow_control and not wait  # the flow key rides in the same round trip
             if self._pool is not None:
                 added, flow = _xadd_direct(
                     self._pool, self._stream, fields, self._flow_key if read_flow else None
@@ -339,23 +369,7 @@ class Publisher:
         except redis.ResponseError as exc:
             self.next_seq = seq
             raise ServerError(f"publish refused by the server: {exc}") from exc
-        if not wait:
-            self.flow.learn(delay)
-            return PublishResult("sent", entry_id, msgid, seq, flow_control_delay_ms=delay)
-        reply = self._result(msgid, timeout_ms)
-        delay = parse_delay(reply.flow_control_delay_ms)
-        self.flow.learn(delay)
-        return PublishResult(
-            status=reply.status,
-            entry_id=entry_id if reply.entry_id is None else reply.entry_id,
-            msgid=msgid,
-            seq=seq,
-            subscriptions=reply.subscriptions,
-            reason=reply.reason,
-            suggestion=reply.suggestion,
-            flow_control_delay_ms=delay,
-            forwarded=reply.forwarded,
-        )
+        return entry_id, delay
 
     def _xadd_commands(self, fields: dict[Any, Any], read_flow: bool) -> tuple[Any, Any]:
         """``XADD`` (and ``GET`` of the flow key when ``read_flow``) through redis-py's commands, for

@@ -96,6 +96,11 @@ key                                 type      contents                          
                                               counting" below)                              alone); HDEL after them  entry only)
 ``{qm}:waiter``                     string    the worker waiting on the publish stream      idle workers (SET NX PX  idle workers (one waits
                                               (XREAD), PX its lease (``worker.waiting``)    lease), DEL on hand-on   on the stream at a time)
+``{qm}:delayed``                    zset      publications waiting for their delivery time  workers (dequeue.lua)    dequeue.lua (when due),
+                                              (``delivery_time``): member ``<original                                ``broker status``
+                                              entry id, ms and seq zero-padded to 20
+                                              digits each>`` + the MessagePack array of its
+                                              fields, scored by the delivery time (ms)
 ``{qm}:wake``                       list      at most one element: publishers given up,     workers (LPUSH + LTRIM)  idle workers not waiting
                                               a JSON list of publisher ids: wake one                                   on the stream (BLPOP);
                                               idle worker to dequeue                                                   dequeue.lua (LPOP) when
@@ -542,6 +547,19 @@ def waiter(qm: str) -> str:
     """The one idle worker waiting on the publish stream (``worker.waiting``): ``{qm}:waiter``, a string
     holding its name, PX its lease in ms."""
     return f"{_tag(qm)}:waiter"
+
+
+def delayed(qm: str) -> str:
+    """Publications waiting for their delivery time (Jakarta Messaging 2.0 delivery delay;
+    ``dequeue.lua``): ``{qm}:delayed``, a zset scored by the delivery time (ms since the epoch),
+    each member the original entry id (``DELAYED_ID_BYTES``: ms and seq zero-padded to 20 digits
+    each, so equal delivery times keep stream order) followed by the MessagePack array of the
+    entry's fields."""
+    return f"{_tag(qm)}:delayed"
+
+
+#: Bytes of the zero-padded original entry id that starts each member of ``{qm}:delayed``.
+DELAYED_ID_BYTES = 41
 
 
 def wake(qm: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from broker.core import keys, wire
+from broker.core import clock, keys, wire
 from broker.core.errors import InvalidMessage, shown
 from broker.core.wire import field_text
 
@@ -25,6 +25,10 @@ from broker.core.wire import field_text
 PropertyValue = str | int | float | bool | None
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: The ``delivery_time`` field: ms since the epoch, 1-15 ASCII digits (``dequeue.lua`` reads the same).
+_DELIVERY_TIME = re.compile(r"[0-9]{1,15}")
+#: The longest delivery delay a publisher may ask for (``delivery_delay_ms``): 365 days, in ms.
+MAX_DELIVERY_DELAY_MS = 365 * 24 * 3600 * 1000
 #: Queue manager names in ``origin`` / ``route`` (as ``Settings.qm``).
 _QM_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -51,6 +55,9 @@ class Message(BaseModel):
         persistent: Jakarta Messaging delivery mode (True = PERSISTENT).
         priority: 0 (lowest) to 9 (highest), default 4 (Jakarta Messaging §3.4.10).
         expiration_ms: absolute expiry in ms since the epoch; 0 = never.
+        delivery_time_ms: Jakarta Messaging ``JMSDeliveryTime`` (2.0 section 3.4.13): the earliest
+            time it could be delivered, ms since the epoch, when it was published with a delivery
+            delay; 0 = none (its delivery time is its publish time).
         correlation_id: free text carried to subscribers.
         reply_to: free text carried to subscribers.
         message_type: JMSType, free text carried to subscribers.
@@ -74,6 +81,7 @@ class Message(BaseModel):
     persistent: bool = True
     priority: int = Field(default=keys.DEFAULT_PRIORITY, ge=wire.MIN_PRIORITY, le=wire.MAX_PRIORITY)
     expiration_ms: int = Field(default=0, ge=0)
+    delivery_time_ms: int = Field(default=0, ge=0)
     correlation_id: str | None = None
     reply_to: str | None = None
     message_type: str | None = None
@@ -156,6 +164,7 @@ class Message(BaseModel):
             persistent=header.get("persistent", True),
             priority=header.get("priority", keys.DEFAULT_PRIORITY),
             expiration_ms=header.get("expiration", 0),
+            delivery_time_ms=header.get("delivery_time", 0),
             correlation_id=header.get("correlation_id"),
             reply_to=header.get("reply_to"),
             message_type=header.get("type"),
@@ -266,6 +275,11 @@ def usual_values(header: dict[str, Any]) -> dict[str, Any] | None:
         if type(expiration) is not int or expiration < 0:
             return None
         values["expiration_ms"] = expiration
+    if "delivery_time" in header:
+        delivery_time = header["delivery_time"]
+        if type(delivery_time) is not int or delivery_time < 0:
+            return None
+        values["delivery_time_ms"] = delivery_time
     for name, key in _OPTIONAL_TEXT:
         value = get(key)
         if value is not None:
@@ -438,6 +452,22 @@ def _route(fields: dict[bytes, bytes], origin: str) -> list[str]:
     return route
 
 
+def _delivery_time(fields: dict[bytes, bytes]) -> int:
+    """The ``delivery_time`` field, ms since the epoch (0: absent or empty).
+
+    Raises:
+        InvalidMessage: it is not 1-15 ASCII digits (what ``dequeue.lua`` delays).
+    """
+    text = field_text(fields, b"delivery_time")
+    if not text:
+        return 0
+    if not _DELIVERY_TIME.fullmatch(text):
+        raise InvalidMessage(
+            f"field 'delivery_time' must be 1-15 digits (ms since the epoch), not {shown(text)}"
+        )
+    return int(text)
+
+
 def parse_entry(
     entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int, max_properties_bytes: int | None = None
 ) -> Entry:
@@ -522,6 +552,8 @@ def parse_entry(
         header["priority"] = priority
     if expiration:
         header["expiration"] = expiration
+    if delivery_time := _delivery_time(fields):
+        header["delivery_time"] = delivery_time
     correlation_id = field_text(fields, b"correlation_id")
     if correlation_id is not None:
         header["correlation_id"] = correlation_id
@@ -630,6 +662,25 @@ def decode_header(envelope: bytes) -> dict[str, Any]:
     return header
 
 
+def delivery_time(delivery_delay_ms: int, timestamp_ms: int | None = None) -> int:
+    """The delivery time of a publication sent with a delivery delay (Jakarta Messaging 2.0
+    section 7.9: the time it is sent plus the delay), ms since the epoch.
+
+    Args:
+        delivery_delay_ms: the delay, 0 to ``MAX_DELIVERY_DELAY_MS``, ms.
+        timestamp_ms: its publish time, ms since the epoch; default now.
+
+    Raises:
+        InvalidMessage: the delay is not an integer, negative or over ``MAX_DELIVERY_DELAY_MS``.
+    """
+    if type(delivery_delay_ms) is not int or not 0 <= delivery_delay_ms <= MAX_DELIVERY_DELAY_MS:
+        raise InvalidMessage(
+            f"delivery_delay_ms must be an integer from 0 to {MAX_DELIVERY_DELAY_MS} (365 days), "
+            f"not {delivery_delay_ms!r}"
+        )
+    return (clock.now_ms() if timestamp_ms is None else timestamp_ms) + delivery_delay_ms
+
+
 def publication_fields(
     publisher: str,
     topic: str,
@@ -647,8 +698,13 @@ def publication_fields(
     reply: bool = False,
     client_id: str | None = None,
     message_type: str | None = None,
+    delivery_time_ms: int | None = None,
 ) -> dict[str, bytes | str]:
     """Build the fields of one publication entry (``keys.PROTOCOL_VERSION``).
+
+    Args:
+        delivery_time_ms: the earliest time the publication may be delivered (Jakarta Messaging
+            ``JMSDeliveryTime``), ms since the epoch; None: at once.
 
     Returns:
         ``{field: value}`` for ``XADD``; optional fields not given (None) are omitted, and
@@ -663,6 +719,12 @@ def publication_fields(
         raise InvalidMessage(f"priority must be 0-9, not {priority}")
     if expiration_ms < 0:
         raise InvalidMessage("expiration_ms must be >= 0")
+    if delivery_time_ms is not None and (
+        type(delivery_time_ms) is not int or not 0 <= delivery_time_ms < 10**15
+    ):
+        raise InvalidMessage(
+            f"delivery_time_ms must be an integer from 0 to 15 digits (ms since the epoch), not {delivery_time_ms!r}"
+        )
     texts = {"publisher": publisher, "topic": topic, "msgid": msgid, "correlation_id": correlation_id}
     texts.update(reply_to=reply_to)
     texts.update(client_id=client_id, message_type=message_type)
@@ -688,6 +750,8 @@ def publication_fields(
         fields["priority"] = str(priority)
     if expiration_ms:
         fields["expiration"] = str(expiration_ms)
+    if delivery_time_ms is not None:
+        fields["delivery_time"] = str(delivery_time_ms)
     if correlation_id is not None:
         fields["correlation_id"] = correlation_id
     if reply_to is not None:

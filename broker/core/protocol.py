@@ -46,7 +46,23 @@ field              required  meaning
 ``client_id``      no        the publishing client's id; a subscription made with
                              no-local by the same client id does not receive it
 ``type``           no        JMSType, carried to subscribers (selectors test ``JMSType``)
+``delivery_time``  no        delivery delay (Jakarta Messaging 2.0 §7.9; Artemis scheduled
+                             delivery): the earliest time any subscriber receives it, ms
+                             since the epoch, 1-15 ASCII digits (``JMSDeliveryTime``: the
+                             publish time + the delay, at most ``MAX_DELIVERY_DELAY_MS``,
+                             365 days, from ``Publisher.publish``). Absent or empty: at once.
+                             Anything else is refused. Publications of one publisher with
+                             equal delivery times are delivered in publication order
+``delayed_from``   no        set by the queue mutex only (``dequeue.lua``): the entry id of
+                             the publication a delayed one was, when it left
+                             ``{qm}:delayed``; an entry carrying it is not delayed again
 =================  ========  ==========================================================
+
+Delivery delay: the queue mutex moves each entry with a ``delivery_time`` (even one already
+due, so that equal delivery times keep their order) into ``{qm}:delayed`` and acknowledges it,
+in the same atomic call; once due it is XADDed again with every field, plus ``delayed_from``,
+and ``ts`` and ``msgid`` (the original entry's, when it had none), and then handled as any
+entry (dedup, reply, order). The reply's and the envelope's ``entry_id`` is the new entry's.
 
 Any other value out of its range (``persistent 2``, ``priority 10``, ``seq -1``,
 a ``topic`` with a wildcard or a control character, a body over
@@ -69,7 +85,8 @@ published on) and ``entry_id`` (stream id), and, only when they differ from thei
 defaults, ``ts`` (publish time, ms; absent: the entry id's milliseconds, the time
 the publish stream received it), ``persistent``
 (default true), ``priority`` (4), ``expiration`` (0), ``correlation_id``,
-``reply_to``, ``type`` (absent = null), ``msgid_hex`` (the msgid's bytes in hex,
+``reply_to``, ``type`` (absent = null), ``delivery_time`` (ms since the epoch, absent = 0: no
+delivery delay; ``Message.delivery_time_ms``), ``msgid_hex`` (the msgid's bytes in hex,
 only when they are not UTF-8: ``msgid`` then has U+FFFD for each such byte) and
 ``props`` (absent = ``{}``), which is always the last field (the scripts read header fields before it).
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import redis
 
-from broker.core import keys, wire
+from broker.core import clock, keys, wire
 from broker.core.config import Settings
 from broker.core.errors import script_error
 from broker.core.unit_of_work import CommitBatch
@@ -156,6 +156,11 @@ class Dequeued:
         impersonations: ``[(principal, claimed publisher id, ingress entry id)]``: the entries of an
             ingress stream dead-lettered in this call under a publisher id not bound to the principal
             whose stream they came by (``parse_dequeue`` logs each at WARNING); usually empty.
+        delay_seen: the call looked at ``{qm}:delayed`` (it delayed or released a publication, or
+            was asked to release): ``next_due_ms`` and ``delayed_moves`` are then its answer.
+        next_due_ms: the earliest delivery time still waiting in ``{qm}:delayed``, ms since the
+            epoch; None when none waits (or ``delay_seen`` is False).
+        delayed_moves: publications this call moved into or out of ``{qm}:delayed``.
     """
 
     version: bytes
@@ -169,6 +174,9 @@ class Dequeued:
     taken_over: list[tuple[str, dict[bytes, bytes], int]] = field(default_factory=list)
     spare: int = 0
     impersonations: list[tuple[str, str, str]] = field(default_factory=list)
+    delay_seen: bool = False
+    next_due_ms: int | None = None
+    delayed_moves: int = 0
 
 
 #: Most entry ids per ``take_over.lua`` call (Lua's unpack() takes a few thousand values at most).
@@ -245,6 +253,8 @@ class Scripts:
         pipe: Any = None,
         liveness_ms: int = keys.LIVENESS_MS,
         ahead: tuple[str, str] | None = None,
+        now_ms: int | None = None,
+        release: bool = False,
     ) -> Dequeued | None:
         """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
 
@@ -261,6 +271,10 @@ class Scripts:
                 publisher (if the worker holds its turn) after ``entry_id`` ("ms-seq"), which
                 the worker has not read (``Dequeued.taken_over``; the FIFO head counts as a
                 delivery when it is one of them, as in ``take_over``).
+            now_ms: the worker's clock, ms since the epoch: an entry's delivery time is compared
+                with it (default ``clock.now_ms()``).
+            release: move the delayed publications due by ``now_ms`` back to the publish stream
+                (``{qm}:delayed``; the worker asks only when it knows one is due).
 
         Returns:
             A ``Dequeued``, or None with ``pipe``.
@@ -285,6 +299,7 @@ class Scripts:
                 keys.saturated(qm),
                 keys.alone(qm),
                 keys.wake(qm),
+                keys.delayed(qm),
             ],
             [
                 keys.WORKER_GROUP,
@@ -303,6 +318,8 @@ class Scripts:
                 keys.ingress_prefix(qm),
                 wire.publisher_bytes(ahead[0]) if ahead else b"",
                 ahead[1] if ahead else "",
+                clock.now_ms() if now_ms is None else now_ms,
+                "1" if release else "0",
                 *map(wire.publisher_bytes, turns),
             ],
             pipe,
@@ -531,6 +548,7 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
     """
     version, last_id, entries, turns, active, live, fair, taken, spare, *rest = raw
     impersonations = _impersonations(rest[0]) if rest else []
+    delayed = rest[1] if len(rest) > 1 else None
     parsed = []
     for entry_id, flat in entries:
         parsed.append((entry_id.decode(), entry_fields(flat)))
@@ -552,6 +570,9 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
         [(entry_id.decode(), entry_fields(flat), int(times)) for entry_id, flat, times in taken],
         int(spare),
         impersonations,
+        delayed is not None,
+        int(float(delayed[0])) if delayed and delayed[0] else None,
+        int(delayed[1]) if delayed else 0,
     )
 
 

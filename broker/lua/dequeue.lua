@@ -32,7 +32,9 @@
 -- KEYS[9] wake-up list              "{qm}:wake" (worker.waiting; LPOP with pcall: a foreign key is skipped):
 --                                   a wake-up nobody waited for (every idle worker on the stream, at a
 --                                   high rate) is taken here, the publishers it names (a JSON list:
---                                   turns given up) considered as those of ARGV[17..] are
+--                                   turns given up) considered as those of ARGV[19..] are
+-- KEYS[10] delayed publications     "{qm}:delayed" (zset; touched only for an entry with a
+--                                   delivery_time field, or when ARGV[18] asks: type-checked then)
 -- ARGV[1] consumer group
 -- ARGV[2] consumer name, also the worker's fencing token
 -- ARGV[3] count: the most entries to read (0: read nothing, move nothing from ingress streams)
@@ -50,7 +52,9 @@
 -- ARGV[15] publisher whose next heads to take over here ("" for none), if the worker holds its turn
 -- ARGV[16] the entry id after which the worker has read none of them ("ms-seq"): only heads
 --          after it are taken over (take_over in lib.lua: the FIFO head counted, when it is one)
--- ARGV[17..] publishers whose turn the worker believes it holds
+-- ARGV[17] now: the worker's clock, ms since the epoch (delivery times are compared with it)
+-- ARGV[18] "1": release the delayed publications due by ARGV[17] (the worker knows one is due), else "0"
+-- ARGV[19..] publishers whose turn the worker believes it holds
 -- returns {version, last_delivered_id or "", entries, turns, active, live, fair, taken_over, spare}
 --   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}, less those refused here
 --   turns:   {publisher, {head ids...}, backlog, publisher, {head ids...}, backlog, ...}
@@ -61,13 +65,28 @@
 --   spare:   other live workers not known to hold a saturated publisher (0: every other one does)
 --   impersonations (only when there are any): {principal, claimed publisher id, ingress entry id, ...}
 --            for each ingress entry dead-lettered here under a publisher id not bound to its principal
+--            ({} when there are none but an 11th element follows)
+--   delayed (11th, only when this call delayed or released a publication, or ARGV[18] asked):
+--            {the earliest delivery time still waiting, ms ("" when none), publications moved in or out
+--            of {qm}:delayed by this call}
+--
+-- Delivery delay (Jakarta Messaging 2.0 section 7.9, JMSDeliveryTime; Artemis scheduled delivery): an
+-- entry read with a delivery_time field (digits, at most 15) and no delayed_from field is moved into
+-- KEYS[10] (acknowledged, not filed), whatever its time, so that publications of equal delivery time
+-- keep their stream order; then, before anything is filed, every entry due by ARGV[17] is moved back
+-- (at most RELEASE_MAX) in (delivery time, original entry id) order, each XADDed with all its fields
+-- plus delayed_from (its original entry id), ts and msgid (the original's, when it had none), and read
+-- again in this call when the read had room (they are the stream's last entries), to be delivered as
+-- any entry. A delivery_time that is not digits passes through: the worker refuses it.
 
 local stream, group, token = KEYS[1], ARGV[1], ARGV[2]
 local prefix, lease_ms, heads = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local malformed, max_pub = ARGV[7], tonumber(ARGV[9])
 local ctx = {stream = stream, group = group, dlq = KEYS[5], dlq_len = ARGV[12], max_body = tonumber(ARGV[13]),
              reply_prefix = ARGV[10], reply_ttl = ARGV[11]}
-local FIRST_OWNED = 17
+local FIRST_OWNED = 19
+local RELEASE_MAX = 1000
+local delay_now, release_asked = ARGV[17], ARGV[18] == '1'
 
 -- An empty dequeue (at a high rate every idle worker wakes for an entry one of them takes): nothing
 -- to read (the group's lag is 0), no turn held or named (ARGV, a wake-up), no ingress, no record of
@@ -76,7 +95,7 @@ local FIRST_OWNED = 17
 -- (the group's last-delivered id and pending count it read: the fair share below starts from them)
 local pre_last, pre_pending = nil, nil
 local function idle_reply()
-  if #ARGV >= FIRST_OWNED or ARGV[15] ~= '' then return nil end
+  if #ARGV >= FIRST_OWNED or ARGV[15] ~= '' or release_asked then return nil end
   local groups = redis.pcall('XINFO', 'GROUPS', stream)
   if groups.err then return nil end
   for _, info in ipairs(groups) do
@@ -161,6 +180,100 @@ if tonumber(ARGV[3]) > 0 then  -- COUNT 0 would read everything
   local reply = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', ARGV[3], 'STREAMS', stream, '>')
   if reply then entries = reply[1][2] end
 end
+local read_count = #entries
+local read_last = read_count > 0 and entries[read_count][1] or nil
+
+-- Delivery delay: the entries with a delivery_time (one comparison per field) go to KEYS[10].
+local delayed_moves, delayed_due = 0, false
+local later = nil  -- {[index in entries] = delivery time (digits)}
+for i, entry in ipairs(entries) do
+  local fields = entry[2]
+  for j = 1, #fields, 2 do
+    if fields[j] == 'delivery_time' then
+      local at = fields[j + 1]
+      if #at <= 15 and string.match(at, '^%d+$') and not field_of(fields, 'delayed_from') then
+        later = later or {}
+        later[i] = at
+      end
+      break
+    end
+  end
+end
+local function padded(part) return string.rep('0', 20 - #part) .. part end
+if later then
+  local why = foreign(KEYS[10], 'zset')
+  local rest, members, acks = {}, {}, {}
+  for i, entry in ipairs(entries) do
+    local at = later[i]
+    if not at then
+      rest[#rest + 1] = entry
+    elseif why then
+      refuse_unparsed(ctx, entry[1], entry[2], publisher_of(entry[2], malformed, max_pub),
+                      why .. '; the delayed publication could not be kept')
+    else
+      local ms, seq = string.match(entry[1], '^(%d+)-(%d+)$')
+      members[#members + 1] = at
+      members[#members + 1] = padded(ms) .. '-' .. padded(seq) .. cmsgpack.pack(entry[2])
+      acks[#acks + 1] = entry[1]
+      if tonumber(at) <= tonumber(delay_now) then delayed_due = true end
+    end
+  end
+  for i = 1, #acks, 1000 do  -- one ZADD and one XACK per 1,000 (unpack() takes a few thousand values)
+    redis.call('ZADD', KEYS[10], unpack(members, 2 * i - 1, math.min(2 * i + 1998, #members)))
+    redis.call('XACK', stream, group, unpack(acks, i, math.min(i + 999, #acks)))
+  end
+  delayed_moves = #acks
+  entries = rest
+end
+
+-- Delivery delay: the delayed publications due by now go back to the publish stream, in order, and
+-- are read in this call when the read above reached the stream's end (they follow it).
+local delayed_reply = nil
+if (release_asked or delayed_due or delayed_moves > 0) and not foreign(KEYS[10], 'zset') then
+  if release_asked or delayed_due then
+    local due = redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', delay_now, 'LIMIT', 0, RELEASE_MAX)
+    for _, member in ipairs(due) do
+      local fields = cmsgpack.unpack(string.sub(member, 42))
+      local ms = string.gsub(string.sub(member, 1, 20), '^0+(%d)', '%1')
+      local seq = string.gsub(string.sub(member, 22, 41), '^0+(%d)', '%1')
+      local original = ms .. '-' .. seq
+      -- the publish time and the msgid default to the original entry's (an empty one too)
+      local defaults = {ts = ms, msgid = original}
+      for j = 1, #fields, 2 do
+        local default = defaults[fields[j]]
+        if default then
+          if fields[j + 1] == '' then fields[j + 1] = default end
+          defaults[fields[j]] = nil
+        end
+      end
+      for _, name in ipairs({'ts', 'msgid'}) do
+        if defaults[name] then
+          fields[#fields + 1] = name
+          fields[#fields + 1] = defaults[name]
+        end
+      end
+      fields[#fields + 1] = 'delayed_from'
+      fields[#fields + 1] = original
+      redis.call('XADD', stream, '*', unpack(fields))
+    end
+    for i = 1, #due, 500 do
+      redis.call('ZREM', KEYS[10], unpack(due, i, math.min(i + 499, #due)))
+    end
+    delayed_moves = delayed_moves + #due
+    if #due > 0 and read_count < tonumber(ARGV[3]) then
+      local again = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', tonumber(ARGV[3]) - read_count,
+                               'STREAMS', stream, '>')
+      if again then
+        for _, entry in ipairs(again[1][2]) do entries[#entries + 1] = entry end
+        read_last = entries[#entries][1]
+      end
+    end
+  end
+  local head = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')
+  delayed_reply = {head[2] or '', delayed_moves}
+elseif release_asked then
+  delayed_reply = {'', 0}  -- a foreign key: nothing to release (broker status names it)
+end
 
 local candidates, seen = {}, {}
 local function consider(pub)
@@ -227,7 +340,7 @@ if pre_last then
   -- read before (idle_reply), nothing else ran since: what this call read is delivered and pending,
   -- what it refused acknowledged
   pending = pre_pending + #kept
-  last_id = #entries > 0 and entries[#entries][1] or pre_last
+  last_id = read_last or pre_last
 else
   for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
     local name, last, count = nil, nil, 0
@@ -338,4 +451,8 @@ end
 local reply = {version or '0', last_id, kept, turns, redis.call('SCARD', KEYS[3]), live, fair,
                taken, spare}
 if #impersonations > 0 then reply[10] = impersonations end
+if delayed_reply then
+  reply[10] = impersonations
+  reply[11] = delayed_reply
+end
 return reply

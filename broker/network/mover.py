@@ -46,7 +46,9 @@ def forwarded_fields(envelope: bytes, sender: str) -> list[bytes | str]:
 
     Returns:
         Flat ``[field, value, ...]``: publisher, msgid, topic, body, ts, persistent, priority,
-        the optional fields it has, then ``origin`` and ``route`` (comma-separated, origin first).
+        the optional fields it has (a ``delivery_time`` with ``delayed_from``: the sender released
+        it at its delivery time, the receiver does not delay it again), then ``origin`` and
+        ``route`` (comma-separated, origin first).
 
     Raises:
         InvalidMessage: the envelope is not in the protocol's format.
@@ -103,6 +105,8 @@ def forwarded_fields(envelope: bytes, sender: str) -> list[bytes | str]:
             flat += [raw_name, str(header[name])]
     if header.get("props"):
         flat += [b"props", json.dumps(header["props"], separators=(",", ":"))]
+    if header.get("delivery_time"):  # delivered here at its time already: not delayed again there
+        flat += [b"delivery_time", str(header["delivery_time"]), b"delayed_from", str(header.get("entry_id"))]
     flat += [b"origin", str(origin), b"route", ",".join(route)]
     return flat
 

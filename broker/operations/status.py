@@ -109,6 +109,10 @@ class Snapshot:
         problems: foreign keys, records that cannot be read, a broken publish stream, one line each.
         poison: poison messages in the subscriptions' own poison streams (``{qm}:sub:<id>:poison``;
             one of another type counts 0).
+        delayed: publications waiting for their delivery time in ``{qm}:delayed`` (delivery
+            delay, Jakarta Messaging 2.0 section 7.9).
+        next_delivery_ms: the earliest delivery time among them, ms since the epoch; None when
+            none waits.
     """
 
     stream_length: int
@@ -123,6 +127,8 @@ class Snapshot:
     workers: list[WorkerRow]
     problems: list[str]
     poison: int = 0
+    delayed: int = 0
+    next_delivery_ms: int | None = None
 
 
 def _expired(client: redis.Redis, qm: str, sub_id: str) -> int | None:
@@ -385,6 +391,7 @@ def status(
             values.append(reply)
     dead, active, version, beats = values[-8:-4]
     problems += _foreign_keys(client, qm, subs, keyspace)
+    delayed, next_delivery_ms = _delayed(client, qm, problems)
 
     now_ms = clock.now_ms()
     workers: list[WorkerRow] = []
@@ -422,7 +429,26 @@ def status(
         workers=workers,
         problems=problems,
         poison=_poison(client, qm, subs),
+        delayed=delayed,
+        next_delivery_ms=next_delivery_ms,
     )
+
+
+def _delayed(client: redis.Redis, qm: str, problems: list[str]) -> tuple[int, int | None]:
+    """How many publications wait for their delivery time, and the earliest one (ms since the
+    epoch, None: none); a ``{qm}:delayed`` of another type is named in ``problems`` (0, None)."""
+    key = keys.delayed(qm)
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(key)
+    pipe.zrange(key, 0, 0, withscores=True)
+    count, head = pipe.execute(raise_on_error=False)
+    if isinstance(count, redis.exceptions.NoPermissionError):
+        return 0, None
+    if isinstance(count, redis.ResponseError):
+        effect = "publications with a delivery time are dead-lettered, none waiting is released"
+        problems.append(foreign_problem(key, wire.lenient_text(client.type(key)), "zset", effect))
+        return 0, None
+    return int(count), (int(head[0][1]) if head else None)
 
 
 def _poison(client: redis.Redis, qm: str, subs: list[SubscriptionRecord]) -> int:

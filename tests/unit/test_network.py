@@ -344,6 +344,20 @@ def _as_fields(flat: list) -> dict[bytes, bytes]:
     return {b(k): b(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
 
 
+def test_forwarded_fields_carry_the_delivery_time_marked_as_released():
+    # Given the envelope of a delayed publication, delivered at its delivery time by the sender
+    fields = publication_fields("p", "t/x", b"b", msgid="m", delivery_time_ms=1_700_000_005_000)
+    raw = {k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in fields.items()}
+    entry = parse_entry("1700000005001-0", raw, 1 << 20)
+
+    # When it is forwarded
+    forwarded = _as_fields(forwarded_fields(encode_envelope(entry.header, entry.body), "B"))
+
+    # Then the receiver's subscribers see its delivery time, and its queue mutex does not delay it again
+    assert parse_entry("1700000005002-0", forwarded, 1 << 20).header["delivery_time"] == 1_700_000_005_000
+    assert forwarded[b"delayed_from"] == b"1700000005001-0"
+
+
 def test_forwarded_fields_keep_every_header_and_append_the_route():
     fields = publication_fields(
         "pub-1",
