@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import fakeredis
 import pytest
@@ -80,3 +81,14 @@ def run(real_server, real_redis, tmp_path, monkeypatch):
         return runner.invoke(cli.main, ["--redis-url", real_server.url, "--qm", QM, *args])
 
     return invoke
+
+
+@pytest.fixture
+def users(real_server: Server, real_redis: redis.Redis) -> Iterator[Any]:
+    """ACL users of one test (``tests.integration.test_security.Users``: made through
+    ``broker.operations.acl``), deleted after it."""
+    from tests.integration.test_security import Users
+
+    made = Users(real_server, real_redis)
+    yield made
+    made.close()

@@ -12,6 +12,8 @@ and the disconnect of slow subscriptions.
 - **Heartbeat** (at most once a second): ``{qm}:workers`` and ``{qm}:alive``; workers silent for
   ``GONE_AFTER_MS`` are forgotten.
 - **Disconnect**: a subscription a slow-subscriber condition matched is removed after the commit.
+- **Topic statistics** (``broker.operations.topic_stats``, every ``topic_stats_flush_ms``, unless
+  ``topic_stats_max_topics = 0``): the topic counts of the worker's apply step added to Redis.
 - **Control requests** (``broker.operations.control``, every ``control.POLL_MS``, only with
   ``security = true``): subscribe and unsubscribe requests of subscriber users answered, one worker
   at a time.
@@ -41,6 +43,7 @@ from broker.core.logs import publication_extra
 from broker.operations.control import POLL_MS as CONTROL_POLL_MS
 from broker.operations.control import ControlServer
 from broker.operations.maintenance import trim_acknowledged
+from broker.operations.topic_stats import TopicCounter
 from broker.topics.subscriptions import remove_subscription
 
 if TYPE_CHECKING:
@@ -120,6 +123,13 @@ class Housekeeping:
         #: ``worker.processed`` at the worker's last trim, and when it may try again (lock taken)
         self.trimmed_at = 0
         self.next_trim_ms = 0
+        #: the topic counts the apply step adds to (``worker.loop``); None when turned off
+        self.topic_stats = (
+            TopicCounter(worker.settings.topic_stats_max_topics)
+            if worker.settings.topic_stats_max_topics
+            else None
+        )
+        self.next_topic_stats_ms = 0
         #: answers control requests; None without security (subscribers write their subscriptions)
         self.control = (
             ControlServer(worker.client, worker.settings, worker.name) if worker.settings.security else None
@@ -146,6 +156,9 @@ class Housekeeping:
         if now_ms >= self.next_subscription_sweep_ms:
             self.next_subscription_sweep_ms = now_ms + max(settings.sweep_interval_ms, SUBSCRIPTION_SWEEP_MS)
             self.sweep_subscriptions()
+        if self.topic_stats is not None and now_ms >= self.next_topic_stats_ms:
+            self.next_topic_stats_ms = now_ms + settings.topic_stats_flush_ms
+            unless_full(self.flush_topic_stats)
         if self.control is not None and now_ms >= self.next_control_ms:
             self.next_control_ms = now_ms + CONTROL_POLL_MS
             unless_full(lambda: self.serve_requests(now_ms))
@@ -189,6 +202,16 @@ class Housekeeping:
                 raise
             log.warning("worker %s: control requests: %s", self.worker.name, exc)
             return 0
+
+    def flush_topic_stats(self) -> int:
+        """Add the topic counts to Redis (``TopicCounter.flush``); returns the publications flushed.
+
+        Raises:
+            redis.RedisError: as redis-py raises it (the round reports it; the counts sent are dropped).
+        """
+        if self.topic_stats is None:
+            return 0
+        return self.topic_stats.flush(self.worker.client, self.worker.qm)
 
     def sweep_turns(self) -> list[str]:
         """Take orphaned turns (and find forgotten ones of the worker's); returns the publishers taken."""

@@ -333,6 +333,7 @@ class Worker:
             self.metrics.stopped(len(self.turns))
             self.client.hdel(keys.workers(self.qm), self.name)
             self.client.zrem(keys.alive(self.qm), self.name)
+            self.housekeeping.flush_topic_stats()
             self.client.hdel(keys.saturated(self.qm), self.name)
             if self._alone_recorded:
                 self.client.hdel(keys.alone(self.qm), self.name)
@@ -723,10 +724,14 @@ class Worker:
         disconnects: dict[str, int] = {}
         metrics = self.metrics
         committed_ms = self.clock_ms() if metrics.enabled else 0
+        stats = self.housekeeping.topic_stats  # None when off: no work per publication
+        stats_ms = self.clock_ms() if stats is not None else 0
         for batch, reply in zip(batches, results, strict=True):
             if self.decide.slow:
                 disconnects.update(decode_disconnects(batch, reply))
             decoded = decode_outcomes(batch, reply)
+            if stats is not None:
+                stats.note(decoded, stats_ms)
             if metrics.enabled:
                 metrics.committed(decoded, give_up, started_ms, committed_ms)
             for unit, outcome, _subscriptions, released in decoded:

@@ -26,6 +26,7 @@ from broker.operations.acl import UserRow
 from broker.operations.dead_letters import DeadLetter
 from broker.operations.durables import Deletion
 from broker.operations.status import Snapshot, TopicNode, TopicStatus
+from broker.operations.topic_stats import TopicStatistics
 from broker.topics.declared import Declared
 from broker.topics.explain import Route
 from broker.topics.subscriptions import SubscriptionRecord
@@ -516,6 +517,28 @@ def _print_topic_status(found: TopicStatus) -> None:
     click.echo(
         f"publishers in the newest {found.scanned} stream entries: {seen}; last publication (ms): {last}"
     )
+
+
+def _print_topic_statistics(found: TopicStatistics) -> None:
+    """``broker topic status``'s statistics line (IBM MQ ``DISPLAY TPSTATUS``)."""
+    last = _utc(found.last_publication_ms)
+    click.echo(
+        f"statistics: {found.publications} publications, {found.copies} copies delivered, "
+        f"last publication {last} ({found.last_publication_ms or '-'} ms), {found.subscriptions} subscriptions"
+    )
+
+
+def _print_top_topics(rows: list[TopicStatistics]) -> None:
+    """``broker topic stats``: the topic strings with the most publications."""
+    table = _table(
+        "topic", "publications", "copies", "subscriptions", "last publication", title="topic statistics"
+    )
+    for row in rows:
+        subs = "-" if row.subscriptions is None else str(row.subscriptions)
+        table.add_row(row.shown, str(row.publications), str(row.copies), subs, _utc(row.last_publication_ms))
+    _console().print(table)
+    if not rows:
+        click.echo("no publications counted (the workers add their counts every topic_stats_flush_ms)")
 
 
 def _print_topic_tree(root: TopicNode) -> None:

@@ -5,6 +5,8 @@ declared topics, the topic tree).
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from typing import Any
 
 import click
@@ -17,11 +19,14 @@ from broker.cli.render import (
     _print_links,
     _print_problems,
     _print_route,
+    _print_top_topics,
     _print_topic_objects,
+    _print_topic_statistics,
     _print_topic_status,
     _print_topic_tree,
 )
 from broker.operations.status import topic_status, topic_tree
+from broker.operations.topic_stats import top_topics, topic_statistics
 from broker.topics import copies as copies_setting
 from broker.topics import declared, explain, links, topic_objects
 from broker.topics.subscriptions import read_subscriptions
@@ -194,7 +199,8 @@ def _attributes_error(exc: ValidationError) -> click.BadParameter:
 
 
 @click.group(
-    "topic", short_help="Administrative topic objects: define, alter, delete, display, apply, status, tree."
+    "topic",
+    short_help="Administrative topic objects: define, alter, delete, display, apply, status, stats, tree.",
 )
 def topic_group() -> None:
     """Topic objects (IBM MQ): a name bound to a topic string, with attributes that topics below
@@ -301,14 +307,38 @@ def topic_apply(state: State, file: str, prune: bool) -> None:
 
 @topic_group.command("status")
 @click.argument("topic_string")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
 @click.pass_obj
-def topic_status_command(state: State, topic_string: str) -> None:
+def topic_status_command(state: State, topic_string: str, as_json: bool) -> None:
     """Show TOPIC_STRING's effective attributes (and the object each comes from), the subscriptions it
-    reaches (and through which link), and the publishers seen among the newest stream entries."""
-    found = topic_status(
-        state.client(), state.settings.qm, topic_string, default_maxdepth=state.settings.default_maxdepth
-    )
+    reaches (and through which link), the publishers seen among the newest stream entries, and its
+    statistics: publications, copies delivered, last publication (as the workers last flushed them)."""
+    client, settings = state.client(), state.settings
+    found = topic_status(client, settings.qm, topic_string, default_maxdepth=settings.default_maxdepth)
+    stats = topic_statistics(client, settings, topic_string) if settings.topic_stats_max_topics else None
+    if as_json:
+        click.echo(json.dumps({**asdict(found), "statistics": stats and asdict(stats)}))
+        return
     _print_topic_status(found)
+    if stats is not None:
+        _print_topic_statistics(stats)
+
+
+@topic_group.command("stats")
+@click.option(
+    "--top", "count", type=click.IntRange(min=1), default=20, show_default=True, help="Topics shown."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
+@click.pass_obj
+def topic_stats_command(state: State, count: int, as_json: bool) -> None:
+    """List the topic strings with the most publications: publications, copies delivered, subscriptions
+    reached and the last publication (IBM MQ DISPLAY TPSTATUS), then "(other topics)", every topic
+    string past topic_stats_max_topics added up."""
+    rows = top_topics(state.client(), state.settings, count)
+    if as_json:
+        click.echo(json.dumps([asdict(row) for row in rows]))
+        return
+    _print_top_topics(rows)
 
 
 @topic_group.command("tree")

@@ -65,6 +65,7 @@ from broker.core.config import Settings
 from broker.core.connection import as_bytes, block_slice_ms
 from broker.core.errors import (
     ConsumerConflict,
+    ForeignKey,
     InvalidMessage,
     ServerError,
     TooManyConsumers,
@@ -223,7 +224,7 @@ def recover(
         ``(consumers recovered, messages given back, messages made poison)``.
 
     Raises:
-        ServerError: a key of the subscription holds another Redis type ("foreign key").
+        ForeignKey: a key of the subscription holds another Redis type.
         LibraryMissing: the server has no ``broker`` library and this user may not load it.
     """
     got = fcall(
@@ -298,7 +299,7 @@ def sweep_subscriptions(
             if abandoned and remove_subscription(client, qm, record.sub_id, abandoned_before_ms=cutoff):
                 log.info("removed abandoned non-durable subscription %s", record.sub_id)
                 removed.append(record.sub_id)
-        except ServerError as exc:  # a foreign key in one subscription: name it, go on with the others
+        except (ServerError, ForeignKey) as exc:  # a foreign key in one subscription: name it, go on
             log.warning("subscription sweep: %s: %s", record.sub_id, exc)
     last = todo[-1].sub_id if len(todo) == SWEEP_SUBSCRIPTIONS else ""
     return last, removed
@@ -589,7 +590,7 @@ class Subscriber:
             How many were dead-lettered (one no longer in flight is not).
 
         Raises:
-            ServerError: the in-flight list, the redelivery hash or the poison stream holds
+            ForeignKey: the in-flight list, the redelivery hash or the poison stream holds
                 another Redis type.
         """
         args: list[Any] = [self.consumer_id, self.settings.dead_letter_max_len]
@@ -613,7 +614,7 @@ class Subscriber:
         redelivery) is not counted and changes nothing.
 
         Raises:
-            ServerError: the in-flight list or the redelivery hash holds another Redis type.
+            ForeignKey: the in-flight list or the redelivery hash holds another Redis type.
         """
         raws = [delivery.raw for delivery in deliveries]
         if not raws:

@@ -1,7 +1,8 @@
 """Subscribing as a request: the subscriber's side of the control streams (seed 000).
 
 With security on, a subscriber user may not write the subscription registry; it asks the broker
-for a subscription with one ``XADD`` to its control stream ``{qm}:ctl:<client id>`` and waits for
+for a subscription with one ``FCALL broker_request`` (an ``XADD`` to its control stream
+``{qm}:ctl:<client id>``, ``lua/library/control.lua``) and waits for
 the answer with ``BLPOP {qm}:ctl:<client id>:reply:<request id>`` (the fields and the answer:
 ``broker.operations.control``, which the workers run). ``broker subscribe`` uses it when the
 URL's user may not write ``{qm}:subs`` (a subscriber user); an admin, or any user without
@@ -20,6 +21,7 @@ import redis
 from broker.core import keys
 from broker.core.connection import block_slice_ms
 from broker.core.errors import ConnectionLost, ReplyTimeout, RequestRefused, ServerError
+from broker.core.library import fcall
 from broker.topics.subscriptions import SubscriptionRecord
 
 #: How long a request waits for its answer by default, ms (the workers look every 200 ms).
@@ -49,8 +51,8 @@ def request(
     deadline = time.monotonic() + timeout_ms / 1000
     got = None
     try:
-        sent: dict[Any, Any] = {**fields, "reply": request_id}
-        client.xadd(keys.control(qm, client_id), sent)
+        pairs = [part for field, value in {**fields, "reply": request_id}.items() for part in (field, value)]
+        fcall(client, "broker_request", keys.control(qm, client_id), *pairs)
         while got is None:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:

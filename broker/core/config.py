@@ -394,6 +394,15 @@ class Settings(BaseSettings):
         metrics_max_subscriptions: most subscriptions given their own series (depth, in
             flight, consumers, redelivered) at each scrape: the deepest ones; the totals cover
             every subscription. Bounds the label set Prometheus stores.
+        metrics_max_topics: most topic strings given their own series of topic statistics
+            (``broker.operations.topic_stats``) at each scrape: those with the most publications;
+            the others are one series without the ``topic`` label.
+        topic_stats_max_topics: most topic strings whose statistics (publications, copies, last
+            publication: IBM MQ ``DISPLAY TPSTATUS``) are kept on their own, in each worker's memory
+            and in Redis; publications on the others are counted together as "(other topics)".
+            0: no topic statistics, and the workers do no work for them.
+        topic_stats_flush_ms: how often each worker adds its topic counts to Redis, ms; a worker
+            killed between two flushes loses at most this long of counts (statistics, not guarantees).
     """
 
     model_config = SettingsConfigDict(env_prefix="BROKER_", extra="forbid")
@@ -463,6 +472,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, le=65_535)
     metrics_host: str = "127.0.0.1"
     metrics_max_subscriptions: int = Field(default=50, ge=0, le=10_000)
+    metrics_max_topics: int = Field(default=20, ge=0, le=10_000)
+    topic_stats_max_topics: int = Field(default=1_000, ge=0, le=1_000_000)
+    topic_stats_flush_ms: int = Field(default=1_000, ge=10)
 
     @field_validator("redis_url")
     @classmethod

@@ -98,6 +98,12 @@ key                                 type      contents                          
                                               publisher, seq, topic, subs (JSON list of
                                               subscription ids), enq_ms, dlv_ms, status
 ``{qm}:usage``                      stream    usage snapshots (field ``snapshot``: JSON)    rq job usage_snapshot    operators
+``{qm}:topic_stats:publications``   hash      topic string -> publications delivered (the   workers (housekeeping    ``broker topic status``,
+                                              ``""`` field: every topic past the bound)     flush, HINCRBY)          ``topic stats``, metrics
+``{qm}:topic_stats:copies``         hash      topic string -> copies put on subscriber      workers (housekeeping    the same
+                                              queues (``""``: past the bound)               flush, HINCRBY)
+``{qm}:topic_stats:last``           zset      topic string scored by its last publication,  workers (housekeeping    the same
+                                              ms (``""``: past the bound)                   flush, ZADD GT)
 ``{qm}:last_active``                hash      protocol 5's last use (sub id -> ms), read,   none (its field is       idle durable expiry (the
                                               never written                                 removed with the         newer of it and the
                                                                                             subscription)            subscription's own)
@@ -535,6 +541,22 @@ def wake(qm: str) -> str:
 def usage(qm: str) -> str:
     """The stream of usage snapshots: ``{qm}:usage``."""
     return f"{_tag(qm)}:usage"
+
+
+def topic_publications(qm: str) -> str:
+    """Topic statistics (``broker.operations.topic_stats``), ``{qm}:topic_stats:publications``: hash
+    topic string -> publications delivered; the field ``""`` counts the topics past the bound."""
+    return f"{_tag(qm)}:topic_stats:publications"
+
+
+def topic_copies(qm: str) -> str:
+    """Topic statistics, ``{qm}:topic_stats:copies``: hash topic string -> copies put on subscriber queues."""
+    return f"{_tag(qm)}:topic_stats:copies"
+
+
+def topic_last_publication(qm: str) -> str:
+    """Topic statistics, ``{qm}:topic_stats:last``: zset topic string scored by its last publication, ms."""
+    return f"{_tag(qm)}:topic_stats:last"
 
 
 def last_active(qm: str) -> str:

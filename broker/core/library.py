@@ -1,7 +1,8 @@
 """The consumer protocol as the Redis Functions library ``broker`` (Redis 7 / Valkey ``FUNCTION``).
 
 Every consumer operation is one ``FCALL`` of it (``broker_receive``, ``broker_renew``,
-``broker_ack``, ``broker_reject``, ``broker_recover``, ``broker_browse``, ``broker_version``;
+``broker_ack``, ``broker_reject``, ``broker_recover``, ``broker_browse``, ``broker_version``, and
+the subscribe request ``broker_request``;
 docs/protocol.md is the API): a client in any language passes the subscription's key, and
 may be a ``subscriber`` ACL user with ``FCALL`` and no ``EVAL``. The workers' hot path
 (``dequeue.lua``, ``commit.lua``) stays ``EVALSHA`` (``broker.core.scripts``).
@@ -33,14 +34,14 @@ import redis
 
 from broker.core import keys
 from broker.core.connection import is_cluster
-from broker.core.errors import LibraryMissing
+from broker.core.errors import LibraryMissing, script_error
 
 #: The library's name (``FUNCTION LOAD``'s ``#!lua name=``); function names are server-global,
 #: so each starts with ``broker_``.
 LIBRARY = "broker"
 
 #: The function groups, in load order, after ``lua/lib.lua`` and ``library/subscription.lua``.
-LIBRARY_FILES = ("receive", "ack", "recover", "browse")
+LIBRARY_FILES = ("receive", "ack", "recover", "browse", "control")
 
 #: Every function of the library.
 FUNCTIONS = (
@@ -51,6 +52,7 @@ FUNCTIONS = (
     "broker_reject",
     "broker_recover",
     "broker_browse",
+    "broker_request",
 )
 
 _VERSION_LINE = re.compile(r"^local PROTOCOL_VERSION = (\d+)$", re.M)
@@ -145,14 +147,21 @@ def fcall(client: Any, function: str, key: str, *args: Any, read_only: bool = Fa
 
     Raises:
         LibraryMissing: the library is not loaded and this client's user may not load it.
-        redis.ResponseError: the function's error reply (``BROKER foreign key`` ...); translate
-            it with ``errors.script_error``.
+        ForeignKey: a key of the subscription holds another Redis type (nothing was written).
+        ServerFull: the server is out of memory (nothing was written).
+        redis.ResponseError: any other error reply of the function (a bad argument).
     """
     command = "FCALL_RO" if read_only else "FCALL"
     try:
+        try:
+            return client.execute_command(command, function, 1, key, *args)
+        except redis.ResponseError as exc:
+            if "function not found" not in str(exc).lower():
+                raise
+        ensure_loaded(client)
         return client.execute_command(command, function, 1, key, *args)
     except redis.ResponseError as exc:
-        if "function not found" not in str(exc).lower():
+        translated = script_error(exc, function)
+        if translated is exc:
             raise
-    ensure_loaded(client)
-    return client.execute_command(command, function, 1, key, *args)
+        raise translated from exc

@@ -14,7 +14,7 @@ subscriber  read, write, list, hash, zset; FCALL and       ``{qm}:sub:<client id
             no EVAL, EVALSHA or SCRIPT; no dangerous ones messages: every key it writes is its own);
                                                           ``{qm}:subs``, ``{qm}:version``, ``{qm}:manager``,
                                                           ``{qm}:topics`` (read);
-                                                          ``{qm}:ctl:<client id>`` (write: its control requests),
+                                                          ``{qm}:ctl:<client id>`` (its control requests),
                                                           ``{qm}:ctl:<client id>:reply:*`` (their answers)
 worker      read, write, stream, list, hash, set, zset,   ``{qm}:*``
             string, keyspace, scripting, transactions;
@@ -188,7 +188,7 @@ def rules(qm: str, user: str, spec: RoleSpec) -> list[str]:
             f"%R~{keys.manager(qm)}",
             f"%R~{keys.topic_objects(qm)}",
             # its subscribe / unsubscribe requests (broker.operations.control) and their answers
-            f"%W~{keys.glob_escape(keys.control(qm, spec.client_id))}",
+            f"~{keys.glob_escape(keys.control(qm, spec.client_id))}",  # FCALL broker_request declares it: RW
             f"~{keys.control_reply_pattern(qm, spec.client_id)}",
         ]
     elif spec.role in ("worker", "admin", "channel"):

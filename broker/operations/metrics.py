@@ -53,6 +53,7 @@ from broker.core import clock, keys, wire
 from broker.core.config import Settings
 from broker.core.unit_of_work import Outcome, UnitOfWork
 from broker.operations.reasons import DEAD_LETTER_REASONS, dead_letter_reason, topic_check
+from broker.operations.topic_metrics import TopicStatsCollector
 
 log = logging.getLogger("broker.metrics")
 
@@ -645,6 +646,7 @@ def sampled_registry(client: redis.Redis, settings: Settings) -> CollectorRegist
     """A registry holding the Redis-sampled metrics and the process's own (``broker metrics``)."""
     registry = standard_collectors(CollectorRegistry())
     registry.register(RedisCollector(client, settings))
+    registry.register(TopicStatsCollector(client, settings))  # broker.operations.topic_metrics
     return registry
 
 
@@ -671,6 +673,7 @@ def pool_registry(path: str, client: redis.Redis, settings: Settings) -> Collect
     registry = standard_collectors(CollectorRegistry())
     _StartedFilesCollector(registry, path=path)
     registry.register(RedisCollector(client, settings))
+    registry.register(TopicStatsCollector(client, settings))  # broker.operations.topic_metrics
     return registry
 
 

@@ -77,6 +77,12 @@ export const replyKey = (publisher, msgid, qm = QM) =>
 /** The subscription records (one hash field per subscription id): `{QM1}:subs`. */
 export const subscriptions = (qm = QM) => `${tag(qm)}:subs`;
 
+/**
+ * A subscriber's control stream, `{QM1}:ctl:<client id>`: with security on, a subscriber user asks
+ * the broker for a subscription with one FCALL broker_request on it (docs/protocol.md, "Subscribing as a request").
+ */
+export const controlStream = (clientId, qm = QM) => `${tag(qm)}:ctl:${clientId}`;
+
 /** The routing table's version, bumped with every subscription change: `{QM1}:version`. */
 export const version = (qm = QM) => `${tag(qm)}:version`;
 

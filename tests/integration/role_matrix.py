@@ -238,6 +238,20 @@ OPERATIONS: tuple[Operation, ...] = (
         BROKER_ROLES | {"subscriber"},
     ),
     _op(
+        "own-ctl-fcall",
+        "`FCALL broker_request 1 {qm}:ctl:<client id> ...` (its own subscribe request, through the library)",
+        SUBS,
+        lambda: ("FCALL", MISSING_FUNCTION, "1", control(QM, CLIENT_ID), "op", "subscribe"),
+        BROKER_ROLES | {"subscriber"},
+    ),
+    _op(
+        "other-ctl-fcall",
+        "`FCALL broker_request` on another client's control stream",
+        SUBS,
+        lambda: ("FCALL", MISSING_FUNCTION, "1", control(QM, OTHER_CLIENT_ID), "op", "subscribe"),
+        BROKER_ROLES,
+    ),
+    _op(
         "other-ctl-xadd",
         "`XADD` another client's control stream",
         SUBS,

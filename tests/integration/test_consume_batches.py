@@ -19,7 +19,7 @@ from broker import subscribe
 from broker.clients.consumer import CRASH_POINTS, Delivery, Subscriber
 from broker.core import keys
 from broker.core.config import Settings
-from broker.core.errors import InvalidMessage, ServerError
+from broker.core.errors import ForeignKey, InvalidMessage
 from broker.core.models import encode_envelope
 from scripts.rig.consumers import run_crashing_consumer
 
@@ -221,9 +221,9 @@ def test_a_foreign_in_flight_key_is_reported_before_anything_is_taken_or_removed
     got = consumer.receive_many(2)
     real_redis.delete(consumer.inflight)
     real_redis.set(consumer.inflight, "not a list")
-    with pytest.raises(ServerError, match="foreign key"):
+    with pytest.raises(ForeignKey, match="foreign key"):
         consumer.ack_many(got)
-    with pytest.raises(ServerError, match="foreign key"):
+    with pytest.raises(ForeignKey, match="foreign key"):
         consumer.receive_many(1)
     assert real_redis.get(consumer.inflight) == b"not a list" and consumer.depth() == 1
 
@@ -233,7 +233,7 @@ def test_a_foreign_priority_band_is_reported_before_anything_is_taken(real_redis
     _fill(real_redis, record.sub_id, range(3))
     consumer = Subscriber(real_redis, QM, record, _settings(settings), consumer_id="c", heartbeat=False)
     real_redis.set(keys.sub_band(QM, record.sub_id, 0), "not a list")
-    with pytest.raises(ServerError, match="foreign key"):
+    with pytest.raises(ForeignKey, match="foreign key"):
         consumer.receive_many(10)
     assert real_redis.llen(keys.sub_queue(QM, record.sub_id)) == 3 and consumer.in_flight() == 0
 

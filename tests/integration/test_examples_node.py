@@ -21,9 +21,9 @@ import pytest
 from broker.core import keys
 from broker.core.server import Server
 from broker.operations.acl import RoleSpec
+from broker.operations.grants import grant
 from broker.testing import drain, make_workers, queue_messages, wait_for
 from broker.topics.subscriptions import list_subscriptions, subscribe
-from tests.integration.test_security import Users
 
 QM = "TEST"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "node"
@@ -271,14 +271,6 @@ def test_recover_example_gives_a_killed_consumers_message_back_and_it_is_receive
     assert queue_messages(real_redis, QM, record.sub_id) == []
 
 
-@pytest.fixture
-def users(real_server: Server, real_redis) -> Iterator[Users]:
-    """ACL users of one test (``test_security.Users``), deleted after it."""
-    made = Users(real_server, real_redis)
-    yield made
-    made.close()
-
-
 def test_examples_run_as_a_publisher_and_a_subscriber_user(example, real_redis, settings, users):
     # Given ACL users: a publisher bound to svc-7, a subscriber of client id app; app's
     # subscription (made by the administrator) and a worker
@@ -301,6 +293,30 @@ def test_examples_run_as_a_publisher_and_a_subscriber_user(example, real_redis, 
     assert refused.finish(returncode=1) == []
     assert refused.stderr.startswith("error: NOPERM")
     assert [m.body for m in queue_messages(real_redis, QM, other.sub_id)] == [BINARY_BODY]
+
+
+def test_a_subscriber_user_subscribes_by_request_within_its_grants(example, real_redis, settings, users):
+    # Given a subscriber user of client id app, granted orders/eu/#, and a worker with security on
+    users.add("node-req", RoleSpec("subscriber", client_id="app"))
+    grant(real_redis, QM, "node-req", subscribe=["orders/eu/#"])
+    secure = settings.model_copy(update={"security": True})
+    (worker,) = make_workers(users.add("node-wk", RoleSpec("worker")), secure, 1)
+    url = users.url("node-req")
+    # When subscribe.mjs --request asks for a subscription within its grants, and the worker answers
+    asked = example("subscribe.mjs", "--request", "--name", "eu", "orders/eu/#", url=url)
+    wait_for(lambda: real_redis.xlen(keys.control(QM, "app")) == 1, TIMEOUT_S, "the request's XADD")
+    assert worker.housekeeping.serve_requests(0) == 1
+    # Then the subscription exists, made by the broker
+    assert asked.finish() == ["subscribed app$eu to orders/eu/#", f"key {keys.sub_queue(QM, 'app$eu')}"]
+    assert [r.sub_id for r in list_subscriptions(real_redis, QM)] == ["app$eu"]
+    # and a request outside its grants is refused with the broker's reason, exit status 3
+    refused = example("subscribe.mjs", "--request", "--name", "all", "orders/#", url=url)
+    wait_for(lambda: real_redis.xlen(keys.control(QM, "app")) == 1, TIMEOUT_S, "the request's XADD")
+    worker.housekeeping.control.next_list_ms = 0  # type: ignore[union-attr]
+    assert worker.housekeeping.serve_requests(0) == 1
+    assert refused.finish(returncode=3) == []
+    assert "not authorized" in refused.stderr and "orders/#" in refused.stderr
+    assert [r.sub_id for r in list_subscriptions(real_redis, QM)] == ["app$eu"]
 
 
 def test_without_node_the_examples_skip_unless_broker_require_node_is_set(monkeypatch):

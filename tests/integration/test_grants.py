@@ -27,19 +27,12 @@ from broker.core.server import Server
 from broker.operations.acl import RoleSpec
 from broker.operations.grants import grant, list_grants, revoke
 from broker.testing import make_workers
-from broker.topics.subscriptions import subscribe
+from broker.topics.subscriptions import list_subscriptions, subscribe
 from broker.topics.topic_objects import define
 from tests.integration.test_security import Users, broker_as
 from worker.loop import Worker
 
 QM = "TEST"
-
-
-@pytest.fixture
-def users(real_server: Server, real_redis: redis.Redis) -> Iterator[Users]:
-    made = Users(real_server, real_redis)
-    yield made
-    made.close()
 
 
 @pytest.fixture
@@ -220,6 +213,37 @@ def test_a_subscriber_asks_for_a_subscription_within_its_grants_and_it_delivers(
     # And it removes its subscription by request
     assert _while(worker, lambda: request_unsubscribe(sub, QM, "app1", "eu", timeout_ms=10_000)) == "app1$eu"
     assert not admin.hexists(keys.subscriptions(QM), "app1$eu")
+
+
+def test_a_subscriber_requests_a_subscription_with_one_fcall_of_the_library(
+    real_redis: redis.Redis, users: Users, secure: Settings
+) -> None:
+    # Given a subscriber user of client id app1 and a worker with security on
+    sub = users.add("g-fsub", RoleSpec("subscriber", client_id="app1"))
+    worker = _worker(users, secure)
+    # When it asks with FCALL broker_request (its own control stream), with and without a request id
+    _, answer_key = sub.fcall(
+        "broker_request", 1, keys.control(QM, "app1"), "op", "subscribe", "name", "a", "topic", "a/#",
+        "durable", "1", "reply", "r1",
+    )  # fmt: skip
+    entry2, answer2 = sub.fcall(
+        "broker_request", 1, keys.control(QM, "app1"), "op", "subscribe", "name", "b", "topic", "b/#"
+    )
+    # Then the answers' keys are those the broker answers on: the request id, else the entry id
+    assert answer_key == keys.control_reply(QM, "app1", "r1").encode()
+    assert answer2 == keys.control_reply(QM, "app1", entry2.decode()).encode()
+    assert worker.housekeeping.serve_requests(0) == 2
+    assert json.loads(sub.blpop([answer_key], 1)[1])["subscription"] == "app1$a"
+    assert json.loads(sub.blpop([answer2], 1)[1])["ok"] is True
+    assert sorted(r.sub_id for r in list_subscriptions(real_redis, QM)) == ["app1$a", "app1$b"]
+    # and another client's control stream, or a key that is not one, is refused before any write
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        sub.fcall("broker_request", 1, keys.control(QM, "app2"), "op", "subscribe", "topic", "x")
+    with pytest.raises(redis.ResponseError, match="not a control stream"):
+        sub.fcall("broker_request", 1, keys.sub_queue(QM, "app1$a"), "op", "subscribe", "topic", "x")
+    with pytest.raises(redis.ResponseError, match="field, value pairs"):
+        sub.fcall("broker_request", 1, keys.control(QM, "app1"), "op")
+    assert real_redis.xlen(keys.control(QM, "app1")) == 0
 
 
 def test_a_malformed_request_is_answered_with_an_error_once_and_removed(

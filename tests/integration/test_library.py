@@ -7,7 +7,6 @@ the keys an untrusted subscriber writes being its own (issue 27).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,17 +20,10 @@ from broker.operations.dead_letters import Selection, list_dead_letters, replay
 from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.subscriptions import subscribe
-from tests.integration.test_security import Users, not_refused, snapshot
+from tests.integration.test_security import not_refused, snapshot
 
 QM = "TEST"
 NOW = 1_800_000_000_000
-
-
-@pytest.fixture
-def users(real_server, real_redis) -> Iterator[Users]:
-    made = Users(real_server, real_redis)
-    yield made
-    made.close()
 
 
 def envelope(n: int, priority: int = 4, expiration: int = 0) -> bytes:

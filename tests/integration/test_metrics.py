@@ -21,6 +21,7 @@ from broker.operations.metrics import (
     RedisCollector,
     sampled_registry,
 )
+from broker.operations.topic_metrics import TOPIC_METRICS
 from broker.testing import drain, make_workers, wait_for
 from broker.topics.topic_objects import Attributes, define
 from worker.pool import Pool
@@ -170,8 +171,10 @@ def test_a_known_workload_gives_the_exact_counts_on_the_pools_metrics_endpoint(r
     assert _value(got, "broker_sample_errors_total") == 0
     # and every name served is documented in broker.operations.metrics
     served = {name for name, _ in got}
-    known = set(METRICS) | {f"{n}_{s}" for n in METRICS for s in ("bucket", "count", "sum")}
-    known |= {f"{n[: -len('_total')]}_created" for n in METRICS if n.endswith("_total")}
+    known = (
+        set(METRICS) | set(TOPIC_METRICS) | {f"{n}_{s}" for n in METRICS for s in ("bucket", "count", "sum")}
+    )
+    known |= {f"{n[: -len('_total')]}_created" for n in {*METRICS, *TOPIC_METRICS} if n.endswith("_total")}
     known |= {f"{n}_created" for n in METRICS}
     served = {n for n in served if n.startswith("broker_")}  # process_*, python_*: prometheus-client's own
     assert served <= known, served - known

@@ -19,6 +19,7 @@ from broker.core.models import publication_fields
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.topic_objects import Attributes, define
 from tests.conftest import QM
+from tests.unit.test_queue_controllers import SEED as SEED_CONFIG
 
 #: The seed's queue controllers, in the lexical order of their names (SwiftMQ's matching order).
 SEED = [
@@ -33,22 +34,7 @@ SEED = [
     QueueController(name="09", predicate="%"),
 ]
 
-SEED_TOML = """
-[[queue_controllers]]
-name = "01"
-predicate = "tmp$%"
-persistence_mode = "non_persistent"
-
-[[queue_controllers]]
-name = "06"
-predicate = "failsave$%"
-consumer_mode = "activestandby"
-
-[[queue_controllers]]
-name = "07"
-predicate = "%$%"
-consumer_mode = "shared"
-"""
+SEED_TOML = SEED_CONFIG.replace('qm = "QM1"\n', "")  # the seed's controllers, without a queue manager
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,13 +94,6 @@ class Users:
             client.close()
         for user in self.passwords:
             self.admin.execute_command("ACL", "DELUSER", user)
-
-
-@pytest.fixture
-def users(real_server: Server, real_redis: redis.Redis) -> Iterator[Users]:
-    made = Users(real_server, real_redis)
-    yield made
-    made.close()
 
 
 def snapshot(admin: redis.Redis) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -29,14 +28,6 @@ from broker.topics.subscriptions import subscribe
 from tests.integration.test_security import Users, broker_as
 
 QM = "TEST"
-
-
-@pytest.fixture
-def users(real_server: Server, real_redis: redis.Redis) -> Iterator[Users]:
-    """ACL users of one test (``test_security.Users``), deleted after it."""
-    made = Users(real_server, real_redis)
-    yield made
-    made.close()
 
 
 # --- 1. fields only the broker sets -----------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,13 +184,6 @@ HARMS: tuple[Harm, ...] = (
     Harm("make-itself-admin", lambda s: s.evil.hset(keys.acl_users(QM), EVIL, '{"role":"admin"}')),
     Harm("publish-on-the-publish-stream", lambda s: s.evil.xadd(keys.publish_stream(QM), {"topic": "t/a"})),
 )
-
-
-@pytest.fixture
-def users(real_server: Server, real_redis: redis.Redis) -> Iterator[Users]:
-    made = Users(real_server, real_redis)
-    yield made
-    made.close()
 
 
 def _given(real_redis: redis.Redis, real_server: Server, users: Users) -> Scene:

@@ -21,6 +21,7 @@ from broker.core.config import Settings
 from broker.core.stream import group_state
 from broker.network.network_admin import NetworkStatus, network_status
 from broker.operations.status import TopicNode, status, topic_status, topic_tree
+from broker.operations.topic_stats import topic_statistics
 from broker.topics.subscriptions import read_subscriptions
 from broker.topics.topic_objects import BASE, read_tree
 
@@ -212,7 +213,8 @@ def topics(client: redis.Redis, qm: str) -> dict[str, Any]:
 
 
 def topic(client: redis.Redis, settings: Settings, topic_string: str) -> dict[str, Any]:
-    """One topic string's status (``broker.operations.status.topic_status``) as a dict.
+    """One topic string's status (``broker.operations.status.topic_status``) and its statistics
+    (``broker.operations.topic_stats.topic_statistics``; None when turned off) as a dict.
 
     Raises:
         InvalidTopic: the topic string is invalid.
@@ -228,6 +230,12 @@ def topic(client: redis.Redis, settings: Settings, topic_string: str) -> dict[st
         "scanned": found.scanned,
         "blocked": found.blocked,
         "blocked_by": found.blocked_by,
+        # IBM MQ DISPLAY TPSTATUS's SUBCOUNT, NUMPUBS, LPUBDATE/LPUBTIME (broker.operations.topic_stats)
+        "statistics": (
+            asdict(topic_statistics(client, settings, topic_string))
+            if settings.topic_stats_max_topics
+            else None
+        ),
     }
 
 
