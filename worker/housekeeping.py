@@ -18,6 +18,9 @@ and the disconnect of slow subscriptions.
 - **Control requests** (``broker.operations.control``, every ``control.POLL_MS``, only with
   ``security = true``): subscribe and unsubscribe requests of subscriber users answered, one worker
   at a time.
+- **Stream trim** (``broker.operations.maintenance.trim_acknowledged``, once the worker has committed
+  ``trim_every_entries`` since its last trim): the acknowledged entries leave the publish stream,
+  one worker at a time (``{qm}:trim_lock``, ``TRIM_LOCK_MS``); no command per publication.
 
 ``Housekeeping.due(now_ms)`` runs the sweeps whose time has come; the worker calls it once per
 round, before its dequeue (``worker.loop``).
@@ -40,6 +43,7 @@ from broker.core.errors import BrokerError
 from broker.core.logs import publication_extra
 from broker.operations.control import POLL_MS as CONTROL_POLL_MS
 from broker.operations.control import ControlServer
+from broker.operations.maintenance import trim_acknowledged
 from broker.operations.topic_stats import TopicCounter
 from broker.topics.subscriptions import remove_subscription
 
@@ -97,6 +101,10 @@ GONE_AFTER_MS = 60_000
 #: Least time between two heartbeats of a worker, ms.
 HEARTBEAT_MS = 1_000
 
+#: Least time between two trims of the publish stream by the workers of a queue manager (the PX of
+#: ``{qm}:trim_lock``), and between two tries of a worker that found it taken, ms.
+TRIM_LOCK_MS = 100
+
 
 class Housekeeping:
     """The sweeps, heartbeat and disconnects of one worker (module text); holds the timers and cursors.
@@ -115,6 +123,9 @@ class Housekeeping:
         self.subscription_sweep_start = ""
         self.next_heartbeat_ms = 0
         self.next_control_ms = 0
+        #: ``worker.processed`` at the worker's last trim, and when it may try again (lock taken)
+        self.trimmed_at = 0
+        self.next_trim_ms = 0
         #: the topic counts the apply step adds to (``worker.loop``); None when turned off
         self.topic_stats = (
             TopicCounter(worker.settings.topic_stats_max_topics)
@@ -154,6 +165,32 @@ class Housekeeping:
         if self.control is not None and now_ms >= self.next_control_ms:
             self.next_control_ms = now_ms + CONTROL_POLL_MS
             unless_full(lambda: self.serve_requests(now_ms))
+        every = settings.trim_every_entries
+        if every and self.worker.processed - self.trimmed_at >= every and now_ms >= self.next_trim_ms:
+            self.next_trim_ms = now_ms + TRIM_LOCK_MS
+            unless_full(self.trim_stream)
+
+    def trim_stream(self) -> int | None:
+        """Remove the acknowledged entries from the publish stream, unless another worker holds
+        ``{qm}:trim_lock`` (then None: this worker tries again after ``TRIM_LOCK_MS``). On a full
+        server the lock is refused (a write) and the trim runs all the same: it frees memory.
+
+        Returns:
+            How many entries were removed (0 after a failure, logged at WARNING: a foreign key),
+            or None when another worker trims.
+        """
+        worker = self.worker
+        try:
+            if not worker.client.set(keys.trim_lock(worker.qm), worker.name, nx=True, px=TRIM_LOCK_MS):
+                return None
+        except redis.exceptions.OutOfMemoryError:
+            pass
+        self.trimmed_at = worker.processed
+        try:
+            return trim_acknowledged(worker.client, worker.qm)
+        except (BrokerError, redis.ResponseError) as exc:
+            log.warning("worker %s: trimming the publish stream: %s", worker.name, exc)
+            return 0
 
     def serve_requests(self, now_ms: int) -> int:
         """Answer the waiting control requests (``broker.operations.control``); returns how many.

@@ -267,7 +267,7 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
                 beat.name,
                 str(beat.pid),
                 str(beat.processed),
-                str(beat.heartbeat_age_ms),
+                "never" if beat.heartbeat_age_ms is None else str(beat.heartbeat_age_ms),
                 beat.state,
             )
         console.print(workers)

@@ -248,6 +248,11 @@ class Settings(BaseSettings):
             taken over after at most this long.
         block_ms: how long an idle worker blocks waiting for entries, ms.
         sweep_interval_ms: how often a worker sweeps for orphaned publishers, ms.
+        trim_every_entries: a worker removes the acknowledged entries from the publish stream
+            (``maintenance.trim_acknowledged``) once it has committed this many since its last
+            trim, one worker at a time (``{qm}:trim_lock``), so that draining the subscriptions
+            frees memory without the scheduler's trim job; at most this many entries per worker
+            stay after a burst (the trim job removes them). 0: only the trim job trims.
         dedup_window_ms: how long a delivered message id is remembered, ms. Each
             record costs about 120 bytes, so memory is ~120 B x rate x window
             (10 minutes at 20,000 publications/s: about 1.4 GB).
@@ -415,6 +420,7 @@ class Settings(BaseSettings):
     lease_ms: int = Field(default=30_000, ge=10)
     block_ms: int = Field(default=1_000, ge=1)
     sweep_interval_ms: int = Field(default=1_000, ge=1)
+    trim_every_entries: int = Field(default=256, ge=0)
     dedup_window_ms: int = Field(default=600_000, ge=1)
     reply_ttl_ms: int = Field(default=60_000, ge=1)
     max_body_bytes: int = Field(default=1_048_576, ge=0, le=512 * 1024 * 1024)

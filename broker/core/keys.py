@@ -158,6 +158,7 @@ key                                 type      contents                          
 ``{qm}:ctl:<client id>:reply:<r>``  list      the answer to request ``<r>``: JSON ``ok``,   workers (RPUSH, PX)      its subscriber (BLPOP)
                                               ``subscription`` or ``error``
 ``{qm}:ctl_lock``                   string    the worker answering control requests, PX     workers (SET NX)         workers
+``{qm}:trim_lock``                  string    the worker trimming the publish stream, PX    workers (SET NX)         workers
 ==================================  ========  ============================================  =======================  ==========================
 
 Keys whose names are built inside Lua from data the script reads are built
@@ -774,3 +775,9 @@ def control_reply_pattern(qm: str, client_id: str) -> str:
 def control_lock(qm: str) -> str:
     """The lock of the worker answering control requests, ``{qm}:ctl_lock`` (SET NX PX): one at a time."""
     return f"{_tag(qm)}:ctl_lock"
+
+
+def trim_lock(qm: str) -> str:
+    """The lock of the worker trimming acknowledged entries from the publish stream,
+    ``{qm}:trim_lock`` (SET NX PX, never deleted: at most one trim per its PX)."""
+    return f"{_tag(qm)}:trim_lock"

@@ -72,6 +72,7 @@ from broker.core.errors import (
 )
 from broker.core.models import decode_envelope, parse_entry
 from broker.core.scripts import register
+from broker.operations.reasons import dead_letter_reason, topic_check
 
 #: A dead-letter id: a stream entry id, ``<ms>-<n>``.
 DLQ_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
@@ -236,6 +237,8 @@ class Selection:
     Attributes:
         ids: dead-letter ids (``<ms>-<n>``, a poison message's ``<sub id>/<ms>-<n>``); empty: any.
         reason: a substring of ``dlq.reason``, case-insensitive.
+        kind: the reason's code (``broker.operations.reasons.dead_letter_reason``: ``queue_full``...),
+            with ``topic_valid`` (``reasons.topic_check``) telling an invalid topic apart.
         publisher: the publisher id, exactly.
         topic: the topic string, exactly.
         subscription: the subscription a poison message came from, exactly.
@@ -244,6 +247,8 @@ class Selection:
 
     ids: tuple[str, ...] = ()
     reason: str | None = None
+    kind: str | None = None
+    topic_valid: Any = field(default=None, compare=False, repr=False)
     publisher: str | None = None
     topic: str | None = None
     subscription: str | None = None
@@ -254,6 +259,7 @@ class Selection:
         return not (
             self.ids
             or self.reason is not None
+            or self.kind is not None
             or self.publisher is not None
             or self.topic is not None
             or self.subscription is not None
@@ -265,6 +271,10 @@ class Selection:
         return (
             (not self.ids or letter.id in self.ids)
             and (self.reason is None or self.reason.casefold() in letter.reason.casefold())
+            and (
+                self.kind is None
+                or dead_letter_reason(letter.reason, letter.topic, self.topic_valid) == self.kind
+            )
             and (self.publisher is None or letter.publisher == self.publisher)
             and (self.topic is None or letter.topic == self.topic)
             and (self.subscription is None or letter.subscription == self.subscription)
@@ -442,15 +452,20 @@ def list_dead_letters(
 
 
 @translate_errors
-def count_by_reason(client: redis.Redis, qm: str) -> dict[str, int]:
-    """How many dead letters carry each ``dlq.reason`` (the exact text), most frequent first.
+def count_by_reason(client: redis.Redis, qm: str, by_kind: bool = False) -> dict[str, int]:
+    """How many dead letters carry each ``dlq.reason`` (the exact text), most frequent first; with
+    ``by_kind``, each reason code instead (``broker.operations.reasons``: the metrics' label).
 
     Raises:
         ForeignKey: ``{qm}:dlq`` holds another Redis type.
     """
     counts: dict[str, int] = {}
+    valid = topic_check(client, qm) if by_kind else None
     for _, raw, _ in _entries(client, qm, []):
         reason = wire.lenient_text(raw.get(b"dlq.reason") or b"")
+        if by_kind:
+            topic = raw.get(b"topic")
+            reason = dead_letter_reason(reason, None if topic is None else wire.lenient_text(topic), valid)
         counts[reason] = counts.get(reason, 0) + 1
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 

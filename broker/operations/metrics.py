@@ -3,7 +3,7 @@
 Two sources, one exposition:
 
 - **Recorded by the workers** (``Recorder``): publications by outcome, deliveries, the
-  unit-of-work and end-to-end latency histograms (ms), dequeue batch sizes, turns held,
+  unit-of-work and end-to-end latency histograms (seconds), dequeue batch sizes, turns held,
   taken over and given up. Counted per batch (one ``inc(n)`` per commit call, histograms
   bucketed locally and added once per batch), and only when ``metrics_port`` is set:
   otherwise a worker holds ``NULL_RECORDER``, whose methods do nothing. The pool
@@ -14,12 +14,19 @@ Two sources, one exposition:
   length, pending and lag (``broker.core.stream.group_state``), the subscriptions' depth, in
   flight, consumers and redelivered messages (totals over all, series for the
   ``metrics_max_subscriptions`` deepest), deliveries withheld (``{qm}:skipped``,
-  ``{qm}:slow``), dead letters by reason code (``{qm}:dlq``, read on from where the last
-  scrape stopped: free-text reasons mapped to ``DEAD_LETTER_REASONS``), live workers, and
+  ``{qm}:slow``, counted from what this process saw), dead letters by reason code
+  (``{qm}:dlq``, read on from its last entry when the process started, then from where the
+  last scrape stopped: free-text reasons mapped to ``DEAD_LETTER_REASONS``), live workers, and
   each channel's lag (``{qm}:xmit:<to>``). ``broker metrics`` serves these alone.
+- **The process itself**: prometheus-client's process, platform and garbage-collector
+  collectors (``process_*``, ``python_info``, ``python_gc_*``), on both endpoints
+  (``standard_collectors``).
 
-Every metric name starts with ``broker_``; histograms of times end in ``_ms``, counters in
-``_total`` (``METRICS`` lists them all; ``docs/operations.md`` documents them).
+Every name follows Prometheus's naming rules (https://prometheus.io/docs/practices/naming/):
+it starts with ``broker_``, times are in seconds (``_seconds``, the base unit), sizes in bytes
+(``_bytes``), and a counter ends in ``_total`` and counts only what this process saw, so it
+does not jump when the process restarts (``METRICS`` lists them all; ``docs/operations.md``
+documents them, ``docs/observability.md`` the names changed by issue 29).
 """
 
 from __future__ import annotations
@@ -45,12 +52,22 @@ from broker.clients.loads import read_loads
 from broker.core import clock, keys, wire
 from broker.core.config import Settings
 from broker.core.unit_of_work import Outcome, UnitOfWork
+from broker.operations.reasons import DEAD_LETTER_REASONS, dead_letter_reason, topic_check
 from broker.operations.topic_metrics import TopicStatsCollector
 
 log = logging.getLogger("broker.metrics")
 
-#: Bucket upper bounds of the latency histograms, ms.
+#: Bucket upper bounds of the latency histograms, ms: the workers slot their ms in these.
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000)
+
+#: The same bounds in seconds, Prometheus's base unit: the histograms' ``le`` labels.
+LATENCY_BUCKETS_SECONDS = tuple(b / 1_000 for b in LATENCY_BUCKETS_MS)
+
+#: Names changed by issue 29 (Prometheus's base units): old -> new.
+RENAMED = {
+    "broker_unit_of_work_latency_ms": "broker_unit_of_work_latency_seconds",
+    "broker_end_to_end_latency_ms": "broker_end_to_end_latency_seconds",
+}
 
 #: Bucket upper bounds of the dequeue batch size histogram, entries.
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000)
@@ -63,49 +80,6 @@ OUTCOMES = ("delivered", "duplicate", "expired", "refused", "skipped", "skipped_
 #: ``why`` label values of ``broker_turns_given_up_total``: the publisher's FIFO was drained,
 #: the worker gave it up to keep to its fair share, or the worker stopped.
 GIVE_UP_REASONS = ("drained", "fair_share", "stop")
-
-#: ``reason`` label values of ``broker_dead_letters_total`` (``dead_letter_reason``).
-DEAD_LETTER_REASONS = (
-    "invalid_topic",
-    "invalid_message",
-    "over_limit",
-    "pub_disabled",
-    "queue_full",
-    "subscription_unavailable",
-    "foreign_key",
-    "max_deliveries",
-    "max_redeliveries",
-    "expired",
-    "not_authorized",
-    "orphaned_entry",
-    "channel",
-    "internal_error",
-    "other",
-)
-
-#: Free-text reasons -> code: the first rule whose text occurs in the reason wins. The texts
-#: are those the worker (``worker.loop``), the Lua scripts and the channel movers write.
-_REASON_RULES = (
-    ("has PUB(DISABLED)", "pub_disabled"),
-    ("(MAXDEPTH ", "queue_full"),
-    ("subscription unavailable: ", "subscription_unavailable"),
-    ("foreign key", "foreign_key"),
-    ("(max_deliveries ", "max_deliveries"),
-    ("consumers that died without acknowledging", "max_redeliveries"),
-    ("expired while waiting in subscription", "expired"),
-    ("malformed envelope: ", "invalid_message"),
-    ("is not bound to principal", "not_authorized"),
-    ("not in its publisher's FIFO", "orphaned_entry"),
-    ("unreadable transmission entry", "channel"),
-    ("internal error", "internal_error"),
-    ("(max_body_bytes)", "over_limit"),
-    ("(max_properties_bytes)", "over_limit"),
-    ("(max_topic_bytes ", "over_limit"),
-    ("(max_topic_levels ", "over_limit"),
-)
-
-#: Reasons starting with these are a publication entry's field out of its range (``broker.core.models``).
-_MESSAGE_PREFIXES = ("field ", "missing field", "envelope", "priority ", "expiration", "property ")
 
 #: Most dead letters one scrape reads (the rest are read by the next ones).
 DEAD_LETTERS_PER_SCRAPE = 10_000
@@ -122,13 +96,13 @@ METRICS: dict[str, tuple[str, str]] = {
         "counter",
         "Copies put on subscriber queues (a publication to 3 subscriptions: 3).",
     ),
-    "broker_unit_of_work_latency_ms": (
+    "broker_unit_of_work_latency_seconds": (
         "histogram",
-        "Per publication: from the worker building its unit of work to the commit applied, ms.",
+        "Per publication: from the worker building its unit of work to the commit applied, seconds.",
     ),
-    "broker_end_to_end_latency_ms": (
+    "broker_end_to_end_latency_seconds": (
         "histogram",
-        "Per publication: from its arrival in the publish stream (entry id) to its unit of work committed, ms.",
+        "Per publication: from its arrival in the publish stream (entry id) to its unit of work committed, seconds.",
     ),
     "broker_dequeue_batch_entries": ("histogram", "Entries read by one dequeue that read any."),
     "broker_turns_held": ("gauge", "Publishers' turns the workers hold."),
@@ -172,11 +146,11 @@ METRICS: dict[str, tuple[str, str]] = {
     ),
     "broker_deliveries_withheld_total": (
         "counter",
-        "Deliveries left out, by reason: maxdepth (queue full), slow_subscriber.",
+        "Deliveries left out since this process started, by reason: maxdepth (queue full), slow_subscriber.",
     ),
     "broker_dead_letters_total": (
         "counter",
-        "Dead letters seen in the dead-letter stream since this process started, by reason.",
+        "Dead letters written to the dead-letter stream since this process started, by reason.",
     ),
     "broker_dead_letter_stream_length": ("gauge", "Entries in the dead-letter stream (capped)."),
     "broker_poison_messages": (
@@ -197,56 +171,43 @@ def _family(name: str) -> str:
     return name[: -len("_total")] if METRICS[name][0] == "counter" else name
 
 
-def dead_letter_reason(reason: str, topic: str | None = None, topic_valid: Any = None) -> str:
-    """The code (one of ``DEAD_LETTER_REASONS``) of a dead letter's free-text ``dlq.reason``.
-
-    Args:
-        reason: the ``dlq.reason`` field.
-        topic: the dead letter's ``topic`` field, if any.
-        topic_valid: ``topic_valid(topic)`` says whether a topic is valid under the queue
-            manager's scheme (a reason the rules do not know, on an invalid topic, is
-            ``invalid_topic``).
-    """
-    for text, code in _REASON_RULES:
-        if text in reason:
-            return code
-    if reason.startswith(_MESSAGE_PREFIXES) or reason.startswith("body of"):
-        return "invalid_message"
-    if topic is not None and topic_valid is not None and not topic_valid(topic):
-        return "invalid_topic"
-    return "other"
-
-
 class _Batched:
     """A histogram observed many times at once: bucket locally, then one ``inc`` per bucket used.
 
     ``Histogram.observe`` walks the buckets and writes the sum for every value; this walks
     them once per batch. It writes the histogram's own values (``_buckets``, ``_sum``), so the
     exposition (and multiprocess mode) are prometheus_client's own.
+
+    Args:
+        histogram: the histogram written to.
+        bounds: its bucket bounds in the unit the values are given in (ms for the latencies).
+        scale: what one unit of the values is in the histogram's unit (0.001: ms given, seconds
+            exposed); applied once per batch, to the sum.
     """
 
-    __slots__ = ("_bounds", "_buckets", "_sum")
+    __slots__ = ("_bounds", "_buckets", "_scale", "_sum")
 
-    def __init__(self, histogram: Histogram, bounds: Sequence[float]) -> None:
+    def __init__(self, histogram: Histogram, bounds: Sequence[float], scale: float = 1.0) -> None:
         self._bounds = [float(b) for b in bounds]
         self._buckets = histogram._buckets  # one value per bound, then +Inf
         self._sum = histogram._sum
+        self._scale = scale
 
     def add(self, counts: list[int], total: float) -> None:
-        """Add ``counts[i]`` observations to bucket ``i`` and ``total`` to the sum."""
+        """Add ``counts[i]`` observations to bucket ``i`` and ``total`` (in the values' unit) to the sum."""
         for i, n in enumerate(counts):
             if n:
                 self._buckets[i].inc(n)
-        self._sum.inc(total)
+        self._sum.inc(total * self._scale)
 
     def slot(self, value: float) -> int:
         """The bucket index of ``value``."""
         return bisect_left(self._bounds, value)
 
     def observe(self, value: float, times: int = 1) -> None:
-        """``value`` observed ``times`` times."""
+        """``value`` (in the values' unit) observed ``times`` times."""
         self._buckets[bisect_left(self._bounds, value)].inc(times)
-        self._sum.inc(value * times)
+        self._sum.inc(value * times * self._scale)
 
 
 class NullRecorder:
@@ -305,15 +266,15 @@ class Recorder(NullRecorder):
             _family("broker_deliveries_total"), doc("broker_deliveries_total"), registry=r
         )
         uow = Histogram(
-            "broker_unit_of_work_latency_ms",
-            doc("broker_unit_of_work_latency_ms"),
-            buckets=LATENCY_BUCKETS_MS,
+            "broker_unit_of_work_latency_seconds",
+            doc("broker_unit_of_work_latency_seconds"),
+            buckets=LATENCY_BUCKETS_SECONDS,
             registry=r,
         )
         e2e = Histogram(
-            "broker_end_to_end_latency_ms",
-            doc("broker_end_to_end_latency_ms"),
-            buckets=LATENCY_BUCKETS_MS,
+            "broker_end_to_end_latency_seconds",
+            doc("broker_end_to_end_latency_seconds"),
+            buckets=LATENCY_BUCKETS_SECONDS,
             registry=r,
         )
         batch = Histogram(
@@ -322,8 +283,9 @@ class Recorder(NullRecorder):
             buckets=BATCH_BUCKETS,
             registry=r,
         )
-        self._uow = _Batched(uow, LATENCY_BUCKETS_MS)
-        self._e2e = _Batched(e2e, LATENCY_BUCKETS_MS)
+        # the workers measure ms: slotted against the ms bounds, summed in seconds
+        self._uow = _Batched(uow, LATENCY_BUCKETS_MS, scale=0.001)
+        self._e2e = _Batched(e2e, LATENCY_BUCKETS_MS, scale=0.001)
         self._batch = _Batched(batch, BATCH_BUCKETS)
         self._held = Gauge(
             "broker_turns_held", doc("broker_turns_held"), registry=r, multiprocess_mode="livesum"
@@ -448,6 +410,11 @@ class RedisCollector(Collector):
     A failed sample (Redis down, a foreign key) is logged and counted in
     ``broker_sample_errors_total``; the metrics it could read are still given.
 
+    Its counters count what this process saw: dead letters written after the dead-letter
+    stream's last entry at its creation (or, when Redis could not be read then, at its first
+    scrape), and the growth of the withheld-delivery counts in Redis from the first sample on,
+    so a restart does not make them jump.
+
     Args:
         client: a redis-py client of the queue manager's server.
         settings: ``qm``, ``metrics_max_subscriptions``, ``redis_url`` and ``tls`` (channel peers).
@@ -460,9 +427,25 @@ class RedisCollector(Collector):
         self.qm = settings.qm
         self.clock_ms = clock_ms or clock.now_ms
         self._lock = threading.Lock()
-        self._dlq_last = "0-0"
+        self._dlq_last: str | None = None  # None: not read yet (counting starts after it)
         self._dead_letters = dict.fromkeys(DEAD_LETTER_REASONS, 0)
+        self._withheld_seen: dict[tuple[str, bytes], int] | None = None  # None: no sample yet
+        self._withheld_counts = {"maxdepth": 0, "slow_subscriber": 0}
         self._errors = 0
+        try:  # where counting starts: now, when Redis answers
+            self._dlq_last = self._dead_letters_end()
+            self._withheld_sample()
+        except redis.RedisError:
+            pass  # the first scrape takes them
+
+    def _dead_letters_end(self) -> str:
+        """The id of the dead-letter stream's last entry, ``0-0`` when it has none.
+
+        Raises:
+            redis.RedisError: Redis cannot be read, or the key is not a stream.
+        """
+        last = self.client.xrevrange(keys.dead_letter(self.qm), "+", "-", count=1)
+        return wire.lenient_text(last[0][0]) if last else "0-0"
 
     def describe(self) -> list[Any]:
         return []  # sampled: nothing to check at registration
@@ -549,49 +532,50 @@ class RedisCollector(Collector):
             families["broker_subscription_redelivered"].add_metric([s.sub_id], s.redelivered)
         yield from families.values()
 
-    def _withheld(self) -> Iterator[Any]:
-        """``{qm}:skipped`` counts both reasons, ``{qm}:slow`` the slow-subscriber ones."""
+    def _withheld_sample(self) -> None:
+        """Add to the withheld counts what ``{qm}:skipped`` (both reasons) and ``{qm}:slow`` (the
+        slow-subscriber ones) grew by since the last sample, field by field (a subscription's).
+
+        The first sample only sets where counting starts; a field seen for the first time later
+        counts whole (it was written since). A field that went down (``broker reset``, a removed
+        subscription made again) counts from its new value.
+        """
         pipe = self.client.pipeline(transaction=False)
-        pipe.hvals(keys.skipped(self.qm))
-        pipe.hvals(keys.slow(self.qm))
+        pipe.hgetall(keys.skipped(self.qm))
+        pipe.hgetall(keys.slow(self.qm))
         skipped, slow = pipe.execute()
-        total, by_slow = sum(_int(v) for v in skipped), sum(_int(v) for v in slow)
+        now = {("skipped", f): _int(v) for f, v in skipped.items()}
+        now.update({("slow", f): _int(v) for f, v in slow.items()})
+        seen = self._withheld_seen
+        if seen is not None:
+            grown = {"skipped": 0, "slow": 0}
+            for key, value in now.items():
+                before = seen.get(key, 0)
+                if value > before:
+                    grown[key[0]] += value - before
+            self._withheld_counts["slow_subscriber"] += grown["slow"]
+            self._withheld_counts["maxdepth"] += max(grown["skipped"] - grown["slow"], 0)
+        self._withheld_seen = now
+
+    def _withheld(self) -> Iterator[Any]:
+        """Deliveries withheld since this process started, by reason (``_withheld_sample``)."""
+        self._withheld_sample()
         family = CounterMetricFamily(
             _family("broker_deliveries_withheld_total"),
             METRICS["broker_deliveries_withheld_total"][1],
             labels=["reason"],
         )
-        family.add_metric(["maxdepth"], max(total - by_slow, 0))
-        family.add_metric(["slow_subscriber"], by_slow)
+        for reason, n in self._withheld_counts.items():
+            family.add_metric([reason], n)
         yield family
 
-    def _topic_check(self) -> Any:
-        """``valid(topic)`` under the queue manager's topic scheme."""
-        from broker.core import hierarchy
-        from broker.core.connection import read_hash
-        from broker.core.errors import BrokerError
-        from broker.core.schemes import scheme_of
-        from broker.core.topic_rules import validate_topic
-
-        try:
-            scheme = scheme_of(self.qm, read_hash(self.client, keys.manager(self.qm)))
-        except BrokerError:
-            scheme = "mqtt"
-        check = hierarchy.validate_topic if scheme == "swiftmq" else validate_topic
-
-        def valid(topic: str) -> bool:
-            try:
-                check(topic)
-            except ValueError:
-                return False
-            return True
-
-        return valid
-
     def _dead_letter_stream(self) -> Iterator[Any]:
-        """Dead letters by reason: the stream read on from the last scrape's last entry."""
+        """Dead letters by reason: the stream read on from the last scrape's last entry (the
+        first scrape, when the collector could not read it at its creation, counts none)."""
         dlq = keys.dead_letter(self.qm)
         length = int(self.client.xlen(dlq))
+        if self._dlq_last is None:
+            self._dlq_last = self._dead_letters_end()
         valid = None
         read = 0
         while read < DEAD_LETTERS_PER_SCRAPE:
@@ -604,7 +588,7 @@ class RedisCollector(Collector):
                 topic_raw = fields.get(b"topic")
                 topic = None if topic_raw is None else wire.lenient_text(topic_raw)
                 if valid is None and topic is not None:
-                    valid = self._topic_check()
+                    valid = topic_check(self.client, self.qm)
                 self._dead_letters[dead_letter_reason(reason, topic, valid)] += 1
                 self._dlq_last = wire.lenient_text(entry_id)
             read += len(batch)
@@ -645,9 +629,22 @@ class RedisCollector(Collector):
 # --- serving ----------------------------------------------------------------------------------------
 
 
+def standard_collectors(registry: CollectorRegistry) -> CollectorRegistry:
+    """Register prometheus-client's default collectors of the serving process in ``registry``:
+    ``ProcessCollector`` (``process_cpu_seconds_total``, ``process_resident_memory_bytes``, open
+    file descriptors, start time; Linux only), ``PlatformCollector`` (``python_info``) and
+    ``GCCollector`` (``python_gc_*``). Returns ``registry``."""
+    from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
 def sampled_registry(client: redis.Redis, settings: Settings) -> CollectorRegistry:
-    """A registry holding the Redis-sampled metrics alone (``broker metrics``)."""
-    registry = CollectorRegistry()
+    """A registry holding the Redis-sampled metrics and the process's own (``broker metrics``)."""
+    registry = standard_collectors(CollectorRegistry())
     registry.register(RedisCollector(client, settings))
     registry.register(TopicStatsCollector(client, settings))  # broker.operations.topic_metrics
     return registry
@@ -671,9 +668,9 @@ def _started(path: Path) -> bool:
 
 
 def pool_registry(path: str, client: redis.Redis, settings: Settings) -> CollectorRegistry:
-    """A registry adding up the worker processes' files in ``path`` (multiprocess mode), and the
-    Redis-sampled metrics."""
-    registry = CollectorRegistry()
+    """A registry adding up the worker processes' files in ``path`` (multiprocess mode), the
+    Redis-sampled metrics and the supervising process's own (``standard_collectors``)."""
+    registry = standard_collectors(CollectorRegistry())
     _StartedFilesCollector(registry, path=path)
     registry.register(RedisCollector(client, settings))
     registry.register(TopicStatsCollector(client, settings))  # broker.operations.topic_metrics

@@ -79,14 +79,15 @@ class WorkerRow:
         name: the worker's name.
         pid: its process id, as it wrote it.
         processed: publications it processed, as it wrote it.
-        heartbeat_age_ms: time since its last heartbeat, ms.
-        state: "alive", or "silent" (no heartbeat for ``keys.LIVENESS_MS``).
+        heartbeat_age_ms: time since its last heartbeat, ms; None when the record names no
+            heartbeat time (``heartbeat_ms`` 0 or missing: never), shown as "never".
+        state: "alive", or "silent" (no heartbeat for ``keys.LIVENESS_MS``, or never).
     """
 
     name: str
     pid: Any
     processed: Any
-    heartbeat_age_ms: int
+    heartbeat_age_ms: int | None
     state: str
 
 
@@ -404,14 +405,14 @@ def status(
                 f"corrupt record {wire.lenient_text(name)!r} in {keys.workers(qm)}: not a JSON heartbeat"
             )
             continue
-        age = now_ms - heartbeat_ms
+        age = now_ms - heartbeat_ms if heartbeat_ms > 0 else None  # 0: the epoch, i.e. never
         workers.append(
             WorkerRow(
                 name=wire.lenient_text(name),
                 pid=beat.get("pid"),
                 processed=beat.get("processed"),
                 heartbeat_age_ms=age,
-                state="alive" if age <= keys.LIVENESS_MS else "silent",
+                state="alive" if age is not None and age <= keys.LIVENESS_MS else "silent",
             )
         )
     return Snapshot(

@@ -20,6 +20,7 @@ manager) gives no rate for that refresh.
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,9 +41,9 @@ from broker.operations.status import Snapshot, status
 #: Problems lines shown at most; the rest are counted on one more line.
 MAX_PROBLEM_LINES = 5
 
-#: Lines the view takes besides the subscription rows: title, rates, stream line,
-#: the table's borders and header (4), the line saying how many rows were left out.
-_FIXED_LINES = 3 + 4 + 1
+#: Lines the subscription table takes besides its rows (borders and header, 4), and the line
+#: saying how many rows were left out (the lines above the table are measured at the width).
+_TABLE_LINES = 4 + 1
 
 
 def monotonic_ms() -> float:
@@ -159,15 +160,21 @@ def _count(value: int | None) -> str:
     return "?" if value is None else str(value)
 
 
-def render(sample: Sample, found: Rates | None, title: str, height: int) -> RenderableType:
+def render(sample: Sample, found: Rates | None, title: str, height: int, width: int = 80) -> RenderableType:
     """One frame of the view: title, rates, stream and workers, problems, then the subscriptions
     deepest first, as many as fit in ``height`` lines (the rest counted on one line).
+
+    The lines above the table are measured as they wrap at ``width``, and each subscription
+    takes one line (a long id or filter is cut with "…"), so the frame never holds more than
+    ``height`` lines and the line counting the rest is always shown (rich ``Live`` would crop
+    the bottom of a taller frame).
 
     Args:
         sample: the latest sample.
         found: the rates since the sample before, or None (the first frame: "-").
         title: the first line (which queue manager, on which server).
         height: the lines available (the terminal's height).
+        width: the columns available (the terminal's width).
     """
     snap = sample.snapshot
     shown_at = datetime.now(UTC).strftime("%H:%M:%S UTC")
@@ -202,10 +209,17 @@ def render(sample: Sample, found: Rates | None, title: str, height: int) -> Rend
     if not subs:
         parts.append(Text("no subscriptions"))
         return Group(*parts)
-    room = max(1, height - _FIXED_LINES - min(len(problems), MAX_PROBLEM_LINES + 1))
+    above = len(Console(width=width, file=io.StringIO()).render_lines(Group(*parts), pad=False))
+    room = max(1, height - above - _TABLE_LINES)
     table = Table()
     for n, column in enumerate(("subscription", "filter", "depth", "depth/s", "in flight", "consumers")):
-        table.add_column(column, justify="left" if n < 2 else "right", overflow="fold", no_wrap=n == 0)
+        table.add_column(
+            column,
+            justify="left" if n < 2 else "right",
+            overflow="ellipsis",
+            no_wrap=True,
+            max_width=max(8, width // (5 if n == 0 else 4)) if n < 2 else None,
+        )
     growth = found.depth_per_s if found else {}
     for sub in subs[:room]:
         change = growth.get(sub.id)
@@ -265,7 +279,7 @@ def watch(
         now = sample()
         found = rates(before, now) if before is not None else None
         before = now
-        return render(now, found, title, console.size.height)
+        return render(now, found, title, console.size.height, console.size.width)
 
     try:
         if console.is_terminal:

@@ -228,6 +228,7 @@ def federate(
             channel_batch=batch,
             channel_max_backoff_ms=MAX_BACKOFF_MS,
             network_poll_ms=1_000,
+            trim_every_entries=0,  # the publish streams keep what was filed: check_exactly_once counts it
         )
         for qm in (A, B)
     }

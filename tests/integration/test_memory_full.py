@@ -32,9 +32,10 @@ from broker.core.errors import ServerFull
 from broker.core.models import publication_fields
 from broker.core.server import EPHEMERAL, Server
 from broker.operations.maintenance import trim_acknowledged
-from broker.testing import drain, make_workers, queue_messages
+from broker.testing import drain, make_workers, queue_messages, wait_for
 from broker.topics.subscriptions import subscribe, unsubscribe
 from broker.topics.topic_objects import Attributes, define
+from worker.housekeeping import TRIM_LOCK_MS
 from worker.loop import RETRY_PAUSE_MS, Worker
 
 QM = "MEM"
@@ -102,6 +103,35 @@ def _keys(client: redis.Redis, pattern: str) -> list[bytes]:
 
 def _bodies(client: redis.Redis, sub_id: str) -> list[bytes]:
     return [m.body for m in queue_messages(client, QM, sub_id)]
+
+
+# -- the publish stream ---------------------------------------------------------------------------
+
+
+def test_acknowledged_entries_leave_the_publish_stream_as_the_workers_commit_one_worker_at_a_time(
+    client, settings
+):
+    # Given workers that trim after 10 committed entries, and another worker holding the trim lock
+    settings = settings.model_copy(update={"trim_every_entries": 10})
+    record = subscribe(client, QM, "t/#", "app", "a")
+    Publisher(client, QM, "p", flow_control=False).publish_many(("t/x", b"x" * 100) for _ in range(25))
+    client.set(keys.trim_lock(QM), "other", px=60_000)
+    now = [1_000_000]
+    worker = Worker(client, settings, name="w0", clock_ms=lambda: now[0])
+    worker.setup()
+    # When the worker commits them all: the other worker trims, so this one leaves the stream alone
+    assert drain([worker]) == 25
+    assert client.xlen(keys.publish_stream(QM)) == 25
+    # and tries again only once TRIM_LOCK_MS has passed
+    client.delete(keys.trim_lock(QM))
+    worker.run_once(block=False)
+    assert client.xlen(keys.publish_stream(QM)) == 25
+    now[0] += TRIM_LOCK_MS
+    worker.run_once(block=False)
+    # Then every acknowledged entry has left the stream, with no scheduler, and the lock is its own
+    assert client.xlen(keys.publish_stream(QM)) == 0
+    assert client.get(keys.trim_lock(QM)) == b"w0"
+    assert len(_bodies(client, record.sub_id)) == 25  # delivered before trimmed
 
 
 # -- publishers --------------------------------------------------------------------------------
@@ -326,7 +356,8 @@ def test_a_server_filled_by_publications_refuses_then_recovers_by_itself_losing_
     assert refusals[0].exit_code == 5 and len(accepted) > 100
     # Then the workers, started on the full server, keep going without delivering anything half
     caplog.set_level(logging.INFO, logger="broker.worker")
-    workers = [Worker(connect(settings.redis_url), settings, name=f"w{i}") for i in range(2)]
+    trimming = settings.model_copy(update={"trim_every_entries": 10})
+    workers = [Worker(connect(settings.redis_url), trimming, name=f"w{i}") for i in range(2)]
     threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
     for thread in threads:
         thread.start()
@@ -341,7 +372,7 @@ def test_a_server_filled_by_publications_refuses_then_recovers_by_itself_losing_
     for entry_id, msgid in msgid_of.items():
         assert (msgid in delivered) == (entry_id.encode() not in pending), entry_id
     # When memory is freed by consuming the backlog (consumers run on a full server), then by
-    # consuming what the workers deliver, and trimming what they acknowledged (the admin job)
+    # consuming what the workers deliver (the workers trim what they acknowledged: no admin job)
     backlog = Subscriber(connect(settings.redis_url), QM, old, settings, heartbeat=False)
     while batch := backlog.receive_many(100):
         backlog.ack_many(batch)
@@ -355,7 +386,6 @@ def test_a_server_filled_by_publications_refuses_then_recovers_by_itself_losing_
                 (d.message.publisher, d.message.seq or 0, d.message.msgid.encode()) for d in batch
             ]
             consumer.ack_many(batch)
-        trim_acknowledged(client, QM)
     # Then every accepted publication reached both subscriptions once, in each publisher's order
     for got in received.values():
         assert sorted(got) == sorted(accepted)
@@ -363,6 +393,16 @@ def test_a_server_filled_by_publications_refuses_then_recovers_by_itself_losing_
             seqs = [seq for publisher, seq, _ in got if publisher == name]
             assert seqs == sorted(seqs)
     assert client.xlen(keys.dead_letter(QM)) == 0
+    # And the workers trimmed the publish stream as they went: at most trim_every_entries per worker
+    # stay, so the stream no longer holds the accepted bodies (2 KB each)
+    wait_for(
+        lambda: client.xlen(keys.publish_stream(QM)) <= 2 * trimming.trim_every_entries,
+        30,
+        "the workers' trims",
+    )
+    assert len(accepted) > 4 * trimming.trim_every_entries
+    assert (client.memory_usage(keys.publish_stream(QM)) or 0) < len(accepted) * 2_000 // 4
+    assert int(client.info("memory")["used_memory"]) < int(client.config_get("maxmemory")["maxmemory"])
     # And publications flow again
     after = publishers[0].publish("t/x", b"after", wait=True, timeout_ms=10_000)
     assert (after.status, after.subscriptions) == ("delivered", 2)

@@ -17,8 +17,10 @@ from broker.core.unit_of_work import Action, Outcome, UnitOfWork
 from broker.operations.metrics import (
     DEAD_LETTER_REASONS,
     LATENCY_BUCKETS_MS,
+    LATENCY_BUCKETS_SECONDS,
     METRICS,
     OUTCOMES,
+    RENAMED,
     Recorder,
     _Batched,
     dead_letter_reason,
@@ -58,8 +60,12 @@ def test_metric_names_carry_their_unit_and_kind():
     for name, (kind, help_text) in METRICS.items():
         assert name.startswith("broker_") and help_text
         assert name.endswith("_total") == (kind == "counter"), name
-        if "latency" in name:
-            assert kind == "histogram" and name.endswith("_ms"), name
+        if "latency" in name:  # Prometheus's base unit: seconds
+            assert kind == "histogram" and name.endswith("_seconds"), name
+        assert not re.search(r"_(ms|milliseconds|kb|mb|kilobytes|megabytes)(_|$)", name), name
+    # the old names are gone, each with its new name
+    for old, new in RENAMED.items():
+        assert old not in METRICS and new in METRICS
 
 
 def _invalid_message_reason(fields: dict[bytes, bytes]) -> str:
@@ -133,6 +139,33 @@ def test_a_batched_histogram_gives_what_observing_one_by_one_gives():
     assert samples(one) == samples(batched)
 
 
+def test_a_batched_histogram_given_ms_gives_what_observing_seconds_one_by_one_gives():
+    values_ms = [0, 1, 3, 7, 99, 250, 5_000, 70_000]
+    one, batched = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("x_seconds", "x", buckets=LATENCY_BUCKETS_SECONDS, registry=one)
+    h2 = Histogram("x_seconds", "x", buckets=LATENCY_BUCKETS_SECONDS, registry=batched)
+    for v in values_ms:
+        h1.observe(v / 1000)
+    b = _Batched(h2, LATENCY_BUCKETS_MS, scale=0.001)
+    counts = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+    for v in values_ms:
+        counts[b.slot(v)] += 1
+    b.add(counts, sum(values_ms))
+
+    def samples(registry):
+        text = generate_latest(registry).decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if not s.name.endswith("_created")
+        }
+
+    got, want = samples(batched), samples(one)
+    assert got.keys() == want.keys()
+    assert all(got[k] == pytest.approx(want[k]) for k in want)
+
+
 def test_the_recorder_counts_a_batch_by_outcome_with_policy_skips_apart():
     recorder = Recorder()
     units = [
@@ -159,9 +192,10 @@ def test_the_recorder_counts_a_batch_by_outcome_with_policy_skips_apart():
         "skipped_by_policy": 1,
     }
     assert got[("broker_deliveries_total", ())] == 3
-    assert got[("broker_end_to_end_latency_ms_count", ())] == 5
-    assert got[("broker_end_to_end_latency_ms_sum", ())] == 250  # 50 ms each
-    assert got[("broker_unit_of_work_latency_ms_sum", ())] == 50  # 10 ms each
+    assert got[("broker_end_to_end_latency_seconds_count", ())] == 5
+    assert got[("broker_end_to_end_latency_seconds_sum", ())] == pytest.approx(0.25)  # 50 ms each
+    assert got[("broker_unit_of_work_latency_seconds_sum", ())] == pytest.approx(0.05)  # 10 ms each
+    assert got[("broker_end_to_end_latency_seconds_bucket", (("le", "0.05"),))] == 5
     assert got[("broker_turns_given_up_total", (("why", "drained"),))] == 1
     assert got[("broker_turns_given_up_total", (("why", "fair_share"),))] == 1
 

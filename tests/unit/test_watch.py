@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 from rich.console import Console
@@ -121,3 +122,25 @@ def test_frame_shows_problems_dead_letters_and_workers_alive():
     assert "problem: foreign key {T}:k4" in text and "{T}:k5" not in text
     assert "... and 2 more problem(s)" in text
     assert "dead letters 3" in text and "workers alive 1/2" in text
+
+
+def test_the_frame_fits_a_14_line_terminal_keeping_the_more_line_when_lines_wrap():
+    # Given 30 subscriptions (one with a long filter), two long problems and a long title,
+    # on a terminal of 14 lines and 80 columns, where they wrap
+    depths: dict[str, int | None] = {f"s{n:02d}": n for n in range(30)}
+    snapshot = _snapshot(
+        depths, problems=[f"foreign key {{T}}:k{n} " + "is a string, expected a list " * 3 for n in range(2)]
+    )
+    snapshot.subscriptions[-1].filter = "t/" + "long/" * 40
+    out = io.StringIO()
+    console = Console(file=out, width=80, height=14, force_terminal=True, color_system=None)
+    title = "queue manager QM1 on redis://user@very-long-host-name.example.internal:6380/0 (TLS)"
+    # When the live view draws a frame (rich Live, in place)
+    assert watch(lambda: Sample(0, snapshot, None, None), console, 1_000, title, iterations=1) == 1
+    # Then the frame holds at most 14 lines, ends with the line counting the rest, and the table is whole
+    shown_live = out.getvalue().split("\r")[0]  # what Live drew in place (it prints it again when it stops)
+    frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown_live).rstrip("\n").split("\n")
+    assert len(frame) <= 14, frame
+    assert re.fullmatch(r"\.\.\. and \d+ more subscription\(s\), less deep", frame[-1]), frame
+    assert frame[-2].startswith("└"), frame  # the table's bottom border: nothing cut
+    assert "s29" in "\n".join(frame) and "depth/s" in frame[-5]  # the deepest, under whole headers

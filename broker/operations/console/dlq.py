@@ -12,12 +12,12 @@ from urllib.parse import urlencode
 
 import redis
 
-from broker.operations import dead_letters
+from broker.operations import dead_letters, reasons
 from broker.operations.console.auth import Pending
 from broker.operations.dead_letters import DeadLetter, Selection
 
 #: The filters the dead-letter page offers (form and query fields).
-FILTERS = ("reason", "publisher", "topic", "subscription")
+FILTERS = ("reason", "kind", "publisher", "topic", "subscription")
 
 #: Most bytes of a body shown on an entry's page.
 BODY_PREVIEW_BYTES = 4_096
@@ -38,16 +38,27 @@ def query_of(filters: Mapping[str, str]) -> str:
     return urlencode(dict(filters))
 
 
-def selection_of(filters: Mapping[str, str]) -> Selection:
-    """The ``Selection`` of every dead letter matching ``filters`` (all of them when there are none)."""
+def selection_of(filters: Mapping[str, str], topic_valid: Any = None) -> Selection:
+    """The ``Selection`` of every dead letter matching ``filters`` (all of them when there are none).
+
+    Args:
+        topic_valid: ``reasons.topic_check`` of the queue manager, for the ``kind`` filter.
+    """
     if not filters:
         return Selection(everything=True)
     return Selection(
         reason=filters.get("reason"),
+        kind=filters.get("kind"),
+        topic_valid=topic_valid,
         publisher=filters.get("publisher"),
         topic=filters.get("topic"),
         subscription=filters.get("subscription"),
     )
+
+
+def _topic_valid(client: redis.Redis, qm: str, filters: Mapping[str, str]) -> Any:
+    """The queue manager's topic check when ``filters`` has a ``kind`` (else None: not read)."""
+    return reasons.topic_check(client, qm) if "kind" in filters else None
 
 
 def _row(entry: DeadLetter) -> dict[str, Any]:
@@ -65,15 +76,17 @@ def _row(entry: DeadLetter) -> dict[str, Any]:
 
 
 def counts(client: redis.Redis, qm: str) -> dict[str, Any]:
-    """``{"total": n, "by_reason": [(reason, n)]}``, most frequent first."""
-    by_reason = dead_letters.count_by_reason(client, qm)
+    """``{"total": n, "by_reason": [(reason code, n)]}``, most frequent first: grouped by kind
+    (``broker.operations.reasons``, the metrics' ``reason`` label), not by the exact text."""
+    by_reason = dead_letters.count_by_reason(client, qm, by_kind=True)
     ranked = sorted(by_reason.items(), key=lambda item: (-item[1], item[0]))
     return {"total": sum(by_reason.values()), "by_reason": ranked}
 
 
 def listing(client: redis.Redis, qm: str, filters: Mapping[str, str], count: int) -> dict[str, Any]:
     """The page's list: ``{"rows": [...] (at most ``count``, oldest first), "problems", "counts", "more"}``."""
-    entries, problems = dead_letters.list_dead_letters(client, qm, selection_of(filters), count=count + 1)
+    selection = selection_of(filters, _topic_valid(client, qm, filters))
+    entries, problems = dead_letters.list_dead_letters(client, qm, selection, count=count + 1)
     return {
         "rows": [_row(e) for e in entries[:count]],
         "more": len(entries) > count,
@@ -138,7 +151,10 @@ def plan(
                 "replayable": 0,
                 "live_workers": None,
             }
-    selection = selection_of(filters) if ids is None else Selection(ids=tuple(ids))
+    if ids is None:
+        selection = selection_of(filters, _topic_valid(client, qm, filters))
+    else:
+        selection = Selection(ids=tuple(ids))
     entries, _ = dead_letters.list_dead_letters(client, qm, selection, count=limit + 1)
     truncated = len(entries) > limit
     entries = entries[:limit]
