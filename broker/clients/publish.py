@@ -226,6 +226,7 @@ class Publisher:
         topic_object: str | None = None,
         wait: bool = False,
         timeout_ms: int = 10_000,
+        retain: bool = False,
     ) -> PublishResult:
         """Publish one message with a single ``XADD``, after the flow-control delay the broker asked for.
 
@@ -247,6 +248,9 @@ class Publisher:
                 ``/`` to ``topic`` when ``topic`` is not empty (IBM MQ; ``broker.topics.topic_objects``).
             wait: block until a worker has handled it and return its result.
             timeout_ms: how long to wait for the result, ms (not counting the flow-control wait).
+            retain: a retained publication (IBM MQ ``MQPMO_RETAIN``, MQTT 5 RETAIN): kept as the
+                topic's last, which each new subscription matching it receives (flagged
+                ``retained``); an empty body clears the topic's (``broker.topics.retained``).
 
         Returns:
             A ``PublishResult``: status "sent", or the worker's result with ``wait``.
@@ -274,6 +278,7 @@ class Publisher:
             reply_to=reply_to,
             message_type=message_type,
             timestamp_ms=timestamp_ms,
+            retain=retain,
         )
         fields, msgid, seq = self._fields(topic, body, msgid, wait, options)
         self.flow.wait()

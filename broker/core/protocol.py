@@ -46,6 +46,14 @@ field              required  meaning
 ``client_id``      no        the publishing client's id; a subscription made with
                              no-local by the same client id does not receive it
 ``type``           no        JMSType, carried to subscribers (selectors test ``JMSType``)
+``retain``         no        ``1``: a retained publication (IBM MQ MQPMO_RETAIN, MQTT 5
+                             §3.3.1.3 RETAIN): delivered as any other, and kept in
+                             ``{qm}:retained`` as its topic's last one in the same unit
+                             of work; an empty body clears the topic's retained
+                             publication (and is delivered, as MQTT does). A new
+                             subscription receives the retained publications of the
+                             topics its filter matches, flagged ``retained``.
+                             ``0`` or absent: not retained. Anything else is refused
 =================  ========  ==========================================================
 
 Any other value out of its range (``persistent 2``, ``priority 10``, ``seq -1``,
@@ -71,7 +79,9 @@ the publish stream received it), ``persistent``
 (default true), ``priority`` (4), ``expiration`` (0), ``correlation_id``,
 ``reply_to``, ``type`` (absent = null), ``msgid_hex`` (the msgid's bytes in hex,
 only when they are not UTF-8: ``msgid`` then has U+FFFD for each such byte) and
-``props`` (absent = ``{}``), which is always the last field (the scripts read header fields before it).
+``retained`` (true only on a retained publication a subscription received when it was
+made; absent = false), ``client_id`` (only on a retained publication that gave one: no-local
+applies to it when a subscription made later receives it) and ``props`` (absent = ``{}``), which is always the last field (the scripts read header fields before it).
 
 Reply (``{qm}:reply:<n>:<publisher>:<msgid>``, when ``reply=1``)
 ----------------------------------------------------------------

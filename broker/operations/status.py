@@ -24,6 +24,7 @@ from broker.core.topic_rules import validate_topic
 from broker.network.network_admin import static_problems
 from broker.topics.copies import read_copies
 from broker.topics.links import read_links
+from broker.topics.retained import RetainedPublication, count_retained, list_retained
 from broker.topics.routing import RoutingTable, network_problems
 from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions
 from broker.topics.topic_objects import BASE, read_tree
@@ -109,6 +110,8 @@ class Snapshot:
         problems: foreign keys, records that cannot be read, a broken publish stream, one line each.
         poison: poison messages in the subscriptions' own poison streams (``{qm}:sub:<id>:poison``;
             one of another type counts 0).
+        retained: topic strings with a retained publication (``{qm}:retained``; 0 when it holds
+            another type, named in ``problems``).
     """
 
     stream_length: int
@@ -123,6 +126,7 @@ class Snapshot:
     workers: list[WorkerRow]
     problems: list[str]
     poison: int = 0
+    retained: int = 0
 
 
 def _expired(client: redis.Redis, qm: str, sub_id: str) -> int | None:
@@ -422,6 +426,7 @@ def status(
         workers=workers,
         problems=problems,
         poison=_poison(client, qm, subs),
+        retained=_read(problems, "retained publications", lambda: count_retained(client, qm), 0),
     )
 
 
@@ -452,6 +457,7 @@ class TopicStatus:
         route_class: how far a publication on it may travel in a network of queue managers, as
             the workers route it (``RoutingTable.route_class``): ``local`` (hierarchy edges only),
             ``cluster <name>`` (CLROUTE(DIRECT)) or ``cluster <name> via topic hosts <qm>, ...``.
+        retained: the topic's retained publication (``broker.topics.retained``), or None.
     """
 
     topic: str
@@ -464,6 +470,7 @@ class TopicStatus:
     blocked: list[str] = field(default_factory=list)
     blocked_by: str = ""
     route_class: str = "local"
+    retained: RetainedPublication | None = None
 
 
 @translate_errors
@@ -514,6 +521,7 @@ def topic_status(
         blocked,
         effective.blocked_by,
         route_class_text(table.route_class(topic)),
+        next(iter(list_retained(client, qm, topic=topic)), None),
     )
 
 
