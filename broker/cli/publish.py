@@ -107,6 +107,12 @@ def _parse_properties(
     help="Publish through topic object NAME: its topic string, joined with '/' to TOPIC unless TOPIC is ''.",
 )
 @click.option(
+    "--retain",
+    is_flag=True,
+    help="A retained publication (IBM MQ MQPMO_RETAIN, MQTT RETAIN): kept as the topic's last, "
+    "which each new subscription to it receives; an empty BODY clears the topic's.",
+)
+@click.option(
     "--validate/--no-validate",
     default=True,
     show_default=True,
@@ -129,6 +135,7 @@ def publish_command(
     client_id: str | None,
     message_type: str | None,
     topic_object: str | None,
+    retain: bool,
     validate: bool,
 ) -> None:
     """Publish one message with BODY (text) on TOPIC and print where it went.
@@ -154,6 +161,7 @@ def publish_command(
         topic_object=topic_object,
         wait=wait,
         timeout_ms=timeout_ms,
+        retain=retain,
     )
     if not result.ok:
         raise PublicationRefused(result.reason or "no reason given", result.suggestion)

@@ -28,6 +28,7 @@ from broker.operations.durables import Deletion
 from broker.operations.status import Snapshot, TopicNode, TopicStatus
 from broker.topics.declared import Declared
 from broker.topics.explain import Route
+from broker.topics.retained import RetainedPublication
 from broker.topics.subscriptions import SubscriptionRecord
 from broker.topics.topic_objects import TopicObject
 
@@ -90,7 +91,7 @@ def _describe_status(result: PublishResult) -> str:
 
 def _format_message(message: Message) -> str:
     """One line per message: topic, publisher, seq, priority, ``non-persistent`` for a NON_PERSISTENT
-    message (JMSDeliveryMode), the route; a body that is not one line of printable UTF-8 is printed as a
+    message (JMSDeliveryMode), ``retained`` for a retained publication sent to a new subscription, the route; a body that is not one line of printable UTF-8 is printed as a
     bytes literal."""
     try:
         body = message.body.decode("utf-8")
@@ -101,6 +102,8 @@ def _format_message(message: Message) -> str:
     seq = "-" if message.seq is None else str(message.seq)
     via = f"  from={'>'.join(message.route)}" if message.origin else ""
     mode = "" if message.persistent else "  non-persistent"
+    if message.retained:  # sent from the retained store when the subscription was made (MQIsRetained)
+        mode += "  retained"
     return (
         f"{message.topic}  publisher={message.publisher}  seq={seq}  priority={message.priority}"
         f"{mode}{via}  {body}"
@@ -217,6 +220,7 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
         ("dead-lettered", "dead_lettered"),
         ("poison messages", "poison"),
         ("active publishers", "active_publishers"),
+        ("retained publications", "retained"),
         ("links", "links"),
         ("topic scheme", "topic_scheme"),
         ("index version", "version"),
@@ -516,6 +520,49 @@ def _print_topic_status(found: TopicStatus) -> None:
     click.echo(
         f"publishers in the newest {found.scanned} stream entries: {seen}; last publication (ms): {last}"
     )
+    click.echo(f"retained publication: {_retained_text(found.retained)}")
+
+
+def _retained_text(kept: RetainedPublication | None) -> str:
+    """A topic's retained publication in one line: its msgid, publisher, time and body, or "none"."""
+    if kept is None:
+        return "none"
+    message = kept.message
+    if message is None:
+        return f"{kept.size_bytes} bytes that are not an envelope"
+    return (
+        f"{message.msgid} from {message.publisher} at {message.timestamp_ms} ms, {_body_text(message.body)}"
+    )
+
+
+def _body_text(body: bytes) -> str:
+    """A body to print: one line of printable UTF-8, or a bytes literal."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(body)
+    return text if text.isprintable() else repr(body)
+
+
+def _print_retained(found: list[RetainedPublication]) -> None:
+    """``broker retained list``: one row per topic string with a retained publication."""
+    table = _table("topic", "msgid", "publisher", "published (ms)", "priority", "bytes", "body")
+    for kept in found:
+        message = kept.message
+        if message is None:
+            table.add_row(kept.topic, "-", "-", "-", "-", str(kept.size_bytes), "(not an envelope)")
+            continue
+        table.add_row(
+            kept.topic,
+            message.msgid,
+            message.publisher,
+            str(message.timestamp_ms),
+            str(message.priority),
+            str(kept.size_bytes),
+            _body_text(message.body)[:60],
+        )
+    _console().print(table)
+    click.echo(f"{len(found)} retained publication(s)")
 
 
 def _print_topic_tree(root: TopicNode) -> None:

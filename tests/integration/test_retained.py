@@ -13,8 +13,9 @@ import pytest
 
 from broker.clients.consumer import Subscriber
 from broker.core import keys
-from broker.core.errors import ForeignKey
+from broker.core.errors import ForeignKey, InvalidMessage
 from broker.core.models import Message, publication_fields
+from broker.operations.control import ControlServer
 from broker.operations.status import status
 from broker.testing import drain, make_workers
 from broker.topics import retained as retained_publications
@@ -192,3 +193,49 @@ def test_status_counts_and_clear_removes_retained_publications(real_redis, setti
     assert status(real_redis, QM).retained == 1
     assert clear_retained(real_redis, QM) == 1
     assert status(real_redis, QM).retained == 0
+
+
+def test_the_cli_publishes_retained_shows_and_clears_them(run, real_redis, settings):
+    # Given a publication made with `broker publish --retain` and handled by a worker
+    workers = make_workers(real_redis, settings, 1)
+    published = run("publish", "sensors/kitchen", "21.5", "--retain", "--no-wait")
+    assert published.exit_code == 0, published.output
+    drain(workers)
+    # Then `broker retained list`, `broker topic status` and `broker status` show it
+    listed = run("retained", "list")
+    assert listed.exit_code == 0, listed.output
+    assert "sensors/kitchen" in listed.output and "21.5" in listed.output
+    assert "1 retained publication(s)" in listed.output
+    shown = run("topic", "status", "sensors/kitchen")
+    assert "retained publication: " in shown.output and "21.5" in shown.output
+    assert "retained publication: none" in run("topic", "status", "sensors/hall").output
+    assert "retained publications" in run("status").output
+    # And `broker subscribe` prints it flagged retained, unless --no-retained
+    got = run("subscribe", "sensors/+", "--client-id", "c", "--count", "1", "--timeout-ms", "1000")
+    assert "sensors/kitchen" in got.output and "retained  21.5" in got.output
+    none = run("subscribe", "sensors/+", "--client-id", "d", "--no-retained", "--timeout-ms", "200")
+    assert "received 0 message(s)" in none.output
+    # When `broker retained clear` removes it
+    cleared = run("retained", "clear", "sensors/kitchen")
+    assert "cleared 1 retained publication(s)" in cleared.output
+    assert "0 retained publication(s)" in run("retained", "list").output
+
+
+def test_a_subscription_made_by_request_gets_the_retained_publications_unless_asked_not_to(
+    real_redis, settings
+):
+    # Given a retained publication on t/1
+    workers = make_workers(real_redis, settings, 1)
+    _publish(real_redis, "t/1", b"kept", "m1")
+    drain(workers)
+    # When control requests (as a subscriber user's, no grants in force) make two subscriptions
+    server = ControlServer(real_redis, settings, "w0")
+    made = server.decide("c", {"op": "subscribe", "topic": "t/+", "name": "a"}, None)
+    none = server.decide("c", {"op": "subscribe", "topic": "t/+", "name": "b", "retained": "0"}, None)
+    # Then the first got it flagged, through the same subscribe, the second none
+    [kept] = _messages(real_redis, made["subscription"])
+    assert kept.body == b"kept" and kept.retained
+    assert _messages(real_redis, none["subscription"]) == []
+    # And a retained field other than 0/1 is refused
+    with pytest.raises(InvalidMessage):
+        server.decide("c", {"op": "subscribe", "topic": "t/+", "name": "d", "retained": "2"}, None)
