@@ -433,6 +433,27 @@ def _route(fields: dict[bytes, bytes], origin: str) -> list[str]:
     return route
 
 
+def _retain(fields: dict[bytes, bytes]) -> bool:
+    """The ``retain`` field: ``1`` a retained publication; ``0``, empty or absent not.
+
+    Raises:
+        InvalidMessage: any other value.
+    """
+    retain = field_text(fields, b"retain")
+    if retain not in (None, "", "0", "1"):
+        raise InvalidMessage(f"field 'retain' must be 0 or 1, not {shown(retain)}")
+    return retain == "1"
+
+
+def _client_id(fields: dict[bytes, bytes], header: dict[str, Any], retain: bool) -> str | None:
+    """The ``client_id`` field, also put in the header of a retained publication: kept, no-local
+    applies to it when a subscription made later receives it (``broker.topics.retained``)."""
+    client_id = field_text(fields, b"client_id")
+    if retain and client_id is not None:
+        header["client_id"] = client_id
+    return client_id
+
+
 def parse_entry(
     entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int, max_properties_bytes: int | None = None
 ) -> Entry:
@@ -498,9 +519,7 @@ def parse_entry(
     reply = field_text(fields, b"reply")
     if reply not in (None, "", "0", "1"):
         raise InvalidMessage(f"field 'reply' must be 0 or 1, not {reply[:20]!r}")
-    retain = field_text(fields, b"retain")
-    if retain not in (None, "", "0", "1"):
-        raise InvalidMessage(f"field 'retain' must be 0 or 1, not {shown(retain)}")
+    retain = _retain(fields)
     raw_props = fields.get(b"props")
     props = _props_field(fields, raw_props, max_properties_bytes) if raw_props else {}
     header: dict[str, Any] = {
@@ -538,9 +557,7 @@ def parse_entry(
         header["route"] = _route(fields, origin)
     if msgid_hex is not None:  # not UTF-8: its bytes, for a channel and any subscriber
         header["msgid_hex"] = msgid_hex
-    client_id = field_text(fields, b"client_id")
-    if retain == "1" and client_id is not None:  # kept: no-local applies when a subscription gets it
-        header["client_id"] = client_id
+    client_id = _client_id(fields, header, retain)
     if props:
         header["props"] = props  # last: lua/lib.lua's envelope_head cuts the header here
     return Entry(
@@ -555,7 +572,7 @@ def parse_entry(
         header=header,
         client_id=client_id,
         timestamp_ms=ts,
-        retain=retain == "1",
+        retain=retain,
     )
 
 

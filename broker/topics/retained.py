@@ -32,13 +32,13 @@ and topic objects (WILDCARD(BLOCK)) do not apply to the retained set, and there 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from broker.core import clock, hierarchy, keys, topic_rules, wire
-from broker.core.connection import read_hash
+from broker.core.connection import KEEP, read_hash
 from broker.core.errors import InvalidMessage, translate_errors
 from broker.core.models import (
     Message,
@@ -129,6 +129,56 @@ def for_subscription(
             continue
         out.append((keys.sub_band(qm, sub_id, priority), flagged))
     return out
+
+
+@dataclass
+class NewSubscription:
+    """The retained publications a subscription being made receives (``subscribe``): read in its
+    transaction's decide step (``prepare``), pushed with its change (``push``).
+
+    Attributes:
+        qm, sub_id, topic_filter, scheme, selector, no_local: the subscription (``for_subscription``).
+        wanted: it receives them (False: ``retained=False``, or a shared subscription).
+        sends: ``[(band, flagged envelope)]`` found by the last ``prepare``.
+        bell: its bell to ring (the bell was absent), or "".
+    """
+
+    qm: str
+    sub_id: str
+    topic_filter: str
+    scheme: str
+    selector: str = ""
+    no_local: bool = False
+    wanted: bool = True
+    sends: list[tuple[str, bytes]] = field(default_factory=list)
+    bell: str = ""
+
+    def prepare(self, pipe: Any, value: Any) -> Any:
+        """When ``value`` (what ``subscribe``'s decision writes) makes the subscription, watch
+        ``{qm}:retained`` and read what it receives, through ``pipe`` (a pipeline watching, before
+        MULTI: each read executes at once). Returns ``value``.
+
+        Raises:
+            ForeignKey: ``{qm}:retained`` holds another type.
+        """
+        self.sends, self.bell = [], ""
+        if value is KEEP or not self.wanted:
+            return value
+        pipe.watch(keys.retained(self.qm))
+        stored = read_stored(pipe, self.qm)
+        self.sends = for_subscription(
+            stored, self.qm, self.sub_id, self.topic_filter, self.scheme, self.selector, self.no_local
+        )
+        bell = keys.sub_bell(self.qm, self.sub_id)
+        self.bell = bell if self.sends and wire.lenient_text(pipe.type(bell)) == "none" else ""
+        return value
+
+    def push(self, pipe: Any) -> None:
+        """Queue the pushes (after MULTI): each envelope onto its band, and the bell."""
+        for band, envelope in self.sends:
+            pipe.lpush(band, envelope)
+        if self.bell:
+            pipe.rpush(self.bell, "1")
 
 
 def read_stored(pipe: Any, qm: str) -> dict[str, bytes]:

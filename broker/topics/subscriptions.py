@@ -57,7 +57,7 @@ from broker.core.schemes import recorded_scheme, separator
 from broker.core.scripts import register
 from broker.core.selectors import check_size, compile_selector
 from broker.core.topic_rules import limit_problem, split_shared, validate_filter
-from broker.topics import retained as retained_publications
+from broker.topics.retained import NewSubscription
 from broker.topics.topic_objects import TopicTree, fixed_prefix, topic_of
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -275,10 +275,6 @@ def subscribe(
 ) -> SubscriptionRecord:
     """Create a subscription (or attach to an existing one with the same filter and options).
 
-    A new subscription that is not shared receives the retained publications of the topics its
-    filter matches, flagged ``"retained": true``, pushed onto its queue (in priority bands) in
-    the transaction that creates it, ``{qm}:retained`` watched (``broker.topics.retained``).
-
     Args:
         client: a redis-py client.
         qm: the queue manager.
@@ -316,9 +312,8 @@ def subscribe(
             (``Settings.max_selector_bytes``), checked before it is parsed.
         name: a non-durable subscription's name (its id ``<client id>$<name>``); None: generated
             (``nd-<hex>``). Ignored when ``durable_name`` is given.
-        retained: a new subscription receives the retained publications its filter, selector
-            and no-local admit; False: none (MQTT 5 Retain Handling 2, IBM MQ
-            ``MQSO_NEW_PUBLICATIONS_ONLY``).
+        retained: a new subscription (not shared) receives, flagged, the retained publications its filter,
+            selector and no-local admit, in its transaction (``broker.topics.retained``); False: none.
 
     Returns:
         The subscription record; ``sub_id`` names its queue.
@@ -368,31 +363,13 @@ def subscribe(
         sub_id, inner, durable_name is not None, clock.now_ms(), selector, no_local, mode, share
     )
     found: list[SubscriptionRecord] = []
-    sends: list[tuple[str, bytes]] = []  # (band, envelope): the retained publications it receives
-    ring: list[str] = []
+    gets = NewSubscription(qm, sub_id, inner, scheme_name, selector, no_local, retained and not shared)
 
-    def decide(pipe: Any) -> Any:
-        sends.clear()
-        ring.clear()
-        value = _new_or_same(pipe, qm, record, scheme_name, limits.per_client, found)
-        if value is not KEEP and retained and not shared:
-            pipe.watch(keys.retained(qm))
-            stored = retained_publications.read_stored(pipe, qm)
-            sends.extend(retained_publications.for_subscription(
-                stored, qm, sub_id, inner, scheme_name, selector, no_local))  # fmt: skip
-            bell = keys.sub_bell(qm, sub_id)
-            if sends and pipe.type(bell) in (b"none", "none"):
-                ring.append(bell)
-        return value
+    def decide(pipe: Any) -> Any:  # a new subscription's retained publications read in the transaction
+        return gets.prepare(pipe, _new_or_same(pipe, qm, record, scheme_name, limits.per_client, found))
 
-    def then(pipe: Any) -> None:
-        for band, envelope in sends:
-            pipe.lpush(band, envelope)
-        for bell in ring:
-            pipe.rpush(bell, "1")
-
-    change_field(client, keys.subscriptions(qm), sub_id, decide, keys.version(qm),
-                 watch=(keys.topic_objects(qm),), change_log=keys.sub_changes(qm), then=then)  # fmt: skip
+    change_field(client, keys.subscriptions(qm), sub_id, decide, keys.version(qm), watch=(keys.topic_objects(qm),),
+                 change_log=keys.sub_changes(qm), then=gets.push)  # fmt: skip
     return found[-1] if found else record
 
 
