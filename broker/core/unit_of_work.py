@@ -67,7 +67,7 @@ class Action(StrEnum):
 
 
 class Outcome(StrEnum):
-    """What ``commit.lua`` did with a unit of work (its reply code is the position, 0-5)."""
+    """What ``commit.lua`` did with a unit of work (its reply code is the position, 0-6)."""
 
     FENCED = "fenced"
     DELIVERED = "delivered"
@@ -75,6 +75,9 @@ class Outcome(StrEnum):
     EXPIRED = "expired"
     REFUSED = "refused"
     SKIPPED = "skipped"
+    #: a retained publication resolved at an older index version (and its publisher's units after
+    #: it in the call): nothing written, the turn kept; the worker decides it again
+    RETRY = "retry"
 
 
 #: ``commit.lua`` reply codes, by position.

@@ -134,7 +134,11 @@
 -- unit field 6 journal: "<seq or empty>|<enqueued_ms>|<topic>"; only when ARGV[7] > 0 (without the
 --   journal a unit has the 6 fields before it)
 -- returns 3 integers per publication: status, subscriptions, gave_up
---   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped
+--   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped, 6 retry (a
+--   retained publication when the index version changed since the worker resolved it, and the
+--   publisher's units after it in the call: nothing written, the turn kept; the worker decides
+--   them again with its table brought to the new version, so a subscription made meanwhile
+--   either gets it delivered or finds it in the retained store)
 --   gave_up: 1 when the FIFO is now empty and the turn was given up
 -- then, per subscription a delivered publication's condition asks to disconnect, each once:
 --   its id and the condition's max_messages (the worker removes it only if still that deep)
@@ -166,7 +170,7 @@ local skipped_key, slow_key, retained_key = KEYS[7], KEYS[8], KEYS[9]
 local watching = limits_arg ~= ''
 
 -- Outcomes, as the reply codes them (broker.core.unit_of_work.OUTCOMES) and the result names them.
-local DELIVERED, DUPLICATE, EXPIRED, REFUSED, SKIPPED = 1, 2, 3, 4, 5
+local DELIVERED, DUPLICATE, EXPIRED, REFUSED, SKIPPED, RETRY = 1, 2, 3, 4, 5, 6
 local STATUS_NAME = {'delivered', 'duplicate', 'expired', 'refused', 'skipped'}
 
 -- ==== Phase "check": the queue-manager-wide keys, then every recipient queue =================
@@ -176,6 +180,8 @@ local STATUS_NAME = {'delivered', 'duplicate', 'expired', 'refused', 'skipped'}
 local version = redis.pcall('GET', KEYS[6])
 if type(version) == 'table' then error({err = 'BROKER ' .. foreign(KEYS[6], 'string')}) end
 local changed = version ~= resolved_version
+-- moved on since the worker resolved (an absent version and "" or "0" are the same): retained units retry
+local moved = changed and (version or '0') ~= (resolved_version == '' and '0' or resolved_version)
 local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}}
 if changed then fixed[#fixed + 1] = {subs, 'hash'} end
 if watching then
@@ -529,9 +535,18 @@ for u = first, #ARGV, UNIT do
   local pub, entry_id = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID]
   local t = turns[pub] or turn_of(pub)
   if t.ok and t.heads[t.popped + 1] ~= entry_id then t.ok = false end
+  if moved and t.ok and not t.retry then
+    -- a retained publication resolved before a subscription was made or removed: decided again
+    -- (a new subscription read the retained store before this one is written), with the
+    -- publisher's units after it; looked at only when the index version changed
+    local o = options[ARGV[u + OPTIONS]] or options_of(ARGV[u + OPTIONS])
+    t.retry = o.retain ~= nil and o.action == 'deliver'
+  end
   out[3 * n] = 0
   if not t.ok then
     out[3 * n - 2], out[3 * n - 1] = 0, 0  -- fenced
+  elseif t.retry then
+    out[3 * n - 2], out[3 * n - 1] = RETRY, 0  -- nothing written: its turn and FIFO head stay
   else
     t.popped, t.last = t.popped + 1, n
     nacks = nacks + 1

@@ -21,6 +21,7 @@ from broker.testing import drain, make_workers
 from broker.topics import retained as retained_publications
 from broker.topics.retained import clear_retained, list_retained
 from broker.topics.subscriptions import subscribe
+from worker.loop import Worker
 from tests.conftest import QM
 
 
@@ -239,3 +240,28 @@ def test_a_subscription_made_by_request_gets_the_retained_publications_unless_as
     # And a retained field other than 0/1 is refused
     with pytest.raises(InvalidMessage):
         server.decide("c", {"op": "subscribe", "topic": "t/+", "name": "d", "retained": "2"}, None)
+
+
+def test_a_subscription_made_while_a_retained_publication_is_in_flight_gets_it_once(real_redis, settings):
+    # Given a worker that resolved a retained publication (and a plain one behind it, same publisher)
+    # and, before it commits, a subscription to its topic is made: the subscription read the store
+    # (still the old one), the worker's routing table does not have it
+    _publish(real_redis, "t", b"old", "m0")
+    drain(make_workers(real_redis, settings, 1))
+    made: list[str] = []
+
+    def subscribe_before_commit(point: str) -> None:
+        if point == "before_commit" and not made:
+            made.append(subscribe(real_redis, QM, "t", "late", "s").sub_id)
+
+    worker = Worker(real_redis, settings, name="w-late", hook=subscribe_before_commit)
+    worker.setup()
+    _publish(real_redis, "t", b"new", "m1")
+    _publish(real_redis, "t", b"after", "m2", retain=False)
+    drain([worker], max_rounds=20)
+    # Then the subscription has the old one from the store, flagged, then the new one delivered
+    # (decided again with the subscription in the table), then the one after it: none lost
+    got = [(m.body, m.retained) for m in _messages(real_redis, made[0])]
+    assert got == [(b"old", True), (b"new", False), (b"after", False)]
+    assert _result(real_redis, "m1")["status"] == "delivered"
+    assert _kept(real_redis) == {"t": b"new"}
