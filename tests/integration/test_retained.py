@@ -21,8 +21,8 @@ from broker.testing import drain, make_workers
 from broker.topics import retained as retained_publications
 from broker.topics.retained import clear_retained, list_retained
 from broker.topics.subscriptions import subscribe
-from worker.loop import Worker
 from tests.conftest import QM
+from worker.loop import Worker
 
 
 def _publish(client, topic: str, body: bytes, msgid: str, retain: bool = True, **options) -> None:
