@@ -10,6 +10,7 @@ client_id, durable_name)``, ``Publisher.publish_many``, ``Worker(client, setting
 
 - 100 topics ``t/<k>``, each reaching F=8 durable subscriptions (its exact one and 7 wildcards);
 - 50 publishers ``p00``..``p49`` in chunks of 20, 200-byte bodies, a msgid each (dedup records);
+- with ``AB_RETAIN=1`` (this commit on), every publication retained (``retain 1``);
 - one in-process worker, default settings; a warm-up of 200 publications (not counted), then
   ``N`` preloaded publications drained with the server's callgrind instrumentation on
   (``callgrind_control -i on|off SERVER_PID``).
@@ -21,6 +22,7 @@ The caller dumps and reads the server's counts. Exit 1 if the worker did not han
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -30,6 +32,9 @@ WILDCARDS = ["t/+", "t/#", "#", "+/+", "+/#", "t/+/#", "+/+/#"]
 PUBLISHERS = [f"p{i:02d}" for i in range(50)]
 CHUNK = 20
 BODY = b"x" * 200
+#: ``AB_RETAIN=1``: every publication retained (the cost of retained publications when configured;
+#: a commit before them has no such option: compare this tree with and without it)
+_OPTIONS = {"retain": True} if os.environ.get("AB_RETAIN") == "1" else {}
 
 
 def _control(pid: str, *args: str) -> None:
@@ -45,7 +50,7 @@ def _preload(client: object, count: int, salt: str) -> None:
         take = min(CHUNK, count - sent)
         publisher = publishers[k % len(publishers)]
         items = [(TOPICS[(sent + i) % len(TOPICS)], BODY) for i in range(take)]
-        publisher.publish_many(items)
+        publisher.publish_many(items, **_OPTIONS)
         sent += take
         k += 1
 

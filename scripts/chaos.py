@@ -78,6 +78,12 @@ Publisher ``d0`` publishes every publication with a delivery delay (a quarter to
 many sharing one delivery time): each must be delivered once, in its order, and never received
 before its delivery time (``early``: an anomaly); the drain waits for ``{qm}:delayed`` to empty.
 
+Retained publications (issue 28 row 10): publisher ``r0`` publishes retained publications on
+``RETAINED_TOPICS`` (each waits for its result), and a subscription to ``/retained/#`` is made every
+``LATE_EVERY_S`` during the run and consumed; each must get the latest retained publication of each
+topic exactly once, flagged, then every later one in order (``scripts.rig.retained``; a problem
+fails the run).
+
 Publishers also write poison entries (missing topic, invalid UTF-8, oversized
 body, invalid topic, missing publisher) among their publications. Then the
 faults stop, publishers stop, the workers drain, and the history is checked
@@ -202,6 +208,7 @@ from scripts.rig.groups import (
 from scripts.rig.history import History, Poison, Publication, network_recipients, recipients
 from scripts.rig.hook import KILLER_FIELD, run_channel, run_worker
 from scripts.rig.proxy import ProxyProcess, evalsha
+from scripts.rig.retained import RetainedLog
 from worker.loop import CRASH_POINTS
 from worker.pool import ExitHandler, Pool
 
@@ -228,6 +235,13 @@ TOPICS = ("/chaos/a/x", "/chaos/a/y", "/chaos/b/x", "/chaos/c", "/other/z", "/li
 
 #: Topics of the victim subscription, whose queue is made foreign now and then ("foreign:queue").
 VICTIM_TOPICS = ("/victim/a", "/victim/b/c")
+
+#: Topics of the retained publisher ``RETAINED_PUBLISHER`` (every publication retained); the
+#: subscriptions made during the run (``LATE_FILTER``, every ``LATE_EVERY_S``) must get them.
+RETAINED_TOPICS = ("/retained/a", "/retained/b/c")
+RETAINED_PUBLISHER = "r0"
+LATE_FILTER = "/retained/#"
+LATE_EVERY_S = 3.0
 
 #: Publishers whose FIFO, turn, reply and dedup keys are made foreign now and then.
 VICTIM_PUBLISHERS = ("v0", "v1")
@@ -492,6 +506,8 @@ class Harness:
         self.killer_requests: queue.Queue[str] = queue.Queue()
         self._started = time.monotonic()
         self.failed = False
+        #: the retained publisher's results and the late subscriptions' receipts (``scripts.rig.retained``)
+        self.retained = RetainedLog(RETAINED_PUBLISHER)
 
     # -- set-up ---------------------------------------------------------------
 
@@ -650,7 +666,50 @@ class Harness:
     def _resolved(self) -> dict[str, frozenset[str]]:
         """Topic -> the subscription ids a publication on it must reach."""
         filters = {self.sub_ids[n]: f for n, f in FILTERS.items()}
-        return {t: recipients(t, filters, LINKS) for t in (*TOPICS, *VICTIM_TOPICS)}
+        return {t: recipients(t, filters, LINKS) for t in (*TOPICS, *VICTIM_TOPICS, *RETAINED_TOPICS)}
+
+    def _retainer(self) -> None:
+        """Publisher ``r0``: retained publications on ``RETAINED_TOPICS``, each waiting for its result."""
+        assert self.proxy is not None
+        rng = random.Random(self.args.seed * 1_000 + 999)
+        client = connect(self.proxy.url(1))
+        publisher = Publisher(client, QM, RETAINED_PUBLISHER)
+        resolved = self._resolved()
+        number = 0
+        while not self.stop_publishing.is_set():
+            number += 1
+            topic = rng.choice(RETAINED_TOPICS)
+            pub = Publication(
+                RETAINED_PUBLISHER, number, f"{RETAINED_PUBLISHER}.{number}", topic, resolved[topic]
+            )
+            self.history.add_publication(pub)
+            self._publish(publisher, pub, retain=True, wait=True)
+            if pub.acked:
+                self.retained.answered(topic, number, time.monotonic())
+            self.stop_publishing.wait(rng.uniform(0.02, 0.2))
+        client.close()
+
+    def _late_subscriptions(self) -> None:
+        """Every ``LATE_EVERY_S``, a subscription to ``LATE_FILTER`` (made again with the same name until
+        it is: a second attempt attaches), then consumed by a subscriber thread of its own."""
+        assert self.admin is not None
+        client = connect(self.server.url)
+        k = 0
+        while not self.stop_publishing.wait(LATE_EVERY_S):
+            k += 1
+            started = time.monotonic()
+            while not self.stop_publishing.is_set():
+                try:
+                    sub_id = subscribe(client, QM, LATE_FILTER, "late", f"l{k}").sub_id
+                except (BrokerError, redis.RedisError):
+                    time.sleep(0.1)
+                    continue
+                self.retained.subscribed(sub_id, started)
+                thread = self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}")
+                self.threads.append(thread)
+                thread.start()
+                break
+        client.close()
 
     def _victim_publisher(self, index: int) -> None:
         """A victim publisher: raw XADDs with ``reply=1`` whose keys are made foreign now and then.
@@ -773,9 +832,13 @@ class Harness:
                 fault = self.consumer_faults.pop(sub_id, None)
                 got = subscriber.receive_many(10, timeout_ms=200)
                 received_ms = now_ms()
+                late = sub_id in self.retained.made
                 for delivery in got:
                     message = delivery.message
-                    self.history.receive(sub_id, message.msgid, message.entry_id, delivery.redelivered)
+                    if late:  # a subscription made during the run: the retained check only
+                        self.retained.receive(sub_id, message, delivery.redelivered)
+                    else:
+                        self.history.receive(sub_id, message.msgid, message.entry_id, delivery.redelivered)
                     if received_ms < message.delivery_time_ms:
                         self.stats.early += 1
                         self.stats.anomalies.append(
@@ -1244,6 +1307,8 @@ class Harness:
             for i, name in enumerate(VICTIM_PUBLISHERS)
         )
         threads.append(self._thread(self._delayed_publisher, name="pub-d0"))
+        threads.append(self._thread(self._retainer, name=f"pub-{RETAINED_PUBLISHER}"))
+        threads.append(self._thread(self._late_subscriptions, name="pub-late"))
         threads.extend(
             self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}") for sub_id in self.sub_ids.values()
         )
@@ -1394,6 +1459,13 @@ class Harness:
             )
         if self.plants:
             problems.append(f"{len(self.plants)} planted keys left")
+        retained = self.retained.check(RETAINED_TOPICS)
+        problems += retained
+        _log(
+            f"retained: {len(self.retained.made)} subscriptions made during the run, "
+            f"{sum(len(r) for r in self.retained.results.values())} retained publications answered, "
+            f"{len(retained)} problems"
+        )
         if verdict.poison_missing or verdict.poison_repeated or verdict.poison_bad_reason:
             problems.append(
                 f"poison: {verdict.poison_missing} missing, {verdict.poison_repeated} repeated, "

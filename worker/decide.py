@@ -25,7 +25,7 @@ from broker.core.logs import publication_extra
 from broker.core.models import apply_topic_defaults, encode_envelope, parse_entry
 from broker.core.schemes import root_topic, separator
 from broker.core.topic_rules import limit_problem
-from broker.core.unit_of_work import Action, CommitBatch, UnitOfWork
+from broker.core.unit_of_work import Action, CommitBatch, Retain, UnitOfWork
 from broker.topics.queue_controllers import PersistenceModes
 from broker.topics.routing import RoutingTable
 
@@ -233,7 +233,8 @@ class Decider:
                 forced = self.persistence.apply(entry.header, queues)
                 if forced is not None and attributes is not None:
                     delivery = attributes["pmsgdlv"] if forced else attributes["npmsgdlv"]
-            envelope = encode_envelope(entry.header, entry.body) if queues else b""
+            # a retained publication keeps its envelope even when no subscription gets it
+            envelope = encode_envelope(entry.header, entry.body) if queues or entry.retain else b""
             if self.slow and queues:
                 condition = self.slow.get(root_topic(entry.topic, table.scheme))
                 if condition is not None and condition.applies(entry.header.get("persistent", True)):
@@ -257,6 +258,7 @@ class Decider:
                 publisher, entry_id, Action.EXPIRE, entry.msgid, reply_ttl_ms=reply_ttl, **journal
             )
         window = settings.dedup_window_ms if entry.msgid_given else 0
+        retain = (Retain.STORE if entry.body else Retain.CLEAR) if entry.retain else Retain.NONE
         return UnitOfWork(
             publisher,
             entry_id,
@@ -269,5 +271,6 @@ class Decider:
             delivery=delivery,
             dead_letter=dead_letter,
             slow=slow,
+            retain=retain,
             **journal,
         )

@@ -730,7 +730,7 @@ class Worker:
         entries = self._entries
         done = 0
         counts = self.counts
-        refused = Outcome.REFUSED
+        refused, retry = Outcome.REFUSED, Outcome.RETRY
         disconnects: dict[str, int] = {}
         metrics = self.metrics
         committed_ms = self.clock_ms() if metrics.enabled else 0
@@ -745,6 +745,8 @@ class Worker:
             if metrics.enabled:
                 metrics.committed(decoded, give_up, started_ms, committed_ms)
             for unit, outcome, _subscriptions, released in decoded:
+                if outcome is retry:  # a retained publication: its entry and turn kept, decided again
+                    continue
                 entries.pop(unit.entry_id, None)
                 if outcome is Outcome.FENCED:  # the turn is no longer ours
                     self.turns.discard(unit.publisher)

@@ -130,6 +130,12 @@ def _parse_properties(
     "--wait waits that long too. At most 365 days.",
 )
 @click.option(
+    "--retain",
+    is_flag=True,
+    help="A retained publication (IBM MQ MQPMO_RETAIN, MQTT RETAIN): kept as the topic's last, "
+    "which each new subscription to it receives; an empty BODY clears the topic's.",
+)
+@click.option(
     "--validate/--no-validate",
     default=True,
     show_default=True,
@@ -155,6 +161,7 @@ def publish_command(
     group: str | None,
     group_seq: int | None,
     delivery_delay_ms: int,
+    retain: bool,
     validate: bool,
 ) -> None:
     """Publish one message with BODY (text) on TOPIC and print where it went.
@@ -185,6 +192,7 @@ def publish_command(
         delivery_delay_ms=delivery_delay_ms,
         wait=wait,
         timeout_ms=timeout_ms,
+        retain=retain,
     )
     if not result.ok:
         raise PublicationRefused(result.reason or "no reason given", result.suggestion)

@@ -29,6 +29,7 @@ from broker.operations.status import Snapshot, TopicNode, TopicStatus
 from broker.operations.topic_stats import TopicStatistics
 from broker.topics.declared import Declared
 from broker.topics.explain import Route
+from broker.topics.retained import RetainedPublication
 from broker.topics.subscriptions import SubscriptionRecord
 from broker.topics.topic_objects import TopicObject
 
@@ -91,7 +92,8 @@ def _describe_status(result: PublishResult) -> str:
 
 def _format_message(message: Message) -> str:
     """One line per message: topic, publisher, seq, priority, ``non-persistent`` for a NON_PERSISTENT
-    message (JMSDeliveryMode), the route, ``group=G#N`` for a message of a message group
+    message (JMSDeliveryMode), ``retained`` for a retained publication sent to a new subscription,
+    the route, ``group=G#N`` for a message of a message group
     (JMSXGroupID, JMSXGroupSeq); a body that is not one line of printable UTF-8 is printed as a
     bytes literal."""
     try:
@@ -106,6 +108,8 @@ def _format_message(message: Message) -> str:
     group = message.group_id
     if group is not None:
         via += f"  group={group}" if message.group_seq is None else f"  group={group}#{message.group_seq}"
+    if message.retained:  # sent from the retained store when the subscription was made (MQIsRetained)
+        mode += "  retained"
     return (
         f"{message.topic}  publisher={message.publisher}  seq={seq}  priority={message.priority}"
         f"{mode}{via}  {body}"
@@ -223,6 +227,7 @@ def _print_snapshot(snapshot: Snapshot, qm: str, url: str) -> None:
         ("poison messages", "poison"),
         ("delayed (waiting for their delivery time)", "delayed"),
         ("active publishers", "active_publishers"),
+        ("retained publications", "retained"),
         ("links", "links"),
         ("topic scheme", "topic_scheme"),
         ("index version", "version"),
@@ -524,6 +529,49 @@ def _print_topic_status(found: TopicStatus) -> None:
     click.echo(
         f"publishers in the newest {found.scanned} stream entries: {seen}; last publication (ms): {last}"
     )
+    click.echo(f"retained publication: {_retained_text(found.retained)}")
+
+
+def _retained_text(kept: RetainedPublication | None) -> str:
+    """A topic's retained publication in one line: its msgid, publisher, time and body, or "none"."""
+    if kept is None:
+        return "none"
+    message = kept.message
+    if message is None:
+        return f"{kept.size_bytes} bytes that are not an envelope"
+    return (
+        f"{message.msgid} from {message.publisher} at {message.timestamp_ms} ms, {_body_text(message.body)}"
+    )
+
+
+def _body_text(body: bytes) -> str:
+    """A body to print: one line of printable UTF-8, or a bytes literal."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return repr(body)
+    return text if text.isprintable() else repr(body)
+
+
+def _print_retained(found: list[RetainedPublication]) -> None:
+    """``broker retained list``: one row per topic string with a retained publication."""
+    table = _table("topic", "msgid", "publisher", "published (ms)", "priority", "bytes", "body")
+    for kept in found:
+        message = kept.message
+        if message is None:
+            table.add_row(kept.topic, "-", "-", "-", "-", str(kept.size_bytes), "(not an envelope)")
+            continue
+        table.add_row(
+            kept.topic,
+            message.msgid,
+            message.publisher,
+            str(message.timestamp_ms),
+            str(message.priority),
+            str(kept.size_bytes),
+            _body_text(message.body)[:60],
+        )
+    _console().print(table)
+    click.echo(f"{len(found)} retained publication(s)")
 
 
 def _print_topic_statistics(found: TopicStatistics) -> None:

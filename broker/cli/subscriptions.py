@@ -55,6 +55,12 @@ POLL_MS = 1_000
 )
 @click.option("--no-local", is_flag=True, help="Skip publications sent with the same --client-id.")
 @click.option(
+    "--no-retained",
+    is_flag=True,
+    help="A new subscription receives no retained publications (MQTT 5 Retain Handling 2, IBM MQ "
+    "MQSO_NEW_PUBLICATIONS_ONLY). Default: those of the topics FILTER matches, flagged retained.",
+)
+@click.option(
     "--topic-object",
     default=None,
     metavar="NAME",
@@ -94,6 +100,7 @@ def subscribe_command(
     durable_name: str | None,
     selector: str | None,
     no_local: bool,
+    no_retained: bool,
     topic_object: str | None,
     shared: bool,
     count: int | None,
@@ -108,7 +115,8 @@ def subscribe_command(
     '\\' escapes them).
 
     Each line is: topic, publisher, sequence number, priority, "non-persistent" for a
-    NON_PERSISTENT message (its own delivery mode, or its queue controller's), "group=G#N" for a
+    NON_PERSISTENT message (its own delivery mode, or its queue controller's), "retained" for
+    a retained publication the new subscription received (--no-retained: none), "group=G#N" for a
     message of a message group (JMSXGroupID G, JMSXGroupSeq N), body (text, or a
     Python bytes literal when not UTF-8), and "redelivered=N" for a message
     delivered before to a consumer that died. Each message is acknowledged after
@@ -139,6 +147,7 @@ def subscribe_command(
             no_local=no_local,
             settings=settings,
             topic_object=topic_object,
+            retained=not no_retained,
         )
     except ServerError as exc:
         if not (settings.security and _refused_by_acl(exc)):
@@ -150,7 +159,14 @@ def subscribe_command(
         if topic_object is not None:
             topic_filter = topic_of(client, qm, topic_object, topic_filter)
         record = _by_request(
-            state, topic_filter, client_id, durable_name, selector, no_local, request_timeout_ms
+            state,
+            topic_filter,
+            client_id,
+            durable_name,
+            selector,
+            no_local,
+            request_timeout_ms,
+            not no_retained,
         )
     subscriber = Subscriber(client, qm, record, settings)
     received = [0]  # counted as they come: a Ctrl-C in the loop keeps the count
@@ -192,6 +208,7 @@ def _by_request(
     selector: str | None,
     no_local: bool,
     timeout_ms: int,
+    retained: bool = True,
 ) -> SubscriptionRecord:
     """The subscription asked of the broker with a control request (``broker.clients.control``)."""
     click.echo(f"asking the broker for the subscription (control request of client id {client_id})", err=True)
@@ -204,6 +221,7 @@ def _by_request(
         selector=selector,
         no_local=no_local,
         timeout_ms=timeout_ms,
+        retained=retained,
     )
 
 

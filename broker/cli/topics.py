@@ -1,6 +1,6 @@
 """Topic administration: ``broker link``, ``unlink``, ``links``, ``topics`` (list filters, explain a
-topic), and the ``broker topic`` group (IBM MQ's DEFINE/ALTER/DELETE/DISPLAY TOPIC, DISPLAY TPSTATUS,
-declared topics, the topic tree).
+topic), the ``broker topic`` group (IBM MQ's DEFINE/ALTER/DELETE/DISPLAY TOPIC, DISPLAY TPSTATUS,
+declared topics, the topic tree) and ``broker retained list/clear`` (retained publications).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from broker.cli.render import (
     _print_filters,
     _print_links,
     _print_problems,
+    _print_retained,
     _print_route,
     _print_top_topics,
     _print_topic_objects,
@@ -29,6 +30,7 @@ from broker.operations.status import topic_status, topic_tree
 from broker.operations.topic_stats import top_topics, topic_statistics
 from broker.topics import copies as copies_setting
 from broker.topics import declared, explain, links, topic_objects
+from broker.topics.retained import clear_retained, list_retained
 from broker.topics.subscriptions import read_subscriptions
 
 
@@ -312,7 +314,8 @@ def topic_apply(state: State, file: str, prune: bool) -> None:
 def topic_status_command(state: State, topic_string: str, as_json: bool) -> None:
     """Show TOPIC_STRING's effective attributes (and the object each comes from), the subscriptions it
     reaches (and through which link), the publishers seen among the newest stream entries, and its
-    statistics: publications, copies delivered, last publication (as the workers last flushed them)."""
+    statistics: publications, copies delivered, last publication (as the workers last flushed them), and
+    its retained publication."""
     client, settings = state.client(), state.settings
     found = topic_status(client, settings.qm, topic_string, default_maxdepth=settings.default_maxdepth)
     stats = topic_statistics(client, settings, topic_string) if settings.topic_stats_max_topics else None
@@ -349,6 +352,33 @@ def topic_tree_command(state: State) -> None:
     _print_topic_tree(root)
 
 
+@click.group("retained")
+def retained_group() -> None:
+    """Retained publications (IBM MQ MQPMO_RETAIN, MQTT RETAIN): the last one published with
+    --retain on each topic string, which each new subscription to it receives."""
+
+
+@retained_group.command("list")
+@click.argument("topic_filter", metavar="[FILTER]", required=False)
+@click.pass_obj
+def retained_list(state: State, topic_filter: str | None) -> None:
+    """List the retained publications (of the topics FILTER matches): topic, msgid, publisher,
+    time, priority, size and body."""
+    _print_retained(list_retained(state.client(), state.settings.qm, topic_filter))
+
+
+@retained_group.command("clear")
+@click.argument("topic", required=False)
+@click.option("--all", "everything", is_flag=True, help="Clear every topic's retained publication.")
+@click.pass_obj
+def retained_clear(state: State, topic: str | None, everything: bool) -> None:
+    """Clear TOPIC's retained publication (IBM MQ CLEAR TOPICSTR CLRTYPE(RETAINED)), or every one with --all."""
+    if (topic is None) == (not everything):
+        raise click.UsageError("give TOPIC or --all (one of them)")
+    removed = clear_retained(state.client(), state.settings.qm, topic)
+    click.echo(f"cleared {removed} retained publication(s)")
+
+
 #: The commands this module adds to ``broker``.
 COMMANDS = (
     link_command,
@@ -357,4 +387,5 @@ COMMANDS = (
     copies_command,
     topics_command,
     topic_group,
+    retained_group,
 )

@@ -96,6 +96,7 @@ def request_subscription(
     no_local: bool = False,
     name: str | None = None,
     timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    retained: bool = True,
 ) -> SubscriptionRecord:
     """Ask the broker for a subscription (``broker.topics.subscriptions.subscribe``'s meaning), checked
     against the grants of the client id's users; returns its record (attach with ``Subscriber``).
@@ -104,6 +105,8 @@ def request_subscription(
         durable_name: the durable subscription's name; None: a non-durable one (named ``name``, or
             ``nd-<hex>``).
         timeout_ms: how long to wait for the answer, ms.
+        retained: a new subscription receives the retained publications its filter matches
+            (``broker.topics.retained``); False: none (the field ``retained 0``).
 
     Raises:
         RequestRefused: refused (``kind`` ``NotAuthorized``: outside the grants, exit code 3; an
@@ -118,6 +121,8 @@ def request_subscription(
         fields["selector"] = selector
     if no_local:
         fields["no_local"] = "1"
+    if not retained:
+        fields["retained"] = "0"
     answer = request(client, qm, client_id, fields, timeout_ms)
     try:
         return SubscriptionRecord.from_json(str(answer["subscription"]), json.dumps(answer["record"]), qm)

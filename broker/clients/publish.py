@@ -256,6 +256,7 @@ class Publisher:
         wait: bool = False,
         timeout_ms: int = 10_000,
         delivery_delay_ms: int = 0,
+        retain: bool = False,
     ) -> PublishResult:
         """Publish one message with a single ``XADD``, after the flow-control delay the broker asked for.
 
@@ -282,6 +283,9 @@ class Publisher:
             timeout_ms: how long to wait for the result, ms (beyond the flow-control wait and the delay).
             delivery_delay_ms: no subscriber receives it before ``timestamp_ms`` (default now) + this,
                 0 to 365 days, ms (Jakarta Messaging 2.0 §7.9; ``models.delivery_time``).
+            retain: a retained publication (IBM MQ ``MQPMO_RETAIN``, MQTT 5 RETAIN): kept as the
+                topic's last, which each new subscription matching it receives (flagged
+                ``retained``); an empty body clears the topic's (``broker.topics.retained``).
 
         Returns:
             A ``PublishResult``: status "sent", or the worker's result with ``wait``.
@@ -311,6 +315,7 @@ class Publisher:
             message_type=message_type,
             timestamp_ms=timestamp_ms,
             delivery_time_ms=delivery_time(delivery_delay_ms, timestamp_ms) if delivery_delay_ms else None,
+            retain=retain,
         )
         fields, msgid, seq = self._fields(topic, body, msgid, wait, options)
         self.flow.wait()

@@ -417,6 +417,7 @@ def change_field(
     version_key: str | None,
     watch: tuple[str, ...] = (),
     change_log: str | None = None,
+    then: Callable[[Any], None] | None = None,
 ) -> Any:
     """Change one record of a hash and bump the index version, in one transaction.
 
@@ -436,6 +437,10 @@ def change_field(
     change alone to their routing table.
     A version or log that cannot be read (another type, not an integer) is not logged to, and
     the workers reload their whole table, as for any version bump the log lacks.
+
+    ``then(pipe)``, when given, queues more commands in the same transaction, after the change
+    (``subscribe``: the retained publications the new subscription receives); ``decide`` may
+    watch more keys through ``pipe`` for them.
 
     Returns:
         What ``decide`` returned.
@@ -466,6 +471,8 @@ def change_field(
                         pipe.zadd(log_to, {f"epoch {uuid.uuid4().hex}": 0})
                     pipe.zadd(log_to, {f"{after} {field}": after})
                     pipe.zremrangebyrank(log_to, 1, -(keys.SUB_CHANGES_MAX_LEN + 1))
+                if then is not None:
+                    then(pipe)
                 pipe.execute()
                 return value
             except redis.WatchError:

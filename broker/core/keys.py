@@ -78,6 +78,9 @@ key                                 type      contents                          
                                               (MAXDEPTH) or slow subscriber
 ``{qm}:slow``                       hash      sub id -> deliveries withheld by a slow-       commit.lua               ``broker status``
                                               subscriber condition (also in ``skipped``)
+``{qm}:retained``                   hash      topic string -> the envelope of its last       commit.lua (HSET, HDEL   subscribe (the new
+                                              retained publication (``retain 1``; an empty   with an empty body),     subscription's queue),
+                                              body clears it; ``broker.topics.retained``)    ``broker retained clear`` ``broker retained``
 ``{qm}:pub:<publisher>:fifo``       list      stream entry ids of one publisher, in order   dequeue.lua (RPUSH)      commit.lua (LPOP head)
 ``{qm}:pub:<publisher>:turn``      string    token of the worker holding the turn, PX lease dequeue.lua (SET NX)    commit.lua (fencing)
 ``{qm}:pub:<publisher>:flow``       string    flow-control delay asked of the publisher,    commit.lua (only when    publishers (GET with
@@ -424,6 +427,12 @@ def skipped(qm: str) -> str:
     """Deliveries skipped because a subscriber queue was full (MAXDEPTH) or its subscriber slow,
     ``{qm}:skipped``: hash sub id -> count."""
     return f"{_tag(qm)}:skipped"
+
+
+def retained(qm: str) -> str:
+    """The retained publications, ``{qm}:retained``: hash topic string -> the envelope of the
+    topic's last retained publication (IBM MQ MQPMO_RETAIN, MQTT 5 §3.3.1.3 RETAIN)."""
+    return f"{_tag(qm)}:retained"
 
 
 def slow(qm: str) -> str:

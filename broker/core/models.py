@@ -69,6 +69,9 @@ class Message(BaseModel):
         route: the queue managers it passed through before this one, origin first.
         principal: the ACL user that published it through its ingress stream
             (``broker.core.principals``; Redis enforced it), or None.
+        retained: a retained publication (``retain 1``) the subscription received when it was
+            made, not as it was published (the envelope's ``retained``; IBM MQ's MQIsRetained
+            property, MQTT 5 §3.3.1.3: RETAIN 1 on a message sent for a new subscription).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -92,6 +95,7 @@ class Message(BaseModel):
     route: tuple[str, ...] = ()
     principal: str | None = None
     msgid_bytes: bytes | None = None
+    retained: bool = False
 
     @property
     def group_id(self) -> str | None:
@@ -175,6 +179,7 @@ class Message(BaseModel):
             route=tuple(header.get("route") or ()),
             principal=header.get("principal"),
             msgid_bytes=bytes.fromhex(header["msgid_hex"]) if "msgid_hex" in header else None,
+            retained=header.get("retained", False),
         )
 
 
@@ -302,6 +307,10 @@ def usual_values(header: dict[str, Any]) -> dict[str, Any] | None:
                 return None
         route = tuple(route)
     values["route"] = route
+    if "retained" in header:
+        if header["retained"] is not True:
+            return None
+        values["retained"] = True
     return values
 
 
@@ -339,6 +348,8 @@ class Entry:
     client_id: str | None = None
     #: publish time, ms since the epoch (the ``ts`` field, else the entry id's ms)
     timestamp_ms: int = 0
+    #: ``retain 1``: kept as its topic's retained publication (an empty body clears it)
+    retain: bool = False
 
     def selector_properties(self) -> dict[str, object]:
         """What a selector sees (Jakarta Messaging §3.8.1.1): user properties and the header fields.
@@ -347,17 +358,23 @@ class Entry:
         ``JMSMessageID``, ``JMSTimestamp``, and ``JMSCorrelationID`` and
         ``JMSType`` when set; user properties are looked up under their own names.
         """
-        header = self.header
-        found: dict[str, object] = dict(header.get("props") or {})
-        found["JMSDeliveryMode"] = "PERSISTENT" if header.get("persistent", True) else "NON_PERSISTENT"
-        found["JMSPriority"] = header.get("priority", keys.DEFAULT_PRIORITY)
-        found["JMSMessageID"] = self.header["msgid"]  # as the subscriber sees it
-        found["JMSTimestamp"] = self.timestamp_ms
-        if "correlation_id" in header:
-            found["JMSCorrelationID"] = header["correlation_id"]
-        if "type" in header:
-            found["JMSType"] = header["type"]
-        return found
+        return selector_properties(self.header, self.timestamp_ms)
+
+
+def selector_properties(header: dict[str, Any], timestamp_ms: int) -> dict[str, object]:
+    """What a selector sees of a publication with envelope header ``header`` published at
+    ``timestamp_ms`` (ms since the epoch): ``Entry.selector_properties``, for an envelope kept
+    (a retained publication a new subscription receives)."""
+    found: dict[str, object] = dict(header.get("props") or {})
+    found["JMSDeliveryMode"] = "PERSISTENT" if header.get("persistent", True) else "NON_PERSISTENT"
+    found["JMSPriority"] = header.get("priority", keys.DEFAULT_PRIORITY)
+    found["JMSMessageID"] = header["msgid"]  # as the subscriber sees it
+    found["JMSTimestamp"] = timestamp_ms
+    if "correlation_id" in header:
+        found["JMSCorrelationID"] = header["correlation_id"]
+    if "type" in header:
+        found["JMSType"] = header["type"]
+    return found
 
 
 def _int(fields: dict[bytes, bytes], name: bytes, default: int | None) -> int | None:
@@ -468,6 +485,27 @@ def _delivery_time(fields: dict[bytes, bytes]) -> int:
     return int(text)
 
 
+def _retain(fields: dict[bytes, bytes]) -> bool:
+    """The ``retain`` field: ``1`` a retained publication; ``0``, empty or absent not.
+
+    Raises:
+        InvalidMessage: any other value.
+    """
+    retain = field_text(fields, b"retain")
+    if retain not in (None, "", "0", "1"):
+        raise InvalidMessage(f"field 'retain' must be 0 or 1, not {shown(retain)}")
+    return retain == "1"
+
+
+def _client_id(fields: dict[bytes, bytes], header: dict[str, Any], retain: bool) -> str | None:
+    """The ``client_id`` field, also put in the header of a retained publication: kept, no-local
+    applies to it when a subscription made later receives it (``broker.topics.retained``)."""
+    client_id = field_text(fields, b"client_id")
+    if retain and client_id is not None:
+        header["client_id"] = client_id
+    return client_id
+
+
 def parse_entry(
     entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int, max_properties_bytes: int | None = None
 ) -> Entry:
@@ -533,6 +571,7 @@ def parse_entry(
     reply = field_text(fields, b"reply")
     if reply not in (None, "", "0", "1"):
         raise InvalidMessage(f"field 'reply' must be 0 or 1, not {reply[:20]!r}")
+    retain = _retain(fields)
     raw_props = fields.get(b"props")
     props = _props_field(fields, raw_props, max_properties_bytes) if raw_props else {}
     header: dict[str, Any] = {
@@ -554,24 +593,18 @@ def parse_entry(
         header["expiration"] = expiration
     if delivery_time := _delivery_time(fields):
         header["delivery_time"] = delivery_time
-    correlation_id = field_text(fields, b"correlation_id")
-    if correlation_id is not None:
-        header["correlation_id"] = correlation_id
-    reply_to = field_text(fields, b"reply_to")
-    if reply_to is not None:
-        header["reply_to"] = reply_to
-    message_type = field_text(fields, b"type")
-    if message_type is not None:
-        header["type"] = message_type
-    principal = field_text(fields, b"principal")
-    if principal is not None:  # set by the queue mutex for an entry that came through an ingress stream
-        header["principal"] = principal
+    # carried as given when present; "principal" is set by the queue mutex (an ingress stream's entry)
+    for name in ("correlation_id", "reply_to", "type", "principal"):
+        value = field_text(fields, name.encode())
+        if value is not None:
+            header[name] = value
     origin = field_text(fields, b"origin")
     if origin is not None:
         header["origin"] = origin
         header["route"] = _route(fields, origin)
     if msgid_hex is not None:  # not UTF-8: its bytes, for a channel and any subscriber
         header["msgid_hex"] = msgid_hex
+    client_id = _client_id(fields, header, retain)
     if props:
         header["props"] = props  # last: lua/lib.lua's envelope_head cuts the header here
     return Entry(
@@ -584,8 +617,9 @@ def parse_entry(
         reply=reply == "1",
         expiration_ms=expiration,
         header=header,
-        client_id=field_text(fields, b"client_id"),
+        client_id=client_id,
         timestamp_ms=ts,
+        retain=retain,
     )
 
 
@@ -618,6 +652,18 @@ def apply_topic_defaults(entry: Entry, fields: dict[bytes, bytes], attributes: A
         if capped <= _INT64_MAX and (not entry.expiration_ms or entry.expiration_ms > capped):
             entry.expiration_ms = capped
             set_header(header, "expiration", capped)
+
+
+def retained_envelope(envelope: bytes) -> bytes:
+    """A retained publication's envelope as a new subscription receives it: its header with
+    ``"retained": true`` (before ``props``, which stays last), the body as it is.
+
+    Raises:
+        InvalidMessage: not an envelope (``decode_envelope``).
+    """
+    header, body = decode_envelope(envelope)
+    set_header(header, "retained", True)
+    return encode_envelope(header, body)
 
 
 def encode_envelope(header: dict[str, Any], body: bytes) -> bytes:
@@ -699,6 +745,7 @@ def publication_fields(
     client_id: str | None = None,
     message_type: str | None = None,
     delivery_time_ms: int | None = None,
+    retain: bool = False,
 ) -> dict[str, bytes | str]:
     """Build the fields of one publication entry (``keys.PROTOCOL_VERSION``).
 
@@ -770,4 +817,6 @@ def publication_fields(
         fields["props"] = json.dumps(properties, separators=(",", ":"))
     if reply:
         fields["reply"] = "1"
+    if retain:
+        fields["retain"] = "1"
     return fields

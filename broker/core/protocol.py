@@ -56,6 +56,14 @@ field              required  meaning
 ``delayed_from``   no        set by the queue mutex only (``dequeue.lua``): the entry id of
                              the publication a delayed one was, when it left
                              ``{qm}:delayed``; an entry carrying it is not delayed again
+``retain``         no        ``1``: a retained publication (IBM MQ MQPMO_RETAIN, MQTT 5
+                             §3.3.1.3 RETAIN): delivered as any other, and kept in
+                             ``{qm}:retained`` as its topic's last one in the same unit
+                             of work; an empty body clears the topic's retained
+                             publication (and is delivered, as MQTT does). A new
+                             subscription receives the retained publications of the
+                             topics its filter matches, flagged ``retained``.
+                             ``0`` or absent: not retained. Anything else is refused
 =================  ========  ==========================================================
 
 Delivery delay: the queue mutex moves each entry with a ``delivery_time`` (even one already
@@ -88,7 +96,9 @@ the publish stream received it), ``persistent``
 ``reply_to``, ``type`` (absent = null), ``delivery_time`` (ms since the epoch, absent = 0: no
 delivery delay; ``Message.delivery_time_ms``), ``msgid_hex`` (the msgid's bytes in hex,
 only when they are not UTF-8: ``msgid`` then has U+FFFD for each such byte) and
-``props`` (absent = ``{}``), which is always the last field (the scripts read header fields before it).
+``retained`` (true only on a retained publication a subscription received when it was
+made; absent = false), ``client_id`` (only on a retained publication that gave one: no-local
+applies to it when a subscription made later receives it) and ``props`` (absent = ``{}``), which is always the last field (the scripts read header fields before it).
 
 Reply (``{qm}:reply:<n>:<publisher>:<msgid>``, when ``reply=1``)
 ----------------------------------------------------------------

@@ -379,6 +379,7 @@ class Scripts:
                 keys.version(qm),
                 keys.skipped(qm),
                 keys.slow(qm),
+                keys.retained(qm),
                 *batch.queue_keys,
             ],
             [

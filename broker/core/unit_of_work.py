@@ -21,8 +21,8 @@ from enum import StrEnum
 from broker.core import wire
 from broker.core.config import SlowSubscriberCondition
 
-#: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..8] are fixed keys).
-FIRST_QUEUE_KEY = 9
+#: First KEYS index of the subscriber queues in ``commit.lua`` (KEYS[1..9] are fixed keys).
+FIRST_QUEUE_KEY = 10
 
 #: The ARGV fields of one unit of work in ``commit.lua``, in order. Few, because every
 #: argument costs Redis (a string object, then a Lua string): what most units of a batch
@@ -47,6 +47,16 @@ MAX_KEY_INDEX = 2**24 - 1
 DELIVERY_POLICIES = ("ALL", "ALLDUR", "ALLAVAIL")
 
 
+class Retain(StrEnum):
+    """What a delivered unit of work does to its topic's retained publication (``{qm}:retained``)."""
+
+    NONE = ""
+    #: keep this publication as its topic's retained one (``retain 1``)
+    STORE = "s"
+    #: remove the topic's retained publication (``retain 1`` with an empty body)
+    CLEAR = "c"
+
+
 class Action(StrEnum):
     """What a unit of work does with its publication."""
 
@@ -57,7 +67,7 @@ class Action(StrEnum):
 
 
 class Outcome(StrEnum):
-    """What ``commit.lua`` did with a unit of work (its reply code is the position, 0-5)."""
+    """What ``commit.lua`` did with a unit of work (its reply code is the position, 0-6)."""
 
     FENCED = "fenced"
     DELIVERED = "delivered"
@@ -65,6 +75,9 @@ class Outcome(StrEnum):
     EXPIRED = "expired"
     REFUSED = "refused"
     SKIPPED = "skipped"
+    #: a retained publication resolved at an older index version (and its publisher's units after
+    #: it in the call): nothing written, the turn kept; the worker decides it again
+    RETRY = "retry"
 
 
 #: ``commit.lua`` reply codes, by position.
@@ -100,6 +113,8 @@ class UnitOfWork:
         policy: refused by a topic object's policy (PUB(DISABLED)), not for what the
             publication is: ``broker.operations.metrics`` counts it as skipped by policy. Not sent
             to ``commit.lua``.
+        retain: what a delivered publication does to ``topic``'s retained publication: store its
+            envelope, clear it (an empty body) or nothing (``Retain``).
     """
 
     publisher: str
@@ -119,6 +134,7 @@ class UnitOfWork:
     dead_letter: bool = True
     slow: SlowSubscriberCondition | None = None
     policy: bool = False
+    retain: Retain = Retain.NONE
 
 
 def _b(text: str) -> bytes:
@@ -211,10 +227,17 @@ class CommitBatch:
 
 def encode_options(unit: UnitOfWork) -> str:
     """A unit's ``options`` field: ``"<action>|<dedup_window_ms>|<reply_ttl_ms>|<delivery>|<dead_letter 1|0>|
-    <slow>|<suggestion>"`` (the suggestion is the rest of the string)."""
+    <slow>|<retain>|<suggestion>"``; ``retain`` is "" (nothing retained: the rest is the
+    suggestion) or ``s`` (store) / ``c`` (clear) and the topic's length in bytes, the rest then
+    starting with the topic (any bytes, ``|`` too) and ending with the suggestion."""
+    retain = ""
+    rest = unit.suggestion
+    if unit.retain is not Retain.NONE:
+        retain = f"{unit.retain.value}{len(unit.topic.encode('utf-8', 'surrogateescape'))}"
+        rest = unit.topic + rest
     return (
         f"{unit.action.value}|{unit.dedup_window_ms}|{unit.reply_ttl_ms}|{unit.delivery}|"
-        f"{1 if unit.dead_letter else 0}|{_encoded_condition(unit.slow)}|{unit.suggestion}"
+        f"{1 if unit.dead_letter else 0}|{_encoded_condition(unit.slow)}|{retain}|{rest}"
     )
 
 

@@ -23,7 +23,9 @@
 --     one XACK, one LTRIM per FIFO.
 -- A feature nothing in the call asks for costs nothing: no journal key is looked
 -- at when ARGV[7] is 0, no watched queue when ARGV[12] is "", no flow work when
--- ARGV[13] is "" or no band is past the start depth after the pushes.
+-- ARGV[13] is "" or no band is past the start depth after the pushes, and KEYS[9]
+-- (retained publications) only when a unit's option says "retain": one TYPE per call
+-- and one HSET (HDEL) per retained publication.
 --
 -- Unavailable subscriptions (issue 27): a subscriber queue (any priority band)
 -- holding another type, a subscription's own key a subscriber role may write, makes
@@ -74,7 +76,9 @@
 -- KEYS[7] deliveries skipped per subscription "{qm}:skipped" (a full queue or an unavailable
 --   subscription under ALLDUR/ALLAVAIL, or a slow subscriber)
 -- KEYS[8] deliveries withheld per subscription by a slow-subscriber condition "{qm}:slow"
--- KEYS[9..] the subscriber queues (priority bands) this batch delivers to
+-- KEYS[9] the retained publications "{qm}:retained" (topic -> envelope), looked at only when a
+--   unit of the call is retained (option "retain")
+-- KEYS[10..] the subscriber queues (priority bands) this batch delivers to
 --   ("{qm}:sub:<id>" or "{qm}:sub:<id>:p<N>"); each one's subscription's bell
 --   ("{qm}:sub:<id>:bell") is rung when an empty band gets messages (its LPUSH returned as many
 --   as it pushed); and the transmission
@@ -123,11 +127,18 @@
 --   slow: "" or the slow-subscriber condition of its root topic, when it applies
 --   to the publication: "<max_messages>:<disconnect non-durable 1|0>:<disconnect durable 1|0>";
 --   every queue of its recipient set is watched (ARGV[12])
---   suggestion: "" or a corrected topic (the rest of the string)
+--   retain: "" (not retained) or "s<n>" (store: a delivered publication's envelope becomes its
+--   topic's retained one, HSET KEYS[9]) or "c<n>" (clear: an empty body, HDEL), n the topic's
+--   length in bytes: the rest of the string then starts with the topic
+--   suggestion: "" or a corrected topic (the rest of the string, after the retained topic)
 -- unit field 6 journal: "<seq or empty>|<enqueued_ms>|<topic>"; only when ARGV[7] > 0 (without the
 --   journal a unit has the 6 fields before it)
 -- returns 3 integers per publication: status, subscriptions, gave_up
---   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped
+--   status: 0 fenced, 1 delivered, 2 duplicate, 3 expired, 4 refused, 5 skipped, 6 retry (a
+--   retained publication when the index version changed since the worker resolved it, and the
+--   publisher's units after it in the call: nothing written, the turn kept; the worker decides
+--   them again with its table brought to the new version, so a subscription made meanwhile
+--   either gets it delivered or finds it in the retained store)
 --   gave_up: 1 when the FIFO is now empty and the turn was given up
 -- then, per subscription a delivered publication's condition asks to disconnect, each once:
 --   its id and the condition's max_messages (the worker removes it only if still that deep)
@@ -154,12 +165,12 @@ local first = 15 + ngive_up
 local PUBLISHER, ENTRY_ID, PAYLOAD, MSGID, RECIPIENTS, OPTIONS, JOURNAL = 0, 1, 2, 3, 4, 5, 6
 local UNIT = 7
 if journal_len == 0 then UNIT = 6 end  -- no journal field per unit without the journal
-local FIRST_QUEUE = 9
-local skipped_key, slow_key = KEYS[7], KEYS[8]
+local FIRST_QUEUE = 10
+local skipped_key, slow_key, retained_key = KEYS[7], KEYS[8], KEYS[9]
 local watching = limits_arg ~= ''
 
 -- Outcomes, as the reply codes them (broker.core.unit_of_work.OUTCOMES) and the result names them.
-local DELIVERED, DUPLICATE, EXPIRED, REFUSED, SKIPPED = 1, 2, 3, 4, 5
+local DELIVERED, DUPLICATE, EXPIRED, REFUSED, SKIPPED, RETRY = 1, 2, 3, 4, 5, 6
 local STATUS_NAME = {'delivered', 'duplicate', 'expired', 'refused', 'skipped'}
 
 -- ==== Phase "check": the queue-manager-wide keys, then every recipient queue =================
@@ -169,6 +180,8 @@ local STATUS_NAME = {'delivered', 'duplicate', 'expired', 'refused', 'skipped'}
 local version = redis.pcall('GET', KEYS[6])
 if type(version) == 'table' then error({err = 'BROKER ' .. foreign(KEYS[6], 'string')}) end
 local changed = version ~= resolved_version
+-- moved on since the worker resolved (an absent version and "" or "0" are the same): retained units retry
+local moved = changed and (version or '0') ~= (resolved_version == '' and '0' or resolved_version)
 local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}}
 if changed then fixed[#fixed + 1] = {subs, 'hash'} end
 if watching then
@@ -305,10 +318,14 @@ end
 -- A unit's options (field 5), parsed once per distinct value.
 local options = {}
 local function options_of(text)
-  local action, window, reply_ttl, delivery, dead, slow, suggestion =
-    string.match(text, '^(%a+)|(%d+)|(%d+)|(%u+)|([01])|([%d:]*)|(.*)$')
+  local action, window, reply_ttl, delivery, dead, slow, retain, size, rest =
+    string.match(text, '^(%a+)|(%d+)|(%d+)|(%u+)|([01])|([%d:]*)|(%l?)(%d*)|(.*)$')
   local o = {action = action, window = window, reply_ttl = reply_ttl, delivery = delivery,
-             dead_letter = dead == '1', slow = slow, suggestion = suggestion}
+             dead_letter = dead == '1', slow = slow, suggestion = rest}
+  if retain ~= '' then  -- a retained publication: its topic, then the suggestion
+    size = tonumber(size)
+    o.retain, o.topic, o.suggestion = retain, string.sub(rest, 1, size), string.sub(rest, size + 1)
+  end
   options[text] = o
   return o
 end
@@ -341,6 +358,9 @@ end
 -- its result is posted on), reason_of[n], skip_of[n] ({KEYS index = 'full' | 'slow'}),
 -- delay_of[n] (ms), forwarded_of[n].
 local reply_of, reason_of, skip_of, delay_of, forwarded_of = {}, {}, {}, {}, {}
+-- retained publications (option "retain"): the delivered units' {options, ARGV index}, in order
+-- (the last of a topic wins); why KEYS[9] cannot be written (nil: not looked at yet)
+local retains, retained_why = {}, nil
 local skipped, withheld = {}, {}   -- sub id -> deliveries skipped (full queue or slow), withheld (slow)
 local disconnect, disconnect_order = {}, {}  -- sub id -> max_messages of the condition
 local conditions = {}    -- a unit's slow option -> {max_messages, non-durable flag, durable flag}
@@ -449,6 +469,12 @@ end
 -- (or nil) and how many subscriptions get a copy.
 local function plan_deliver(n, t, o, set, u, reply_why)
   local entry_id, recorded = ARGV[u + ENTRY_ID], nil
+  if o.retain then
+    -- a retained publication writes KEYS[9]: its type is looked at once per call, before the
+    -- unit's first write; a foreign one refuses the publication as a whole
+    if retained_why == nil then retained_why = foreign(retained_key, 'hash') or false end
+    if retained_why then return REFUSED, retained_why end
+  end
   if o.window ~= '0' then
     -- The dedup record first: a retry of a delivered message is a duplicate, whatever else
     -- changed since. One SET NX GET records it (nil: fresh), finds it (a string: duplicate) or
@@ -478,6 +504,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     if recorded then redis.call('DEL', recorded) end
     return REFUSED, why
   end
+  if o.retain then retains[#retains + 1] = {o, u} end
   if not set then return DELIVERED end
   local payload = ARGV[u + PAYLOAD]
   local given
@@ -508,9 +535,18 @@ for u = first, #ARGV, UNIT do
   local pub, entry_id = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID]
   local t = turns[pub] or turn_of(pub)
   if t.ok and t.heads[t.popped + 1] ~= entry_id then t.ok = false end
+  if moved and t.ok and not t.retry then
+    -- a retained publication resolved before a subscription was made or removed: decided again
+    -- (a new subscription read the retained store before this one is written), with the
+    -- publisher's units after it; looked at only when the index version changed
+    local o = options[ARGV[u + OPTIONS]] or options_of(ARGV[u + OPTIONS])
+    t.retry = o.retain ~= nil and o.action == 'deliver'
+  end
   out[3 * n] = 0
   if not t.ok then
     out[3 * n - 2], out[3 * n - 1] = 0, 0  -- fenced
+  elseif t.retry then
+    out[3 * n - 2], out[3 * n - 1] = RETRY, 0  -- nothing written: its turn and FIFO head stay
   else
     t.popped, t.last = t.popped + 1, n
     nacks = nacks + 1
@@ -705,6 +741,15 @@ local function write_unit(n, u, o)
 end
 
 for _, w in ipairs(writes) do write_unit(w[1], w[2], options[ARGV[w[2] + OPTIONS]]) end
+-- the retained publications, in unit order: the envelope as delivered, or cleared (an empty body)
+for _, r in ipairs(retains) do
+  local o = r[1]
+  if o.retain == 's' then
+    redis.call('HSET', retained_key, o.topic, ARGV[r[2] + PAYLOAD])
+  else
+    redis.call('HDEL', retained_key, o.topic)
+  end
+end
 
 -- pcall: {qm}:skipped is type-checked only when a queue is watched; a subscription found
 -- unavailable in a call that watches none is then not counted when that key is foreign

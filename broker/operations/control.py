@@ -17,6 +17,8 @@ A request's fields (UTF-8):
 ``durable``    ``1`` for a durable subscription (default ``0``)
 ``selector``   a message selector (Jakarta Messaging), optional
 ``no_local``   ``1``: not the publications sent with this client id (default ``0``)
+``retained``   ``0``: a new subscription receives no retained publications (MQTT 5 Retain Handling
+               2, IBM MQ MQSO_NEW_PUBLICATIONS_ONLY; default ``1``: those its filter matches)
 ``reply``      the request id (1-64 of ``A-Z a-z 0-9 _ . -``); default: the entry id XADD returned
 =============  ===============================================================================
 
@@ -75,7 +77,7 @@ LOCK_MS = 10_000
 REQUEST_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 #: The fields a request may have.
-FIELDS = frozenset({"op", "topic", "name", "durable", "selector", "no_local", "reply"})
+FIELDS = frozenset({"op", "topic", "name", "durable", "selector", "no_local", "retained", "reply"})
 
 
 def _flag(fields: dict[str, str], name: str) -> bool:
@@ -265,6 +267,7 @@ class ControlServer:
         if not topic:
             raise InvalidMessage("a subscribe request needs the field 'topic'")
         durable, no_local = _flag(fields, "durable"), _flag(fields, "no_local")
+        retained = _flag({"retained": fields.get("retained", "1")}, "retained")
         if durable and name is None:
             raise InvalidMessage("a durable subscription needs the field 'name'")
         scheme = recorded_scheme(self.client, qm)
@@ -289,6 +292,7 @@ class ControlServer:
             name=name,
             selector=fields.get("selector") or None,
             no_local=no_local,
+            retained=retained,
             settings=settings,  # its queue controllers, scheme and limits, as ``broker subscribe``
         )
         log.info("control request: subscription %s made for client id %s", record.sub_id, client_id)

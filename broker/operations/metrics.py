@@ -324,9 +324,9 @@ class Recorder(NullRecorder):
         e2e_total = 0
         deliveries = drained = fair = 0
         bounds = self._e2e._bounds
-        fenced = Outcome.FENCED
+        fenced, retry = Outcome.FENCED, Outcome.RETRY
         for unit, outcome, subscriptions, released in decoded:
-            if outcome is fenced:
+            if outcome is fenced or outcome is retry:  # retry: counted when decided again
                 continue
             if unit.policy:
                 policy += 1

@@ -24,6 +24,7 @@ from broker.core.topic_rules import validate_topic
 from broker.network.network_admin import static_problems
 from broker.topics.copies import read_copies
 from broker.topics.links import read_links
+from broker.topics.retained import RetainedPublication, count_retained, list_retained
 from broker.topics.routing import RoutingTable, network_problems
 from broker.topics.subscriptions import SubscriptionRecord, read_subscriptions
 from broker.topics.topic_objects import BASE, read_tree
@@ -114,6 +115,8 @@ class Snapshot:
             delay, Jakarta Messaging 2.0 section 7.9).
         next_delivery_ms: the earliest delivery time among them, ms since the epoch; None when
             none waits.
+        retained: topic strings with a retained publication (``{qm}:retained``; 0 when it holds
+            another type, named in ``problems``).
     """
 
     stream_length: int
@@ -130,6 +133,7 @@ class Snapshot:
     poison: int = 0
     delayed: int = 0
     next_delivery_ms: int | None = None
+    retained: int = 0
 
 
 def _expired(client: redis.Redis, qm: str, sub_id: str) -> int | None:
@@ -432,6 +436,7 @@ def status(
         poison=_poison(client, qm, subs),
         delayed=delayed,
         next_delivery_ms=next_delivery_ms,
+        retained=_read(problems, "retained publications", lambda: count_retained(client, qm), 0),
     )
 
 
@@ -479,6 +484,7 @@ class TopicStatus:
         route_class: how far a publication on it may travel in a network of queue managers, as
             the workers route it (``RoutingTable.route_class``): ``local`` (hierarchy edges only),
             ``cluster <name>`` (CLROUTE(DIRECT)) or ``cluster <name> via topic hosts <qm>, ...``.
+        retained: the topic's retained publication (``broker.topics.retained``), or None.
     """
 
     topic: str
@@ -491,6 +497,7 @@ class TopicStatus:
     blocked: list[str] = field(default_factory=list)
     blocked_by: str = ""
     route_class: str = "local"
+    retained: RetainedPublication | None = None
 
 
 @translate_errors
@@ -541,6 +548,7 @@ def topic_status(
         blocked,
         effective.blocked_by,
         route_class_text(table.route_class(topic)),
+        next(iter(list_retained(client, qm, topic=topic)), None),
     )
 
 

@@ -58,6 +58,7 @@ from broker.core.schemes import recorded_scheme, separator
 from broker.core.scripts import register
 from broker.core.selectors import check_size, compile_selector
 from broker.core.topic_rules import limit_problem, split_shared, validate_filter
+from broker.topics.retained import NewSubscription
 from broker.topics.topic_objects import TopicTree, fixed_prefix, topic_of
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -271,6 +272,7 @@ def subscribe(
     max_subscriptions_per_client: int | None = None,
     max_selector_bytes: int | None = None,
     name: str | None = None,
+    retained: bool = True,
 ) -> SubscriptionRecord:
     """Create a subscription (or attach to an existing one with the same filter and options).
 
@@ -311,6 +313,8 @@ def subscribe(
             (``Settings.max_selector_bytes``), checked before it is parsed.
         name: a non-durable subscription's name (its id ``<client id>$<name>``); None: generated
             (``nd-<hex>``). Ignored when ``durable_name`` is given.
+        retained: a new subscription (not shared) receives, flagged, the retained publications its filter,
+            selector and no-local admit, in its transaction (``broker.topics.retained``); False: none.
 
     Returns:
         The subscription record; ``sub_id`` names its queue.
@@ -360,12 +364,13 @@ def subscribe(
         sub_id, inner, durable_name is not None, clock.now_ms(), selector, no_local, mode, share
     )
     found: list[SubscriptionRecord] = []
+    gets = NewSubscription(qm, sub_id, inner, scheme_name, selector, no_local, retained and not shared)
 
-    def decide(pipe: Any) -> Any:
-        return _new_or_same(pipe, qm, record, scheme_name, limits.per_client, found)
+    def decide(pipe: Any) -> Any:  # a new subscription's retained publications read in the transaction
+        return gets.prepare(pipe, _new_or_same(pipe, qm, record, scheme_name, limits.per_client, found))
 
-    change_field(client, keys.subscriptions(qm), sub_id, decide, keys.version(qm),
-                 watch=(keys.topic_objects(qm),), change_log=keys.sub_changes(qm))  # fmt: skip
+    change_field(client, keys.subscriptions(qm), sub_id, decide, keys.version(qm), watch=(keys.topic_objects(qm),),
+                 change_log=keys.sub_changes(qm), then=gets.push)  # fmt: skip
     return found[-1] if found else record
 
 

@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,"
-        "slow,swiftmq,federation,security,metrics,regression,rabbit,aof,memory,e2e,instructions,publish",
+        "slow,swiftmq,federation,security,metrics,regression,rabbit,aof,memory,e2e,instructions,publish,retained",
     )
     _row_options(parser)
     return parser

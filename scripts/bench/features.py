@@ -195,6 +195,24 @@ SLOW = _comparison(
     ),
 )
 
+# ------------------------------------------------------------------------------ 23. retained publications
+
+RETAINED = _comparison(
+    "retained",
+    "23. broker, 2 workers",
+    lambda ctx: ("no retained publication", dict(topology=ctx.topo)),
+    lambda ctx: ("every publication retained", dict(topology=ctx.topo, retain=True)),
+    _on_off_rows(
+        "retained",
+        ("23. not retained", "as 2 with 2 workers, no publication retained"),
+        (
+            "23. all retained",
+            "same, every publication retained (retain 1: commit.lua keeps each topic's last in "
+            "{qm}:retained, one HSET per publication and one TYPE per call)",
+        ),
+    ),
+)
+
 # ------------------------------------------------------------------------------ 12. swiftmq scheme
 
 

@@ -351,8 +351,9 @@ def run_broker(
     topic_objects: Sequence[TopicObject] | None = None,
     security: bool = False,
     pool_factory: Callable[[Settings, int], Any] | None = None,
+    retain: bool = False,
 ) -> dict[str, Any]:
-    """Preload ``n`` publications, then time the pool draining them into the subscriber queues.
+    """Preload ``n`` publications (``retain``: every one retained), then time the pool draining them into the subscriber queues.
 
     The clock starts when all ``workers`` have registered (a worker writes its first
     heartbeat after its first round, so whatever was acknowledged before that is
@@ -381,7 +382,15 @@ def run_broker(
     define_s = _define_objects(client, qm, topic_objects)
     principals = Principals.make(client, qm, settings.redis_url, publisher_ids()) if security else None
     loaded = preload(
-        client, qm, n, hot=hot, chunk=chunk, properties=properties, topics=topo.topics, principals=principals
+        client,
+        qm,
+        n,
+        hot=hot,
+        chunk=chunk,
+        properties=properties,
+        topics=topo.topics,
+        principals=principals,
+        retain=retain,
     )
     worker_url = {"redis_url": principals.worker_url} if principals is not None else {}
     settings = settings.model_copy(update={"topic_scheme": topo.scheme, **worker_url})

@@ -95,8 +95,10 @@ def preload(
     topics: Sequence[str] = TOPICS,
     prefix: str = "p",
     principals: Principals | None = None,
+    retain: bool = False,
 ) -> dict[str, Any]:
-    """XADD ``n`` publications with ``Publisher.publish_many``, one call per chunk, interleaved.
+    """XADD ``n`` publications with ``Publisher.publish_many``, one call per chunk, interleaved;
+    with ``retain``, every one retained (``retain 1``: row 23.).
 
     Publisher ids are ``<prefix>00``..``<prefix>49`` (queue managers of one network each use their own).
     With ``principals``, each publisher id publishes as its principal user, through its ingress stream.
@@ -143,7 +145,7 @@ def preload(
             props = [selector_props(props_rng) for _ in range(take)]
             last = _publish_with_props(pipe, stream, pubs[pid], prefixes[pid], items, props)
         else:
-            last = pubs[pid].publish_many(items, batch=take)[-1].msgid
+            last = pubs[pid].publish_many(items, batch=take, **({"retain": True} if retain else {}))[-1].msgid
         counts[pid] += take
         if rng.random() < 0.02:
             msgids.append((pid, last))

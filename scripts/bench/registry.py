@@ -42,6 +42,7 @@ REGISTRY: tuple[Measurement, ...] = (
     features.TOPIC_OBJECTS_ROW,  # 9.
     features.FLOW,  # 10.
     features.SLOW,  # 11.
+    features.RETAINED,  # 23.
     features.SECURITY,  # 14.
     features.REGRESSION,  # 16.
     features.METRICS,  # 15.

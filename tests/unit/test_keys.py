@@ -129,7 +129,7 @@ def test_commit_batch_watches_queues_without_loosening_a_bound():
     batch.limit(queues[0], 10, False)
     batch.watch(queues[0], True)  # already bounded: keeps its bound
     batch.watch(queues[1], True)
-    assert batch.encoded_limits() == "9:10:0 10:0:1"
+    assert batch.encoded_limits() == "10:10:0 11:0:1"
     assert batch.args[-1].split("|")[5] == "7:0:1"  # the options field's slow condition (no journal)
     batch.add(UnitOfWork("p", "2-0", Action.DELIVER, "m2", queues=queues))
     assert batch.args[-1].split("|")[5] == ""

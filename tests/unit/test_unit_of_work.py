@@ -9,6 +9,7 @@ from broker.core.unit_of_work import (
     UNIT_FIELDS,
     Action,
     CommitBatch,
+    Retain,
     UnitOfWork,
     encode_options,
 )
@@ -43,7 +44,7 @@ def test_options_pack_what_units_share_and_the_suggestion_is_the_rest_of_the_str
     deliver = UnitOfWork(
         "p", "1-0", Action.DELIVER, "m", dedup_window_ms=600_000, reply_ttl_ms=0, slow=condition
     )
-    assert encode_options(deliver) == "deliver|600000|0|ALLAVAIL|1|7:0:1|"
+    assert encode_options(deliver) == "deliver|600000|0|ALLAVAIL|1|7:0:1||"
     refuse = UnitOfWork(
         "p",
         "2-0",
@@ -54,10 +55,18 @@ def test_options_pack_what_units_share_and_the_suggestion_is_the_rest_of_the_str
         reply_ttl_ms=60_000,
         dead_letter=False,
     )
-    assert encode_options(refuse) == "refuse|0|60000|ALLAVAIL|0||a|b\nc"
+    assert encode_options(refuse) == "refuse|0|60000|ALLAVAIL|0|||a|b\nc"
     batch = CommitBatch()
     batch.add(refuse)
     assert _unit(batch, 0)["payload"] == "bad"  # a refusal's payload is its reason
+
+
+def test_a_retained_unit_names_its_topic_by_length_before_the_rest():
+    # the topic may hold "|": its length in bytes says where it ends
+    stored = UnitOfWork("p", "1-0", Action.DELIVER, "m", topic="a|é", retain=Retain.STORE)
+    assert encode_options(stored) == "deliver|0|0|ALLAVAIL|1||s4|a|é"
+    cleared = UnitOfWork("p", "1-0", Action.DELIVER, "m", topic="t", retain=Retain.CLEAR)
+    assert encode_options(cleared) == "deliver|0|0|ALLAVAIL|1||c1|t"
 
 
 def test_journal_fields_are_sent_only_when_the_journal_is_on():
