@@ -105,6 +105,8 @@ def call(
 ENDPOINTS: list[tuple[str, str, Any, int]] = [
     ("GET", "/api/whoami", None, 200),
     ("GET", "/api/overview", None, 200),
+    ("GET", "/api/samples", None, 200),
+    ("POST", "/api/publish", {"topic": "sports/c", "body": "hello", "properties": {"n": 1}}, 202),
     ("GET", "/api/subscriptions", None, 200),
     ("GET", "/api/subscriptions/app$scores", None, 200),
     ("PUT", "/api/subscriptions/app$new", {"filter": "news/#", "selector": "a > 1"}, 201),
@@ -356,3 +358,42 @@ def test_the_openapi_document_validates() -> None:
         "openapi_spec_validator", reason="the test extra installs openapi-spec-validator"
     )
     validator.validate(document())
+
+
+def test_an_admin_publishes_and_the_workers_deliver_it_with_its_properties(
+    api: TestClient, passwords: dict[str, str], world: World, real_redis: redis.Redis, settings: Settings
+) -> None:
+    # When an admin publishes on a topic the subscription app$scores matches
+    body = {"topic": "sports/c", "body": "goal", "properties": {"team": "blue", "n": 3}, "msgid": "m-goal"}
+    answer = call(api, "admin", passwords, "POST", "/api/publish", body)
+
+    # Then it is handed to the broker (202), and the workers deliver it after the two already there
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["msgid"] == "m-goal" and answer.json()["entry_id"]
+    drain(make_workers(real_redis, settings, 1))
+    found = call(api, "monitor", passwords, "GET", "/api/subscriptions/app$scores/messages?count=10").json()
+    assert [(m["msgid"], m["body"], m["properties"]) for m in found[2:]] == [
+        ("m-goal", "goal", {"team": "blue", "n": 3})
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        ({"body": "no topic"}, "BadRequest"),
+        ({"topic": "a/#", "body": "x"}, "InvalidTopic"),
+        ({"topic": "a", "properties": ["x"]}, "BadRequest"),
+        ({"topic": "a", "properties": {"p": {"nested": 1}}}, "InvalidMessage"),
+        ({"topic": "a", "priority": 12}, "InvalidMessage"),
+        ({"topic": "a", "priority": "high"}, "BadRequest"),
+        ({"topic": "a", "persistent": "yes"}, "BadRequest"),
+        ({"topic": "a", "publisher_id": ""}, "InvalidMessage"),
+    ],
+)
+def test_a_bad_publication_is_a_400_and_nothing_is_published(
+    api: TestClient, passwords: dict[str, str], real_redis: redis.Redis, body: dict[str, Any], kind: str
+) -> None:
+    answer = call(api, "admin", passwords, "POST", "/api/publish", body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["kind"] == kind
+    assert real_redis.xlen(keys.publish_stream(QM)) == 0

@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from broker.clients.consumer import BROWSE_MAX, browse, consumers_of
+from broker.clients.publish import Publisher
 from broker.core import keys, wire
 from broker.core.config import Settings
 from broker.core.connection import read_hash
@@ -60,6 +61,7 @@ from broker.operations.acl import RoleSpec
 from broker.operations.console import dlq as dlq_views
 from broker.operations.console import figures, openapi
 from broker.operations.console.auth import Session, SessionStore
+from broker.operations.console.samples import SampleRing
 from broker.operations.dead_letters import DeadLetter, Selection
 from broker.operations.grants import list_grants
 from broker.operations.status import status
@@ -196,13 +198,19 @@ class Api:
     """The API's handlers for one queue manager: the console's sessions, settings and rate meter."""
 
     def __init__(
-        self, settings: Settings, store: SessionStore, meter: figures.RateMeter, cookie: str
+        self,
+        settings: Settings,
+        store: SessionStore,
+        meter: figures.RateMeter,
+        cookie: str,
+        samples: SampleRing | None = None,
     ) -> None:
         self.settings = settings
         self.qm = settings.qm
         self.store = store
         self.meter = meter
         self.cookie = cookie
+        self.samples = samples if samples is not None else SampleRing()
 
     # --- authentication and the one wrapper of every endpoint --------------------------------
 
@@ -284,6 +292,45 @@ class Api:
     def overview(self, call: Call) -> Answer:
         data = figures.overview(call.client, self.qm, self.meter)
         return 200, {"qm": self.qm, **json.loads(json.dumps(data, default=str))}
+
+    def series(self, call: Call) -> Answer:
+        return 200, self.samples.series()
+
+    # --- publishing --------------------------------------------------------------------------
+
+    def publish(self, call: Call) -> Answer:
+        """Publish one message as the console's user, with ``broker.clients.publish.Publisher``
+        (its checks: the topic, 0-9 priority, scalar properties). Body: ``topic``, ``body``
+        (UTF-8 text), optional ``properties`` (an object of scalars), ``priority``,
+        ``persistent``, ``msgid``, ``publisher_id`` (default ``console-<user>``).
+        Answers 202 ``{"msgid", "entry_id", "status"}``: handed to the broker, not yet delivered."""
+        properties = call.body.get("properties") or {}
+        if not isinstance(properties, dict):
+            raise ApiError(400, "BadRequest", "field 'properties' must be an object")
+        priority = call.body.get("priority")
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise ApiError(400, "BadRequest", "field 'priority' must be an integer 0-9")
+        persistent = call.body.get("persistent")
+        if persistent is not None and not isinstance(persistent, bool):
+            raise ApiError(400, "BadRequest", "field 'persistent' must be true or false")
+        publisher_id = call.text("publisher_id", f"console-{call.session.user}")
+        msgid = call.text("msgid", "") or None
+        publisher = Publisher(
+            call.client,
+            self.qm,
+            publisher_id,
+            scheme=recorded_scheme(call.client, self.qm),
+            flow_control=False,
+        )
+        result = publisher.publish(
+            call.text("topic"),
+            call.text("body", ""),
+            properties=properties,
+            msgid=msgid,
+            priority=priority,
+            persistent=persistent,
+        )
+        return 202, {"msgid": result.msgid, "entry_id": result.entry_id, "status": result.status}
 
     # --- subscriptions -----------------------------------------------------------------------
 
@@ -544,6 +591,8 @@ def routes(api: Api) -> list[Route]:
     return [
         Route("/whoami", read(api.whoami)),
         Route("/overview", read(api.overview)),
+        Route("/samples", read(api.series)),
+        Route("/publish", write(api.publish), methods=["POST"]),
         Route("/subscriptions", read(api.subscriptions)),
         Route(sub, read(api.subscription), methods=["GET"]),
         Route(sub, write(api.create_subscription), methods=["PUT"]),
