@@ -11,7 +11,7 @@ password). The forms are sent by ``static/console.js`` with the session's CSRF t
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -20,8 +20,25 @@ from starlette.responses import Response
 from broker.operations.console.api import Api, Call
 from broker.operations.console.auth import Session
 
-if TYPE_CHECKING:
-    from broker.operations.console.app import _Console
+
+class Console(Protocol):
+    """What these pages use of the console (``app._Console``): its API and its answers."""
+
+    api: Api | None
+
+    def render(
+        self,
+        request: Request,
+        name: str,
+        context: dict[str, Any],
+        session: Session | None,
+        status_code: int = 200,
+    ) -> Response: ...
+
+    def error(
+        self, request: Request, session: Session | None, status_code: int, message: str
+    ) -> Response: ...
+
 
 #: A page's handler: the request and its session in, the response out.
 _Page = Callable[[Request, Session], Awaitable[Response]]
@@ -32,7 +49,7 @@ def _read(api: Api, session: Session, handler: Callable[[Call], tuple[int, Any]]
     return handler(Call(session, params, {}, {}))[1]
 
 
-def pages(console: _Console) -> list[tuple[str, _Page]]:
+def pages(console: Console) -> list[tuple[str, _Page]]:
     """The routes ``(path, handler)`` of the managing pages, for ``app._routes``."""
 
     def api() -> Api:

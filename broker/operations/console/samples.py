@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any
 import redis
 
 from broker.core import keys
+from broker.core.clock import now_ms
 from broker.core.errors import BrokerError
 from broker.operations.console.figures import read_counters
 from broker.operations.status import status
@@ -125,7 +125,7 @@ async def run(
 ) -> None:
     """Fill ``ring`` every ``interval_s`` until cancelled; a failed reading is kept in
     ``ring.problem`` and logged once, and the next one is tried (the task never dies on one)."""
-    now = clock_ms or (lambda: int(time.time() * 1000))
+    now = clock_ms or now_ms
     client: redis.Redis | None = None
     while True:
         try:
