@@ -5,7 +5,7 @@ A monitor and an admin log in; the admin creates a subscription from the form, p
 from the publish form, gets the message from the subscription page, purges it, exports the
 definitions and imports them into an empty queue manager (its own console); the monitor sees
 no button that writes and its forged purge is refused. No page visited is wider than the
-1,280 px window. Screenshots go to ``build/test-output/console/manage-<page>.png`` (git-ignored;
+1,280 px window, a subscription's page with long values included. Screenshots go to ``build/test-output/console/manage-<page>.png`` (git-ignored;
 ``.ci/run`` prints the directory).
 """
 
@@ -16,17 +16,19 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import redis
 
+from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.server import Server
 from broker.operations.acl import RoleSpec, add_user
 from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
-from broker.topics.subscriptions import read_subscriptions
+from broker.topics.subscriptions import read_subscriptions, subscribe
 from tests.integration.test_console import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -176,6 +178,17 @@ def test_an_admin_subscribes_publishes_gets_purges_and_moves_the_definitions_and
         visit(other, f"{empty.url}/subscriptions", "subscriptions-empty")
         expect(other.locator("tr[data-sub='shop$orders']")).to_have_count(1)
 
-        # And every other page of both fits the window too
+        # And every other page fits the window too
         for path in ("/", "/topics", "/dlq", "/workers"):
             visit(admin, f"{base}{path}", f"admin{path.replace('/', '-') or '-'}")
+
+        # And a subscription's page with long values (id, filter, selector, a message) fits too
+        long_topic = "/".join(f"segment{n:02}" for n in range(30))
+        long_id = "app$" + "x" * 120
+        subscribe(real_redis, QM, long_topic, "app", "x" * 120, selector=f"region = '{'e' * 300}'")
+        Publisher(real_redis, QM, "p1").publish(long_topic, "B" * 3000, properties={"region": "e" * 300})
+        drain(make_workers(real_redis, settings, 1))
+        visit(admin, f"{base}/subscriptions/{quote(long_id)}", "subscription-long")
+        admin.click("#browse button[type=submit]")
+        expect(admin.locator("#messages .message-body")).to_have_text("B" * 3000)
+        fits(admin, "subscription-long-messages")

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import secrets
 import warnings
 
+import pytest
 import redis
 
 from broker.clients.publish import Publisher
@@ -14,7 +18,7 @@ from broker.core.config import Settings
 from broker.core.server import Server
 from broker.operations.acl import RoleSpec, add_user
 from broker.operations.console import create_app
-from broker.operations.console.samples import SampleRing, take
+from broker.operations.console.samples import SampleRing, run, take
 from broker.testing import drain, make_workers
 from broker.topics.subscriptions import subscribe
 
@@ -73,3 +77,37 @@ def test_the_api_serves_the_console_ring_to_a_monitor(real_server: Server, real_
             assert answer.json()["interval_s"] == 10
     finally:
         real_redis.execute_command("ACL", "DELUSER", "watch")
+
+
+def test_the_background_task_keeps_sampling_after_a_failed_reading(
+    real_redis: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a connection that cannot be made the first time, then can
+    ring = SampleRing(size=10)
+    tries: list[int] = []
+
+    def connect() -> redis.Redis:
+        tries.append(1)
+        if len(tries) == 1:
+            raise redis.ConnectionError("refused")
+        return real_redis
+
+    clock = iter(range(1_000, 100_000, 1_000))
+
+    async def two_samples() -> None:
+        task = asyncio.create_task(run(ring, connect, QM, interval_s=0, clock_ms=lambda: next(clock)))
+        for _ in range(10_000):  # bounded: each turn of the loop lets the task take one step
+            if len(ring) >= 2:
+                break
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    # When the task runs: the failure is logged, and the next readings work
+    with caplog.at_level(logging.WARNING, logger="broker.operations.console.samples"):
+        asyncio.run(two_samples())
+    assert [r.getMessage() for r in caplog.records] == ["console samples: refused"]
+    assert len(tries) == 2  # connected again once, then kept its client
+    assert len(ring) >= 2 and ring.problem == ""
+    assert ring.series()["t"][:2] == [1.0, 2.0]
