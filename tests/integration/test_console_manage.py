@@ -2,7 +2,8 @@
 Debian's headless chromium against a real server and the console served by uvicorn.
 
 A monitor and an admin log in; the admin creates a subscription from the form, publishes to it
-from the publish form, gets the message from the subscription page, purges it, exports the
+from the publish form, gets the message from the subscription page, purges it, grants and
+revokes a filter, exports the
 definitions and imports them into an empty queue manager (its own console); the monitor sees
 no button that writes and its forged purge is refused. No page visited is wider than the
 1,280 px window, a subscription's page with long values included. Screenshots go to ``build/test-output/console/manage-<page>.png`` (git-ignored;
@@ -153,8 +154,18 @@ def test_an_admin_subscribes_publishes_gets_purges_and_moves_the_definitions_and
         expect(admin.locator("[data-figure=depth]")).to_have_text("0")
         assert queue_messages(real_redis, QM, "shop$orders") == []
 
-        # And it exports the definitions, and imports them into an empty queue manager
+        # And it grants the monitor a filter from the form, and revokes it
         visit(admin, f"{base}/manage", "manage-after")
+        admin.fill("#grant input[name=user]", "watch")
+        admin.fill("#grant input[name=subscribe]", "/orders/#, /pay/#")
+        admin.click("#grant button[type=submit]")
+        expect(admin.locator("tr[data-user=watch]")).to_contain_text("subscribe: /orders/#, /pay/#")
+        admin.fill("#revoke input[name=user]", "watch")
+        admin.check("#revoke input[name=all]")
+        admin.click("#revoke button[type=submit]")
+        expect(admin.locator("tr[data-user=watch]")).not_to_contain_text("subscribe:")
+
+        # And it exports the definitions, and imports them into an empty queue manager
         with admin.expect_download() as download:
             admin.click("#export")
         exported = tmp_path / "definitions.json"

@@ -57,6 +57,7 @@ from broker.core.errors import (
 from broker.core.models import Message
 from broker.core.schemes import recorded_scheme
 from broker.operations import dead_letters, definitions
+from broker.operations import grants as grant_ops
 from broker.operations.acl import RoleSpec
 from broker.operations.console import dlq as dlq_views
 from broker.operations.console import figures, openapi
@@ -79,6 +80,9 @@ _log = logging.getLogger(__name__)
 
 #: The header a browser session sends its CSRF token in, with every write.
 CSRF_HEADER = "x-csrf-token"
+
+#: The lists of a grant (``broker.operations.grants.grant``'s keyword arguments).
+GRANT_KINDS = ("publish", "subscribe", "publish_objects", "subscribe_objects")
 
 #: Most dead letters one list answer holds.
 MAX_DEAD_LETTERS = 1_000
@@ -536,6 +540,30 @@ class Api:
         found = list_grants(call.client, self.qm)[0]
         return 200, {user: asdict(record) for user, record in found.items()}
 
+    def _kinds(self, call: Call) -> dict[str, list[str]]:
+        """The body's grant lists (``GRANT_KINDS``), each a list of strings. Raises: ApiError: 400."""
+        out: dict[str, list[str]] = {}
+        for kind in GRANT_KINDS:
+            value = call.body.get(kind, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ApiError(400, "BadRequest", f"field {kind!r} must be a list of strings")
+            out[kind] = value
+        return out
+
+    def grant(self, call: Call) -> Answer:
+        """Add grants to a user (``broker acl grant``); answers the user's grants now."""
+        record = grant_ops.grant(call.client, self.qm, call.params["user"], **self._kinds(call))
+        return 200, asdict(record)
+
+    def revoke(self, call: Call) -> Answer:
+        """Take grants from a user (``broker acl revoke``; ``"all": true`` every one); answers
+        the grants left."""
+        kinds = self._kinds(call)
+        record = grant_ops.revoke(
+            call.client, self.qm, call.params["user"], **kinds, everything=call.flag("all")
+        )
+        return 200, asdict(record)
+
     def export(self, call: Call) -> Answer:
         return 200, definitions.export_definitions(call.client, self.settings)
 
@@ -618,6 +646,8 @@ def routes(api: Api) -> list[Route]:
         Route("/channels", read(api.channels)),
         Route("/users", read(api.users)),
         Route("/grants", read(api.grants)),
+        Route("/grants/{user}", write(api.grant), methods=["POST"]),
+        Route("/grants/{user}/revoke", write(api.revoke), methods=["POST"]),
         Route("/definitions", read(api.export), methods=["GET"]),
         Route("/definitions", write(api.import_), methods=["POST"]),
     ]

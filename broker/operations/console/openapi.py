@@ -135,6 +135,10 @@ SCHEMAS: dict[str, Any] = {
             publish=_LIST_S, publish_objects=_LIST_S, subscribe=_LIST_S, subscribe_objects=_LIST_S
         ),
     },
+    "Grant": _obj(publish=_LIST_S, publish_objects=_LIST_S, subscribe=_LIST_S, subscribe_objects=_LIST_S),
+    "Revocation": _obj(
+        publish=_LIST_S, publish_objects=_LIST_S, subscribe=_LIST_S, subscribe_objects=_LIST_S, all=_B
+    ),
     "ImportReport": _obj(
         created={"type": "object", "additionalProperties": _LIST_S},
         kept={"type": "object", "additionalProperties": _LIST_S},
@@ -208,6 +212,10 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/channels", "The network's queue managers and channels", _ref("Channels")),
     Operation("get", "/users", "The users the broker made (never a password)", _array("User")),
     Operation("get", "/grants", "Every user's grants", _ref("Grants")),
+    Operation("post", "/grants/{user}", "Grant a user topic filters or topic objects (broker acl grant)",
+              _ref("Grant"), "Grant"),
+    Operation("post", "/grants/{user}/revoke", "Revoke a user's grants, or all of them (broker acl revoke)",
+              _ref("Grant"), "Revocation"),
     Operation("get", "/definitions", "Export the definitions document", _ref("Definitions")),
     Operation("post", "/definitions", "Import a definitions document (refused whole, nothing written, when bad)",
               _ref("ImportReport"), "Definitions"),

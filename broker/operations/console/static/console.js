@@ -24,6 +24,7 @@
       if (el.type === "checkbox") { body[el.name] = el.checked; continue; }
       if (el.value === "" && !el.required) continue;
       if (el.dataset.json !== undefined) body[el.name] = JSON.parse(el.value);
+      else if (el.dataset.list !== undefined) body[el.name] = el.value.split(",").map(function (v) { return v.trim(); }).filter(Boolean);
       else if (el.type === "number") body[el.name] = Number(el.value);
       else body[el.name] = el.value;
     }
