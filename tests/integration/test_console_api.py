@@ -21,6 +21,7 @@ from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings
 from broker.core.server import Server
+from broker.operations import grants
 from broker.operations.acl import RoleSpec, add_user
 from broker.operations.console import create_app
 from broker.operations.console.app import COOKIE
@@ -61,14 +62,16 @@ def api(real_server: Server, passwords: dict[str, str]) -> Iterator[TestClient]:
 @dataclass
 class World:
     """What every endpoint's test starts from: a durable subscription ``app$scores`` holding two
-    messages, a topic object, a link, a declared topic and a dead letter."""
+    messages, a topic object, a link, a declared topic, a dead letter and the subscriber user's
+    grant of ``news/#``."""
 
     dead_letter: str
 
 
 @pytest.fixture
-def world(real_redis: redis.Redis, settings: Settings) -> World:
+def world(real_redis: redis.Redis, settings: Settings, passwords: dict[str, str]) -> World:
     subscribe(real_redis, QM, "sports/#", "app", "scores", settings=settings)
+    grants.grant(real_redis, QM, "sub", subscribe=["news/#"])
     topic_objects.define(real_redis, QM, "SPORTS", "sports")
     links.link(real_redis, QM, "news", "sports")
     declared.declare(real_redis, QM, "x.y")
@@ -105,6 +108,8 @@ def call(
 ENDPOINTS: list[tuple[str, str, Any, int]] = [
     ("GET", "/api/whoami", None, 200),
     ("GET", "/api/overview", None, 200),
+    ("GET", "/api/samples", None, 200),
+    ("POST", "/api/publish", {"topic": "sports/c", "body": "hello", "properties": {"n": 1}}, 202),
     ("GET", "/api/subscriptions", None, 200),
     ("GET", "/api/subscriptions/app$scores", None, 200),
     ("PUT", "/api/subscriptions/app$new", {"filter": "news/#", "selector": "a > 1"}, 201),
@@ -130,6 +135,8 @@ ENDPOINTS: list[tuple[str, str, Any, int]] = [
     ("GET", "/api/channels", None, 200),
     ("GET", "/api/users", None, 200),
     ("GET", "/api/grants", None, 200),
+    ("POST", "/api/grants/sub", {"subscribe": ["sports/#"]}, 200),
+    ("POST", "/api/grants/sub/revoke", {"subscribe": ["news/#"]}, 200),
     ("GET", "/api/definitions", None, 200),
     ("POST", "/api/definitions", {"links": [{"source": "c", "target": "d"}]}, 200),
 ]
@@ -146,6 +153,7 @@ def _template(path: str) -> str:
         ("/declared-topics/a.b", "/declared-topics/{topic}"),
         ("/declared-topics/x.y", "/declared-topics/{topic}"),
         ("/dead-letters/{dlq}", "/dead-letters/{dlq_id}"),
+        ("/grants/sub", "/grants/{user}"),
     ):
         path = path.replace(concrete, name)
     return path
@@ -356,3 +364,58 @@ def test_the_openapi_document_validates() -> None:
         "openapi_spec_validator", reason="the test extra installs openapi-spec-validator"
     )
     validator.validate(document())
+
+
+def test_an_admin_publishes_and_the_workers_deliver_it_with_its_properties(
+    api: TestClient, passwords: dict[str, str], world: World, real_redis: redis.Redis, settings: Settings
+) -> None:
+    # When an admin publishes on a topic the subscription app$scores matches
+    body = {"topic": "sports/c", "body": "goal", "properties": {"team": "blue", "n": 3}, "msgid": "m-goal"}
+    answer = call(api, "admin", passwords, "POST", "/api/publish", body)
+
+    # Then it is handed to the broker (202), and the workers deliver it after the two already there
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["msgid"] == "m-goal" and answer.json()["entry_id"]
+    drain(make_workers(real_redis, settings, 1))
+    found = call(api, "monitor", passwords, "GET", "/api/subscriptions/app$scores/messages?count=10").json()
+    assert [(m["msgid"], m["body"], m["properties"]) for m in found[2:]] == [
+        ("m-goal", "goal", {"team": "blue", "n": 3})
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        ({"body": "no topic"}, "BadRequest"),
+        ({"topic": "a/#", "body": "x"}, "InvalidTopic"),
+        ({"topic": "a", "properties": ["x"]}, "BadRequest"),
+        ({"topic": "a", "properties": {"p": {"nested": 1}}}, "InvalidMessage"),
+        ({"topic": "a", "priority": 12}, "InvalidMessage"),
+        ({"topic": "a", "priority": "high"}, "BadRequest"),
+        ({"topic": "a", "persistent": "yes"}, "BadRequest"),
+        ({"topic": "a", "publisher_id": ""}, "InvalidMessage"),
+    ],
+)
+def test_a_bad_publication_is_a_400_and_nothing_is_published(
+    api: TestClient, passwords: dict[str, str], real_redis: redis.Redis, body: dict[str, Any], kind: str
+) -> None:
+    answer = call(api, "admin", passwords, "POST", "/api/publish", body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["kind"] == kind
+    assert real_redis.xlen(keys.publish_stream(QM)) == 0
+
+
+def test_an_admin_grants_and_revokes_and_a_bad_grant_changes_nothing(
+    api: TestClient, passwords: dict[str, str], world: World, real_redis: redis.Redis
+) -> None:
+    answer = call(api, "admin", passwords, "POST", "/api/grants/sub", {"subscribe": ["sports/#"]})
+    assert answer.json()["subscribe"] == ["news/#", "sports/#"]
+    before = _state(real_redis)
+    for body, status in (({"subscribe": "sports/#"}, 400), ({"subscribe": ["a/#/b"]}, 400), ({}, 400)):
+        assert call(api, "admin", passwords, "POST", "/api/grants/sub", body).status_code == status
+    missing = call(api, "admin", passwords, "POST", "/api/grants/sub/revoke", {"publish": ["x"]})
+    assert missing.status_code == 404 and missing.json()["kind"] == "NoSuchGrant"
+    assert _state(real_redis) == before
+    answer = call(api, "admin", passwords, "POST", "/api/grants/sub/revoke", {"all": True})
+    assert answer.status_code == 200 and answer.json()["subscribe"] == []
+    assert call(api, "monitor", passwords, "GET", "/api/grants").json() == {}

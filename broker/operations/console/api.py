@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from broker.clients.consumer import BROWSE_MAX, browse, consumers_of
+from broker.clients.publish import Publisher
 from broker.core import keys, wire
 from broker.core.config import Settings
 from broker.core.connection import read_hash
@@ -56,10 +57,12 @@ from broker.core.errors import (
 from broker.core.models import Message
 from broker.core.schemes import recorded_scheme
 from broker.operations import dead_letters, definitions
+from broker.operations import grants as grant_ops
 from broker.operations.acl import RoleSpec
 from broker.operations.console import dlq as dlq_views
 from broker.operations.console import figures, openapi
 from broker.operations.console.auth import Session, SessionStore
+from broker.operations.console.samples import SampleRing
 from broker.operations.dead_letters import DeadLetter, Selection
 from broker.operations.grants import list_grants
 from broker.operations.status import status
@@ -77,6 +80,9 @@ _log = logging.getLogger(__name__)
 
 #: The header a browser session sends its CSRF token in, with every write.
 CSRF_HEADER = "x-csrf-token"
+
+#: The lists of a grant (``broker.operations.grants.grant``'s keyword arguments).
+GRANT_KINDS = ("publish", "subscribe", "publish_objects", "subscribe_objects")
 
 #: Most dead letters one list answer holds.
 MAX_DEAD_LETTERS = 1_000
@@ -196,13 +202,19 @@ class Api:
     """The API's handlers for one queue manager: the console's sessions, settings and rate meter."""
 
     def __init__(
-        self, settings: Settings, store: SessionStore, meter: figures.RateMeter, cookie: str
+        self,
+        settings: Settings,
+        store: SessionStore,
+        meter: figures.RateMeter,
+        cookie: str,
+        samples: SampleRing | None = None,
     ) -> None:
         self.settings = settings
         self.qm = settings.qm
         self.store = store
         self.meter = meter
         self.cookie = cookie
+        self.samples = samples if samples is not None else SampleRing()
 
     # --- authentication and the one wrapper of every endpoint --------------------------------
 
@@ -284,6 +296,45 @@ class Api:
     def overview(self, call: Call) -> Answer:
         data = figures.overview(call.client, self.qm, self.meter)
         return 200, {"qm": self.qm, **json.loads(json.dumps(data, default=str))}
+
+    def series(self, call: Call) -> Answer:
+        return 200, self.samples.series()
+
+    # --- publishing --------------------------------------------------------------------------
+
+    def publish(self, call: Call) -> Answer:
+        """Publish one message as the console's user, with ``broker.clients.publish.Publisher``
+        (its checks: the topic, 0-9 priority, scalar properties). Body: ``topic``, ``body``
+        (UTF-8 text), optional ``properties`` (an object of scalars), ``priority``,
+        ``persistent``, ``msgid``, ``publisher_id`` (default ``console-<user>``).
+        Answers 202 ``{"msgid", "entry_id", "status"}``: handed to the broker, not yet delivered."""
+        properties = call.body.get("properties") or {}
+        if not isinstance(properties, dict):
+            raise ApiError(400, "BadRequest", "field 'properties' must be an object")
+        priority = call.body.get("priority")
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise ApiError(400, "BadRequest", "field 'priority' must be an integer 0-9")
+        persistent = call.body.get("persistent")
+        if persistent is not None and not isinstance(persistent, bool):
+            raise ApiError(400, "BadRequest", "field 'persistent' must be true or false")
+        publisher_id = call.text("publisher_id", f"console-{call.session.user}")
+        msgid = call.text("msgid", "") or None
+        publisher = Publisher(
+            call.client,
+            self.qm,
+            publisher_id,
+            scheme=recorded_scheme(call.client, self.qm),
+            flow_control=False,
+        )
+        result = publisher.publish(
+            call.text("topic"),
+            call.text("body", ""),
+            properties=properties,
+            msgid=msgid,
+            priority=priority,
+            persistent=persistent,
+        )
+        return 202, {"msgid": result.msgid, "entry_id": result.entry_id, "status": result.status}
 
     # --- subscriptions -----------------------------------------------------------------------
 
@@ -489,6 +540,30 @@ class Api:
         found = list_grants(call.client, self.qm)[0]
         return 200, {user: asdict(record) for user, record in found.items()}
 
+    def _kinds(self, call: Call) -> dict[str, list[str]]:
+        """The body's grant lists (``GRANT_KINDS``), each a list of strings. Raises: ApiError: 400."""
+        out: dict[str, list[str]] = {}
+        for kind in GRANT_KINDS:
+            value = call.body.get(kind, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ApiError(400, "BadRequest", f"field {kind!r} must be a list of strings")
+            out[kind] = value
+        return out
+
+    def grant(self, call: Call) -> Answer:
+        """Add grants to a user (``broker acl grant``); answers the user's grants now."""
+        record = grant_ops.grant(call.client, self.qm, call.params["user"], **self._kinds(call))
+        return 200, asdict(record)
+
+    def revoke(self, call: Call) -> Answer:
+        """Take grants from a user (``broker acl revoke``; ``"all": true`` every one); answers
+        the grants left."""
+        kinds = self._kinds(call)
+        record = grant_ops.revoke(
+            call.client, self.qm, call.params["user"], **kinds, everything=call.flag("all")
+        )
+        return 200, asdict(record)
+
     def export(self, call: Call) -> Answer:
         return 200, definitions.export_definitions(call.client, self.settings)
 
@@ -544,6 +619,8 @@ def routes(api: Api) -> list[Route]:
     return [
         Route("/whoami", read(api.whoami)),
         Route("/overview", read(api.overview)),
+        Route("/samples", read(api.series)),
+        Route("/publish", write(api.publish), methods=["POST"]),
         Route("/subscriptions", read(api.subscriptions)),
         Route(sub, read(api.subscription), methods=["GET"]),
         Route(sub, write(api.create_subscription), methods=["PUT"]),
@@ -569,6 +646,8 @@ def routes(api: Api) -> list[Route]:
         Route("/channels", read(api.channels)),
         Route("/users", read(api.users)),
         Route("/grants", read(api.grants)),
+        Route("/grants/{user}", write(api.grant), methods=["POST"]),
+        Route("/grants/{user}/revoke", write(api.revoke), methods=["POST"]),
         Route("/definitions", read(api.export), methods=["GET"]),
         Route("/definitions", write(api.import_), methods=["POST"]),
     ]

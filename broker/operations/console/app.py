@@ -8,7 +8,9 @@ POST forms that need an ``admin`` session and its CSRF token: ``/dlq/confirm``
 shows what would be done and to how many entries, and only its answer,
 ``/dlq/replay`` or ``/dlq/purge`` with the confirmation's one-time token, runs it.
 
-``/api/`` is the management HTTP API (``broker.operations.console.api``), on the same sessions.
+``/api/`` is the management HTTP API (``broker.operations.console.api``), on the same sessions;
+the managing pages (``/subscriptions/<id>``, ``/publish``, ``/manage``) are ``manage``'s, on it.
+The chart samples' ring is filled by a background task the lifespan starts (``samples.run``).
 
 Every figure is read with the logged-in user's own Redis client
 (``broker.operations.console.auth``), so Redis refuses what the user's role may not do.
@@ -16,6 +18,7 @@ Every figure is read with the logged-in user's own Redis client
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import html
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,9 +40,10 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.core.config import Settings
+from broker.core.connection import connect
 from broker.core.errors import BrokerError, ConnectionLost, LoginRefused
 from broker.operations.console import dlq as dlq_views
-from broker.operations.console import figures
+from broker.operations.console import figures, manage, samples
 from broker.operations.console.api import Api, mount
 from broker.operations.console.auth import Pending, Session, SessionStore, describe
 
@@ -132,6 +136,7 @@ def create_app(
     *,
     clock_ms: Callable[[], float] | None = None,
     sessions: SessionStore | None = None,
+    sample_interval_s: float | None = samples.SAMPLE_INTERVAL_S,
 ) -> Starlette:
     """The console app for ``settings.qm`` on ``settings.redis_url``.
 
@@ -139,26 +144,42 @@ def create_app(
         settings: the broker settings (Redis URL, TLS, queue manager, ``console_session_idle_ms``).
         clock_ms: a monotonic clock in ms for sessions and rates (injectable for tests).
         sessions: the session store (made from ``settings`` when None).
+        sample_interval_s: seconds between two chart samples (``samples.run``, started with the
+            app); None takes none (a test fills ``app.state.samples`` itself).
 
     Returns:
         A Starlette app; serve it with uvicorn (``broker console``). ``app.state.sessions`` is
-        its ``SessionStore``, ``app.state.meter`` its ``figures.RateMeter``.
+        its ``SessionStore``, ``app.state.meter`` its ``figures.RateMeter``, ``app.state.samples``
+        its ``samples.SampleRing``.
     """
     store = sessions or (SessionStore(settings, clock_ms) if clock_ms else SessionStore(settings))
     console = _Console(settings, store, figures.RateMeter(clock_ms))
+    ring = samples.SampleRing()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        def own_client() -> redis.Redis:
+            return connect(settings.redis_url, tls=settings.tls)
+
+        sampler = None
+        if sample_interval_s is not None:
+            sampler = asyncio.create_task(samples.run(ring, own_client, settings.qm, sample_interval_s))
         yield
+        if sampler is not None:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
         store.close()
 
-    api = Api(settings, store, console.meter, COOKIE)
+    api = Api(settings, store, console.meter, COOKIE, ring)
+    console.api = api  # the pages of ``manage`` read through the API's own handlers
     app = Starlette(
         routes=[mount(api), *_routes(console)], exception_handlers={404: _not_found}, lifespan=lifespan
     )
     app.add_middleware(_SecurityHeaders)
     app.state.sessions = store
     app.state.meter = console.meter
+    app.state.samples = ring
     app.state.settings = settings
     return app
 
@@ -174,6 +195,8 @@ def _routes(console: _Console) -> list[Route | Mount]:
         Route("/logout", console.logout, methods=["POST"]),
         Route("/", page(console.overview)),
         Route("/subscriptions", page(console.subscriptions)),
+        *[Route(path, page(handler)) for path, handler in manage.pages(console)],
+        Route("/favicon.ico", _favicon),
         Route("/topics", page(console.topics)),
         Route("/workers", page(console.workers)),
         Route("/dlq", page(console.dlq)),
@@ -183,6 +206,10 @@ def _routes(console: _Console) -> list[Route | Mount]:
         Route("/dlq/purge", action(console.run_confirmed("purge")), methods=["POST"]),
         Mount("/static", app=static, name="static"),
     ]
+
+
+async def _favicon(request: Request) -> Response:
+    return RedirectResponse("/static/favicon.svg", status_code=301)
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
@@ -199,6 +226,7 @@ class _Console:
         self.store = store
         self.meter = meter
         self.templates = _templates()
+        self.api: Api | None = None
 
     # --- answers ----------------------------------------------------------------------------
 

@@ -66,6 +66,27 @@ SCHEMAS: dict[str, Any] = {
         expired=_NI,
         consumer_leases={"type": "array", "items": _obj(consumer=_S, lease_deadline_ms=_I)},
     ),
+    "Samples": _obj(
+        ("interval_s", "t"),
+        interval_s=_I,
+        problem=_S,
+        t={"type": "array", "items": {"type": "number"}, "description": "s since the epoch"},
+        published_per_s={"type": "array", "items": {"type": ["number", "null"]}},
+        handled_per_s={"type": "array", "items": {"type": ["number", "null"]}},
+        depth={"type": "array", "items": _I},
+        dead_letters={"type": "array", "items": _I},
+    ),
+    "Publication": _obj(
+        ("topic",),
+        topic=_S,
+        body=_S,
+        properties={"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}},
+        priority=_I,
+        persistent=_B,
+        msgid=_S,
+        publisher_id=_S,
+    ),
+    "Published": _obj(("msgid", "entry_id"), msgid=_S, entry_id=_S, status=_S),
     "NewSubscription": _obj(("filter",), filter=_S, selector=_S, no_local=_B, shared=_B),
     "Message": {
         "type": "object",
@@ -114,6 +135,10 @@ SCHEMAS: dict[str, Any] = {
             publish=_LIST_S, publish_objects=_LIST_S, subscribe=_LIST_S, subscribe_objects=_LIST_S
         ),
     },
+    "Grant": _obj(publish=_LIST_S, publish_objects=_LIST_S, subscribe=_LIST_S, subscribe_objects=_LIST_S),
+    "Revocation": _obj(
+        publish=_LIST_S, publish_objects=_LIST_S, subscribe=_LIST_S, subscribe_objects=_LIST_S, all=_B
+    ),
     "ImportReport": _obj(
         created={"type": "object", "additionalProperties": _LIST_S},
         kept={"type": "object", "additionalProperties": _LIST_S},
@@ -152,6 +177,9 @@ _FILTERS = (
 OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/whoami", "The caller: user, role, and (a session) its CSRF token", _ref("Whoami")),
     Operation("get", "/overview", "The queue manager's snapshot, rates and memory", _ref("Overview")),
+    Operation("get", "/samples", "The charts' samples of the last hour (the console's own ring)", _ref("Samples")),
+    Operation("post", "/publish", "Publish one message (handed to the broker; 202)", _ref("Published"), "Publication",
+              202),
     Operation("get", "/subscriptions", "Every subscription with its queue's figures", _array("Subscription")),
     Operation("get", _SUB, "One subscription, with its consumers' leases", _ref("Subscription")),
     Operation("put", _SUB, "Create a durable subscription <client id>$<name> (201; 200 when it exists the same)",
@@ -184,6 +212,10 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("get", "/channels", "The network's queue managers and channels", _ref("Channels")),
     Operation("get", "/users", "The users the broker made (never a password)", _array("User")),
     Operation("get", "/grants", "Every user's grants", _ref("Grants")),
+    Operation("post", "/grants/{user}", "Grant a user topic filters or topic objects (broker acl grant)",
+              _ref("Grant"), "Grant"),
+    Operation("post", "/grants/{user}/revoke", "Revoke a user's grants, or all of them (broker acl revoke)",
+              _ref("Grant"), "Revocation"),
     Operation("get", "/definitions", "Export the definitions document", _ref("Definitions")),
     Operation("post", "/definitions", "Import a definitions document (refused whole, nothing written, when bad)",
               _ref("ImportReport"), "Definitions"),
