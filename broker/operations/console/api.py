@@ -53,6 +53,7 @@ from broker.core.errors import (
     SubscriptionRefused,
     TooManySubscriptions,
     TopicObjectConflict,
+    UsersNeedOperator,
 )
 from broker.core.models import Message
 from broker.core.schemes import recorded_scheme
@@ -153,7 +154,9 @@ def status_of(exc: BaseException) -> int:
     cause = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
     if isinstance(exc, ApiError):
         return exc.status
-    if isinstance(cause, redis.exceptions.NoPermissionError) or isinstance(exc, NotAuthorized):
+    if isinstance(cause, redis.exceptions.NoPermissionError) or isinstance(
+        exc, (NotAuthorized, UsersNeedOperator)
+    ):
         return 403
     if isinstance(cause, redis.ResponseError) and "no permissions" in str(cause):  # ACL failure in a script
         return 403
@@ -568,7 +571,15 @@ class Api:
         return 200, definitions.export_definitions(call.client, self.settings)
 
     def import_(self, call: Call) -> Answer:
-        return 200, definitions.import_definitions(call.client, self.settings, call.body).as_dict()
+        """Import the body's definitions document; query ``skip_users=true`` leaves out the users
+        the queue manager lacks (an admin may not make ACL users: 403 ``UsersNeedOperator`` without it)."""
+        skip = call.query.get("skip_users", "false")
+        if skip not in ("true", "false"):
+            raise ApiError(400, "BadRequest", f"skip_users must be true or false, not {skip!r}")
+        report = definitions.import_definitions(
+            call.client, self.settings, call.body, skip_users=skip == "true"
+        )
+        return 200, report.as_dict()
 
 
 def _dead_letter(letter: DeadLetter) -> dict[str, Any]:
