@@ -424,6 +424,10 @@ def test_an_admin_publishes_and_the_workers_deliver_it_with_its_properties(
         ({"topic": "a", "priority": "high"}, "BadRequest"),
         ({"topic": "a", "persistent": "yes"}, "BadRequest"),
         ({"topic": "a", "publisher_id": ""}, "InvalidMessage"),
+        # over the settings' limits (max_topic_levels 32, max_topic_bytes 4,096): the workers
+        # would dead-letter it, so the API refuses it
+        ({"topic": "/".join(["l"] * 33), "body": "x"}, "InvalidTopic"),
+        ({"topic": "t" * 4_097, "body": "x"}, "InvalidTopic"),
     ],
 )
 def test_a_bad_publication_is_a_400_and_nothing_is_published(

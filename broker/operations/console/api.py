@@ -56,7 +56,8 @@ from broker.core.errors import (
     UsersNeedOperator,
 )
 from broker.core.models import Message
-from broker.core.schemes import recorded_scheme
+from broker.core.schemes import recorded_scheme, separator
+from broker.core.topic_rules import limit_problem
 from broker.operations import dead_letters, definitions
 from broker.operations import grants as grant_ops
 from broker.operations.acl import RoleSpec
@@ -310,7 +311,8 @@ class Api:
         (its checks: the topic, 0-9 priority, scalar properties). Body: ``topic``, ``body``
         (UTF-8 text), optional ``properties`` (an object of scalars), ``priority``,
         ``persistent``, ``msgid``, ``publisher_id`` (default ``console-<user>``).
-        Answers 202 ``{"msgid", "entry_id", "status"}``: handed to the broker, not yet delivered."""
+        Answers 202 ``{"msgid", "entry_id", "status"}``: handed to the broker, not yet delivered;
+        400 ``InvalidTopic`` for a topic over ``Settings.max_topic_bytes`` / ``max_topic_levels``."""
         properties = call.body.get("properties") or {}
         if not isinstance(properties, dict):
             raise ApiError(400, "BadRequest", "field 'properties' must be an object")
@@ -322,15 +324,15 @@ class Api:
             raise ApiError(400, "BadRequest", "field 'persistent' must be true or false")
         publisher_id = call.text("publisher_id", f"console-{call.session.user}")
         msgid = call.text("msgid", "") or None
-        publisher = Publisher(
-            call.client,
-            self.qm,
-            publisher_id,
-            scheme=recorded_scheme(call.client, self.qm),
-            flow_control=False,
-        )
+        scheme = recorded_scheme(call.client, self.qm)
+        topic = call.text("topic")
+        s = self.settings  # the workers would dead-letter it (worker.decide): refuse it here instead
+        over = limit_problem(topic, s.max_topic_bytes, s.max_topic_levels, separator(scheme), "the topic")
+        if over is not None:
+            raise ApiError(400, "InvalidTopic", f"{over}; nothing was published")
+        publisher = Publisher(call.client, self.qm, publisher_id, scheme=scheme, flow_control=False)
         result = publisher.publish(
-            call.text("topic"),
+            topic,
             call.text("body", ""),
             properties=properties,
             msgid=msgid,
