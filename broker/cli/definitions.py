@@ -35,22 +35,32 @@ def definitions_export(state: State, file: str | None) -> None:
 
 @definitions_group.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.option(
+    "--skip-users",
+    is_flag=True,
+    help="Leave out the users this queue manager lacks, and their grants (an admin may not make ACL "
+    "users: an operator makes them with `broker acl add`).",
+)
 @click.pass_obj
-def definitions_import(state: State, file: str) -> None:
+def definitions_import(state: State, file: str, skip_users: bool) -> None:
     """Create what FILE defines that the queue manager lacks ('-': standard input).
 
     The whole document is checked first: a bad one is refused (exit 2) and nothing is written.
     What exists with the same settings is kept; a user that exists keeps its password. A user
     made here has no password and cannot log in until you give it one:
-    `broker acl rotate NAME --password-env VAR`.
+    `broker acl rotate NAME --password-env VAR`. Making users takes ACL rights (an operator's
+    user): as the broker's admin role, a document naming users this queue manager lacks is
+    refused (exit 3) unless --skip-users is given.
     """
     with click.open_file(file, encoding="utf-8") as source:
         text = source.read()
-    report = import_definitions(state.client(), state.settings, text)
+    report = import_definitions(state.client(), state.settings, text, skip_users=skip_users)
     for section, names in sorted(report.created.items()):
         click.echo(f"created {len(names)} {section}: {', '.join(names)}")
     for section, names in sorted(report.kept.items()):
         click.echo(f"kept {len(names)} {section} (already there)")
+    for section, names in sorted(report.skipped.items()):
+        click.echo(f"skipped {len(names)} {section} (--skip-users): {', '.join(names)}")
     for note in report.notes:
         click.echo(f"note: {note}")
     made = [n for n in report.created.get("users", [])]

@@ -630,6 +630,30 @@ class InvalidDefinitions(BrokerError, ValueError):
         super().__init__(f"definitions refused, nothing was written: {where}: {reason}")
 
 
+class UsersNeedOperator(BrokerError):
+    """A definitions document names users this queue manager lacks, and the caller's Redis user
+    may not make or look up ACL users (``ACL GETUSER`` / ``SETUSER`` are ``@admin``: the broker's
+    admin role lacks them; an operator's own user has them). Raised before anything is written;
+    ``broker definitions import --skip-users`` (``POST /api/definitions?skip_users=true``) imports
+    the rest. HTTP 403, exit code 3.
+
+    Attributes:
+        commands: per user, the ``broker acl add`` command an operator runs to make it.
+    """
+
+    exit_code = 3
+
+    def __init__(self, commands: dict[str, str]) -> None:
+        self.commands = commands
+        made = "; ".join(commands.values())
+        super().__init__(
+            f"definitions refused, nothing was written: the document names {len(commands)} user(s) this "
+            f"queue manager lacks ({', '.join(commands)}), and this Redis user may not make ACL users. "
+            f"Make them as an operator ({made}) and import again, or import the rest with --skip-users "
+            "(API: POST /api/definitions?skip_users=true)"
+        )
+
+
 class NoSuchGrant(BrokerError, LookupError):
     """``broker acl revoke`` named a grant the user does not have; nothing was changed."""
 

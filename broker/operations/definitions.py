@@ -22,11 +22,21 @@ exists on the server but not in this queue manager's registry (another queue man
 whose keys were deleted) is never reset: it is left as it is and named in the report's notes,
 and its grants are not imported. A user made by an import has no password and cannot log in until an
 operator gives it one: ``broker acl rotate NAME --password-env VAR``.
+
+Making or looking up an ACL user takes ``ACL SETUSER`` / ``GETUSER`` (``@admin`` in Redis), which
+the broker's admin role lacks: as in IBM MQ, where an administrator manages queue manager objects
+but the operating system's users are made by the system's administrator, ACL users are made by an
+operator with ACL rights (``broker acl add``). So a document naming users this queue manager's
+registry lacks is refused to an admin before anything is written (``UsersNeedOperator``, naming
+the ``broker acl add`` command of each); ``skip_users`` imports the rest, leaves those users and
+their grants out and names each in the report (``skipped``, ``notes``). Users the registry has
+already are kept and their grants imported: that needs no ACL command.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from broker.core import clock, hierarchy, keys, wire
 from broker.core.config import ConsumerMode, Settings
 from broker.core.connection import read_hash
-from broker.core.errors import BrokerError, InvalidDefinitions, translate_errors
+from broker.core.errors import BrokerError, InvalidDefinitions, UsersNeedOperator, translate_errors
 from broker.core.principals import check_principal, holders
 from broker.core.schemes import recorded_scheme, separator
 from broker.core.selectors import check_size, compile_selector
@@ -130,17 +140,19 @@ class Definitions(_Model):
 
 @dataclass
 class ImportReport:
-    """What ``import_definitions`` did, per section: names created and names kept (already there)."""
+    """What ``import_definitions`` did, per section: names created, names kept (already there),
+    and names skipped (``skip_users``: users the queue manager lacks, and their grants)."""
 
     created: dict[str, list[str]] = field(default_factory=dict)
     kept: dict[str, list[str]] = field(default_factory=dict)
+    skipped: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def add(self, section: str, name: str, made: bool) -> None:
         (self.created if made else self.kept).setdefault(section, []).append(name)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"created": self.created, "kept": self.kept, "notes": self.notes}
+        return {"created": self.created, "kept": self.kept, "skipped": self.skipped, "notes": self.notes}
 
 
 def _controllers(settings: Settings) -> list[dict[str, Any]]:
@@ -325,7 +337,9 @@ def _check_topics(client: redis.Redis, settings: Settings, doc: Definitions) -> 
     return set(tree.objects) | {o.name for o in doc.topic_objects}
 
 
-def _check_users(client: redis.Redis, settings: Settings, doc: Definitions, objects: set[str]) -> None:
+def _check_users(
+    client: redis.Redis, settings: Settings, doc: Definitions, objects: set[str], may_manage: bool
+) -> None:
     qm = settings.qm
     known = {wire.lenient_text(u) for u in read_hash(client, keys.acl_users(qm))}
     for i, user in enumerate(doc.users):
@@ -335,7 +349,8 @@ def _check_users(client: redis.Redis, settings: Settings, doc: Definitions, obje
             raise InvalidDefinitions(where, "the default user is not a broker role")
         spec = RoleSpec(user.role, user.publisher_ids, user.client_id, user.peers)
         _checked(where, rules, qm, user.name, spec)
-        if user.role == "publisher" and user.name not in known and not server_has_user(client, user.name):
+        new = user.name not in known and not (may_manage and server_has_user(client, user.name))
+        if user.role == "publisher" and new:
             taken = holders(client, qm, user.name, user.publisher_ids)
             if taken:
                 raise InvalidDefinitions(
@@ -355,12 +370,47 @@ def _check_users(client: redis.Redis, settings: Settings, doc: Definitions, obje
                     raise InvalidDefinitions(where, f"no topic object {name!r}")
 
 
+def add_command(qm: str, user: UserDef) -> str:
+    """The ``broker acl add`` command an operator runs to make ``user`` on ``qm`` (a password option last)."""
+    words = ["broker", "--qm", qm, "acl", "add", user.name, "--role", user.role]
+    words += [w for pid in user.publisher_ids for w in ("--publisher-id", pid)]
+    words += ["--client-id", user.client_id] if user.client_id else []
+    words += [w for peer in user.peers for w in ("--peer", peer)]
+    return " ".join(shlex.quote(w) for w in [*words, "--password-env", "VAR"])
+
+
+def _may_manage_users(client: redis.Redis, name: str) -> bool:
+    """Whether the client's Redis user may run ``ACL GETUSER`` (and so, for the broker's roles,
+    ``ACL SETUSER``): asked once, about ``name``, on an import's rare path."""
+    try:
+        server_has_user(client, name)
+    except redis.exceptions.NoPermissionError:
+        return False
+    return True
+
+
+def without_new_users(client: redis.Redis, qm: str, doc: Definitions) -> tuple[Definitions, list[UserDef]]:
+    """``doc`` without the users ``qm``'s registry lacks and their grants; and those users."""
+    known = {wire.lenient_text(u) for u in read_hash(client, keys.acl_users(qm))}
+    new = [u for u in doc.users if u.name not in known]
+    names = {u.name for u in new}
+    kept = doc.model_copy(
+        update={
+            "users": [u for u in doc.users if u.name in known],
+            "grants": {h: g for h, g in doc.grants.items() if h not in names},
+        }
+    )
+    return kept, new
+
+
 def check_definitions(client: redis.Redis, settings: Settings, doc: Definitions) -> None:
     """Check ``doc`` against itself and the queue manager, writing nothing.
 
     Raises:
         InvalidDefinitions: the first problem found (``conflict`` set when it is a conflict with
             what the queue manager holds).
+        UsersNeedOperator: ``doc`` names users the queue manager lacks and the client may not
+            make ACL users (the admin role); checked after the rest, so a bad document is named first.
     """
     recorded = read_hash(client, keys.manager(settings.qm)).get(b"topic_scheme")
     if recorded is not None and wire.lenient_text(recorded) != doc.topic_scheme:
@@ -371,12 +421,16 @@ def check_definitions(client: redis.Redis, settings: Settings, doc: Definitions)
         )
     objects = _check_topics(client, settings, doc)
     _check_subscriptions(client, settings, doc)
-    _check_users(client, settings, doc, objects)
+    new = without_new_users(client, settings.qm, doc)[1]
+    may_manage = not new or _may_manage_users(client, new[0].name)
+    _check_users(client, settings, doc, objects, may_manage)
+    if not may_manage:
+        raise UsersNeedOperator({u.name: add_command(settings.qm, u) for u in new})
 
 
 @translate_errors
 def import_definitions(
-    client: redis.Redis, settings: Settings, raw: str | bytes | dict[str, Any]
+    client: redis.Redis, settings: Settings, raw: str | bytes | dict[str, Any], *, skip_users: bool = False
 ) -> ImportReport:
     """Check a definitions document, then create what it defines that the queue manager lacks.
 
@@ -385,16 +439,31 @@ def import_definitions(
         settings: the broker settings (``qm``, limits; its queue controllers are compared with the
             document's).
         raw: the document: JSON text or its dict.
+        skip_users: leave out the users the queue manager's registry lacks and their grants (an
+            admin's import: it may not make ACL users), each named in the report.
 
     Returns:
-        The ``ImportReport``: per section, what was created and what was kept as it was.
+        The ``ImportReport``: per section, what was created, kept as it was, or skipped.
 
     Raises:
         InvalidDefinitions: the document is refused (see the module docstring); nothing was written.
+        UsersNeedOperator: the document names users the queue manager lacks, ``skip_users`` is
+            false and the client may not make ACL users; nothing was written.
     """
     doc = parse_definitions(raw)
-    check_definitions(client, settings, doc)
     qm, report = settings.qm, ImportReport()
+    if skip_users:
+        doc, left_out = without_new_users(client, qm, full := doc)
+        for user in left_out:
+            report.skipped.setdefault("users", []).append(user.name)
+            if user.name in full.grants:
+                report.skipped.setdefault("grants", []).append(user.name)
+            then = ", then imports again for its grants" if user.name in full.grants else ""
+            report.notes.append(
+                f"user {user.name!r} ({user.role}) was not made (skip_users): an operator with ACL rights "
+                f"makes it with `{add_command(qm, user)}`{then}"
+            )
+    check_definitions(client, settings, doc)
     recorded_scheme(client, qm, doc.topic_scheme)
     existing = {o.name: o for o in topic_objects.read_tree(client, qm).objects.values()}
     for obj in doc.topic_objects:

@@ -350,6 +350,36 @@ def test_definitions_exported_by_a_monitor_import_into_an_empty_queue_manager(
         assert again[section] == exported[section], section
 
 
+def test_an_admin_importing_users_the_queue_manager_lacks_gets_403_and_with_skip_users_the_rest(
+    api: TestClient, passwords: dict[str, str], world: World, real_redis: redis.Redis
+) -> None:
+    # Given an export, and a queue manager emptied of everything but its admin and monitor users
+    exported = call(api, "monitor", passwords, "GET", "/api/definitions").json()
+    for key in list(real_redis.scan_iter(match=keys.all_keys_pattern(QM))):
+        if key != keys.acl_users(QM).encode():
+            real_redis.delete(key)
+    real_redis.hdel(keys.acl_users(QM), "pub", "sub")
+    before = _state(real_redis)
+
+    # When the admin imports it: refused, as the admin role may not make ACL users; nothing written
+    refused = call(api, "admin", passwords, "POST", "/api/definitions", exported)
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["kind"] == "UsersNeedOperator"
+    assert "acl add sub --role subscriber --client-id app" in refused.json()["error"]
+    assert _state(real_redis) == before
+    bad = call(api, "admin", passwords, "POST", "/api/definitions?skip_users=yes", exported)
+    assert bad.status_code == 400 and _state(real_redis) == before
+
+    # When it imports it with skip_users: the rest is there, each user left out is named
+    answer = call(api, "admin", passwords, "POST", "/api/definitions?skip_users=true", exported)
+    assert answer.status_code == 200, answer.text
+    report = answer.json()
+    assert report["created"]["subscriptions"] == ["app$scores"]
+    assert report["skipped"] == {"users": ["pub", "sub"], "grants": ["sub"]}
+    assert any("acl add pub --role publisher --publisher-id p1" in n for n in report["notes"])
+    assert not real_redis.hexists(keys.acl_users(QM), "sub")
+
+
 def test_the_openapi_document_is_served_without_a_login_and_documents_every_route(api: TestClient) -> None:
     answer = api.get("/api/openapi.json")
     assert answer.status_code == 200
@@ -394,6 +424,10 @@ def test_an_admin_publishes_and_the_workers_deliver_it_with_its_properties(
         ({"topic": "a", "priority": "high"}, "BadRequest"),
         ({"topic": "a", "persistent": "yes"}, "BadRequest"),
         ({"topic": "a", "publisher_id": ""}, "InvalidMessage"),
+        # over the settings' limits (max_topic_levels 32, max_topic_bytes 4,096): the workers
+        # would dead-letter it, so the API refuses it
+        ({"topic": "/".join(["l"] * 33), "body": "x"}, "InvalidTopic"),
+        ({"topic": "t" * 4_097, "body": "x"}, "InvalidTopic"),
     ],
 )
 def test_a_bad_publication_is_a_400_and_nothing_is_published(

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 
 import pytest
 import redis
+from click.testing import CliRunner
 
+from broker import cli
 from broker.core import keys
 from broker.core.config import Settings
-from broker.core.errors import InvalidDefinitions
+from broker.core.errors import InvalidDefinitions, UsersNeedOperator
 from broker.operations.acl import RoleSpec, add_user, rotate
 from broker.operations.definitions import export_definitions, import_definitions
 from broker.operations.grants import grant, list_grants
@@ -198,3 +201,100 @@ def test_a_user_of_another_queue_manager_on_the_same_server_is_left_as_it_is_wit
     assert not real_redis.hexists(keys.acl_users(QM), "feeder")
     assert list_grants(real_redis, QM)[0] == {}
     assert links.list_links(real_redis, QM) == [("a", "b", False)]
+
+
+# --- an import by the broker's admin role, which may not make ACL users (ACL is @admin) --------
+
+ADMIN_PASSWORD = "admin-secret-1"
+
+
+@pytest.fixture
+def admin(real_server, real_redis: redis.Redis) -> Iterator[tuple[redis.Redis, str]]:
+    """A client logged in as ACL user ``ops`` with the broker's admin role, and its URL."""
+    add_user(real_redis, QM, "ops", RoleSpec("admin"), ADMIN_PASSWORD)
+    url = real_server.url.replace("redis://", f"redis://ops:{ADMIN_PASSWORD}@", 1)
+    client = redis.Redis.from_url(url)
+    yield client, url
+    client.close()
+    real_redis.execute_command("ACL", "DELUSER", "ops")
+
+
+def _exported_then_emptied(client: redis.Redis, settings: Settings) -> dict:
+    """Every definition exported, then the queue manager emptied but for the admin's record."""
+    _define_everything(client, settings)
+    document = export_definitions(client, settings)
+    for user in ("feeder", "reader"):
+        client.execute_command("ACL", "DELUSER", user)
+    for key in client.scan_iter(match=keys.all_keys_pattern(QM)):
+        if key != keys.acl_users(QM).encode():
+            client.delete(key)
+    client.hdel(keys.acl_users(QM), "feeder", "reader")
+    return document
+
+
+def _state(client: redis.Redis) -> dict[bytes, bytes]:
+    return {k: client.dump(k) for k in client.scan_iter(match=keys.all_keys_pattern(QM))}  # type: ignore[misc]
+
+
+def test_an_admin_importing_users_it_may_not_make_is_refused_naming_the_operator_commands_and_nothing_is_written(
+    real_redis: redis.Redis, settings: Settings, admin: tuple[redis.Redis, str]
+) -> None:
+    # Given an export naming users, and an empty queue manager
+    document = _exported_then_emptied(real_redis, settings)
+    before = _state(real_redis)
+    # When the broker's admin imports it
+    with pytest.raises(UsersNeedOperator) as refused:
+        import_definitions(admin[0], settings, document)
+    # Then it is refused before anything is written, naming each user's `broker acl add`
+    assert refused.value.commands == {
+        "feeder": "broker --qm TEST acl add feeder --role publisher --publisher-id feed1 --password-env VAR",
+        "reader": "broker --qm TEST acl add reader --role subscriber --client-id app --password-env VAR",
+    }
+    assert "--skip-users" in str(refused.value) and "nothing was written" in str(refused.value)
+    assert _state(real_redis) == before
+    assert real_redis.execute_command("ACL", "GETUSER", "feeder") is None
+
+
+def test_an_admin_importing_with_skip_users_gets_everything_else_and_each_user_left_out_named(
+    real_redis: redis.Redis, settings: Settings, admin: tuple[redis.Redis, str]
+) -> None:
+    document = _exported_then_emptied(real_redis, settings)
+    # When the admin imports it with skip_users
+    report = import_definitions(admin[0], settings, document, skip_users=True)
+    # Then the subscriptions, links and topic objects are there, and the users and their grants are not
+    assert sorted(s.sub_id for s in read_subscriptions(real_redis, QM)[0]) == ["app$scores", "grp$headlines"]
+    assert links.list_links(real_redis, QM) == [("news", "sports", False)]
+    assert report.skipped == {"users": ["feeder", "reader"], "grants": ["reader"]}
+    assert any("acl add reader --role subscriber --client-id app" in n for n in report.notes)
+    assert list_grants(real_redis, QM)[0] == {}
+    assert real_redis.execute_command("ACL", "GETUSER", "reader") is None
+    # And once an operator has made the users, the admin's import brings their grants
+    add_user(real_redis, QM, "feeder", RoleSpec("publisher", publisher_ids=["feed1"]), "secret-1")
+    add_user(real_redis, QM, "reader", RoleSpec("subscriber", client_id="app"), "secret-2")
+    again = import_definitions(admin[0], settings, document)
+    assert again.created == {"grants": ["reader"]} and again.skipped == {}
+    assert list_grants(real_redis, QM)[0]["reader"].subscribe == ["sports/#"]
+
+
+def test_the_cli_as_admin_refuses_users_with_exit_3_and_imports_the_rest_with_skip_users(
+    real_redis: redis.Redis, settings: Settings, admin: tuple[redis.Redis, str], tmp_path, monkeypatch
+) -> None:
+    document = _exported_then_emptied(real_redis, settings)
+    target = tmp_path / "defs.json"
+    target.write_text(json.dumps(document))
+    monkeypatch.chdir(tmp_path)
+    env = {k: None for k in os.environ if k.startswith("BROKER_") and k != "BROKER_REDIS_SERVER_BIN"}
+    runner = CliRunner(env=env)
+    base = ["--redis-url", admin[1], "--qm", QM, "definitions", "import", str(target)]
+    before = _state(real_redis)
+
+    refused = runner.invoke(cli.main, base)
+    assert refused.exit_code == 3, refused.output
+    assert "acl add feeder --role publisher --publisher-id feed1" in refused.output
+    assert _state(real_redis) == before
+
+    imported = runner.invoke(cli.main, [*base, "--skip-users"])
+    assert imported.exit_code == 0, imported.output
+    assert "created 2 subscriptions" in imported.output
+    assert "skipped 2 users (--skip-users): feeder, reader" in imported.output
+    assert "acl add reader --role subscriber --client-id app" in imported.output

@@ -53,9 +53,11 @@ from broker.core.errors import (
     SubscriptionRefused,
     TooManySubscriptions,
     TopicObjectConflict,
+    UsersNeedOperator,
 )
 from broker.core.models import Message
-from broker.core.schemes import recorded_scheme
+from broker.core.schemes import recorded_scheme, separator
+from broker.core.topic_rules import limit_problem
 from broker.operations import dead_letters, definitions
 from broker.operations import grants as grant_ops
 from broker.operations.acl import RoleSpec
@@ -153,7 +155,9 @@ def status_of(exc: BaseException) -> int:
     cause = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
     if isinstance(exc, ApiError):
         return exc.status
-    if isinstance(cause, redis.exceptions.NoPermissionError) or isinstance(exc, NotAuthorized):
+    if isinstance(cause, redis.exceptions.NoPermissionError) or isinstance(
+        exc, (NotAuthorized, UsersNeedOperator)
+    ):
         return 403
     if isinstance(cause, redis.ResponseError) and "no permissions" in str(cause):  # ACL failure in a script
         return 403
@@ -307,7 +311,8 @@ class Api:
         (its checks: the topic, 0-9 priority, scalar properties). Body: ``topic``, ``body``
         (UTF-8 text), optional ``properties`` (an object of scalars), ``priority``,
         ``persistent``, ``msgid``, ``publisher_id`` (default ``console-<user>``).
-        Answers 202 ``{"msgid", "entry_id", "status"}``: handed to the broker, not yet delivered."""
+        Answers 202 ``{"msgid", "entry_id", "status"}``: handed to the broker, not yet delivered;
+        400 ``InvalidTopic`` for a topic over ``Settings.max_topic_bytes`` / ``max_topic_levels``."""
         properties = call.body.get("properties") or {}
         if not isinstance(properties, dict):
             raise ApiError(400, "BadRequest", "field 'properties' must be an object")
@@ -319,15 +324,15 @@ class Api:
             raise ApiError(400, "BadRequest", "field 'persistent' must be true or false")
         publisher_id = call.text("publisher_id", f"console-{call.session.user}")
         msgid = call.text("msgid", "") or None
-        publisher = Publisher(
-            call.client,
-            self.qm,
-            publisher_id,
-            scheme=recorded_scheme(call.client, self.qm),
-            flow_control=False,
-        )
+        scheme = recorded_scheme(call.client, self.qm)
+        topic = call.text("topic")
+        s = self.settings  # the workers would dead-letter it (worker.decide): refuse it here instead
+        over = limit_problem(topic, s.max_topic_bytes, s.max_topic_levels, separator(scheme), "the topic")
+        if over is not None:
+            raise ApiError(400, "InvalidTopic", f"{over}; nothing was published")
+        publisher = Publisher(call.client, self.qm, publisher_id, scheme=scheme, flow_control=False)
         result = publisher.publish(
-            call.text("topic"),
+            topic,
             call.text("body", ""),
             properties=properties,
             msgid=msgid,
@@ -568,7 +573,15 @@ class Api:
         return 200, definitions.export_definitions(call.client, self.settings)
 
     def import_(self, call: Call) -> Answer:
-        return 200, definitions.import_definitions(call.client, self.settings, call.body).as_dict()
+        """Import the body's definitions document; query ``skip_users=true`` leaves out the users
+        the queue manager lacks (an admin may not make ACL users: 403 ``UsersNeedOperator`` without it)."""
+        skip = call.query.get("skip_users", "false")
+        if skip not in ("true", "false"):
+            raise ApiError(400, "BadRequest", f"skip_users must be true or false, not {skip!r}")
+        report = definitions.import_definitions(
+            call.client, self.settings, call.body, skip_users=skip == "true"
+        )
+        return 200, report.as_dict()
 
 
 def _dead_letter(letter: DeadLetter) -> dict[str, Any]:

@@ -142,6 +142,7 @@ SCHEMAS: dict[str, Any] = {
     "ImportReport": _obj(
         created={"type": "object", "additionalProperties": _LIST_S},
         kept={"type": "object", "additionalProperties": _LIST_S},
+        skipped={"type": "object", "additionalProperties": _LIST_S},
         notes=_LIST_S,
     ),
 }
@@ -218,7 +219,9 @@ OPERATIONS: tuple[Operation, ...] = (
               _ref("Grant"), "Revocation"),
     Operation("get", "/definitions", "Export the definitions document", _ref("Definitions")),
     Operation("post", "/definitions", "Import a definitions document (refused whole, nothing written, when bad)",
-              _ref("ImportReport"), "Definitions"),
+              _ref("ImportReport"), "Definitions",
+              query=(("skip_users", "true: leave out the users the queue manager lacks (403 without it "
+                                    "when the caller may not make ACL users)"),)),
 )  # fmt: skip
 
 _ERRORS = {

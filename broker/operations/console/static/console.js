@@ -76,9 +76,13 @@
       if (!form.dataset.body) delete body[name];
       return encodeURIComponent(value === undefined ? "" : value);
     });
+    let query = "";  // data-query: checkboxes sent as ?name=true
+    for (const name of (form.dataset.query || "").split(" ").filter(Boolean)) {
+      if (form.elements[name].checked) query += (query ? "&" : "?") + name + "=true";
+    }
     const method = (form.dataset.method || "POST").toUpperCase();
     out.className = ""; out.textContent = "…";
-    const answer = await call(method, path, method === "GET" || method === "DELETE" ? undefined : body);
+    const answer = await call(method, path + query, method === "GET" || method === "DELETE" ? undefined : body);
     out.className = answer.ok ? "ok" : "failed";
     if (!answer.ok) {
       out.textContent = answer.status + ": " + ((answer.data && answer.data.error) || answer.data);
@@ -90,6 +94,7 @@
       return;
     }
     out.textContent = answer.status + ": " + (answer.data === null ? "done" : JSON.stringify(answer.data));
+    if (answer.data && answer.data.notes && answer.data.notes.length) return;  // read them before leaving
     const then = form.dataset.then;
     if (then === "reload") window.location.reload();
     else if (then) window.location.assign(then);
