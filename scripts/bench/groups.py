@@ -7,7 +7,8 @@ carry no ``JMSXGroupID`` (off) or one of 10 (on: message ``i`` in group ``g<i % 
 connection and its default heartbeat) ``receive_many(100)`` + ``ack_many`` until all ``n`` came
 (``--n`` x 5); the clock stops at the last acknowledgement. A consumer's first batch usually takes a
 message of every group, so it owns them all and the other receives nothing while they last: the
-row shows the split. With groups, ``broker_receive`` records each group's owner and passes over the messages
+row shows the split, and the calls per message: the other consumer's calls each pass over the
+band's messages of groups it does not own (``receive.lua``'s cap per call) and come back empty. With groups, ``broker_receive`` records each group's owner and passes over the messages
 of another consumer's groups (``broker/lua/library/receive.lua``); without, it costs one
 ``HLEN`` of the empty groups hash per call. ``scripts.bench_receive_groups`` times the server side
 alone.
@@ -26,7 +27,7 @@ from broker.core import keys
 from broker.core.config import Settings
 from broker.topics.subscriptions import subscribe, unsubscribe
 from scripts.bench.base import QM, Ctx, Figures, Measurement, Row, cpu3, fmt
-from scripts.bench.cpu import CpuMeter, redis_pid
+from scripts.bench.cpu import CpuMeter, commandstats, redis_pid
 from scripts.bench.preload import preload_queue
 from scripts.bench.workload import BenchError
 
@@ -100,6 +101,7 @@ def run_groups(client: redis.Redis, settings: Settings, qm: str, n: int, groups:
         t.join()
     elapsed = max(last) - start
     cpu = meter.stop()
+    stats = commandstats(client)
     left = client.llen(queue)
     for s in subscribers:
         s.close()
@@ -120,6 +122,11 @@ def run_groups(client: redis.Redis, settings: Settings, qm: str, n: int, groups:
         "per_consumer": counts,
         "cpu": cpu,
         "redis_cpu_us_per_msg": round(cpu["redis"] / 100 * elapsed * 1e6 / n, 2),
+        # (command, calls per message, usec per message): the receive calls that came back empty show here
+        "redis_commands": sorted(
+            ((k, round(v["calls"] / n, 3), round(v["usec"] / n, 2)) for k, v in stats.items()),
+            key=lambda x: -x[2],
+        )[:4],
     }
 
 
@@ -152,7 +159,8 @@ def _rows(f: Figures) -> list[Row]:
         notes = (
             f"{CONSUMERS} Subscribers (threads of the bench process) of {GROUPS_FILTER}: receive_many(100) "
             f"+ ack_many of {b['n']:,} preloaded messages, {b['groups'] or 'no'} JMSXGroupID; "
-            f"per consumer {b['per_consumer']}; redis {b['redis_cpu_us_per_msg']} CPU-us/msg"
+            f"per consumer {b['per_consumer']}; redis {b['redis_cpu_us_per_msg']} CPU-us/msg; "
+            f"calls/msg {', '.join(f'{c} {k}' for c, k, _ in b.get('redis_commands', [])[:2])}"
         )
         off = f.get("groups_off", {}).get("msgs_per_s")
         if key == "groups_on" and off:
