@@ -132,18 +132,27 @@ proxy. Faults (``FED_FAULTS``):
 - ``node_restart``: SIGKILL of one queue manager's master and a restart on its
   port and directory (AOF); the others keep serving their slots. At most one
   every 8 s, and at least one a run (halfway through, if the draw gave none);
-- ``consumer_kill``: as above.
+- ``consumer_kill``, ``group_consumer_kill`` / ``group_consumer_close``: as above.
+
+Retained publications and message groups (``scripts.rig.features``): ``r0`` publishes retained
+publications at EAST and the late subscriptions are made at EAST (a channel forwards a retained
+publication as an ordinary one: the retained store is the publishing queue manager's); ``g0``
+publishes grouped publications at EAST on ``/groups/...`` and the shared subscription's three
+consumers are at WEST, so every grouped publication comes over a channel through ROOT (a consumer
+lease of at least 3 s there: a live consumer whose heartbeat stalls past its lease is dead to the
+broker, yet goes on). ``ROOT``'s publishers delay every publication (as ``d0``).
 
 The expected recipients of each publication are computed network-wide
 (``scripts.rig.history.network_recipients``). After the drain (every queue
 manager's stream handled, every transmission stream filed by its receiver,
 every queue consumed), the last line is::
 
-    faults=<n> publications=<n> deliveries=<n> forwarded=<n> dead_lettered=<n> lost=<n> duplicated=<n> reordered=<n>
+    faults=<n> publications=<n> deliveries=<n> forwarded=<n> dead_lettered=<n> lost=<n> duplicated=<n> reordered=<n> \
+    grouped=<n> group_lost=<n> group_duplicated=<n> group_reordered=<n> group_shared=<n>
 
 (``forwarded``: deliveries owed at a queue manager other than the publication's
-origin), and the exit status is non-zero when lost, duplicated or reordered is
-not 0 or another check failed.
+origin), and the exit status is non-zero when lost, duplicated, reordered or a group_ count is
+not 0 or another check failed (a retained problem among them).
 """
 
 from __future__ import annotations
@@ -196,6 +205,15 @@ from broker.topics.subscriptions import subscribe
 from broker.topics.topic_objects import Attributes, define
 from broker.topics.topology import ProxySubscription, announce_key, parse_network
 from scripts.rig.cluster import LocalCluster, spread_names
+from scripts.rig.features import (
+    RETAINED_PUBLISHER,
+    RETAINED_TOPICS,
+    federated_setup,
+    federated_threads,
+    group_publisher,
+    late_subscriptions,
+    retainer,
+)
 from scripts.rig.groups import (
     CONSUMERS,
     GROUP_FAULTS,
@@ -236,12 +254,6 @@ TOPICS = ("/chaos/a/x", "/chaos/a/y", "/chaos/b/x", "/chaos/c", "/other/z", "/li
 #: Topics of the victim subscription, whose queue is made foreign now and then ("foreign:queue").
 VICTIM_TOPICS = ("/victim/a", "/victim/b/c")
 
-#: Topics of the retained publisher ``RETAINED_PUBLISHER`` (every publication retained); the
-#: subscriptions made during the run (``LATE_FILTER``, every ``LATE_EVERY_S``) must get them.
-RETAINED_TOPICS = ("/retained/a", "/retained/b/c")
-RETAINED_PUBLISHER = "r0"
-LATE_FILTER = "/retained/#"
-LATE_EVERY_S = 3.0
 
 #: Publishers whose FIFO, turn, reply and dedup keys are made foreign now and then.
 VICTIM_PUBLISHERS = ("v0", "v1")
@@ -639,77 +651,13 @@ class Harness:
             pub.entry_id, pub.acked, pub.acked_at = result.entry_id, True, time.monotonic()
             return
 
-    def _group_publisher(self) -> None:
-        """The publisher of grouped publications (``scripts.rig.groups``): a group at random, its next
-        sequence number; each is an ordinary publication for the history too."""
-        assert self.proxy is not None and self.groups is not None
-        rng = random.Random(self.args.seed * 1_000 + 900)
-        client = connect(self.proxy.url(1))
-        publisher = Publisher(client, QM, GROUP_PUBLISHER)
-        filters = {self.sub_ids[n]: f for n, f in FILTERS.items()}
-        resolved = {t: recipients(t, filters, LINKS) for t in GROUP_TOPICS}
-        interval = self.args.publishers / self.args.rate
-        counters: dict[str, int] = {}
-        number = 0
-        next_at = time.monotonic()
-        while not self.stop_publishing.is_set():
-            number += 1
-            group, seq = self.groups.next_group(rng, counters)
-            topic = rng.choice(GROUP_TOPICS)
-            pub = Publication(GROUP_PUBLISHER, number, f"{GROUP_PUBLISHER}.{number}", topic, resolved[topic])
-            self.history.add_publication(pub)
-            self.groups.log.publish(pub.msgid, group, seq, pub)
-            self._publish(publisher, pub, group=group, group_seq=seq)
-            next_at = _pace(next_at, interval)
-        client.close()
-
     def _resolved(self) -> dict[str, frozenset[str]]:
         """Topic -> the subscription ids a publication on it must reach."""
         filters = {self.sub_ids[n]: f for n, f in FILTERS.items()}
-        return {t: recipients(t, filters, LINKS) for t in (*TOPICS, *VICTIM_TOPICS, *RETAINED_TOPICS)}
-
-    def _retainer(self) -> None:
-        """Publisher ``r0``: retained publications on ``RETAINED_TOPICS``, each waiting for its result."""
-        assert self.proxy is not None
-        rng = random.Random(self.args.seed * 1_000 + 999)
-        client = connect(self.proxy.url(1))
-        publisher = Publisher(client, QM, RETAINED_PUBLISHER)
-        resolved = self._resolved()
-        number = 0
-        while not self.stop_publishing.is_set():
-            number += 1
-            topic = rng.choice(RETAINED_TOPICS)
-            pub = Publication(
-                RETAINED_PUBLISHER, number, f"{RETAINED_PUBLISHER}.{number}", topic, resolved[topic]
-            )
-            self.history.add_publication(pub)
-            self._publish(publisher, pub, retain=True, wait=True)
-            if pub.acked:
-                self.retained.answered(topic, number, time.monotonic())
-            self.stop_publishing.wait(rng.uniform(0.02, 0.2))
-        client.close()
-
-    def _late_subscriptions(self) -> None:
-        """Every ``LATE_EVERY_S``, a subscription to ``LATE_FILTER`` (made again with the same name until
-        it is: a second attempt attaches), then consumed by a subscriber thread of its own."""
-        assert self.admin is not None
-        client = connect(self.server.url)
-        k = 0
-        while not self.stop_publishing.wait(LATE_EVERY_S):
-            k += 1
-            started = time.monotonic()
-            while not self.stop_publishing.is_set():
-                try:
-                    sub_id = subscribe(client, QM, LATE_FILTER, "late", f"l{k}").sub_id
-                except (BrokerError, redis.RedisError):
-                    time.sleep(0.1)
-                    continue
-                self.retained.subscribed(sub_id, started)
-                thread = self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}")
-                self.threads.append(thread)
-                thread.start()
-                break
-        client.close()
+        return {
+            t: recipients(t, filters, LINKS)
+            for t in (*TOPICS, *VICTIM_TOPICS, *RETAINED_TOPICS, *GROUP_TOPICS)
+        }
 
     def _victim_publisher(self, index: int) -> None:
         """A victim publisher: raw XADDs with ``reply=1`` whose keys are made foreign now and then.
@@ -1307,13 +1255,17 @@ class Harness:
             for i, name in enumerate(VICTIM_PUBLISHERS)
         )
         threads.append(self._thread(self._delayed_publisher, name="pub-d0"))
-        threads.append(self._thread(self._retainer, name=f"pub-{RETAINED_PUBLISHER}"))
-        threads.append(self._thread(self._late_subscriptions, name="pub-late"))
+        assert self.proxy is not None
+        url, resolved = self.proxy.url(1), self._resolved()
+        threads.append(self._thread(retainer, self, url, QM, resolved, name=f"pub-{RETAINED_PUBLISHER}"))
+        threads.append(self._thread(late_subscriptions, self, self.server.url, QM, name="pub-late"))
         threads.extend(
             self._thread(self._subscriber, sub_id, name=f"sub-{sub_id}") for sub_id in self.sub_ids.values()
         )
         if self.groups is not None:
-            threads.append(self._thread(self._group_publisher, name=f"pub-{GROUP_PUBLISHER}"))
+            threads.append(
+                self._thread(group_publisher, self, url, QM, resolved, name=f"pub-{GROUP_PUBLISHER}")
+            )
             threads.extend(
                 self._thread(self.groups.consume, i, self.server.url, QM, name=f"sub-grouped-{i}")
                 for i in range(CONSUMERS)
@@ -1459,13 +1411,7 @@ class Harness:
             )
         if self.plants:
             problems.append(f"{len(self.plants)} planted keys left")
-        retained = self.retained.check(RETAINED_TOPICS)
-        problems += retained
-        _log(
-            f"retained: {len(self.retained.made)} subscriptions made during the run, "
-            f"{sum(len(r) for r in self.retained.results.values())} retained publications answered, "
-            f"{len(retained)} problems"
-        )
+        problems += self.retained.report(RETAINED_TOPICS, _log)
         if verdict.poison_missing or verdict.poison_repeated or verdict.poison_bad_reason:
             problems.append(
                 f"poison: {verdict.poison_missing} missing, {verdict.poison_repeated} repeated, "
@@ -1693,6 +1639,7 @@ class FederationHarness(Harness):
                 self.slots += slots
                 self.pools.append(pool)
                 pool.start()
+        federated_setup(self)  # message groups at WEST (scripts.rig.features)
         self._wait_network()
         self.restart_by = time.monotonic() + args.duration_s / 2
         _log(
@@ -1742,7 +1689,7 @@ class FederationHarness(Harness):
         for sub_id, (qm, _) in self.filters.items():
             url = self._url(qm, cluster=False)
             threads.append(self._thread(self._subscriber, sub_id, qm, url, name=f"sub-{sub_id}"))
-        return threads
+        return threads + federated_threads(self)  # retained and grouped publications
 
     def _fed_publisher(self, qm: str, name: str, kind: str) -> None:
         """Publish on the topics of ``kind`` at ``qm`` (through the cluster client), at an even share of ``--rate``;
@@ -1808,6 +1755,8 @@ class FederationHarness(Harness):
             self.proxy.call(index, method, evalsha(what), 1, kind)  # counted from the proxy's stats
         elif kind == "consumer_kill":
             self.consumer_faults[self.rng.choice(sorted(self.sub_ids.values()))] = kind
+        elif kind in GROUP_FAULTS and self.groups is not None:
+            self.groups.request(kind)  # taken by the next group consumer that receives (counted then)
         elif kind == "node_restart" and time.monotonic() - self.last_restart >= 8:
             self.restart_node(self.qms[index])
 
@@ -1900,6 +1849,8 @@ class FederationHarness(Harness):
             problems.append(f"{verdict.unexpected} unexpected messages")
         if verdict.good_dead_lettered:
             problems.append(f"{verdict.good_dead_lettered} publications dead-lettered")
+        problems += self.retained.report(RETAINED_TOPICS, _log)
+        grouped = self._check_groups(problems)
         self._log_problems(verdict, problems)
         self._log_latency()
         _log(
@@ -1917,9 +1868,11 @@ class FederationHarness(Harness):
         _log(
             f"faults={sum(stats.faults.values())} publications={verdict.publications} "
             f"deliveries={verdict.deliveries} forwarded={forwarded} dead_lettered={verdict.dead_lettered} "
-            f"lost={verdict.lost} duplicated={verdict.duplicated} reordered={verdict.reordered}"
+            f"lost={verdict.lost} duplicated={verdict.duplicated} reordered={verdict.reordered} "
+            f"grouped={grouped.publications} group_lost={grouped.lost} group_duplicated={grouped.duplicated} "
+            f"group_reordered={grouped.reordered} group_shared={grouped.shared}"
         )
-        if verdict.lost or verdict.duplicated or verdict.reordered or problems:
+        if verdict.lost or verdict.duplicated or verdict.reordered or not grouped.ok or problems:
             self.failed = True
             return 1
         return 0

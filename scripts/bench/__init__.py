@@ -244,6 +244,22 @@ Measurements
    and this process's CPU, with flow control on (the flow key read with the XADD, one round trip)
    and off, and a bare redis-py ``XADD`` of the same fields alongside (``scripts/ab_publish.py``).
    Two commits side by side: ``python -m scripts.bench_ab OLD NEW --rows publish``.
+23. **Retained publications** (``--only retained``): as 2 with 2 workers, twice side by side: no
+   publication retained, and every one retained (``commit.lua`` keeps each topic's last).
+24. **Delivery delay** (``--only delay``): as 2 with 2 workers, twice side by side: no
+   publication delayed, and every one with a delivery time 5 ms after its XADD (due by the time
+   a worker reads it: the price of the way through ``{qm}:delayed``, moved in and released
+   back to the publish stream, not of a wait).
+25. **Message groups** (``--only groups``): one shared subscription, its queue preloaded (untimed),
+   drained by 2 consumers (threads of the bench process, ``receive_many(100)`` + ``ack_many``),
+   twice side by side: no ``JMSXGroupID``, and 10 groups; consumer-side messages/s and their
+   ratio (``scripts/bench/groups.py``; the server side alone: ``scripts.bench_receive_groups``).
+26. **Topic statistics** (``--only topic_stats``): as 2 with 2 workers, twice side by side:
+   ``topic_stats_max_topics = 0`` (off) and the default (on; the Python and flush costs alone:
+   ``scripts.bench_topic_stats``).
+
+Rows 9-11, 14-16 and 23-26 are ratios of two runs made side by side (the order alternating per
+repeat): on this shared box compare the ratios, not the rates.
 
 The last line is, exactly::
 
@@ -263,7 +279,8 @@ Layout
 ``python -m scripts.bench`` runs ``cli.main``. Each measurement is a module that registers a
 ``base.Measurement`` (its steps and its typed ``base.Row`` s) in ``registry.REGISTRY``, in the
 table's order: ``ceiling`` (1.), ``throughput`` (2.-3.), ``latency`` (4.), ``kombu`` (5.),
-``match`` (6.), ``selectors`` (7.), ``consume`` (8.), ``features`` (9.-12., 14.-16.),
+``match`` (6.), ``selectors`` (7.), ``consume`` (8.), ``features`` (9.-12., 14.-16., 23., 24.,
+26.), ``groups`` (25.),
 ``federation`` (13.), ``rabbit`` + ``rabbit_node`` (17.), ``aof`` (18.), ``memory`` (19.),
 ``e2e`` (20.), ``instructions`` (21., callgrind), ``publish`` (22.). Shared pieces:
 ``workload`` (topics, subscriptions, links, bodies), ``topology`` (the admin-API load),

@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--repeat",
         type=int,
-        help="runs of measurements 1-3, 7, 9-11, 13-16, medians reported (default 3, quick 1)",
+        help="runs of measurements 1-3, 7, 9-11, 13-16, 23-26, medians reported (default 3, quick 1)",
     )
     parser.add_argument("--interleave", type=int, default=20, help="publications per publish_many call (20)")
     parser.add_argument(
@@ -73,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--only",
         help="comma-separated subset of: ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,"
-        "slow,swiftmq,federation,security,metrics,regression,rabbit,aof,memory,e2e,instructions,publish,retained",
+        "slow,swiftmq,federation,security,metrics,regression,rabbit,aof,memory,e2e,instructions,publish,retained,"
+        "delay,groups,topic_stats",
     )
     _row_options(parser)
     return parser

@@ -1,4 +1,4 @@
-"""Rows 9-12 and 14-16: what a feature costs when it is on, 2 workers with and without it, side by side.
+"""Rows 9-12, 14-16, 23, 24 and 26: what a feature costs when it is on, 2 workers with and without it, side by side.
 
 Each is a ``Measurement`` made by ``_comparison``: a ``setup`` that prepares the variant
 (topic objects, a scheme's topology, settings, an earlier commit's pool), a ``repeat`` that runs
@@ -209,6 +209,50 @@ RETAINED = _comparison(
             "23. all retained",
             "same, every publication retained (retain 1: commit.lua keeps each topic's last in "
             "{qm}:retained, one HSET per publication and one TYPE per call)",
+        ),
+    ),
+)
+
+# ------------------------------------------------------------------------------ 24. delivery delay
+
+#: Row 24.'s delivery delay, ms: every publication is due by the time a worker reads it (the preload
+#: comes first), so the row prices the way through ``{qm}:delayed``, not a wait.
+DELAY_MS = 5
+
+DELAY = _comparison(
+    "delay",
+    "24. broker, 2 workers",
+    lambda ctx: ("nothing delayed", dict(topology=ctx.topo)),
+    lambda ctx: (f"every publication delayed {DELAY_MS} ms", dict(topology=ctx.topo, delay_ms=DELAY_MS)),
+    _on_off_rows(
+        "delay",
+        ("24. not delayed", "as 2 with 2 workers, no delivery_time field"),
+        (
+            "24. all delayed",
+            f"same, every publication with a delivery time {DELAY_MS} ms after its XADD (due when read: "
+            "dequeue.lua moves each into {qm}:delayed, a ZADD, and the release XADDs it back to the "
+            "publish stream, read and committed as any)",
+        ),
+    ),
+)
+
+# ------------------------------------------------------------------------------ 26. topic statistics
+
+TOPIC_STATS = _comparison(
+    "topic_stats",
+    "26. broker, 2 workers",
+    lambda ctx: (
+        "topic statistics off",
+        dict(topology=ctx.topo, run_settings=ctx.settings.model_copy(update={"topic_stats_max_topics": 0})),
+    ),
+    lambda ctx: ("topic statistics on (the default)", dict(topology=ctx.topo)),
+    _on_off_rows(
+        "topic_stats",
+        ("26. topic statistics off", "as 2 with 2 workers, topic_stats_max_topics 0"),
+        (
+            "26. topic statistics on",
+            "same, topic statistics on (the default topic_stats_max_topics 1,000: a dict update per "
+            "delivered publication in the worker, flushed every topic_stats_flush_ms off the hot path)",
         ),
     ),
 )

@@ -352,8 +352,9 @@ def run_broker(
     security: bool = False,
     pool_factory: Callable[[Settings, int], Any] | None = None,
     retain: bool = False,
+    delay_ms: int = 0,
 ) -> dict[str, Any]:
-    """Preload ``n`` publications (``retain``: every one retained), then time the pool draining them into the subscriber queues.
+    """Preload ``n`` publications (``retain``: every one retained; ``delay_ms``: every one delayed), then time the pool draining them into the subscriber queues.
 
     The clock starts when all ``workers`` have registered (a worker writes its first
     heartbeat after its first round, so whatever was acknowledged before that is
@@ -391,6 +392,7 @@ def run_broker(
         topics=topo.topics,
         principals=principals,
         retain=retain,
+        delay_ms=delay_ms,
     )
     worker_url = {"redis_url": principals.worker_url} if principals is not None else {}
     settings = settings.model_copy(update={"topic_scheme": topo.scheme, **worker_url})

@@ -13,7 +13,7 @@ import redis
 
 from broker.clients.publish import Publisher
 from broker.core import keys
-from broker.core.models import encode_envelope, publication_fields
+from broker.core.models import GROUP_ID, GROUP_SEQ, delivery_time, encode_envelope, publication_fields
 from broker.topics.routing import RoutingTable
 from scripts.bench.topology import Principals
 from scripts.bench.workload import PUBLISHERS, TOPICS, BenchError, bodies, selector_props
@@ -96,9 +96,11 @@ def preload(
     prefix: str = "p",
     principals: Principals | None = None,
     retain: bool = False,
+    delay_ms: int = 0,
 ) -> dict[str, Any]:
     """XADD ``n`` publications with ``Publisher.publish_many``, one call per chunk, interleaved;
-    with ``retain``, every one retained (``retain 1``: row 23.).
+    with ``retain``, every one retained (``retain 1``: row 23.); with ``delay_ms``, every one
+    delayed by that many ms from its chunk's call (a ``delivery_time`` field: row 24.).
 
     Publisher ids are ``<prefix>00``..``<prefix>49`` (queue managers of one network each use their own).
     With ``principals``, each publisher id publishes as its principal user, through its ingress stream.
@@ -145,7 +147,10 @@ def preload(
             props = [selector_props(props_rng) for _ in range(take)]
             last = _publish_with_props(pipe, stream, pubs[pid], prefixes[pid], items, props)
         else:
-            last = pubs[pid].publish_many(items, batch=take, **({"retain": True} if retain else {}))[-1].msgid
+            options: dict[str, Any] = {"retain": True} if retain else {}
+            if delay_ms:
+                options["delivery_time_ms"] = delivery_time(delay_ms)
+            last = pubs[pid].publish_many(items, batch=take, **options)[-1].msgid
         counts[pid] += take
         if rng.random() < 0.02:
             msgids.append((pid, last))
@@ -179,9 +184,11 @@ def preload(
     return out
 
 
-def preload_queue(client: redis.Redis, queue: str, n: int, per_push: int = 1000) -> float:
+def preload_queue(client: redis.Redis, queue: str, n: int, per_push: int = 1000, groups: int = 0) -> float:
     """LPUSH ``n`` envelopes as a worker writes them (``encode_envelope`` of a ``parse_entry``-shaped
-    header, 200-byte body, 50 publishers) into ``queue``; returns the envelopes pushed per second."""
+    header, 200-byte body, 50 publishers) into ``queue``; returns the envelopes pushed per second.
+    With ``groups``, message ``i`` belongs to group ``g<i % groups>`` (``JMSXGroupID``, and its
+    ``JMSXGroupSeq``: row 25.)."""
     body_list = bodies()
     now_ms = int(time.time() * 1000)
     pipe = client.pipeline(transaction=False)
@@ -189,7 +196,7 @@ def preload_queue(client: redis.Redis, queue: str, n: int, per_push: int = 1000)
     start = time.perf_counter()
     for i in range(n):
         body = body_list[i % len(body_list)]
-        header = {
+        header: dict[str, Any] = {
             "v": keys.PROTOCOL_VERSION,
             "msgid": f"c{i}",
             "publisher": f"p{i % PUBLISHERS:02d}",
@@ -197,6 +204,8 @@ def preload_queue(client: redis.Redis, queue: str, n: int, per_push: int = 1000)
             "topic": TOPICS[i % len(TOPICS)],
             "entry_id": f"{now_ms}-{i}",
         }
+        if groups:
+            header["props"] = {GROUP_ID: f"g{i % groups}", GROUP_SEQ: i // groups + 1}
         envelopes.append(encode_envelope(header, body))
         if len(envelopes) >= per_push:
             pipe.lpush(queue, *envelopes)

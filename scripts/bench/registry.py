@@ -14,6 +14,7 @@ from scripts.bench import (
     e2e,
     features,
     federation,
+    groups,
     instructions,
     kombu,
     latency,
@@ -43,12 +44,15 @@ REGISTRY: tuple[Measurement, ...] = (
     features.FLOW,  # 10.
     features.SLOW,  # 11.
     features.RETAINED,  # 23.
+    features.DELAY,  # 24.
+    features.TOPIC_STATS,  # 26.
     features.SECURITY,  # 14.
     features.REGRESSION,  # 16.
     features.METRICS,  # 15.
     features.SWIFTMQ,  # 12.
     federation.MEASUREMENT,  # 13.
     consume.MEASUREMENT,  # 8.
+    groups.MEASUREMENT,  # 25.
     e2e.MEASUREMENT,  # 20.
 )
 

@@ -21,6 +21,7 @@ A receipt flagged redelivered (a consumer died holding it) may repeat one before
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.core.models import Message
@@ -82,6 +83,16 @@ class RetainedLog:
                 problems.append(f"retained: {sub_id} received {got.duplicated} duplicates")
             for topic in topics:
                 problems += self._check_topic(sub_id, started, got, topic)
+        return problems
+
+    def report(self, topics: tuple[str, ...], log: Callable[[str], None]) -> list[str]:
+        """``check``, with a summary line given to ``log``; the problems found."""
+        problems = self.check(topics)
+        log(
+            f"retained: {len(self.made)} subscriptions made during the run, "
+            f"{sum(len(r) for r in self.results.values())} retained publications answered, "
+            f"{len(problems)} problems"
+        )
         return problems
 
     def _check_topic(self, sub_id: str, started: float, got: _Receipts, topic: str) -> list[str]:

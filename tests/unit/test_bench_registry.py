@@ -10,7 +10,7 @@ from scripts.bench.registry import NAMES, REGISTRY
 #: The ``--only`` names the docs and scripts/bench_ab.py use.
 ONLY = (
     "ceiling,broker,hot,latency,kombu,match,selectors,consume,topics,flow,slow,swiftmq,federation,"
-    "security,metrics,regression,rabbit,aof,memory,e2e,instructions,publish,retained"
+    "security,metrics,regression,rabbit,aof,memory,e2e,instructions,publish,retained,delay,groups,topic_stats"
 )
 
 
