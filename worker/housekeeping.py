@@ -19,7 +19,8 @@ and the disconnect of slow subscriptions.
   ``security = true``): subscribe and unsubscribe requests of subscriber users answered, one worker
   at a time.
 - **Stream trim** (``broker.operations.maintenance.trim_acknowledged``, once the worker has committed
-  ``trim_every_entries`` since its last trim): the acknowledged entries leave the publish stream,
+  ``trim_every_entries`` since its last trim and is about to wait, or ``BUSY_TRIM_FACTOR`` times that
+  while busy): the acknowledged entries leave the publish stream,
   one worker at a time (``{qm}:trim_lock``, ``TRIM_LOCK_MS``); no command per publication.
 
 ``Housekeeping.due(now_ms)`` runs the sweeps whose time has come; the worker calls it once per
@@ -105,6 +106,11 @@ HEARTBEAT_MS = 1_000
 #: ``{qm}:trim_lock``), and between two tries of a worker that found it taken, ms.
 TRIM_LOCK_MS = 100
 
+#: A busy worker trims after this many times ``trim_every_entries`` (an idle one after
+#: ``trim_every_entries``): under load the trim's round trips (lock, group state, XTRIM) come
+#: every few thousand publications, not every few hundred.
+BUSY_TRIM_FACTOR = 16
+
 
 class Housekeeping:
     """The sweeps, heartbeat and disconnects of one worker (module text); holds the timers and cursors.
@@ -165,7 +171,16 @@ class Housekeeping:
         if self.control is not None and now_ms >= self.next_control_ms:
             self.next_control_ms = now_ms + CONTROL_POLL_MS
             unless_full(lambda: self.serve_requests(now_ms))
-        every = settings.trim_every_entries
+        self.trim_if_due(now_ms, BUSY_TRIM_FACTOR, unless_full)
+
+    def trim_if_due(
+        self, now_ms: int, factor: int, unless_full: Callable[[Callable[[], object]], None]
+    ) -> None:
+        """Trim the publish stream (``trim_stream``) once the worker has committed ``factor`` x
+        ``trim_every_entries`` since its last trim: ``BUSY_TRIM_FACTOR`` from a round (its round
+        trips off the hot path but every few thousand publications), 1 from a worker about to wait
+        (``worker.loop``: nothing to do, so the trim costs nothing)."""
+        every = self.worker.settings.trim_every_entries * factor
         if every and self.worker.processed - self.trimmed_at >= every and now_ms >= self.next_trim_ms:
             self.next_trim_ms = now_ms + TRIM_LOCK_MS
             unless_full(self.trim_stream)

@@ -524,8 +524,8 @@ class Worker:
         Returns:
             True when woken, False after ``wait_ms``.
         """
-        # after a short wait (entries keep coming) wait on the stream directly (worker.waiting)
-        direct = self._waited_ms < QUIET_WAIT_MS
+        self.housekeeping.trim_if_due(now_ms, 1, self._unless_full)  # idle: the trim costs no work
+        direct = self._waited_ms < QUIET_WAIT_MS  # a short last wait: on the stream directly
         woken = self.waiting.wait(now_ms, self._wait_from or "$", wait_ms, self.table.ingress, direct)
         # a wait that timed out lasted wait_ms (whatever the clock says: tests inject one)
         self._waited_ms = self.clock_ms() - now_ms if woken else max(wait_ms, QUIET_WAIT_MS)

@@ -250,9 +250,9 @@ class Settings(BaseSettings):
         sweep_interval_ms: how often a worker sweeps for orphaned publishers, ms.
         trim_every_entries: a worker removes the acknowledged entries from the publish stream
             (``maintenance.trim_acknowledged``) once it has committed this many since its last
-            trim, one worker at a time (``{qm}:trim_lock``), so that draining the subscriptions
-            frees memory without the scheduler's trim job; at most this many entries per worker
-            stay after a burst (the trim job removes them). 0: only the trim job trims.
+            trim and has nothing to do (16 times this many while it is busy), one worker at a
+            time (``{qm}:trim_lock``), so that draining the subscriptions frees memory without
+            the scheduler's trim job. 0: only the trim job trims.
         dedup_window_ms: how long a delivered message id is remembered, ms. Each
             record costs about 120 bytes, so memory is ~120 B x rate x window
             (10 minutes at 20,000 publications/s: about 1.4 GB).

@@ -111,27 +111,47 @@ def _bodies(client: redis.Redis, sub_id: str) -> list[bytes]:
 def test_acknowledged_entries_leave_the_publish_stream_as_the_workers_commit_one_worker_at_a_time(
     client, settings
 ):
-    # Given workers that trim after 10 committed entries, and another worker holding the trim lock
-    settings = settings.model_copy(update={"trim_every_entries": 10})
+    # Given workers that trim after 10 committed entries once idle, and another worker holding the lock
+    settings = settings.model_copy(update={"trim_every_entries": 10, "block_ms": 10})
     record = subscribe(client, QM, "t/#", "app", "a")
     Publisher(client, QM, "p", flow_control=False).publish_many(("t/x", b"x" * 100) for _ in range(25))
     client.set(keys.trim_lock(QM), "other", px=60_000)
     now = [1_000_000]
     worker = Worker(client, settings, name="w0", clock_ms=lambda: now[0])
     worker.setup()
-    # When the worker commits them all: the other worker trims, so this one leaves the stream alone
+    # When the worker commits them all (busy: it trims only after 16 x 10), then has nothing to do:
+    # the other worker trims, so this one leaves the stream alone
     assert drain([worker]) == 25
+    assert client.xlen(keys.publish_stream(QM)) == 25
+    worker.run_once(block=True)
     assert client.xlen(keys.publish_stream(QM)) == 25
     # and tries again only once TRIM_LOCK_MS has passed
     client.delete(keys.trim_lock(QM))
-    worker.run_once(block=False)
+    worker.run_once(block=True)
     assert client.xlen(keys.publish_stream(QM)) == 25
     now[0] += TRIM_LOCK_MS
-    worker.run_once(block=False)
+    worker.run_once(block=True)
     # Then every acknowledged entry has left the stream, with no scheduler, and the lock is its own
     assert client.xlen(keys.publish_stream(QM)) == 0
     assert client.get(keys.trim_lock(QM)) == b"w0"
     assert len(_bodies(client, record.sub_id)) == 25  # delivered before trimmed
+
+
+def test_a_busy_worker_trims_only_every_16_x_trim_every_entries_and_at_once_when_it_has_nothing_to_do(
+    client, settings
+):
+    # Given a worker that trims after 10 committed entries, and 25 publications
+    settings = settings.model_copy(update={"trim_every_entries": 10, "block_ms": 10})
+    subscribe(client, QM, "t/#", "app", "b")
+    Publisher(client, QM, "p", flow_control=False).publish_many(("t/x", b"x") for _ in range(25))
+    worker = Worker(client, settings, name="w0", clock_ms=lambda: 1_000_000)
+    worker.setup()
+    # When it commits them all in busy rounds: no trim (its round trips wait for 16 x 10 entries)
+    assert drain([worker]) == 25
+    assert client.xlen(keys.publish_stream(QM)) == 25
+    # Then the first round with nothing to do trims every acknowledged entry
+    worker.run_once(block=True)
+    assert client.xlen(keys.publish_stream(QM)) == 0
 
 
 # -- publishers --------------------------------------------------------------------------------
