@@ -228,6 +228,7 @@ class Worker:
         #: how long the last wait for work lasted, ms (0 after a round without a wait): a short one
         #: means entries keep coming; a worker starts as after a quiet while
         self._waited_ms = QUIET_WAIT_MS
+        self._active = 0  # publishers with entries waiting, as the last dequeue saw them
         self._next_busy_sweep_ms = 0
         self._last_problem = ""
         #: the server was full (``maxmemory`` reached) in the last round: refused writes were retried
@@ -460,6 +461,7 @@ class Worker:
             assert dequeued is not None
         self.delays.learned(dequeued)
         self.metrics.dequeued(len(dequeued.entries))
+        self._active = dequeued.active
         self.hook("after_dequeue")
         if dequeued.version != self.table.version:
             self.table.refresh(self.client)
@@ -524,7 +526,8 @@ class Worker:
         Returns:
             True when woken, False after ``wait_ms``.
         """
-        self.housekeeping.trim_if_due(now_ms, 1, self._unless_full)  # idle: the trim costs no work
+        if not self._active:  # no publisher waits: the trim (worker.housekeeping) costs no work
+            self.housekeeping.trim_if_due(now_ms, 1, self._unless_full)
         direct = self._waited_ms < QUIET_WAIT_MS  # a short last wait: on the stream directly
         woken = self.waiting.wait(now_ms, self._wait_from or "$", wait_ms, self.table.ingress, direct)
         # a wait that timed out lasted wait_ms (whatever the clock says: tests inject one)
