@@ -18,8 +18,9 @@ from broker.core import keys, library
 from broker.core.errors import InvalidMessage
 from broker.testing import drain, make_workers
 from broker.topics.subscriptions import remove_subscription, subscribe
+from tests.integration.test_library import queue
 
-QM = "TEST"
+QM = "TEST"  # as test_library's, whose queue() it uses
 NOW = 1_800_000_000_000
 LEASE_MS = 30_000
 
@@ -37,14 +38,6 @@ def envelope(n: int, group: str | None = None, seq: int | None = None, priority:
     if props:
         header["props"] = props
     return json.dumps(header, separators=(",", ":")).encode() + b"\n" + f"body {n}".encode()
-
-
-def queue(client: redis.Redis, sub_id: str, *envs: bytes) -> None:
-    """Put ``envs`` in their bands as the workers do (LPUSH: the oldest ends rightmost), and ring."""
-    for env in envs:
-        header = json.loads(env.split(b"\n", 1)[0])
-        client.lpush(keys.sub_band(QM, sub_id, header.get("priority", 4)), env)
-    client.rpush(keys.sub_bell(QM, sub_id), "1")
 
 
 def receive(
