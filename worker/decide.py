@@ -75,8 +75,10 @@ class Decider:
         self.table = table
         #: root topic -> its slow-subscriber condition
         self.slow = {c.name: c for c in settings.slow_subscriber_conditions}
-        #: the delivery modes the queue controllers give subscriber queues; false when none does
-        self.persistence = PersistenceModes(settings)
+        #: the delivery modes the queue controllers give subscriber queues; None when none does (a
+        #: plain test per publication, not PersistenceModes.__bool__)
+        modes = PersistenceModes(settings)
+        self.persistence = modes if modes else None
 
     def batches(
         self, heads: dict[str, list[str]], entries: Entries, times: dict[str, int], now_ms: int
@@ -229,7 +231,7 @@ class Decider:
                 forwards = table.forwards(entry, attributes)
                 if forwards:
                     queues = (*queues, *forwards)
-            if self.persistence and queues:  # a queue controller's persistence mode (seed 003)
+            if self.persistence is not None and queues:  # a queue controller's persistence mode (seed 003)
                 forced = self.persistence.apply(entry.header, queues)
                 if forced is not None and attributes is not None:
                     delivery = attributes["pmsgdlv"] if forced else attributes["npmsgdlv"]
