@@ -35,7 +35,7 @@ from broker.operations.maintenance import trim_acknowledged
 from broker.testing import drain, make_workers, queue_messages, wait_for
 from broker.topics.subscriptions import subscribe, unsubscribe
 from broker.topics.topic_objects import Attributes, define
-from worker.housekeeping import TRIM_LOCK_MS
+from worker import housekeeping
 from worker.loop import RETRY_PAUSE_MS, Worker
 
 QM = "MEM"
@@ -109,8 +109,10 @@ def _bodies(client: redis.Redis, sub_id: str) -> list[bytes]:
 
 
 def test_acknowledged_entries_leave_the_publish_stream_as_the_workers_commit_one_worker_at_a_time(
-    client, settings
+    client, settings, monkeypatch
 ):
+    # the lock's PX is the server's clock: long enough that it is still there when looked at
+    monkeypatch.setattr(housekeeping, "TRIM_LOCK_MS", 60_000)
     # Given workers that trim after 10 committed entries once idle, and another worker holding the lock
     settings = settings.model_copy(update={"trim_every_entries": 10, "block_ms": 10})
     record = subscribe(client, QM, "t/#", "app", "a")
@@ -129,7 +131,7 @@ def test_acknowledged_entries_leave_the_publish_stream_as_the_workers_commit_one
     client.delete(keys.trim_lock(QM))
     worker.run_once(block=True)
     assert client.xlen(keys.publish_stream(QM)) == 25
-    now[0] += TRIM_LOCK_MS
+    now[0] += housekeeping.TRIM_LOCK_MS
     worker.run_once(block=True)
     # Then every acknowledged entry has left the stream, with no scheduler, and the lock is its own
     assert client.xlen(keys.publish_stream(QM)) == 0
