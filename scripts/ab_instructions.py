@@ -13,7 +13,10 @@ client_id, durable_name)``, ``Publisher.publish_many``, ``Worker(client, setting
 - with ``AB_RETAIN=1`` (this commit on), every publication retained (``retain 1``);
 - one in-process worker, default settings; a warm-up of 200 publications (not counted), then
   ``N`` preloaded publications drained with the server's callgrind instrumentation on
-  (``callgrind_control -i on|off SERVER_PID``).
+  (``callgrind_control -i on|off SERVER_PID``);
+- with ``AB_PACED=1``, the low-rate shape instead: each of the ``N`` publications is published
+  alone and handled before the next (one publication per dequeue and per commit: what every call
+  costs whatever its batch, as at 2,000/s, where most calls carry one publication).
 
 Prints one line of JSON: ``{"n": N, "rounds": worker rounds, "committed": publications}``.
 The caller dumps and reads the server's counts. Exit 1 if the worker did not handle all N.
@@ -81,10 +84,20 @@ def main() -> int:
     worker.setup()
     _preload(client, 200, "warm")
     _drain(worker, 200)
-    _preload(client, n, "counted")
-    _control(pid, "-i", "on")
-    committed, rounds = _drain(worker, n)
-    _control(pid, "-i", "off")
+    if os.environ.get("AB_PACED") == "1":
+        _control(pid, "-i", "on")
+        committed = rounds = 0
+        for _ in range(n):
+            _preload(client, 1, "counted")
+            done, took = _drain(worker, 1)
+            committed += done
+            rounds += took
+        _control(pid, "-i", "off")
+    else:
+        _preload(client, n, "counted")
+        _control(pid, "-i", "on")
+        committed, rounds = _drain(worker, n)
+        _control(pid, "-i", "off")
     print(json.dumps({"n": n, "rounds": rounds, "committed": committed}))
     return 0 if committed == n else 1
 

@@ -21,6 +21,10 @@ own (``pip install -e .``, made once and kept), and runs its own ``python -m scr
   around one in-process worker of that commit draining N publications of one fixed workload
   (``scripts/ab_instructions.py``, run by that commit's interpreter on that commit's code). It
   is deterministic, so it runs once per side: the figure this box's drift does not move.
+- ``paced``: the same count with each publication published alone and handled before the next
+  (``AB_PACED=1``: one publication per dequeue and per commit, the shape of the latency row at
+  2,000/s, where a call's fixed cost is not shared by a batch): server instructions per
+  publication at the low rate.
 
 The timed rows alternate sides (old, new, then new, old, ...) so that a drift of the box
 weighs on both alike. What to read are the *paired* ratios new/old of each round and their
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ROWS = ("broker", "latency", "publish", "instructions")
+ROWS = ("broker", "latency", "publish", "instructions", "paced")
 
 
 @dataclass
@@ -140,8 +144,9 @@ def publish_round(side: Side, url: str, n: int) -> None:
             side.add(f"publish_{name}", float(got[name]))
 
 
-def instructions(sides: list[Side], n: int) -> None:
-    """Each side's server instructions per publication (``scripts/ab_instructions.py``)."""
+def instructions(sides: list[Side], n: int, paced: bool = False) -> None:
+    """Each side's server instructions per publication (``scripts/ab_instructions.py``); ``paced``:
+    one publication at a time (``AB_PACED=1``), figure ``ir_paced_per_pub``."""
     from broker.core.server import Server, server_binary
 
     for tool in ("valgrind", "callgrind_control"):
@@ -162,10 +167,11 @@ def instructions(sides: list[Side], n: int) -> None:
             try:
                 assert server.process is not None
                 pid = str(server.process.pid)
+                env = {**_env(side), "AB_PACED": "1" if paced else "0"}
                 proc = subprocess.run(
                     [str(side.python), str(driver), server.url, pid, str(n)],
                     cwd=side.root,
-                    env=_env(side),
+                    env=env,
                     capture_output=True,
                     text=True,
                 )
@@ -179,7 +185,7 @@ def instructions(sides: list[Side], n: int) -> None:
                     for line in dumps[-1].read_text().splitlines()
                     if line.startswith("totals:")
                 )
-                side.add("ir_per_pub", total / n)
+                side.add("ir_paced_per_pub" if paced else "ir_per_pub", total / n)
             finally:
                 server.stop()
 
@@ -191,7 +197,7 @@ def _ratios(new: list[float], old: list[float]) -> list[float]:
 def report(old: Side, new: Side) -> str:
     print(f"\n{'figure':<20} {'old ' + old.label:>34} {'new ' + new.label:>34}   paired new/old")
     summary: dict[str, str] = {}
-    names = ["broker_pubs_per_s", "p99_ms", "p50_ms", "rate_reached", "ir_per_pub"]
+    names = ["broker_pubs_per_s", "p99_ms", "p50_ms", "rate_reached", "ir_per_pub", "ir_paced_per_pub"]
     names += sorted(k for k in {**old.figures, **new.figures} if k.startswith("publish_"))
     for name in names:
         a, b = old.figures.get(name), new.figures.get(name)
@@ -209,6 +215,7 @@ def report(old: Side, new: Side) -> str:
             "p99_ms": "p99_ratio",
             "p50_ms": "p50_ratio",
             "ir_per_pub": "ir_ratio",
+            "ir_paced_per_pub": "ir_paced_ratio",
             "publish_flow_on_cpu_us": "publish_cpu_ratio",
             "publish_flow_off_cpu_us": "publish_noflow_cpu_ratio",
         }.get(name)
@@ -237,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--ir-n", type=int, default=3_000, help="publications counted under callgrind (default 3,000)"
+    )
+    parser.add_argument(
+        "--paced-n", type=int, default=500, help="publications counted one at a time (default 500)"
     )
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bench-ab")
     args = parser.parse_args(argv)
@@ -273,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
             instructions([old, new], args.ir_n)
         except RuntimeError as exc:
             failed.append(f"instructions: {exc}")
+    if "paced" in rows:
+        try:
+            instructions([old, new], args.paced_n, paced=True)
+        except RuntimeError as exc:
+            failed.append(f"paced: {exc}")
     for why in failed:
         print(f"row failed: {why}", file=sys.stderr)
     print(report(old, new))
