@@ -187,8 +187,8 @@ class Housekeeping:
 
     def trim_stream(self) -> int | None:
         """Remove the acknowledged entries from the publish stream, unless another worker holds
-        ``{qm}:trim_lock`` (then None: this worker tries again after ``TRIM_LOCK_MS``). On a full
-        server the lock is refused (a write) and the trim runs all the same: it frees memory.
+        ``{qm}:trim_lock`` (then None: this worker tries again after ``TRIM_LOCK_MS``): the lock and
+        the trim are one call of ``trim.lua``, which runs on a full server too (it frees memory).
 
         Returns:
             How many entries were removed (0 after a failure, logged at WARNING: a foreign key),
@@ -196,16 +196,15 @@ class Housekeeping:
         """
         worker = self.worker
         try:
-            if not worker.client.set(keys.trim_lock(worker.qm), worker.name, nx=True, px=TRIM_LOCK_MS):
-                return None
-        except redis.exceptions.OutOfMemoryError:
-            pass
-        self.trimmed_at = worker.processed
-        try:
-            return trim_acknowledged(worker.client, worker.qm)
+            removed = trim_acknowledged(worker.client, worker.qm, (worker.name, TRIM_LOCK_MS))
         except (BrokerError, redis.ResponseError) as exc:
+            self.trimmed_at = worker.processed
             log.warning("worker %s: trimming the publish stream: %s", worker.name, exc)
             return 0
+        if removed < 0:
+            return None
+        self.trimmed_at = worker.processed
+        return removed
 
     def serve_requests(self, now_ms: int) -> int:
         """Answer the waiting control requests (``broker.operations.control``); returns how many.

@@ -73,6 +73,7 @@ from broker.core.errors import (
 )
 from broker.core.library import fcall
 from broker.core.models import Message, decode_header, message_of, usual_values
+from broker.core.scripts import register
 from broker.topics.subscriptions import (
     SubscriptionRecord,
     check_name,
@@ -271,22 +272,20 @@ def sweep_subscriptions(
     todo = sorted((r for r in records if r.sub_id > start), key=lambda r: r.sub_id)[:SWEEP_SUBSCRIPTIONS]
     removed = []
     forget = forget_ms(settings)
-    # One round trip finds the subscriptions with a dead consumer (or none at all): only
-    # those need a script call. A foreign consumers key answers an error: look at it too.
+    # One call finds the subscriptions with a dead consumer (or none at all): only those need a
+    # script call of their own. A foreign consumers key counts as dead: broker_recover names it.
     cutoff = now - settings.subscription_expiry_ms
-    pipe = client.pipeline(transaction=False)
-    for record in todo:
-        consumers = keys.sub_consumers(qm, record.sub_id)
-        pipe.zrangebyscore(consumers, "-inf", f"({now}", start=0, num=1)
-        pipe.zrange(consumers, -1, -1, withscores=True)
-    probes = pipe.execute(raise_on_error=False)
+    probes = (
+        register(client, "consumers_probe")(keys=[keys.sub_consumers(qm, r.sub_id) for r in todo], args=[now])
+        if todo
+        else []
+    )
     for i, record in enumerate(todo):
         dead, newest = probes[2 * i], probes[2 * i + 1]
-        foreign = isinstance(dead, Exception) or isinstance(newest, Exception)
-        last_seen = max(record.created_ms, int(newest[0][1]) if newest and not foreign else 0)
+        last_seen = max(record.created_ms, int(newest))
         abandoned = not record.durable and last_seen < cutoff
         try:
-            if dead or foreign:
+            if dead:
                 recover(
                     client,
                     qm,

@@ -84,6 +84,7 @@ SCRIPTS = frozenset(
     {
         "channel_in",
         "commit",
+        "consumers_probe",
         "dequeue",
         "give_up",
         "remove_subscription",
@@ -94,6 +95,8 @@ SCRIPTS = frozenset(
         "sweep_entries",
         "sweep_turns",
         "take_over",
+        "topic_stats",
+        "trim",
     }
 )
 

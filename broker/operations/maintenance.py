@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import redis
 
-from broker.core import keys, wire
-from broker.core.errors import translate_errors
-from broker.core.stream import group_state
+from broker.core import keys
+from broker.core.errors import script_error, translate_errors
+from broker.core.scripts import register
 
 
 @translate_errors
@@ -22,36 +22,38 @@ def reset(client: redis.Redis, qm: str) -> int:
     return deleted
 
 
-def _next_id(entry_id: str) -> str:
-    ms, seq = entry_id.split("-")
-    return f"{ms}-{int(seq) + 1}"
-
-
 @translate_errors
-def trim_acknowledged(client: redis.Redis, qm: str) -> int:
-    """Remove from the publish stream only entries every worker has acknowledged.
+def trim_acknowledged(client: redis.Redis, qm: str, lock: tuple[str, int] | None = None) -> int:
+    """Remove from the publish stream only entries every worker has acknowledged, in one call of
+    ``trim.lua``.
 
     An entry is safe to remove when it is older than both the oldest pending
     entry and the first entry never delivered (trimming a pending entry would
     make XCLAIM drop it: a lost publication).
 
+    Args:
+        client: a redis-py client.
+        qm: the queue manager.
+        lock: ``(owner, px_ms)``: first take ``{qm}:trim_lock`` (SET NX PX) with that value and
+            expiry, and trim only when it was free (the workers' housekeeping); None: no lock (the
+            scheduler's job).
+
     Returns:
-        How many entries were removed.
+        How many entries were removed; -1 when another worker holds the lock.
 
     Raises:
-        ForeignKey: ``{qm}:publish`` holds another Redis type.
+        ForeignKey: ``{qm}:publish`` holds another Redis type (nothing was written).
         redis.RedisError: as redis-py raises it.
     """
-    stream = keys.publish_stream(qm)
-    state = group_state(client, qm)
-    if not state.exists:
-        return 0
-    last = state.last_delivered_id
-    if last == "0-0":
-        return 0
-    floor = _next_id(last)
-    summary = client.xpending(stream, keys.WORKER_GROUP)
-    if summary["pending"]:
-        oldest = wire.text(summary["min"])
-        floor = min(floor, oldest, key=lambda i: tuple(int(x) for x in i.split("-")))
-    return int(client.xtrim(stream, minid=floor, approximate=False))
+    stream_keys = [keys.publish_stream(qm)]
+    args: list[str | int] = [keys.WORKER_GROUP]
+    if lock is not None:
+        stream_keys.append(keys.trim_lock(qm))
+        args += lock
+    try:
+        return int(register(client, "trim")(keys=stream_keys, args=args))
+    except redis.ResponseError as exc:
+        error = script_error(exc, "trim of the publish stream")
+        if error is exc:
+            raise
+        raise error from exc
