@@ -16,6 +16,7 @@ from broker.clients.consumer import Subscriber
 from broker.clients.publish import Publisher
 from broker.core import keys, library
 from broker.core.errors import InvalidMessage
+from broker.core.models import GROUPED_FIELD
 from broker.testing import drain, make_workers
 from broker.topics.subscriptions import remove_subscription, subscribe
 from tests.integration.test_library import queue
@@ -287,3 +288,63 @@ def test_removing_a_subscription_removes_its_message_groups(real_redis, sub):
     assert real_redis.exists(keys.sub_groups(QM, sub)) == 1
     assert remove_subscription(real_redis, QM, sub).removed
     assert real_redis.exists(keys.sub_groups(QM, sub)) == 0
+
+
+# --- protocol 7: a message of no group told by its envelope's first bytes; the scan cap ---------
+
+
+def envelope7(n: int, group: str | None = None, *, marked: bool | None = None) -> bytes:
+    """Message ``n`` as a protocol-7 worker writes it: ``"grouped":true`` first when it has a group
+    (``marked`` overrides, to write what no worker writes)."""
+    header: dict[str, Any] = (
+        {GROUPED_FIELD: True} if (group is not None if marked is None else marked) else {}
+    )
+    header |= {"v": keys.PROTOCOL_VERSION, "msgid": f"m{n}", "publisher": "p", "seq": n, "topic": "t"}
+    header["entry_id"] = f"1-{n}"
+    if group is not None:
+        header["props"] = {"JMSXGroupID": group}
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + f"body {n}".encode()
+
+
+def test_a_protocol_7_envelope_without_the_grouped_field_is_no_group_and_writes_no_group_key(real_redis, sub):
+    # Given protocol-7 envelopes whose props name group A but whose header does not start with
+    # "grouped" (no worker writes them: broker_receive reads only their first bytes)
+    queue(real_redis, sub, envelope7(1, "A", marked=False), envelope7(2, "A", marked=False))
+    # When c1 takes one and c2 the rest
+    # Then each takes a message as a plain one, and no group bookkeeping is written
+    assert receive(real_redis, sub, "c1", 1) == [1]
+    assert receive(real_redis, sub, "c2", 10) == [2]
+    assert real_redis.exists(keys.sub_groups(QM, sub)) == 0
+
+
+def test_the_grouped_field_makes_a_protocol_7_envelope_grouped_and_old_envelopes_still_are(real_redis, sub):
+    # Given group A written by a protocol-6 worker (searched) and by a protocol-7 one (marked),
+    # and a protocol-7 message of no group
+    queue(
+        real_redis,
+        sub,
+        envelope(1, "A"),
+        envelope7(2, "A"),
+        envelope7(3),
+        envelope(4, "A"),
+        envelope7(5, "A"),
+    )
+    # When c1 takes the first, then c2 and c1 take the rest
+    assert receive(real_redis, sub, "c1", 1) == [1]
+    assert owners(real_redis, sub) == {"A": "c1"}
+    # Then A's messages, old and new, are c1's only, in order; the ungrouped one goes to c2
+    assert receive(real_redis, sub, "c2", 10) == [3]
+    assert receive(real_redis, sub, "c1", 10) == [2, 4, 5]
+
+
+def test_published_envelopes_start_with_the_grouped_field_only_when_grouped(real_redis, settings):
+    # Given a subscription, a grouped and an ungrouped publication, delivered by a worker
+    record = subscribe(real_redis, QM, "$share/g/orders", "app")
+    pub = Publisher(real_redis, QM, "p")
+    pub.publish("orders", "g", group="A")
+    pub.publish("orders", "plain", properties={"JMSXGroupID": 7})  # not a string: no group
+    drain(make_workers(real_redis, settings, 1))
+    # Then the grouped one's header starts with "grouped", the others with the version
+    grouped, plain = real_redis.lrange(keys.sub_queue(QM, record.sub_id), 0, -1)[::-1]
+    assert grouped.startswith(b'{"grouped":true,"v":%d,' % keys.PROTOCOL_VERSION)
+    assert plain.startswith(b'{"v":%d,' % keys.PROTOCOL_VERSION)

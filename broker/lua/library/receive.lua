@@ -16,7 +16,9 @@
 -- the owner closes or its lease lapses; a message of another consumer's group stays where it
 -- is, in order, and the call takes the next messages after it. A JMSXGroupSeq below 0 closes
 -- the group after its message (ActiveMQ Classic). Without an owned group the call costs one
--- TYPE more and one plain find per message (a shared subscription only).
+-- TYPE more and, per message, a look at its first bytes (subscription.lua's may_be_grouped: a
+-- worker writes a grouped message's header with "grouped" first), so a message of no group is
+-- never searched; an envelope older than protocol 7 is searched for its group as before.
 --
 -- KEYS[1] the subscription's key "{qm}:sub:<id>" (subscription.lua derives the others:
 --   consumers zset consumer -> lease deadline ms, this consumer's in-flight list, the bell
@@ -133,7 +135,7 @@ local function take_band(st, band)
       local env = envs[i]
       -- deliver, written out: this loop runs once per message taken
       if not (string.find(env, '"expiration":', 1, true) and expired_now(st, env)) then
-        if with_groups and string.find(env, GROUP_FIELD, 1, true) then
+        if with_groups and may_be_grouped(env) then
           local group, seq = group_of(env)
           if group then
             if owners[group] == nil then owners[group] = false end   -- the hash was empty
