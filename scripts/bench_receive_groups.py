@@ -6,7 +6,8 @@ the one of an earlier commit (``git show REV:broker/lua/...``), in alternating r
 fills one subscription's default band with ``--messages`` envelopes (a usual header, a 100-byte
 body) and takes them all in batches of ``--batch`` with ``broker_receive``, and reads the
 server's own microseconds per ``FCALL`` from ``INFO commandstats`` (so the client's round trips
-do not count). Cases: an exclusive subscription, a shared one with no group, and (this tree's
+do not count). Cases: an exclusive subscription, a shared one with no group (as the workers write
+envelopes now, and as protocol 6 wrote them: the group property searched for), and (this tree's
 library only) a shared one whose messages belong to ``--groups`` groups taken by two consumers in
 turn, so that each call passes over the other consumer's groups.
 
@@ -27,6 +28,8 @@ from typing import Any
 import redis
 
 from broker.core import keys, library
+from broker.core.models import GROUPED_FIELD
+from scripts.bench.preload import LEGACY_PROTOCOL
 
 QM = "BENCHGROUPS"
 BODY = b"x" * 100
@@ -51,8 +54,12 @@ def _source_at(rev: str) -> str:
     return "\n".join(parts)
 
 
-def _envelope(n: int, groups: int) -> bytes:
-    header: dict[str, Any] = {"v": 6, "msgid": f"m{n}", "publisher": "p", "seq": n, "topic": "orders/eu"}
+def _envelope(n: int, groups: int, legacy: bool = False) -> bytes:
+    """Message ``n`` as a worker writes it (the header's ``grouped`` first when it has a group), or,
+    with ``legacy``, as one written before protocol 7 (``v`` 6, no ``grouped``: searched)."""
+    header: dict[str, Any] = {GROUPED_FIELD: True} if groups and not legacy else {}
+    header |= {"v": LEGACY_PROTOCOL if legacy else keys.PROTOCOL_VERSION, "msgid": f"m{n}"}
+    header |= {"publisher": "p", "seq": n, "topic": "orders/eu"}
     header["entry_id"] = f"1700000000000-{n}"
     header["props"] = {"region": "eu"}
     if groups:
@@ -66,14 +73,16 @@ def _clean(client: redis.Redis) -> None:
         client.delete(key)
 
 
-def _round(client: redis.Redis, mode: str, messages: int, batch: int, groups: int) -> float:
+def _round(
+    client: redis.Redis, mode: str, messages: int, batch: int, groups: int, legacy: bool = False
+) -> float:
     """Microseconds of server time per ``batch`` messages taken (every call counted, also those that
     took nothing: with groups, a consumer whose groups' messages are all behind the other's)."""
     _clean(client)
     sub = keys.sub_queue(QM, "app$bench")
     pipe = client.pipeline(transaction=False)
     for i in range(0, messages, 1000):
-        pipe.lpush(sub, *(_envelope(n, groups) for n in range(i, min(i + 1000, messages))))
+        pipe.lpush(sub, *(_envelope(n, groups, legacy) for n in range(i, min(i + 1000, messages))))
     pipe.execute()
     consumers = ["c1", "c2"] if groups else ["c1"]
     taken, turn = 0, 0
@@ -108,14 +117,18 @@ def main() -> None:
     libraries = {"this tree": library.library_source()}
     if args.base:
         libraries = {f"{args.base}": _source_at(args.base), **libraries}
-    cases = [("exclusive", "exclusive", 0), ("shared, no groups", "shared", 0)]
+    cases = [
+        ("exclusive", "exclusive", 0, False),
+        ("shared, no groups", "shared", 0, False),
+        ("shared, no groups, v6 envelopes", "shared", 0, True),
+    ]
     figures: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):
         for name, source in libraries.items():
             client.execute_command("FUNCTION", "LOAD", "REPLACE", source)
-            for label, mode, groups in cases:
+            for label, mode, groups, legacy in cases:
                 figures.setdefault((name, label), []).append(
-                    _round(client, mode, args.messages, args.batch, groups)
+                    _round(client, mode, args.messages, args.batch, groups, legacy)
                 )
             if name == "this tree":
                 label = f"shared, {args.groups} groups, 2 consumers"

@@ -72,7 +72,7 @@ from broker.core.errors import (
     translate_errors,
 )
 from broker.core.library import fcall
-from broker.core.models import Message, decode_header, message_of, usual_values
+from broker.core.models import GROUPED_FIELD, Message, decode_header, message_of, usual_values
 from broker.core.scripts import register
 from broker.topics.subscriptions import (
     SubscriptionRecord,
@@ -316,8 +316,20 @@ def _decode(envelope: bytes, queue: str) -> Message:
         raise InvalidMessage(f"malformed envelope in {queue}: {exc}") from exc
 
 
-#: the text of a message group's property in an envelope (a consumer of groups, ``_grouped``)
+#: the text of a message group's property in an envelope (a consumer of groups, ``_grouped``),
+#: searched for only in an envelope older than protocol 7
 _GROUP_TEXT = b'"JMSXGroupID":'
+#: how the header of a grouped message starts since protocol 7 (``models.GROUPED_FIELD``)
+_GROUPED_HEAD = b'{"' + GROUPED_FIELD.encode() + b'":'
+#: the first protocol whose envelopes start with ``_GROUPED_HEAD`` when grouped
+_GROUPED_HEAD_SINCE = 7
+
+
+def _before_grouped_head(header: dict[str, Any]) -> bool:
+    """Whether an envelope header is older than protocol 7 (or has no version), so that only a search
+    tells whether it belongs to a group."""
+    version = header.get("v")
+    return type(version) is not int or version < _GROUPED_HEAD_SINCE
 
 
 class Subscriber:
@@ -439,7 +451,9 @@ class Subscriber:
             except InvalidMessage as exc:
                 malformed.append((raw, f"malformed envelope: {exc}"))
                 continue
-            if not self._grouped and _GROUP_TEXT in raw:
+            if not self._grouped and (
+                raw.startswith(_GROUPED_HEAD) or (_before_grouped_head(header) and _GROUP_TEXT in raw)
+            ):
                 self._grouped = True
             if values is None:
                 out.append(Delivery(message, raw, reply[i + 1], queue, None, self))

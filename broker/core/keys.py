@@ -3,7 +3,10 @@
 This docstring is the protocol document. A service in any language can publish
 with one ``XADD`` and consume with ``BLMOVE``/``LMOVE`` by following it.
 
-PROTOCOL_VERSION = 6 (6: consumers call the Redis Functions library ``broker`` (one ``FCALL``
+PROTOCOL_VERSION = 7 (7: the envelope header of a message of a group (a non-empty string
+``JMSXGroupID`` property) starts with the field ``"grouped":true``, so ``broker_receive`` tells a
+message of no group by its first bytes; envelopes of 6 or less are searched for the property as
+before. 6: consumers call the Redis Functions library ``broker`` (one ``FCALL``
 per operation with the subscription's key, ``broker.core.library``; docs/protocol.md), and a
 subscription's expired count, last use and poison messages are its own keys
 ``{qm}:sub:<id>:expired``, ``:last_active`` and ``:poison`` (no longer ``{qm}:expired``,
@@ -258,7 +261,7 @@ import re
 import socket
 import uuid
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 #: Consumer group of the workers on the publish stream.
 WORKER_GROUP = "workers"

@@ -37,6 +37,11 @@ _QM_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 #: string) and the message's sequence number in it (an int; negative: the group's last).
 GROUP_ID = "JMSXGroupID"
 GROUP_SEQ = "JMSXGroupSeq"
+#: The envelope header's first field when the message belongs to a group (a non-empty string
+#: ``JMSXGroupID`` property; protocol 7): ``{"grouped":true,"v":7,...``. ``broker_receive``
+#: compares the envelope's first bytes with it and looks for the group only then; a header with
+#: no group starts ``{"v":7,`` (docs/protocol.md, "Message groups").
+GROUPED_FIELD = "grouped"
 
 
 class Message(BaseModel):
@@ -607,6 +612,9 @@ def parse_entry(
     client_id = _client_id(fields, header, retain)
     if props:
         header["props"] = props  # last: lua/lib.lua's envelope_head cuts the header here
+        group = props.get(GROUP_ID)
+        if type(group) is str and group:  # first: receive.lua reads the envelope's first bytes only
+            header = {GROUPED_FIELD: True, **header}
     return Entry(
         entry_id=entry_id,
         publisher=publisher,

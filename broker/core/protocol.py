@@ -87,7 +87,10 @@ the exact bytes you received: ``LREM`` compares byte for byte, so an envelope
 decoded to text and re-encoded is not found and stays in flight.
 
 ``<header JSON, UTF-8, one line>`` ``\\n`` ``<body bytes>``: split at the first
-newline byte. The header is a JSON object with ``v`` (protocol version),
+newline byte. The header is a JSON object with ``grouped`` (``true``, the first field, only
+on a message of a group: a non-empty string ``JMSXGroupID`` in ``props``; since protocol 7, so
+the consumer library tells a message of no group from the header's first bytes, ``{"v":7,``),
+``v`` (protocol version),
 ``msgid``, ``publisher``, ``seq`` (int or null), ``topic`` (the topic it was
 published on) and ``entry_id`` (stream id), and, only when they differ from their
 defaults, ``ts`` (publish time, ms; absent: the entry id's milliseconds, the time

@@ -252,8 +252,11 @@ Measurements
    back to the publish stream, not of a wait).
 25. **Message groups** (``--only groups``): one shared subscription, its queue preloaded (untimed),
    drained by 2 consumers (threads of the bench process, ``receive_many(100)`` + ``ack_many``),
-   twice side by side: no ``JMSXGroupID``, and 10 groups; consumer-side messages/s and their
-   ratio (``scripts/bench/groups.py``; the server side alone: ``scripts.bench_receive_groups``).
+   three times side by side: no ``JMSXGroupID`` (envelopes as the workers write them: a message
+   of no group is told by its first bytes), no ``JMSXGroupID`` in protocol-6 envelopes (searched
+   for the group, as before protocol 7), and 10 groups; consumer-side messages/s and their
+   ratios to the first (``scripts/bench/groups.py``; the server side alone:
+   ``scripts.bench_receive_groups``).
 26. **Topic statistics** (``--only topic_stats``): as 2 with 2 workers, twice side by side:
    ``topic_stats_max_topics = 0`` (off) and the default (on; the Python and flush costs alone:
    ``scripts.bench_topic_stats``).

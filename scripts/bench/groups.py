@@ -1,17 +1,27 @@
-"""Row 25, message groups: a shared subscription consumed by 2 consumers, no groups against 10
-groups, consumer-side messages/s side by side (the order alternating per repeat).
+"""Row 25, message groups: a shared subscription consumed by 2 consumers, three runs side by side
+(the order turning per repeat), consumer-side messages/s:
 
-The subscription's queue is filled directly (``preload_queue``, untimed) with ``n`` envelopes that
-carry no ``JMSXGroupID`` (off) or one of 10 (on: message ``i`` in group ``g<i % 10>``); two
+- ``groups_off``: no message of a group, envelopes as the workers write them (protocol 7: a
+  message of no group is told by its envelope's first bytes, no search): what every shared
+  subscription pays for groups being always on;
+- ``groups_legacy``: no message of a group either, envelopes as protocol 6 wrote them (``v`` 6,
+  searched for the group property: what the first bytes save; only envelopes left in a queue
+  from before an upgrade are read this way now);
+- ``groups_on``: 10 groups (message ``i`` in group ``g<i % 10>``).
+
+The subscription's queue is filled directly (``preload_queue``, untimed) with ``n`` envelopes; two
 ``Subscriber`` s of one shared subscription (threads of the bench process, each with its own
 connection and its default heartbeat) ``receive_many(100)`` + ``ack_many`` until all ``n`` came
 (``--n`` x 5); the clock stops at the last acknowledgement. A consumer's first batch usually takes a
 message of every group, so it owns them all and the other receives nothing while they last: the
-row shows the split, and the calls per message: the other consumer's calls each pass over the
-band's messages of groups it does not own (``receive.lua``'s cap per call) and come back empty. With groups, ``broker_receive`` records each group's owner and passes over the messages
-of another consumer's groups (``broker/lua/library/receive.lua``); without, it costs one
-``HLEN`` of the empty groups hash per call. ``scripts.bench_receive_groups`` times the server side
-alone.
+row shows the split, and the calls per message: the other consumer's calls each look at no more
+than twice their batch of messages of groups it does not own (``receive.lua``'s cap per call),
+write nothing, come back empty and clear the bell, so it waits for the bell (rung by the owner's
+full batches) instead of looking again. With groups, ``broker_receive`` records each group's owner
+and passes over the messages of another consumer's groups (``broker/lua/library/receive.lua``);
+without, it costs one ``TYPE`` of the absent groups hash per call. ``scripts.bench_receive_groups``
+times the server side alone. A quick check that the row runs:
+``python -m scripts.bench --only groups --n 200`` (``--n`` x 5 messages per run).
 """
 
 from __future__ import annotations
@@ -37,6 +47,13 @@ GROUPS_FILTER = "$share/bench/bench/grouped"
 #: Message groups in the ``on`` run.
 GROUPS = 10
 
+#: The runs of row 25: (name, groups, protocol-6 envelopes), in the first repeat's order.
+RUNS: tuple[tuple[str, int, bool], ...] = (
+    ("groups_off", 0, False),
+    ("groups_legacy", 0, True),
+    ("groups_on", GROUPS, False),
+)
+
 #: Consumers of the shared subscription.
 CONSUMERS = 2
 
@@ -48,9 +65,12 @@ N_FACTOR = 5
 DRAIN_TIMEOUT_S = 120.0
 
 
-def run_groups(client: redis.Redis, settings: Settings, qm: str, n: int, groups: int) -> dict[str, Any]:
-    """Drain ``n`` preloaded messages (``groups`` groups, 0: none) of a new shared subscription with
-    ``CONSUMERS`` consumers; ``{"msgs_per_s", "elapsed_s", "per_consumer", "cpu", ...}``.
+def run_groups(
+    client: redis.Redis, settings: Settings, qm: str, n: int, groups: int, legacy: bool = False
+) -> dict[str, Any]:
+    """Drain ``n`` preloaded messages (``groups`` groups, 0: none; ``legacy``: protocol-6 envelopes)
+    of a new shared subscription with ``CONSUMERS`` consumers;
+    ``{"msgs_per_s", "elapsed_s", "per_consumer", "cpu", ...}``.
 
     Raises:
         BenchError: a message was not received or acknowledged once, or a group went to two consumers.
@@ -58,9 +78,10 @@ def run_groups(client: redis.Redis, settings: Settings, qm: str, n: int, groups:
     from broker.clients.consumer import Subscriber
     from broker.core.connection import connect
 
-    record = subscribe(client, qm, GROUPS_FILTER, client_id="groups", durable_name=f"g{groups}")
+    name = f"g{groups}{'v6' if legacy else ''}"
+    record = subscribe(client, qm, GROUPS_FILTER, client_id="groups", durable_name=name)
     queue = keys.sub_queue(qm, record.sub_id)
-    preload_queue(client, queue, n, groups=groups)
+    preload_queue(client, queue, n, groups=groups, legacy=legacy)
     conns = [connect(settings.redis_url) for _ in range(CONSUMERS)]
     subscribers = [
         Subscriber(conn, qm, record, settings, consumer_id=f"c{i}") for i, conn in enumerate(conns)
@@ -117,6 +138,7 @@ def run_groups(client: redis.Redis, settings: Settings, qm: str, n: int, groups:
     return {
         "n": n,
         "groups": groups,
+        "legacy": legacy,
         "msgs_per_s": round(n / elapsed),
         "elapsed_s": round(elapsed, 3),
         "per_consumer": counts,
@@ -132,25 +154,30 @@ def run_groups(client: redis.Redis, settings: Settings, qm: str, n: int, groups:
 
 def _repeat(ctx: Ctx, rep: int, tag: str) -> None:
     n = ctx.args.n * N_FACTOR
-    runs = (("groups_off", 0), ("groups_on", GROUPS))
-    for name, groups in runs if rep % 2 == 0 else runs[::-1]:
+    runs = RUNS[rep % len(RUNS) :] + RUNS[: rep % len(RUNS)]
+    for name, groups, legacy in runs:
         ctx.idle(name)
-        ctx.log(f"25. shared subscription, {CONSUMERS} consumers, {groups or 'no'} groups, N={n:,}{tag}")
-        got = ctx.attempt(name, run_groups, ctx.client, ctx.settings, QM, n, groups)
+        what = f"{groups or 'no'} groups{', protocol-6 envelopes' if legacy else ''}"
+        ctx.log(f"25. shared subscription, {CONSUMERS} consumers, {what}, N={n:,}{tag}")
+        got = ctx.attempt(name, run_groups, ctx.client, ctx.settings, QM, n, groups, legacy)
         ctx.keep(name, got, got and f"   {got['msgs_per_s']:,} msgs/s {got['per_consumer']}")
 
 
 def _finish(ctx: Ctx) -> None:
-    off, on = ctx.runs["groups_off"], ctx.runs["groups_on"]
-    ctx.figures["groups_ratios"] = [
-        round(b["msgs_per_s"] / a["msgs_per_s"], 3) for a, b in zip(off, on, strict=False)
-    ]
+    off = ctx.runs["groups_off"]
+    for key in ("groups_legacy", "groups_on"):
+        ctx.figures[f"{key}_ratios"] = [
+            round(b["msgs_per_s"] / a["msgs_per_s"], 3)
+            for a, b in zip(off, ctx.runs.get(key) or [], strict=False)
+            if a and b
+        ]
 
 
 def _rows(f: Figures) -> list[Row]:
     rows = []
     for key, label in (
         ("groups_off", "25. shared, no groups"),
+        ("groups_legacy", "25. shared, no groups, v6 envelopes"),
         ("groups_on", f"25. shared, {GROUPS} groups"),
     ):
         if key not in f:
@@ -158,21 +185,22 @@ def _rows(f: Figures) -> list[Row]:
         b = f[key]
         notes = (
             f"{CONSUMERS} Subscribers (threads of the bench process) of {GROUPS_FILTER}: receive_many(100) "
-            f"+ ack_many of {b['n']:,} preloaded messages, {b['groups'] or 'no'} JMSXGroupID; "
+            f"+ ack_many of {b['n']:,} preloaded messages, {b['groups'] or 'no'} JMSXGroupID"
+            f"{' (protocol-6 envelopes: searched)' if b.get('legacy') else ''}; "
             f"per consumer {b['per_consumer']}; redis {b['redis_cpu_us_per_msg']} CPU-us/msg; "
             f"calls/msg {', '.join(f'{c} {k}' for c, k, _ in b.get('redis_commands', [])[:2])}"
         )
         off = f.get("groups_off", {}).get("msgs_per_s")
-        if key == "groups_on" and off:
-            repeats = ", ".join(str(x) for x in f.get("groups_ratios") or [])
-            notes += f"; groups/none {b['msgs_per_s'] / off:.2f} (per repeat {repeats})"
+        if key != "groups_off" and off:
+            repeats = ", ".join(str(x) for x in f.get(f"{key}_ratios") or [])
+            notes += f"; this/no groups {b['msgs_per_s'] / off:.2f} (per repeat {repeats})"
         rows.append(Row(label, "-", fmt(b["msgs_per_s"]), notes, cpu3(b["cpu"], ("bench",))))
     return rows
 
 
 MEASUREMENT = Measurement(
     "groups",
-    runs=("groups_off", "groups_on"),
+    runs=tuple(name for name, _, _ in RUNS),
     median_key="msgs_per_s",
     repeat=_repeat,
     finish=_finish,

@@ -13,7 +13,14 @@ import redis
 
 from broker.clients.publish import Publisher
 from broker.core import keys
-from broker.core.models import GROUP_ID, GROUP_SEQ, delivery_time, encode_envelope, publication_fields
+from broker.core.models import (
+    GROUP_ID,
+    GROUP_SEQ,
+    GROUPED_FIELD,
+    delivery_time,
+    encode_envelope,
+    publication_fields,
+)
 from broker.topics.routing import RoutingTable
 from scripts.bench.topology import Principals
 from scripts.bench.workload import PUBLISHERS, TOPICS, BenchError, bodies, selector_props
@@ -184,11 +191,24 @@ def preload(
     return out
 
 
-def preload_queue(client: redis.Redis, queue: str, n: int, per_push: int = 1000, groups: int = 0) -> float:
+#: The last protocol whose envelopes do not say whether they belong to a group in their first
+#: bytes (``broker_receive`` searches them for the group property): row 25's ``legacy`` run.
+LEGACY_PROTOCOL = 6
+
+
+def preload_queue(
+    client: redis.Redis,
+    queue: str,
+    n: int,
+    per_push: int = 1000,
+    groups: int = 0,
+    legacy: bool = False,
+) -> float:
     """LPUSH ``n`` envelopes as a worker writes them (``encode_envelope`` of a ``parse_entry``-shaped
     header, 200-byte body, 50 publishers) into ``queue``; returns the envelopes pushed per second.
     With ``groups``, message ``i`` belongs to group ``g<i % groups>`` (``JMSXGroupID``, and its
-    ``JMSXGroupSeq``: row 25.)."""
+    ``JMSXGroupSeq``, the header's ``grouped`` first: row 25.). With ``legacy``, the envelopes are
+    ``LEGACY_PROTOCOL`` ones (``v`` 6, no ``grouped`` field), as written before protocol 7."""
     body_list = bodies()
     now_ms = int(time.time() * 1000)
     pipe = client.pipeline(transaction=False)
@@ -196,8 +216,9 @@ def preload_queue(client: redis.Redis, queue: str, n: int, per_push: int = 1000,
     start = time.perf_counter()
     for i in range(n):
         body = body_list[i % len(body_list)]
-        header: dict[str, Any] = {
-            "v": keys.PROTOCOL_VERSION,
+        header: dict[str, Any] = {GROUPED_FIELD: True} if groups and not legacy else {}
+        header |= {
+            "v": LEGACY_PROTOCOL if legacy else keys.PROTOCOL_VERSION,
             "msgid": f"c{i}",
             "publisher": f"p{i % PUBLISHERS:02d}",
             "seq": i // PUBLISHERS + 1,

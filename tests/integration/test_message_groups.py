@@ -16,6 +16,7 @@ from broker.clients.consumer import Subscriber
 from broker.clients.publish import Publisher
 from broker.core import keys, library
 from broker.core.errors import InvalidMessage
+from broker.core.models import GROUPED_FIELD
 from broker.testing import drain, make_workers
 from broker.topics.subscriptions import remove_subscription, subscribe
 from tests.integration.test_library import queue
@@ -287,3 +288,117 @@ def test_removing_a_subscription_removes_its_message_groups(real_redis, sub):
     assert real_redis.exists(keys.sub_groups(QM, sub)) == 1
     assert remove_subscription(real_redis, QM, sub).removed
     assert real_redis.exists(keys.sub_groups(QM, sub)) == 0
+
+
+# --- protocol 7: a message of no group told by its envelope's first bytes; the scan cap ---------
+
+
+def envelope7(n: int, group: str | None = None, *, marked: bool | None = None) -> bytes:
+    """Message ``n`` as a protocol-7 worker writes it: ``"grouped":true`` first when it has a group
+    (``marked`` overrides, to write what no worker writes)."""
+    header: dict[str, Any] = (
+        {GROUPED_FIELD: True} if (group is not None if marked is None else marked) else {}
+    )
+    header |= {"v": keys.PROTOCOL_VERSION, "msgid": f"m{n}", "publisher": "p", "seq": n, "topic": "t"}
+    header["entry_id"] = f"1-{n}"
+    if group is not None:
+        header["props"] = {"JMSXGroupID": group}
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + f"body {n}".encode()
+
+
+def test_a_protocol_7_envelope_without_the_grouped_field_is_no_group_and_writes_no_group_key(real_redis, sub):
+    # Given protocol-7 envelopes whose props name group A but whose header does not start with
+    # "grouped" (no worker writes them: broker_receive reads only their first bytes)
+    queue(real_redis, sub, envelope7(1, "A", marked=False), envelope7(2, "A", marked=False))
+    # When c1 takes one and c2 the rest
+    # Then each takes a message as a plain one, and no group bookkeeping is written
+    assert receive(real_redis, sub, "c1", 1) == [1]
+    assert receive(real_redis, sub, "c2", 10) == [2]
+    assert real_redis.exists(keys.sub_groups(QM, sub)) == 0
+
+
+def test_the_grouped_field_makes_a_protocol_7_envelope_grouped_and_old_envelopes_still_are(real_redis, sub):
+    # Given group A written by a protocol-6 worker (searched) and by a protocol-7 one (marked),
+    # and a protocol-7 message of no group
+    queue(
+        real_redis,
+        sub,
+        envelope(1, "A"),
+        envelope7(2, "A"),
+        envelope7(3),
+        envelope(4, "A"),
+        envelope7(5, "A"),
+    )
+    # When c1 takes the first, then c2 and c1 take the rest
+    assert receive(real_redis, sub, "c1", 1) == [1]
+    assert owners(real_redis, sub) == {"A": "c1"}
+    # Then A's messages, old and new, are c1's only, in order; the ungrouped one goes to c2
+    assert receive(real_redis, sub, "c2", 10) == [3]
+    assert receive(real_redis, sub, "c1", 10) == [2, 4, 5]
+
+
+def test_published_envelopes_start_with_the_grouped_field_only_when_grouped(real_redis, settings):
+    # Given a subscription, a grouped and an ungrouped publication, delivered by a worker
+    record = subscribe(real_redis, QM, "$share/g/orders", "app")
+    pub = Publisher(real_redis, QM, "p")
+    pub.publish("orders", "g", group="A")
+    pub.publish("orders", "plain", properties={"JMSXGroupID": 7})  # not a string: no group
+    drain(make_workers(real_redis, settings, 1))
+    # Then the grouped one's header starts with "grouped", the others with the version
+    grouped, plain = real_redis.lrange(keys.sub_queue(QM, record.sub_id), 0, -1)[::-1]
+    assert grouped.startswith(b'{"grouped":true,"v":%d,' % keys.PROTOCOL_VERSION)
+    assert plain.startswith(b'{"v":%d,' % keys.PROTOCOL_VERSION)
+
+
+def _commands(client: redis.Redis) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): v["calls"] for k, v in client.info("commandstats").items()}
+
+
+def test_a_consumer_owning_no_group_looks_at_no_more_than_its_cap_and_writes_nothing(real_redis, sub):
+    # Given c1 owns group A, 40 of A's messages wait, then a message of no group (41)
+    queue(real_redis, sub, *(envelope7(n, "A") for n in range(40)), envelope7(40))
+    assert receive(real_redis, sub, "c1", 1) == [0]
+    band = real_redis.lrange(keys.sub_queue(QM, sub), 0, -1)
+    # When c2 asks for one message (cap: max(2 x 1, 16) = 16 messages passed over)
+    real_redis.config_resetstat()
+    got = receive(real_redis, sub, "c2", 1)
+    # Then it does not reach message 40 behind the 16 it looked at, writes nothing to the band
+    # (no LTRIM, no RPUSH) and clears the bell, so that it waits for it
+    assert got == []
+    calls = _commands(real_redis)
+    assert "ltrim" not in calls and "rpush" not in calls and calls.get("lrange", 0) <= 2
+    assert real_redis.lrange(keys.sub_queue(QM, sub), 0, -1) == band
+    assert real_redis.exists(keys.sub_bell(QM, sub)) == 0
+    # When it asks for 19 (cap 38: still short of the 39 of A's), then for 20 (cap 40)
+    assert receive(real_redis, sub, "c2", 19) == []
+    # Then only the call whose cap passes all 39 takes message 40; A's stay in order for c1
+    assert receive(real_redis, sub, "c2", 20) == [40]
+    assert receive(real_redis, sub, "c1", 100) == list(range(1, 40))
+
+
+def test_a_take_past_another_consumers_group_rings_the_bell(real_redis, sub):
+    # Given c1 owns A and is waiting (its last take emptied the bands); A's next message and a
+    # message of no group come
+    queue(real_redis, sub, envelope7(1, "A"))
+    assert receive(real_redis, sub, "c1", 10) == [1]
+    assert real_redis.exists(keys.sub_bell(QM, sub)) == 0
+    queue(real_redis, sub, envelope7(2, "A"), envelope7(3))
+    real_redis.delete(keys.sub_bell(QM, sub))
+    # When c2 takes the one of no group, passing A's over
+    assert receive(real_redis, sub, "c2", 10) == [3]
+    # Then the bell rings, for A's owner
+    assert real_redis.lrange(keys.sub_bell(QM, sub), 0, -1) == [b"1"]
+
+
+def test_releasing_a_group_with_messages_waiting_rings_the_bell(real_redis, sub):
+    # Given c1 owns A, holds nothing in flight, and A's message 2 waits, passed over by c2
+    queue(real_redis, sub, envelope7(1, "A"), envelope7(2, "A"))
+    got = real_redis.fcall("broker_receive", 1, keys.sub_queue(QM, sub), "c1", 1, LEASE_MS, NOW, "shared")
+    assert real_redis.fcall("broker_ack", 1, keys.sub_queue(QM, sub), "c1", got[2]) == 1
+    assert receive(real_redis, sub, "c2", 10) == []
+    assert real_redis.exists(keys.sub_bell(QM, sub)) == 0
+    # When c1's lease lapses and a recovery releases A (giving nothing back)
+    assert recover(real_redis, sub, now=NOW + LEASE_MS + 1)[1] == 0
+    # Then the bell rings: A's message is anybody's now
+    assert owners(real_redis, sub) == {}
+    assert real_redis.exists(keys.sub_bell(QM, sub)) == 1

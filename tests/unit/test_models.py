@@ -62,6 +62,29 @@ def test_defaults_come_from_the_entry_id():
 
 
 @pytest.mark.parametrize(
+    ("props", "grouped"),
+    [
+        ('{"JMSXGroupID":"g1","JMSXGroupSeq":2,"k":1}', True),
+        ('{"JMSXGroupID":""}', False),  # an empty id is no group
+        ('{"JMSXGroupID":7}', False),  # nor one of another type
+        ('{"k":"JMSXGroupID"}', False),
+        (None, False),
+    ],
+)
+def test_a_grouped_messages_header_starts_with_grouped_and_keeps_props_last(props, grouped):
+    # Given a publication with these properties
+    fields = {"publisher": "p", "topic": "t", **({"props": props} if props else {})}
+    # When a worker makes its envelope
+    envelope = encode_envelope(parse_entry("1-0", _entry(fields), 10).header, b"x")
+    # Then it starts {"grouped":true,"v":7, only for a group (receive.lua reads these bytes), and
+    # props stays the header's last field
+    head = b'{"grouped":true,"v":%d,' % keys.PROTOCOL_VERSION
+    assert envelope.startswith(head if grouped else b'{"v":%d,' % keys.PROTOCOL_VERSION)
+    header, _ = decode_envelope(envelope)
+    assert list(header)[-1] == ("props" if props else "entry_id")
+
+
+@pytest.mark.parametrize(
     ("fields", "fragment"),
     [
         ({"topic": "t"}, "missing field 'publisher'"),
@@ -138,6 +161,7 @@ USUAL = {
         {"props": {"k": 1, "f": 1.5, "b": True, "s": "x", "n": None, "big": 2**62}},
         {"priority": 0, "expiration": 0, "props": {}, "route": []},
         {"ts": 1700000000123, "size": 4},  # protocol 4's fields still decode
+        {"grouped": True, "props": {"JMSXGroupID": "g"}},  # protocol 7: a grouped message's first field
     ],
 )
 def test_a_usual_header_decodes_to_the_validated_message(extra: dict[str, object]) -> None:

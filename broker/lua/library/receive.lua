@@ -16,7 +16,13 @@
 -- the owner closes or its lease lapses; a message of another consumer's group stays where it
 -- is, in order, and the call takes the next messages after it. A JMSXGroupSeq below 0 closes
 -- the group after its message (ActiveMQ Classic). Without an owned group the call costs one
--- TYPE more and one plain find per message (a shared subscription only).
+-- TYPE more and, per message, a look at its first bytes (subscription.lua's may_be_grouped: a
+-- worker writes a grouped message's header with "grouped" first), so a message of no group is
+-- never searched; an envelope older than protocol 7 is searched for its group as before.
+-- Contention: a call passes over at most GROUP_PASS_FACTOR x the messages it may take (at least
+-- GROUP_PASS_MIN) of groups other consumers own, and leaves them where they are without writing
+-- them again; a call that took nothing and passed some over clears the bell, so its consumer
+-- waits for the bell (a new message, another consumer's take) rather than looking again.
 --
 -- KEYS[1] the subscription's key "{qm}:sub:<id>" (subscription.lua derives the others:
 --   consumers zset consumer -> lease deadline ms, this consumer's in-flight list, the bell
@@ -44,14 +50,17 @@
 
 -- most values one LPUSH is given (unpack() takes at most about 8000)
 local PUSH_CHUNK = 1000
--- most messages of groups other consumers own that one call passes over in a band (message
--- groups: they stay in place; the rest of the band waits for a later call)
-local GROUP_SKIP_LIMIT = 1000
+-- most messages of groups other consumers own that one call passes over (in all bands), per
+-- message it may take, and at least (message groups: they stay in place; what lies behind
+-- them waits for a later call, usually after their owner took them)
+local GROUP_PASS_FACTOR = 2
+local GROUP_PASS_MIN = 16
 
 -- The state of one broker_receive while it takes messages (`st`): out (the reply), taken,
 -- n_expired, max_n, now, consumer, inflight, redelivered, any_redelivered, to_dlq, dlq,
 -- dlq_len, sub_id, with_groups, groups (the groups hash's key), owners (this call's view of
--- it: group -> consumer id, or false: nobody's).
+-- it: group -> consumer id, or false: nobody's), pass_left (how many more messages of other
+-- consumers' groups it may pass over), passed (how many it passed over).
 
 -- Push the envelopes handed over onto the in-flight list with LPUSH, oldest first (so it ends
 -- as a run of LMOVE ... RIGHT LEFT would leave it: newest on the left).
@@ -133,7 +142,7 @@ local function take_band(st, band)
       local env = envs[i]
       -- deliver, written out: this loop runs once per message taken
       if not (string.find(env, '"expiration":', 1, true) and expired_now(st, env)) then
-        if with_groups and string.find(env, GROUP_FIELD, 1, true) then
+        if with_groups and may_be_grouped(env) then
           local group, seq = group_of(env)
           if group then
             if owners[group] == nil then owners[group] = false end   -- the hash was empty
@@ -158,38 +167,48 @@ local function take_band(st, band)
 end
 
 -- With groups owned: a message of a group another consumer owns stays where it is, in
--- order; the band is read from its oldest end in growing chunks (up to GROUP_SKIP_LIMIT
--- such messages passed over per band), then what was read is cut off with one LTRIM and the
--- messages passed over put back with one RPUSH, in their order.
+-- order; the band is read from its oldest end, first as many as the call wants, then as many
+-- more as it may still look at (two LRANGE at most), until it has what it wants or has passed
+-- over st.pass_left such messages. Then the messages read up to the last one
+-- taken (or expired) are cut off with one LTRIM and those among them passed over put back with
+-- RPUSH, in their order; the ones passed over after it are not written at all (a call that
+-- takes nothing writes nothing to the bands).
 local function take_band_grouped(st, band)
   local max_n, consumer = st.max_n, st.consumer
   local scanned, passed, keep, chunk = 0, {}, {}, max_n - st.taken
-  while st.taken < max_n and #passed < GROUP_SKIP_LIMIT do
+  -- cut: messages read up to the last one removed; kept: how many of `passed` are before it
+  local cut, kept = 0, 0
+  while st.taken < max_n and st.pass_left > 0 do
     local envs = redis.call('LRANGE', band, -(scanned + chunk), -(scanned + 1))
     if #envs == 0 then break end
-    scanned = scanned + #envs
     for i = #envs, 1, -1 do
+      if st.taken >= max_n or st.pass_left <= 0 then break end
       local env = envs[i]
-      if st.taken >= max_n then
-        passed[#passed + 1] = env
-      elseif not expired_now(st, env) then
-        local group, seq = group_of(env)
+      scanned = scanned + 1
+      if expired_now(st, env) then
+        cut, kept = scanned, #passed
+      else
+        local group, seq
+        if may_be_grouped(env) then group, seq = group_of(env) end
         local owner = group and owner_of(st, group)
         if owner and owner ~= consumer then
           passed[#passed + 1] = env
+          st.pass_left = st.pass_left - 1
         else
           if group then own(st, group, seq) end
           deliver(st, env, keep)
+          cut, kept = scanned, #passed
         end
       end
     end
     if #envs < chunk then break end   -- the band is read to its end
-    chunk = math.min(chunk * 2, GROUP_SKIP_LIMIT)
+    chunk = st.pass_left + max_n - st.taken   -- the most the call may still look at
   end
-  if scanned == 0 then return end
-  redis.call('LTRIM', band, 0, -(scanned + 1))
+  st.passed = st.passed + #passed
+  if cut == 0 then return end
+  redis.call('LTRIM', band, 0, -(cut + 1))
   -- passed[1] is the oldest: it goes back rightmost, so the newest is pushed first
-  for i = #passed, 1, -PUSH_CHUNK do
+  for i = kept, 1, -PUSH_CHUNK do
     local from = math.max(i - PUSH_CHUNK + 1, 1)
     local chunk_envs = {}
     for j = i, from, -1 do chunk_envs[#chunk_envs + 1] = passed[j] end
@@ -266,7 +285,8 @@ local function receive(KEYS, ARGV)
   local st = {out = {'ok', 0}, taken = 0, n_expired = 0, max_n = max_n, now = now, consumer = consumer,
               inflight = inflight, redelivered = redelivered,
               any_redelivered = redis.call('EXISTS', redelivered) == 1, to_dlq = to_dlq, dlq = dlq,
-              dlq_len = dlq_len, sub_id = sub_id, with_groups = with_groups, groups = groups, owners = {}}
+              dlq_len = dlq_len, sub_id = sub_id, with_groups = with_groups, groups = groups, owners = {},
+              pass_left = math.max(GROUP_PASS_FACTOR * max_n, GROUP_PASS_MIN), passed = 0}
   local grouped = with_groups and groups_type == 'hash'
   for _, band in ipairs(bands) do
     if st.taken >= max_n then break end
@@ -279,10 +299,12 @@ local function receive(KEYS, ARGV)
   out[2] = n_expired
   if max_n == 0 then
     -- a heartbeat: nothing taken, the bell left as it is
-  elseif taken < max_n then
-    redis.call('DEL', bell)       -- every band is empty
+  elseif taken >= max_n or (taken > 0 and st.passed > 0) then
+    ring(bell)                    -- more may wait (for another consumer): wake the next one
   else
-    ring(bell)                    -- more may wait: wake the next consumer
+    -- every band is empty, or holds messages of other consumers' groups only (as far as this
+    -- call looked): this consumer waits for the bell, rung by a new message or another's take
+    redis.call('DEL', bell)
   end
   return out
 end

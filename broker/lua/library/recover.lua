@@ -89,10 +89,12 @@ local function recover(KEYS, ARGV)
   elseif #dead > 0 and redis.call('EXISTS', sub.groups) == 1 then
     local gone = {}
     for _, c in ipairs(dead) do gone[c] = true end
-    local owned = redis.call('HGETALL', sub.groups)
+    local owned, released = redis.call('HGETALL', sub.groups), 0
     for i = 1, #owned, 2 do
-      if gone[owned[i + 1]] then redis.call('HDEL', sub.groups, owned[i]) end
+      if gone[owned[i + 1]] then released = released + redis.call('HDEL', sub.groups, owned[i]) end
     end
+    -- a released group's waiting messages are anybody's now: wake a consumer that passed them over
+    if released > 0 and given == 0 then ring(bell) end
   end
   -- the subscription's last use, kept when its consumers leave the zset (a durable
   -- subscription idle for durable_idle_expiry_ms is removed: broker.operations.durables)

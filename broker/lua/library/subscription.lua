@@ -65,6 +65,25 @@ end
 -- first character, and quotes are everywhere in a header, a capital J is rare.)
 local GROUP_FIELD = 'JMSXGroupID":'
 
+-- Whether envelope `env` may belong to a group, from its first bytes when it can tell (protocol
+-- 7: a worker writes a grouped message's header with "grouped":true first, so a header that starts
+-- '{"v":' with a version of 7 or more belongs to no group): a constant check, no search. An older
+-- envelope (a version of 6 or less, written before an upgrade and still waiting) or any other
+-- shape is searched for the group property as before (group_of reads it then).
+local function may_be_grouped(env)
+  local _, _, b3, _, _, b6, b7 = string.byte(env, 1, 7)
+  if b3 == 118 and b7 then   -- {"v":N
+    if b7 == 44 then   -- one digit, then ","
+      if b6 >= 55 and b6 <= 57 then return false end
+    elseif b7 >= 48 and b7 <= 57 and b6 >= 49 and b6 <= 57 then   -- 10 or more
+      return false
+    end
+  elseif b3 == 103 then   -- {"grouped":true,
+    return true
+  end
+  return string.find(env, GROUP_FIELD, 1, true) ~= nil
+end
+
 -- The group of envelope `env` and its sequence number: its JMSXGroupID property (a non-empty
 -- string) and its JMSXGroupSeq (a number, or nil); nil for an envelope of no group (no such
 -- property, one of another type, or a header that is not JSON: its consumer rejects it).
