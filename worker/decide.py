@@ -20,9 +20,10 @@ import logging
 
 from broker.core import keys, wire
 from broker.core.config import Settings
+from broker.core.entries import apply_topic_defaults, parse_entry
 from broker.core.errors import InvalidMessage, InvalidTopic
 from broker.core.logs import publication_extra
-from broker.core.models import apply_topic_defaults, encode_envelope, parse_entry
+from broker.core.models import encode_envelope
 from broker.core.schemes import root_topic, separator
 from broker.core.topic_rules import limit_problem
 from broker.core.unit_of_work import Action, CommitBatch, Retain, UnitOfWork

@@ -45,7 +45,7 @@ A MULTI/EXEC would run the XDEL even when its XADD failed on a key of another ty
 What is never replayed (skipped, with the reason, and left in the dead-letter queue): a dead
 letter missing a field (a body, props or topic over ``max_body_bytes``: ``dlq.<field>_bytes``;
 more than 1,000 fields: ``dlq.fields``), with no valid publisher id, whose fields would be
-refused again (``broker.core.models.parse_entry``), that has expired, of a principal no longer bound
+refused again (``broker.core.entries.parse_entry``), that has expired, of a principal no longer bound
 to its publisher id, or of a subscription that no longer exists; a poison message with
 ``keep`` (the subscriber queue has no dedup record: each replay would deliver it again).
 Order: dead letters are replayed in the dead-letter stream's order; once one publication of a
@@ -63,6 +63,7 @@ import redis
 
 from broker.core import keys, wire
 from broker.core.connection import is_cluster
+from broker.core.entries import parse_entry
 from broker.core.errors import (
     DeadLetterNotFound,
     EmptySelection,
@@ -70,7 +71,7 @@ from broker.core.errors import (
     InvalidMessage,
     translate_errors,
 )
-from broker.core.models import decode_envelope, parse_entry
+from broker.core.models import decode_envelope
 from broker.core.scripts import register
 from broker.operations.dead_letter_selection import (
     DLQ_ID,

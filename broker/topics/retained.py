@@ -39,14 +39,9 @@ import redis
 
 from broker.core import clock, hierarchy, keys, topic_rules, wire
 from broker.core.connection import KEEP, read_hash
+from broker.core.entries import selector_properties
 from broker.core.errors import InvalidMessage, translate_errors
-from broker.core.models import (
-    Message,
-    decode_envelope,
-    header_timestamp_ms,
-    retained_envelope,
-    selector_properties,
-)
+from broker.core.models import Message, decode_envelope, header_timestamp_ms, retained_envelope
 from broker.core.schemes import recorded_scheme
 from broker.core.selectors import compile_selector
 

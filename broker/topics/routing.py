@@ -31,11 +31,11 @@ import redis
 
 from broker.core import hierarchy, keys, wire
 from broker.core.connection import as_bytes
+from broker.core.entries import Entry
 from broker.core.errors import ConfigError, CorruptRecord, ForeignKey, InvalidTopicFilter, translate_errors
 from broker.core.hierarchy import DeclaredTopics, HierarchyIndex
 from broker.core.keys import DEFAULT_PRIORITY
 from broker.core.logs import publication_extra
-from broker.core.models import Entry
 from broker.core.schemes import root_topic, scheme_of, separator
 from broker.core.scripts import register
 from broker.core.selectors import Selector, compile_selector

@@ -9,7 +9,8 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from broker.core.models import parse_entry, publication_fields
+from broker.core.entries import parse_entry
+from broker.core.models import publication_fields
 from broker.core.selectors import compile_selector
 from scripts.bench.base import (
     QM,

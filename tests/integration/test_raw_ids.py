@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 
 from broker.core import keys
-from broker.core.models import encode_envelope, parse_entry
+from broker.core.entries import parse_entry
+from broker.core.models import encode_envelope
 from broker.network.mover import forwarded_fields
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.routing import RoutingTable

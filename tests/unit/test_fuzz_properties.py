@@ -29,6 +29,7 @@ from broker.clients.publish import Publisher
 from broker.core import hierarchy, keys, topic_rules
 from broker.core.config import load_settings
 from broker.core.connection import can_name
+from broker.core.entries import apply_topic_defaults, parse_entry
 from broker.core.errors import (
     ConfigError,
     CorruptRecord,
@@ -43,14 +44,7 @@ from broker.core.errors import (
     shown,
 )
 from broker.core.hierarchy import HierarchyIndex
-from broker.core.models import (
-    Message,
-    apply_topic_defaults,
-    decode_envelope,
-    encode_envelope,
-    parse_entry,
-    publication_fields,
-)
+from broker.core.models import Message, decode_envelope, encode_envelope, publication_fields
 from broker.core.scripts import entry_fields
 from broker.core.selectors import compile_selector, like
 from broker.core.topic_rules import TopicIndex

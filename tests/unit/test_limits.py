@@ -14,6 +14,7 @@ import redis
 from broker.clients.publish import Publisher
 from broker.core import keys
 from broker.core.config import Settings, load_settings
+from broker.core.entries import parse_entry
 from broker.core.errors import (
     ConfigError,
     InvalidMessage,
@@ -24,7 +25,7 @@ from broker.core.errors import (
     TooManySubscriptions,
     translate_errors,
 )
-from broker.core.models import parse_entry, publication_fields
+from broker.core.models import publication_fields
 from broker.core.topic_rules import limit_problem
 from broker.core.unit_of_work import Action
 from broker.topics.subscriptions import subscribe, unsubscribe

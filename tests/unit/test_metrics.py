@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.core.entries import parse_entry
 from broker.core.errors import InvalidMessage
-from broker.core.models import parse_entry
 from broker.core.topic_rules import limit_problem, validate_topic
 from broker.core.unit_of_work import Action, Outcome, UnitOfWork
 from broker.operations.metrics import (

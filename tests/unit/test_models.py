@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.core import keys
+from broker.core.entries import parse_entry
 from broker.core.errors import InvalidMessage
 from broker.core.models import (
     Message,
     _from_usual_header,
     decode_envelope,
     encode_envelope,
-    parse_entry,
     publication_fields,
 )
 

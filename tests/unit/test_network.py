@@ -8,8 +8,9 @@ import random
 
 import pytest
 
+from broker.core.entries import parse_entry
 from broker.core.errors import ConfigError
-from broker.core.models import Message, encode_envelope, parse_entry, publication_fields
+from broker.core.models import Message, encode_envelope, publication_fields
 from broker.core.topic_rules import matches as mqtt_matches
 from broker.network.mover import forwarded_fields
 from broker.topics.topology import (

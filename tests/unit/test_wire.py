@@ -9,8 +9,8 @@ import redis
 
 from broker.clients.publish import Publisher
 from broker.core import keys, wire
+from broker.core.entries import parse_entry
 from broker.core.errors import InvalidMessage, InvalidName
-from broker.core.models import parse_entry
 from broker.core.principals import check_publisher_ids
 
 #: Publisher fields as an entry carries them (bytes) -> the FIFO the entry is filed under.
