@@ -457,6 +457,7 @@ class Worker:
                 liveness_ms=keys.LIVENESS_MS,
                 now_ms=now,
                 release=self.delays.release(now),
+                ingress=bool(self.table.ingress),
             )
             assert dequeued is not None
         self.delays.learned(dequeued)
@@ -697,6 +698,7 @@ class Worker:
                     ahead=next_read[1],
                     now_ms=now,
                     release=release,
+                    ingress=bool(self.table.ingress),
                 )
             counts["wake"] = self.waiting.hand_on_in(pipe, now, wake) if wake is not None else 0
             return pipe.execute(raise_on_error=False)

@@ -258,6 +258,7 @@ class Scripts:
         ahead: tuple[str, str] | None = None,
         now_ms: int | None = None,
         release: bool = False,
+        ingress: bool = False,
     ) -> Dequeued | None:
         """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
 
@@ -278,6 +279,10 @@ class Scripts:
                 with it (default ``clock.now_ms()``).
             release: move the delayed publications due by ``now_ms`` back to the publish stream
                 (``{qm}:delayed``; the worker asks only when it knows one is due).
+            ingress: move the principals' ingress streams' entries into the publish stream
+                (``{qm}:principals``, ``broker.core.principals``); the worker asks when its routing
+                table has ingress streams (``RoutingTable.ingress``). Without it the call reads no
+                principals: a broker without security pays nothing for them.
 
         Returns:
             A ``Dequeued``, or None with ``pipe``.
@@ -318,7 +323,7 @@ class Scripts:
                 refusals.reply_ttl_ms,
                 refusals.dead_letter_max_len,
                 refusals.max_body_bytes,
-                keys.ingress_prefix(qm),
+                keys.ingress_prefix(qm) if ingress else "",
                 wire.publisher_bytes(ahead[0]) if ahead else b"",
                 ahead[1] if ahead else "",
                 clock.now_ms() if now_ms is None else now_ms,

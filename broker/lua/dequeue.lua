@@ -15,18 +15,25 @@
 -- Nothing is filed for a publisher whose FIFO or turn key is foreign (another
 -- Redis type): its entries are refused here, in stream order (dead-lettered
 -- with the reason, acknowledged, "refused" posted when asked), so none stays
--- pending. Every queue-manager-wide key is checked before XREADGROUP. A dequeue with nothing to
--- do (nothing to read, no turn, no ingress: idle_reply) writes nothing and reads only the group's
--- state: at a high rate, where every idle worker wakes for each entry, most of them are such.
+-- pending. Every key the call may write is known to be of its type before its first write: most
+-- by a read the call makes anyway, with redis.pcall (an error reply is a foreign key; no TYPE for
+-- them), the dead-letter stream (no read) by TYPE only when the call may refuse an entry. A dequeue
+-- with nothing to do (nothing to read, no turn, no ingress) writes nothing and reads only the
+-- group's state: at a high rate, where every idle worker wakes for each entry, most of them are
+-- such. A feature nobody configured costs nothing per call: no principals read without ingress
+-- (ARGV[14] ""), no {qm}:saturated while this worker is the only live one, no XREADGROUP when the
+-- group's lag is 0, and the delivery_time of an entry is found by the scan that finds its publisher.
 --
 -- KEYS[1] publish stream            "{qm}:publish"
 -- KEYS[2] index version counter     "{qm}:version"
 -- KEYS[3] active publishers set     "{qm}:publishers"
 -- KEYS[4] live workers              "{qm}:alive" (zset scored by last heartbeat, ms)
 -- KEYS[5] dead-letter stream        "{qm}:dlq"
--- KEYS[6] principals                "{qm}:principals" (principal -> publisher ids, one per line)
+-- KEYS[6] principals                "{qm}:principals" (principal -> publisher ids, one per line; read
+--                                   only when ARGV[14] is not empty)
 -- KEYS[7] saturated workers         "{qm}:saturated" (worker -> ms of its last dequeue that found
---                                   it holding a saturated publisher; written here)
+--                                   it holding a saturated publisher; read and written here only
+--                                   while more than one worker is live)
 -- KEYS[8] entries handled alone     "{qm}:alone" (take_over in lib.lua; not type-checked here:
 --                                   read and written with pcall, only when heads are taken over)
 -- KEYS[9] wake-up list              "{qm}:wake" (worker.waiting; LPOP with pcall: a foreign key is skipped):
@@ -48,7 +55,8 @@
 -- ARGV[11] reply_ttl_ms
 -- ARGV[12] approximate cap of the dead-letter stream, records
 -- ARGV[13] max_body_bytes: a dead letter keeps a field (the body) only up to this size
--- ARGV[14] ingress stream prefix    "{qm}:in:" (.. principal)
+-- ARGV[14] ingress stream prefix    "{qm}:in:" (.. principal), or "" when the worker's routing table
+--          has no ingress stream (no principal): KEYS[6] is not read, nothing moved from ingress
 -- ARGV[15] publisher whose next heads to take over here ("" for none), if the worker holds its turn
 -- ARGV[16] the entry id after which the worker has read none of them ("ms-seq"): only heads
 --          after it are taken over (take_over in lib.lua: the FIFO head counted, when it is one)
@@ -80,53 +88,82 @@
 -- any entry. A delivery_time that is not digits passes through: the worker refuses it.
 
 local stream, group, token = KEYS[1], ARGV[1], ARGV[2]
-local prefix, lease_ms, heads = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+-- (a tonumber() of a string costs about as much as a small command: only the numbers used on
+-- every call are converted here; lease_ms goes to Redis as the string it came as)
+local count, heads = tonumber(ARGV[3]), tonumber(ARGV[6])
+local prefix, lease_ms = ARGV[4], ARGV[5]
 local malformed, max_pub = ARGV[7], tonumber(ARGV[9])
-local ctx = {stream = stream, group = group, dlq = KEYS[5], dlq_len = ARGV[12], max_body = tonumber(ARGV[13]),
-             reply_prefix = ARGV[10], reply_ttl = ARGV[11]}
+local EMPTY = {}  -- never written: what an unread hash or an empty list stands for
+-- how an entry is refused (refuse_unparsed in lib.lua), made on the first refusal
+local ctx = nil
+local function refusals()
+  ctx = ctx or {stream = stream, group = group, dlq = KEYS[5], dlq_len = ARGV[12], max_body = tonumber(ARGV[13]),
+                reply_prefix = ARGV[10], reply_ttl = ARGV[11]}
+  return ctx
+end
 local FIRST_OWNED = 19
 local RELEASE_MAX = 1000
 local delay_now, release_asked = ARGV[17], ARGV[18] == '1'
 
+-- Reads first. A read made with redis.pcall checks its key's type on the way (an error reply: the
+-- key holds another type), so no TYPE is sent for a key the call reads anyway; every key the call
+-- may write is known to be of its type before the first write. `checked` stops the script, before
+-- any write, with the broker's error naming the key ("BROKER foreign key: ...", as require_types).
+local function checked(reply, key, want)
+  if type(reply) == 'table' and reply.err then
+    local why = foreign(key, want)
+    if why then error({err = 'BROKER ' .. why}) end
+    error(reply)
+  end
+  return reply
+end
+
+-- The group's state: its last-delivered id, pending count and lag (false when the server cannot
+-- tell, or the group is missing: XREADGROUP below then answers NOGROUP, as the worker expects).
+-- Read before anything else, it also checks the stream's type; the pending count and last id the
+-- reply needs are worked out from it and what this call reads (nothing else moves them here).
+local pre_last, pre_pending, lag = nil, 0, false
+local groups = redis.pcall('XINFO', 'GROUPS', stream)
+if groups.err then
+  require_types({{stream, 'stream'}})  -- a foreign stream stops here; a missing one reads nothing
+else
+  for _, info in ipairs(groups) do
+    local name, last, behind, pending = nil, nil, false, 0
+    for j = 1, #info, 2 do
+      local field = info[j]
+      if field == 'name' then name = info[j + 1]
+      elseif field == 'last-delivered-id' then last = info[j + 1]
+      elseif field == 'lag' then behind = info[j + 1]
+      elseif field == 'pending' then pending = info[j + 1] end
+    end
+    if name == group then pre_last, pre_pending, lag = last, pending, behind end
+  end
+end
+local version = checked(redis.pcall('GET', KEYS[2]), KEYS[2], 'string')
+local active = checked(redis.pcall('SCARD', KEYS[3]), KEYS[3], 'set')
+
 -- An empty dequeue (at a high rate every idle worker wakes for an entry one of them takes): nothing
 -- to read (the group's lag is 0), no turn held or named (ARGV, a wake-up), no ingress, no record of
--- a saturated publisher to remove: answered from the group's state alone. Nothing is written, so
--- nothing needs a type check; any key that answers an error takes the whole path below.
--- (the group's last-delivered id and pending count it read: the fair share below starts from them)
-local pre_last, pre_pending = nil, nil
-local function idle_reply()
-  if #ARGV >= FIRST_OWNED or ARGV[15] ~= '' or release_asked then return nil end
-  local groups = redis.pcall('XINFO', 'GROUPS', stream)
-  if groups.err then return nil end
-  for _, info in ipairs(groups) do
-    local name, last, lag, count = nil, nil, nil, 0
-    for j = 1, #info, 2 do
-      if info[j] == 'name' then name = info[j + 1] end
-      if info[j] == 'last-delivered-id' then last = info[j + 1] end
-      if info[j] == 'lag' then lag = info[j + 1] end
-      if info[j] == 'pending' then count = info[j + 1] end
-    end
-    if name == group then
-      pre_last, pre_pending = last, count
-      if lag ~= 0 or redis.pcall('LLEN', KEYS[9]) ~= 0 or redis.pcall('HLEN', KEYS[6]) ~= 0
-         or redis.pcall('HEXISTS', KEYS[7], token) ~= 0 then return nil end
-      local version, active = redis.pcall('GET', KEYS[2]), redis.pcall('SCARD', KEYS[3])
-      if type(version) == 'table' or type(active) ~= 'number' then return nil end
-      return {version or '0', last, {}, {}, active, 1, 0, {}, 0}
-    end
-  end
-  return nil
+-- a saturated publisher to remove: answered from the reads above. Nothing is written.
+if #ARGV < FIRST_OWNED and ARGV[15] == '' and not release_asked and lag == 0
+   and redis.pcall('LLEN', KEYS[9]) == 0 and (ARGV[14] == '' or redis.pcall('HLEN', KEYS[6]) == 0)
+   and redis.pcall('HEXISTS', KEYS[7], token) == 0 then
+  return {version or '0', pre_last, {}, {}, active, 1, 0, {}, 0}
 end
-local idle = idle_reply()
-if idle then return idle end
 
--- the index version and the principals are read here (each read checks its key's type), the
--- other queue-manager-wide keys type-checked, all before the first write
-local version = redis.pcall('GET', KEYS[2])
-if type(version) == 'table' then error({err = 'BROKER ' .. foreign(KEYS[2], 'string')}) end
-local bindings = redis.pcall('HGETALL', KEYS[6])
-if bindings.err then error({err = 'BROKER ' .. foreign(KEYS[6], 'hash')}) end
-require_types({{stream, 'stream'}, {KEYS[3], 'set'}, {KEYS[4], 'zset'}, {KEYS[5], 'stream'}, {KEYS[7], 'hash'}})
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local since = now_ms - tonumber(ARGV[8])  -- a worker whose last heartbeat is older is not live
+local live = math.max(checked(redis.pcall('ZCOUNT', KEYS[4], since, '+inf'), KEYS[4], 'zset'), 1)
+-- {qm}:saturated is read and written only while another worker is live (checked by its read)
+local records = EMPTY
+if live > 1 then records = checked(redis.pcall('HGETALL', KEYS[7]), KEYS[7], 'hash') end
+-- the principals only when the worker's routing table has ingress streams (ARGV[14] not empty)
+local bindings = EMPTY
+if ARGV[14] ~= '' then bindings = checked(redis.pcall('HGETALL', KEYS[6]), KEYS[6], 'hash') end
+-- the dead-letter stream has no read to check it: its type, only when this call may refuse an entry
+-- (it reads entries or moves ingress entries)
+if count > 0 and (lag ~= 0 or release_asked or #bindings > 0) then require_types({{KEYS[5], 'stream'}}) end
 
 -- Authenticated ingress (broker.core.principals): each principal (an ACL user) may XADD only to its
 -- own ingress stream, so the stream says who published. Its entries are moved here, in order,
@@ -134,17 +171,17 @@ require_types({{stream, 'stream'}, {KEYS[3], 'set'}, {KEYS[4], 'zset'}, {KEYS[5]
 -- field only the broker may set (broker_only in lib.lua: "origin", "route", "dlq.*"); one whose
 -- publisher id is not bound to the principal is dead-lettered with the reason, those fields left
 -- out too (no result is posted: the reply key belongs to the id it claims), and named in the
--- reply's `refused`. An ingress stream of another type is skipped.
-local room = tonumber(ARGV[3])
-local impersonations = {}  -- {principal, claimed publisher id, entry id, ...}: the reply's 10th element
+-- reply's `refused`. An ingress stream of another type is skipped (its XRANGE's error reply).
+local room, moved = count, 0
+local impersonations = EMPTY  -- {principal, claimed publisher id, entry id, ...}: the reply's 10th element
 for i = 1, #bindings, 2 do
   if room <= 0 then break end
   local principal, ids = bindings[i], bindings[i + 1]
   local ingress = ARGV[14] .. principal
-  if redis.call('TYPE', ingress)['ok'] == 'stream' then
+  local batch = redis.pcall('XRANGE', ingress, '-', '+', 'COUNT', room)
+  if not batch.err and #batch > 0 then
     local bound = {}
     for id in string.gmatch(ids, '[^\n]+') do bound[id] = true end
-    local batch = redis.call('XRANGE', ingress, '-', '+', 'COUNT', room)
     local done = {}
     for _, entry in ipairs(batch) do
       local fields, copy, pub = entry[2], {}, nil
@@ -159,57 +196,62 @@ for i = 1, #bindings, 2 do
         copy[#copy + 1] = 'principal'
         copy[#copy + 1] = principal
         redis.call('XADD', stream, '*', unpack(copy))
+        moved = moved + 1
       else
         local why = 'publisher id ' .. string.format('%q', pub or '') .. ' is not bound to principal '
                     .. principal .. ' (ingress ' .. ingress .. ')'
         -- dlq.principal: the ingress stream it came in by (broker.operations.dead_letters replays it there)
         dead_letter(KEYS[5], ARGV[12], tonumber(ARGV[13]), entry[1], copy, why, {'dlq.principal', principal})
+        if impersonations == EMPTY then impersonations = {} end
         impersonations[#impersonations + 1] = principal
         impersonations[#impersonations + 1] = pub or ''
         impersonations[#impersonations + 1] = entry[1]
       end
       done[#done + 1] = entry[1]
     end
-    if #done > 0 then redis.call('XDEL', ingress, unpack(done)) end
+    redis.call('XDEL', ingress, unpack(done))
     room = room - #done
   end
 end
 
-local entries = {}
-if tonumber(ARGV[3]) > 0 then  -- COUNT 0 would read everything
-  local reply = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', ARGV[3], 'STREAMS', stream, '>')
+-- XREADGROUP only when there is something to read (the lag, or entries moved from ingress)
+local entries = EMPTY
+if count > 0 and (lag ~= 0 or moved > 0) then  -- COUNT 0 would read everything
+  local reply = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', count, 'STREAMS', stream, '>')
   if reply then entries = reply[1][2] end
 end
 local read_count = #entries
 local read_last = read_count > 0 and entries[read_count][1] or nil
 
--- Delivery delay: the entries with a delivery_time (one comparison per field) go to KEYS[10].
-local delayed_moves, delayed_due = 0, false
-local later = nil  -- {[index in entries] = delivery time (digits)}
+-- One scan of each entry's fields finds its publisher and its delivery_time (delivery delay): an
+-- entry without one costs nothing more than its publisher's look-up.
+local pubs, later = {}, nil  -- later: {[index in entries] = delivery time (digits)}
 for i, entry in ipairs(entries) do
-  local fields = entry[2]
-  for j = 1, #fields, 2 do
-    if fields[j] == 'delivery_time' then
-      local at = fields[j + 1]
-      if #at <= 15 and string.match(at, '^%d+$') and not field_of(fields, 'delayed_from') then
-        later = later or {}
-        later[i] = at
-      end
-      break
-    end
+  local pub, at = publisher_and(entry[2], malformed, max_pub, 'delivery_time')
+  pubs[i] = pub
+  if at and #at <= 15 and string.match(at, '^%d+$') and not field_of(entry[2], 'delayed_from') then
+    later = later or {}
+    later[i] = at
   end
+end
+-- Delivery delay: the entries with a delivery_time go to KEYS[10] (its type read once, when needed).
+local delayed_moves, delayed_due = 0, false
+local delayed_why = nil  -- false: KEYS[10] is a zset or absent; else why it is foreign
+local function delayed_foreign()
+  if delayed_why == nil then delayed_why = foreign(KEYS[10], 'zset') or false end
+  return delayed_why
 end
 local function padded(part) return string.rep('0', 20 - #part) .. part end
 if later then
-  local why = foreign(KEYS[10], 'zset')
-  local rest, members, acks = {}, {}, {}
+  local why = delayed_foreign()
+  local rest, rest_pubs, members, acks = {}, {}, {}, {}
   for i, entry in ipairs(entries) do
     local at = later[i]
     if not at then
       rest[#rest + 1] = entry
+      rest_pubs[#rest] = pubs[i]
     elseif why then
-      refuse_unparsed(ctx, entry[1], entry[2], publisher_of(entry[2], malformed, max_pub),
-                      why .. '; the delayed publication could not be kept')
+      refuse_unparsed(refusals(), entry[1], entry[2], pubs[i], why .. '; the delayed publication could not be kept')
     else
       local ms, seq = string.match(entry[1], '^(%d+)-(%d+)$')
       members[#members + 1] = at
@@ -223,13 +265,13 @@ if later then
     redis.call('XACK', stream, group, unpack(acks, i, math.min(i + 999, #acks)))
   end
   delayed_moves = #acks
-  entries = rest
+  entries, pubs = rest, rest_pubs
 end
 
 -- Delivery delay: the delayed publications due by now go back to the publish stream, in order, and
 -- are read in this call when the read above reached the stream's end (they follow it).
 local delayed_reply = nil
-if (release_asked or delayed_due or delayed_moves > 0) and not foreign(KEYS[10], 'zset') then
+if (release_asked or delayed_due or delayed_moves > 0) and not delayed_foreign() then
   if release_asked or delayed_due then
     local due = redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', delay_now, 'LIMIT', 0, RELEASE_MAX)
     for _, member in ipairs(due) do
@@ -260,11 +302,15 @@ if (release_asked or delayed_due or delayed_moves > 0) and not foreign(KEYS[10],
       redis.call('ZREM', KEYS[10], unpack(due, i, math.min(i + 499, #due)))
     end
     delayed_moves = delayed_moves + #due
-    if #due > 0 and read_count < tonumber(ARGV[3]) then
-      local again = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', tonumber(ARGV[3]) - read_count,
+    if #due > 0 and read_count < count then
+      local again = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', count - read_count,
                                'STREAMS', stream, '>')
       if again then
-        for _, entry in ipairs(again[1][2]) do entries[#entries + 1] = entry end
+        if entries == EMPTY then entries = {} end
+        for _, entry in ipairs(again[1][2]) do
+          entries[#entries + 1] = entry
+          pubs[#entries] = publisher_of(entry[2], malformed, max_pub)
+        end
         read_last = entries[#entries][1]
       end
     end
@@ -295,12 +341,30 @@ if KEYS[9] then
   end
 end
 
--- Check each publisher's FIFO and turn keys before writing anything.
+-- Each publisher read: its FIFO's length and its turn's holder, read with pcall before anything is
+-- filed (an error reply: a foreign key, and its entries are refused). Both are used below: the
+-- backlog after filing, the FIFO heads when it was empty (no LRANGE), the holder (no second GET).
 local filed, filed_order, refused = {}, {}, {}
-for _, entry in ipairs(entries) do
-  local pub = publisher_of(entry[2], malformed, max_pub)
+local before, holder_of = {}, {}  -- [publisher] = FIFO length before filing; turn holder (false: none)
+local refusing = false  -- a publisher read has a foreign key
+for i, entry in ipairs(entries) do
+  local pub = pubs[i]
   if refused[pub] == nil then
-    refused[pub] = foreign(prefix .. pub .. ':fifo', 'list') or foreign(prefix .. pub .. ':turn', 'string') or false
+    local fifo_key, turn_key = prefix .. pub .. ':fifo', prefix .. pub .. ':turn'
+    local why = false
+    local length = redis.pcall('LLEN', fifo_key)
+    if type(length) ~= 'number' then
+      why = foreign(fifo_key, 'list') or ('foreign key: ' .. fifo_key)
+    else
+      local holder = redis.pcall('GET', turn_key)
+      if type(holder) == 'table' then
+        why = foreign(turn_key, 'string') or ('foreign key: ' .. turn_key)
+      else
+        before[pub], holder_of[pub] = length, holder
+      end
+    end
+    refused[pub] = why
+    refusing = refusing or why ~= false
   end
   if not refused[pub] then
     local ids = filed[pub]
@@ -313,21 +377,24 @@ for _, entry in ipairs(entries) do
     consider(pub)
   end
 end
--- Refuse, in stream order, the entries of publishers whose keys are foreign.
-local kept = {}
-for _, entry in ipairs(entries) do
-  local pub = publisher_of(entry[2], malformed, max_pub)
-  if refused[pub] then
-    refuse_unparsed(ctx, entry[1], entry[2], pub, refused[pub] .. '; the entry could not be filed in order')
-  else
-    kept[#kept + 1] = entry
+-- Refuse, in stream order, the entries of publishers whose keys are foreign (kept: the others).
+local kept = entries
+if refusing then
+  kept = {}
+  for i, entry in ipairs(entries) do
+    local pub = pubs[i]
+    if refused[pub] then
+      refuse_unparsed(refusals(), entry[1], entry[2], pub, refused[pub] .. '; the entry could not be filed in order')
+    else
+      kept[#kept + 1] = entry
+    end
   end
 end
 -- one RPUSH per publisher keeps each FIFO in stream order
 for _, pub in ipairs(filed_order) do
   redis.call('RPUSH', prefix .. pub .. ':fifo', unpack(filed[pub]))
 end
-if #filed_order > 0 then redis.call('SADD', KEYS[3], unpack(filed_order)) end
+if #filed_order > 0 then active = active + redis.call('SADD', KEYS[3], unpack(filed_order)) end
 
 -- Fair share of the work: the entries waiting in FIFOs (the group's pending
 -- entries) split over the live workers. A worker takes a free turn only while
@@ -335,35 +402,25 @@ if #filed_order > 0 then redis.call('SADD', KEYS[3], unpack(filed_order)) end
 -- not served by a worker that also holds everyone else. A saturated publisher
 -- another worker holds (seen among the candidates) keeps that worker busy alone:
 -- its backlog and its worker are left out of the share of the others.
-local pending, last_id = 0, ''
-if pre_last then
-  -- read before (idle_reply), nothing else ran since: what this call read is delivered and pending,
-  -- what it refused acknowledged
-  pending = pre_pending + #kept
-  last_id = read_last or pre_last
-else
-  for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-    local name, last, count = nil, nil, 0
-    for j = 1, #info, 2 do
-      if info[j] == 'name' then name = info[j + 1] end
-      if info[j] == 'last-delivered-id' then last = info[j + 1] end
-      if info[j] == 'pending' then count = info[j + 1] end
-    end
-    if name == group then last_id, pending = last, count end
-  end
-end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local live = math.max(redis.call('ZCOUNT', KEYS[4], now_ms - tonumber(ARGV[8]), '+inf'), 1)
+-- (the group's state read first, nothing else ran since: what this call read is delivered and
+-- pending, what it refused or delayed acknowledged)
+local pending = pre_pending + #kept
+local last_id = read_last or pre_last or ''
 
 -- a foreign turn or FIFO key (planted after its entries were filed) is never
 -- taken; the orphan sweep refuses the entries it strands (pcall)
-local holders, others, busy, was_saturated = {}, 0, {}, false
+local holders, backlogs, others, busy, was_saturated = {}, {}, 0, {}, false
 for i, pub in ipairs(candidates) do
-  local holder = redis.pcall('GET', prefix .. pub .. ':turn')
+  local holder
+  if before[pub] then  -- read above
+    holder = holder_of[pub]
+    backlogs[i] = before[pub] + #filed[pub]
+  else
+    holder = redis.pcall('GET', prefix .. pub .. ':turn')
+  end
   holders[i] = holder
   if live > 1 and type(holder) == 'string' and holder ~= token and not busy[holder] then
-    local backlog = redis.pcall('LLEN', prefix .. pub .. ':fifo')
+    local backlog = backlogs[i] or redis.pcall('LLEN', prefix .. pub .. ':fifo')
     if type(backlog) == 'number' and backlog >= heads then
       busy[holder] = true
       others = others + 1
@@ -374,19 +431,15 @@ end
 local fair = math.ceil(math.max(pending, 0) / math.max(live - others, 1))
 -- Workers known to hold a saturated publisher: those seen above, and those whose own last
 -- dequeue found it so (within the liveness window; older records are forgotten here).
-if live > 1 then
-  local since = now_ms - tonumber(ARGV[8])
-  local records = redis.call('HGETALL', KEYS[7])
-  for j = 1, #records, 2 do
-    local name, at = records[j], tonumber(records[j + 1])
-    if name == token then
-      was_saturated = true
-    elseif not at or at < since then
-      redis.call('HDEL', KEYS[7], name)
-    elseif not busy[name] then
-      busy[name] = true
-      others = others + 1
-    end
+for j = 1, #records, 2 do
+  local name, at = records[j], tonumber(records[j + 1])
+  if name == token then
+    was_saturated = true
+  elseif not at or at < since then
+    redis.call('HDEL', KEYS[7], name)
+  elseif not busy[name] then
+    busy[name] = true
+    others = others + 1
   end
 end
 local spare = math.max(live - 1 - others, 0)
@@ -394,23 +447,39 @@ local spare = math.max(live - 1 - others, 0)
 local turns, held, load, saturated, holds_saturated = {}, 0, 0, false, false
 for i, pub in ipairs(candidates) do
   local turn_key, fifo_key = prefix .. pub .. ':turn', prefix .. pub .. ':fifo'
-  local holder = holders[i]
-  local mine = holder == token
-  -- the turns it holds come first (ARGV), so a saturated one is known before any free turn
+  local holder, backlog = holders[i], backlogs[i]
+  local mine, taken_now = holder == token, false
+  -- the turns it holds come first (ARGV), so a saturated one is known before any free turn;
+  -- a free turn is taken only when its FIFO holds entries
   if not holder and not saturated and (held == 0 or load < fair) then
-    mine = redis.call('SET', turn_key, token, 'NX', 'PX', lease_ms) ~= false
-  end
-  local backlog = 0
-  if mine then
+    if not backlog then
+      backlog = redis.pcall('LLEN', fifo_key)
+      if type(backlog) ~= 'number' then backlog = 0 end
+    end
+    if backlog > 0 then
+      taken_now = redis.call('SET', turn_key, token, 'NX', 'PX', lease_ms) ~= false
+      mine = taken_now
+    elseif active > 0 then  -- nothing waits: no longer an active publisher (none is: nothing to remove)
+      active = active - redis.call('SREM', KEYS[3], pub)
+    end
+  elseif mine and not backlog then
     backlog = redis.pcall('LLEN', fifo_key)
     if type(backlog) ~= 'number' then backlog = 0 end
+  end
+  if mine then
     if backlog == 0 then
       redis.call('DEL', turn_key)
-      redis.call('SREM', KEYS[3], pub)
+      if active > 0 then active = active - redis.call('SREM', KEYS[3], pub) end
     else
-      redis.call('PEXPIRE', turn_key, lease_ms)
+      if not taken_now then redis.call('PEXPIRE', turn_key, lease_ms) end  -- SET gave it its lease
       turns[#turns + 1] = pub
-      turns[#turns + 1] = redis.call('LRANGE', fifo_key, 0, heads - 1)
+      if before[pub] == 0 then  -- the FIFO is what this call filed: its heads are known
+        local ids, head = filed[pub], {}
+        for j = 1, math.min(heads, #ids) do head[j] = ids[j] end
+        turns[#turns + 1] = head
+      else
+        turns[#turns + 1] = redis.call('LRANGE', fifo_key, 0, heads - 1)
+      end
       turns[#turns + 1] = backlog
       held = held + 1
       load = load + backlog
@@ -448,11 +517,10 @@ if ahead ~= '' then
   end
 end
 
-local reply = {version or '0', last_id, kept, turns, redis.call('SCARD', KEYS[3]), live, fair,
-               taken, spare}
+local reply = {version or '0', last_id, kept, turns, active, live, fair, taken, spare}
 if #impersonations > 0 then reply[10] = impersonations end
 if delayed_reply then
-  reply[10] = impersonations
+  reply[10] = impersonations  -- EMPTY when none: {} in the reply
   reply[11] = delayed_reply
 end
 return reply

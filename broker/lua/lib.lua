@@ -61,11 +61,28 @@ local function field_of(fields, name)
 end
 
 -- The FIFO an entry is filed under: its publisher field, or `malformed` when
--- that is missing, empty or longer than max_bytes. The twin of the Python owner of
--- the rule, broker/core/wire.py: publisher_fifo (tests/unit/test_wire.py checks both agree).
+-- that is missing, empty or longer than max_bytes; and, found in the same scan of the
+-- fields, the value of the field named `also` (the first one, as field_of), or nil
+-- (dequeue.lua: the delivery_time, at no extra cost for an entry without one). The twin
+-- of the Python owner of the rule, broker/core/wire.py: publisher_fifo
+-- (tests/unit/test_wire.py checks both agree).
+local function publisher_and(fields, malformed, max_bytes, also)
+  local pub, other = nil, nil
+  for j = 1, #fields, 2 do
+    local name = fields[j]
+    if name == 'publisher' then
+      if pub == nil then pub = fields[j + 1] end
+    elseif name == also and other == nil then
+      other = fields[j + 1]
+    end
+  end
+  if pub == nil or #pub == 0 or #pub > max_bytes then pub = malformed end
+  return pub, other
+end
+
+-- The FIFO an entry is filed under (publisher_and).
 local function publisher_of(fields, malformed, max_bytes)
-  local pub = field_of(fields, 'publisher')
-  if pub == nil or #pub == 0 or #pub > max_bytes then return malformed end
+  local pub = publisher_and(fields, malformed, max_bytes, nil)
   return pub
 end
 

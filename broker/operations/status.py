@@ -197,6 +197,16 @@ _EFFECTS = {
     "waiting": "idle workers wait on the publish stream instead (logged once); delivery goes on",
 }
 _EFFECTS[":turn"] = _EFFECTS[":fifo"]
+# read by the queue mutex only when a worker uses it (issue 25: nothing configured costs a call anything)
+_EFFECTS["principals"] = (
+    "every worker waits for it to be removed (logged at ERROR) from its next load of the routing table (at "
+    "start, after any change of subscriptions, topics or principals; each dequeue while principals are "
+    "bound): nothing is dequeued or delivered meanwhile, publications stay in the stream"
+)
+_EFFECTS["saturated"] = (
+    "while more than one worker is live, every worker waits for it to be removed (logged at ERROR): nothing "
+    "is dequeued or delivered meanwhile, publications stay in the stream; a worker alone goes on"
+)
 _EFFECTS["withheld"] = (
     "no channel is withheld from by a remote slow-subscriber condition (the channel process logs it at "
     "ERROR each round); forwarding goes on"
@@ -382,8 +392,8 @@ def status(
         (keys.workers(qm), "hash", _EFFECTS["workers"]),
         (keys.sub_changes(qm), "zset", _EFFECTS["sub_changes"]),
         (keys.alive(qm), "zset", WORKERS_WAIT),
-        (keys.principals(qm), "hash", WORKERS_WAIT),
-        (keys.saturated(qm), "hash", WORKERS_WAIT),
+        (keys.principals(qm), "hash", _EFFECTS["principals"]),
+        (keys.saturated(qm), "hash", _EFFECTS["saturated"]),
     ]
     values: list[Any] = []
     for (key, expected, effect), reply in zip(flat_keys, replies, strict=True):

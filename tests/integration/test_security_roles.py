@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import time
 
 import pytest
 import redis
@@ -22,7 +23,7 @@ from broker.core.errors import ForeignKey
 from broker.core.principals import bindings
 from broker.core.server import Server
 from broker.operations.acl import RoleSpec, role_of
-from broker.operations.status import WORKERS_WAIT, status
+from broker.operations.status import _EFFECTS, WORKERS_WAIT, status
 from broker.testing import drain, make_workers, queue_messages
 from broker.topics.subscriptions import subscribe
 from tests.integration.test_security import Users, broker_as
@@ -144,23 +145,27 @@ def test_acl_add_refuses_a_publisher_id_bound_to_another_user_unless_moved(
 
 
 @pytest.mark.parametrize(
-    ("key", "expected"),
+    ("key", "expected", "effect"),
     [
-        (keys.dead_letter, "stream"),
-        (keys.principals, "hash"),
-        (keys.alive, "zset"),
-        (keys.saturated, "hash"),
-        (keys.active_publishers, "set"),
+        (keys.dead_letter, "stream", WORKERS_WAIT),
+        (keys.principals, "hash", _EFFECTS["principals"]),
+        (keys.alive, "zset", WORKERS_WAIT),
+        (keys.saturated, "hash", _EFFECTS["saturated"]),
+        (keys.active_publishers, "set", WORKERS_WAIT),
     ],
 )
 def test_status_says_every_worker_waits_on_a_foreign_queue_manager_wide_key(
-    real_redis: redis.Redis, settings: Settings, key, expected: str
+    real_redis: redis.Redis, settings: Settings, key, expected: str, effect: str
 ) -> None:
     # Given a subscription, a worker, and a string planted where a queue-manager-wide key belongs
     sub = subscribe(real_redis, QM, "t/#", "c1", "d")
     workers = make_workers(real_redis, settings, 1)
     real_redis.delete(key(QM))
     real_redis.set(key(QM), "planted")
+    if key is keys.principals:  # read when the routing table is loaded (any change), not per dequeue
+        real_redis.incr(keys.version(QM))
+    if key is keys.saturated:  # read while another worker is live
+        real_redis.zadd(keys.alive(QM), {"w-other": int(time.time() * 1000)})
     Publisher(real_redis, QM, "p1").publish("t/a", b"x")
     # When the worker runs
     with pytest.raises(ForeignKey):
@@ -168,7 +173,7 @@ def test_status_says_every_worker_waits_on_a_foreign_queue_manager_wide_key(
     # Then nothing was delivered: the worker waits, and status says so (not that it goes on)
     assert queue_messages(real_redis, QM, sub.sub_id) == []
     (line,) = [p for p in status(real_redis, QM).problems if key(QM) in p]
-    assert line == f"foreign key: {key(QM)} holds a string, not a {expected}: {WORKERS_WAIT}"
+    assert line == f"foreign key: {key(QM)} holds a string, not a {expected}: {effect}"
     assert "go on" not in line and "skip" not in line
     # ... and once the key is removed, the publication is delivered
     real_redis.delete(key(QM))
