@@ -103,7 +103,7 @@ from worker.decide import Decider, log_refused
 from worker.delays import Delays
 from worker.housekeeping import Housekeeping
 from worker.suspects import Suspects, record_alone
-from worker.turns import missing_heads, ready_heads, turns_to_give_up
+from worker.turns import MIN_SHARE, missing_heads, ready_heads, turns_to_give_up
 from worker.turns import next_read as plan_next_read
 from worker.waiting import Waiting
 
@@ -458,6 +458,7 @@ class Worker:
                 now_ms=now,
                 release=self.delays.release(now),
                 ingress=bool(self.table.ingress),
+                min_share=MIN_SHARE,
             )
             assert dequeued is not None
         self.delays.learned(dequeued)
@@ -699,6 +700,7 @@ class Worker:
                     now_ms=now,
                     release=release,
                     ingress=bool(self.table.ingress),
+                    min_share=MIN_SHARE,
                 )
             counts["wake"] = self.waiting.hand_on_in(pipe, now, wake) if wake is not None else 0
             return pipe.execute(raise_on_error=False)

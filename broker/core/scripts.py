@@ -259,6 +259,7 @@ class Scripts:
         now_ms: int | None = None,
         release: bool = False,
         ingress: bool = False,
+        min_share: int = 0,
     ) -> Dequeued | None:
         """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
 
@@ -283,6 +284,8 @@ class Scripts:
                 (``{qm}:principals``, ``broker.core.principals``); the worker asks when its routing
                 table has ingress streams (``RoutingTable.ingress``). Without it the call reads no
                 principals: a broker without security pays nothing for them.
+            min_share: under this many entries of fair share, every free turn read is taken
+                (``worker.turns.MIN_SHARE``); 0: the fair share always applies.
 
         Returns:
             A ``Dequeued``, or None with ``pipe``.
@@ -328,6 +331,7 @@ class Scripts:
                 ahead[1] if ahead else "",
                 clock.now_ms() if now_ms is None else now_ms,
                 "1" if release else "0",
+                min_share,
                 *map(wire.publisher_bytes, turns),
             ],
             pipe,

@@ -39,7 +39,7 @@
 -- KEYS[9] wake-up list              "{qm}:wake" (worker.waiting; LPOP with pcall: a foreign key is skipped):
 --                                   a wake-up nobody waited for (every idle worker on the stream, at a
 --                                   high rate) is taken here, the publishers it names (a JSON list:
---                                   turns given up) considered as those of ARGV[19..] are
+--                                   turns given up) considered as those of ARGV[20..] are
 -- KEYS[10] delayed publications     "{qm}:delayed" (zset; touched only for an entry with a
 --                                   delivery_time field, or when ARGV[18] asks: type-checked then)
 -- ARGV[1] consumer group
@@ -62,7 +62,10 @@
 --          after it are taken over (take_over in lib.lua: the FIFO head counted, when it is one)
 -- ARGV[17] now: the worker's clock, ms since the epoch (delivery times are compared with it)
 -- ARGV[18] "1": release the delayed publications due by ARGV[17] (the worker knows one is due), else "0"
--- ARGV[19..] publishers whose turn the worker believes it holds
+-- ARGV[19] min share: under this many entries of fair share (a low rate), every free turn read is
+--   taken, whatever this worker holds already (worker.turns.MIN_SHARE: a hand-over costs more
+--   than the work; 0: the fair share always applies)
+-- ARGV[20..] publishers whose turn the worker believes it holds
 -- returns {version, last_delivered_id or "", entries, turns, active, live, fair, taken_over, spare}
 --   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}, less those refused here
 --   turns:   {publisher, {head ids...}, backlog, publisher, {head ids...}, backlog, ...}
@@ -101,7 +104,7 @@ local function refusals()
                 reply_prefix = ARGV[10], reply_ttl = ARGV[11]}
   return ctx
 end
-local FIRST_OWNED = 19
+local FIRST_OWNED = 20
 local RELEASE_MAX = 1000
 local delay_now, release_asked = ARGV[17], ARGV[18] == '1'
 
@@ -429,6 +432,7 @@ for i, pub in ipairs(candidates) do
   end
 end
 local fair = math.ceil(math.max(pending, 0) / math.max(live - others, 1))
+local min_share = tonumber(ARGV[19])
 -- Workers known to hold a saturated publisher: those seen above, and those whose own last
 -- dequeue found it so (within the liveness window; older records are forgotten here).
 for j = 1, #records, 2 do
@@ -451,7 +455,7 @@ for i, pub in ipairs(candidates) do
   local mine, taken_now = holder == token, false
   -- the turns it holds come first (ARGV), so a saturated one is known before any free turn;
   -- a free turn is taken only when its FIFO holds entries
-  if not holder and not saturated and (held == 0 or load < fair) then
+  if not holder and not saturated and (held == 0 or load < fair or fair < min_share) then
     if not backlog then
       backlog = redis.pcall('LLEN', fifo_key)
       if type(backlog) ~= 'number' then backlog = 0 end
