@@ -36,6 +36,7 @@ import redis
 
 from broker.core import clock, keys, library, wire
 from broker.core.config import Settings
+from broker.core.connection import is_cluster
 from broker.core.errors import script_error
 from broker.core.unit_of_work import CommitBatch
 
@@ -223,6 +224,8 @@ class Scripts:
         self._dedup_prefix = keys.dedup_prefix(qm)
         self._reply_prefix = keys.reply_prefix(qm)
         self._sub_prefix = keys.sub_prefix(qm)
+        #: the cluster client (``RedisCluster``), None for one server: where ``commit`` routes its call
+        self._cluster: Any = client if is_cluster(client) else None
 
     def load(self) -> int:
         """Load every script into the server's script cache (SCRIPT LOAD) and the function library,
@@ -417,7 +420,13 @@ class Scripts:
         ]
         call = ("FCALL", library.COMMIT, len(keys_), *keys_, *args)
         if pipe is not None:
-            pipe.execute_command(*call)
+            if self._cluster is not None:
+                # the master of the queue manager's slot, from the client's slot map: redis-py
+                # would otherwise ask the server for an FCALL's keys (COMMAND GETKEYS, twice,
+                # every argument sent) before each call; after a MOVED it finds them itself
+                pipe.execute_command(*call, target_nodes=self._cluster.get_node_from_key(keys_[0]))
+            else:
+                pipe.execute_command(*call)
             return None
         with _translated("unit of work"):
             try:
