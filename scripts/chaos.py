@@ -225,7 +225,7 @@ from scripts.rig.groups import (
 )
 from scripts.rig.history import History, Poison, Publication, network_recipients, recipients
 from scripts.rig.hook import KILLER_FIELD, run_channel, run_worker
-from scripts.rig.proxy import ProxyProcess, evalsha
+from scripts.rig.proxy import ProxyProcess, call_of
 from scripts.rig.retained import RetainedLog
 from worker.loop import CRASH_POINTS
 from worker.pool import ExitHandler, Pool
@@ -1167,7 +1167,7 @@ class Harness:
             if what == "xadd":
                 self.proxy.call(1, method, b"$4\r\nXADD\r\n", 1, kind)
             else:
-                self.proxy.call(0, method, evalsha(what), 1, kind)
+                self.proxy.call(0, method, call_of(what), 1, kind)
             # counted from the proxy's stats at the end: only those that happened
         elif kind.startswith(("foreign:", "corrupt:")):
             try:
@@ -1752,7 +1752,7 @@ class FederationHarness(Harness):
             self._fault(kind, f"{cut} connections to {self.qms[index]}")
         elif kind.startswith(("drop_reply:", "cut_request:")):
             method, what = kind.split(":")
-            self.proxy.call(index, method, evalsha(what), 1, kind)  # counted from the proxy's stats
+            self.proxy.call(index, method, call_of(what), 1, kind)  # counted from the proxy's stats
         elif kind == "consumer_kill":
             self.consumer_faults[self.rng.choice(sorted(self.sub_ids.values()))] = kind
         elif kind in GROUP_FAULTS and self.groups is not None:

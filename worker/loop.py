@@ -77,7 +77,7 @@ from broker.core.errors import (
     ServerError,
     ServerFull,
 )
-from broker.core.library import load_library
+from broker.core.library import missing
 from broker.core.schemes import record_manager
 from broker.core.scripts import (
     Dequeued,
@@ -136,17 +136,6 @@ Hook = Callable[[str], None]
 #: How long a process (re)started by its pool waits for the server, ms: a child restarted
 #: while its server (or the cluster node its URL names) is down waits instead of dying.
 START_WAIT_MS = 60_000
-
-
-def _load_library(client: Any) -> None:
-    """Load (or upgrade) the consumer function library ``broker`` (``broker.core.library``); a worker
-    whose ACL user may not (made before the library: ``broker acl add`` again gives it the new
-    rules) says so and goes on: consumers then need another worker, or ``broker server``, to load it."""
-    try:
-        if load_library(client):
-            log.info("loaded the broker function library (protocol %d)", keys.PROTOCOL_VERSION)
-    except redis.exceptions.NoPermissionError as exc:
-        log.warning("the broker function library was not loaded: %s", exc)
 
 
 def _out_of_memory(exc: BaseException) -> bool:
@@ -241,6 +230,17 @@ class Worker:
         #: Prometheus metrics (``broker.operations.metrics``): a no-op unless ``metrics_port`` is set
         self.metrics = recorder(settings)
 
+    def _load(self) -> None:
+        """Load the scripts and the function library ``broker``, whose ``broker_commit`` is the unit of
+        work (``Scripts.load``), and the consumers' functions.
+
+        Raises:
+            redis.exceptions.NoPermissionError: this worker's ACL user may not load the library (a
+                user made before protocol 6: ``broker acl add`` again); ``run`` logs it and retries.
+        """
+        if self.scripts.load():
+            log.info("loaded the broker function library (protocol %d)", keys.PROTOCOL_VERSION)
+
     def setup(self) -> None:
         """Record (or check) the queue manager's topic scheme, declare the configured topics,
         create the stream's consumer group if needed and load the routing table.
@@ -253,8 +253,7 @@ class Worker:
         if self.settings.topics:
             seed_declared(self.client, self.qm, self.settings.topics)
         ensure_group(self.client, self.qm)
-        self.scripts.load()
-        _load_library(self.client)
+        self._load()
         self.table.load(self.client)
         self._heartbeat(self.clock_ms())
 
@@ -706,10 +705,11 @@ class Worker:
             return pipe.execute(raise_on_error=False)
 
         results = send()
-        if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
-            # The server lost its script cache: load the scripts and send the same units
-            # again (each is fenced: one that was applied is refused the second time).
-            self.scripts.load()
+        if any(isinstance(r, redis.exceptions.NoScriptError) or missing(r) for r in results):
+            # The server lost its script cache, or has no broker_commit (FUNCTION FLUSH, or an older
+            # broker's library loaded meanwhile): load the scripts and the library and send the same
+            # units again (each is fenced: one that was applied is refused the second time).
+            self._load()
             results = send()
         replies = iter(results[len(batches) :])
         if recorded and not isinstance(next(replies), Exception):

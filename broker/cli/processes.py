@@ -102,7 +102,7 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
     """Run the embedded Redis-protocol server (Valkey) in the foreground until SIGTERM or Ctrl-C.
 
     Loads the 'server_config' redis.conf (default: the one shipped in the
-    package: AOF every second, noeviction), then the consumer function library
+    package: AOF every second, noeviction), then the function library
     'broker' (when missing or older). The server logs
     to this terminal. On SIGTERM or Ctrl-C it waits up to stop_grace_ms (ms)
     for connected clients to leave (workers give up their turns), then stops.
@@ -156,8 +156,8 @@ def server_command(state: State, port: int | None, data_dir: str | None) -> None
 
 
 def _load_library(server: Server) -> None:
-    """Load (or upgrade) the consumer function library on the server just started; a failure is
-    said and the server runs on (the workers load it when they start)."""
+    """Load (or upgrade) the function library (the consumers' and the unit of work's) on the server
+    just started; a failure is said and the server runs on (the workers load it when they start)."""
     import redis
 
     from broker.core.library import load_library

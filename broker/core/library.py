@@ -1,11 +1,16 @@
-"""The consumer protocol as the Redis Functions library ``broker`` (Redis 7 / Valkey ``FUNCTION``).
+"""The Redis Functions library ``broker`` (Redis 7 / Valkey ``FUNCTION``): the consumer protocol
+and the workers' unit of work.
 
 Every consumer operation is one ``FCALL`` of it (``broker_receive``, ``broker_renew``,
 ``broker_ack``, ``broker_reject``, ``broker_recover``, ``broker_browse``, ``broker_version``, and
 the subscribe request ``broker_request``;
 docs/protocol.md is the API): a client in any language passes the subscription's key, and
-may be a ``subscriber`` ACL user with ``FCALL`` and no ``EVAL``. The workers' hot path
-(``dequeue.lua``, ``commit.lua``) stays ``EVALSHA`` (``broker.core.scripts``).
+may be a ``subscriber`` ACL user with ``FCALL`` and no ``EVAL``. The workers' unit of work is
+``broker_commit`` (``lua/library/commit.lua``, called by ``broker.core.scripts.Scripts.commit``):
+a function rather than a script because a function's helpers are made once, when the library
+loads, where an ``EVALSHA`` runs its whole chunk, making every ``local function`` again, on each
+call (docs/design.md, the cost of the unit of work). The queue mutex (``dequeue.lua``) and the
+other worker scripts stay ``EVALSHA`` (``broker.core.scripts``).
 
 The library's source is assembled here from files, one copy of each: a line
 ``#!lua name=broker``, ``local PROTOCOL_VERSION = <keys.PROTOCOL_VERSION>``,
@@ -40,8 +45,10 @@ from broker.core.errors import LibraryMissing, script_error
 #: so each starts with ``broker_``.
 LIBRARY = "broker"
 
-#: The function groups, in load order, after ``lua/lib.lua`` and ``library/subscription.lua``.
-LIBRARY_FILES = ("receive", "ack", "recover", "browse", "control")
+#: The function groups, in load order, after ``lua/lib.lua`` and ``library/subscription.lua``
+#: (``commit``, the workers' unit of work, keeps its names in a ``do ... end`` block: Lua 5.1 allows
+#: 200 locals in the library's main chunk).
+LIBRARY_FILES = ("receive", "ack", "recover", "browse", "control", "commit")
 
 #: Every function of the library.
 FUNCTIONS = (
@@ -53,7 +60,11 @@ FUNCTIONS = (
     "broker_recover",
     "broker_browse",
     "broker_request",
+    "broker_commit",
 )
+
+#: The workers' unit of work (``lua/library/commit.lua``; ``broker.core.scripts.Scripts.commit``).
+COMMIT = "broker_commit"
 
 _VERSION_LINE = re.compile(r"^local PROTOCOL_VERSION = (\d+)$", re.M)
 
@@ -78,6 +89,13 @@ def library_source() -> str:
 def library_digest() -> str:
     """SHA1 of ``library_source()`` (hex): tells a loaded library's code from this one's."""
     return hashlib.sha1(library_source().encode(), usedforsecurity=False).hexdigest()
+
+
+def missing(reply: Any) -> bool:
+    """Whether ``reply`` (an exception, or a pipelined reply) is the server's "Function not found":
+    the library is not loaded (``FUNCTION FLUSH``, a new server), or an older broker's is, without
+    the function called; nothing was written."""
+    return isinstance(reply, redis.ResponseError) and "function not found" in str(reply).lower()
 
 
 def _nodes(client: Any) -> list[Any]:
@@ -156,7 +174,7 @@ def fcall(client: Any, function: str, key: str, *args: Any, read_only: bool = Fa
         try:
             return client.execute_command(command, function, 1, key, *args)
         except redis.ResponseError as exc:
-            if "function not found" not in str(exc).lower():
+            if not missing(exc):
                 raise
         ensure_loaded(client)
         return client.execute_command(command, function, 1, key, *args)

@@ -4,12 +4,13 @@ Every script is registered here and only here: ``register(client, name)`` (``SCR
 names them), once per client, with redis-py's ``register_script``, whose ``Script``
 object reloads the script on NOSCRIPT. The removal, replay, repair, channel and
 change-log modules get their scripts from ``register`` and wrap them themselves. The
-consumer operations are not scripts but the function library ``broker``
-(``broker.core.library``, ``lua/library/``). Inside a pipeline,
-though, redis-py's ``Script`` sends a ``SCRIPT EXISTS`` round trip before every
-``execute``; the hot path (commit + the next dequeue, pipelined) therefore
-sends plain ``EVALSHA`` and, on NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted
-server), calls ``load`` and sends the pipeline again, which is safe because
+consumer operations, and the workers' unit of work (``broker_commit``, ``commit``), are not
+scripts but functions of the library ``broker`` (``broker.core.library``, ``lua/library/``).
+Inside a pipeline, though, redis-py's ``Script`` sends a ``SCRIPT EXISTS`` round trip before
+every ``execute``; the hot path (commit + the next dequeue, pipelined) therefore
+sends plain ``FCALL`` and ``EVALSHA`` and, on NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted
+server) or "Function not found" (``FUNCTION FLUSH``, or an older broker's library loaded
+meanwhile), calls ``load`` and sends the pipeline again, which is safe because
 every unit of work is fenced. The wrappers take and return plain Python
 values; the key layout they assume is documented in ``broker.core.keys``.
 
@@ -33,8 +34,9 @@ from typing import Any
 
 import redis
 
-from broker.core import clock, keys, wire
+from broker.core import clock, keys, library, wire
 from broker.core.config import Settings
+from broker.core.connection import is_cluster
 from broker.core.errors import script_error
 from broker.core.unit_of_work import CommitBatch
 
@@ -79,11 +81,11 @@ def _translated(what: str) -> Iterator[None]:
 
 
 #: Every script in ``broker/lua/`` (but ``lib.lua``, which starts each; ``lua/library/`` is the
-#: function library, ``broker.core.library``): the registry.
+#: function library, ``broker.core.library``, the unit of work's ``broker_commit`` among them): the
+#: registry.
 SCRIPTS = frozenset(
     {
         "channel_in",
-        "commit",
         "consumers_probe",
         "dequeue",
         "give_up",
@@ -216,7 +218,6 @@ class Scripts:
         self.qm = qm
         self.refusals = refusals or Refusals()
         self._dequeue = register(client, "dequeue")
-        self._commit = register(client, "commit")
         self._take_over_script = register(client, "take_over")
         self._sweep_turns_script = register(client, "sweep_turns")
         self._give_up = register(client, "give_up")
@@ -226,18 +227,30 @@ class Scripts:
         self._dedup_prefix = keys.dedup_prefix(qm)
         self._reply_prefix = keys.reply_prefix(qm)
         self._sub_prefix = keys.sub_prefix(qm)
+        #: the cluster client (``RedisCluster``), None for one server: where ``commit`` routes its call
+        self._cluster: Any = client if is_cluster(client) else None
 
-    def load(self) -> None:
-        """Load every script into the server's script cache (SCRIPT LOAD); needed before pipelined calls."""
+    def load(self) -> int:
+        """Load every script into the server's script cache (SCRIPT LOAD) and the function library,
+        whose ``broker_commit`` is the unit of work (``broker.core.library.load_library``: when the
+        server has none, an older one or other code); needed before pipelined calls.
+
+        Returns:
+            How many nodes the library was loaded on (0: every node had it).
+
+        Raises:
+            redis.exceptions.NoPermissionError: the client's ACL user may not ``FUNCTION LIST`` /
+                ``FUNCTION LOAD`` (a worker user made before protocol 6: ``broker acl add`` again).
+        """
         for script in (
             self._dequeue,
-            self._commit,
             self._take_over_script,
             self._sweep_turns_script,
             self._give_up,
             self._sweep_entries_script,
         ):
             self.client.script_load(script.script)
+        return library.load_library(self.client)
 
     def _call(self, script: Any, keys_: list[Any], args: list[Any], pipe: Any, what: str) -> Any:
         if pipe is None:
@@ -349,17 +362,20 @@ class Scripts:
         give_up: tuple[str, ...] = (),
         version: bytes | str = b"",
         flow_control: str = "",
-    ) -> None:
-        """Queue one ``commit.lua`` call on ``pipe``; its reply is 3 integers per publication,
-        then the subscriptions a slow-subscriber condition asks to disconnect.
+    ) -> Any:
+        """Queue one ``FCALL broker_commit`` (``lua/library/commit.lua``) on ``pipe``; its reply is
+        3 integers per publication, then the subscriptions a slow-subscriber condition asks to
+        disconnect.
 
         Decode the reply (after ``checked(reply, "unit of work")``, which raises ``ForeignKey``
         for a foreign queue-manager-wide key and ``ServerFull`` for a full server, nothing
         written either way) with ``broker.core.unit_of_work.decode_outcomes`` and
-        ``decode_disconnects``; see ``broker/lua/commit.lua``.
+        ``decode_disconnects``. A reply "Function not found" (``library.missing``) wrote
+        nothing: ``load``, then send the call again.
 
         Args:
-            pipe: a redis-py pipeline (its ``execute`` returns the replies) or client.
+            pipe: a redis-py pipeline (its ``execute`` returns the replies), or None to call at once
+                (then the reply is returned, and the library loaded once when the server has none).
             token: the worker's fencing token.
             lease_ms: lease of the publishers' turns, renewed by the commit, ms.
             batch: the units of work, in FIFO order per publisher.
@@ -372,9 +388,13 @@ class Scripts:
             flow_control: the delay curve, ``"<start depth>:<full depth>:<max delay ms>"``
                 (``flow_control_arg``); "" when flow control is off (nothing is read for it).
 
+        Returns:
+            None with ``pipe``; else the reply.
+
         Raises:
             ValueError: ``batch`` was built with the journal (``CommitBatch(journal=True)``) and
                 ``journal_max_len`` is 0, or the other way round: its units' fields would be misread.
+            ForeignKey, ServerFull, LibraryMissing: without ``pipe`` (``checked`` with one).
         """
         if batch.journal != (journal_max_len > 0):
             raise ValueError(
@@ -382,39 +402,52 @@ class Scripts:
                 f"{'> 0' if batch.journal else '0'}, not {journal_max_len}"
             )
         qm = self.qm
-        self._call(
-            self._commit,
-            [
-                *self._fixed,
-                keys.journal(qm),
-                keys.subscriptions(qm),
-                keys.version(qm),
-                keys.skipped(qm),
-                keys.slow(qm),
-                keys.retained(qm),
-                *batch.queue_keys,
-            ],
-            [
-                keys.WORKER_GROUP,
-                token,
-                lease_ms,
-                self._prefix,
-                self._dedup_prefix,
-                self._reply_prefix,
-                journal_max_len,
-                self._sub_prefix,
-                self.refusals.dead_letter_max_len,
-                self.refusals.max_body_bytes,
-                version,
-                batch.encoded_limits(),
-                flow_control,
-                len(give_up),
-                *map(wire.publisher_bytes, give_up),
-                *batch.args,
-            ],
-            pipe,
-            "unit of work",
-        )
+        keys_ = [
+            *self._fixed,
+            keys.journal(qm),
+            keys.subscriptions(qm),
+            keys.version(qm),
+            keys.skipped(qm),
+            keys.slow(qm),
+            keys.retained(qm),
+            *batch.queue_keys,
+        ]
+        args = [
+            keys.WORKER_GROUP,
+            token,
+            lease_ms,
+            self._prefix,
+            self._dedup_prefix,
+            self._reply_prefix,
+            journal_max_len,
+            self._sub_prefix,
+            self.refusals.dead_letter_max_len,
+            self.refusals.max_body_bytes,
+            version,
+            batch.encoded_limits(),
+            flow_control,
+            len(give_up),
+            *map(wire.publisher_bytes, give_up),
+            *batch.args,
+        ]
+        call = ("FCALL", library.COMMIT, len(keys_), *keys_, *args)
+        if pipe is not None:
+            if self._cluster is not None:
+                # the master of the queue manager's slot, from the client's slot map: redis-py
+                # would otherwise ask the server for an FCALL's keys (COMMAND GETKEYS, twice,
+                # every argument sent) before each call; after a MOVED it finds them itself
+                pipe.execute_command(*call, target_nodes=self._cluster.get_node_from_key(keys_[0]))
+            else:
+                pipe.execute_command(*call)
+            return None
+        with _translated("unit of work"):
+            try:
+                return self.client.execute_command(*call)
+            except redis.ResponseError as exc:
+                if not library.missing(exc):
+                    raise
+            library.ensure_loaded(self.client)
+            return self.client.execute_command(*call)
 
     def take_over(
         self, token: str, counted: list[str], uncounted: list[str]

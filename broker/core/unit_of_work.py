@@ -1,4 +1,4 @@
-"""The unit of work of one publication, and its encoding for ``lua/commit.lua``.
+"""The unit of work of one publication, and its encoding for ``lua/library/commit.lua``.
 
 A worker decides, for each publication at the head of a FIFO whose turn it
 holds, one ``UnitOfWork``: deliver it (to these subscriber queues, with this

@@ -15,7 +15,9 @@
 -- So a script never catches an out-of-memory error of a write with redis.pcall
 -- and goes on writing: it stops (commit.lua's dedup record). Scripts with a
 -- shebang line (#!lua flags=allow-oom), and the library's consumer functions (flag
--- allow-oom: broker_receive, broker_recover, ...), always run.
+-- allow-oom: broker_receive, broker_recover, ...), always run. A function without
+-- allow-oom (broker_commit, the unit of work) is refused as a whole on a full server,
+-- before it runs: nothing written either.
 
 -- Why `key` cannot be used as a `want` ("list", "string", "stream", "set",
 -- "zset", "hash"), or nil when it holds that type or does not exist.

@@ -5,7 +5,7 @@ What we follow (issue 28 row 10):
 
 - **Keeping** (IBM MQ ``MQPMO_RETAIN``; MQTT 5 §3.3.1.3 RETAIN): a publication with ``retain 1``
   is delivered as any other, and its envelope becomes its topic string's retained publication,
-  replacing the one before, in the same unit of work as its delivery (``lua/commit.lua``, option
+  replacing the one before, in the same unit of work as its delivery (``lua/library/commit.lua``, option
   ``retain``; the hash ``{qm}:retained``, ``broker.core.keys.retained``). Kept whether or not a
   subscription matched it. A duplicate, expired or refused publication changes nothing.
 - **Clearing**: a retained publication with an empty body removes its topic's retained

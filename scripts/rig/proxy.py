@@ -2,7 +2,7 @@
 
 Clients (workers, publishers) connect to the proxy instead of Redis. When told
 (``drop_reply``), the proxy forwards the next client write that contains a
-given byte string (a script's SHA1, ``XADD``, ...) to the server, waits until
+given byte string (a script's SHA1, ``FCALL broker_commit``, ``XADD``, ...) to the server, waits until
 the server has started to answer (so the command was applied), throws the
 answer away and cuts the client's connection: the client cannot know whether
 its command took effect, and redis-py re-sends it on a new connection. That is
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from broker.core.library import COMMIT
 from broker.core.scripts import script_source
 
 #: How long to keep reading (and discarding) the server's answer once it has
@@ -53,6 +54,19 @@ def evalsha(name: str) -> bytes:
     sends before every pipeline that calls scripts.
     """
     return b"$7\r\nEVALSHA\r\n$40\r\n" + script_sha(name)
+
+
+def fcall(function: str) -> bytes:
+    """The bytes of an ``FCALL`` of the library function ``function`` on the wire (RESP), to match a call."""
+    name = function.encode()
+    return b"$5\r\nFCALL\r\n$%d\r\n%s\r\n" % (len(name), name)
+
+
+def call_of(what: str) -> bytes:
+    """The bytes of the worker's call ``what`` on the wire, to match it: ``FCALL broker_commit`` for
+    "commit" (the unit of work is a function of the library ``broker``), else the ``EVALSHA`` of
+    ``broker/lua/<what>.lua``."""
+    return fcall(COMMIT) if what == "commit" else evalsha(what)
 
 
 @dataclass

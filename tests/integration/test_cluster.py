@@ -152,3 +152,26 @@ def test_the_function_library_is_loaded_on_every_master_and_called_by_the_subscr
             b"ok",
             0,
         ]
+
+
+def test_a_commit_on_a_cluster_goes_to_its_master_without_asking_the_server_for_its_keys(
+    local_cluster, cluster_client, monkeypatch
+):
+    # Given a queue manager on the cluster, a subscription and a worker set up
+    (qm,) = _qms_on_different_masters(local_cluster, 1)
+    sub = subscribe(cluster_client, qm, "t/#", "app", "a")
+    (worker,) = make_workers(cluster_client, _settings(local_cluster, qm), 1)
+    asked: list[str] = []
+    parser = cluster_client.commands_parser
+    get_keys = parser.get_keys
+    monkeypatch.setattr(
+        parser, "get_keys", lambda conn, *args: asked.append(str(args[0])) or get_keys(conn, *args)
+    )
+    # When publications are committed (FCALL broker_commit, pipelined with the next dequeue)
+    Publisher(cluster_client, qm, "p").publish_many(("t/x", b"%d" % i) for i in range(3))
+    drain([worker])
+    # Then they were delivered, and redis-py never asked the server for an FCALL's keys (COMMAND
+    # GETKEYS, every argument sent again): the call went to the slot's master from the slot map
+    assert [m.body for m in queue_messages(cluster_client, qm, sub.sub_id)] == [b"0", b"1", b"2"]
+    assert worker.counts == {"delivered": 3}
+    assert "FCALL" not in asked

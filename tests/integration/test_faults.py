@@ -28,7 +28,7 @@ from broker.core.unit_of_work import CommitBatch
 from broker.operations.status import status
 from broker.testing import drain, make_workers, queue_messages
 from scripts.rig.history import History, Publication, check_queues
-from scripts.rig.proxy import Proxy, evalsha
+from scripts.rig.proxy import Proxy, call_of
 from worker.loop import Worker
 
 QM = "TEST"
@@ -210,7 +210,7 @@ def test_commit_whose_reply_is_lost_is_delivered_once(real_redis, fast, proxy):
     loop = Loop(
         real_redis,
         "before_commit",
-        lambda: proxy.drop_reply(evalsha("commit"), 1, "commit"),
+        lambda: proxy.drop_reply(call_of("commit"), 1, "commit"),
         skip=1,
         max_rounds=30,
     )
@@ -233,7 +233,7 @@ def test_worker_carries_on_with_its_publishers_after_a_connection_error_without_
     loop = Loop(
         real_redis,
         "before_commit",
-        lambda: proxy.cut_request(evalsha("commit"), 1, "commit"),
+        lambda: proxy.cut_request(call_of("commit"), 1, "commit"),
         skip=1,
         max_rounds=50,
     )
@@ -272,7 +272,7 @@ def test_commit_reply_lost_and_resent_by_redis_py_is_fenced_and_delivers_once(re
     scenario.publish("p", 3)
     worker = Worker(_retrying(proxy.port), settings, name="resender")
     worker.setup()
-    proxy.drop_reply(evalsha("commit"), 1, "commit")
+    proxy.drop_reply(call_of("commit"), 1, "commit")
     # When it runs one round: redis-py re-sends the applied commit, which is fenced
     worker.run_once()
     # Then nothing was delivered twice
@@ -288,7 +288,7 @@ def test_worker_whose_resent_commit_was_fenced_carries_on_with_its_publisher_wit
     # client re-sends its first commit after the reply was lost (the re-send is fenced)
     scenario = Scenario(real_redis)
     scenario.publish("p", 9)
-    proxy.drop_reply(evalsha("commit"), 1, "commit")
+    proxy.drop_reply(call_of("commit"), 1, "commit")
     loop = Loop(real_redis, max_rounds=50)
     # When it keeps running (its lease, 30 s, does not run out during the test)
     run_loop(_retrying(proxy.port), fast, loop)
@@ -304,7 +304,7 @@ def test_entries_whose_dequeue_reply_was_lost_are_delivered_once_in_order(real_r
     scenario.publish("q", 5)
     worker = Worker(connect(proxy.url), settings, name="blind")
     worker.setup()
-    proxy.drop_reply(evalsha("dequeue"), 1, "dequeue")
+    proxy.drop_reply(call_of("dequeue"), 1, "dequeue")
     with pytest.raises(redis.ConnectionError):
         worker.run_once()
     assert proxy.stats.drops == 1
@@ -322,7 +322,7 @@ def test_worker_whose_dequeue_reply_was_lost_finds_the_turns_it_took_without_wai
     # Given a worker (real loop) whose first dequeue's reply is lost: it holds turns it does not know of
     scenario = Scenario(real_redis)
     scenario.publish("p", 5)
-    proxy.drop_reply(evalsha("dequeue"), 1, "dequeue")
+    proxy.drop_reply(call_of("dequeue"), 1, "dequeue")
     loop = Loop(real_redis, max_rounds=50)
     # When it keeps running, alone, for less than its lease (30 s)
     run_loop(connect(proxy.url), fast, loop)
@@ -340,7 +340,7 @@ def test_claim_whose_reply_is_lost_is_redone_and_delivers_once(real_redis, setti
     _expire_turns_of(real_redis, dead.name)
     heir = Worker(connect(proxy.url), settings, name="heir")
     heir.setup()
-    proxy.drop_reply(evalsha("take_over"), 1, "claim")
+    proxy.drop_reply(call_of("take_over"), 1, "claim")
     with pytest.raises(redis.ConnectionError):
         heir.run_once()
     # When the heir's turn runs out too (simulated) and the workers drain

@@ -42,6 +42,7 @@ from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.errors import ServerError
+from broker.core.library import COMMIT
 from broker.core.models import Message
 from broker.core.principals import bind, bindings
 from broker.core.scripts import script_source
@@ -553,7 +554,7 @@ def test_monitor_reads_the_status_and_writes_nothing(scene: Scene) -> None:
         ("XREADGROUP", "GROUP", "workers", "spy", "COUNT", "1", "STREAMS", keys.publish_stream(QM), ">"),
         ("XACK", keys.publish_stream(QM), "workers", "0-1"),
         ("FCALL", "broker_recover", "1", scene.queue("c1")),
-        ("EVALSHA", sha(admin, "commit"), "0"),
+        ("FCALL", COMMIT, "0"),
         ("EVAL", "return 1", "0"),
         ("SCRIPT", "LOAD", "return 1"),
         ("GET", keys.version(OTHER)),  # another queue manager's keys, even to read

@@ -104,10 +104,10 @@ def test_commit_lua_names_the_unit_fields_in_the_order_python_encodes_them():
 
     from broker.core.unit_of_work import UNIT_FIELDS
 
-    source = resources.files("broker").joinpath("lua", "commit.lua").read_text()
+    source = resources.files("broker").joinpath("lua", "library", "commit.lua").read_text()
     named = re.findall(r"^-- unit field (\d+) (\w+)", source, flags=re.MULTILINE)
     assert [(int(n), name) for n, name in named] == list(enumerate(UNIT_FIELDS))
-    assert f"local UNIT = {len(UNIT_FIELDS)}" in source
+    assert f"local UNIT_FIELDS = {len(UNIT_FIELDS)}" in source
 
 
 def test_flow_key_is_prefix_plus_publisher_plus_flow_and_band_sub_id_inverts_sub_band():

@@ -1,3 +1,6 @@
+-- broker_commit (no flags: a full server refuses the call as a whole before it runs, nothing
+-- written; lib.lua): the workers' unit of work, FCALL broker_commit in the pipeline that also
+-- carries their next dequeue (worker/loop.py _send).
 -- Units of work for a batch of publications, in one atomic call: for each one,
 -- fan out to every subscriber queue, record the message id, journal it,
 -- acknowledge the stream entry, post the result and pass the publisher's turn
@@ -148,26 +151,46 @@
 --   broker/core/scripts.py raises them as ForeignKey and ServerFull
 
 
--- KEYS, ARGV and redis.pcall as locals: a global is a table lookup on every use, and the plan
--- reads a few ARGV per unit
-local KEYS, ARGV, pcall_redis = KEYS, ARGV, redis.pcall
-local stream, active, dlq, journal, subs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
-local pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
-local journal_len, sub_prefix = tonumber(ARGV[7]), ARGV[8]
-local sub_prefix_len = #sub_prefix
-local dlq_len, max_body = ARGV[9], tonumber(ARGV[10])
-local resolved_version, limits_arg, flow_arg = ARGV[11], ARGV[12], ARGV[13]
-local ngive_up = tonumber(ARGV[14])
-local give_up = {}
-for i = 15, 14 + ngive_up do give_up[ARGV[i]] = true end
-local first = 15 + ngive_up
+do  -- the unit of work's names are local to this block (Lua 5.1: 200 locals in the library's main chunk)
+
+-- A function of the library, not a script: its helpers below are made once, when the library is
+-- loaded, instead of on every call (an EVALSHA runs its whole chunk per call, making each
+-- `local function` again: docs/design.md, the unit of work's cost). What a call works out from its
+-- KEYS and ARGV, and the tables it fills, are the block's locals below, (re)assigned at the start
+-- of each call (begin and each phase; functions run one at a time). KEYS, ARGV and redis.pcall are
+-- locals: a global is a table lookup on every use, and the plan reads a few ARGV per unit.
+local KEYS, ARGV, pcall_redis
+local stream, active, dlq, journal, subs
+local group, token, lease_ms
+local pub_prefix, dedup_prefix, reply_prefix
+local journal_len, sub_prefix, sub_prefix_len
+local dlq_len, max_body
+local resolved_version, limits_arg, flow_arg
+local give_up, first
 local PUBLISHER, ENTRY_ID, PAYLOAD, MSGID, RECIPIENTS, OPTIONS, JOURNAL = 0, 1, 2, 3, 4, 5, 6
-local UNIT = 7
-if journal_len == 0 then UNIT = 6 end  -- no journal field per unit without the journal
+local UNIT_FIELDS = 7
+local UNIT  -- UNIT_FIELDS, or one less without the journal (no journal field per unit)
 local FIRST_QUEUE = 10
-local skipped_key, slow_key, retained_key = KEYS[7], KEYS[8], KEYS[9]
-local watching = limits_arg ~= ''
+local skipped_key, slow_key, retained_key, watching
+
+local function begin(keys_, argv_)
+  KEYS, ARGV, pcall_redis = keys_, argv_, redis.pcall
+  stream, active, dlq, journal, subs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+  group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
+  pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
+  journal_len, sub_prefix = tonumber(ARGV[7]), ARGV[8]
+  sub_prefix_len = #sub_prefix
+  dlq_len, max_body = ARGV[9], tonumber(ARGV[10])
+  resolved_version, limits_arg, flow_arg = ARGV[11], ARGV[12], ARGV[13]
+  local ngive_up = tonumber(ARGV[14])
+  give_up = {}
+  for i = 15, 14 + ngive_up do give_up[ARGV[i]] = true end
+  first = 15 + ngive_up
+  UNIT = UNIT_FIELDS
+  if journal_len == 0 then UNIT = UNIT_FIELDS - 1 end
+  skipped_key, slow_key, retained_key = KEYS[7], KEYS[8], KEYS[9]
+  watching = limits_arg ~= ''
+end
 
 -- Outcomes, as the reply codes them (broker.core.unit_of_work.OUTCOMES) and the result names them.
 local DELIVERED, DUPLICATE, EXPIRED, REFUSED, SKIPPED, RETRY = 1, 2, 3, 4, 5, 6
@@ -177,26 +200,29 @@ local STATUS_NAME = {'delivered', 'duplicate', 'expired', 'refused', 'skipped'}
 
 -- the index version: read (GET checks its type too) before the others; the subscription hash is
 -- looked at (HEXISTS, below) only when the version changed since the worker resolved the topics
-local version = redis.pcall('GET', KEYS[6])
-if type(version) == 'table' then error({err = 'BROKER ' .. foreign(KEYS[6], 'string')}) end
-local changed = version ~= resolved_version
--- moved on since the worker resolved (an absent version and "" or "0" are the same): retained units retry
-local moved = changed and (version or '0') ~= (resolved_version == '' and '0' or resolved_version)
-local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}}
-if changed then fixed[#fixed + 1] = {subs, 'hash'} end
-if watching then
-  fixed[#fixed + 1] = {skipped_key, 'hash'}
-  fixed[#fixed + 1] = {slow_key, 'hash'}
+local changed, moved
+local function check_fixed()
+  local version = pcall_redis('GET', KEYS[6])
+  if type(version) == 'table' then error({err = 'BROKER ' .. foreign(KEYS[6], 'string')}) end
+  changed = version ~= resolved_version
+  -- moved on since the worker resolved (an absent version and "" or "0" are the same): retained units retry
+  moved = changed and (version or '0') ~= (resolved_version == '' and '0' or resolved_version)
+  local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}}
+  if changed then fixed[#fixed + 1] = {subs, 'hash'} end
+  if watching then
+    fixed[#fixed + 1] = {skipped_key, 'hash'}
+    fixed[#fixed + 1] = {slow_key, 'hash'}
+  end
+  if journal_len > 0 then fixed[#fixed + 1] = {journal, 'stream'} end
+  require_types(fixed)
 end
-if journal_len > 0 then fixed[#fixed + 1] = {journal, 'stream'} end
-require_types(fixed)
 
 -- Per recipient queue KEYS[k]: queue_foreign[k] (a transmission stream that cannot be written, or
 -- nil); gone[k] (its subscription was removed since the worker resolved it); xmit[k] (a
 -- transmission stream); pushed[k] (copies this call gives it) and copies[k] (those copies).
 -- A subscriber queue's type is not looked at here: its push (write phase) says it.
-local queue_foreign, sub_of, gone, xmit = {}, {}, {}, {}
-local pushed, copies = {}, {}
+local queue_foreign, sub_of, gone, xmit
+local pushed, copies
 
 -- the subscription id of queue KEYS[k] (its band suffix cut), worked out only when needed
 local function sub_id_of(k)
@@ -219,12 +245,16 @@ local function check_queue(k)
   end
   gone[k] = changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0
 end
-for k = FIRST_QUEUE, #KEYS do check_queue(k) end
+local function check_queues()
+  queue_foreign, sub_of, gone, xmit = {}, {}, {}, {}
+  pushed, copies = {}, {}
+  for k = FIRST_QUEUE, #KEYS do check_queue(k) end
+end
 
 -- Why subscriber queue KEYS[k] is unavailable (it holds another type: a subscriber's own key,
 -- planted), or false; looked at (one TYPE) only for a unit whose policy must know before any
 -- write (ALL, ALLDUR), once per call. A push that fails says the same for the others.
-local unavailable = {}
+local unavailable
 local function unavailable_of(k)
   local why = unavailable[k]
   if why == nil then
@@ -239,9 +269,12 @@ end
 -- Flow control (ARGV[13]): the curve. Whether it is in force for this call is known after the
 -- pushes (each LPUSH returns its band's depth): only when some band is past the start depth.
 local fc_start, fc_full, fc_max
-if flow_arg ~= '' then
-  local a, b, c = string.match(flow_arg, '^(%d+):(%d+):(%d+)$')
-  fc_start, fc_full, fc_max = tonumber(a), tonumber(b), tonumber(c)
+local function flow_curve()
+  fc_start, fc_full, fc_max = nil, nil, nil
+  if flow_arg ~= '' then
+    local a, b, c = string.match(flow_arg, '^(%d+):(%d+):(%d+)$')
+    fc_start, fc_full, fc_max = tonumber(a), tonumber(b), tonumber(c)
+  end
 end
 local function flow_delay(depth)
   if depth <= fc_start then return 0 end
@@ -252,7 +285,7 @@ end
 
 -- Watched queues (ARGV[12]: MAXDEPTH, slow-subscriber conditions): the messages waiting in every
 -- band of their subscription, read once per subscription. limit[k] = MAXDEPTH or nil.
-local limit, durable_q, depth_of = {}, {}, {}
+local limit, durable_q, depth_of
 -- the suffixes of the bands other than the default one (built once: number to string is slow)
 local OTHER_BANDS = {':p0', ':p1', ':p2', ':p3', ':p5', ':p6', ':p7', ':p8', ':p9'}
 local function waiting_in(k)
@@ -269,7 +302,7 @@ local function waiting_in(k)
 end
 -- the deepest watched subscription and the lowest MAXDEPTH: the n-th unit of the batch cannot
 -- find a queue deeper than deepest_watched + n, so below a threshold it need not look at each one
-local deepest_watched, lowest_limit = 0, math.huge
+local deepest_watched, lowest_limit
 local function watch(k, depth, dur)
   if gone[k] or queue_foreign[k] or xmit[k] then return end
   local id = sub_id_of(k)
@@ -283,11 +316,15 @@ local function watch(k, depth, dur)
     if limit[k] < lowest_limit then lowest_limit = limit[k] end
   end
 end
-for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do watch(tonumber(k), depth, dur) end
 -- watched_id[k] = the subscription id of band k when its subscription is watched (its depth counted up)
-local watched_id = {}
-for k = FIRST_QUEUE, watching and #KEYS or 0 do
-  if not xmit[k] and not gone[k] and depth_of[sub_id_of(k)] then watched_id[k] = sub_id_of(k) end
+local watched_id
+local function watch_queues()
+  unavailable, limit, durable_q, depth_of, watched_id = {}, {}, {}, {}, {}
+  deepest_watched, lowest_limit = 0, math.huge
+  for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do watch(tonumber(k), depth, dur) end
+  for k = FIRST_QUEUE, watching and #KEYS or 0 do
+    if not xmit[k] and not gone[k] and depth_of[sub_id_of(k)] then watched_id[k] = sub_id_of(k) end
+  end
 end
 
 -- ==== Phase "plan": per unit, the fence, its keys' types, its outcome and its copies ===========
@@ -298,7 +335,7 @@ end
 -- set_kind[set] = PLAIN (every queue a subscriber queue still subscribed) or MIXED (a queue gone
 -- or a transmission stream).
 local PLAIN, MIXED = 1, 2
-local sets, set_why, set_kind = {}, {}, {}
+local sets, set_why, set_kind
 local function set_of(packed)
   local set, m, kind, why = {}, 0, PLAIN, nil
   for at = 1, #packed, 3000 do  -- string.byte returns its bytes on the Lua stack: a slice at a time
@@ -316,7 +353,7 @@ local function set_of(packed)
 end
 
 -- A unit's options (field 5), parsed once per distinct value.
-local options = {}
+local options
 local function options_of(text)
   local action, window, reply_ttl, delivery, dead, slow, retain, size, rest =
     string.match(text, '^(%a+)|(%d+)|(%d+)|(%u+)|([01])|([%d:]*)|(%l?)(%d*)|(.*)$')
@@ -333,11 +370,7 @@ end
 -- The fence: per publisher, its turn (this worker's token?) and as many FIFO heads as it has
 -- units in the call, read once. turns[pub] = {ok, popped, heads, fifo, turn, depth (the deepest band its units
 -- met, flow control), dedup, reply, last (its last unit)}.
-local turns, turn_order, units_of = {}, {}, {}
-for u = first, #ARGV, UNIT do
-  local pub = ARGV[u + PUBLISHER]
-  units_of[pub] = (units_of[pub] or 0) + 1
-end
+local turns, turn_order, units_of
 local function turn_of(pub)
   local turn, fifo = pub_prefix .. pub .. ':turn', pub_prefix .. pub .. ':fifo'
   -- pcall: a foreign turn or FIFO key is simply not this worker's turn
@@ -357,13 +390,13 @@ end
 -- the reply (out[3n - 2], out[3n - 1], below) and, only when there is one: reply_of[n] (the key
 -- its result is posted on), reason_of[n], skip_of[n] ({KEYS index = 'full' | 'slow'}),
 -- delay_of[n] (ms), forwarded_of[n].
-local reply_of, reason_of, skip_of, delay_of, forwarded_of = {}, {}, {}, {}, {}
+local reply_of, reason_of, skip_of, delay_of, forwarded_of
 -- retained publications (option "retain"): the delivered units' {options, ARGV index}, in order
 -- (the last of a topic wins); why KEYS[9] cannot be written (nil: not looked at yet)
-local retains, retained_why = {}, nil
-local skipped, withheld = {}, {}   -- sub id -> deliveries skipped (full queue or slow), withheld (slow)
-local disconnect, disconnect_order = {}, {}  -- sub id -> max_messages of the condition
-local conditions = {}    -- a unit's slow option -> {max_messages, non-durable flag, durable flag}
+local retains, retained_why
+local skipped, withheld   -- sub id -> deliveries skipped (full queue or slow), withheld (slow)
+local disconnect, disconnect_order  -- sub id -> max_messages of the condition
+local conditions    -- a unit's slow option -> {max_messages, non-durable flag, durable flag}
 
 -- A slow-subscriber condition (option "slow"): a watched queue of the set holding max_messages or
 -- more is withheld the publication (skip[k] = 'slow'); returns skip and the subscriptions the
@@ -528,49 +561,61 @@ end
 -- Plan every unit n (ARGV index u): fenced (its reply 0, 0, 0), or its outcome.
 -- The reply (3 integers per unit, filled in as each is planned), the entries to acknowledge and
 -- the units the write phase has more to do for (a dead letter, a result, a journal record).
-local out, acks, nacks, writes = {}, {}, 0, {}
-local n = 0
-for u = first, #ARGV, UNIT do
-  n = n + 1
-  local pub, entry_id = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID]
-  local t = turns[pub] or turn_of(pub)
-  if t.ok and t.heads[t.popped + 1] ~= entry_id then t.ok = false end
-  if moved and t.ok and not t.retry then
-    -- a retained publication resolved before a subscription was made or removed: decided again
-    -- (a new subscription read the retained store before this one is written), with the
-    -- publisher's units after it; looked at only when the index version changed
-    local o = options[ARGV[u + OPTIONS]] or options_of(ARGV[u + OPTIONS])
-    t.retry = o.retain ~= nil and o.action == 'deliver'
+local out, acks, nacks, writes
+local function plan()
+  sets, set_why, set_kind, options = {}, {}, {}, {}
+  turns, turn_order, units_of = {}, {}, {}
+  reply_of, reason_of, skip_of, delay_of, forwarded_of = {}, {}, {}, {}, {}
+  retains, retained_why = {}, nil
+  skipped, withheld, disconnect, disconnect_order, conditions = {}, {}, {}, {}, {}
+  out, acks, nacks, writes = {}, {}, 0, {}
+  for u = first, #ARGV, UNIT do
+    local pub = ARGV[u + PUBLISHER]
+    units_of[pub] = (units_of[pub] or 0) + 1
   end
-  out[3 * n] = 0
-  if not t.ok then
-    out[3 * n - 2], out[3 * n - 1] = 0, 0  -- fenced
-  elseif t.retry then
-    out[3 * n - 2], out[3 * n - 1] = RETRY, 0  -- nothing written: its turn and FIFO head stay
-  else
-    t.popped, t.last = t.popped + 1, n
-    nacks = nacks + 1
-    acks[nacks] = entry_id
-    local text, packed = ARGV[u + OPTIONS], ARGV[u + RECIPIENTS]
-    local o = options[text] or options_of(text)
-    local set = packed ~= '' and (sets[packed] or set_of(packed)) or nil
-    local reply_why = nil
-    if o.reply_ttl ~= '0' then
-      local reply_key = t.reply .. ARGV[u + MSGID]
-      reply_why = foreign(reply_key, 'list')
-      if not reply_why then reply_of[n] = reply_key end
+  local n = 0
+  for u = first, #ARGV, UNIT do
+    n = n + 1
+    local pub, entry_id = ARGV[u + PUBLISHER], ARGV[u + ENTRY_ID]
+    local t = turns[pub] or turn_of(pub)
+    if t.ok and t.heads[t.popped + 1] ~= entry_id then t.ok = false end
+    if moved and t.ok and not t.retry then
+      -- a retained publication resolved before a subscription was made or removed: decided again
+      -- (a new subscription read the retained store before this one is written), with the
+      -- publisher's units after it; looked at only when the index version changed
+      local o = options[ARGV[u + OPTIONS]] or options_of(ARGV[u + OPTIONS])
+      t.retry = o.retain ~= nil and o.action == 'deliver'
     end
-    local action, why, code, given = o.action, nil, nil, 0
-    if action == 'deliver' then
-      code, why, given = plan_deliver(n, t, o, set, u, reply_why)
-      if why then reason_of[n] = why .. '; delivered to no subscription' end
-    elseif action == 'refuse' then
-      code, reason_of[n] = REFUSED, ARGV[u + PAYLOAD]
+    out[3 * n] = 0
+    if not t.ok then
+      out[3 * n - 2], out[3 * n - 1] = 0, 0  -- fenced
+    elseif t.retry then
+      out[3 * n - 2], out[3 * n - 1] = RETRY, 0  -- nothing written: its turn and FIFO head stay
     else
-      code = action == 'expire' and EXPIRED or SKIPPED
+      t.popped, t.last = t.popped + 1, n
+      nacks = nacks + 1
+      acks[nacks] = entry_id
+      local text, packed = ARGV[u + OPTIONS], ARGV[u + RECIPIENTS]
+      local o = options[text] or options_of(text)
+      local set = packed ~= '' and (sets[packed] or set_of(packed)) or nil
+      local reply_why = nil
+      if o.reply_ttl ~= '0' then
+        local reply_key = t.reply .. ARGV[u + MSGID]
+        reply_why = foreign(reply_key, 'list')
+        if not reply_why then reply_of[n] = reply_key end
+      end
+      local action, why, code, given = o.action, nil, nil, 0
+      if action == 'deliver' then
+        code, why, given = plan_deliver(n, t, o, set, u, reply_why)
+        if why then reason_of[n] = why .. '; delivered to no subscription' end
+      elseif action == 'refuse' then
+        code, reason_of[n] = REFUSED, ARGV[u + PAYLOAD]
+      else
+        code = action == 'expire' and EXPIRED or SKIPPED
+      end
+      out[3 * n - 2], out[3 * n - 1] = code, given or 0
+      if reply_of[n] or reason_of[n] or journal_len > 0 then writes[#writes + 1] = {n, u} end
     end
-    out[3 * n - 2], out[3 * n - 1] = code, given or 0
-    if reply_of[n] or reason_of[n] or journal_len > 0 then writes[#writes + 1] = {n, u} end
   end
 end
 
@@ -584,8 +629,8 @@ end
 -- as it pushed, and then its bell is rung. A push refused (the key holds another type: a
 -- subscriber's own key, planted) makes the subscription unavailable for this call: failed[k].
 local CHUNK = 1000
-local after, failed = {}, {}
-local any_failed, deepest = false, 0  -- a push failed; the deepest band after the pushes
+local after, failed
+local any_failed, deepest  -- a push failed; the deepest band after the pushes
 local function unpushed(k, err)
   -- a full server refuses only the first write of a script: nothing is written yet, stop (the
   -- worker retries) rather than call the subscription unavailable
@@ -610,17 +655,21 @@ local function push(k)
   after[k] = depth
   if depth > deepest then deepest = depth end
 end
-for k = FIRST_QUEUE, #KEYS do
-  if pushed[k] > 0 then push(k) end
-end
 
 -- Flow control is in force for this call when some band is now past the start depth; then only
 -- those bands ("hot") are followed: any other stayed at or under it, where the delay is 0. A
 -- copy's depth is its band's depth before the call (base[k]) plus its place among the call's.
-local flowing = fc_start ~= nil and deepest > fc_start
-local hot, base = {}, {}
-for k, depth in pairs(flowing and after or {}) do
-  if depth > fc_start then hot[k], base[k] = true, depth - pushed[k] end
+local flowing, hot, base
+local function push_all()
+  after, failed, any_failed, deepest = {}, {}, false, 0
+  for k = FIRST_QUEUE, #KEYS do
+    if pushed[k] > 0 then push(k) end
+  end
+  flowing = fc_start ~= nil and deepest > fc_start
+  hot, base = {}, {}
+  for k, depth in pairs(flowing and after or {}) do
+    if depth > fc_start then hot[k], base[k] = true, depth - pushed[k] end
+  end
 end
 
 -- The copy of unit n (ARGV index u) for failed band k: not delivered, dead-lettered with its
@@ -639,7 +688,7 @@ end
 
 -- Go over delivered unit n's copies in the plan's order: drop those of failed bands; returns the
 -- deepest hot band its copy met, itself included (its result's delay).
-local seen = {}  -- KEYS index -> copies gone over
+local seen  -- KEYS index -> copies gone over
 local function settle_unit(n, u, set)
   local skip, depth = skip_of[n], 0
   for i = 1, #set do
@@ -659,7 +708,7 @@ end
 
 -- The deepest hot band unit n went to, as deep as this call leaves it: its publisher's flow key
 -- (once per set, unless the unit skipped some of it).
-local set_after = {}
+local set_after
 local function after_depth(n, set)
   local skip, depth = skip_of[n], 0
   for i = 1, #set do
@@ -672,31 +721,30 @@ end
 
 -- Settle the delivered units after the pushes, only when a push failed or flow control is in
 -- force: their copies one by one only when a push failed or a result must post its own delay.
-local replay = any_failed or (flowing and next(reply_of) ~= nil)
-local un = 0
-for u = first, (replay or flowing) and #ARGV or 0, UNIT do
-  un = un + 1
-  local packed = ARGV[u + RECIPIENTS]
-  if out[3 * un - 2] == DELIVERED and packed ~= '' then
-    local set = sets[packed]
-    local depth = replay and settle_unit(un, u, set)
-    if flowing then
-      local t, deepest_after = turns[ARGV[u + PUBLISHER]], not skip_of[un] and set_after[set]
-      if not deepest_after then deepest_after = after_depth(un, set) end
-      if deepest_after > t.depth then t.depth = deepest_after end
-      if depth then delay_of[un] = flow_delay(depth) end
+local function settle()
+  seen, set_after = {}, {}
+  local replay = any_failed or (flowing and next(reply_of) ~= nil)
+  local un = 0
+  for u = first, (replay or flowing) and #ARGV or 0, UNIT do
+    un = un + 1
+    local packed = ARGV[u + RECIPIENTS]
+    if out[3 * un - 2] == DELIVERED and packed ~= '' then
+      local set = sets[packed]
+      local depth = replay and settle_unit(un, u, set)
+      if flowing then
+        local t, deepest_after = turns[ARGV[u + PUBLISHER]], not skip_of[un] and set_after[set]
+        if not deepest_after then deepest_after = after_depth(un, set) end
+        if deepest_after > t.depth then t.depth = deepest_after end
+        if depth then delay_of[un] = flow_delay(depth) end
+      end
     end
   end
 end
 
-local now_ms = ''
-if journal_len > 0 then
-  local tm = redis.call('TIME')
-  now_ms = tostring(tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000))
-end
+local now_ms  -- the journal's delivery time, ms ('' without the journal)
 
 -- The subscription ids a delivered unit went to, as JSON (journal); once per set unless skipped.
-local names = {}
+local names
 local function subscription_ids(set, skip)
   if not set then return '[]' end
   if names[set] and not skip then return names[set] end
@@ -740,28 +788,35 @@ local function write_unit(n, u, o)
   end
 end
 
-for _, w in ipairs(writes) do write_unit(w[1], w[2], options[ARGV[w[2] + OPTIONS]]) end
--- the retained publications, in unit order: the envelope as delivered, or cleared (an empty body)
-for _, r in ipairs(retains) do
-  local o = r[1]
-  if o.retain == 's' then
-    redis.call('HSET', retained_key, o.topic, ARGV[r[2] + PAYLOAD])
-  else
-    redis.call('HDEL', retained_key, o.topic)
+local function write_all()
+  now_ms, names = '', {}
+  if journal_len > 0 then
+    local tm = redis.call('TIME')
+    now_ms = tostring(tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000))
   end
-end
+  for _, w in ipairs(writes) do write_unit(w[1], w[2], options[ARGV[w[2] + OPTIONS]]) end
+  -- the retained publications, in unit order: the envelope as delivered, or cleared (an empty body)
+  for _, r in ipairs(retains) do
+    local o = r[1]
+    if o.retain == 's' then
+      redis.call('HSET', retained_key, o.topic, ARGV[r[2] + PAYLOAD])
+    else
+      redis.call('HDEL', retained_key, o.topic)
+    end
+  end
 
--- pcall: {qm}:skipped is type-checked only when a queue is watched; a subscription found
--- unavailable in a call that watches none is then not counted when that key is foreign
-for id, c in pairs(skipped) do redis.pcall('HINCRBY', skipped_key, id, c) end
-for id, c in pairs(withheld) do redis.call('HINCRBY', slow_key, id, c) end
--- The flow keys: a publisher's largest delay of this call, PX that delay, unless its key is foreign.
-for _, pub in ipairs(flowing and turn_order or {}) do
-  local delay, key = flow_delay(turns[pub].depth), pub_prefix .. pub .. ':flow'
-  if delay > 0 and not foreign(key, 'string') then redis.call('SET', key, delay, 'PX', delay) end
-end
-for i = 1, #acks, CHUNK do
-  redis.call('XACK', stream, group, unpack(acks, i, math.min(i + CHUNK - 1, #acks)))
+  -- pcall: {qm}:skipped is type-checked only when a queue is watched; a subscription found
+  -- unavailable in a call that watches none is then not counted when that key is foreign
+  for id, c in pairs(skipped) do pcall_redis('HINCRBY', skipped_key, id, c) end
+  for id, c in pairs(withheld) do redis.call('HINCRBY', slow_key, id, c) end
+  -- The flow keys: a publisher's largest delay of this call, PX that delay, unless its key is foreign.
+  for _, pub in ipairs(flowing and turn_order or {}) do
+    local delay, key = flow_delay(turns[pub].depth), pub_prefix .. pub .. ':flow'
+    if delay > 0 and not foreign(key, 'string') then redis.call('SET', key, delay, 'PX', delay) end
+  end
+  for i = 1, #acks, CHUNK do
+    redis.call('XACK', stream, group, unpack(acks, i, math.min(i + CHUNK - 1, #acks)))
+  end
 end
 
 -- Pass the turns on: a publisher whose FIFO is now empty (or who is to give its turn up) gives
@@ -779,12 +834,36 @@ local function pass_turn(pub, t)
   end
   out[3 * t.last] = 1
 end
-for _, pub in ipairs(turn_order) do
-  local t = turns[pub]
-  if t.popped > 0 then pass_turn(pub, t) end
+local function pass_turns()
+  for _, pub in ipairs(turn_order) do
+    local t = turns[pub]
+    if t.popped > 0 then pass_turn(pub, t) end
+  end
+  -- the subscriptions to disconnect, after the units' integers
+  for _, id in ipairs(disconnect_order) do
+    out[#out + 1] = id; out[#out + 1] = disconnect[id]
+  end
 end
--- the subscriptions to disconnect, after the units' integers
-for _, id in ipairs(disconnect_order) do
-  out[#out + 1] = id; out[#out + 1] = disconnect[id]
+
+-- ==== The call: the phases in order ==============================================================
+
+local function commit(keys_, argv_)
+  begin(keys_, argv_)
+  check_fixed()
+  check_queues()
+  flow_curve()
+  watch_queues()
+  plan()
+  push_all()
+  settle()
+  write_all()
+  pass_turns()
+  local reply = out
+  -- the call's arguments and copies are not kept until the next call
+  KEYS, ARGV, copies, acks, out = nil, nil, nil, nil, nil
+  return reply
 end
-return out
+
+redis.register_function{function_name = 'broker_commit', callback = commit}
+
+end
