@@ -21,17 +21,14 @@ Seed 004 (IPCOM000031305D), on Redis:
    newer: the logged subscription changes alone, or a whole reload for any other
    change (``RoutingTable.refresh``); each head becomes a unit of work (deliver to
    which queues, expire, refuse with the reason, skip).
-4. **Unit of work** (``commit.lua``, one per publication, pipelined): fenced on
-   the turn and the FIFO head; LPUSH to every queue, dedup record, XACK, reply,
-   pop the head, and give up the turn when the FIFO is empty. All or nothing.
-   With flow control on, it also works out the publication's flow-control delay
-   (its slowest subscriber's); a slow-subscriber condition on its root topic
-   withholds it from subscriber queues that are too deep.
-5. **Disconnect** (only when a slow-subscriber condition says so): right after
-   the commit, the subscriptions it matched are removed
-   (``remove_subscription.lua``, only if still that deep), each logged at
-   WARNING. The unit of work is already whole without it: should the worker die
-   first, the next matching publication asks again.
+4. **Unit of work** (``FCALL broker_commit``, ``lua/library/commit.lua``: one call per batch,
+   the next dequeue in the same round trip): fenced on the turn and the FIFO head; LPUSH to
+   every queue, dedup record, XACK, reply, pop the head, give up the turn when the FIFO is empty,
+   all or nothing; with flow control on, the publication's flow-control delay (its slowest
+   subscriber's); a slow-subscriber condition withholds it from subscriber queues too deep.
+5. **Disconnect** (only when a slow-subscriber condition says so): the subscriptions it matched
+   are removed after the commit (``remove_subscription.lua``, only if still that deep), each
+   logged at WARNING; should the worker die first, the next matching publication asks again.
 
 An idle worker waits for work as ``worker.waiting`` says (one on the publish stream, the others for a
 wake-up), and a round whose commit ends every turn it held sends no dequeue with it: at low rates a
@@ -507,7 +504,7 @@ class Worker:
             wait_ms = min(wait_ms, BUSY_POLL_MS)
             if not block or now >= self._next_busy_sweep_ms:
                 self._next_busy_sweep_ms = now + BUSY_POLL_MS
-                if self._sweep_turns():
+                if self.housekeeping.sweep_turns():
                     return 0
         if block and not dequeued.entries and not dequeued.delayed_moves:  # moved: more may wait
             self._idle(now, wait_ms)
@@ -527,8 +524,7 @@ class Worker:
         Returns:
             True when woken, False after ``wait_ms``.
         """
-        if not self._active:  # no publisher waits: the trim (worker.housekeeping) costs no work
-            self.housekeeping.trim_if_due(now_ms, 1, self._unless_full)
+        self.housekeeping.before_wait(now_ms, self._active, self._unless_full)
         direct = self._waited_ms < QUIET_WAIT_MS  # a short last wait: on the stream directly
         woken = self.waiting.wait(now_ms, self._wait_from or "$", wait_ms, self.table.ingress, direct)
         # a wait that timed out lasted wait_ms (whatever the clock says: tests inject one)
@@ -541,18 +537,6 @@ class Worker:
             step()
         except (redis.exceptions.OutOfMemoryError, ServerFull) as exc:  # ServerFull: a script wrapper
             self._report(exc)
-
-    def _sweep_turns(self) -> list[str]:
-        """Take orphaned turns now (``Housekeeping.sweep_turns``); returns the publishers taken."""
-        return self.housekeeping.sweep_turns()
-
-    def sweep_entries(self, min_idle_ms: int) -> list[str]:
-        """Refuse pending entries in no publisher's FIFO (``Housekeeping.sweep_entries``)."""
-        return self.housekeeping.sweep_entries(min_idle_ms)
-
-    def sweep_subscriptions(self) -> list[str]:
-        """Give back dead consumers' messages, remove abandoned subscriptions (``Housekeeping.sweep_subscriptions``)."""
-        return self.housekeeping.sweep_subscriptions()
 
     def _turns_to_give_up(self, dequeued: Dequeued) -> tuple[str, ...]:
         """Publishers beyond this worker's fair share of the work (``worker.turns.turns_to_give_up``)."""

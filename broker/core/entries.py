@@ -199,6 +199,63 @@ def _client_id(fields: dict[bytes, bytes], header: dict[str, Any], retain: bool)
     return client_id
 
 
+#: The fields of most publication entries (``publication_fields`` with no option set): an entry
+#: with no other field skips every other field's lookup (``parse_entry``).
+_USUAL_FIELDS = frozenset({b"publisher", b"topic", b"body", b"msgid", b"ts", b"seq", b"props"})
+
+
+def _rare_values(fields: dict[bytes, bytes]) -> tuple[str | None, int, int, str | None]:
+    """``(persistent, priority, expiration, reply)`` of an entry with fields beyond the usual ones.
+
+    Raises:
+        InvalidMessage: one of them is out of its range.
+    """
+    persistent = field_text(fields, b"persistent")
+    if persistent not in (None, "", "0", "1"):
+        raise InvalidMessage(f"field 'persistent' must be 0 or 1, not {shown(persistent)}")
+    priority = _int(fields, b"priority", keys.DEFAULT_PRIORITY)
+    assert priority is not None
+    if not wire.is_priority(priority):
+        raise InvalidMessage(f"field 'priority' must be 0-9, not {priority}")
+    expiration = _int(fields, b"expiration", 0)
+    assert expiration is not None
+    if expiration < 0:
+        raise InvalidMessage(
+            f"field 'expiration' must be >= 0 (ms since the epoch, 0 = never), not {expiration}"
+        )
+    reply = field_text(fields, b"reply")
+    if reply not in (None, "", "0", "1"):
+        raise InvalidMessage(f"field 'reply' must be 0 or 1, not {reply[:20]!r}")
+    return persistent, priority, expiration, reply
+
+
+def _rare_header(
+    fields: dict[bytes, bytes], header: dict[str, Any], persistent: str | None, priority: int, expiration: int
+) -> None:
+    """The header fields of an entry's rarer fields, in the envelope's order (``parse_entry``).
+
+    Raises:
+        InvalidMessage: a delivery time, origin or route that is not one.
+    """
+    if persistent == "0":
+        header["persistent"] = False
+    if priority != keys.DEFAULT_PRIORITY:
+        header["priority"] = priority
+    if expiration:
+        header["expiration"] = expiration
+    if delivery_time := _delivery_time(fields):
+        header["delivery_time"] = delivery_time
+    # carried as given when present; "principal" is set by the queue mutex (an ingress stream's entry)
+    for name in ("correlation_id", "reply_to", "type", "principal"):
+        value = field_text(fields, name.encode())
+        if value is not None:
+            header[name] = value
+    origin = field_text(fields, b"origin")
+    if origin is not None:
+        header["origin"] = origin
+        header["route"] = _route(fields, origin)
+
+
 def parse_entry(
     entry_id: str, fields: dict[bytes, bytes], max_body_bytes: int, max_properties_bytes: int | None = None
 ) -> Entry:
@@ -245,26 +302,15 @@ def parse_entry(
     received_ms = int(entry_id.split("-", 1)[0])
     if ts is None:
         ts = received_ms
-    persistent = field_text(fields, b"persistent")
-    if persistent not in (None, "", "0", "1"):
-        raise InvalidMessage(f"field 'persistent' must be 0 or 1, not {shown(persistent)}")
-    priority = _int(fields, b"priority", keys.DEFAULT_PRIORITY)
-    assert priority is not None
-    if not wire.is_priority(priority):
-        raise InvalidMessage(f"field 'priority' must be 0-9, not {priority}")
-    expiration = _int(fields, b"expiration", 0)
-    assert expiration is not None
-    if expiration < 0:
-        raise InvalidMessage(
-            f"field 'expiration' must be >= 0 (ms since the epoch, 0 = never), not {expiration}"
-        )
     seq = _int(fields, b"seq", None)
     if seq is not None and seq < 0:
         raise InvalidMessage(f"field 'seq' must be >= 0, not {seq}")
-    reply = field_text(fields, b"reply")
-    if reply not in (None, "", "0", "1"):
-        raise InvalidMessage(f"field 'reply' must be 0 or 1, not {reply[:20]!r}")
-    retain = _retain(fields)
+    # most entries carry only the usual fields: the others are looked for only when one is there
+    rare = not _USUAL_FIELDS.issuperset(fields)
+    persistent, priority, expiration, reply = (
+        _rare_values(fields) if rare else (None, keys.DEFAULT_PRIORITY, 0, None)
+    )
+    retain = rare and _retain(fields)
     raw_props = fields.get(b"props")
     props = _props_field(fields, raw_props, max_properties_bytes) if raw_props else {}
     header: dict[str, Any] = {
@@ -278,26 +324,11 @@ def parse_entry(
     # Optional header fields are left out at their defaults (smaller copies in every queue).
     if ts != received_ms:
         header["ts"] = ts
-    if persistent == "0":
-        header["persistent"] = False
-    if priority != keys.DEFAULT_PRIORITY:
-        header["priority"] = priority
-    if expiration:
-        header["expiration"] = expiration
-    if delivery_time := _delivery_time(fields):
-        header["delivery_time"] = delivery_time
-    # carried as given when present; "principal" is set by the queue mutex (an ingress stream's entry)
-    for name in ("correlation_id", "reply_to", "type", "principal"):
-        value = field_text(fields, name.encode())
-        if value is not None:
-            header[name] = value
-    origin = field_text(fields, b"origin")
-    if origin is not None:
-        header["origin"] = origin
-        header["route"] = _route(fields, origin)
+    if rare:
+        _rare_header(fields, header, persistent, priority, expiration)
     if msgid_hex is not None:  # not UTF-8: its bytes, for a channel and any subscriber
         header["msgid_hex"] = msgid_hex
-    client_id = _client_id(fields, header, retain)
+    client_id = _client_id(fields, header, retain) if rare else None
     if props:
         header["props"] = props  # last: lua/lib.lua's envelope_head cuts the header here
         group = props.get(GROUP_ID)

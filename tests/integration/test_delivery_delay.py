@@ -177,7 +177,7 @@ def test_a_worker_dying_around_the_moves_loses_and_duplicates_nothing(real_redis
     now.now = t0 + 500 + STANDBY_MS
     drain([survivor])
     for _ in range(2):
-        survivor.sweep_entries(0)
+        survivor.housekeeping.sweep_entries(0)
         survivor.housekeeping.sweep_turns()
         drain([survivor])
 

@@ -261,7 +261,7 @@ def test_entries_orphaned_by_a_deleted_fifo_are_dead_lettered_by_the_sweep(real_
     worker.scripts.dequeue("someone-else", 10, settings.lease_ms, 10, [])  # filed, turns held elsewhere
     real_redis.delete(keys.fifo_key(QM, "lost"), keys.turn_key(QM, "lost"))
     # When the orphan sweep looks at every pending entry, however long it has been pending
-    refused = worker.sweep_entries(min_idle_ms=0)
+    refused = worker.housekeeping.sweep_entries(min_idle_ms=0)
     # Then every orphaned entry is dead-lettered, in stream order, and nothing stays pending
     assert [d[b"msgid"] for d in _dead_letters(real_redis)] == [b"l0", b"l1", b"l2"]
     assert all(b"FIFO" in d[b"dlq.reason"] for d in _dead_letters(real_redis))

@@ -96,7 +96,7 @@ def test_raw_consumer_waits_on_the_bell_and_a_dead_raw_consumers_message_is_give
     assert out.rstrip(b"\n").partition(b"\n")[2] == b"hi"
     # The workers' sweep gives it back; the next consumer gets it with a delivery count of 2
     drain(workers)
-    workers[0].sweep_subscriptions()
+    workers[0].housekeeping.sweep_subscriptions()
     assert real_redis.exists(inflight) == 0
     record = next(r for r in list_subscriptions(real_redis, QM) if r.sub_id == sub_id)
     delivery = Subscriber(real_redis, QM, record, settings, heartbeat=False).receive()

@@ -403,7 +403,7 @@ def test_subscriber_consumes_and_acknowledges_its_own_subscriptions_only(scene: 
         users.client("sec-wk"), settings.model_copy(update={"subscription_expiry_ms": 0}), 1
     )[0]
     time.sleep(0.002)
-    worker.sweep_subscriptions()
+    worker.housekeeping.sweep_subscriptions()
     assert not admin.hexists(keys.subscriptions(QM), nd.sub_id)
 
 
@@ -475,7 +475,7 @@ def test_worker_runs_the_whole_pipeline_of_its_queue_manager_only(scene: Scene) 
     nd = subscribe(admin, QM, "t/#", "c7")
     time.sleep(0.002)
     drain(workers)
-    workers[1].sweep_subscriptions()
+    workers[1].housekeeping.sweep_subscriptions()
     assert not admin.hexists(keys.subscriptions(QM), nd.sub_id)
     assert admin.llen(keys.consumer_inflight(QM, scene.subs["c1"].sub_id, "gone")) == 0
     assert scene.depths()["c1"] == 4
