@@ -337,3 +337,30 @@ def test_a_worker_sigkilled_after_a_commit_loses_only_its_unflushed_counts_and_n
     survived = sum(w.processed for w in survivors)
     assert 0 < survived < 10
     assert topic_statistics(real_redis, settings, "x/a").publications == survived
+
+
+def test_a_flush_of_more_topics_than_a_call_takes_is_several_calls_and_keeps_the_bound(
+    real_redis, settings, monkeypatch
+):
+    # Given a counter of 7 topic strings, at most 5 kept, and calls of 3 topics each
+    from broker.operations import topic_stats
+
+    monkeypatch.setattr(topic_stats, "FLUSH_CHUNK", 3)
+    counter = topic_stats.TopicCounter(5)
+    for k in range(7):
+        counter.topics[f"t/{k}"] = [k + 1, 2 * (k + 1), T0 + k]
+    real_redis.config_resetstat()
+    # When it flushes
+    flushed = counter.flush(real_redis, QM)
+    # Then it took three calls and counted every publication: 5 topics on their own, 2 under OTHER
+    assert int(real_redis.info("commandstats")["cmdstat_evalsha"]["calls"]) == 3
+    assert flushed == sum(range(1, 8))
+    counts = real_redis.hgetall(keys.topic_publications(QM))
+    assert {k: int(v) for k, v in counts.items()} == {
+        b"t/0": 1,
+        b"t/1": 2,
+        b"t/2": 3,
+        b"t/3": 4,
+        b"t/4": 5,
+        OTHER.encode(): 6 + 7,
+    }
