@@ -349,6 +349,9 @@ def test_a_flush_of_more_topics_than_a_call_takes_is_several_calls_and_keeps_the
     counter = topic_stats.TopicCounter(5)
     for k in range(7):
         counter.topics[f"t/{k}"] = [k + 1, 2 * (k + 1), T0 + k]
+    from broker.core.scripts import script_source
+
+    real_redis.script_load(script_source("topic_stats"))
     real_redis.config_resetstat()
     # When it flushes
     flushed = counter.flush(real_redis, QM)
