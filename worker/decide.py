@@ -253,12 +253,18 @@ class Decider:
                 extra=publication_extra(entry_id, fields, publisher=publisher),
             )
             return self.refusal(publisher, entry_id, fields, f"internal error: {exc!r}")
-        header = entry.header
+        seq = entry.header["seq"]
         reply_ttl = settings.reply_ttl_ms if entry.reply else 0
-        journal = {"seq": header["seq"], "topic": entry.topic, "enqueued_ms": entry.timestamp_ms}
         if entry.expiration_ms and entry.expiration_ms <= now_ms:
             return UnitOfWork(
-                publisher, entry_id, Action.EXPIRE, entry.msgid, reply_ttl_ms=reply_ttl, **journal
+                publisher,
+                entry_id,
+                Action.EXPIRE,
+                entry.msgid,
+                reply_ttl_ms=reply_ttl,
+                seq=seq,
+                topic=entry.topic,
+                enqueued_ms=entry.timestamp_ms,
             )
         window = settings.dedup_window_ms if entry.msgid_given else 0
         retain = (Retain.STORE if entry.body else Retain.CLEAR) if entry.retain else Retain.NONE
@@ -275,5 +281,7 @@ class Decider:
             dead_letter=dead_letter,
             slow=slow,
             retain=retain,
-            **journal,
+            seq=seq,
+            topic=entry.topic,
+            enqueued_ms=entry.timestamp_ms,
         )

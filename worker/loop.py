@@ -124,6 +124,9 @@ QUIET_WAIT_MS = 2
 #: it then sweeps for turns nobody holds, ms (p99 at 2,000/s: 23 ms with 20; 8 with 5).
 BUSY_POLL_MS = 5
 
+#: Each outcome's name (``Outcome.value`` is a property call per access).
+_OUTCOME_NAMES = {outcome: outcome.value for outcome in Outcome}
+
 #: Pause before starting a round again after a Redis error, ms.
 RETRY_PAUSE_MS = 500
 
@@ -743,7 +746,8 @@ class Worker:
                     self.turns.discard(unit.publisher)
                     continue
                 done += 1
-                counts[outcome.value] = counts.get(outcome.value, 0) + 1
+                name = _OUTCOME_NAMES[outcome]
+                counts[name] = counts.get(name, 0) + 1
                 if outcome is refused:
                     log_refused(unit)
                 if released:

@@ -572,8 +572,11 @@ def entry_fields(flat: list[bytes]) -> dict[bytes, bytes]:
     """A stream entry's ``[field, value, ...]`` as a dict; a field given twice keeps its first value,
     as the scripts read it (``field_of`` in ``lua/lib.lua``), so that the publisher an entry is
     ordered under is the one its envelope names."""
-    fields: dict[bytes, bytes] = {}
-    for i in range(0, len(flat), 2):
+    fields = dict(zip(flat[::2], flat[1::2], strict=False))
+    if 2 * len(fields) == len(flat):
+        return fields
+    fields = {}  # a field given twice (or an odd list): the first value of each, in one more pass
+    for i in range(0, len(flat) - 1, 2):
         fields.setdefault(flat[i], flat[i + 1])
     return fields
 

@@ -229,16 +229,35 @@ def encode_options(unit: UnitOfWork) -> str:
     """A unit's ``options`` field: ``"<action>|<dedup_window_ms>|<reply_ttl_ms>|<delivery>|<dead_letter 1|0>|
     <slow>|<retain>|<suggestion>"``; ``retain`` is "" (nothing retained: the rest is the
     suggestion) or ``s`` (store) / ``c`` (clear) and the topic's length in bytes, the rest then
-    starting with the topic (any bytes, ``|`` too) and ending with the suggestion."""
+    starting with the topic (any bytes, ``|`` too) and ending with the suggestion.
+
+    The options of a unit with no slow-subscriber condition, nothing retained and no suggestion
+    (nearly every unit) are kept once made (``_OPTIONS``: a handful of distinct values)."""
+    plain = unit.slow is None and unit.retain is Retain.NONE and not unit.suggestion
+    if plain:
+        key = (unit.action, unit.dedup_window_ms, unit.reply_ttl_ms, unit.delivery, unit.dead_letter)
+        found = _OPTIONS.get(key)
+        if found is not None:
+            return found
     retain = ""
     rest = unit.suggestion
     if unit.retain is not Retain.NONE:
-        retain = f"{unit.retain.value}{len(unit.topic.encode('utf-8', 'surrogateescape'))}"
+        retain = f"{unit.retain}{len(unit.topic.encode('utf-8', 'surrogateescape'))}"
         rest = unit.topic + rest
-    return (
-        f"{unit.action.value}|{unit.dedup_window_ms}|{unit.reply_ttl_ms}|{unit.delivery}|"
+    options = (
+        f"{unit.action}|{unit.dedup_window_ms}|{unit.reply_ttl_ms}|{unit.delivery}|"
         f"{1 if unit.dead_letter else 0}|{_encoded_condition(unit.slow)}|{retain}|{rest}"
     )
+    if plain:
+        if len(_OPTIONS) >= _OPTIONS_MAX:
+            _OPTIONS.clear()
+        _OPTIONS[key] = options
+    return options
+
+
+#: ``encode_options`` of plain units, by their values; cleared when it reaches ``_OPTIONS_MAX``.
+_OPTIONS: dict[tuple[Action, int, int, str, bool], str] = {}
+_OPTIONS_MAX = 256
 
 
 def _encoded_condition(condition: SlowSubscriberCondition | None) -> str:
