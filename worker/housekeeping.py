@@ -173,7 +173,9 @@ class Housekeeping:
             unless_full(lambda: self.serve_requests(now_ms))
         self.trim_if_due(now_ms, BUSY_TRIM_FACTOR, unless_full)
 
-    def before_wait(self, now_ms: int, active: int, unless_full: Callable[[Callable[[], object]], None]) -> None:
+    def before_wait(
+        self, now_ms: int, active: int, unless_full: Callable[[Callable[[], object]], None]
+    ) -> None:
         """A worker about to wait for work: the trim (``trim_if_due``, factor 1) when its last dequeue
         saw no publisher waiting (``active``: 0), so that the trim costs no publication its time."""
         if not active:
