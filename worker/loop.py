@@ -6,11 +6,10 @@ Around it: ``worker.housekeeping`` (sweeps on their timers, the heartbeat, disco
 
 Seed 004 (IPCOM000031305D), on Redis:
 
-1. **Dequeue** (``dequeue.lua``, the queue mutex): one atomic call reads up to
-   ``batch_size`` entries, appends each entry id to its publisher's FIFO in
-   stream order, takes the turn of every publisher nobody holds the turn of, and
-   returns the FIFO heads of every publisher whose turn this worker holds,
-   together with the index version.
+1. **Dequeue** (``FCALL broker_dequeue``, ``lua/library/dequeue.lua``, the queue mutex): one
+   atomic call reads up to ``batch_size`` entries, appends each entry id to its publisher's FIFO
+   in stream order, takes the turn of every publisher nobody holds the turn of, and returns the
+   FIFO heads of every publisher whose turn this worker holds, together with the index version.
 2. **Turn**: a worker only ever handles entries at the head of a FIFO whose
    turn it holds. Entries it dequeued for a publisher another worker holds are
    left to that worker (handed over, never waited for), which claims them from
@@ -436,7 +435,7 @@ class Worker:
         return done
 
     def _dequeue(self) -> Dequeued:
-        """The queue mutex (``dequeue.lua``), or the dequeue that rode with the last commit; the
+        """The queue mutex (``broker_dequeue``), or the dequeue that rode with the last commit; the
         routing table brought to the version it read."""
         settings = self.settings
         dequeued = self._prefetched
@@ -693,9 +692,10 @@ class Worker:
 
         results = send()
         if any(isinstance(r, redis.exceptions.NoScriptError) or missing(r) for r in results):
-            # The server lost its script cache, or has no broker_commit (FUNCTION FLUSH, or an older
-            # broker's library loaded meanwhile): load the scripts and the library and send the same
-            # units again (each is fenced: one that was applied is refused the second time).
+            # The server lost its script cache, or has no broker_commit / broker_dequeue (FUNCTION
+            # FLUSH, or an older broker's library loaded meanwhile): load the scripts and the library
+            # and send the same units and dequeue again (each unit is fenced: one that was applied is
+            # refused the second time; a dequeue "Function not found" answered did nothing).
             self._load()
             results = send()
         replies = iter(results[len(batches) :])

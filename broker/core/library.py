@@ -6,11 +6,12 @@ Every consumer operation is one ``FCALL`` of it (``broker_receive``, ``broker_re
 the subscribe request ``broker_request``;
 docs/protocol.md is the API): a client in any language passes the subscription's key, and
 may be a ``subscriber`` ACL user with ``FCALL`` and no ``EVAL``. The workers' unit of work is
-``broker_commit`` (``lua/library/commit.lua``, called by ``broker.core.scripts.Scripts.commit``):
-a function rather than a script because a function's helpers are made once, when the library
-loads, where an ``EVALSHA`` runs its whole chunk, making every ``local function`` again, on each
-call (docs/design.md, the cost of the unit of work). The queue mutex (``dequeue.lua``) and the
-other worker scripts stay ``EVALSHA`` (``broker.core.scripts``).
+``broker_commit`` (``lua/library/commit.lua``, called by ``broker.core.scripts.Scripts.commit``),
+and their queue mutex ``broker_dequeue`` (``lua/library/dequeue.lua``, ``Scripts.dequeue``): functions
+rather than scripts because a function's helpers are made once, when the library loads, where an
+``EVALSHA`` runs its whole chunk, making every ``local function`` again, on each call
+(docs/design.md, the cost of the unit of work). The other worker scripts stay ``EVALSHA``
+(``broker.core.scripts``).
 
 The library's source is assembled here from files, one copy of each: a line
 ``#!lua name=broker``, ``local PROTOCOL_VERSION = <keys.PROTOCOL_VERSION>``,
@@ -46,9 +47,9 @@ from broker.core.errors import LibraryMissing, script_error
 LIBRARY = "broker"
 
 #: The function groups, in load order, after ``lua/lib.lua`` and ``library/subscription.lua``
-#: (``commit``, the workers' unit of work, keeps its names in a ``do ... end`` block: Lua 5.1 allows
-#: 200 locals in the library's main chunk).
-LIBRARY_FILES = ("receive", "ack", "recover", "browse", "control", "commit")
+#: (``commit``, the workers' unit of work, and ``dequeue``, their queue mutex, each keep their names
+#: in a ``do ... end`` block: Lua 5.1 allows 200 locals in the library's main chunk).
+LIBRARY_FILES = ("receive", "ack", "recover", "browse", "control", "commit", "dequeue")
 
 #: Every function of the library.
 FUNCTIONS = (
@@ -61,10 +62,14 @@ FUNCTIONS = (
     "broker_browse",
     "broker_request",
     "broker_commit",
+    "broker_dequeue",
 )
 
 #: The workers' unit of work (``lua/library/commit.lua``; ``broker.core.scripts.Scripts.commit``).
 COMMIT = "broker_commit"
+
+#: The workers' queue mutex (``lua/library/dequeue.lua``; ``broker.core.scripts.Scripts.dequeue``).
+DEQUEUE = "broker_dequeue"
 
 _VERSION_LINE = re.compile(r"^local PROTOCOL_VERSION = (\d+)$", re.M)
 

@@ -4,8 +4,9 @@ Every script is registered here and only here: ``register(client, name)`` (``SCR
 names them), once per client, with redis-py's ``register_script``, whose ``Script``
 object reloads the script on NOSCRIPT. The removal, replay, repair, channel and
 change-log modules get their scripts from ``register`` and wrap them themselves. The
-consumer operations, and the workers' unit of work (``broker_commit``, ``commit``), are not
-scripts but functions of the library ``broker`` (``broker.core.library``, ``lua/library/``).
+consumer operations, and the workers' unit of work (``broker_commit``, ``commit``) and queue mutex
+(``broker_dequeue``, ``dequeue``), are not scripts but functions of the library ``broker``
+(``broker.core.library``, ``lua/library/``).
 Inside a pipeline, though, redis-py's ``Script`` sends a ``SCRIPT EXISTS`` round trip before
 every ``execute``; the hot path (commit + the next dequeue, pipelined) therefore
 sends plain ``FCALL`` and ``EVALSHA`` and, on NOSCRIPT (a ``SCRIPT FLUSH`` or a restarted
@@ -81,13 +82,12 @@ def _translated(what: str) -> Iterator[None]:
 
 
 #: Every script in ``broker/lua/`` (but ``lib.lua``, which starts each; ``lua/library/`` is the
-#: function library, ``broker.core.library``, the unit of work's ``broker_commit`` among them): the
-#: registry.
+#: function library, ``broker.core.library``, the unit of work's ``broker_commit`` and the queue
+#: mutex's ``broker_dequeue`` among them): the registry.
 SCRIPTS = frozenset(
     {
         "channel_in",
         "consumers_probe",
-        "dequeue",
         "give_up",
         "remove_subscription",
         "repair_stream",
@@ -138,7 +138,7 @@ def script_source(name: str) -> str:
 
 @dataclass(frozen=True)
 class Dequeued:
-    """What one call of ``dequeue.lua`` returned.
+    """What one call of the queue mutex (``broker_dequeue``, ``lua/library/dequeue.lua``) returned.
 
     Attributes:
         version: the index version counter, read in the same atomic call (bytes,
@@ -217,7 +217,6 @@ class Scripts:
         self.client = client
         self.qm = qm
         self.refusals = refusals or Refusals()
-        self._dequeue = register(client, "dequeue")
         self._take_over_script = register(client, "take_over")
         self._sweep_turns_script = register(client, "sweep_turns")
         self._give_up = register(client, "give_up")
@@ -227,13 +226,15 @@ class Scripts:
         self._dedup_prefix = keys.dedup_prefix(qm)
         self._reply_prefix = keys.reply_prefix(qm)
         self._sub_prefix = keys.sub_prefix(qm)
-        #: the cluster client (``RedisCluster``), None for one server: where ``commit`` routes its call
+        #: the cluster client (``RedisCluster``), None for one server: where ``commit`` and ``dequeue``
+        #: route their calls
         self._cluster: Any = client if is_cluster(client) else None
 
     def load(self) -> int:
         """Load every script into the server's script cache (SCRIPT LOAD) and the function library,
-        whose ``broker_commit`` is the unit of work (``broker.core.library.load_library``: when the
-        server has none, an older one or other code); needed before pipelined calls.
+        whose ``broker_commit`` is the unit of work and ``broker_dequeue`` the queue mutex
+        (``broker.core.library.load_library``: when the server has none, an older one or other
+        code); needed before pipelined calls.
 
         Returns:
             How many nodes the library was loaded on (0: every node had it).
@@ -243,7 +244,6 @@ class Scripts:
                 ``FUNCTION LOAD`` (a worker user made before protocol 6: ``broker acl add`` again).
         """
         for script in (
-            self._dequeue,
             self._take_over_script,
             self._sweep_turns_script,
             self._give_up,
@@ -258,6 +258,45 @@ class Scripts:
                 return script(keys=keys_, args=args)
         pipe.execute_command("EVALSHA", script.sha, len(keys_), *keys_, *args)
         return None
+
+    def _fcall(self, function: str, keys_: list[Any], args: list[Any], pipe: Any, what: str) -> Any:
+        """One ``FCALL`` of the library's worker function ``function``: queued on ``pipe`` (None
+        returned), or sent at once (its reply returned, the library loaded once when the server has
+        none: ``library.ensure_loaded``; errors translated, ``_translated``).
+
+        On a Redis Cluster a pipelined call goes to the master of the queue manager's slot, from
+        the client's slot map: redis-py would otherwise ask the server for an FCALL's keys
+        (``COMMAND GETKEYS``, twice, every argument sent) before each call; after a MOVED it
+        finds them itself. A call sent at once goes the same way, in a pipeline of its own
+        (``_send_now``).
+        """
+        call = ("FCALL", function, len(keys_), *keys_, *args)
+        if pipe is not None:
+            if self._cluster is not None:
+                pipe.execute_command(*call, target_nodes=self._cluster.get_node_from_key(keys_[0]))
+            else:
+                pipe.execute_command(*call)
+            return None
+        with _translated(what):
+            try:
+                return self._send_now(call)
+            except redis.ResponseError as exc:
+                if not library.missing(exc):
+                    raise
+            library.ensure_loaded(self.client)
+            return self._send_now(call)
+
+    def _send_now(self, call: tuple[Any, ...]) -> Any:
+        """``call`` sent at once; on a cluster as a pipeline of one, routed as ``_fcall`` routes a
+        pipelined call (a direct call given ``target_nodes`` is never retried after a MOVED)."""
+        if self._cluster is None:
+            return self.client.execute_command(*call)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command(*call, target_nodes=self._cluster.get_node_from_key(call[3]))
+        (reply,) = pipe.execute(raise_on_error=False)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
 
     def dequeue(
         self,
@@ -274,7 +313,14 @@ class Scripts:
         ingress: bool = False,
         min_share: int = 0,
     ) -> Dequeued | None:
-        """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns.
+        """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns: one
+        ``FCALL broker_dequeue`` (``lua/library/dequeue.lua``, the queue mutex).
+
+        A reply "Function not found" (``library.missing``: ``FUNCTION FLUSH``, or an older broker's
+        library loaded meanwhile) wrote nothing: without ``pipe`` the library is loaded and the call
+        sent again here; with one, the caller does it (``worker.loop``'s ``_send``). The function
+        has the flag ``allow-oom``: it runs on a full server, as the script it was did (its first
+        write, ``XREADGROUP``'s, was not refused); the commit is what a full server refuses.
 
         Args:
             token: the worker's consumer name and fencing token.
@@ -305,14 +351,14 @@ class Scripts:
 
         Raises:
             ForeignKey: a queue-manager-wide key holds another Redis type; nothing was written.
-            ServerFull: the server is out of memory; nothing was written.
+            LibraryMissing: the library is not loaded and this client's user may not load it.
             redis.RedisError: any other error, as redis-py raises it.
             (With ``pipe`` nothing is raised: pass the reply to ``checked``.)
         """
         qm = self.qm
         refusals = self.refusals
-        raw = self._call(
-            self._dequeue,
+        raw = self._fcall(
+            library.DEQUEUE,
             [
                 keys.publish_stream(qm),
                 keys.version(qm),
@@ -430,24 +476,7 @@ class Scripts:
             *map(wire.publisher_bytes, give_up),
             *batch.args,
         ]
-        call = ("FCALL", library.COMMIT, len(keys_), *keys_, *args)
-        if pipe is not None:
-            if self._cluster is not None:
-                # the master of the queue manager's slot, from the client's slot map: redis-py
-                # would otherwise ask the server for an FCALL's keys (COMMAND GETKEYS, twice,
-                # every argument sent) before each call; after a MOVED it finds them itself
-                pipe.execute_command(*call, target_nodes=self._cluster.get_node_from_key(keys_[0]))
-            else:
-                pipe.execute_command(*call)
-            return None
-        with _translated("unit of work"):
-            try:
-                return self.client.execute_command(*call)
-            except redis.ResponseError as exc:
-                if not library.missing(exc):
-                    raise
-            library.ensure_loaded(self.client)
-            return self.client.execute_command(*call)
+        return self._fcall(library.COMMIT, keys_, args, pipe, "unit of work")
 
     def take_over(
         self, token: str, counted: list[str], uncounted: list[str]
@@ -587,7 +616,7 @@ def parse_take_over(raw: list[Any]) -> list[tuple[str, dict[bytes, bytes], int]]
 
 
 def parse_dequeue(raw: list[Any]) -> Dequeued:
-    """Turn the reply of ``dequeue.lua`` into a ``Dequeued``; log each impersonation attempt it names.
+    """Turn the reply of ``broker_dequeue`` (``lua/library/dequeue.lua``) into a ``Dequeued``; log each impersonation attempt it names.
 
     An impersonation attempt (a principal's ingress entry under a publisher id not bound to it,
     dead-lettered by the script) is logged at WARNING on ``broker.security`` with the principal, the

@@ -17,7 +17,8 @@
 -- shebang line (#!lua flags=allow-oom), and the library's consumer functions (flag
 -- allow-oom: broker_receive, broker_recover, ...), always run. A function without
 -- allow-oom (broker_commit, the unit of work) is refused as a whole on a full server,
--- before it runs: nothing written either.
+-- before it runs: nothing written either. The queue mutex (broker_dequeue) has allow-oom:
+-- as a script, its first write (XREADGROUP's) was not one a full server refuses.
 
 -- Why `key` cannot be used as a `want` ("list", "string", "stream", "set",
 -- "zset", "hash"), or nil when it holds that type or does not exist.

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from broker.core.library import COMMIT
+from broker.core.library import COMMIT, DEQUEUE
 from broker.core.scripts import script_source
 
 #: How long to keep reading (and discarding) the server's answer once it has
@@ -64,9 +64,10 @@ def fcall(function: str) -> bytes:
 
 def call_of(what: str) -> bytes:
     """The bytes of the worker's call ``what`` on the wire, to match it: ``FCALL broker_commit`` for
-    "commit" (the unit of work is a function of the library ``broker``), else the ``EVALSHA`` of
-    ``broker/lua/<what>.lua``."""
-    return fcall(COMMIT) if what == "commit" else evalsha(what)
+    "commit" and ``FCALL broker_dequeue`` for "dequeue" (the unit of work and the queue mutex are
+    functions of the library ``broker``), else the ``EVALSHA`` of ``broker/lua/<what>.lua``."""
+    functions = {"commit": COMMIT, "dequeue": DEQUEUE}
+    return fcall(functions[what]) if what in functions else evalsha(what)
 
 
 @dataclass

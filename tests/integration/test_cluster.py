@@ -154,7 +154,7 @@ def test_the_function_library_is_loaded_on_every_master_and_called_by_the_subscr
         ]
 
 
-def test_a_commit_on_a_cluster_goes_to_its_master_without_asking_the_server_for_its_keys(
+def test_a_commit_and_a_dequeue_on_a_cluster_go_to_their_master_without_asking_the_server_for_keys(
     local_cluster, cluster_client, monkeypatch
 ):
     # Given a queue manager on the cluster, a subscription and a worker set up
@@ -167,7 +167,8 @@ def test_a_commit_on_a_cluster_goes_to_its_master_without_asking_the_server_for_
     monkeypatch.setattr(
         parser, "get_keys", lambda conn, *args: asked.append(str(args[0])) or get_keys(conn, *args)
     )
-    # When publications are committed (FCALL broker_commit, pipelined with the next dequeue)
+    # When publications are dequeued (FCALL broker_dequeue, by itself or pipelined with a commit)
+    # and committed (FCALL broker_commit)
     Publisher(cluster_client, qm, "p").publish_many(("t/x", b"%d" % i) for i in range(3))
     drain([worker])
     # Then they were delivered, and redis-py never asked the server for an FCALL's keys (COMMAND

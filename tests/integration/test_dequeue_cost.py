@@ -1,11 +1,13 @@
-"""What one ``dequeue.lua`` call costs at a low rate (issue 25): the commands it calls inside the script.
+"""What one dequeue (``FCALL broker_dequeue``, ``lua/library/dequeue.lua``) costs at a low rate
+(issue 25): the commands it calls inside the function.
 
 At 2,000 publications/s most dequeues carry one publication, so each command the script calls is paid
 per publication. The reads it makes anyway check their keys' types (``redis.pcall``: an error reply
 is a foreign key), so it sends no TYPE but for the dead-letter stream when it may refuse an entry;
 a feature nobody configured is not looked at (the principals without ingress streams, the
 saturated records with one live worker); nothing is read from the stream when the group's lag is 0.
-The counts come from the server's ``INFO commandstats`` (commands called by a script count there).
+The counts come from the server's ``INFO commandstats`` (commands called by a function count there,
+and the call itself as one ``fcall``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def test_a_dequeue_of_one_publication_sends_no_type_but_the_dead_letter_streams(
     # principals or saturated records read, the turn's lease given by its SET (no PEXPIRE)
     assert calls.pop("type") == 1, calls
     assert calls == {
-        "evalsha": 1,
+        "fcall": 1,
         "xinfo|groups": 1,
         "get": 2,  # the index version, p1's turn
         "scard": 1,

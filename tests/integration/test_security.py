@@ -42,7 +42,7 @@ from broker.core import keys
 from broker.core.config import Settings
 from broker.core.connection import connect
 from broker.core.errors import ServerError
-from broker.core.library import COMMIT
+from broker.core.library import COMMIT, DEQUEUE
 from broker.core.models import Message
 from broker.core.principals import bind, bindings
 from broker.core.scripts import script_source
@@ -246,7 +246,7 @@ def test_publisher_publishes_only_through_its_ingress_under_its_bound_ids(scene:
         ("INCR", keys.version(QM)),
         ("SCRIPT", "LOAD", "return 1"),
         ("EVAL", "return 1", "0"),
-        ("EVALSHA", sha(admin, "dequeue"), "0"),
+        ("FCALL", DEQUEUE, "0"),  # the workers' queue mutex
         ("XGROUP", "CREATE", own, "g", "$", "MKSTREAM"),
         ("XGROUP", "DESTROY", keys.publish_stream(QM), "workers"),
         ("XGROUP", "SETID", keys.publish_stream(QM), "workers", "$"),
@@ -316,6 +316,8 @@ def test_subscriber_consumes_and_acknowledges_its_own_subscriptions_only(scene: 
         ("FCALL", "broker_recover", "1", scene.queue("c2"), "", "0", "", "0", "cons2"),
         ("FCALL", "broker_reject", "1", scene.queue("c2"), "cons2", "", held, "x"),
         ("FCALL_RO", "broker_browse", "1", scene.queue("c2")),
+        # the workers' queue mutex, on the queue manager's keys: bound by its key patterns too
+        ("FCALL", DEQUEUE, "2", keys.publish_stream(QM), keys.version(QM), "workers", "s1", "1"),
         # no scripts of its own (a loop would freeze the server), and no loading of functions
         ("EVAL", "return 1", "0"),
         ("EVAL", "return redis.call('LRANGE', ARGV[1], 0, -1)", "0", scene.queue("c2")),  # a key not declared
@@ -555,6 +557,7 @@ def test_monitor_reads_the_status_and_writes_nothing(scene: Scene) -> None:
         ("XACK", keys.publish_stream(QM), "workers", "0-1"),
         ("FCALL", "broker_recover", "1", scene.queue("c1")),
         ("FCALL", COMMIT, "0"),
+        ("FCALL", DEQUEUE, "0"),
         ("EVAL", "return 1", "0"),
         ("SCRIPT", "LOAD", "return 1"),
         ("GET", keys.version(OTHER)),  # another queue manager's keys, even to read

@@ -321,7 +321,7 @@ def test_a_dequeue_with_nothing_to_do_reads_the_groups_state_only_and_writes_not
     # When it dequeues again (as a worker woken with the herd for an entry another one took)
     dequeued = w0.scripts.dequeue(w0.name, 50, settings.lease_ms, settings.heads, [])
     # Then the reply says there is nothing, at the group's last-delivered id, and no key was type-checked
-    # or written (only XINFO, LLEN, HLEN, HEXISTS, GET and SCARD ran inside the script)
+    # or written (only XINFO, LLEN, HLEN, HEXISTS, GET and SCARD ran inside the function)
     assert dequeued is not None and not dequeued.entries and not dequeued.turns
     assert (
         dequeued.last_delivered_id
@@ -330,7 +330,7 @@ def test_a_dequeue_with_nothing_to_do_reads_the_groups_state_only_and_writes_not
     stats = real_redis.info("commandstats")
     ran = {name.removeprefix("cmdstat_") for name in stats}
     assert ran <= {
-        "evalsha",
+        "fcall",
         "xinfo|groups",
         "llen",
         "hlen",

@@ -1,3 +1,13 @@
+-- broker_dequeue (flag allow-oom: it runs on a full server, as the script it was did; lib.lua):
+-- the queue mutex, FCALL broker_dequeue, called by itself (a worker with nothing prefetched) or in
+-- the pipeline that carries the unit of work (worker/loop.py _send). A script without a shebang is
+-- refused on a full server only a first write that may add memory (denyoom), and the dequeue's
+-- first write is mostly XREADGROUP's, which is not one: its reads and filing went through, the
+-- commit being the call that is refused (tests/integration/test_memory_full.py). A function
+-- without flags would be refused as a whole, so that nothing would be read on a full server.
+-- With allow-oom the few calls whose first write is a denyoom one (an ingress entry's or a
+-- released delayed publication's XADD, a free turn's SET) run too: each moves what the server
+-- holds already (at most `count` entries) or sets one short key.
 -- The queue mutex (seed 004): read the next publication requests and file each
 -- entry id in its publisher's FIFO, in stream order, in one atomic call.
 -- Then take the turn of publishers nobody holds the turn of (up to this worker's fair
@@ -90,15 +100,23 @@
 -- again in this call when the read had room (they are the stream's last entries), to be delivered as
 -- any entry. A delivery_time that is not digits passes through: the worker refuses it.
 
-local stream, group, token = KEYS[1], ARGV[1], ARGV[2]
+do  -- the dequeue's names are local to this block (Lua 5.1: 200 locals in the library's main chunk)
+
+-- A function of the library, not a script: its helpers are made once, when the library is loaded,
+-- instead of on every call (an EVALSHA runs its whole chunk per call, making each `local function`
+-- again: docs/design.md, the unit of work's cost). What every call works out from its KEYS and ARGV,
+-- and the state its helpers share, are the block's locals below, (re)assigned at the start of each
+-- call (`dequeue`; functions run one at a time); the rest are the call's own locals.
+local KEYS, ARGV
+local stream, group, token
 -- (a tonumber() of a string costs about as much as a small command: only the numbers used on
 -- every call are converted here; lease_ms goes to Redis as the string it came as)
-local count, heads = tonumber(ARGV[3]), tonumber(ARGV[6])
-local prefix, lease_ms = ARGV[4], ARGV[5]
-local malformed, max_pub = ARGV[7], tonumber(ARGV[9])
+local count, heads
+local prefix, lease_ms
+local malformed, max_pub
 local EMPTY = {}  -- never written: what an unread hash or an empty list stands for
--- how an entry is refused (refuse_unparsed in lib.lua), made on the first refusal
-local ctx = nil
+-- how an entry is refused (refuse_unparsed in lib.lua), made on the first refusal of a call
+local ctx
 local function refusals()
   ctx = ctx or {stream = stream, group = group, dlq = KEYS[5], dlq_len = ARGV[12], max_body = tonumber(ARGV[13]),
                 reply_prefix = ARGV[10], reply_ttl = ARGV[11]}
@@ -106,7 +124,7 @@ local function refusals()
 end
 local FIRST_OWNED = 20
 local RELEASE_MAX = 1000
-local delay_now, release_asked = ARGV[17], ARGV[18] == '1'
+local delay_now, release_asked
 
 -- Reads first. A read made with redis.pcall checks its key's type on the way (an error reply: the
 -- key holds another type), so no TYPE is sent for a key the call reads anyway; every key the call
@@ -120,6 +138,33 @@ local function checked(reply, key, want)
   end
   return reply
 end
+
+-- Delivery delay: whether KEYS[10] is foreign, its type read once per call, when needed.
+local delayed_why  -- nil: not read yet; false: KEYS[10] is a zset or absent; else why it is foreign
+local function delayed_foreign()
+  if delayed_why == nil then delayed_why = foreign(KEYS[10], 'zset') or false end
+  return delayed_why
+end
+local function padded(part) return string.rep('0', 20 - #part) .. part end
+
+-- The publishers whose turn the call looks at, in order, each once (candidates, seen: per call).
+local candidates, seen
+local function consider(pub)
+  if not seen[pub] then
+    seen[pub] = true
+    candidates[#candidates + 1] = pub
+  end
+end
+
+-- The call. Its body reads as the script's did (not indented): its early return, for an empty
+-- dequeue, and its last one give the reply.
+local function dequeue()
+stream, group, token = KEYS[1], ARGV[1], ARGV[2]
+count, heads = tonumber(ARGV[3]), tonumber(ARGV[6])
+prefix, lease_ms = ARGV[4], ARGV[5]
+malformed, max_pub = ARGV[7], tonumber(ARGV[9])
+delay_now, release_asked = ARGV[17], ARGV[18] == '1'
+ctx, delayed_why = nil, nil
 
 -- The group's state: its last-delivered id, pending count and lag (false when the server cannot
 -- tell, or the group is missing: XREADGROUP below then answers NOGROUP, as the worker expects).
@@ -239,12 +284,6 @@ for i, entry in ipairs(entries) do
 end
 -- Delivery delay: the entries with a delivery_time go to KEYS[10] (its type read once, when needed).
 local delayed_moves, delayed_due = 0, false
-local delayed_why = nil  -- false: KEYS[10] is a zset or absent; else why it is foreign
-local function delayed_foreign()
-  if delayed_why == nil then delayed_why = foreign(KEYS[10], 'zset') or false end
-  return delayed_why
-end
-local function padded(part) return string.rep('0', 20 - #part) .. part end
 if later then
   local why = delayed_foreign()
   local rest, rest_pubs, members, acks = {}, {}, {}, {}
@@ -324,13 +363,7 @@ elseif release_asked then
   delayed_reply = {'', 0}  -- a foreign key: nothing to release (broker status names it)
 end
 
-local candidates, seen = {}, {}
-local function consider(pub)
-  if not seen[pub] then
-    seen[pub] = true
-    candidates[#candidates + 1] = pub
-  end
-end
+candidates, seen = {}, {}
 for i = FIRST_OWNED, #ARGV do consider(ARGV[i]) end
 if KEYS[9] then
   local named = redis.pcall('LPOP', KEYS[9])
@@ -528,3 +561,16 @@ if delayed_reply then
   reply[11] = delayed_reply
 end
 return reply
+end
+
+local function call(keys_, argv_)
+  KEYS, ARGV = keys_, argv_
+  local reply = dequeue()
+  -- the call's arguments and tables are not kept until the next call
+  KEYS, ARGV, ctx, candidates, seen = nil, nil, nil, nil, nil
+  return reply
+end
+
+redis.register_function{function_name = 'broker_dequeue', callback = call, flags = {'allow-oom'}}
+
+end
