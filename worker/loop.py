@@ -457,6 +457,7 @@ class Worker:
                 release=self.delays.release(now),
                 ingress=bool(self.table.ingress),
                 min_share=MIN_SHARE,
+                take_missing=not self._entries,
             )
             assert dequeued is not None
         self.delays.learned(dequeued)
@@ -673,6 +674,10 @@ class Worker:
             counts["take_over"] = self.scripts.take_over_in(pipe, self.name, *later) if later[0] else 0
             if prefetch:  # the next dequeue rides in the same round trip as this commit
                 kept = sorted(set(heads) - set(give_up))
+                # holding nothing but what these commits handle: the next heads other workers read
+                # come back taken over with it (no take_over round trip, no round's wait)
+                committed = {unit.entry_id for batch in batches for unit in batch.units}
+                take_missing = not later[0] and not later[1] and self._entries.keys() <= committed
                 self.scripts.dequeue(
                     self.name,
                     next_read[0],
@@ -686,6 +691,7 @@ class Worker:
                     release=release,
                     ingress=bool(self.table.ingress),
                     min_share=MIN_SHARE,
+                    take_missing=take_missing,
                 )
             counts["wake"] = self.waiting.hand_on_in(pipe, now, wake) if wake is not None else 0
             return pipe.execute(raise_on_error=False)

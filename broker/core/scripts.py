@@ -312,6 +312,7 @@ class Scripts:
         release: bool = False,
         ingress: bool = False,
         min_share: int = 0,
+        take_missing: bool = False,
     ) -> Dequeued | None:
         """Read up to ``count`` entries, file them in their publishers' FIFOs, take free turns: one
         ``FCALL broker_dequeue`` (``lua/library/dequeue.lua``, the queue mutex).
@@ -345,6 +346,9 @@ class Scripts:
                 principals: a broker without security pays nothing for them.
             min_share: under this many entries of fair share, every free turn read is taken
                 (``worker.turns.MIN_SHARE``); 0: the fair share always applies.
+            take_missing: the worker holds no entry in memory but those its commit in the same
+                round trip handles: every head of its turns that this call does not read is taken
+                over in it (``Dequeued.taken_over``), none is left for a ``take_over`` round trip.
 
         Returns:
             A ``Dequeued``, or None with ``pipe``.
@@ -391,6 +395,7 @@ class Scripts:
                 clock.now_ms() if now_ms is None else now_ms,
                 "1" if release else "0",
                 min_share,
+                "1" if take_missing else "0",
                 *map(wire.publisher_bytes, turns),
             ],
             pipe,

@@ -332,7 +332,8 @@ def test_worker_whose_dequeue_reply_was_lost_finds_the_turns_it_took_without_wai
 
 
 def test_claim_whose_reply_is_lost_is_redone_and_delivers_once(real_redis, settings, proxy):
-    # Given entries another worker dequeued and died with, and a proxy losing the reply to the takeover's claim
+    # Given entries another worker dequeued and died with, and a proxy losing the reply to the
+    # takeover's claim (a worker holding no entry takes over the heads in its dequeue: that call)
     scenario = Scenario(real_redis)
     scenario.publish("p", 4)
     dead = make_workers(real_redis, settings, 1)[0]
@@ -340,7 +341,7 @@ def test_claim_whose_reply_is_lost_is_redone_and_delivers_once(real_redis, setti
     _expire_turns_of(real_redis, dead.name)
     heir = Worker(connect(proxy.url), settings, name="heir")
     heir.setup()
-    proxy.drop_reply(call_of("take_over"), 1, "claim")
+    proxy.drop_reply(call_of("dequeue"), 1, "claim")
     with pytest.raises(redis.ConnectionError):
         heir.run_once()
     # When the heir's turn runs out too (simulated) and the workers drain

@@ -49,7 +49,7 @@
 -- KEYS[9] wake-up list              "{qm}:wake" (worker.waiting; LPOP with pcall: a foreign key is skipped):
 --                                   a wake-up nobody waited for (every idle worker on the stream, at a
 --                                   high rate) is taken here, the publishers it names (a JSON list:
---                                   turns given up) considered as those of ARGV[20..] are
+--                                   turns given up) considered as those of ARGV[21..] are
 -- KEYS[10] delayed publications     "{qm}:delayed" (zset; touched only for an entry with a
 --                                   delivery_time field, or when ARGV[18] asks: type-checked then)
 -- ARGV[1] consumer group
@@ -75,7 +75,12 @@
 -- ARGV[19] min share: under this many entries of fair share (a low rate), every free turn read is
 --   taken, whatever this worker holds already (worker.turns.MIN_SHARE: a hand-over costs more
 --   than the work; 0: the fair share always applies)
--- ARGV[20..] publishers whose turn the worker believes it holds
+-- ARGV[20] "1": the worker holds no entry in memory but those its commit in the same round trip
+--   handles (gone from the FIFOs when this runs): every head of a turn it holds that this call did
+--   not read was read by another worker (or by this one and forgotten) and is taken over here
+--   (take_over in lib.lua: the FIFO head counted), so that its publication is handled in the round
+--   this call starts, not a round later after a take_over.lua round trip; "0": not looked for
+-- ARGV[21..] publishers whose turn the worker believes it holds
 -- returns {version, last_delivered_id or "", entries, turns, active, live, fair, taken_over, spare}
 --   entries: XREADGROUP's entries {{id, {field, value, ...}}, ...}, less those refused here
 --   turns:   {publisher, {head ids...}, backlog, publisher, {head ids...}, backlog, ...}
@@ -122,7 +127,7 @@ local function refusals()
                 reply_prefix = ARGV[10], reply_ttl = ARGV[11]}
   return ctx
 end
-local FIRST_OWNED = 20
+local FIRST_OWNED = 21
 local RELEASE_MAX = 1000
 local delay_now, release_asked
 
@@ -550,6 +555,26 @@ if ahead ~= '' then
         if first then ids[#ids + 1] = id end
       end
       if first then taken = take_over(stream, group, token, ids, first == 1 and 1 or 0, KEYS[8]) end
+    end
+  end
+end
+
+-- The heads of its turns that other workers read, when the worker holds nothing else (ARGV[20]).
+if ARGV[20] == '1' and #turns > 0 then
+  local read_here, counted, rest = {}, {}, {}
+  for _, entry in ipairs(kept) do read_here[entry[1]] = true end
+  for _, entry in ipairs(taken) do read_here[entry[1]] = true end
+  for i = 1, #turns, 3 do
+    for j, id in ipairs(turns[i + 1]) do
+      if not read_here[id] then
+        if j == 1 then counted[#counted + 1] = id else rest[#rest + 1] = id end
+      end
+    end
+  end
+  if #counted + #rest > 0 then
+    for _, id in ipairs(rest) do counted[#counted + 1] = id end
+    for _, entry in ipairs(take_over(stream, group, token, counted, #counted - #rest, KEYS[8])) do
+      taken[#taken + 1] = entry
     end
   end
 end
