@@ -230,13 +230,9 @@ class Worker:
         self.metrics = recorder(settings)
 
     def _load(self) -> None:
-        """Load the scripts and the function library ``broker``, whose ``broker_commit`` is the unit of
-        work (``Scripts.load``), and the consumers' functions.
-
-        Raises:
-            redis.exceptions.NoPermissionError: this worker's ACL user may not load the library (a
-                user made before protocol 6: ``broker acl add`` again); ``run`` logs it and retries.
-        """
+        """Load the scripts and the function library ``broker`` (``Scripts.load``: the queue mutex, the
+        unit of work, the consumers' functions). Raises ``redis.exceptions.NoPermissionError`` for a
+        worker user made before protocol 6 (``broker acl add`` again; ``run`` logs it and retries)."""
         if self.scripts.load():
             log.info("loaded the broker function library (protocol %d)", keys.PROTOCOL_VERSION)
 
