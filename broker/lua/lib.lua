@@ -48,6 +48,20 @@ local function total_length(names)
   return total
 end
 
+-- The last-delivered id of consumer group `group` on `stream` (XINFO GROUPS), or nil when the
+-- stream has no such group.
+local function last_delivered_of(stream, group)
+  for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local name, last = nil, nil
+    for j = 1, #info, 2 do
+      if info[j] == 'name' then name = info[j + 1] end
+      if info[j] == 'last-delivered-id' then last = info[j + 1] end
+    end
+    if name == group then return last end
+  end
+  return nil
+end
+
 -- A key built from a publisher id and a message id, injective whatever the ids
 -- hold: prefix .. <byte length of publisher> .. ":" .. publisher .. ":" .. msgid
 -- (keys.py: dedup, reply).

@@ -58,15 +58,7 @@ local function id_less(a, b)
   return num_less(aseq, bseq)
 end
 
-local last_delivered = nil
-for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-  local name, last = nil, nil
-  for j = 1, #info, 2 do
-    if info[j] == 'name' then name = info[j + 1] end
-    if info[j] == 'last-delivered-id' then last = info[j + 1] end
-  end
-  if name == group then last_delivered = last end
-end
+local last_delivered = last_delivered_of(stream, group)
 if not last_delivered then
   error({err = 'BROKER ' .. stream .. ' has no consumer group ' .. group .. ': which entries were handled '
                .. 'is unknown; start the workers (they create it again), then repair'})

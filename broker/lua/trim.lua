@@ -23,15 +23,7 @@ if kind == 'none' then return 0 end
 require_types({{stream, 'stream'}})
 if KEYS[2] and not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return -1 end
 
-local last
-for _, info in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-  local name, delivered = nil, nil
-  for j = 1, #info, 2 do
-    if info[j] == 'name' then name = info[j + 1] end
-    if info[j] == 'last-delivered-id' then delivered = info[j + 1] end
-  end
-  if name == group then last = delivered end
-end
+local last = last_delivered_of(stream, group)
 if not last or last == '0-0' then return 0 end
 
 local function parts(id)

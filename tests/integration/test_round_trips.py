@@ -1,5 +1,6 @@
 """What a busy round costs in round trips (issue 25): the heads another worker read are taken over in
-the commit's round trip when the worker has other heads to commit, not in one of their own."""
+the dequeue of a worker holding nothing else, in the commit's round trip when it has other heads to
+commit, and in a round trip of their own only when nothing else is ready."""
 
 from __future__ import annotations
 
@@ -10,11 +11,9 @@ from broker.testing import drain, make_workers, queue_messages
 QM = "TEST"
 
 
-def test_heads_another_worker_read_are_taken_over_by_the_dequeue_of_a_worker_holding_nothing(
-    real_redis, settings
-):
-    # Given a worker holding p1's turn whose head it did not read itself (read outside it, as by
-    # another worker), holding no entry in memory, and a new entry of p2
+def _p1_head_read_elsewhere(real_redis, settings):
+    """A worker holding p1's turn whose head a1 it did not read itself (read outside it, as by another
+    worker), then new entries b1 (p2) and a2 (p1); its take_over round trips are recorded."""
     sub = subscribe(real_redis, QM, "/t", "s", "all")
     publisher_1, publisher_2 = Publisher(real_redis, QM, "p1"), Publisher(real_redis, QM, "p2")
     publisher_1.publish("/t", b"a1", msgid="a1")
@@ -27,6 +26,15 @@ def test_heads_another_worker_read_are_taken_over_by_the_dequeue_of_a_worker_hol
     round_trips: list[str] = []
     take_over = worker.scripts.take_over
     worker.scripts.take_over = lambda *a, **k: (round_trips.append("take_over"), take_over(*a, **k))[1]  # type: ignore[method-assign]
+    return sub, worker, round_trips
+
+
+def test_heads_another_worker_read_are_taken_over_by_the_dequeue_of_a_worker_holding_nothing(
+    real_redis, settings
+):
+    # Given a worker holding p1's turn whose head it did not read itself (read outside it, as by
+    # another worker), holding no entry in memory, and a new entry of p2
+    sub, worker, round_trips = _p1_head_read_elsewhere(real_redis, settings)
     # When it runs one round
     assert worker.run_once() == 3
     # Then its dequeue took p1's head over (no take_over round trip, no round's wait) and the round
@@ -42,19 +50,8 @@ def test_heads_another_worker_read_ride_with_the_commit_of_a_worker_holding_othe
 ):
     # Given a worker holding p1's turn whose head it did not read itself, and entries of its own
     # in memory that this round does not commit (another publisher's, beyond its heads)
-    sub = subscribe(real_redis, QM, "/t", "s", "all")
-    publisher_1, publisher_2 = Publisher(real_redis, QM, "p1"), Publisher(real_redis, QM, "p2")
-    publisher_1.publish("/t", b"a1", msgid="a1")
-    (worker,) = make_workers(real_redis, settings, 1)
-    held = worker.scripts.dequeue(worker.name, 50, settings.lease_ms, settings.heads, [])
-    assert held is not None and list(held.turns) == ["p1"]
-    worker.turns = {"p1"}
-    publisher_2.publish("/t", b"b1", msgid="b1")
-    publisher_1.publish("/t", b"a2", msgid="a2")
+    sub, worker, round_trips = _p1_head_read_elsewhere(real_redis, settings)
     worker._entries["0-1"] = ("p9", {})  # an entry it holds and does not commit this round
-    round_trips: list[str] = []
-    take_over = worker.scripts.take_over
-    worker.scripts.take_over = lambda *a, **k: (round_trips.append("take_over"), take_over(*a, **k))[1]  # type: ignore[method-assign]
     # When it runs one round
     assert worker.run_once() == 1
     # Then it committed p2's head, and took p1's over in the same round trip as the commit
