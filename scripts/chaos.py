@@ -218,6 +218,7 @@ from scripts.rig.groups import (
     CONSUMERS,
     GROUP_FAULTS,
     GROUP_FILTER,
+    GROUP_LEASE_MS,
     GROUP_PUBLISHER,
     GROUP_TOPICS,
     GroupVerdict,
@@ -537,7 +538,10 @@ class Harness:
         for source, target in LINKS:
             link(self.admin, QM, source, target)
         grouped = subscribe(self.admin, QM, GROUP_FILTER, "chaos")
-        self.groups = GroupWorkload(grouped, self.settings, self.stop_consuming, self._fault)
+        # a lease long enough that a stalled heartbeat thread rarely makes a zombie (features.py)
+        lease_ms = max(args.consumer_lease_ms, GROUP_LEASE_MS)
+        group_settings = self.settings.model_copy(update={"consumer_lease_ms": lease_ms})
+        self.groups = GroupWorkload(grouped, group_settings, self.stop_consuming, self._fault)
         self.pool = Pool(
             self.settings,
             run_worker,
@@ -1489,7 +1493,7 @@ class Harness:
         _log(
             f"message groups on {GROUP_FILTER} ({CONSUMERS} consumers): publications={grouped.publications} "
             f"receipts={grouped.receipts} lost={grouped.lost} duplicated={grouped.duplicated} "
-            f"reordered={grouped.reordered} shared={grouped.shared} "
+            f"reordered={grouped.reordered} shared={grouped.shared} lapsed={grouped.lapsed} "
             f"consumers killed={self.stats.faults['group_consumer_kill']} "
             f"closed={self.stats.faults['group_consumer_close']}"
         )

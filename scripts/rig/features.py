@@ -36,6 +36,7 @@ from scripts.rig.groups import (
     CONSUMERS,
     GROUP_FAULTS,
     GROUP_FILTER,
+    GROUP_LEASE_MS,
     GROUP_PUBLISHER,
     GROUP_TOPICS,
     GroupWorkload,
@@ -48,9 +49,6 @@ RETAINED_TOPICS = ("/retained/a", "/retained/b/c")
 RETAINED_PUBLISHER = "r0"
 LATE_FILTER = "/retained/#"
 LATE_EVERY_S = 3.0
-
-#: ``--federation``: the least consumer lease of the group consumers, ms (``federated_setup``).
-GROUP_LEASE_MS = 3_000
 
 
 def group_publisher(h: Any, url: str, qm: str, resolved: dict[str, frozenset[str]]) -> None:
@@ -130,9 +128,7 @@ def federated_setup(h: Any) -> None:
     workload; the group consumer faults join the fault kinds (``--weight`` still overrides them)."""
     _, _, west = h.qms
     grouped = subscribe(h.admin, west, GROUP_FILTER, "chaos")
-    # A live consumer whose heartbeat thread stalls for a lease is dead to the broker (its groups
-    # move) yet goes on (a zombie, invisible to GroupLog): the network's 3 servers and 9 processes
-    # on a shared box stall this process's threads for more than the 600 ms default now and then.
+    # the network's 3 servers and 9 processes stall this process's threads now and then (GROUP_LEASE_MS)
     lease_ms = max(h.args.consumer_lease_ms, GROUP_LEASE_MS)
     settings = h._settings(h._url(west, cluster=False), west).model_copy(
         update={"consumer_lease_ms": lease_ms}

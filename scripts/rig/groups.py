@@ -13,7 +13,12 @@ each consumer's end (recorded before the consumer stops, so before the broker ca
 to another), and ``GroupLog.check`` verifies:
 
 - **shared**: no consumer receives a message of a group another consumer received and has not
-  ended (no two consumers hold one group at once);
+  ended (no two consumers hold one group at once). A consumer whose lease may have lapsed when
+  the other received (no renewal of it that ended before that receive began started within a
+  lease of the receive's end: its heartbeat thread stalled, on a busy box) was dead to the
+  broker, which rightly gave its groups away; it is counted as ``lapsed`` (a zombie: it goes on
+  after its lease, as a process that paused would), not as shared, and holds nothing from then on
+  (and an acknowledgement it made when its lease may have lapsed counts as maybe acknowledged);
 - **reordered**: a consumer receives a group's message only when every earlier message of the
   group (published, with a known outcome) is acknowledged or already received by it: in order,
   and a new owner gets its predecessor's unacknowledged messages first;
@@ -24,9 +29,11 @@ to another), and ``GroupLog.check`` verifies:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import random
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +61,12 @@ GROUP_PUBLISHER = "g0"
 #: Consumer threads of the shared subscription.
 CONSUMERS = 3
 
+#: The least consumer lease of the group consumers, ms: a live consumer whose heartbeat thread
+#: stalls for a lease is dead to the broker (its groups move) yet goes on (a zombie, which
+#: ``GroupLog`` counts as ``lapsed``); a box busy with a chaos run stalls a thread for more than
+#: the harness's 600 ms default now and then.
+GROUP_LEASE_MS = 3_000
+
 #: The fault kinds of the group consumers and their weights (``scripts.chaos.FAULTS``).
 GROUP_FAULTS = {"group_consumer_kill": 2, "group_consumer_close": 1}
 
@@ -79,6 +92,8 @@ class GroupVerdict:
     duplicated: int = 0
     reordered: int = 0
     shared: int = 0
+    #: receipts of a group from a consumer whose previous holder's lease may have lapsed
+    lapsed: int = 0
     examples: list[str] = field(default_factory=list)
 
     def note(self, text: str) -> None:
@@ -91,39 +106,82 @@ class GroupVerdict:
 
 
 class GroupLog:
-    """Thread-safe record of grouped publications and of the group consumers' events, in order."""
+    """Thread-safe record of grouped publications and of the group consumers' events, in order.
 
-    def __init__(self) -> None:
+    Args:
+        lease_ms: the consumers' ``consumer_lease_ms``, when their lease renewals are recorded
+            (``renew``); None: every consumer holds its groups until it ends.
+    """
+
+    def __init__(self, lease_ms: int | None = None) -> None:
         self._lock = threading.Lock()
+        self.lease_s = None if lease_ms is None else lease_ms / 1000
         self.published: dict[str, GroupedPublication] = {}
         self.events: list[tuple[Any, ...]] = []
+        #: consumer -> [(started, ended)] of its lease renewals that succeeded (monotonic seconds)
+        self.renewals: dict[str, list[tuple[float, float]]] = defaultdict(list)
 
     def publish(self, msgid: str, group: str, seq: int, publication: Any) -> None:
         with self._lock:
             self.published[msgid] = GroupedPublication(msgid, group, seq, publication)
 
-    def receive(self, consumer: str, msgid: str, redelivered: bool) -> None:
+    def receive(
+        self, consumer: str, msgid: str, redelivered: bool, started: float = 0.0, at: float | None = None
+    ) -> None:
+        """A receipt by a receive call that began at ``started`` and ended at ``at`` (monotonic s)."""
+        at = time.monotonic() if at is None else at
         with self._lock:
-            self.events.append(("receive", consumer, msgid, redelivered))
+            self.events.append(("receive", consumer, msgid, redelivered, started, at))
 
-    def ack(self, consumer: str, msgids: list[str]) -> None:
+    def renew(self, consumer: str, started: float, at: float | None = None) -> None:
+        """A lease renewal (a receive or a heartbeat) that began at ``started`` and succeeded at ``at``."""
+        at = time.monotonic() if at is None else at
         with self._lock:
-            self.events.append(("ack", consumer, tuple(msgids)))
+            self.renewals[consumer].append((started, at))
+
+    def ack(self, consumer: str, msgids: list[str], at: float | None = None) -> None:
+        """An acknowledgement that returned at ``at`` (monotonic s)."""
+        at = time.monotonic() if at is None else at
+        with self._lock:
+            self.events.append(("ack", consumer, tuple(msgids), at))
 
     def ack_unknown(self, consumer: str, msgids: list[str]) -> None:
         """An ``ack_many`` whose outcome is unknown (its connection failed): maybe acknowledged."""
         with self._lock:
-            self.events.append(("ack?", consumer, tuple(msgids)))
+            self.events.append(("ack?", consumer, tuple(msgids), time.monotonic()))
 
     def end(self, consumer: str) -> None:
         with self._lock:
             self.events.append(("end", consumer))
+
+    def _lapse_index(self) -> dict[str, tuple[list[float], list[float]]]:
+        """consumer -> (its renewals' ends, sorted; the latest start among the renewals up to each)."""
+        index = {}
+        for consumer, renewals in self.renewals.items():
+            ends, latest, last = [], [], float("-inf")
+            for started, ended in sorted(renewals, key=lambda r: r[1]):
+                last = max(last, started)
+                ends.append(ended)
+                latest.append(last)
+            index[consumer] = (ends, latest)
+        return index
+
+    def _may_have_lapsed(self, index: dict, holder: str, started: float, ended: float) -> bool:
+        """Whether ``holder``'s lease may have lapsed by the time a receive from ``started`` to
+        ``ended`` took a message: none of its renewals that ended before ``started`` (so reached
+        the server before that receive) began within a lease of ``ended``."""
+        if self.lease_s is None:
+            return False
+        ends, latest = index.get(holder, ([], []))
+        i = bisect.bisect_left(ends, started)
+        return i == 0 or latest[i - 1] + self.lease_s < ended
 
     def check(self) -> GroupVerdict:
         """Check the events against the guarantees (see the module docstring)."""
         with self._lock:
             events = list(self.events)
             published = dict(self.published)
+            index = self._lapse_index()
         v = GroupVerdict(publications=sum(1 for p in published.values() if p.publication.acked))
         known: dict[str, dict[int, GroupedPublication]] = defaultdict(dict)
         for p in published.values():
@@ -141,18 +199,21 @@ class GroupLog:
                     consumers.discard(event[1])
                 continue
             if event[0] in ("ack", "ack?"):
-                for msgid in event[2]:
+                kind, consumer, msgids, at = event
+                if kind == "ack" and self._may_have_lapsed(index, consumer, at, at):
+                    kind = "ack?"  # a zombie's: its messages may have been given back, the ack ignored
+                for msgid in msgids:
                     p = published.get(msgid)
                     if p is None:
                         continue
-                    (acked_msgids if event[0] == "ack" else maybe_acked).add(msgid)
+                    (acked_msgids if kind == "ack" else maybe_acked).add(msgid)
                     acked[p.group].add(p.seq)
                     while low[p.group] in acked[p.group] or (
                         low[p.group] in known[p.group] and not known[p.group][low[p.group]].publication.acked
                     ):
                         low[p.group] += 1
                 continue
-            _, consumer, msgid, redelivered = event
+            _, consumer, msgid, redelivered, started, at = event
             p = published.get(msgid)
             if p is None:
                 v.duplicated += 1
@@ -161,6 +222,13 @@ class GroupLog:
             v.receipts += 1
             group, seq = p.group, p.seq
             others = holders[group] - {consumer}
+            lapsed = {o for o in others if self._may_have_lapsed(index, o, started, at)}
+            if lapsed:
+                v.lapsed += 1
+                v.note(f"{consumer} received {group}#{seq} after {sorted(lapsed)}'s lease may have lapsed (not counted)")
+                for consumers in holders.values():
+                    consumers.difference_update(lapsed)
+                others -= lapsed
             if others:
                 v.shared += 1
                 v.note(f"{consumer} received {group}#{seq} while {sorted(others)} held {group}")
@@ -194,6 +262,20 @@ class GroupLog:
         return v
 
 
+class _Renewing(Subscriber):
+    """A ``Subscriber`` that records each lease renewal that succeeded (``GroupLog.renew``)."""
+
+    def __init__(self, *args: Any, log: GroupLog, **kwargs: Any) -> None:
+        self._group_log = log
+        super().__init__(*args, **kwargs)
+
+    def _take(self, count: int) -> list[Any]:
+        started = time.monotonic()
+        out = super()._take(count)
+        self._group_log.renew(self.consumer_id, started)
+        return out
+
+
 class GroupWorkload:
     """The grouped publisher and the consumers of the shared subscription, for one chaos run.
 
@@ -215,7 +297,7 @@ class GroupWorkload:
         self.settings = settings
         self.stop_consuming = stop_consuming
         self.fault = fault
-        self.log = GroupLog()
+        self.log = GroupLog(settings.consumer_lease_ms)
         self.requests: list[str] = []
         self._lock = threading.Lock()
         self.anomalies: list[str] = []
@@ -246,10 +328,11 @@ class GroupWorkload:
             consumer = f"grp-{index}-{generation}"
             try:
                 if subscriber is None:
-                    subscriber = Subscriber(client, qm, self.record, self.settings, consumer_id=consumer)
+                    subscriber = _Renewing(client, qm, self.record, self.settings, consumer_id=consumer, log=self.log)
+                started = time.monotonic()
                 got = subscriber.receive_many(10, timeout_ms=200)
                 for delivery in got:
-                    self.log.receive(consumer, delivery.message.msgid, delivery.redelivered)
+                    self.log.receive(consumer, delivery.message.msgid, delivery.redelivered, started)
                 kind = self._take_request() if got else None
                 if kind is not None:
                     self.log.end(consumer)  # before the broker may give its groups to another

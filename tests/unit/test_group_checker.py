@@ -84,3 +84,58 @@ def test_an_ack_of_unknown_outcome_counts_as_maybe_acknowledged():
     log.receive("c2", a[1], False)
     log.ack("c2", [a[1]])
     assert log.check().ok
+
+
+def test_a_holder_whose_lease_may_have_lapsed_is_counted_as_lapsed_not_as_sharing():
+    # Given consumers with a 1 s lease whose renewals are recorded, c1 renewing last at t=1.0
+    log = GroupLog(lease_ms=1000)
+    a = published(log, "A", 3)
+    log.renew("c1", 0.0, at=0.1)
+    log.receive("c1", a[0], False, started=1.0, at=1.1)
+    log.renew("c1", 1.0, at=1.1)
+    log.ack("c1", [a[0]], at=1.2)
+    # When c2 takes A.2 at t=2.5, more than a lease after c1's last renewal began (its heartbeat stalled)
+    log.renew("c2", 2.0, at=2.1)
+    log.receive("c2", a[1], False, started=2.4, at=2.5)
+    log.ack("c2", [a[1]], at=2.6)
+    # Then the move is a lapse, not two holders at once, and c1 holds nothing from then on:
+    verdict = log.check()
+    assert (verdict.lapsed, verdict.shared) == (1, 0), verdict.examples
+    # the zombie taking A.3 while c2 holds A is still two holders at once
+    log.receive("c1", a[2], False, started=2.7, at=2.8)
+    assert log.check().shared == 1
+
+
+def test_a_holder_that_renewed_within_a_lease_still_shares_when_another_takes_its_group():
+    log = GroupLog(lease_ms=1000)
+    a = published(log, "A", 2)
+    log.renew("c1", 0.0, at=0.1)
+    log.receive("c1", a[0], False, started=1.0, at=1.1)
+    log.renew("c1", 1.5, at=1.6)  # renewed: its lease runs to 2.5 at least
+    log.receive("c2", a[1], False, started=1.9, at=2.0)
+    verdict = log.check()
+    assert (verdict.lapsed, verdict.shared) == (0, 1)
+
+
+def test_a_renewal_still_under_way_when_the_other_receive_began_does_not_count():
+    # c1's renewal that began at 1.5 ended at 2.2, after c2's receive began: it may have reached
+    # the server after c2's take, so c1's lease (from its renewal at 0.0) may have lapsed
+    log = GroupLog(lease_ms=1000)
+    a = published(log, "A", 2)
+    log.renew("c1", 0.0, at=0.1)
+    log.receive("c1", a[0], False, started=0.0, at=0.1)
+    log.renew("c1", 1.5, at=2.2)
+    log.receive("c2", a[1], False, started=1.9, at=2.0)
+    assert (log.check().lapsed, log.check().shared) == (1, 0)
+
+
+def test_an_ack_made_after_the_lease_may_have_lapsed_counts_as_maybe_acknowledged():
+    log = GroupLog(lease_ms=1000)
+    a = published(log, "A", 1)
+    log.renew("c1", 0.0, at=0.1)
+    log.receive("c1", a[0], False, started=0.0, at=0.1)
+    log.ack("c1", [a[0]], at=1.5)  # a zombie's ack: A.1 was given back before it, the ack ignored
+    log.renew("c2", 1.6, at=1.7)
+    log.receive("c2", a[0], True, started=1.8, at=1.9)
+    verdict = log.check()
+    assert verdict.duplicated == 0 and verdict.lapsed == 1, verdict.examples
