@@ -21,6 +21,10 @@ own (``pip install -e .``, made once and kept), and runs its own ``python -m scr
   around one in-process worker of that commit draining N publications of one fixed workload
   (``scripts/ab_instructions.py``, run by that commit's interpreter on that commit's code). It
   is deterministic, so it runs once per side: the figure this box's drift does not move.
+  The worker's clock stands still while the publications are counted (its timers cost per second,
+  not per publication, and callgrind slows the server 15-50x: ``ab_instructions.py``); the
+  instructions of one second of its timers (sweeps, heartbeat, topic statistics' flush) are
+  counted apart: ``ir_timers_per_s``.
 - ``paced``: the same count with each publication published alone and handled before the next
   (``AB_PACED=1``: one publication per dequeue and per commit, the shape of the latency row at
   2,000/s, where a call's fixed cost is not shared by a batch): server instructions per
@@ -177,17 +181,20 @@ def instructions(sides: list[Side], n: int, paced: bool = False) -> None:
                 )
                 if proc.returncode != 0:
                     raise RuntimeError(f"{side.label}: instructions driver failed:\n{proc.stderr[-3000:]}")
-                before = set(work.glob("callgrind.out*"))
                 subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
-                dumps = sorted(set(work.glob("callgrind.out*")) - before)
-                total = next(
-                    int(line.split()[1])
-                    for line in dumps[-1].read_text().splitlines()
-                    if line.startswith("totals:")
-                )
-                side.add("ir_paced_per_pub" if paced else "ir_per_pub", total / n)
+                # the driver dumped the publications' counts; the dump just made holds its timers' second
+                dumps = sorted(work.glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
+                publications, timers = (_totals(d) for d in dumps[-2:])
+                side.add("ir_paced_per_pub" if paced else "ir_per_pub", publications / n)
+                if not paced:
+                    side.add("ir_timers_per_s", timers)
             finally:
                 server.stop()
+
+
+def _totals(dump: Path) -> int:
+    """The instructions a callgrind dump counted (its ``totals:`` line)."""
+    return next(int(line.split()[1]) for line in dump.read_text().splitlines() if line.startswith("totals:"))
 
 
 def _ratios(new: list[float], old: list[float]) -> list[float]:
@@ -198,6 +205,7 @@ def report(old: Side, new: Side) -> str:
     print(f"\n{'figure':<20} {'old ' + old.label:>34} {'new ' + new.label:>34}   paired new/old")
     summary: dict[str, str] = {}
     names = ["broker_pubs_per_s", "p99_ms", "p50_ms", "rate_reached", "ir_per_pub", "ir_paced_per_pub"]
+    names += ["ir_timers_per_s"]
     names += sorted(k for k in {**old.figures, **new.figures} if k.startswith("publish_"))
     for name in names:
         a, b = old.figures.get(name), new.figures.get(name)

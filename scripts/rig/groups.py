@@ -225,7 +225,9 @@ class GroupLog:
             lapsed = {o for o in others if self._may_have_lapsed(index, o, started, at)}
             if lapsed:
                 v.lapsed += 1
-                v.note(f"{consumer} received {group}#{seq} after {sorted(lapsed)}'s lease may have lapsed (not counted)")
+                v.note(
+                    f"{consumer} received {group}#{seq} after {sorted(lapsed)}'s lease may have lapsed (not counted)"
+                )
                 for consumers in holders.values():
                     consumers.difference_update(lapsed)
                 others -= lapsed
@@ -328,7 +330,9 @@ class GroupWorkload:
             consumer = f"grp-{index}-{generation}"
             try:
                 if subscriber is None:
-                    subscriber = _Renewing(client, qm, self.record, self.settings, consumer_id=consumer, log=self.log)
+                    subscriber = _Renewing(
+                        client, qm, self.record, self.settings, consumer_id=consumer, log=self.log
+                    )
                 started = time.monotonic()
                 got = subscriber.receive_many(10, timeout_ms=200)
                 for delivery in got:
