@@ -99,7 +99,7 @@ from worker.decide import Decider, log_refused
 from worker.delays import Delays
 from worker.housekeeping import Housekeeping
 from worker.suspects import Suspects, record_alone
-from worker.turns import MIN_SHARE, missing_heads, ready_heads, turns_to_give_up
+from worker.turns import MIN_SHARE, missing_heads, ready_heads, turns_to_ask, turns_to_give_up
 from worker.turns import next_read as plan_next_read
 from worker.waiting import Waiting
 
@@ -217,6 +217,7 @@ class Worker:
         #: means entries keep coming; a worker starts as after a quiet while
         self._waited_ms = QUIET_WAIT_MS
         self._active = 0  # publishers with entries waiting, as the last dequeue saw them
+        self._plenty = False  # a backlog, as the last dequeue saw it: turns follow their entries
         self._next_busy_sweep_ms = 0
         self._last_problem = ""
         #: the server was full (``maxmemory`` reached) in the last round: refused writes were retried
@@ -458,7 +459,7 @@ class Worker:
             assert dequeued is not None
         self.delays.learned(dequeued)
         self.metrics.dequeued(len(dequeued.entries))
-        self._active = dequeued.active
+        self._active, self._plenty = dequeued.active, dequeued.plenty
         self.hook("after_dequeue")
         if dequeued.version != self.table.version:
             self.table.refresh(self.client)
@@ -576,7 +577,7 @@ class Worker:
             self.metrics.turns(len(self.turns), entries_taken_over=len(times))
         times = {**(times or {}), **self._taken}
         self._taken = {}
-        ready, later, waiting = ready_heads(heads, self._entries)
+        ready, later, waiting = ready_heads(heads, self._entries, self._plenty)
         if waiting and (not ready or not waiting.isdisjoint(give_up)):
             # nothing else to commit, or a turn to give up after this round: fetch them now
             times.update(self._take_over(heads))
@@ -669,7 +670,7 @@ class Worker:
                 pipe.hdel(keys.alone(self.qm), self.name)
             counts["take_over"] = self.scripts.take_over_in(pipe, self.name, *later) if later[0] else 0
             if prefetch:  # the next dequeue rides in the same round trip as this commit
-                kept = sorted(set(heads) - set(give_up))
+                kept = turns_to_ask(heads, give_up, self._entries, self._plenty)
                 # holding nothing but what these commits handle: the next heads other workers read
                 # come back taken over with it (no take_over round trip, no round's wait)
                 committed = {unit.entry_id for batch in batches for unit in batch.units}

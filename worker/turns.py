@@ -9,6 +9,9 @@ worker read (pure: no Redis; ``worker.loop`` applies them).
   (``take_over.lua``, XCLAIM) before it is handled; only the publisher's FIFO head counts as a new
   delivery (``worker.suspects``). With other heads to commit, that take-over rides with the commit
   (``ready_heads``: those publishers wait a round); with none, it is a round trip of its own.
+  While a backlog is drained a turn follows its entries instead: its holder commits the heads it
+  read and its next dequeue gives the turn to the live reader of the next ones (``ready_heads``'
+  ``leave``, ``dequeue.lua``'s ``left_to_reader``).
 
 May import: ``broker.core`` (types) only.
 """
@@ -102,16 +105,26 @@ def next_read(
 
 
 def ready_heads(
-    heads: Mapping[str, list[str]], entries: Entries
+    heads: Mapping[str, list[str]], entries: Entries, leave: bool = False
 ) -> tuple[dict[str, list[str]], tuple[list[str], list[str]], set[str]]:
     """Split the heads into those the worker can handle now and those another worker read.
+
+    Args:
+        leave: plenty is left to read (``Dequeued.plenty``: a backlog, another worker live): the
+            heads after those this worker read are not taken over; the dequeue that rides with
+            the commit gives the turn to their reader when it is live (``dequeue.lua``,
+            ``left_to_reader``), which handles them from memory, where a take-over would read
+            them from the stream again and parse them a second time (40% of the entries of the
+            2-worker bench row were taken over so before). A turn whose first head this worker
+            did not read is still taken over: its dequeue kept it, so nobody live has it in mind.
 
     Returns:
         ``(ready, (counted, uncounted), waiting)``: ``ready`` is each publisher's heads up to the
         first one not in ``entries`` (publishers whose first head is not there are left out);
         ``counted`` is that first missing head of each publisher (its FIFO head once ``ready`` is
         committed: its take-over counts as a new delivery); ``uncounted`` the other missing heads;
-        ``waiting`` the publishers with a missing head.
+        ``waiting`` the publishers with a missing head to take over (``leave``: none after heads
+        this worker read).
     """
     ready: dict[str, list[str]] = {}
     counted: list[str] = []
@@ -124,10 +137,27 @@ def ready_heads(
             continue
         if first:
             ready[publisher] = ids[:first]
+            if leave:
+                continue
         counted.append(ids[first])
         uncounted.extend(e for e in ids[first + 1 :] if e not in entries)
         waiting.add(publisher)
     return ready, (counted, uncounted), waiting
+
+
+def turns_to_ask(
+    heads: Mapping[str, list[str]],
+    give_up: tuple[str, ...],
+    entries: Mapping[str, tuple[str, object]],
+    plenty: bool,
+) -> list[str]:
+    """The publishers whose turn the next dequeue asks for: those held and not given up, and, while
+    a backlog is drained (``plenty``), those of the entries in memory whose turn another worker
+    holds (the turn follows its entries: it takes them when their holder gives them up)."""
+    keep = set(heads).difference(give_up)
+    if plenty:
+        keep.update(publisher for publisher, _ in entries.values() if publisher not in heads)
+    return sorted(keep)
 
 
 def missing_heads(heads: Mapping[str, list[str]], entries: Entries) -> tuple[list[str], list[str]]:

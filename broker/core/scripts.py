@@ -166,6 +166,9 @@ class Dequeued:
         next_due_ms: the earliest delivery time still waiting in ``{qm}:delayed``, ms since the
             epoch; None when none waits (or ``delay_seen`` is False).
         delayed_moves: publications this call moved into or out of ``{qm}:delayed``.
+        plenty: plenty is left to read (a backlog: the group's lag is a batch or more per other live
+            worker): a turn follows its entries (``worker.turns.ready_heads``' ``leave``; the
+            dequeue gave up the turns whose next head another live worker read).
     """
 
     version: bytes
@@ -182,6 +185,7 @@ class Dequeued:
     delay_seen: bool = False
     next_due_ms: int | None = None
     delayed_moves: int = 0
+    plenty: bool = False
 
 
 #: Most entry ids per ``take_over.lua`` call (Lua's unpack() takes a few thousand values at most).
@@ -631,7 +635,7 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
     """
     version, last_id, entries, turns, active, live, fair, taken, spare, *rest = raw
     impersonations = _impersonations(rest[0]) if rest else []
-    delayed = rest[1] if len(rest) > 1 else None
+    delayed = rest[1] if len(rest) > 1 and rest[1] else None
     parsed = []
     for entry_id, flat in entries:
         parsed.append((entry_id.decode(), entry_fields(flat)))
@@ -656,6 +660,7 @@ def parse_dequeue(raw: list[Any]) -> Dequeued:
         delayed is not None,
         int(float(delayed[0])) if delayed and delayed[0] else None,
         int(delayed[1]) if delayed else 0,
+        len(rest) > 2,
     )
 
 

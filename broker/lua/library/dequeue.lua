@@ -94,7 +94,8 @@
 --            ({} when there are none but an 11th element follows)
 --   delayed (11th, only when this call delayed or released a publication, or ARGV[18] asked):
 --            {the earliest delivery time still waiting, ms ("" when none), publications moved in or out
---            of {qm}:delayed by this call}
+--            of {qm}:delayed by this call}; {} when it did not but a 12th element follows
+--   plenty (12th, 1, only when plenty is left to read: see "Plenty left to read" below)
 --
 -- Delivery delay (Jakarta Messaging 2.0 section 7.9, JMSDeliveryTime; Artemis scheduled delivery): an
 -- entry read with a delivery_time field (digits, at most 15) and no delayed_from field is moved into
@@ -163,6 +164,21 @@ end
 
 -- The call. Its body reads as the script's did (not indented): its early return, for an empty
 -- dequeue, and its last one give the reply.
+-- Whether a turn this worker holds goes to the reader of its next head (a backlog only: see
+-- "Plenty left to read"): that head is pending for another worker, live (a heartbeat since
+-- `since`, in `alive`) and not keeping a saturated publisher (`busy`), which has it in memory.
+-- `owners` caches each owner's liveness for the call.
+local function left_to_reader(fifo_key, token, busy, since, owners)
+  local head = redis.call('LINDEX', fifo_key, 0)
+  local info = head and redis.call('XPENDING', stream, group, head, head, 1)[1]
+  local owner = info and info[2]
+  if not owner or owner == token or busy[owner] then return false end
+  if owners[owner] == nil then
+    owners[owner] = tonumber(redis.call('ZSCORE', KEYS[4], owner) or '0') >= since
+  end
+  return owners[owner]
+end
+
 local function dequeue()
 stream, group, token = KEYS[1], ARGV[1], ARGV[2]
 count, heads = tonumber(ARGV[3]), tonumber(ARGV[6])
@@ -471,6 +487,17 @@ for i, pub in ipairs(candidates) do
 end
 local fair = math.ceil(math.max(pending, 0) / math.max(live - others, 1))
 local min_share = tonumber(ARGV[19])
+-- Plenty left to read (a backlog: the group's lag after this read is a whole batch or more for
+-- each other live worker): no other worker is idle for want of work, so the fair share does not
+-- hold back a free turn, and a turn follows its entries: one whose next head another live worker
+-- read (and holds in memory) is left to it (left_to_reader: given up here, not returned, that
+-- worker takes it with its next dequeue), where taking that head over would read it from the
+-- stream again (XCLAIM, XRANGE) and have it parsed twice; a free turn is not declined either,
+-- for the same reason. The worker still gives up what is beyond its fair share once it has
+-- handled what it read (worker.turns.turns_to_give_up). Without a backlog (a worker may be idle:
+-- the usual case at a steady rate) the fair share and the take-overs apply as they did.
+local plenty = live > 1 and count > 0 and type(lag) == 'number' and lag - read_count >= count * (live - 1)
+local owners = plenty and {} or nil
 -- Workers known to hold a saturated publisher: those seen above, and those whose own last
 -- dequeue found it so (within the liveness window; older records are forgotten here).
 for j = 1, #records, 2 do
@@ -493,7 +520,7 @@ for i, pub in ipairs(candidates) do
   local mine, taken_now = holder == token, false
   -- the turns it holds come first (ARGV), so a saturated one is known before any free turn;
   -- a free turn is taken only when its FIFO holds entries
-  if not holder and not saturated and (held == 0 or load < fair or fair < min_share) then
+  if not holder and not saturated and (plenty or held == 0 or load < fair or fair < min_share) then
     if not backlog then
       backlog = redis.pcall('LLEN', fifo_key)
       if type(backlog) ~= 'number' then backlog = 0 end
@@ -508,7 +535,9 @@ for i, pub in ipairs(candidates) do
     backlog = redis.pcall('LLEN', fifo_key)
     if type(backlog) ~= 'number' then backlog = 0 end
   end
-  if mine then
+  if mine and plenty and backlog > 0 and before[pub] ~= 0 and left_to_reader(fifo_key, token, busy, since, owners) then
+    redis.call('DEL', turn_key)  -- its next heads' reader takes it (the FIFO is not empty: still active)
+  elseif mine then
     if backlog == 0 then
       redis.call('DEL', turn_key)
       if active > 0 then active = active - redis.call('SREM', KEYS[3], pub) end
@@ -581,9 +610,10 @@ end
 
 local reply = {version or '0', last_id, kept, turns, active, live, fair, taken, spare}
 if #impersonations > 0 then reply[10] = impersonations end
-if delayed_reply then
+if delayed_reply or plenty then
   reply[10] = impersonations  -- EMPTY when none: {} in the reply
-  reply[11] = delayed_reply
+  reply[11] = delayed_reply or EMPTY
+  if plenty then reply[12] = 1 end
 end
 return reply
 end
