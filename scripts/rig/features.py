@@ -71,10 +71,11 @@ def group_publisher(h: Any, url: str, qm: str, resolved: dict[str, frozenset[str
         h.groups.log.publish(pub.msgid, group, seq, pub)
         h._publish(publisher, pub, group=group, group_seq=seq)
         next_at += interval
-        if next_at > time.monotonic():
-            time.sleep(next_at - time.monotonic())
+        ahead = next_at - time.monotonic()  # one reading: two could straddle next_at (a negative sleep)
+        if ahead > 0:
+            time.sleep(ahead)
         else:
-            next_at = time.monotonic()
+            next_at -= ahead  # behind: from now on
     client.close()
 
 
