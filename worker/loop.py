@@ -61,7 +61,6 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from broker.core import clock, keys
@@ -252,7 +251,7 @@ class Worker:
         ensure_group(self.client, self.qm)
         self._load()
         self.table.load(self.client)
-        self.housekeeping.heartbeat(self.clock_ms())
+        self._heartbeat(self.clock_ms())
 
     def run(self) -> None:
         """Loop until ``stopping`` is set, then give up held turns and deregister.
@@ -378,11 +377,13 @@ class Worker:
         if start is None:
             log.info("worker %s: the consumer group was created again by another worker", self.name)
         else:
-            after = "the start" if start == "0" else start
             log.warning(
                 "worker %s: the consumer group %r on %s was gone (the stream deleted or the group "
                 "destroyed); created it again, reading the entries after %s",
-                *(self.name, keys.WORKER_GROUP, self._stream, after),
+                self.name,
+                keys.WORKER_GROUP,
+                self._stream,
+                "the start" if start == "0" else start,
             )
 
     def _round(self, block: bool) -> int:
@@ -424,7 +425,7 @@ class Worker:
         finally:
             self._no_prefetch = False
             self._wake = None
-        self.housekeeping.heartbeat(now)  # when due
+        self._heartbeat(now)
         busy = bool(self.turns) or self._prefetched is not None
         if block and not busy:
             self._idle(now, wait_ms)
@@ -496,7 +497,7 @@ class Worker:
     def _without_turns(self, dequeued: Dequeued, now: int, block: bool, wait_ms: int) -> int:
         """A round that holds no turn: forget what was read (its holders take it over), and wait."""
         self._forget_entries()
-        self.housekeeping.heartbeat(now)  # when due
+        self._heartbeat(now)
         if dequeued.active:
             # Others hold every waiting publisher: look for turns they gave up (at most every
             # BUSY_POLL_MS), and wait only briefly, so this worker starts as soon as one is given up.
@@ -652,8 +653,8 @@ class Worker:
         release = self.delays.release(now)
         counts = {"take_over": 0, "wake": 0}
 
-        def send(atomic: bool) -> list[Any]:
-            pipe = self.client.pipeline(transaction=atomic)
+        def send() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
             for batch in batches:
                 self.scripts.commit(
                     pipe,
@@ -692,23 +693,14 @@ class Worker:
             counts["wake"] = self.waiting.hand_on_in(pipe, now, wake) if wake is not None else 0
             return pipe.execute(raise_on_error=False)
 
-        # MULTI/EXEC: not interleaved with another worker's calls, so the two decide in turn, not
-        # together while the server idles. A full server refuses it whole: sent again plain.
-        several = len(batches) + prefetch + recorded + bool(later[0]) + (wake is not None) > 1
-        atomic = several and not self.server_full and not isinstance(self.client, RedisCluster)
-        try:
-            results = send(atomic)
-        except (redis.exceptions.OutOfMemoryError, redis.exceptions.ExecAbortError):
-            if not atomic:
-                raise
-            results = send(atomic := False)
+        results = send()
         if any(isinstance(r, redis.exceptions.NoScriptError) or missing(r) for r in results):
             # The server lost its script cache, or has no broker_commit / broker_dequeue (FUNCTION
             # FLUSH, or an older broker's library loaded meanwhile): load the scripts and the library
             # and send the same units and dequeue again (each unit is fenced: one that was applied is
             # refused the second time; a dequeue "Function not found" answered did nothing).
             self._load()
-            results = send(atomic)
+            results = send()
         replies = iter(results[len(batches) :])
         if recorded and not isinstance(next(replies), Exception):
             self._alone_recorded = False
@@ -775,8 +767,16 @@ class Worker:
             self._entries = {k: v for k, v in entries.items() if v[0] in self.turns}
             suspects.counts = {k: v for k, v in suspects.counts.items() if k in self._entries}
         for sub_id, max_messages in disconnects.items():
-            self.housekeeping.disconnect(sub_id, max_messages)  # a slow-subscriber condition matched it
+            self._disconnect(sub_id, max_messages)
         return done
+
+    def _disconnect(self, sub_id: str, max_messages: int) -> bool:
+        """Remove a subscription a slow-subscriber condition matched (``Housekeeping.disconnect``)."""
+        return self.housekeeping.disconnect(sub_id, max_messages)
+
+    def _heartbeat(self, now_ms: int) -> None:
+        """Send the heartbeat when it is due (``Housekeeping.heartbeat``)."""
+        self.housekeeping.heartbeat(now_ms)
 
 
 def main(settings: Settings, hook: Hook | None = None) -> None:

@@ -83,24 +83,3 @@ def test_with_nothing_else_to_commit_the_heads_are_taken_over_at_once(real_redis
     assert worker.run_once() == 1
     assert round_trips == ["take_over"]
     assert [m.body for m in queue_messages(real_redis, QM, sub.sub_id)] == [b"a1"]
-
-
-def test_a_round_sends_its_commits_and_its_dequeue_as_one_transaction(real_redis, settings):
-    # Given a worker with a publication to handle, and a spy on its pipelines
-    sub = subscribe(real_redis, QM, "/t", "s", "all")
-    Publisher(real_redis, QM, "p1").publish("/t", b"a1", msgid="a1")
-    (worker,) = make_workers(real_redis, settings, 1)
-    made: list[bool] = []
-    pipeline = worker.client.pipeline
-
-    def spy(transaction=True, shard_hint=None):
-        made.append(transaction)
-        return pipeline(transaction=transaction, shard_hint=shard_hint)
-
-    worker.client.pipeline = spy  # type: ignore[method-assign]
-    # When it runs its rounds
-    drain([worker])
-    # Then the round that committed sent its commit and the next dequeue in one MULTI/EXEC (not
-    # interleaved with another worker's calls), and the publication was delivered
-    assert made and made[0] is True
-    assert [m.body for m in queue_messages(real_redis, QM, sub.sub_id)] == [b"a1"]
