@@ -106,27 +106,28 @@ def test_a_holder_whose_lease_may_have_lapsed_is_counted_as_lapsed_not_as_sharin
     assert log.check().shared == 1
 
 
-def test_a_holder_that_renewed_within_a_lease_still_shares_when_another_takes_its_group():
+def _c2_takes_a2_after_c1_renewed(started: float, ended: float) -> GroupLog:
+    """c1 (1 s lease) took A.1 at 0.1 and renewed again from ``started`` to ``ended``; c2 takes A.2
+    by a receive from 1.9 to 2.0."""
     log = GroupLog(lease_ms=1000)
     a = published(log, "A", 2)
     log.renew("c1", 0.0, at=0.1)
-    log.receive("c1", a[0], False, started=1.0, at=1.1)
-    log.renew("c1", 1.5, at=1.6)  # renewed: its lease runs to 2.5 at least
+    log.receive("c1", a[0], False, started=0.0, at=0.1)
+    log.renew("c1", started, at=ended)
     log.receive("c2", a[1], False, started=1.9, at=2.0)
-    verdict = log.check()
+    return log
+
+
+def test_a_holder_that_renewed_within_a_lease_still_shares_when_another_takes_its_group():
+    verdict = _c2_takes_a2_after_c1_renewed(1.5, 1.6).check()  # its lease runs to 2.5 at least
     assert (verdict.lapsed, verdict.shared) == (0, 1)
 
 
 def test_a_renewal_still_under_way_when_the_other_receive_began_does_not_count():
     # c1's renewal that began at 1.5 ended at 2.2, after c2's receive began: it may have reached
     # the server after c2's take, so c1's lease (from its renewal at 0.0) may have lapsed
-    log = GroupLog(lease_ms=1000)
-    a = published(log, "A", 2)
-    log.renew("c1", 0.0, at=0.1)
-    log.receive("c1", a[0], False, started=0.0, at=0.1)
-    log.renew("c1", 1.5, at=2.2)
-    log.receive("c2", a[1], False, started=1.9, at=2.0)
-    assert (log.check().lapsed, log.check().shared) == (1, 0)
+    verdict = _c2_takes_a2_after_c1_renewed(1.5, 2.2).check()
+    assert (verdict.lapsed, verdict.shared) == (1, 0)
 
 
 def test_an_ack_made_after_the_lease_may_have_lapsed_counts_as_maybe_acknowledged():
