@@ -111,6 +111,13 @@ TRIM_LOCK_MS = 100
 #: every few thousand publications, not every few hundred.
 BUSY_TRIM_FACTOR = 16
 
+#: Least time between two trims of an idle worker that committed fewer than ``trim_every_entries``
+#: since its last trim, ms: what it committed last is trimmed once it is idle, whatever the count
+#: (a trim stops at the oldest pending entry: one taken while another worker still held entries
+#: left the rest in the stream, and a few stragglers committed after it would never add up to
+#: ``trim_every_entries``); at a low rate one trim a second, never one per publication.
+SETTLE_TRIM_MS = 1_000
+
 
 class Housekeeping:
     """The sweeps, heartbeat and disconnects of one worker (module text); holds the timers and cursors.
@@ -132,6 +139,7 @@ class Housekeeping:
         #: ``worker.processed`` at the worker's last trim, and when it may try again (lock taken)
         self.trimmed_at = 0
         self.next_trim_ms = 0
+        self.next_settle_trim_ms = 0  # SETTLE_TRIM_MS
         #: the topic counts the apply step adds to (``worker.loop``); None when turned off
         self.topic_stats = (
             TopicCounter(worker.settings.topic_stats_max_topics)
@@ -177,9 +185,19 @@ class Housekeeping:
         self, now_ms: int, active: int, unless_full: Callable[[Callable[[], object]], None]
     ) -> None:
         """A worker about to wait for work: the trim (``trim_if_due``, factor 1) when its last dequeue
-        saw no publisher waiting (``active``: 0), so that the trim costs no publication its time."""
+        saw no publisher waiting (``active``: 0), so that the trim costs no publication its time; and,
+        at most every ``SETTLE_TRIM_MS``, one for whatever it committed since its last trim."""
         if not active:
             self.trim_if_due(now_ms, 1, unless_full)
+            worker = self.worker
+            if (
+                worker.settings.trim_every_entries  # 0: the workers do not trim
+                and worker.processed > self.trimmed_at
+                and now_ms >= max(self.next_settle_trim_ms, self.next_trim_ms)
+            ):
+                self.next_settle_trim_ms = now_ms + SETTLE_TRIM_MS
+                self.next_trim_ms = now_ms + TRIM_LOCK_MS
+                unless_full(self.trim_stream)
 
     def trim_if_due(
         self, now_ms: int, factor: int, unless_full: Callable[[Callable[[], object]], None]
