@@ -111,11 +111,12 @@ TRIM_LOCK_MS = 100
 #: every few thousand publications, not every few hundred.
 BUSY_TRIM_FACTOR = 16
 
-#: Least time between two trims of an idle worker that committed fewer than ``trim_every_entries``
-#: since its last trim, ms: what it committed last is trimmed once it is idle, whatever the count
-#: (a trim stops at the oldest pending entry: one taken while another worker still held entries
-#: left the rest in the stream, and a few stragglers committed after it would never add up to
-#: ``trim_every_entries``); at a low rate one trim a second, never one per publication.
+#: Least time between two trims of an idle worker whose last trim stopped at a pending entry, ms:
+#: a trim stops at the oldest pending entry, so one made while another worker still held entries
+#: left the rest in the stream, and the few that worker committed after it may never add up to
+#: ``trim_every_entries`` of its own: the idle worker trims again, once a second, until a trim
+#: finds nothing pending (``Housekeeping.trim_incomplete``). A lone worker's trims find nothing
+#: pending: it never does this.
 SETTLE_TRIM_MS = 1_000
 
 
@@ -139,7 +140,9 @@ class Housekeeping:
         #: ``worker.processed`` at the worker's last trim, and when it may try again (lock taken)
         self.trimmed_at = 0
         self.next_trim_ms = 0
-        self.next_settle_trim_ms = 0  # SETTLE_TRIM_MS
+        #: the last trim found entries pending (it stopped at the oldest), and when to trim again idle
+        self.trim_incomplete = False
+        self.next_settle_trim_ms = 0
         #: the topic counts the apply step adds to (``worker.loop``); None when turned off
         self.topic_stats = (
             TopicCounter(worker.settings.topic_stats_max_topics)
@@ -186,13 +189,12 @@ class Housekeeping:
     ) -> None:
         """A worker about to wait for work: the trim (``trim_if_due``, factor 1) when its last dequeue
         saw no publisher waiting (``active``: 0), so that the trim costs no publication its time; and,
-        at most every ``SETTLE_TRIM_MS``, one for whatever it committed since its last trim."""
+        at most every ``SETTLE_TRIM_MS``, another while its last trim stopped at a pending entry."""
         if not active:
             self.trim_if_due(now_ms, 1, unless_full)
-            worker = self.worker
             if (
-                worker.settings.trim_every_entries  # 0: the workers do not trim
-                and worker.processed > self.trimmed_at
+                self.trim_incomplete
+                and self.worker.settings.trim_every_entries  # 0: the workers do not trim
                 and now_ms >= max(self.next_settle_trim_ms, self.next_trim_ms)
             ):
                 self.next_settle_trim_ms = now_ms + SETTLE_TRIM_MS
@@ -209,6 +211,7 @@ class Housekeeping:
         every = self.worker.settings.trim_every_entries * factor
         if every and self.worker.processed - self.trimmed_at >= every and now_ms >= self.next_trim_ms:
             self.next_trim_ms = now_ms + TRIM_LOCK_MS
+            self.next_settle_trim_ms = now_ms + SETTLE_TRIM_MS
             unless_full(self.trim_stream)
 
     def trim_stream(self) -> int | None:
@@ -230,6 +233,10 @@ class Housekeeping:
         if removed < 0:
             return None
         self.trimmed_at = worker.processed
+        # entries still pending stopped it: trim again once idle (SETTLE_TRIM_MS); one XPENDING a trim
+        self.trim_incomplete = bool(
+            worker.client.xpending(keys.publish_stream(worker.qm), keys.WORKER_GROUP)["pending"]
+        )
         return removed
 
     def serve_requests(self, now_ms: int) -> int:
