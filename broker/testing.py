@@ -84,6 +84,17 @@ def drain(workers: Iterable[Worker], max_rounds: int = 100_000) -> int:
     raise AssertionError(f"workers still busy after {max_rounds} rounds")
 
 
+def library_functions(client: redis.Redis) -> dict[str, list[bytes]]:
+    """Function name -> flags of the function library ``broker`` on the server (FUNCTION LIST)."""
+    (library,) = client.function_list(library="broker")
+    fields = dict(zip(library[::2], library[1::2], strict=True))
+    out = {}
+    for function in fields[b"functions"]:
+        entry = dict(zip(function[::2], function[1::2], strict=True))
+        out[entry[b"name"].decode()] = entry[b"flags"]
+    return out
+
+
 def work_while(worker: Worker, publish: Callable[[], None]) -> None:
     """Run ``publish`` (which waits for results) in a thread while ``worker`` handles rounds, until it returns.
 

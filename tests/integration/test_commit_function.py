@@ -9,21 +9,10 @@ from broker import subscribe
 from broker.core import keys
 from broker.core.library import COMMIT
 from broker.core.models import publication_fields
-from broker.testing import drain, make_workers, queue_messages
+from broker.testing import drain, library_functions, make_workers, queue_messages
 from worker.loop import Worker
 
 QM = "TEST"
-
-
-def _functions(client) -> dict[str, list[bytes]]:
-    """Function name -> flags of the library ``broker`` on the server."""
-    (library,) = client.function_list(library="broker")
-    fields = dict(zip(library[::2], library[1::2], strict=True))
-    out = {}
-    for function in fields[b"functions"]:
-        entry = dict(zip(function[::2], function[1::2], strict=True))
-        out[entry[b"name"].decode()] = entry[b"flags"]
-    return out
 
 
 def _fcalls(client) -> int:
@@ -41,7 +30,7 @@ def test_the_unit_of_work_is_one_fcall_of_broker_commit_without_flags(real_redis
     drain(workers)
     # Then the library holds broker_commit, without flags (a full server refuses the call whole,
     # before it runs), and the worker called it
-    assert _functions(real_redis)[COMMIT] == []
+    assert library_functions(real_redis)[COMMIT] == []
     assert _fcalls(real_redis) >= 1
     assert [m.body for m in queue_messages(real_redis, QM, sub.sub_id)] == [b"0", b"1", b"2"]
 
@@ -56,7 +45,7 @@ def test_a_worker_whose_server_lost_the_library_loads_it_and_sends_the_same_unit
     # When it runs: its commit finds no function
     drain(workers)
     # Then it loaded the library and delivered each publication once, in order
-    assert COMMIT in _functions(real_redis)
+    assert COMMIT in library_functions(real_redis)
     assert [m.body for m in queue_messages(real_redis, QM, sub.sub_id)] == [b"0", b"1", b"2"]
     assert workers[0].counts == {"delivered": 3}
 

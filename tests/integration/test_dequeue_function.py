@@ -8,20 +8,9 @@ from broker.core import keys
 from broker.core.library import DEQUEUE
 from broker.core.models import publication_fields
 from broker.core.scripts import Scripts
-from broker.testing import drain, make_workers, queue_messages
+from broker.testing import drain, library_functions, make_workers, queue_messages
 
 QM = "TEST"
-
-
-def _functions(client) -> dict[str, list[bytes]]:
-    """Function name -> flags of the library ``broker`` on the server."""
-    (library,) = client.function_list(library="broker")
-    fields = dict(zip(library[::2], library[1::2], strict=True))
-    out = {}
-    for function in fields[b"functions"]:
-        entry = dict(zip(function[::2], function[1::2], strict=True))
-        out[entry[b"name"].decode()] = entry[b"flags"]
-    return out
 
 
 def _calls(client) -> dict[str, int]:
@@ -43,7 +32,7 @@ def test_the_dequeue_is_one_fcall_of_broker_dequeue_allowed_on_a_full_server(rea
     assert "evalsha" not in calls and "eval" not in calls, calls
     # ... of broker_dequeue, a function of the library with the flag allow-oom: it reads on a full
     # server, as the script did (its first write, XREADGROUP's, was not refused: test_memory_full.py)
-    assert _functions(real_redis)[DEQUEUE] == [b"allow-oom"]
+    assert library_functions(real_redis)[DEQUEUE] == [b"allow-oom"]
 
 
 def test_a_dequeue_whose_server_lost_the_library_loads_it_and_reads_once(real_redis, settings):
@@ -54,7 +43,7 @@ def test_a_dequeue_whose_server_lost_the_library_loads_it_and_reads_once(real_re
     # When it dequeues by itself
     dequeued = worker.scripts.dequeue(worker.name, 10, settings.lease_ms, settings.heads, [])
     # Then the call loaded the library and read the publication once
-    assert DEQUEUE in _functions(real_redis)
+    assert DEQUEUE in library_functions(real_redis)
     assert dequeued is not None and [fields[b"body"] for _, fields in dequeued.entries] == [b"0"]
     assert real_redis.llen(keys.fifo_key(QM, "p")) == 1
 
