@@ -35,6 +35,9 @@ log = logging.getLogger("broker.worker")
 #: Most publications per ``commit.lua`` call (bounds how long one call holds Redis).
 COMMIT_CHUNK = 256
 
+#: Most topics ``Decider`` remembers as within the topic limits (``limit_problem``: checked once a topic).
+WITHIN_LIMITS_KEPT = 100_000
+
 #: ``{entry id: (publisher, fields)}``: the entries a worker has read (fields bytes to bytes).
 Entries = dict[str, tuple[str, dict[bytes, bytes]]]
 
@@ -80,6 +83,9 @@ class Decider:
         #: plain test per publication, not PersistenceModes.__bool__)
         modes = PersistenceModes(settings)
         self.persistence = modes if modes else None
+        #: topics found within the topic limits (the limits are settings: they never change); cleared
+        #: when it holds ``WITHIN_LIMITS_KEPT``
+        self._within_limits: set[str] = set()
 
     def batches(
         self, heads: dict[str, list[str]], entries: Entries, times: dict[str, int], now_ms: int
@@ -94,13 +100,18 @@ class Decider:
             now_ms: the time, ms since the epoch (expiry).
         """
         journal = self.settings.journal
+        max_deliveries = self.settings.max_deliveries
+        unit_of_work = self.unit_of_work
+        # bounds and watches only when something bounds or watches a queue (pay for what you use)
+        add = self._add if self.table.queue_limits or self.slow or not self.table.tree.trivial else None
         batches = [CommitBatch(journal)]
         for publisher, ids in heads.items():
             batch = batches[-1]
             if len(batch) >= COMMIT_CHUNK:
                 batch = CommitBatch(journal)
                 batches.append(batch)
-            delivered = times.get(ids[0], 1)
+            first = ids[0]
+            delivered = times.get(first, 1) if times else 1
             for entry_id in ids:
                 found = entries.get(entry_id)
                 if found is None:
@@ -111,10 +122,12 @@ class Decider:
                         extra=publication_extra(entry_id, publisher=publisher),
                     )
                     batch.add(UnitOfWork(publisher, entry_id, Action.SKIP, entry_id))
-                elif entry_id == ids[0] and delivered > self.settings.max_deliveries:
+                elif delivered > max_deliveries and entry_id == first:
                     batch.add(self._poison(publisher, entry_id, found[1], delivered))
+                elif add is None:
+                    batch.add(unit_of_work(publisher, entry_id, found[1], now_ms))
                 else:
-                    self._add(batch, self.unit_of_work(publisher, entry_id, found[1], now_ms))
+                    add(batch, unit_of_work(publisher, entry_id, found[1], now_ms))
         return batches
 
     def _poison(
@@ -152,6 +165,26 @@ class Decider:
                 record = subscriptions.get(keys.band_sub_id(qm, queue))
                 if record is not None:  # not a transmission stream
                     batch.watch(queue, record.durable)
+
+    def _check_limits(self, topic: str) -> None:
+        """Check ``topic`` against the broker's limits (``limit_problem``), and remember it within them.
+
+        Raises:
+            InvalidTopic: over a limit.
+        """
+        settings = self.settings
+        over = limit_problem(
+            topic,
+            settings.max_topic_bytes,
+            settings.max_topic_levels,
+            separator(self.table.scheme),
+            "the topic",
+        )
+        if over is not None:
+            raise InvalidTopic(topic, over)
+        if len(self._within_limits) >= WITHIN_LIMITS_KEPT:
+            self._within_limits.clear()
+        self._within_limits.add(topic)
 
     def refusal(
         self,
@@ -197,15 +230,8 @@ class Decider:
         try:
             entry = parse_entry(entry_id, fields, settings.max_body_bytes, settings.max_properties_bytes)
             # before resolving: an abusive topic must not cost a match over thousands of levels
-            over = limit_problem(
-                entry.topic,
-                settings.max_topic_bytes,
-                settings.max_topic_levels,
-                separator(table.scheme),
-                "the topic",
-            )
-            if over is not None:
-                raise InvalidTopic(entry.topic, over)
+            if entry.topic not in self._within_limits:
+                self._check_limits(entry.topic)
             recipients = table.resolve(entry.topic)
             grants = table.grants  # None without grants: nothing else is spent per publication
             if grants is not None and "origin" not in entry.header:  # checked at its own queue manager
