@@ -87,3 +87,20 @@ def test_units_are_split_into_commit_calls_of_at_most_commit_chunk_publishers(de
 
 def test_the_decider_holds_no_redis_client(decider):
     assert not any(hasattr(v, "execute_command") for v in vars(decider).values())
+
+
+def test_a_topic_over_the_limits_is_refused_every_time_and_one_within_them_checked_once(decider, monkeypatch):
+    import worker.decide as decide_module
+
+    over = "a/" + "/".join(["x"] * decider.settings.max_topic_levels)
+    for _ in range(2):  # never remembered as within the limits
+        unit = decider.unit_of_work("p", "1-0", _fields(over), NOW_MS)
+        assert unit.action is Action.REFUSE and "max_topic_levels" in unit.reason
+    checked: list[str] = []
+    real = decide_module.limit_problem
+    monkeypatch.setattr(
+        decide_module, "limit_problem", lambda text, *a: checked.append(text) or real(text, *a)
+    )
+    for _ in range(3):
+        assert decider.unit_of_work("p", "1-0", _fields("a/b"), NOW_MS).action is Action.DELIVER
+    assert checked == ["a/b"]

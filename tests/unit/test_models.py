@@ -116,6 +116,34 @@ def test_publication_fields_reject_bad_priority_and_nested_properties():
         publication_fields("p", "t", b"", properties={"a": {"b": 1}})
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [b"42", b" 42 ", b"4_2", "\u0664\u0662".encode(), b"-0", b"9223372036854775807", b"+7"],
+)
+def test_an_integer_field_read_from_its_bytes_is_what_its_text_says(raw):
+    """``ts`` and ``seq`` are read straight from the bytes when they can be: whatever ``int`` of the
+    decoded text accepts (whitespace, ``_``, other scripts' digits) gives the same number."""
+    entry = parse_entry("5-0", _entry({"publisher": "p", "topic": "t", "ts": raw, "seq": raw}), 10)
+    assert entry.timestamp_ms == int(raw.decode()) == entry.header["seq"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [(b"4\xff", "not valid UTF-8"), (b"0x10", "not an integer"), (b"-9223372036854775809", "64-bit")],
+)
+def test_an_integer_field_that_is_not_one_is_refused_as_before(raw, fragment):
+    with pytest.raises(InvalidMessage, match=f"'ts' {fragment}|{fragment}"):
+        parse_entry("5-0", _entry({"publisher": "p", "topic": "t", "ts": raw}), 10)
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"), [(b"", "1-256 bytes"), (b"\xff", "'publisher' is not valid UTF-8")]
+)
+def test_a_publisher_field_is_checked_for_length_and_utf8(raw, fragment):
+    with pytest.raises(InvalidMessage, match=fragment):
+        parse_entry("1-0", _entry({"publisher": raw, "topic": "t"}), 10)
+
+
 @pytest.mark.parametrize("field", ["seq", "ts", "expiration"])
 def test_integers_beyond_64_bits_are_rejected(field):
     with pytest.raises(InvalidMessage, match="64-bit"):
