@@ -11,20 +11,23 @@ and the disconnect of slow subscriptions.
   least ``SUBSCRIPTION_SWEEP_MS``): dead consumers' in-flight messages back, abandoned subscriptions removed.
 - **Heartbeat** (at most once a second): ``{qm}:workers`` and ``{qm}:alive``; workers silent for
   ``GONE_AFTER_MS`` are forgotten; in the same round trip, the earliest delivery time waiting in
-  ``{qm}:delayed`` (``worker.delays``).
+  ``{qm}:delayed`` (``worker.delays``). A busy worker's heartbeat rides with its commit (``ride``).
 - **Disconnect**: a subscription a slow-subscriber condition matched is removed after the commit.
 - **Topic statistics** (``broker.operations.topic_stats``, every ``topic_stats_flush_ms``, unless
   ``topic_stats_max_topics = 0``): the topic counts of the worker's apply step added to Redis.
 - **Control requests** (``broker.operations.control``, every ``control.POLL_MS``, only with
   ``security = true``): subscribe and unsubscribe requests of subscriber users answered, one worker
   at a time.
-- **Stream trim** (``broker.operations.maintenance.trim_acknowledged``, once the worker has committed
-  ``trim_every_entries`` since its last trim and is about to wait, or ``BUSY_TRIM_FACTOR`` times that
-  while busy): the acknowledged entries leave the publish stream,
-  one worker at a time (``{qm}:trim_lock``, ``TRIM_LOCK_MS``); no command per publication.
+- **Stream trim** (``trim.lua``, once the worker has committed ``trim_every_entries`` since its last
+  trim and is about to wait, or ``BUSY_TRIM_FACTOR`` times that while busy, then riding with a
+  commit): the acknowledged entries leave the publish stream, one worker at a time
+  (``{qm}:trim_lock``, ``TRIM_LOCK_MS``); no command per publication.
 
 ``Housekeeping.due(now_ms)`` runs the sweeps whose time has come; the worker calls it once per
-round, before its dequeue (``worker.loop``).
+round, before its dequeue (``worker.loop``). ``ride`` adds the busy worker's trim and heartbeat to
+its commit's round trip, and ``rode`` reads their replies: between two commits of a busy worker
+there is no round trip of housekeeping in which the server would wait for it (measured: a round
+trip of its own cost the server up to a commit's decide time idle, 2-worker drain).
 """
 
 from __future__ import annotations
@@ -33,18 +36,18 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
 from broker.clients.consumer import sweep_subscriptions
 from broker.core import keys
-from broker.core.errors import BrokerError
+from broker.core.errors import BrokerError, script_error
 from broker.core.logs import publication_extra
 from broker.operations.control import POLL_MS as CONTROL_POLL_MS
 from broker.operations.control import ControlServer
-from broker.operations.maintenance import trim_acknowledged
+from broker.operations.maintenance import trimmed
 from broker.operations.topic_stats import TopicCounter
 from broker.topics.subscriptions import remove_subscription
 
@@ -101,6 +104,9 @@ GONE_AFTER_MS = 60_000
 
 #: Least time between two heartbeats of a worker, ms.
 HEARTBEAT_MS = 1_000
+
+#: Commands a heartbeat sends (``Housekeeping._beat_in``).
+HEARTBEAT_COMMANDS = 4
 
 #: Least time between two trims of the publish stream by the workers of a queue manager (the PX of
 #: ``{qm}:trim_lock``), and between two tries of a worker that found it taken, ms.
@@ -182,7 +188,6 @@ class Housekeeping:
         if self.control is not None and now_ms >= self.next_control_ms:
             self.next_control_ms = now_ms + CONTROL_POLL_MS
             unless_full(lambda: self.serve_requests(now_ms))
-        self.trim_if_due(now_ms, BUSY_TRIM_FACTOR, unless_full)
 
     def before_wait(
         self, now_ms: int, active: int, unless_full: Callable[[Callable[[], object]], None]
@@ -205,14 +210,24 @@ class Housekeeping:
         self, now_ms: int, factor: int, unless_full: Callable[[Callable[[], object]], None]
     ) -> None:
         """Trim the publish stream (``trim_stream``) once the worker has committed ``factor`` x
-        ``trim_every_entries`` since its last trim: ``BUSY_TRIM_FACTOR`` from a round (its round
-        trips off the hot path but every few thousand publications), 1 from a worker about to wait
-        (``worker.loop``: nothing to do, so the trim costs nothing)."""
-        every = self.worker.settings.trim_every_entries * factor
-        if every and self.worker.processed - self.trimmed_at >= every and now_ms >= self.next_trim_ms:
-            self.next_trim_ms = now_ms + TRIM_LOCK_MS
-            self.next_settle_trim_ms = now_ms + SETTLE_TRIM_MS
+        ``trim_every_entries`` since its last trim (``trim_due``): 1 from a worker about to wait
+        (``worker.loop``: nothing to do, so the trim costs nothing). A busy worker's trim rides with
+        a commit (``ride``, ``BUSY_TRIM_FACTOR``)."""
+        if self.trim_due(now_ms, factor):
+            self._trying(now_ms)
             unless_full(self.trim_stream)
+
+    def trim_due(self, now_ms: int, factor: int) -> bool:
+        """Whether the worker has committed ``factor`` x ``trim_every_entries`` since its last trim
+        (0: the workers do not trim) and may try (``TRIM_LOCK_MS`` after its last try)."""
+        every = self.worker.settings.trim_every_entries * factor
+        return (
+            bool(every) and self.worker.processed - self.trimmed_at >= every and now_ms >= self.next_trim_ms
+        )
+
+    def _trying(self, now_ms: int) -> None:
+        self.next_trim_ms = now_ms + TRIM_LOCK_MS
+        self.next_settle_trim_ms = now_ms + SETTLE_TRIM_MS
 
     def trim_stream(self) -> int | None:
         """Remove the acknowledged entries from the publish stream, unless another worker holds
@@ -225,19 +240,62 @@ class Housekeeping:
         """
         worker = self.worker
         try:
-            removed = trim_acknowledged(worker.client, worker.qm, (worker.name, TRIM_LOCK_MS))
+            reply = worker.scripts.trim(worker.name, TRIM_LOCK_MS)
         except (BrokerError, redis.ResponseError) as exc:
+            reply = exc
+        return self._trimmed(reply)
+
+    def _trimmed(self, reply: Any) -> int | None:
+        """Note ``trim.lua``'s reply, or the error it answered (logged at WARNING: counted as a trim)."""
+        worker = self.worker
+        if isinstance(reply, Exception):
             self.trimmed_at = worker.processed
-            log.warning("worker %s: trimming the publish stream: %s", worker.name, exc)
+            log.warning(
+                "worker %s: trimming the publish stream: %s",
+                worker.name,
+                script_error(reply, "trim of the publish stream"),
+            )
             return 0
+        removed, pending = trimmed(reply)
         if removed < 0:
             return None
         self.trimmed_at = worker.processed
-        # entries still pending stopped it: trim again once idle (SETTLE_TRIM_MS); one XPENDING a trim
-        self.trim_incomplete = bool(
-            worker.client.xpending(keys.publish_stream(worker.qm), keys.WORKER_GROUP)["pending"]
-        )
+        # entries still pending stopped it: trim again once idle (SETTLE_TRIM_MS)
+        self.trim_incomplete = pending > 0
         return removed
+
+    def ride(self, pipe: Any, now_ms: int) -> tuple[bool, bool]:
+        """Add to ``pipe`` (a busy worker's commit round trip, not yet sent) the trim when it is due
+        (``BUSY_TRIM_FACTOR``) and the heartbeat when it is due; changes nothing else (the round
+        trip may be sent twice: ``worker.loop``).
+
+        Returns:
+            ``(trim, heartbeat)``: what was added, for ``rode``.
+        """
+        trim = self.trim_due(now_ms, BUSY_TRIM_FACTOR)
+        if trim:
+            self.worker.scripts.trim(self.worker.name, TRIM_LOCK_MS, pipe=pipe)
+        beat = now_ms >= self.next_heartbeat_ms
+        if beat:
+            self._beat_in(pipe, now_ms)
+        return trim, beat
+
+    def rode(self, riders: tuple[bool, bool], replies: Iterator[Any], now_ms: int) -> None:
+        """Read the replies of what ``ride`` added (``riders``) from ``replies``, in order. A heartbeat
+        refused (but by a full server) is sent again on its own by the next ``heartbeat``, which
+        raises what it answers."""
+        trim, beat = riders
+        if trim:
+            self._trying(now_ms)
+            reply = next(replies)
+            if isinstance(reply, redis.exceptions.NoScriptError):  # its script cache was flushed
+                self.worker.scripts.load()
+            else:
+                self._trimmed(reply)
+        if beat:
+            self.next_heartbeat_ms = now_ms + HEARTBEAT_MS
+            if not self._heard([next(replies) for _ in range(HEARTBEAT_COMMANDS)], strict=False):
+                self.next_heartbeat_ms = 0
 
     def serve_requests(self, now_ms: int) -> int:
         """Answer the waiting control requests (``broker.operations.control``); returns how many.
@@ -340,6 +398,12 @@ class Housekeeping:
         if now_ms < self.next_heartbeat_ms:
             return
         self.next_heartbeat_ms = now_ms + HEARTBEAT_MS
+        pipe = self.worker.client.pipeline(transaction=False)
+        self._beat_in(pipe, now_ms)
+        self._heard(pipe.execute(raise_on_error=False), strict=True)
+
+    def _beat_in(self, pipe: Any, now_ms: int) -> None:
+        """The heartbeat's ``HEARTBEAT_COMMANDS`` commands, added to ``pipe``."""
         worker = self.worker
         beat: dict[str, Any] = {
             "pid": os.getpid(),
@@ -351,14 +415,25 @@ class Housekeeping:
             # the group is created again after the newest of these when it is lost (ensure_group)
             "last_read_id": worker._last_read_id,
         }
-        qm, client = worker.qm, worker.client
-        alive = keys.alive(qm)
-        pipe = client.pipeline(transaction=False)
-        pipe.hset(keys.workers(qm), worker.name, json.dumps(beat))
+        alive = keys.alive(worker.qm)
+        pipe.hset(keys.workers(worker.qm), worker.name, json.dumps(beat))
         pipe.zadd(alive, {worker.name: now_ms})
-        pipe.zrange(keys.delayed(qm), 0, 0, withscores=True)  # the earliest delivery time (worker.delays)
+        pipe.zrange(
+            keys.delayed(worker.qm), 0, 0, withscores=True
+        )  # the earliest delivery time (worker.delays)
         pipe.zrangebyscore(alive, "-inf", now_ms - GONE_AFTER_MS, start=0, num=100)
-        replies = pipe.execute(raise_on_error=False)
+
+    def _heard(self, replies: list[Any], strict: bool) -> bool:
+        """Read the replies to ``_beat_in``'s commands: the earliest delivery time, the workers gone.
+
+        Returns:
+            False when a command was refused (not by a full server: that is reported) and not
+            ``strict``.
+
+        Raises:
+            redis.ResponseError: that refusal, when ``strict``.
+        """
+        worker = self.worker
         due = replies[2]
         if not isinstance(due, Exception):  # a foreign key: broker status names it
             worker.delays.heard(int(due[0][1]) if due else None)
@@ -368,12 +443,17 @@ class Housekeeping:
                 # worker silent meanwhile), the round is not failed for it
                 worker._report(reply)
             elif isinstance(reply, Exception):
-                raise reply
+                if strict:
+                    raise reply
+                return False
         gone = replies[-1]
         if gone:  # workers killed without deregistering: forget them
-            pipe.hdel(keys.workers(qm), *gone)
+            alive = keys.alive(worker.qm)
+            pipe = worker.client.pipeline(transaction=False)
+            pipe.hdel(keys.workers(worker.qm), *gone)
             pipe.zrem(alive, *gone)
             pipe.execute()
+        return True
 
     def disconnect(self, sub_id: str, max_messages: int) -> bool:
         """Remove a subscription a slow-subscriber condition matched, if it still holds ``max_messages``.

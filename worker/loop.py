@@ -251,7 +251,7 @@ class Worker:
         ensure_group(self.client, self.qm)
         self._load()
         self.table.load(self.client)
-        self._heartbeat(self.clock_ms())
+        self.housekeeping.heartbeat(self.clock_ms())
 
     def run(self) -> None:
         """Loop until ``stopping`` is set, then give up held turns and deregister.
@@ -425,7 +425,7 @@ class Worker:
         finally:
             self._no_prefetch = False
             self._wake = None
-        self._heartbeat(now)
+        self.housekeeping.heartbeat(now)
         busy = bool(self.turns) or self._prefetched is not None
         if block and not busy:
             self._idle(now, wait_ms)
@@ -497,7 +497,7 @@ class Worker:
     def _without_turns(self, dequeued: Dequeued, now: int, block: bool, wait_ms: int) -> int:
         """A round that holds no turn: forget what was read (its holders take it over), and wait."""
         self._forget_entries()
-        self._heartbeat(now)
+        self.housekeeping.heartbeat(now)
         if dequeued.active:
             # Others hold every waiting publisher: look for turns they gave up (at most every
             # BUSY_POLL_MS), and wait only briefly, so this worker starts as soon as one is given up.
@@ -651,7 +651,7 @@ class Worker:
         wake = self._wake
         now = self.clock_ms()
         release = self.delays.release(now)
-        counts = {"take_over": 0, "wake": 0}
+        counts: dict[str, Any] = {"take_over": 0, "wake": 0}
 
         def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
@@ -668,6 +668,7 @@ class Worker:
                 )
             if recorded:  # the entry handled alone is committed: this worker's death is no longer its
                 pipe.hdel(keys.alone(self.qm), self.name)
+            counts["riders"] = self.housekeeping.ride(pipe, now)  # the trim and heartbeat when due
             counts["take_over"] = self.scripts.take_over_in(pipe, self.name, *later) if later[0] else 0
             if prefetch:  # the next dequeue rides in the same round trip as this commit
                 kept = turns_to_ask(heads, give_up, self._entries, self._plenty)
@@ -704,6 +705,7 @@ class Worker:
         replies = iter(results[len(batches) :])
         if recorded and not isinstance(next(replies), Exception):
             self._alone_recorded = False
+        self.housekeeping.rode(counts["riders"], replies, now)
         taken = [next(replies) for _ in range(counts["take_over"])]
         if prefetch:
             dequeued = next(replies)
@@ -773,10 +775,6 @@ class Worker:
     def _disconnect(self, sub_id: str, max_messages: int) -> bool:
         """Remove a subscription a slow-subscriber condition matched (``Housekeeping.disconnect``)."""
         return self.housekeeping.disconnect(sub_id, max_messages)
-
-    def _heartbeat(self, now_ms: int) -> None:
-        """Send the heartbeat when it is due (``Housekeeping.heartbeat``)."""
-        self.housekeeping.heartbeat(now_ms)
 
 
 def main(settings: Settings, hook: Hook | None = None) -> None:

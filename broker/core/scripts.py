@@ -225,6 +225,7 @@ class Scripts:
         self._sweep_turns_script = register(client, "sweep_turns")
         self._give_up = register(client, "give_up")
         self._sweep_entries_script = register(client, "sweep_entries")
+        self._trim_script = register(client, "trim")
         self._prefix = keys.pub_prefix(qm)
         self._fixed = (keys.publish_stream(qm), keys.active_publishers(qm), keys.dead_letter(qm))
         self._dedup_prefix = keys.dedup_prefix(qm)
@@ -252,6 +253,7 @@ class Scripts:
             self._sweep_turns_script,
             self._give_up,
             self._sweep_entries_script,
+            self._trim_script,
         ):
             self.client.script_load(script.script)
         return library.load_library(self.client)
@@ -516,6 +518,24 @@ class Scripts:
                 )
             out.extend(parse_take_over(raw))
         return out
+
+    def trim(self, token: str, lock_ms: int, pipe: Any = None) -> Any:
+        """One ``trim.lua`` call under the trim lock (``broker.operations.maintenance.trim_acknowledged``
+        with a lock): queued on ``pipe`` (a worker's commit round trip; None returned), or sent.
+
+        Args:
+            token: the lock's value, the worker's name.
+            lock_ms: the lock's PX, ms.
+
+        Returns:
+            The reply (``maintenance.trimmed`` reads it), None with ``pipe``.
+
+        Raises:
+            ForeignKey: ``{qm}:publish`` holds another type (without ``pipe``; nothing written).
+        """
+        stream_keys = [keys.publish_stream(self.qm), keys.trim_lock(self.qm)]
+        args = [keys.WORKER_GROUP, token, lock_ms]
+        return self._call(self._trim_script, stream_keys, args, pipe, "trim of the publish stream")
 
     def take_over_in(self, pipe: Any, token: str, counted: list[str], uncounted: list[str]) -> int:
         """``take_over``'s calls added to ``pipe`` (the worker's commit round trip), not sent.

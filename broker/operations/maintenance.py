@@ -51,9 +51,20 @@ def trim_acknowledged(client: redis.Redis, qm: str, lock: tuple[str, int] | None
         stream_keys.append(keys.trim_lock(qm))
         args += lock
     try:
-        return int(register(client, "trim")(keys=stream_keys, args=args))
+        return trimmed(register(client, "trim")(keys=stream_keys, args=args))[0]
     except redis.ResponseError as exc:
-        error = script_error(exc, "trim of the publish stream")
+        error = trim_error(exc)
         if error is exc:
             raise
         raise error from exc
+
+
+def trimmed(reply: list[int]) -> tuple[int, int]:
+    """``trim.lua``'s reply: ``(entries removed, or -1 when another worker holds the lock; entries
+    the group has pending, which stopped the trim)``."""
+    return int(reply[0]), int(reply[1])
+
+
+def trim_error(exc: BaseException) -> BaseException:
+    """What a refused ``trim.lua`` call raises: ``ForeignKey`` for a key of another type, else ``exc``."""
+    return script_error(exc, "trim of the publish stream")
