@@ -55,6 +55,7 @@ not counted as a new delivery), until memory is freed.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -794,4 +795,5 @@ def main(settings: Settings, hook: Hook | None = None) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.freeze()  # what the imports made lives as long as the process: no full collection walks it
     worker.run()
