@@ -17,6 +17,9 @@ own (``pip install -e .``, made once and kept), and runs its own ``python -m scr
 - ``publish``: microseconds per ``Publisher.publish()`` call (wall and CPU), flow control on and
   off, with bare redis-py XADDs as the reference (``scripts/ab_publish.py``, that commit's code,
   against one server this process starts);
+- ``python``: the worker's Python per publication (CPU µs, ``python_cpu_us``), one in-process worker
+  of that commit draining the bench's topology and preload (``scripts/ab_python.py``, that commit's
+  code and harness), against one server this process starts; alternating rounds;
 - ``instructions``: the server's instructions per publication, counted by valgrind's callgrind
   around one in-process worker of that commit draining N publications of one fixed workload
   (``scripts/ab_instructions.py``, run by that commit's interpreter on that commit's code). It
@@ -53,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ROWS = ("broker", "latency", "publish", "instructions", "paced")
+ROWS = ("broker", "latency", "publish", "python", "instructions", "paced")
 
 
 @dataclass
@@ -148,6 +151,21 @@ def publish_round(side: Side, url: str, n: int) -> None:
             side.add(f"publish_{name}", float(got[name]))
 
 
+def python_round(side: Side, url: str, n: int) -> None:
+    """One run of ``scripts/ab_python.py`` with the side's code against ``url``."""
+    driver = Path(__file__).with_name("ab_python.py")
+    proc = subprocess.run(
+        [str(side.python), str(driver), url, str(n)],
+        cwd=side.root,
+        env=_env(side),
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{side.label}: python driver failed:\n{proc.stderr[-3000:]}")
+    side.add("python_cpu_us", float(json.loads(proc.stdout.strip().splitlines()[-1])["python_cpu_us"]))
+
+
 def instructions(sides: list[Side], n: int, paced: bool = False) -> None:
     """Each side's server instructions per publication (``scripts/ab_instructions.py``); ``paced``:
     one publication at a time (``AB_PACED=1``), figure ``ir_paced_per_pub``."""
@@ -204,7 +222,8 @@ def _ratios(new: list[float], old: list[float]) -> list[float]:
 def report(old: Side, new: Side) -> str:
     print(f"\n{'figure':<20} {'old ' + old.label:>34} {'new ' + new.label:>34}   paired new/old")
     summary: dict[str, str] = {}
-    names = ["broker_pubs_per_s", "p99_ms", "p50_ms", "rate_reached", "ir_per_pub", "ir_paced_per_pub"]
+    names = ["broker_pubs_per_s", "p99_ms", "p50_ms", "rate_reached", "python_cpu_us", "ir_per_pub"]
+    names += ["ir_paced_per_pub"]
     names += ["ir_timers_per_s"]
     names += sorted(k for k in {**old.figures, **new.figures} if k.startswith("publish_"))
     for name in names:
@@ -223,6 +242,7 @@ def report(old: Side, new: Side) -> str:
             "p99_ms": "p99_ratio",
             "p50_ms": "p50_ratio",
             "ir_per_pub": "ir_ratio",
+            "python_cpu_us": "python_ratio",
             "ir_paced_per_pub": "ir_paced_ratio",
             "publish_flow_on_cpu_us": "publish_cpu_ratio",
             "publish_flow_off_cpu_us": "publish_noflow_cpu_ratio",
@@ -251,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         "--publish-n", type=int, default=20_000, help="publish() calls timed per run (default 20,000)"
     )
     parser.add_argument(
+        "--python-n", type=int, default=20_000, help="publications drained per python run (default 20,000)"
+    )
+    parser.add_argument(
         "--ir-n", type=int, default=3_000, help="publications counted under callgrind (default 3,000)"
     )
     parser.add_argument(
@@ -274,16 +297,21 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"round {r + 1}: {exc}", file=sys.stderr)
             print(f"round {r + 1}/{args.rounds} done ({time.monotonic() - started:.0f} s)", flush=True)
     failed = []
-    if "publish" in rows:
+    for row, run_one, count in (
+        ("publish", publish_round, args.publish_n),
+        ("python", python_round, args.python_n),
+    ):
+        if row not in rows:
+            continue
         from broker.core.server import Server
 
         server = Server().start()
         try:
             for r in range(args.rounds):
                 for side in (old, new) if r % 2 == 0 else (new, old):
-                    publish_round(side, server.url, args.publish_n)
+                    run_one(side, server.url, count)
         except RuntimeError as exc:  # one row failing must not lose the others' figures
-            failed.append(f"publish: {exc}")
+            failed.append(f"{row}: {exc}")
         finally:
             server.stop()
     if "instructions" in rows:
