@@ -7,10 +7,11 @@ its checkout), against a server that process started::
 
 It builds the bench's topology (1,000 topics, F=10, links: ``scripts.bench.topology``, or
 ``scripts/bench_lib.py`` in commits from before the bench was a package), preloads N publications
-from 50 publishers as the broker row does, and times one worker (``worker.loop.Worker``, no pool,
-no second worker) draining them with ``run_once``: the process's CPU time (``time.process_time``)
-per publication is the worker's Python (decide, the commit's arguments, the replies' parsing, the
-apply step), the wall time per publication that plus the server's. Three drains after a warm-up;
+from 50 publishers as the broker row does, and times one worker (``worker.loop.Worker`` on a
+client of that commit's ``connect``, as the pool's; no pool, no second worker) draining them with
+``run_once``: the process's CPU time (``time.process_time``) per publication is the worker's
+Python (decide, the commit's arguments, the replies' parsing, the apply step), the wall time per
+publication that plus the server's. Three drains after a warm-up;
 the least CPU is reported, as the last line: ``{"python_cpu_us": ..., "wall_us": ...}``.
 
 Why: the 2-worker drain on 2 cores is decided by how often both workers decide at once while the
@@ -63,7 +64,11 @@ def _setup(url: str) -> tuple[Any, Any, Any]:
         def load(n: int) -> None:
             lib.preload(client, QM, n, False, 20)
 
-    worker = Worker(client, settings, name="ab-python")
+    try:  # the worker's client as the pool makes it (its own connection settings)
+        from broker.core.connection import connect
+    except ImportError:
+        from broker.connection import connect  # type: ignore[import-not-found,no-redef]
+    worker = Worker(connect(url), settings, name="ab-python")
     worker.setup()
     return client, load, worker
 
