@@ -294,20 +294,24 @@ class Decider:
             )
         window = settings.dedup_window_ms if entry.msgid_given else 0
         retain = (Retain.STORE if entry.body else Retain.CLEAR) if entry.retain else Retain.NONE
+        # positional, in UnitOfWork's field order (once per publication: 0.44 us where keywords take 0.97)
         return UnitOfWork(
             publisher,
             entry_id,
             Action.DELIVER,
             entry.msgid,
-            envelope=envelope,
-            queues=queues,
-            dedup_window_ms=window,
-            reply_ttl_ms=reply_ttl,
-            delivery=delivery,
-            dead_letter=dead_letter,
-            slow=slow,
-            retain=retain,
-            seq=seq,
-            topic=entry.topic,
-            enqueued_ms=entry.timestamp_ms,
+            envelope,
+            queues,
+            "",  # reason
+            "",  # suggestion
+            window,
+            reply_ttl,
+            seq,
+            entry.topic,
+            entry.timestamp_ms,  # enqueued_ms
+            delivery,
+            dead_letter,
+            slow,
+            False,  # policy
+            retain,
         )

@@ -9,7 +9,7 @@ import pytest
 
 from broker.core import keys
 from broker.core.config import Settings
-from broker.core.unit_of_work import Action
+from broker.core.unit_of_work import Action, Retain
 from broker.topics.routing import RoutingTable
 from broker.topics.subscriptions import subscribe
 from worker.decide import COMMIT_CHUNK, Decider
@@ -47,6 +47,16 @@ def test_a_publication_is_delivered_to_every_matching_subscriber_queue_once(deci
     assert sorted(unit.queues) == sorted(decider.queues)
     assert unit.envelope.endswith(b"\nhello") and unit.msgid == "m1"
     assert (unit.dedup_window_ms, unit.reply_ttl_ms) == (7_000, 9_000)
+
+
+def test_a_delivered_units_every_field_is_in_its_place(decider):
+    # the unit is built positionally (worker.decide): each field, distinct values where types allow
+    unit = decider.unit_of_work("p", "1-0", _fields(msgid=b"m1", reply=b"1", seq=b"3", ts=b"12"), NOW_MS)
+    assert (unit.publisher, unit.entry_id, unit.action, unit.msgid) == ("p", "1-0", Action.DELIVER, "m1")
+    assert (unit.reason, unit.suggestion, unit.policy) == ("", "", False)
+    assert (unit.dedup_window_ms, unit.reply_ttl_ms, unit.seq, unit.enqueued_ms) == (7_000, 9_000, 3, 12)
+    assert (unit.topic, unit.delivery, unit.dead_letter, unit.slow) == ("a/b", "ALLAVAIL", True, None)
+    assert unit.retain is Retain.NONE and unit.envelope.endswith(b"\nhello") and len(unit.queues) == 2
 
 
 def test_an_invalid_topic_is_refused_with_a_suggestion(decider):
