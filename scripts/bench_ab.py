@@ -133,19 +133,23 @@ def timed_round(side: Side, rows: set[str], n: int, latency_s: float) -> None:
         side.add("rate_reached", float(got["achieved_rate"]))
 
 
-def publish_round(side: Side, url: str, n: int) -> None:
-    """One run of ``scripts/ab_publish.py`` with the side's code against ``url``."""
-    driver = Path(__file__).with_name("ab_publish.py")
+def _driver(side: Side, name: str, url: str, n: int) -> dict:
+    """Run ``scripts/<name>.py URL N`` with the side's code; its last line of output, JSON."""
     proc = subprocess.run(
-        [str(side.python), str(driver), url, str(n)],
+        [str(side.python), str(Path(__file__).with_name(f"{name}.py")), url, str(n)],
         cwd=side.root,
         env=_env(side),
         capture_output=True,
         text=True,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"{side.label}: publish driver failed:\n{proc.stderr[-3000:]}")
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{side.label}: {name} driver failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def publish_round(side: Side, url: str, n: int) -> None:
+    """One run of ``scripts/ab_publish.py`` with the side's code against ``url``."""
+    got = _driver(side, "ab_publish", url, n)
     for name in ("flow_on_us", "flow_on_cpu_us", "flow_off_us", "flow_off_cpu_us", "xadd_cpu_us"):
         if name in got:
             side.add(f"publish_{name}", float(got[name]))
@@ -153,17 +157,7 @@ def publish_round(side: Side, url: str, n: int) -> None:
 
 def python_round(side: Side, url: str, n: int) -> None:
     """One run of ``scripts/ab_python.py`` with the side's code against ``url``."""
-    driver = Path(__file__).with_name("ab_python.py")
-    proc = subprocess.run(
-        [str(side.python), str(driver), url, str(n)],
-        cwd=side.root,
-        env=_env(side),
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{side.label}: python driver failed:\n{proc.stderr[-3000:]}")
-    side.add("python_cpu_us", float(json.loads(proc.stdout.strip().splitlines()[-1])["python_cpu_us"]))
+    side.add("python_cpu_us", float(_driver(side, "ab_python", url, n)["python_cpu_us"]))
 
 
 def instructions(sides: list[Side], n: int, paced: bool = False) -> None:
