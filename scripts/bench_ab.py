@@ -125,6 +125,10 @@ def run_bench(side: Side, args: list[str]) -> dict:
 def timed_round(side: Side, rows: set[str], n: int, latency_s: float) -> None:
     if "broker" in rows:
         got = run_bench(side, ["--only", "broker", "--n", str(n), "--repeat", "1"])
+        if "broker_2w" not in got:  # the run failed (its log says why): this round's figure is missing
+            raise RuntimeError(
+                f"{side.label}: the broker row gave no 2-worker figure ({', '.join(sorted(got))})"
+            )
         side.add("broker_pubs_per_s", float(got["broker_2w"]["pubs_per_s"]))
     if "latency" in rows:
         got = run_bench(side, ["--only", "latency", "--latency-s", str(latency_s)])["latency"]
