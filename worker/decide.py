@@ -102,8 +102,7 @@ class Decider:
         journal = self.settings.journal
         max_deliveries = self.settings.max_deliveries
         unit_of_work = self.unit_of_work
-        # bounds and watches only when something bounds or watches a queue (pay for what you use)
-        add = self._add if self.table.queue_limits or self.slow or not self.table.tree.trivial else None
+        add = self._add if self._bounds_or_watches() else None  # pay for what you use
         batches = [CommitBatch(journal)]
         for publisher, ids in heads.items():
             batch = batches[-1]
@@ -146,6 +145,11 @@ class Decider:
             extra=publication_extra(entry_id, fields, publisher=publisher),
         )
         return self.refusal(publisher, entry_id, fields, reason)
+
+    def _bounds_or_watches(self) -> bool:
+        """Whether ``_add`` may bound or watch a queue: a MAXDEPTH, a slow-subscriber condition, or
+        topic objects (PMSGDLV/NPMSGDLV(ALLDUR) come from their attributes only)."""
+        return bool(self.table.queue_limits or self.slow or not self.table.tree.trivial)
 
     def _add(self, batch: CommitBatch, unit: UnitOfWork) -> None:
         """Add ``unit`` to ``batch`` with the queue bounds (MAXDEPTH) and watches (a slow-subscriber

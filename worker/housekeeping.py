@@ -43,11 +43,11 @@ import redis
 
 from broker.clients.consumer import sweep_subscriptions
 from broker.core import keys
-from broker.core.errors import BrokerError, script_error
+from broker.core.errors import BrokerError
 from broker.core.logs import publication_extra
 from broker.operations.control import POLL_MS as CONTROL_POLL_MS
 from broker.operations.control import ControlServer
-from broker.operations.maintenance import trimmed
+from broker.operations.maintenance import trim_error, trimmed
 from broker.operations.topic_stats import TopicCounter
 from broker.topics.subscriptions import remove_subscription
 
@@ -192,28 +192,24 @@ class Housekeeping:
     def before_wait(
         self, now_ms: int, active: int, unless_full: Callable[[Callable[[], object]], None]
     ) -> None:
-        """A worker about to wait for work: the trim (``trim_if_due``, factor 1) when its last dequeue
+        """A worker about to wait for work: the trim (``trim_if_due``) when its last dequeue
         saw no publisher waiting (``active``: 0), so that the trim costs no publication its time; and,
         at most every ``SETTLE_TRIM_MS``, another while its last trim stopped at a pending entry."""
         if not active:
-            self.trim_if_due(now_ms, 1, unless_full)
+            self.trim_if_due(now_ms, unless_full)
             if (
                 self.trim_incomplete
                 and self.worker.settings.trim_every_entries  # 0: the workers do not trim
                 and now_ms >= max(self.next_settle_trim_ms, self.next_trim_ms)
             ):
-                self.next_settle_trim_ms = now_ms + SETTLE_TRIM_MS
-                self.next_trim_ms = now_ms + TRIM_LOCK_MS
+                self._trying(now_ms)
                 unless_full(self.trim_stream)
 
-    def trim_if_due(
-        self, now_ms: int, factor: int, unless_full: Callable[[Callable[[], object]], None]
-    ) -> None:
-        """Trim the publish stream (``trim_stream``) once the worker has committed ``factor`` x
-        ``trim_every_entries`` since its last trim (``trim_due``): 1 from a worker about to wait
-        (``worker.loop``: nothing to do, so the trim costs nothing). A busy worker's trim rides with
-        a commit (``ride``, ``BUSY_TRIM_FACTOR``)."""
-        if self.trim_due(now_ms, factor):
+    def trim_if_due(self, now_ms: int, unless_full: Callable[[Callable[[], object]], None]) -> None:
+        """Trim the publish stream (``trim_stream``) once the worker has committed ``trim_every_entries``
+        since its last trim (``trim_due``): a worker about to wait (``worker.loop``: nothing to do, so
+        the trim costs nothing). A busy worker's trim rides with a commit (``ride``, ``BUSY_TRIM_FACTOR``)."""
+        if self.trim_due(now_ms, 1):
             self._trying(now_ms)
             unless_full(self.trim_stream)
 
@@ -250,11 +246,7 @@ class Housekeeping:
         worker = self.worker
         if isinstance(reply, Exception):
             self.trimmed_at = worker.processed
-            log.warning(
-                "worker %s: trimming the publish stream: %s",
-                worker.name,
-                script_error(reply, "trim of the publish stream"),
-            )
+            log.warning("worker %s: trimming the publish stream: %s", worker.name, trim_error(reply))
             return 0
         removed, pending = trimmed(reply)
         if removed < 0:
@@ -418,9 +410,8 @@ class Housekeeping:
         alive = keys.alive(worker.qm)
         pipe.hset(keys.workers(worker.qm), worker.name, json.dumps(beat))
         pipe.zadd(alive, {worker.name: now_ms})
-        pipe.zrange(
-            keys.delayed(worker.qm), 0, 0, withscores=True
-        )  # the earliest delivery time (worker.delays)
+        # the earliest delivery time (worker.delays)
+        pipe.zrange(keys.delayed(worker.qm), 0, 0, withscores=True)
         pipe.zrangebyscore(alive, "-inf", now_ms - GONE_AFTER_MS, start=0, num=100)
 
     def _heard(self, replies: list[Any], strict: bool) -> bool:

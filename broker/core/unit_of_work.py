@@ -89,7 +89,7 @@ class UnitOfWork:
     """One publication's unit of work. Not frozen, on purpose: a frozen dataclass sets each of its
     18 fields through ``object.__setattr__``, 2.5 µs a publication where this takes 0.8 (nothing
     changes a unit once made: it is built by ``worker.decide`` and read by ``CommitBatch.add`` and
-    the apply step).
+    the apply step). Units compare by identity (``eq=False``).
 
     Attributes:
         publisher: the publisher id (its FIFO and turn).
