@@ -19,7 +19,9 @@ own (``pip install -e .``, made once and kept), and runs its own ``python -m scr
   against one server this process starts);
 - ``python``: the worker's Python per publication (CPU µs, ``python_cpu_us``), one in-process worker
   of that commit draining the bench's topology and preload (``scripts/ab_python.py``, that commit's
-  code and harness), against one server this process starts; alternating rounds;
+  code and harness), against one server this process starts; alternating rounds. With it, the
+  server's CPU per publication through those drains, user and system apart (``server_user_us``,
+  ``server_sys_us``, ``INFO cpu``): what the 2-worker drain is bound by once the server is busy;
 - ``instructions``: the server's instructions per publication, counted by valgrind's callgrind
   around one in-process worker of that commit draining N publications of one fixed workload
   (``scripts/ab_instructions.py``, run by that commit's interpreter on that commit's code). It
@@ -161,7 +163,9 @@ def publish_round(side: Side, url: str, n: int) -> None:
 
 def python_round(side: Side, url: str, n: int) -> None:
     """One run of ``scripts/ab_python.py`` with the side's code against ``url``."""
-    side.add("python_cpu_us", float(_driver(side, "ab_python", url, n)["python_cpu_us"]))
+    got = _driver(side, "ab_python", url, n)
+    for name in ("python_cpu_us", "server_user_us", "server_sys_us"):
+        side.add(name, float(got[name]))
 
 
 def instructions(sides: list[Side], n: int, paced: bool = False) -> None:
@@ -220,7 +224,8 @@ def _ratios(new: list[float], old: list[float]) -> list[float]:
 def report(old: Side, new: Side) -> str:
     print(f"\n{'figure':<20} {'old ' + old.label:>34} {'new ' + new.label:>34}   paired new/old")
     summary: dict[str, str] = {}
-    names = ["broker_pubs_per_s", "p99_ms", "p50_ms", "rate_reached", "python_cpu_us", "ir_per_pub"]
+    names = ["broker_pubs_per_s", "p99_ms", "p50_ms", "rate_reached", "python_cpu_us"]
+    names += ["server_user_us", "server_sys_us", "ir_per_pub"]
     names += ["ir_paced_per_pub"]
     names += ["ir_timers_per_s"]
     names += sorted(k for k in {**old.figures, **new.figures} if k.startswith("publish_"))
@@ -241,6 +246,8 @@ def report(old: Side, new: Side) -> str:
             "p50_ms": "p50_ratio",
             "ir_per_pub": "ir_ratio",
             "python_cpu_us": "python_ratio",
+            "server_user_us": "server_user_ratio",
+            "server_sys_us": "server_sys_ratio",
             "ir_paced_per_pub": "ir_paced_ratio",
             "publish_flow_on_cpu_us": "publish_cpu_ratio",
             "publish_flow_off_cpu_us": "publish_noflow_cpu_ratio",
