@@ -70,6 +70,12 @@ def _setup(url: str) -> tuple[Any, Any, Any]:
         from broker.connection import connect  # type: ignore[import-not-found,no-redef]
     worker = Worker(connect(url), settings, name="ab-python")
     worker.setup()
+    try:  # the collector as that commit's worker process sets it (worker.process), where it does
+        from worker.process import tune_gc  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        pass
+    else:
+        tune_gc()
     return client, load, worker
 
 
