@@ -12,7 +12,11 @@ client of that commit's ``connect``, as the pool's; no pool, no second worker) d
 ``run_once``: the process's CPU time (``time.process_time``) per publication is the worker's
 Python (decide, the commit's arguments, the replies' parsing, the apply step), the wall time per
 publication that plus the server's. Three drains after a warm-up;
-the least CPU is reported, as the last line: ``{"python_cpu_us": ..., "wall_us": ...}``.
+the least CPU is reported, as the last line: ``{"python_cpu_us": ..., "wall_us": ...,
+"server_user_us": ..., "server_sys_us": ...}``, the last two the server's CPU per publication
+through the same drains (``INFO cpu``, the drain with the least), the work per publication the
+2-worker drain is bound by once the server is busy. The worker's collector is set as that commit's
+worker process sets it (``worker.process.tune_gc``, where the commit has it).
 
 Why: the 2-worker drain on 2 cores is decided by how often both workers decide at once while the
 server waits; their Python per round is the one figure of that which a single process measures
