@@ -15,8 +15,7 @@ publication that plus the server's. Three drains after a warm-up;
 the least CPU is reported, as the last line: ``{"python_cpu_us": ..., "wall_us": ...,
 "server_user_us": ..., "server_sys_us": ...}``, the last two the server's CPU per publication
 through the same drains (``INFO cpu``, the drain with the least), the work per publication the
-2-worker drain is bound by once the server is busy. The worker's collector is set as that commit's
-worker process sets it (``worker.process.tune_gc``, where the commit has it).
+2-worker drain is bound by once the server is busy.
 
 Why: the 2-worker drain on 2 cores is decided by how often both workers decide at once while the
 server waits; their Python per round is the one figure of that which a single process measures
@@ -74,12 +73,6 @@ def _setup(url: str) -> tuple[Any, Any, Any]:
         from broker.connection import connect  # type: ignore[import-not-found,no-redef]
     worker = Worker(connect(url), settings, name="ab-python")
     worker.setup()
-    try:  # the collector as that commit's worker process sets it (worker.process), where it does
-        from worker.process import tune_gc  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        pass
-    else:
-        tune_gc()
     return client, load, worker
 
 

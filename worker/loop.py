@@ -55,6 +55,7 @@ not counted as a new delivery), until memory is freed.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -98,7 +99,6 @@ from broker.topics.routing import RoutingTable
 from worker.decide import Decider, log_refused
 from worker.delays import Delays
 from worker.housekeeping import Housekeeping
-from worker.process import tune_gc
 from worker.suspects import Suspects, record_alone
 from worker.turns import MIN_SHARE, missing_heads, ready_heads, turns_to_ask, turns_to_give_up
 from worker.turns import next_read as plan_next_read
@@ -795,5 +795,5 @@ def main(settings: Settings, hook: Hook | None = None) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tune_gc()  # the collector set for a worker's allocations (worker.process)
+    gc.freeze()  # what the imports made lives as long as the process: no full collection walks it
     worker.run()
