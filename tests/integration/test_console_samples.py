@@ -18,7 +18,7 @@ from broker.core.config import Settings
 from broker.core.server import Server
 from broker.operations.acl import RoleSpec, add_user
 from broker.operations.console import create_app
-from broker.operations.console.samples import SampleRing, run, take
+from broker.operations.console.samples import START_GRACE_MS, SampleRing, run, take
 from broker.testing import drain, make_workers
 from broker.topics.subscriptions import subscribe
 
@@ -79,20 +79,8 @@ def test_the_api_serves_the_console_ring_to_a_monitor(real_server: Server, real_
         real_redis.execute_command("ACL", "DELUSER", "watch")
 
 
-def test_the_background_task_keeps_sampling_after_a_failed_reading(
-    real_redis: redis.Redis, caplog: pytest.LogCaptureFixture
-) -> None:
-    # Given a connection that cannot be made the first time, then can
-    ring = SampleRing(size=10)
-    tries: list[int] = []
-
-    def connect() -> redis.Redis:
-        tries.append(1)
-        if len(tries) == 1:
-            raise redis.ConnectionError("refused")
-        return real_redis
-
-    clock = iter(range(1_000, 100_000, 1_000))
+def _sample(ring: SampleRing, connect, clock) -> None:
+    """Run the sampler (``run``) until ``ring`` holds two samples."""
 
     async def two_samples() -> None:
         task = asyncio.create_task(run(ring, connect, QM, interval_s=0, clock_ms=lambda: next(clock)))
@@ -104,10 +92,55 @@ def test_the_background_task_keeps_sampling_after_a_failed_reading(
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    # When the task runs: the failure is logged, and the next readings work
+    asyncio.run(two_samples())
+
+
+def _refused_first(real_redis: redis.Redis, times: int, tries: list[int]):
+    def connect() -> redis.Redis:
+        tries.append(1)
+        if len(tries) <= times:
+            raise redis.ConnectionError("refused")
+        return real_redis
+
+    return connect
+
+
+def test_a_server_still_starting_is_not_logged_but_shown_while_it_lasts(
+    real_redis: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a server refused at first, for less than START_GRACE_MS (a Procfile starts both at once)
+    ring = SampleRing(size=10)
+    tries: list[int] = []
+    clock = iter(range(1_000, 100_000, 1_000))
+    problems: list[str] = []
+    connect = _refused_first(real_redis, 3, tries)
+
+    def watched() -> redis.Redis:
+        problems.append(ring.problem)
+        return connect()
+
+    # When the sampler runs
     with caplog.at_level(logging.WARNING, logger="broker.operations.console.samples"):
-        asyncio.run(two_samples())
-    assert [r.getMessage() for r in caplog.records] == ["console samples: refused"]
-    assert len(tries) == 2  # connected again once, then kept its client
+        _sample(ring, watched, clock)
+    # Then nothing is logged, the charts showed the problem meanwhile, and the readings go on
+    assert caplog.records == []
+    assert problems[1:4] == ["ConnectionError: refused"] * 3
     assert len(ring) >= 2 and ring.problem == ""
-    assert ring.series()["t"][:2] == [1.0, 2.0]
+
+
+def test_the_background_task_keeps_sampling_after_a_failed_reading(
+    real_redis: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a connection refused for longer than START_GRACE_MS, then made
+    ring = SampleRing(size=10)
+    tries: list[int] = []
+    connect = _refused_first(real_redis, 2, tries)
+    clock = iter([1_000, 1_000, 1_000 + START_GRACE_MS, *range(20_000, 100_000, 1_000)])
+
+    # When the task runs: the failure past the grace is logged once, and the next readings work
+    with caplog.at_level(logging.WARNING, logger="broker.operations.console.samples"):
+        _sample(ring, connect, clock)
+    assert [r.getMessage() for r in caplog.records] == ["console samples: refused"]
+    assert len(tries) == 3  # connected again, then kept its client
+    assert len(ring) >= 2 and ring.problem == ""
+    assert ring.series()["t"][:2] == [20.0, 21.0]

@@ -32,6 +32,11 @@ from broker.operations.status import status
 #: Seconds between two samples.
 SAMPLE_INTERVAL_S = 10
 
+#: How long the sampler takes an unreachable server for one still starting (``broker server``
+#: and the console started together, as a Procfile does) before it logs it, ms: until then, and
+#: until its first reading, the problem is shown on the charts only (``SampleRing.problem``).
+START_GRACE_MS = 10_000
+
 #: Samples kept: one hour at ``SAMPLE_INTERVAL_S``.
 SAMPLE_COUNT = 3600 // SAMPLE_INTERVAL_S
 
@@ -124,16 +129,26 @@ async def run(
     clock_ms: Callable[[], int] | None = None,
 ) -> None:
     """Fill ``ring`` every ``interval_s`` until cancelled; a failed reading is kept in
-    ``ring.problem`` and logged once, and the next one is tried (the task never dies on one)."""
+    ``ring.problem`` and logged once, and the next one is tried (the task never dies on one).
+    A server that cannot be reached before the first reading is not logged for ``START_GRACE_MS``
+    (it may still be starting: ``broker server`` and the console started together)."""
     now = clock_ms or now_ms
     client: redis.Redis | None = None
+    started_ms, read, logged = now(), False, False
     while True:
         try:
             if client is None:
                 client = await asyncio.to_thread(connect)
             ring.add(await asyncio.to_thread(take, client, qm, now()))
+            read, logged = True, False
         except (redis.RedisError, BrokerError, OSError) as exc:
-            if not ring.problem:
+            starting = (
+                not read
+                and isinstance(exc, (redis.ConnectionError, OSError))
+                and now() - started_ms < START_GRACE_MS
+            )
+            if not logged and not starting:
                 _log.warning("console samples: %s", exc)
+                logged = True
             ring.problem = f"{type(exc).__name__}: {exc}"
         await asyncio.sleep(interval_s)
