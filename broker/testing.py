@@ -62,7 +62,8 @@ def make_workers(client: redis.Redis, settings: Settings, count: int) -> list[Wo
 
 def drain(workers: Iterable[Worker], max_rounds: int = 100_000) -> int:
     """Run the workers round-robin, one ``run_once`` each, until a full round does nothing (commits
-    nothing, holds no turn, moves no publication in or out of the delayed set ``{qm}:delayed``).
+    nothing, holds no turn, waits for none (``Worker.following``), moves no publication in or out of
+    the delayed set ``{qm}:delayed``).
 
     Args:
         workers: in-process workers.
@@ -79,7 +80,7 @@ def drain(workers: Iterable[Worker], max_rounds: int = 100_000) -> int:
     for _ in range(max_rounds):
         done = sum(w.run_once(block=False) for w in pool)
         total += done
-        if done == 0 and not any(w.turns or w.delays.moved for w in pool):
+        if done == 0 and not any(w.turns or w.following or w.delays.moved for w in pool):
             return total
     raise AssertionError(f"workers still busy after {max_rounds} rounds")
 

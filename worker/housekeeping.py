@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from broker.operations.metrics import NullRecorder
     from broker.topics.routing import RoutingTable
     from worker.delays import Delays
+    from worker.problems import Problems
 
 
 class Worker(Protocol):
@@ -77,7 +78,7 @@ class Worker(Protocol):
     _last_read_id: str
     _started_ms: int
 
-    def _report(self, exc: Exception) -> None: ...
+    problems: Problems
 
 
 log = logging.getLogger("broker.worker")
@@ -432,7 +433,7 @@ class Housekeeping:
             if isinstance(reply, redis.exceptions.OutOfMemoryError):
                 # a full server: the heartbeat waits (the work goes on; others may count this
                 # worker silent meanwhile), the round is not failed for it
-                worker._report(reply)
+                worker.problems.report(reply)
             elif isinstance(reply, Exception):
                 if strict:
                     raise reply

@@ -99,6 +99,7 @@ from broker.topics.routing import RoutingTable
 from worker.decide import Decider, log_refused
 from worker.delays import Delays
 from worker.housekeeping import Housekeeping
+from worker.problems import Problems, out_of_memory
 from worker.suspects import Suspects, record_alone
 from worker.turns import MIN_SHARE, missing_heads, ready_heads, turns_to_ask, turns_to_give_up
 from worker.turns import next_read as plan_next_read
@@ -124,6 +125,13 @@ QUIET_WAIT_MS = 2
 #: it then sweeps for turns nobody holds, ms (p99 at 2,000/s: 23 ms with 20; 8 with 5).
 BUSY_POLL_MS = 5
 
+#: A worker whose dequeue read entries only of publishers another worker holds, while a backlog is
+#: drained (``Dequeued.plenty``), keeps them and asks for their turns, reading nothing more, for up
+#: to this many dequeues (``BUSY_POLL_MS`` apart, or woken) before it forgets them and reads on: the
+#: holder leaves each turn to the reader of its next heads (``dequeue.lua``, ``left_to_reader``).
+#: Reading on instead read 25-35% of a 2-worker drain's entries twice (forgotten, taken over again).
+FOLLOW_POLLS = 10
+
 #: Each outcome's name (``Outcome.value`` is a property call per access).
 _OUTCOME_NAMES = {outcome: outcome.value for outcome in Outcome}
 
@@ -136,18 +144,6 @@ Hook = Callable[[str], None]
 #: How long a process (re)started by its pool waits for the server, ms: a child restarted
 #: while its server (or the cluster node its URL names) is down waits instead of dying.
 START_WAIT_MS = 60_000
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` says the server is full (``maxmemory`` reached), before anything was written."""
-    return isinstance(exc, (redis.exceptions.OutOfMemoryError, ServerFull))
-
-
-def _script_error(exc: Exception) -> str:
-    """A script's error reply as the operator reads it: ``foreign key: <key> holds a <type>, not a <type>``,
-    without the ``BROKER`` tag and the script's sha and line that redis-py appends."""
-    text = str(exc).removeprefix("BROKER ")
-    return text.split(" script: ", 1)[0]
 
 
 class Worker:
@@ -220,10 +216,9 @@ class Worker:
         self._active = 0  # publishers with entries waiting, as the last dequeue saw them
         self._plenty = False  # a backlog, as the last dequeue saw it: turns follow their entries
         self._next_busy_sweep_ms = 0
-        self._last_problem = ""
-        #: the server was full (``maxmemory`` reached) in the last round: refused writes were retried
-        self.server_full = False
-        self._full_this_round = False
+        self._follows = 0  # dequeues left asking for the turns of the entries kept (FOLLOW_POLLS)
+        #: why rounds fail, logged once per problem; whether the server is full (``worker.problems``)
+        self.problems = Problems(self.name, RETRY_PAUSE_MS)
         self._started_ms = self.clock_ms()
         self._flow_control = flow_control_arg(settings)
         #: the pure step of the round: entries in, units of work out (``worker.decide``)
@@ -271,12 +266,8 @@ class Worker:
                     if not ready:
                         self.setup()
                         ready = True
-                    self._full_this_round = False
-                    done = self.run_once(block=True)
-                    if self.server_full and done and not self._full_this_round:
-                        self.server_full = False
-                        self._last_problem = ""
-                        log.info("worker %s: the server accepts writes again; going on", self.name)
+                    self.problems.round_starts()
+                    self.problems.round_done(self.run_once(block=True))
                 except (
                     redis.RedisError,
                     RedisClusterException,
@@ -287,43 +278,13 @@ class Worker:
                     if self.stopping and isinstance(exc, (redis.ConnectionError, ConnectionLost)):
                         log.info("worker %s: the server went away while stopping", self.name)
                         break
-                    self._report(exc)
-                    if not _out_of_memory(exc):  # full: the same units again, keeping the entries read
+                    self.problems.report(exc)
+                    if not out_of_memory(exc):  # full: the same units again, keeping the entries read
                         self._forget_entries()
                         self._prefetched = None
                     time.sleep(RETRY_PAUSE_MS / 1000)
         finally:
             self.shutdown()
-
-    def _report(self, exc: Exception) -> None:
-        """Log why a round failed: once per distinct problem at error level, then at debug."""
-        text = f"{type(exc).__name__}: {_script_error(exc)}"  # the same problem from two scripts: one text
-        foreign = isinstance(exc, ForeignKey)
-        full = _out_of_memory(exc)
-        if full:
-            self._full_this_round = True
-        if text == self._last_problem or (full and self.server_full):
-            log.debug("worker %s: %s; retrying", self.name, text)
-            return
-        self._last_problem = text
-        if full:
-            self.server_full = True
-            what = f"{exc.what} refused" if isinstance(exc, ServerFull) else str(exc).rstrip(".")
-            log.warning(
-                "worker %s: the Redis server is full (maxmemory reached; %s): nothing was written; "
-                "pausing %d ms between retries until memory is freed",
-                self.name,
-                what,
-                RETRY_PAUSE_MS,
-            )
-        elif foreign:
-            log.error(
-                "worker %s: %s; nothing was written, waiting for it to be removed",
-                self.name,
-                _script_error(exc),
-            )
-        else:
-            log.warning("worker %s: %s; retrying", self.name, text)
 
     def shutdown(self) -> None:
         """Give up every turn this worker holds and remove its heartbeat."""
@@ -364,6 +325,16 @@ class Worker:
                 raise
         self._regroup()
         return self._round(block)
+
+    @property
+    def server_full(self) -> bool:
+        """The server was full (``maxmemory`` reached) in a round since the last one that committed."""
+        return self.problems.server_full
+
+    @property
+    def following(self) -> bool:
+        """Whether it holds no turn and keeps entries it read, asking for their turns (``FOLLOW_POLLS``)."""
+        return self._follows > 0
 
     def _regroup(self) -> None:
         """Create the consumer group again after it was lost (``broker.core.stream.ensure_group``), and
@@ -444,12 +415,16 @@ class Worker:
             # with the turns it holds, those another worker gave up and woke it for (worker.waiting)
             given_up = self.waiting.take_given_up()
             now = self.clock_ms()
+            asked = self.turns.union(given_up)
+            following = self._follows > 0
+            if following:
+                asked.update(publisher for publisher, _ in self._entries.values())
             dequeued = self.scripts.dequeue(
                 self.name,
-                settings.batch_size,
+                0 if following else settings.batch_size,
                 settings.lease_ms,
                 settings.heads,
-                sorted(self.turns.union(given_up)),
+                sorted(asked),
                 liveness_ms=keys.LIVENESS_MS,
                 now_ms=now,
                 release=self.delays.release(now),
@@ -460,7 +435,9 @@ class Worker:
             assert dequeued is not None
         self.delays.learned(dequeued)
         self.metrics.dequeued(len(dequeued.entries))
-        self._active, self._plenty = dequeued.active, dequeued.plenty
+        self._active, self._plenty = dequeued.active, dequeued.plenty or self._follows > 0
+        if dequeued.turns:
+            self._follows = 0
         self.hook("after_dequeue")
         if dequeued.version != self.table.version:
             self.table.refresh(self.client)
@@ -496,9 +473,19 @@ class Worker:
         return times, handed_over
 
     def _without_turns(self, dequeued: Dequeued, now: int, block: bool, wait_ms: int) -> int:
-        """A round that holds no turn: forget what was read (its holders take it over), and wait."""
-        self._forget_entries()
+        """A round that holds no turn: keep what was read for a while under a backlog (``FOLLOW_POLLS``),
+        else forget it (its holders take it over), and wait."""
         self.housekeeping.heartbeat(now)
+        if not self._follows and dequeued.plenty and dequeued.entries:
+            self._follows = FOLLOW_POLLS  # keep them: the next dequeue asks for their turns (FOLLOW_POLLS)
+            return 0
+        if self._follows > 1:
+            self._follows -= 1
+            if block:  # not on the stream: a backlog is there, but not for this worker yet
+                self.waiting.wait_wake(BUSY_POLL_MS)
+            return 0
+        self._follows = 0
+        self._forget_entries()
         if dequeued.active:
             # Others hold every waiting publisher: look for turns they gave up (at most every
             # BUSY_POLL_MS), and wait only briefly, so this worker starts as soon as one is given up.
@@ -537,7 +524,7 @@ class Worker:
         try:
             step()
         except (redis.exceptions.OutOfMemoryError, ServerFull) as exc:  # ServerFull: a script wrapper
-            self._report(exc)
+            self.problems.report(exc)
 
     def _turns_to_give_up(self, dequeued: Dequeued) -> tuple[str, ...]:
         """Publishers beyond this worker's fair share of the work (``worker.turns.turns_to_give_up``)."""

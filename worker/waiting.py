@@ -144,6 +144,24 @@ class Waiting:
         self.given_up = _publishers(popped[1])
         return True
 
+    def wait_wake(self, wait_ms: int) -> bool:
+        """Wait up to ``wait_ms`` ms on the wake-up list alone (a worker waiting for turns others hold,
+        ``worker.loop.FOLLOW_POLLS``: the stream has entries, none for it yet).
+
+        Returns:
+            True when woken (the publishers named are kept for ``take_given_up``), False after
+            ``wait_ms`` or when the wake-up list is of another type (logged once).
+        """
+        try:
+            popped = self.client.blpop([self.wake_key], timeout=wait_ms / 1000)
+        except redis.ResponseError:
+            self._foreign(self.wake_key)
+            return False
+        if popped is None:
+            return False
+        self.given_up = _publishers(popped[1])
+        return True
+
     def _read(self, last_id: str, wait_ms: int, ingress: Iterable[bytes | str]) -> bool:
         """Block on the publish stream after ``last_id`` (and the ingress streams from their start)."""
         streams: dict[bytes | str, str] = {self.stream: last_id}

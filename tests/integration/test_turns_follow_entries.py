@@ -71,3 +71,50 @@ def test_the_heads_of_a_reader_that_is_not_live_are_taken_over(real_redis, setti
     bodies = [m.body for m in queue_messages(real_redis, QM, sub.sub_id)]
     assert [x for x in bodies if x.startswith(b"a")] == [b"a1", b"a2", b"a3", b"a4"]
     assert any(name.startswith(f"{b.name}:take_over") for name in taken)
+
+
+def test_a_worker_without_turns_keeps_what_it_read_and_reads_nothing_more_until_their_turn_comes(
+    real_redis, settings
+):
+    # Given b holding p1 with a1, a2 in memory, and a backlog of q's entries behind p1's a3, a4
+    settings = settings.model_copy(update={"batch_size": 2})
+    sub = subscribe(real_redis, QM, "/t", "s", "all")
+    p1, q = Publisher(real_redis, QM, "p1"), Publisher(real_redis, QM, "q")
+    for body in (b"a1", b"a2", b"a3", b"a4"):
+        p1.publish("/t", body, msgid=body.decode())
+    for i in range(1, 11):
+        q.publish("/t", f"b{i}".encode(), msgid=f"b{i}")
+    b, a = make_workers(real_redis, settings, 2)
+    held = b.scripts.dequeue(b.name, 2, settings.lease_ms, settings.heads, [])
+    assert held is not None and list(held.turns) == ["p1"] and held.plenty
+    b._file(held)
+    taken: list[str] = []
+    for worker in (a, b):
+        for name in ("take_over", "take_over_in"):
+            original = getattr(worker.scripts, name)
+
+            def record(*args, _original=original, _name=name, _worker=worker.name, **kwargs):
+                taken.append(f"{_worker}:{_name}")
+                return _original(*args, **kwargs)
+
+            setattr(worker.scripts, name, record)
+    stream = keys.publish_stream(QM)
+
+    def read() -> int:
+        return real_redis.xpending(stream, keys.WORKER_GROUP)["pending"]
+
+    # When a runs two rounds while b holds p1
+    a.run_once()
+    a.run_once()
+    # Then a read a3 and a4 only, keeps them, and read nothing more (q's entries wait in the stream)
+    assert not a.turns and sorted(f[b"msgid"] for _, f in a._entries.values()) == [b"a3", b"a4"]
+    assert read() == 4
+    # When b commits a1 and a2 (it leaves p1's turn to a), then both drain
+    b.run_once()
+    drain([a, b])
+    # Then p1 is in order, every q entry delivered, and nobody read a head a second time
+    bodies = [m.body for m in queue_messages(real_redis, QM, sub.sub_id)]
+    assert [x for x in bodies if x.startswith(b"a")] == [b"a1", b"a2", b"a3", b"a4"]
+    assert len(bodies) == 14
+    assert taken == []
+    assert read() == 0
