@@ -14,7 +14,10 @@ Seed 004 (IPCOM000031305D), on Redis:
    turn it holds. Entries it dequeued for a publisher another worker holds are
    left to that worker (handed over, never waited for), which claims them from
    the stream (XCLAIM) when they reach the head. No worker blocks while another
-   publisher has work.
+   publisher has work. While a backlog is drained, a turn follows its entries instead: the
+   holder leaves it to the live worker that read the next heads, and a worker that read only
+   entries of turns others hold keeps them and reads nothing more until their turns come
+   (``FOLLOW_POLLS``), rather than reading on and having everything it read taken over again.
 3. **Decide** (``worker.decide``, pure: no Redis): the routing table (exact hash +
    wildcard trie + links) is brought to the version the dequeue saw whenever it is
    newer: the logged subscription changes alone, or a whole reload for any other
@@ -342,6 +345,7 @@ class Worker:
         from them)."""
         self._entries.clear()
         self._taken.clear()
+        self._follows = 0
         self._prefetched = None
         self.housekeeping.entry_sweep_start = "-"
         self._wait_from = ""
@@ -476,15 +480,16 @@ class Worker:
         """A round that holds no turn: keep what was read for a while under a backlog (``FOLLOW_POLLS``),
         else forget it (its holders take it over), and wait."""
         self.housekeeping.heartbeat(now)
-        if not self._follows and dequeued.plenty and dequeued.entries:
-            self._follows = FOLLOW_POLLS  # keep them: the next dequeue asks for their turns (FOLLOW_POLLS)
+        if not self._follows and dequeued.plenty and dequeued.spare and dequeued.entries:
+            # keep them: the next dequeue asks for their turns (FOLLOW_POLLS); not when the other workers
+            # each keep a saturated publisher, whose turn is not left to a reader
+            self._follows = FOLLOW_POLLS
             return 0
         if self._follows > 1:
             self._follows -= 1
             if block:  # not on the stream: a backlog is there, but not for this worker yet
                 self.waiting.wait_wake(BUSY_POLL_MS)
             return 0
-        self._follows = 0
         self._forget_entries()
         if dequeued.active:
             # Others hold every waiting publisher: look for turns they gave up (at most every
@@ -503,6 +508,7 @@ class Worker:
         self._entries.clear()
         self._taken.clear()
         self._suspects.clear()
+        self._follows = 0
 
     def _idle(self, now_ms: int, wait_ms: int) -> bool:
         """Wait up to ``wait_ms`` for work (``worker.waiting``): on the publish stream and the principals'

@@ -340,3 +340,21 @@ def test_a_dequeue_with_nothing_to_do_reads_the_groups_state_only_and_writes_not
         "config|resetstat",
         "info",
     }, ran
+
+
+def test_a_worker_waiting_for_turns_waits_on_the_wake_up_list_alone(real_redis, settings):
+    # Given entries in the stream (a backlog, none of it for this worker yet)
+    waker, woken = make_workers(real_redis, settings, 2)
+    Publisher(real_redis, QM, "p1").publish("t/a", b"one", msgid="m1")
+    # When it waits for turns with nobody ringing, then with a ring naming p1
+    assert woken.waiting.wait_wake(20) is False  # the stream's entry does not wake it
+    pipe = real_redis.pipeline(transaction=False)
+    waker.waiting.hand_on_in(pipe, 0, ["p1"])
+    waker.waiting.handed_on(pipe.execute(raise_on_error=False))
+    # Then the ring wakes it with the publisher named, for its next dequeue
+    assert woken.waiting.wait_wake(1_000) is True
+    assert woken.waiting.take_given_up() == ("p1",)
+    # And a foreign wake-up list is noted (logged once), not raised
+    real_redis.set(keys.wake(QM), "oops")
+    assert woken.waiting.wait_wake(20) is False
+    assert woken.waiting._foreign_key == keys.wake(QM)
