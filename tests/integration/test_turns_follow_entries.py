@@ -11,6 +11,30 @@ from broker.testing import drain, make_workers, queue_messages
 QM = "TEST"
 
 
+def _record_take_overs(*workers) -> list[str]:
+    """Record every take-over the workers make (``take_over`` and ``take_over_in``), as ``worker:script``."""
+    taken: list[str] = []
+    for worker in workers:
+        for name in ("take_over", "take_over_in"):
+            original = getattr(worker.scripts, name)
+
+            def record(*args, _original=original, _name=name, _worker=worker.name, **kwargs):
+                taken.append(f"{_worker}:{_name}")
+                return _original(*args, **kwargs)
+
+            setattr(worker.scripts, name, record)
+    return taken
+
+
+def _b_holds_p1(real_redis, settings):
+    """Workers b and a; b's first dequeue (batches of 2) read p1's a1 and a2 and holds p1, a backlog behind."""
+    b, a = make_workers(real_redis, settings, 2)
+    held = b.scripts.dequeue(b.name, 2, settings.lease_ms, settings.heads, [])
+    assert held is not None and list(held.turns) == ["p1"] and held.plenty
+    b._file(held)
+    return b, a
+
+
 def _split_p1(real_redis, settings):
     """Workers b and a (batches of 2): b read p1's a1, a2 and holds p1; a read p1's a3 (and q's b1,
     so that it holds a turn and keeps what it read); a backlog of q's entries waits behind."""
@@ -23,24 +47,10 @@ def _split_p1(real_redis, settings):
     p1.publish("/t", b"a4", msgid="a4")
     for i in range(2, 12):
         q.publish("/t", f"b{i}".encode(), msgid=f"b{i}")
-    b, a = make_workers(real_redis, settings, 2)
-    held = b.scripts.dequeue(b.name, 2, settings.lease_ms, settings.heads, [])
-    assert held is not None and list(held.turns) == ["p1"] and held.plenty
-    b._file(held)
+    b, a = _b_holds_p1(real_redis, settings)
     a.run_once()  # reads a3 and b1: handles b1 (q), keeps a3 (p1 is b's) in memory
     assert "p1" not in a.turns and any(publisher == "p1" for publisher, _ in a._entries.values())
-    taken: list[str] = []
-    for worker in (a, b):
-        scripts = worker.scripts
-        for name in ("take_over", "take_over_in"):
-            original = getattr(scripts, name)
-
-            def record(*args, _original=original, _name=name, _worker=worker.name, **kwargs):
-                taken.append(f"{_worker}:{_name}")
-                return _original(*args, **kwargs)
-
-            setattr(scripts, name, record)
-    return sub, a, b, taken
+    return sub, a, b, _record_take_overs(a, b)
 
 
 def test_the_turn_goes_to_the_live_worker_that_read_the_next_heads(real_redis, settings):
@@ -84,20 +94,8 @@ def test_a_worker_without_turns_keeps_what_it_read_and_reads_nothing_more_until_
         p1.publish("/t", body, msgid=body.decode())
     for i in range(1, 11):
         q.publish("/t", f"b{i}".encode(), msgid=f"b{i}")
-    b, a = make_workers(real_redis, settings, 2)
-    held = b.scripts.dequeue(b.name, 2, settings.lease_ms, settings.heads, [])
-    assert held is not None and list(held.turns) == ["p1"] and held.plenty
-    b._file(held)
-    taken: list[str] = []
-    for worker in (a, b):
-        for name in ("take_over", "take_over_in"):
-            original = getattr(worker.scripts, name)
-
-            def record(*args, _original=original, _name=name, _worker=worker.name, **kwargs):
-                taken.append(f"{_worker}:{_name}")
-                return _original(*args, **kwargs)
-
-            setattr(worker.scripts, name, record)
+    b, a = _b_holds_p1(real_redis, settings)
+    taken = _record_take_overs(a, b)
     stream = keys.publish_stream(QM)
 
     def read() -> int:
