@@ -88,11 +88,25 @@ def test_a_head_gone_from_the_stream_is_skipped(decider):
     assert [u.action for u in batch.units] == [Action.SKIP]
 
 
-def test_units_are_split_into_commit_calls_of_at_most_commit_chunk_publishers(decider):
-    heads = {f"p{i}": [f"{i}-0"] for i in range(COMMIT_CHUNK + 1)}
-    entries = {f"{i}-0": (f"p{i}", _fields()) for i in range(COMMIT_CHUNK + 1)}
+def test_units_are_split_into_commit_calls_of_a_rounds_worth(decider):
+    # a round's worth: batch_size (what one dequeue reads), COMMIT_CHUNK at least
+    assert decider.chunk == max(COMMIT_CHUNK, decider.settings.batch_size)
+    n = decider.chunk
+    heads = {f"p{i}": [f"{i}-0"] for i in range(n + 1)}
+    entries = {f"{i}-0": (f"p{i}", _fields()) for i in range(n + 1)}
     batches = decider.batches(heads, entries, {}, NOW_MS)
-    assert [len(b) for b in batches] == [COMMIT_CHUNK, 1]
+    assert [len(b) for b in batches] == [n, 1]
+
+
+def test_a_round_of_batch_size_publications_is_one_commit_call(decider):
+    # 25 publishers with 20 heads each: what one dequeue of 500 reads in the bench's drain
+    settings, table = decider.settings, decider.table
+    one = Decider(settings.model_copy(update={"batch_size": 500}), table)
+    heads = {f"p{i}": [f"{i}-{j}" for j in range(20)] for i in range(25)}
+    entries = {e: (p, _fields()) for p, ids in heads.items() for e in ids}
+    assert [len(b) for b in one.batches(heads, entries, {}, NOW_MS)] == [500]
+    # a smaller batch_size keeps COMMIT_CHUNK: no more calls than before
+    assert Decider(settings.model_copy(update={"batch_size": 10}), table).chunk == COMMIT_CHUNK
 
 
 def test_the_decider_holds_no_redis_client(decider):
