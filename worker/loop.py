@@ -420,7 +420,7 @@ class Worker:
             given_up = self.waiting.take_given_up()
             now = self.clock_ms()
             asked = self.turns.union(given_up)
-            following = self._follows > 0
+            following = self.following
             if following:
                 asked.update(publisher for publisher, _ in self._entries.values())
             dequeued = self.scripts.dequeue(
@@ -439,7 +439,7 @@ class Worker:
             assert dequeued is not None
         self.delays.learned(dequeued)
         self.metrics.dequeued(len(dequeued.entries))
-        self._active, self._plenty = dequeued.active, dequeued.plenty or self._follows > 0
+        self._active, self._plenty = dequeued.active, dequeued.plenty or self.following
         if dequeued.turns:
             self._follows = 0
         self.hook("after_dequeue")

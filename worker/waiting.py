@@ -131,18 +131,13 @@ class Waiting:
             self.holds_until_ms = now_ms + lease if mine else 0
             return self._read(last_id, wait_ms, ingress)
         self.holds_until_ms = 0
-        try:
-            popped = self.client.blpop([self.wake_key], timeout=wait_ms / 1000)
-        except redis.ResponseError:  # a foreign wake-up key: wait on the stream, as every worker
-            self._foreign(self.wake_key)
+        woken = self._pop_wake(wait_ms)
+        if woken is None:  # a foreign wake-up key: wait on the stream, as every worker
             return self._read(last_id, wait_ms, ingress)
-        if popped is None:
+        if not woken and not self._type_ok(self.waiter_key):
             # nobody woke it for a whole wait: a foreign waiter key would keep every worker off the stream
-            if not self._type_ok(self.waiter_key):
-                self._foreign(self.waiter_key)
-            return False
-        self.given_up = _publishers(popped[1])
-        return True
+            self._foreign(self.waiter_key)
+        return woken
 
     def wait_wake(self, wait_ms: int) -> bool:
         """Wait up to ``wait_ms`` ms on the wake-up list alone (a worker waiting for turns others hold,
@@ -152,11 +147,16 @@ class Waiting:
             True when woken (the publishers named are kept for ``take_given_up``), False after
             ``wait_ms`` or when the wake-up list is of another type (logged once).
         """
+        return bool(self._pop_wake(wait_ms))
+
+    def _pop_wake(self, wait_ms: int) -> bool | None:
+        """Block up to ``wait_ms`` ms on ``{qm}:wake``: True when woken (the publishers it names kept in
+        ``given_up``), False after ``wait_ms``, None when the key is of another type (noted, logged once)."""
         try:
             popped = self.client.blpop([self.wake_key], timeout=wait_ms / 1000)
         except redis.ResponseError:
             self._foreign(self.wake_key)
-            return False
+            return None
         if popped is None:
             return False
         self.given_up = _publishers(popped[1])
