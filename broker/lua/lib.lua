@@ -28,13 +28,16 @@ local function foreign(key, want)
   return 'foreign key: ' .. key .. ' holds a ' .. found .. ', not a ' .. want
 end
 
--- Stop the script, before its first write, when a queue-manager-wide key is
--- foreign: {{key, want}, ...}. The error reply starts with "BROKER foreign key".
+-- Stop the script, before its first write, when the queue-manager-wide key `key` is foreign
+-- (not a `want`, foreign above). The error reply starts with "BROKER foreign key".
+local function require_type(key, want)
+  local why = foreign(key, want)
+  if why then error({err = 'BROKER ' .. why}) end
+end
+
+-- require_type for each of {{key, want}, ...}.
 local function require_types(list)
-  for _, pair in ipairs(list) do
-    local why = foreign(pair[1], pair[2])
-    if why then error({err = 'BROKER ' .. why}) end
-  end
+  for _, pair in ipairs(list) do require_type(pair[1], pair[2]) end
 end
 
 -- Messages in the lists `names` together: LLEN each; a key of another type (a

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import redis
+
 from broker import subscribe
 from broker.core import keys
 from broker.core.library import COMMIT
 from broker.core.models import publication_fields
+from broker.core.unit_of_work import Action, CommitBatch, UnitOfWork
 from broker.testing import drain, library_functions, make_workers, queue_messages
 from worker.loop import Worker
 
@@ -83,3 +87,32 @@ def test_a_call_keeps_nothing_of_the_call_before_it(real_redis, settings):
     assert real_redis.exists(keys.flow_key(QM, "p")) == 0
     assert real_redis.xlen(keys.journal(QM)) == journaled
     assert worker.counts == {"delivered": 1}
+
+
+def _unit(publisher: str, entry_id: str, body: bytes, queue: str) -> UnitOfWork:
+    return UnitOfWork(publisher, entry_id, Action.DELIVER, f"m-{entry_id}", envelope=body, queues=(queue,))
+
+
+def test_a_call_stopped_by_a_malformed_unit_leaves_none_of_its_copies_to_the_next_call(real_redis, settings):
+    # Given a subscription, and a worker holding the turns of p1 and p2, each with one entry
+    sub = subscribe(real_redis, QM, "t/#", "app", "a")
+    queue = keys.sub_queue(QM, sub.sub_id)
+    worker = Worker(real_redis, settings, name="w")
+    worker.setup()
+    for publisher, entry_id in (("p1", "1-1"), ("p2", "1-2")):
+        real_redis.set(keys.turn_key(QM, publisher), "w")
+        real_redis.rpush(keys.fifo_key(QM, publisher), entry_id)
+    # When a call's first unit gives the queue a copy and its second names a key the call lacks
+    batch = CommitBatch()
+    batch.add(_unit("p1", "1-1", b"planned, never pushed", queue))
+    batch.add(_unit("p2", "1-2", b"malformed", queue))
+    batch.args[-2] = b"\x00\x00\x63"  # the second unit's recipients: KEYS index 99
+    with pytest.raises(redis.ResponseError, match="BROKER malformed unit of work"):
+        worker.scripts.commit(None, "w", 30_000, batch)
+    # and then a call for p1 alone
+    after = CommitBatch()
+    after.add(_unit("p1", "1-1", b"delivered", queue))
+    worker.scripts.commit(None, "w", 30_000, after)
+    # Then the queue holds only that call's copy: the stopped call's was not kept for it
+    assert real_redis.lrange(queue, 0, -1) == [b"delivered"]
+    assert real_redis.llen(keys.fifo_key(QM, "p2")) == 1  # nothing of p2's unit was written

@@ -147,7 +147,9 @@
 --   its id and the condition's max_messages (the worker removes it only if still that deep)
 -- errors "BROKER foreign key: ..." before any write when a queue-manager-wide key is foreign,
 --   and "OOM ..." when the server is full (its first write refused, the dedup record's or a
---   push's: nothing written);
+--   push's: nothing written); "BROKER malformed unit of work: ..." when a unit's recipient set
+--   names a key the call does not have (never from the worker: the units planned before it may
+--   have written their dedup records, nothing else);
 --   broker/core/scripts.py raises them as ForeignKey and ServerFull
 
 
@@ -172,9 +174,20 @@ local UNIT_FIELDS = 7
 local UNIT  -- UNIT_FIELDS, or one less without the journal (no journal field per unit)
 local FIRST_QUEUE = 10
 local skipped_key, slow_key, retained_key, watching
+-- What a call's optional tables stand for until it needs them (never written): a table made and
+-- freed per call costs its allocation and the garbage collector's work, and a publication at a low
+-- rate comes alone in its call, so that a call's fixed cost is paid per publication (the paced row,
+-- docs/design.md). Each such table is made the first time the call writes to it (`own`).
+local NONE = {}
+local function own(t)
+  if t == NONE then return {} end
+  return t
+end
 
+local nkeys  -- #KEYS
 local function begin(keys_, argv_)
   KEYS, ARGV, pcall_redis = keys_, argv_, redis.pcall
+  nkeys = #KEYS
   stream, active, dlq, journal, subs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
   group, token, lease_ms = ARGV[1], ARGV[2], ARGV[3]
   pub_prefix, dedup_prefix, reply_prefix = ARGV[4], ARGV[5], ARGV[6]
@@ -183,7 +196,8 @@ local function begin(keys_, argv_)
   dlq_len, max_body = ARGV[9], tonumber(ARGV[10])
   resolved_version, limits_arg, flow_arg = ARGV[11], ARGV[12], ARGV[13]
   local ngive_up = tonumber(ARGV[14])
-  give_up = {}
+  give_up = NONE
+  if ngive_up > 0 then give_up = {} end
   for i = 15, 14 + ngive_up do give_up[ARGV[i]] = true end
   first = 15 + ngive_up
   UNIT = UNIT_FIELDS
@@ -207,22 +221,28 @@ local function check_fixed()
   changed = version ~= resolved_version
   -- moved on since the worker resolved (an absent version and "" or "0" are the same): retained units retry
   moved = changed and (version or '0') ~= (resolved_version == '' and '0' or resolved_version)
-  local fixed = {{stream, 'stream'}, {active, 'set'}, {dlq, 'stream'}}
-  if changed then fixed[#fixed + 1] = {subs, 'hash'} end
+  require_type(stream, 'stream')
+  require_type(active, 'set')
+  require_type(dlq, 'stream')
+  if changed then require_type(subs, 'hash') end
   if watching then
-    fixed[#fixed + 1] = {skipped_key, 'hash'}
-    fixed[#fixed + 1] = {slow_key, 'hash'}
+    require_type(skipped_key, 'hash')
+    require_type(slow_key, 'hash')
   end
-  if journal_len > 0 then fixed[#fixed + 1] = {journal, 'stream'} end
-  require_types(fixed)
+  if journal_len > 0 then require_type(journal, 'stream') end
 end
 
 -- Per recipient queue KEYS[k]: queue_foreign[k] (a transmission stream that cannot be written, or
 -- nil); gone[k] (its subscription was removed since the worker resolved it); xmit[k] (a
--- transmission stream); pushed[k] (copies this call gives it) and copies[k] (those copies).
--- A subscriber queue's type is not looked at here: its push (write phase) says it.
+-- transmission stream); pushed[k] (copies this call gives it, nil for none) and copies[k] (those
+-- copies). A subscriber queue's type is not looked at here: its push (write phase) says it.
+-- pushed and copies outlive the call: each push empties what it pushed, so that a queue's list is
+-- not made again for each call; `clean` is false from a call's start until its pushes are done (a
+-- call stopped before, by an error, leaves them to be made afresh by the next one). Only the lists
+-- of the first KEEP_QUEUES queues, up to KEEP_COPIES copies, are kept.
 local queue_foreign, sub_of, gone, xmit
-local pushed, copies
+local pushed, copies, clean = {}, {}, true
+local KEEP_QUEUES, KEEP_COPIES = 64, 64
 
 -- the subscription id of queue KEYS[k] (its band suffix cut), worked out only when needed
 local function sub_id_of(k)
@@ -230,6 +250,7 @@ local function sub_id_of(k)
   if not id then
     local rest = string.sub(KEYS[k], sub_prefix_len + 1)
     id = string.match(rest, '^(.*):p%d$') or rest
+    sub_of = own(sub_of)
     sub_of[k] = id
   end
   return id
@@ -237,18 +258,20 @@ end
 
 local function check_queue(k)
   local queue = KEYS[k]
-  pushed[k], copies[k], gone[k] = 0, {}, false
-  if string.sub(queue, 1, sub_prefix_len) ~= sub_prefix then
+  if string.find(queue, sub_prefix, 1, true) ~= 1 then  -- (plain: no substring made)
+    xmit, queue_foreign = own(xmit), own(queue_foreign)
     xmit[k] = true
     queue_foreign[k] = foreign(queue, 'stream')
-    return
+  elseif changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0 then
+    gone = own(gone)
+    gone[k] = true
   end
-  gone[k] = changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0
 end
 local function check_queues()
-  queue_foreign, sub_of, gone, xmit = {}, {}, {}, {}
-  pushed, copies = {}, {}
-  for k = FIRST_QUEUE, #KEYS do check_queue(k) end
+  queue_foreign, sub_of, gone, xmit = NONE, NONE, NONE, NONE
+  if not clean then pushed, copies = {}, {} end
+  clean = false
+  for k = FIRST_QUEUE, nkeys do check_queue(k) end
 end
 
 -- Why subscriber queue KEYS[k] is unavailable (it holds another type: a subscriber's own key,
@@ -261,6 +284,7 @@ local function unavailable_of(k)
     local found = redis.call('TYPE', KEYS[k])['ok']
     why = found ~= 'none' and found ~= 'list' and
       ('subscription unavailable: ' .. KEYS[k] .. ' holds a ' .. found)
+    unavailable = own(unavailable)
     unavailable[k] = why
   end
   return why
@@ -268,12 +292,17 @@ end
 
 -- Flow control (ARGV[13]): the curve. Whether it is in force for this call is known after the
 -- pushes (each LPUSH returns its band's depth): only when some band is past the start depth.
+-- (parsed when it differs from the last call's: it is a setting, the same in every call)
+-- fc_limit: the start depth, or no limit without flow control
 local fc_start, fc_full, fc_max
+local fc_arg, fc_limit = '', 1 / 0  -- (1 / 0: infinity; `math` is not there while the library loads)
 local function flow_curve()
-  fc_start, fc_full, fc_max = nil, nil, nil
+  if flow_arg == fc_arg then return end
+  fc_start, fc_full, fc_max, fc_arg, fc_limit = nil, nil, nil, flow_arg, math.huge
   if flow_arg ~= '' then
     local a, b, c = string.match(flow_arg, '^(%d+):(%d+):(%d+)$')
     fc_start, fc_full, fc_max = tonumber(a), tonumber(b), tonumber(c)
+    fc_limit = fc_start or math.huge
   end
 end
 local function flow_delay(depth)
@@ -319,41 +348,80 @@ end
 -- watched_id[k] = the subscription id of band k when its subscription is watched (its depth counted up)
 local watched_id
 local function watch_queues()
-  unavailable, limit, durable_q, depth_of, watched_id = {}, {}, {}, {}, {}
+  unavailable, limit, durable_q, depth_of, watched_id = NONE, NONE, NONE, NONE, NONE
   deepest_watched, lowest_limit = 0, math.huge
+  if not watching then return end
+  limit, durable_q, depth_of, watched_id = {}, {}, {}, {}
   for k, depth, dur in string.gmatch(limits_arg, '(%d+):(%d+):(%d)') do watch(tonumber(k), depth, dur) end
-  for k = FIRST_QUEUE, watching and #KEYS or 0 do
+  for k = FIRST_QUEUE, nkeys do
     if not xmit[k] and not gone[k] and depth_of[sub_id_of(k)] then watched_id[k] = sub_id_of(k) end
   end
 end
 
 -- ==== Phase "plan": per unit, the fence, its keys' types, its outcome and its copies ===========
 
--- A unit's recipient set (field 4) as a list of KEYS indexes, parsed once per distinct value
--- (there are about as many sets as units in a call: one pass, one table), with what every unit
--- sent to it asks: set_why[set] = the first foreign transmission stream's reason, if any;
--- set_kind[set] = PLAIN (every queue a subscriber queue still subscribed) or MIXED (a queue gone
--- or a transmission stream).
+-- A unit's recipient set (field 4) as a list of KEYS indexes: sets[packed], parsed once per
+-- distinct value and kept across calls (the list depends on the packed string alone; the table is
+-- made afresh at the start of a call once it holds more than KEEP_SETS), never written once made.
+-- What every unit sent to it asks depends on the call's queues: set_why[set] = the first foreign
+-- transmission stream's reason, if any; set_kind[set] = MIXED (a queue gone or a transmission
+-- stream), nil for PLAIN (every queue a subscriber queue still subscribed); worked out once per
+-- call (classified[set]), and only in a call that has a queue gone or a transmission stream.
 local PLAIN, MIXED = 1, 2
-local sets, set_why, set_kind
-local function set_of(packed)
-  local set, m, kind, why = {}, 0, PLAIN, nil
-  for at = 1, #packed, 3000 do  -- string.byte returns its bytes on the Lua stack: a slice at a time
-    local b = {string.byte(packed, at, math.min(at + 2999, #packed))}
-    for i = 1, #b, 3 do
-      local k = (b[i] * 256 + b[i + 1]) * 256 + b[i + 2]
-      m = m + 1
-      set[m] = k
-      why = why or queue_foreign[k]
-      if gone[k] or xmit[k] then kind = MIXED end
-    end
+local sets, sets_kept, KEEP_SETS = {}, 0, 256
+-- set_top[set]: its highest KEYS index (math.huge for an index below FIRST_QUEUE, a fixed key): a
+-- set naming a key the call does not have stops the call (a malformed call, never the worker's)
+local set_top = {}
+local classified, set_why, set_kind
+local function classify(set)
+  classified = own(classified)
+  classified[set] = true
+  local kind, why = PLAIN, nil
+  for i = 1, #set do
+    local k = set[i]
+    why = why or queue_foreign[k]
+    if gone[k] or xmit[k] then kind = MIXED end
   end
-  set_why[set], set_kind[set], sets[packed] = why, kind, set
+  if why then
+    set_why = own(set_why)
+    set_why[set] = why
+  end
+  if kind == MIXED then
+    set_kind = own(set_kind)
+    set_kind[set] = MIXED
+  end
+end
+local function set_of(packed)
+  local set = sets[packed]
+  if not set then
+    set = {}
+    local m, top = 0, 0
+    for at = 1, #packed, 3000 do  -- string.byte returns its bytes on the Lua stack: a slice at a time
+      local b = {string.byte(packed, at, math.min(at + 2999, #packed))}
+      for i = 1, #b - 2, 3 do
+        local k = (b[i] * 256 + b[i + 1]) * 256 + b[i + 2]
+        m = m + 1
+        set[m] = k
+        if k > top then top = k end
+        if k < FIRST_QUEUE then top = 1 / 0 end
+      end
+    end
+    if #packed % 3 ~= 0 then top = 1 / 0 end
+    sets[packed], set_top[set] = set, top
+    sets_kept = sets_kept + 1
+  end
+  if set_top[set] > nkeys then
+    error({err = 'BROKER malformed unit of work: a recipient set names a key the call does not have'})
+  end
+  if (xmit ~= NONE or gone ~= NONE) and not classified[set] then classify(set) end
   return set
 end
 
--- A unit's options (field 5), parsed once per distinct value.
-local options
+-- A unit's options (field 5), parsed once per distinct value, kept across calls (a call's units
+-- mostly share one value, and so do the calls: string.match is a good part of a small call's cost);
+-- the table is made afresh at the start of a call once it holds more than KEEP_OPTIONS values.
+local options, options_kept = {}, 0
+local KEEP_OPTIONS = 256
 local function options_of(text)
   local action, window, reply_ttl, delivery, dead, slow, retain, size, rest =
     string.match(text, '^(%a+)|(%d+)|(%d+)|(%u+)|([01])|([%d:]*)|(%l?)(%d*)|(.*)$')
@@ -364,12 +432,13 @@ local function options_of(text)
     o.retain, o.topic, o.suggestion = retain, string.sub(rest, 1, size), string.sub(rest, size + 1)
   end
   options[text] = o
+  options_kept = options_kept + 1
   return o
 end
 
 -- The fence: per publisher, its turn (this worker's token?) and as many FIFO heads as it has
 -- units in the call, read once. turns[pub] = {ok, popped, heads, fifo, turn, depth (the deepest band its units
--- met, flow control), dedup, reply, last (its last unit)}.
+-- met, flow control), last (its last unit), and when needed dedup, reply (the prefixes of its keys)}.
 local turns, turn_order, units_of
 local function turn_of(pub)
   local turn, fifo = pub_prefix .. pub .. ':turn', pub_prefix .. pub .. ':fifo'
@@ -379,8 +448,7 @@ local function turn_of(pub)
     heads = redis.pcall('LRANGE', fifo, 0, units_of[pub] - 1)
     ok = heads.err == nil
   end
-  local t = {ok = ok, popped = 0, heads = heads, fifo = fifo, turn = turn, depth = 0, last = 0,
-             dedup = id_key(dedup_prefix, pub, ''), reply = id_key(reply_prefix, pub, '')}
+  local t = {ok = ok, popped = 0, heads = heads, fifo = fifo, turn = turn, depth = 0, last = 0}
   turns[pub] = t
   turn_order[#turn_order + 1] = pub
   return t
@@ -406,6 +474,7 @@ local function withhold_slow(n, set, condition, skip)
   if not parsed then
     local m, nd, dd = string.match(condition, '^(%d+):(%d):(%d)$')
     parsed = {tonumber(m), nd, dd}
+    conditions = own(conditions)
     conditions[condition] = parsed
   end
   local most, non_durable, durable = parsed[1], parsed[2], parsed[3]
@@ -458,8 +527,25 @@ end
 -- counted per subscription.
 local function count_skipped(k, why)
   local id = sub_id_of(k)
+  skipped = own(skipped)
   skipped[id] = (skipped[id] or 0) + 1
-  if why == 'slow' then withheld[id] = (withheld[id] or 0) + 1 end
+  if why == 'slow' then
+    withheld = own(withheld)
+    withheld[id] = (withheld[id] or 0) + 1
+  end
+end
+
+-- Queue k gets a copy: its place among the call's copies for it.
+local function give(k, payload)
+  local c = (pushed[k] or 0) + 1
+  pushed[k] = c
+  local list = copies[k]
+  if not list then
+    list = {}
+    copies[k] = list
+  end
+  list[c] = payload
+  return c
 end
 
 -- Give copies to the queues of a set that are not gone or skipped, counting what was skipped.
@@ -472,9 +558,7 @@ local function copy_each(n, set, payload, skip)
     if why then
       count_skipped(k, why)
     elseif not gone[k] then
-      local c = pushed[k] + 1
-      pushed[k] = c
-      copies[k][c] = payload
+      give(k, payload)
       if xmit[k] then
         forwarded = forwarded + 1
       else
@@ -484,12 +568,16 @@ local function copy_each(n, set, payload, skip)
       end
     end
   end
-  if forwarded > 0 then forwarded_of[n] = forwarded end
+  if forwarded > 0 then
+    forwarded_of = own(forwarded_of)
+    forwarded_of[n] = forwarded
+  end
   return given
 end
 
 -- The subscriptions a delivered publication's slow-subscriber condition asks to disconnect.
 local function ask_disconnect(said)
+  disconnect, disconnect_order = own(disconnect), own(disconnect_order)
   for id, most in pairs(said) do
     if not disconnect[id] then disconnect_order[#disconnect_order + 1] = id end
     disconnect[id] = most
@@ -512,7 +600,12 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     -- The dedup record first: a retry of a delivered message is a duplicate, whatever else
     -- changed since. One SET NX GET records it (nil: fresh), finds it (a string: duplicate) or
     -- fails on a foreign key, writing nothing.
-    local key = t.dedup .. ARGV[u + MSGID]
+    local dedup = t.dedup
+    if not dedup then
+      dedup = id_key(dedup_prefix, ARGV[u + PUBLISHER], '')
+      t.dedup = dedup
+    end
+    local key = dedup .. ARGV[u + MSGID]
     local found = pcall_redis('SET', key, entry_id, 'NX', 'PX', o.window, 'GET')
     if found == false then  -- fresh (the usual case, tested first: type() is a call)
       recorded = key
@@ -526,7 +619,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     end
   end
   local why = reply_why and (reply_why .. '; the result could not be posted')
-  local kind = set and set_kind[set]
+  local kind = set and (set_kind[set] or PLAIN)
   if not why and kind == MIXED then why = set_why[set] end
   local skip, said = nil, nil
   if not why and set and o.slow ~= '' then skip, said = withhold_slow(n, set, o.slow, skip) end
@@ -537,7 +630,10 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     if recorded then redis.call('DEL', recorded) end
     return REFUSED, why
   end
-  if o.retain then retains[#retains + 1] = {o, u} end
+  if o.retain then
+    retains = own(retains)
+    retains[#retains + 1] = {o, u}
+  end
   if not set then return DELIVERED end
   local payload = ARGV[u + PAYLOAD]
   local given
@@ -545,13 +641,21 @@ local function plan_deliver(n, t, o, set, u, reply_why)
   if kind == PLAIN then
     for i = 1, #set do  -- the usual case: a copy for every queue of the set
       local k = set[i]
-      local c = pushed[k] + 1
+      local c = (pushed[k] or 0) + 1
       pushed[k] = c
-      copies[k][c] = payload
+      local list = copies[k]
+      if not list then
+        list = {}
+        copies[k] = list
+      end
+      list[c] = payload
     end
     given = #set
   else
-    skip_of[n] = skip
+    if skip then
+      skip_of = own(skip_of)
+      skip_of[n] = skip
+    end
     given = copy_each(n, set, payload, skip)
   end
   if said then ask_disconnect(said) end
@@ -563,12 +667,14 @@ end
 -- the units the write phase has more to do for (a dead letter, a result, a journal record).
 local out, acks, nacks, writes
 local function plan()
-  sets, set_why, set_kind, options = {}, {}, {}, {}
+  if sets_kept > KEEP_SETS then sets, set_top, sets_kept = {}, {}, 0 end
+  classified, set_why, set_kind = NONE, NONE, NONE
+  if options_kept > KEEP_OPTIONS then options, options_kept = {}, 0 end
   turns, turn_order, units_of = {}, {}, {}
-  reply_of, reason_of, skip_of, delay_of, forwarded_of = {}, {}, {}, {}, {}
-  retains, retained_why = {}, nil
-  skipped, withheld, disconnect, disconnect_order, conditions = {}, {}, {}, {}, {}
-  out, acks, nacks, writes = {}, {}, 0, {}
+  reply_of, reason_of, skip_of, delay_of, forwarded_of = NONE, NONE, NONE, NONE, NONE
+  retains, retained_why = NONE, nil
+  skipped, withheld, disconnect, disconnect_order, conditions = NONE, NONE, NONE, NONE, NONE
+  out, acks, nacks, writes = {}, {}, 0, NONE
   for u = first, #ARGV, UNIT do
     local pub = ARGV[u + PUBLISHER]
     units_of[pub] = (units_of[pub] or 0) + 1
@@ -597,24 +703,35 @@ local function plan()
       acks[nacks] = entry_id
       local text, packed = ARGV[u + OPTIONS], ARGV[u + RECIPIENTS]
       local o = options[text] or options_of(text)
-      local set = packed ~= '' and (sets[packed] or set_of(packed)) or nil
+      local set = packed ~= '' and set_of(packed) or nil
       local reply_why = nil
       if o.reply_ttl ~= '0' then
+        t.reply = t.reply or id_key(reply_prefix, pub, '')
         local reply_key = t.reply .. ARGV[u + MSGID]
         reply_why = foreign(reply_key, 'list')
-        if not reply_why then reply_of[n] = reply_key end
+        if not reply_why then
+          reply_of = own(reply_of)
+          reply_of[n] = reply_key
+        end
       end
       local action, why, code, given = o.action, nil, nil, 0
       if action == 'deliver' then
         code, why, given = plan_deliver(n, t, o, set, u, reply_why)
-        if why then reason_of[n] = why .. '; delivered to no subscription' end
+        if why then
+          reason_of = own(reason_of)
+          reason_of[n] = why .. '; delivered to no subscription'
+        end
       elseif action == 'refuse' then
+        reason_of = own(reason_of)
         code, reason_of[n] = REFUSED, ARGV[u + PAYLOAD]
       else
         code = action == 'expire' and EXPIRED or SKIPPED
       end
       out[3 * n - 2], out[3 * n - 1] = code, given or 0
-      if reply_of[n] or reason_of[n] or journal_len > 0 then writes[#writes + 1] = {n, u} end
+      if reply_of[n] or reason_of[n] or journal_len > 0 then
+        writes = own(writes)
+        writes[#writes + 1] = {n, u}
+      end
     end
   end
 end
@@ -629,47 +746,63 @@ end
 -- as it pushed, and then its bell is rung. A push refused (the key holds another type: a
 -- subscriber's own key, planted) makes the subscription unavailable for this call: failed[k].
 local CHUNK = 1000
-local after, failed
-local any_failed, deepest  -- a push failed; the deepest band after the pushes
+local failed
+local any_failed  -- a push failed
 local function unpushed(k, err)
   -- a full server refuses only the first write of a script: nothing is written yet, stop (the
   -- worker retries) rather than call the subscription unavailable
   if string.sub(err, 1, 3) == 'OOM' then error({err = err}) end
   local found = redis.call('TYPE', KEYS[k])['ok']
+  failed = own(failed)
   failed[k] = 'subscription unavailable: ' .. KEYS[k] .. ' holds a ' .. found
   any_failed = true
 end
-local function push(k)
-  local list, c = copies[k], pushed[k]
-  if xmit[k] then
-    for i = 1, c do redis.call('XADD', KEYS[k], '*', 'e', list[i]) end
-    return
-  end
-  local depth
-  for i = 1, c, CHUNK do
-    local last = math.min(i + CHUNK - 1, c)
-    depth = pcall_redis('LPUSH', KEYS[k], unpack(list, i, last))
-    if type(depth) ~= 'number' then return unpushed(k, depth.err) end
-    if i == 1 and depth == last then ring(sub_prefix .. sub_id_of(k) .. ':bell') end
-  end
-  after[k] = depth
-  if depth > deepest then deepest = depth end
-end
 
 -- Flow control is in force for this call when some band is now past the start depth; then only
--- those bands ("hot") are followed: any other stayed at or under it, where the delay is 0. A
--- copy's depth is its band's depth before the call (base[k]) plus its place among the call's.
+-- those bands ("hot") are followed: any other stayed at or under it, where the delay is 0.
+-- hot[k] = band k's depth after its push; a copy's depth is its band's depth before the call
+-- (base[k]) plus its place among the call's.
 local flowing, hot, base
+local function push(k)
+  local list, c = copies[k], pushed[k]
+  pushed[k] = nil
+  if xmit[k] then
+    for i = 1, c do redis.call('XADD', KEYS[k], '*', 'e', list[i]) end
+  else
+    local depth = 0
+    for i = 1, c, CHUNK do
+      local last = c
+      if c > CHUNK then last = math.min(i + CHUNK - 1, c) end
+      depth = pcall_redis('LPUSH', KEYS[k], unpack(list, i, last))
+      if type(depth) == 'table' then
+        unpushed(k, depth.err)
+        depth = 0
+        break
+      end
+      if depth == last and i == 1 then ring(sub_prefix .. sub_id_of(k) .. ':bell') end
+    end
+    if depth > fc_limit then
+      hot, base = own(hot), own(base)
+      hot[k], base[k] = depth, depth - c
+    end
+  end
+  -- emptied for the next call (its payloads are not kept), or left to be made again
+  if c == 1 then
+    list[1] = nil
+  elseif c > KEEP_COPIES or k >= FIRST_QUEUE + KEEP_QUEUES then
+    copies[k] = nil
+  else
+    for i = 1, c do list[i] = nil end
+  end
+end
+
 local function push_all()
-  after, failed, any_failed, deepest = {}, {}, false, 0
-  for k = FIRST_QUEUE, #KEYS do
-    if pushed[k] > 0 then push(k) end
+  failed, any_failed, hot, base = NONE, false, NONE, NONE
+  for k = FIRST_QUEUE, nkeys do
+    if pushed[k] then push(k) end
   end
-  flowing = fc_start ~= nil and deepest > fc_start
-  hot, base = {}, {}
-  for k, depth in pairs(flowing and after or {}) do
-    if depth > fc_start then hot[k], base[k] = true, depth - pushed[k] end
-  end
+  clean = true
+  flowing = hot ~= NONE
 end
 
 -- The copy of unit n (ARGV index u) for failed band k: not delivered, dead-lettered with its
@@ -677,6 +810,7 @@ end
 local function drop_copy(n, u, k, skip)
   skip = skip or {}
   skip[k] = 'unavailable'
+  skip_of = own(skip_of)
   skip_of[n] = skip
   count_skipped(k, 'unavailable')
   out[3 * n - 1] = out[3 * n - 1] - 1
@@ -713,7 +847,8 @@ local function after_depth(n, set)
   local skip, depth = skip_of[n], 0
   for i = 1, #set do
     local k = set[i]
-    if hot[k] and after[k] > depth and not (skip and skip[k]) then depth = after[k] end
+    local after = hot[k]
+    if after and after > depth and not (skip and skip[k]) then depth = after end
   end
   if not skip then set_after[set] = depth end
   return depth
@@ -722,10 +857,11 @@ end
 -- Settle the delivered units after the pushes, only when a push failed or flow control is in
 -- force: their copies one by one only when a push failed or a result must post its own delay.
 local function settle()
-  seen, set_after = {}, {}
   local replay = any_failed or (flowing and next(reply_of) ~= nil)
+  if not replay and not flowing then return end
+  seen, set_after = replay and {} or NONE, flowing and {} or NONE
   local un = 0
-  for u = first, (replay or flowing) and #ARGV or 0, UNIT do
+  for u = first, #ARGV, UNIT do
     un = un + 1
     local packed = ARGV[u + RECIPIENTS]
     if out[3 * un - 2] == DELIVERED and packed ~= '' then
@@ -735,7 +871,10 @@ local function settle()
         local t, deepest_after = turns[ARGV[u + PUBLISHER]], not skip_of[un] and set_after[set]
         if not deepest_after then deepest_after = after_depth(un, set) end
         if deepest_after > t.depth then t.depth = deepest_after end
-        if depth then delay_of[un] = flow_delay(depth) end
+        if depth then
+          delay_of = own(delay_of)
+          delay_of[un] = flow_delay(depth)
+        end
       end
     end
   end
@@ -789,8 +928,9 @@ local function write_unit(n, u, o)
 end
 
 local function write_all()
-  now_ms, names = '', {}
+  now_ms, names = '', NONE
   if journal_len > 0 then
+    names = {}
     local tm = redis.call('TIME')
     now_ms = tostring(tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000))
   end
@@ -810,7 +950,7 @@ local function write_all()
   for id, c in pairs(skipped) do pcall_redis('HINCRBY', skipped_key, id, c) end
   for id, c in pairs(withheld) do redis.call('HINCRBY', slow_key, id, c) end
   -- The flow keys: a publisher's largest delay of this call, PX that delay, unless its key is foreign.
-  for _, pub in ipairs(flowing and turn_order or {}) do
+  for _, pub in ipairs(flowing and turn_order or NONE) do
     local delay, key = flow_delay(turns[pub].depth), pub_prefix .. pub .. ':flow'
     if delay > 0 and not foreign(key, 'string') then redis.call('SET', key, delay, 'PX', delay) end
   end
@@ -859,8 +999,9 @@ local function commit(keys_, argv_)
   write_all()
   pass_turns()
   local reply = out
-  -- the call's arguments and copies are not kept until the next call
-  KEYS, ARGV, copies, acks, out = nil, nil, nil, nil, nil
+  -- the call's arguments are not kept until the next call (its copies are gone from `copies`)
+  if nkeys >= FIRST_QUEUE + KEEP_QUEUES then pushed = {} end
+  KEYS, ARGV, acks, out = nil, nil, nil, nil
   return reply
 end
 

@@ -194,7 +194,7 @@ ctx, delayed_why = nil, nil
 local pre_last, pre_pending, lag = nil, 0, false
 local groups = redis.pcall('XINFO', 'GROUPS', stream)
 if groups.err then
-  require_types({{stream, 'stream'}})  -- a foreign stream stops here; a missing one reads nothing
+  require_type(stream, 'stream')  -- a foreign stream stops here; a missing one reads nothing
 else
   for _, info in ipairs(groups) do
     local name, last, behind, pending = nil, nil, false, 0
@@ -232,7 +232,7 @@ local bindings = EMPTY
 if ARGV[14] ~= '' then bindings = checked(redis.pcall('HGETALL', KEYS[6]), KEYS[6], 'hash') end
 -- the dead-letter stream has no read to check it: its type, only when this call may refuse an entry
 -- (it reads entries or moves ingress entries)
-if count > 0 and (lag ~= 0 or release_asked or #bindings > 0) then require_types({{KEYS[5], 'stream'}}) end
+if count > 0 and (lag ~= 0 or release_asked or #bindings > 0) then require_type(KEYS[5], 'stream') end
 
 -- Authenticated ingress (broker.core.principals): each principal (an ACL user) may XADD only to its
 -- own ingress stream, so the stream says who published. Its entries are moved here, in order,
@@ -294,7 +294,8 @@ local read_last = read_count > 0 and entries[read_count][1] or nil
 
 -- One scan of each entry's fields finds its publisher and its delivery_time (delivery delay): an
 -- entry without one costs nothing more than its publisher's look-up.
-local pubs, later = {}, nil  -- later: {[index in entries] = delivery time (digits)}
+-- (the call's tables are made only when something is read: EMPTY until then)
+local pubs, later = read_count > 0 and {} or EMPTY, nil  -- later: {[index in entries] = delivery time (digits)}
 for i, entry in ipairs(entries) do
   local pub, at = publisher_and(entry[2], malformed, max_pub, 'delivery_time')
   pubs[i] = pub
@@ -370,6 +371,7 @@ if (release_asked or delayed_due or delayed_moves > 0) and not delayed_foreign()
                                'STREAMS', stream, '>')
       if again then
         if entries == EMPTY then entries = {} end
+        if pubs == EMPTY then pubs = {} end
         for _, entry in ipairs(again[1][2]) do
           entries[#entries + 1] = entry
           pubs[#entries] = publisher_of(entry[2], malformed, max_pub)
@@ -401,8 +403,9 @@ end
 -- Each publisher read: its FIFO's length and its turn's holder, read with pcall before anything is
 -- filed (an error reply: a foreign key, and its entries are refused). Both are used below: the
 -- backlog after filing, the FIFO heads when it was empty (no LRANGE), the holder (no second GET).
-local filed, filed_order, refused = {}, {}, {}
-local before, holder_of = {}, {}  -- [publisher] = FIFO length before filing; turn holder (false: none)
+local filed, filed_order, refused = EMPTY, EMPTY, EMPTY
+local before, holder_of = EMPTY, EMPTY  -- [publisher] = FIFO length before filing; turn holder (false: none)
+if #entries > 0 then filed, filed_order, refused, before, holder_of = {}, {}, {}, {}, {} end
 local refusing = false  -- a publisher read has a foreign key
 for i, entry in ipairs(entries) do
   local pub = pubs[i]
@@ -466,7 +469,9 @@ local last_id = read_last or pre_last or ''
 
 -- a foreign turn or FIFO key (planted after its entries were filed) is never
 -- taken; the orphan sweep refuses the entries it strands (pcall)
-local holders, backlogs, others, busy, was_saturated = {}, {}, 0, {}, false
+local holders, backlogs, others, busy, was_saturated = {}, EMPTY, 0, EMPTY, false
+if before ~= EMPTY then backlogs = {} end  -- (a backlog is known for each publisher read)
+if live > 1 then busy = {} end
 for i, pub in ipairs(candidates) do
   local holder
   if before[pub] then  -- read above
@@ -567,7 +572,7 @@ elseif was_saturated then  -- read above (HGETALL): no second look
 end
 
 -- The next heads of a saturated publisher, read by other workers: taken over here.
-local taken = {}
+local taken = EMPTY
 local ahead = ARGV[15]
 if ahead ~= '' then
   local after_ms, after_seq = string.match(ARGV[16], '^(%d+)-(%d+)$')
@@ -588,8 +593,18 @@ if ahead ~= '' then
   end
 end
 
--- The heads of its turns that other workers read, when the worker holds nothing else (ARGV[20]).
-if ARGV[20] == '1' and #turns > 0 then
+-- The heads of its turns that other workers read, when the worker holds nothing else (ARGV[20]);
+-- not looked for when every turn it holds is of a FIFO this call filed from empty (all read here).
+local missing = false
+if ARGV[20] == '1' then
+  for i = 1, #turns, 3 do
+    if before[turns[i]] ~= 0 then
+      missing = true
+      break
+    end
+  end
+end
+if missing then
   local read_here, counted, rest = {}, {}, {}
   for _, entry in ipairs(kept) do read_here[entry[1]] = true end
   for _, entry in ipairs(taken) do read_here[entry[1]] = true end
@@ -602,6 +617,7 @@ if ARGV[20] == '1' and #turns > 0 then
   end
   if #counted + #rest > 0 then
     for _, id in ipairs(rest) do counted[#counted + 1] = id end
+    if taken == EMPTY then taken = {} end
     for _, entry in ipairs(take_over(stream, group, token, counted, #counted - #rest, KEYS[8])) do
       taken[#taken + 1] = entry
     end
