@@ -238,8 +238,8 @@ end
 -- copies). A subscriber queue's type is not looked at here: its push (write phase) says it.
 -- pushed and copies outlive the call: each push empties what it pushed, so that a queue's list is
 -- not made again for each call; `clean` is false from a call's start until its pushes are done (a
--- call stopped before, by an error, leaves them to be made afresh by the next one). Only the lists
--- of the first KEEP_QUEUES queues, up to KEEP_COPIES copies, are kept.
+-- call stopped before, by an error, leaves them to be made afresh by the next one). Lists of up to
+-- KEEP_COPIES copies are kept, and none after a call of KEEP_QUEUES queues or more.
 local queue_foreign, sub_of, gone, xmit
 local pushed, copies, clean = {}, {}, true
 local KEEP_QUEUES, KEEP_COPIES = 64, 64
@@ -789,7 +789,7 @@ local function push(k)
   -- emptied for the next call (its payloads are not kept), or left to be made again
   if c == 1 then
     list[1] = nil
-  elseif c > KEEP_COPIES or k >= FIRST_QUEUE + KEEP_QUEUES then
+  elseif c > KEEP_COPIES then
     copies[k] = nil
   else
     for i = 1, c do list[i] = nil end
@@ -1000,7 +1000,7 @@ local function commit(keys_, argv_)
   pass_turns()
   local reply = out
   -- the call's arguments are not kept until the next call (its copies are gone from `copies`)
-  if nkeys >= FIRST_QUEUE + KEEP_QUEUES then pushed = {} end
+  if nkeys >= FIRST_QUEUE + KEEP_QUEUES then pushed, copies = {}, {} end  -- not kept for a call that large
   KEYS, ARGV, acks, out = nil, nil, nil, nil
   return reply
 end
