@@ -535,7 +535,7 @@ local function count_skipped(k, why)
   end
 end
 
--- Queue k gets a copy: its place among the call's copies for it.
+-- Queue k gets a copy (its list, kept across calls, made the first time: `copies`).
 local function give(k, payload)
   local c = (pushed[k] or 0) + 1
   pushed[k] = c
@@ -545,7 +545,6 @@ local function give(k, payload)
     copies[k] = list
   end
   list[c] = payload
-  return c
 end
 
 -- Give copies to the queues of a set that are not gone or skipped, counting what was skipped.
@@ -639,17 +638,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
   local given
   if skip or watching then kind = MIXED end
   if kind == PLAIN then
-    for i = 1, #set do  -- the usual case: a copy for every queue of the set
-      local k = set[i]
-      local c = (pushed[k] or 0) + 1
-      pushed[k] = c
-      local list = copies[k]
-      if not list then
-        list = {}
-        copies[k] = list
-      end
-      list[c] = payload
-    end
+    for i = 1, #set do give(set[i], payload) end  -- the usual case: a copy for every queue of the set
     given = #set
   else
     if skip then
