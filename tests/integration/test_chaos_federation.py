@@ -19,7 +19,7 @@ def test_a_short_federation_chaos_run_loses_duplicates_and_reorders_nothing():
             "scripts.chaos",
             "--federation",
             "--seconds",
-            "5",
+            "8",  # 5 s left about 2 s after the forced restart: 1 or 2 faults took effect, by timing
             "--workers",
             "1",
             "--rate",
@@ -42,4 +42,4 @@ def test_a_short_federation_chaos_run_loses_duplicates_and_reorders_nothing():
     assert int(figures["publications"]) > 0 and int(figures["forwarded"]) > 0
     faults = next(line for line in lines if line.startswith("faults by kind: "))
     assert "node_restart=1" in faults  # one master restarted halfway through, at least
-    assert int(figures["faults"]) >= 2
+    assert int(figures["faults"]) >= 2  # 6 in each of 3 runs of 8 s (channel kills, a cut, ...)
