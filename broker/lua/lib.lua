@@ -40,6 +40,16 @@ local function require_types(list)
   for _, pair in ipairs(list) do require_type(pair[1], pair[2]) end
 end
 
+-- What an optional table stands for until a call needs one (never written: reads find nothing in
+-- it, and a reply gives it as an empty list). A table made and freed per call costs its allocation
+-- and the garbage collector's work, which a call of one publication (a low rate) pays per
+-- publication; `writable` makes the table the first time the call writes to it: t = writable(t).
+local EMPTY = {}
+local function writable(t)
+  if t == EMPTY then return {} end
+  return t
+end
+
 -- Messages in the lists `names` together: LLEN each; a key of another type (a
 -- foreign key) holds none of them.
 local function total_length(names)

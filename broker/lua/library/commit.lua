@@ -174,15 +174,8 @@ local UNIT_FIELDS = 7
 local UNIT  -- UNIT_FIELDS, or one less without the journal (no journal field per unit)
 local FIRST_QUEUE = 10
 local skipped_key, slow_key, retained_key, watching
--- What a call's optional tables stand for until it needs them (never written): a table made and
--- freed per call costs its allocation and the garbage collector's work, and a publication at a low
--- rate comes alone in its call, so that a call's fixed cost is paid per publication (the paced row,
--- docs/design.md). Each such table is made the first time the call writes to it (`own`).
-local NONE = {}
-local function own(t)
-  if t == NONE then return {} end
-  return t
-end
+-- A call's optional tables are EMPTY (lib.lua) until it writes to them (`writable`): a call of one
+-- publication pays its fixed cost per publication (the paced row, docs/design.md).
 
 local nkeys  -- #KEYS
 local function begin(keys_, argv_)
@@ -196,7 +189,7 @@ local function begin(keys_, argv_)
   dlq_len, max_body = ARGV[9], tonumber(ARGV[10])
   resolved_version, limits_arg, flow_arg = ARGV[11], ARGV[12], ARGV[13]
   local ngive_up = tonumber(ARGV[14])
-  give_up = NONE
+  give_up = EMPTY
   if ngive_up > 0 then give_up = {} end
   for i = 15, 14 + ngive_up do give_up[ARGV[i]] = true end
   first = 15 + ngive_up
@@ -250,7 +243,7 @@ local function sub_id_of(k)
   if not id then
     local rest = string.sub(KEYS[k], sub_prefix_len + 1)
     id = string.match(rest, '^(.*):p%d$') or rest
-    sub_of = own(sub_of)
+    sub_of = writable(sub_of)
     sub_of[k] = id
   end
   return id
@@ -259,16 +252,16 @@ end
 local function check_queue(k)
   local queue = KEYS[k]
   if string.find(queue, sub_prefix, 1, true) ~= 1 then  -- (plain: no substring made)
-    xmit, queue_foreign = own(xmit), own(queue_foreign)
+    xmit, queue_foreign = writable(xmit), writable(queue_foreign)
     xmit[k] = true
     queue_foreign[k] = foreign(queue, 'stream')
   elseif changed and redis.call('HEXISTS', subs, sub_id_of(k)) == 0 then
-    gone = own(gone)
+    gone = writable(gone)
     gone[k] = true
   end
 end
 local function check_queues()
-  queue_foreign, sub_of, gone, xmit = NONE, NONE, NONE, NONE
+  queue_foreign, sub_of, gone, xmit = EMPTY, EMPTY, EMPTY, EMPTY
   if not clean then pushed, copies = {}, {} end
   clean = false
   for k = FIRST_QUEUE, nkeys do check_queue(k) end
@@ -284,7 +277,7 @@ local function unavailable_of(k)
     local found = redis.call('TYPE', KEYS[k])['ok']
     why = found ~= 'none' and found ~= 'list' and
       ('subscription unavailable: ' .. KEYS[k] .. ' holds a ' .. found)
-    unavailable = own(unavailable)
+    unavailable = writable(unavailable)
     unavailable[k] = why
   end
   return why
@@ -348,7 +341,7 @@ end
 -- watched_id[k] = the subscription id of band k when its subscription is watched (its depth counted up)
 local watched_id
 local function watch_queues()
-  unavailable, limit, durable_q, depth_of, watched_id = NONE, NONE, NONE, NONE, NONE
+  unavailable, limit, durable_q, depth_of, watched_id = EMPTY, EMPTY, EMPTY, EMPTY, EMPTY
   deepest_watched, lowest_limit = 0, math.huge
   if not watching then return end
   limit, durable_q, depth_of, watched_id = {}, {}, {}, {}
@@ -369,12 +362,12 @@ end
 -- call (classified[set]), and only in a call that has a queue gone or a transmission stream.
 local PLAIN, MIXED = 1, 2
 local sets, sets_kept, KEEP_SETS = {}, 0, 256
--- set_top[set]: its highest KEYS index (math.huge for an index below FIRST_QUEUE, a fixed key): a
+-- set_top[set]: its highest KEYS index (infinity for an index below FIRST_QUEUE, a fixed key): a
 -- set naming a key the call does not have stops the call (a malformed call, never the worker's)
 local set_top = {}
 local classified, set_why, set_kind
 local function classify(set)
-  classified = own(classified)
+  classified = writable(classified)
   classified[set] = true
   local kind, why = PLAIN, nil
   for i = 1, #set do
@@ -383,11 +376,11 @@ local function classify(set)
     if gone[k] or xmit[k] then kind = MIXED end
   end
   if why then
-    set_why = own(set_why)
+    set_why = writable(set_why)
     set_why[set] = why
   end
   if kind == MIXED then
-    set_kind = own(set_kind)
+    set_kind = writable(set_kind)
     set_kind[set] = MIXED
   end
 end
@@ -413,7 +406,7 @@ local function set_of(packed)
   if set_top[set] > nkeys then
     error({err = 'BROKER malformed unit of work: a recipient set names a key the call does not have'})
   end
-  if (xmit ~= NONE or gone ~= NONE) and not classified[set] then classify(set) end
+  if (xmit ~= EMPTY or gone ~= EMPTY) and not classified[set] then classify(set) end
   return set
 end
 
@@ -474,7 +467,7 @@ local function withhold_slow(n, set, condition, skip)
   if not parsed then
     local m, nd, dd = string.match(condition, '^(%d+):(%d):(%d)$')
     parsed = {tonumber(m), nd, dd}
-    conditions = own(conditions)
+    conditions = writable(conditions)
     conditions[condition] = parsed
   end
   local most, non_durable, durable = parsed[1], parsed[2], parsed[3]
@@ -527,10 +520,10 @@ end
 -- counted per subscription.
 local function count_skipped(k, why)
   local id = sub_id_of(k)
-  skipped = own(skipped)
+  skipped = writable(skipped)
   skipped[id] = (skipped[id] or 0) + 1
   if why == 'slow' then
-    withheld = own(withheld)
+    withheld = writable(withheld)
     withheld[id] = (withheld[id] or 0) + 1
   end
 end
@@ -568,7 +561,7 @@ local function copy_each(n, set, payload, skip)
     end
   end
   if forwarded > 0 then
-    forwarded_of = own(forwarded_of)
+    forwarded_of = writable(forwarded_of)
     forwarded_of[n] = forwarded
   end
   return given
@@ -576,7 +569,7 @@ end
 
 -- The subscriptions a delivered publication's slow-subscriber condition asks to disconnect.
 local function ask_disconnect(said)
-  disconnect, disconnect_order = own(disconnect), own(disconnect_order)
+  disconnect, disconnect_order = writable(disconnect), writable(disconnect_order)
   for id, most in pairs(said) do
     if not disconnect[id] then disconnect_order[#disconnect_order + 1] = id end
     disconnect[id] = most
@@ -630,7 +623,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     return REFUSED, why
   end
   if o.retain then
-    retains = own(retains)
+    retains = writable(retains)
     retains[#retains + 1] = {o, u}
   end
   if not set then return DELIVERED end
@@ -642,7 +635,7 @@ local function plan_deliver(n, t, o, set, u, reply_why)
     given = #set
   else
     if skip then
-      skip_of = own(skip_of)
+      skip_of = writable(skip_of)
       skip_of[n] = skip
     end
     given = copy_each(n, set, payload, skip)
@@ -657,13 +650,13 @@ end
 local out, acks, nacks, writes
 local function plan()
   if sets_kept > KEEP_SETS then sets, set_top, sets_kept = {}, {}, 0 end
-  classified, set_why, set_kind = NONE, NONE, NONE
+  classified, set_why, set_kind = EMPTY, EMPTY, EMPTY
   if options_kept > KEEP_OPTIONS then options, options_kept = {}, 0 end
   turns, turn_order, units_of = {}, {}, {}
-  reply_of, reason_of, skip_of, delay_of, forwarded_of = NONE, NONE, NONE, NONE, NONE
-  retains, retained_why = NONE, nil
-  skipped, withheld, disconnect, disconnect_order, conditions = NONE, NONE, NONE, NONE, NONE
-  out, acks, nacks, writes = {}, {}, 0, NONE
+  reply_of, reason_of, skip_of, delay_of, forwarded_of = EMPTY, EMPTY, EMPTY, EMPTY, EMPTY
+  retains, retained_why = EMPTY, nil
+  skipped, withheld, disconnect, disconnect_order, conditions = EMPTY, EMPTY, EMPTY, EMPTY, EMPTY
+  out, acks, nacks, writes = {}, {}, 0, EMPTY
   for u = first, #ARGV, UNIT do
     local pub = ARGV[u + PUBLISHER]
     units_of[pub] = (units_of[pub] or 0) + 1
@@ -699,7 +692,7 @@ local function plan()
         local reply_key = t.reply .. ARGV[u + MSGID]
         reply_why = foreign(reply_key, 'list')
         if not reply_why then
-          reply_of = own(reply_of)
+          reply_of = writable(reply_of)
           reply_of[n] = reply_key
         end
       end
@@ -707,18 +700,18 @@ local function plan()
       if action == 'deliver' then
         code, why, given = plan_deliver(n, t, o, set, u, reply_why)
         if why then
-          reason_of = own(reason_of)
+          reason_of = writable(reason_of)
           reason_of[n] = why .. '; delivered to no subscription'
         end
       elseif action == 'refuse' then
-        reason_of = own(reason_of)
+        reason_of = writable(reason_of)
         code, reason_of[n] = REFUSED, ARGV[u + PAYLOAD]
       else
         code = action == 'expire' and EXPIRED or SKIPPED
       end
       out[3 * n - 2], out[3 * n - 1] = code, given or 0
       if reply_of[n] or reason_of[n] or journal_len > 0 then
-        writes = own(writes)
+        writes = writable(writes)
         writes[#writes + 1] = {n, u}
       end
     end
@@ -742,7 +735,7 @@ local function unpushed(k, err)
   -- worker retries) rather than call the subscription unavailable
   if string.sub(err, 1, 3) == 'OOM' then error({err = err}) end
   local found = redis.call('TYPE', KEYS[k])['ok']
-  failed = own(failed)
+  failed = writable(failed)
   failed[k] = 'subscription unavailable: ' .. KEYS[k] .. ' holds a ' .. found
   any_failed = true
 end
@@ -771,7 +764,7 @@ local function push(k)
       if depth == last and i == 1 then ring(sub_prefix .. sub_id_of(k) .. ':bell') end
     end
     if depth > fc_limit then
-      hot, base = own(hot), own(base)
+      hot, base = writable(hot), writable(base)
       hot[k], base[k] = depth, depth - c
     end
   end
@@ -786,12 +779,12 @@ local function push(k)
 end
 
 local function push_all()
-  failed, any_failed, hot, base = NONE, false, NONE, NONE
+  failed, any_failed, hot, base = EMPTY, false, EMPTY, EMPTY
   for k = FIRST_QUEUE, nkeys do
     if pushed[k] then push(k) end
   end
   clean = true
-  flowing = hot ~= NONE
+  flowing = hot ~= EMPTY
 end
 
 -- The copy of unit n (ARGV index u) for failed band k: not delivered, dead-lettered with its
@@ -799,7 +792,7 @@ end
 local function drop_copy(n, u, k, skip)
   skip = skip or {}
   skip[k] = 'unavailable'
-  skip_of = own(skip_of)
+  skip_of = writable(skip_of)
   skip_of[n] = skip
   count_skipped(k, 'unavailable')
   out[3 * n - 1] = out[3 * n - 1] - 1
@@ -848,7 +841,7 @@ end
 local function settle()
   local replay = any_failed or (flowing and next(reply_of) ~= nil)
   if not replay and not flowing then return end
-  seen, set_after = replay and {} or NONE, flowing and {} or NONE
+  seen, set_after = replay and {} or EMPTY, flowing and {} or EMPTY
   local un = 0
   for u = first, #ARGV, UNIT do
     un = un + 1
@@ -861,7 +854,7 @@ local function settle()
         if not deepest_after then deepest_after = after_depth(un, set) end
         if deepest_after > t.depth then t.depth = deepest_after end
         if depth then
-          delay_of = own(delay_of)
+          delay_of = writable(delay_of)
           delay_of[un] = flow_delay(depth)
         end
       end
@@ -917,7 +910,7 @@ local function write_unit(n, u, o)
 end
 
 local function write_all()
-  now_ms, names = '', NONE
+  now_ms, names = '', EMPTY
   if journal_len > 0 then
     names = {}
     local tm = redis.call('TIME')
@@ -939,7 +932,7 @@ local function write_all()
   for id, c in pairs(skipped) do pcall_redis('HINCRBY', skipped_key, id, c) end
   for id, c in pairs(withheld) do redis.call('HINCRBY', slow_key, id, c) end
   -- The flow keys: a publisher's largest delay of this call, PX that delay, unless its key is foreign.
-  for _, pub in ipairs(flowing and turn_order or NONE) do
+  for _, pub in ipairs(flowing and turn_order or EMPTY) do
     local delay, key = flow_delay(turns[pub].depth), pub_prefix .. pub .. ':flow'
     if delay > 0 and not foreign(key, 'string') then redis.call('SET', key, delay, 'PX', delay) end
   end

@@ -120,7 +120,6 @@ local stream, group, token
 local count, heads
 local prefix, lease_ms
 local malformed, max_pub
-local EMPTY = {}  -- never written: what an unread hash or an empty list stands for
 -- how an entry is refused (refuse_unparsed in lib.lua), made on the first refusal of a call
 local ctx
 local function refusals()
@@ -271,7 +270,7 @@ for i = 1, #bindings, 2 do
                     .. principal .. ' (ingress ' .. ingress .. ')'
         -- dlq.principal: the ingress stream it came in by (broker.operations.dead_letters replays it there)
         dead_letter(KEYS[5], ARGV[12], tonumber(ARGV[13]), entry[1], copy, why, {'dlq.principal', principal})
-        if impersonations == EMPTY then impersonations = {} end
+        impersonations = writable(impersonations)
         impersonations[#impersonations + 1] = principal
         impersonations[#impersonations + 1] = pub or ''
         impersonations[#impersonations + 1] = entry[1]
@@ -370,8 +369,7 @@ if (release_asked or delayed_due or delayed_moves > 0) and not delayed_foreign()
       local again = redis.call('XREADGROUP', 'GROUP', group, token, 'COUNT', count - read_count,
                                'STREAMS', stream, '>')
       if again then
-        if entries == EMPTY then entries = {} end
-        if pubs == EMPTY then pubs = {} end
+        entries, pubs = writable(entries), writable(pubs)
         for _, entry in ipairs(again[1][2]) do
           entries[#entries + 1] = entry
           pubs[#entries] = publisher_of(entry[2], malformed, max_pub)
@@ -617,7 +615,7 @@ if missing then
   end
   if #counted + #rest > 0 then
     for _, id in ipairs(rest) do counted[#counted + 1] = id end
-    if taken == EMPTY then taken = {} end
+    taken = writable(taken)
     for _, entry in ipairs(take_over(stream, group, token, counted, #counted - #rest, KEYS[8])) do
       taken[#taken + 1] = entry
     end
